@@ -1,0 +1,408 @@
+//! The fixed newstyle handshake: greeting, client flags, and option haggling up to
+//! `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME` (transmission) or `NBD_OPT_ABORT` (end).
+
+use crate::proto::*;
+use crate::server::Shared;
+use crate::wire::{self, ClientOption, GoRequest, MetaRequest, Negotiated};
+use condense_api::Volume;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+/// Option data accepted in one option; larger data is skipped and answered `ERR_TOO_BIG`.
+pub const OPTION_DATA_BYTES_MAX: u32 = 64 * 1024;
+/// Option data larger than this is not even skipped: hard disconnect.
+const OPTION_SKIP_BYTES_MAX: u32 = 16 * 1024 * 1024;
+/// Options one connection may send before it is considered abusive and dropped.
+const OPTIONS_PER_CONNECTION_MAX: u32 = 4096;
+
+/// The export a client chose, and what was negotiated for it.
+pub struct Export {
+    pub volume: Arc<dyn Volume>,
+    pub negotiated: Negotiated,
+    pub transmission_flags: u16,
+}
+
+/// How the handshake ended.
+pub enum Outcome {
+    Transmission(Export),
+    /// The client aborted, sent something unanswerable, went away, or the server is shutting
+    /// down: close the connection.
+    Close(&'static str),
+}
+
+/// A failure that ends the connection during the handshake.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// State carried across options.
+#[derive(Default)]
+struct Haggle {
+    structured: bool,
+    no_zeroes: bool,
+    /// The canonical export name `base:allocation` was selected for, if it was.
+    meta_export: Option<String>,
+}
+
+/// Read exactly `buf.len()` bytes unless shutdown is signalled first (then `Ok(false)`).
+async fn read_or_shutdown<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut [u8],
+    shutdown: &mut watch::Receiver<bool>,
+) -> std::io::Result<bool> {
+    if *shutdown.borrow() {
+        return Ok(false);
+    }
+    tokio::select! {
+        r = stream.read_exact(buf) => r.map(|_| true),
+        _ = shutdown.changed() => Ok(false),
+    }
+}
+
+async fn skip<S: AsyncRead + Unpin>(stream: &mut S, mut n: u64) -> std::io::Result<()> {
+    let mut scratch = vec![0u8; 64 * 1024];
+    while n > 0 {
+        let want = n.min(scratch.len() as u64) as usize;
+        stream.read_exact(&mut scratch[..want]).await?;
+        n -= want as u64;
+    }
+    Ok(())
+}
+
+async fn reply<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    option: u32,
+    reply: u32,
+    data: &[u8],
+) -> std::io::Result<()> {
+    let mut out = Vec::with_capacity(20 + data.len());
+    wire::put_option_reply(&mut out, option, reply, data);
+    stream.write_all(&out).await
+}
+
+async fn error_reply<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    option: u32,
+    error: u32,
+    message: &str,
+) -> std::io::Result<()> {
+    tracing::debug!(option, error, message, "option refused");
+    reply(stream, option, error, message.as_bytes()).await
+}
+
+/// Run the handshake on a fresh connection.
+pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    shared: &Arc<Shared>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Outcome, HandshakeError> {
+    let mut greeting = Vec::with_capacity(18);
+    greeting.extend_from_slice(&INIT_MAGIC.to_be_bytes());
+    greeting.extend_from_slice(&OPTS_MAGIC.to_be_bytes());
+    greeting.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    stream.write_all(&greeting).await?;
+    stream.flush().await?;
+
+    let mut flags = [0u8; 4];
+    if !read_or_shutdown(stream, &mut flags, shutdown).await? {
+        return Ok(Outcome::Close("shutdown"));
+    }
+    let client_flags = u32::from_be_bytes(flags);
+    if client_flags & !CLIENT_FLAGS_KNOWN != 0 {
+        return Ok(Outcome::Close("client sent unknown client flags"));
+    }
+    let mut state = Haggle {
+        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+        ..Haggle::default()
+    };
+
+    for _ in 0..OPTIONS_PER_CONNECTION_MAX {
+        let mut header = [0u8; 16];
+        if !read_or_shutdown(stream, &mut header, shutdown).await? {
+            return Ok(Outcome::Close("shutdown"));
+        }
+        let mut magic = [0u8; 8];
+        magic.copy_from_slice(&header[..8]);
+        if u64::from_be_bytes(magic) != OPTS_MAGIC {
+            return Ok(Outcome::Close("option without the IHAVEOPT magic"));
+        }
+        let option = u32::from_be_bytes([header[8], header[9], header[10], header[11]]);
+        let len = u32::from_be_bytes([header[12], header[13], header[14], header[15]]);
+        if len > OPTION_DATA_BYTES_MAX {
+            if len > OPTION_SKIP_BYTES_MAX || option == OPT_EXPORT_NAME {
+                return Ok(Outcome::Close("option data too large"));
+            }
+            skip(stream, u64::from(len)).await?;
+            error_reply(
+                stream,
+                option,
+                REP_ERR_TOO_BIG,
+                &format!("option data of {len} bytes is larger than {OPTION_DATA_BYTES_MAX}"),
+            )
+            .await?;
+            continue;
+        }
+        let mut data = vec![0u8; len as usize];
+        stream.read_exact(&mut data).await?;
+        if *shutdown.borrow() {
+            if option != OPT_ABORT {
+                error_reply(stream, option, REP_ERR_SHUTDOWN, "the server is shutting down")
+                    .await?;
+            }
+            return Ok(Outcome::Close("shutdown"));
+        }
+        let parsed = match wire::parse_option(option, &data) {
+            Ok(p) => p,
+            Err(e) => {
+                if option == OPT_EXPORT_NAME {
+                    // EXPORT_NAME has no error reply: the only answer is to hang up.
+                    return Ok(Outcome::Close("invalid NBD_OPT_EXPORT_NAME"));
+                }
+                error_reply(stream, option, REP_ERR_INVALID, &e.0).await?;
+                continue;
+            }
+        };
+        if let Some(outcome) = handle_option(stream, shared, &mut state, option, parsed).await? {
+            stream.flush().await?;
+            return Ok(outcome);
+        }
+        stream.flush().await?;
+    }
+    Ok(Outcome::Close("too many options"))
+}
+
+/// Answer one option. `Some` ends the handshake.
+async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    shared: &Arc<Shared>,
+    state: &mut Haggle,
+    option: u32,
+    parsed: ClientOption,
+) -> Result<Option<Outcome>, HandshakeError> {
+    match parsed {
+        ClientOption::Abort => {
+            // The client may already be gone; that is fine.
+            let _ = reply(stream, option, REP_ACK, &[]).await;
+            Ok(Some(Outcome::Close("client aborted")))
+        }
+        ClientOption::List => {
+            match shared.visible_exports().await {
+                Ok(names) => {
+                    for name in names {
+                        reply(stream, option, REP_SERVER, &wire::rep_server(&name)).await?;
+                    }
+                    reply(stream, option, REP_ACK, &[]).await?;
+                }
+                Err(e) => {
+                    error_reply(stream, option, REP_ERR_UNSUP, &format!("cannot list: {e}"))
+                        .await?
+                }
+            }
+            Ok(None)
+        }
+        ClientOption::StartTls => {
+            error_reply(stream, option, REP_ERR_UNSUP, "TLS is not supported").await?;
+            Ok(None)
+        }
+        ClientOption::StructuredReply => {
+            if state.structured {
+                error_reply(
+                    stream,
+                    option,
+                    REP_ERR_INVALID,
+                    "structured replies already negotiated",
+                )
+                .await?;
+            } else {
+                state.structured = true;
+                reply(stream, option, REP_ACK, &[]).await?;
+            }
+            Ok(None)
+        }
+        ClientOption::ListMetaContext(req) => {
+            meta_context(stream, shared, state, option, req, true).await?;
+            Ok(None)
+        }
+        ClientOption::SetMetaContext(req) => {
+            meta_context(stream, shared, state, option, req, false).await?;
+            Ok(None)
+        }
+        ClientOption::Info(req) => {
+            info_or_go(stream, shared, state, option, req, false).await?;
+            Ok(None)
+        }
+        ClientOption::Go(req) => info_or_go(stream, shared, state, option, req, true).await,
+        ClientOption::ExportName(name) => {
+            let Ok(volume) = shared.open_export(&name).await else {
+                return Ok(Some(Outcome::Close("NBD_OPT_EXPORT_NAME of an unknown export")));
+            };
+            let export = make_export(shared, state, volume);
+            let mut out = Vec::with_capacity(134);
+            out.extend_from_slice(&export.negotiated.size.to_be_bytes());
+            out.extend_from_slice(&export.transmission_flags.to_be_bytes());
+            if !state.no_zeroes {
+                out.extend_from_slice(&[0u8; 124]);
+            }
+            stream.write_all(&out).await?;
+            Ok(Some(Outcome::Transmission(export)))
+        }
+        ClientOption::Unknown(code) => {
+            error_reply(
+                stream,
+                option,
+                REP_ERR_UNSUP,
+                &format!("option {code} is not supported"),
+            )
+            .await?;
+            Ok(None)
+        }
+    }
+}
+
+fn make_export(shared: &Shared, state: &Haggle, volume: Arc<dyn Volume>) -> Export {
+    let read_only = shared.config.read_only || volume.is_read_only();
+    let mut flags = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_CACHE;
+    if read_only {
+        flags |= TFLAG_READ_ONLY;
+    } else {
+        flags |= TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_FAST_ZERO;
+    }
+    if state.structured {
+        flags |= TFLAG_SEND_DF;
+    }
+    if volume.flush_is_pool_wide() {
+        flags |= TFLAG_CAN_MULTI_CONN;
+    }
+    let base_allocation =
+        state.structured && state.meta_export.as_deref() == Some(volume.name());
+    Export {
+        negotiated: Negotiated {
+            size: volume.size(),
+            read_only,
+            structured: state.structured,
+            base_allocation,
+            payload_bytes_max: shared.config.payload_bytes_max,
+        },
+        transmission_flags: flags,
+        volume,
+    }
+}
+
+/// The preferred block size advertised: the volume's block size when the protocol allows it.
+fn preferred_block_size(volume: &dyn Volume) -> u32 {
+    let bs = volume.block_size();
+    if bs.is_power_of_two() && (512..=(1 << 16)).contains(&bs) {
+        bs
+    } else {
+        4096
+    }
+}
+
+async fn info_or_go<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    shared: &Arc<Shared>,
+    state: &mut Haggle,
+    option: u32,
+    req: GoRequest,
+    go: bool,
+) -> Result<Option<Outcome>, HandshakeError> {
+    let volume = match shared.open_export(&req.name).await {
+        Ok(v) => v,
+        Err(e) => {
+            error_reply(stream, option, REP_ERR_UNKNOWN, &e.to_string()).await?;
+            return Ok(None);
+        }
+    };
+    let export = make_export(shared, state, volume);
+    let mut out = Vec::new();
+    wire::put_option_reply(
+        &mut out,
+        option,
+        REP_INFO,
+        &wire::info_export(export.negotiated.size, export.transmission_flags),
+    );
+    let preferred = preferred_block_size(export.volume.as_ref());
+    let maximum = shared.config.payload_bytes_max.max(preferred);
+    wire::put_option_reply(
+        &mut out,
+        option,
+        REP_INFO,
+        &wire::info_block_size(1, preferred, maximum),
+    );
+    if req.info.contains(&INFO_NAME) {
+        wire::put_option_reply(
+            &mut out,
+            option,
+            REP_INFO,
+            &wire::info_string(INFO_NAME, export.volume.name()),
+        );
+    }
+    wire::put_option_reply(&mut out, option, REP_ACK, &[]);
+    stream.write_all(&out).await?;
+    if go {
+        Ok(Some(Outcome::Transmission(export)))
+    } else {
+        Ok(None)
+    }
+}
+
+async fn meta_context<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    shared: &Arc<Shared>,
+    state: &mut Haggle,
+    option: u32,
+    req: MetaRequest,
+    list: bool,
+) -> Result<(), HandshakeError> {
+    if !list {
+        // SET replaces the selection even when it fails.
+        state.meta_export = None;
+    }
+    if !state.structured {
+        error_reply(
+            stream,
+            option,
+            REP_ERR_INVALID,
+            "negotiate NBD_OPT_STRUCTURED_REPLY first",
+        )
+        .await?;
+        return Ok(());
+    }
+    let volume = match shared.open_export(&req.export).await {
+        Ok(v) => v,
+        Err(e) => {
+            error_reply(stream, option, REP_ERR_UNKNOWN, &e.to_string()).await?;
+            return Ok(());
+        }
+    };
+    let mut selected = list && req.queries.is_empty();
+    for q in &req.queries {
+        match wire::match_meta_query(q, list) {
+            Ok(m) => selected |= m,
+            Err(e) => {
+                error_reply(stream, option, REP_ERR_INVALID, &e.0).await?;
+                return Ok(());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if selected {
+        let id = if list { 0 } else { META_ID_BASE_ALLOCATION };
+        wire::put_option_reply(
+            &mut out,
+            option,
+            REP_META_CONTEXT,
+            &wire::rep_meta_context(id, META_BASE_ALLOCATION),
+        );
+        if !list {
+            state.meta_export = Some(volume.name().to_string());
+        }
+    }
+    wire::put_option_reply(&mut out, option, REP_ACK, &[]);
+    stream.write_all(&out).await?;
+    Ok(())
+}
+

@@ -1,0 +1,374 @@
+//! Listeners, connections and shutdown.
+
+use crate::handshake::{self, Outcome};
+use crate::transmission::{self, End};
+use crate::NbdError;
+use condense_api::{Catalog, Volume, VolumeError};
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
+
+/// Where the server listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Tcp(a) => write!(f, "nbd://{a}"),
+            Endpoint::Unix(p) => write!(f, "nbd+unix:///?socket={}", p.display()),
+        }
+    }
+}
+
+/// Settings of a server.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Refuse every write, whatever the volumes allow.
+    pub read_only: bool,
+    /// Largest READ/WRITE payload (advertised as the maximum block size). At least 1 MiB.
+    pub payload_bytes_max: u32,
+    /// Bytes of requests one connection may have in flight before the server stops reading.
+    pub inflight_bytes_max: usize,
+    /// How long shutdown waits for connections to answer what they have in flight.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            read_only: false,
+            payload_bytes_max: 32 * 1024 * 1024,
+            inflight_bytes_max: 128 * 1024 * 1024,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What every connection shares.
+pub struct Shared {
+    pub catalog: Arc<dyn Catalog>,
+    pub config: ServerConfig,
+}
+
+impl Shared {
+    /// Names clients may see: the catalog's volumes except internal ones (leading '.').
+    pub async fn visible_exports(&self) -> Result<Vec<String>, VolumeError> {
+        let catalog = self.catalog.clone();
+        let list = tokio::task::spawn_blocking(move || catalog.list())
+            .await
+            .map_err(|e| VolumeError::Io(format!("catalog task failed: {e}")))??;
+        Ok(list
+            .into_iter()
+            .map(|v| v.name)
+            .filter(|n| is_exportable(n))
+            .collect())
+    }
+
+    /// Open the export a client named; the empty name is the default export, which exists
+    /// when the pool has exactly one visible volume.
+    pub async fn open_export(&self, name: &str) -> Result<Arc<dyn Volume>, VolumeError> {
+        let name = if name.is_empty() {
+            let names = self.visible_exports().await?;
+            match names.as_slice() {
+                [only] => only.clone(),
+                _ => {
+                    return Err(VolumeError::NotFound(
+                        "(default export: name one, the pool has several or none)".to_string(),
+                    ))
+                }
+            }
+        } else {
+            name.to_string()
+        };
+        if !is_exportable(&name) {
+            return Err(VolumeError::NotFound(name));
+        }
+        let catalog = self.catalog.clone();
+        tokio::task::spawn_blocking(move || catalog.open(&name))
+            .await
+            .map_err(|e| VolumeError::Io(format!("catalog task failed: {e}")))?
+    }
+}
+
+/// Whether a volume name may be served (names beginning with '.' are internal).
+pub fn is_exportable(name: &str) -> bool {
+    !name.is_empty() && !name.starts_with('.') && name.len() <= crate::proto::STRING_BYTES_MAX
+}
+
+enum Bound {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener, PathBuf),
+}
+
+/// A server bound to its endpoints, not yet serving.
+pub struct Server {
+    shared: Arc<Shared>,
+    listeners: Vec<Bound>,
+    endpoints: Vec<Endpoint>,
+}
+
+/// Bind a Unix socket, replacing a stale socket file nobody listens on.
+fn bind_unix(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() && UnixStream::connect(path).is_err() {
+            std::fs::remove_file(path)?;
+        }
+    }
+    UnixListener::bind(path)
+}
+
+impl Server {
+    /// Bind every endpoint (TCP port 0 picks a free port; see [`Server::endpoints`]).
+    pub fn bind(
+        catalog: Arc<dyn Catalog>,
+        config: ServerConfig,
+        endpoints: &[Endpoint],
+    ) -> Result<Server, NbdError> {
+        if config.payload_bytes_max < (1 << 20) {
+            return Err(NbdError::Config(format!(
+                "payload_bytes_max {} is below 1 MiB",
+                config.payload_bytes_max
+            )));
+        }
+        let mut listeners = Vec::new();
+        let mut bound = Vec::new();
+        for e in endpoints {
+            let bind_err = |source| NbdError::Bind {
+                endpoint: e.to_string(),
+                source,
+            };
+            match e {
+                Endpoint::Tcp(addr) => {
+                    let l = std::net::TcpListener::bind(addr).map_err(bind_err)?;
+                    l.set_nonblocking(true).map_err(bind_err)?;
+                    bound.push(Endpoint::Tcp(l.local_addr().map_err(bind_err)?));
+                    listeners.push(Bound::Tcp(l));
+                }
+                Endpoint::Unix(path) => {
+                    let l = bind_unix(path).map_err(bind_err)?;
+                    l.set_nonblocking(true).map_err(bind_err)?;
+                    bound.push(Endpoint::Unix(path.clone()));
+                    listeners.push(Bound::Unix(l, path.clone()));
+                }
+            }
+        }
+        Ok(Server {
+            shared: Arc::new(Shared { catalog, config }),
+            listeners,
+            endpoints: bound,
+        })
+    }
+
+    /// The endpoints actually bound.
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.endpoints
+    }
+
+    /// Serve until `shutdown` completes; then stop accepting, answer every request in flight,
+    /// close the connections and flush the pool. Must run inside a tokio runtime.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), NbdError> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut acceptors = JoinSet::new();
+        let mut socket_files = Vec::new();
+        for l in self.listeners {
+            let shared = self.shared.clone();
+            let stop = stop_rx.clone();
+            match l {
+                Bound::Tcp(l) => {
+                    let l = tokio::net::TcpListener::from_std(l).map_err(NbdError::Io)?;
+                    acceptors.spawn(accept_loop(shared, stop, l));
+                }
+                Bound::Unix(l, path) => {
+                    let l = tokio::net::UnixListener::from_std(l).map_err(NbdError::Io)?;
+                    socket_files.push(path);
+                    acceptors.spawn(accept_loop(shared, stop, l));
+                }
+            }
+        }
+        shutdown.await;
+        tracing::info!("NBD server shutting down");
+        // Receivers outlive every task that reads them; a send error means none is left.
+        let _ = stop_tx.send(true);
+        while acceptors.join_next().await.is_some() {}
+        for p in socket_files {
+            let _ = std::fs::remove_file(p);
+        }
+        let catalog = self.shared.catalog.clone();
+        tokio::task::spawn_blocking(move || catalog.flush())
+            .await
+            .map_err(|_| NbdError::Panicked)??;
+        tracing::info!("NBD server stopped; pool flushed");
+        Ok(())
+    }
+
+    /// Run the server on a thread of its own (with its own runtime) until the handle is told
+    /// to shut down or dropped.
+    pub fn spawn(self) -> Result<ServerHandle, NbdError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("condense-nbd")
+            .enable_all()
+            .build()
+            .map_err(NbdError::Runtime)?;
+        let endpoints = self.endpoints.clone();
+        let (tx, rx) = oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("condense-nbd-main".to_string())
+            .spawn(move || {
+                runtime.block_on(self.run(async move {
+                    // A dropped sender means the handle is gone: shut down too.
+                    let _ = rx.await;
+                }))
+            })
+            .map_err(NbdError::Runtime)?;
+        Ok(ServerHandle {
+            stop: Some(tx),
+            thread: Some(thread),
+            endpoints,
+        })
+    }
+}
+
+/// A server running on its own thread. Dropping it shuts the server down and waits.
+pub struct ServerHandle {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<Result<(), NbdError>>>,
+    endpoints: Vec<Endpoint>,
+}
+
+impl ServerHandle {
+    pub fn endpoints(&self) -> &[Endpoint] {
+        &self.endpoints
+    }
+
+    /// Stop accepting, finish what is in flight, flush the pool, and wait for all of it.
+    pub fn shutdown(mut self) -> Result<(), NbdError> {
+        self.stop_and_join()
+    }
+
+    fn stop_and_join(&mut self) -> Result<(), NbdError> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        match self.thread.take() {
+            Some(t) => t.join().map_err(|_| NbdError::Panicked)?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop_and_join() {
+            tracing::error!("NBD server shutdown: {e}");
+        }
+    }
+}
+
+/// A connected socket of either kind.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
+
+/// A listener of either kind.
+trait Acceptor: Send + 'static {
+    type Conn: Stream;
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Conn, String)>> + Send;
+}
+
+impl Acceptor for tokio::net::TcpListener {
+    type Conn = tokio::net::TcpStream;
+    async fn accept_one(&self) -> std::io::Result<(Self::Conn, String)> {
+        let (s, peer) = self.accept().await?;
+        // Replies are written whole; delaying small ones only adds latency.
+        s.set_nodelay(true)?;
+        Ok((s, peer.to_string()))
+    }
+}
+
+impl Acceptor for tokio::net::UnixListener {
+    type Conn = tokio::net::UnixStream;
+    async fn accept_one(&self) -> std::io::Result<(Self::Conn, String)> {
+        let (s, _) = self.accept().await?;
+        Ok((s, "unix".to_string()))
+    }
+}
+
+async fn accept_loop<A: Acceptor>(
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    listener: A,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        while conns.try_join_next().is_some() {}
+        let accepted = tokio::select! {
+            r = listener.accept_one() => r,
+            _ = stop.changed() => break,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                tracing::debug!(peer, "connection");
+                let shared = shared.clone();
+                let stop = stop.clone();
+                conns.spawn(async move {
+                    let end = connection(stream, shared, stop).await;
+                    tracing::debug!(peer, ?end, "connection closed");
+                });
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    drop(listener);
+    let drain = shared.config.drain_timeout;
+    let all_done = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(drain, all_done).await.is_err() {
+        tracing::warn!("connections still busy after {drain:?}; closing them");
+        conns.shutdown().await;
+    }
+}
+
+/// Serve one connection from greeting to close.
+pub async fn connection<S: Stream>(
+    mut stream: S,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) -> End {
+    let export = match handshake::negotiate(&mut stream, &shared, &mut stop).await {
+        Ok(Outcome::Transmission(export)) => export,
+        Ok(Outcome::Close(why)) => {
+            tracing::debug!(why, "handshake ended");
+            return End::Closed;
+        }
+        Err(e) => return End::Io(e.to_string()),
+    };
+    tracing::debug!(export = export.volume.name(), "transmission");
+    let (r, w) = tokio::io::split(stream);
+    transmission::serve(r, w, export, shared.config.inflight_bytes_max, stop).await
+}
+
+/// Serve one already-connected stream (a socketpair, an in-memory duplex) until it closes.
+/// For tests and fuzzing; servers use [`Server::run`].
+pub async fn serve_stream<S: Stream>(
+    stream: S,
+    catalog: Arc<dyn Catalog>,
+    config: ServerConfig,
+) -> End {
+    let (_tx, rx) = watch::channel(false);
+    connection(stream, Arc::new(Shared { catalog, config }), rx).await
+}

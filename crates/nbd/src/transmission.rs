@@ -1,0 +1,372 @@
+//! The transmission phase: read requests, run them on the blocking pool (the Volume API is
+//! blocking), and send replies as they complete, out of order.
+//!
+//! One reader loop per connection parses requests and dispatches them; one writer task owns
+//! the socket's write half and sends whole replies. Memory is bounded by a per-connection
+//! budget of in-flight bytes (a semaphore), held by each request until its reply is written.
+
+use crate::handshake::Export;
+use crate::proto::*;
+use crate::wire::{self, Command, RequestHeader, Verdict};
+use condense_api::Volume;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+/// A block status query asks the volume about at most this many bytes at a time (the protocol
+/// lets the server answer less than asked; clients continue where the answer stops).
+const BLOCK_STATUS_QUERY_BYTES_MAX: u64 = 1 << 30;
+/// Unit of the in-flight budget.
+const BUDGET_UNIT_BYTES: usize = 4096;
+
+/// A reply ready to be written, with the budget it holds until then.
+struct Reply {
+    parts: Vec<Vec<u8>>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// How the transmission phase ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum End {
+    /// NBD_CMD_DISC: every outstanding request was answered.
+    Disconnect,
+    /// The client closed the socket.
+    Closed,
+    /// The server is shutting down: requests in flight were answered, then the socket closed.
+    Shutdown,
+    /// The client broke the protocol beyond recovery (bad magic, absurd payload).
+    ProtocolViolation(String),
+    /// The socket failed.
+    Io(String),
+}
+
+/// What a request needs to run on the blocking pool.
+struct Job {
+    volume: Arc<dyn Volume>,
+    cookie: u64,
+    structured: bool,
+    command: Command,
+    payload: Vec<u8>,
+}
+
+/// Run the transmission phase until the client disconnects or shutdown is signalled.
+pub async fn serve<R, W>(
+    mut reader: R,
+    writer: W,
+    export: Export,
+    inflight_bytes_max: usize,
+    mut shutdown: watch::Receiver<bool>,
+) -> End
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, rx) = mpsc::unbounded_channel::<Reply>();
+    let writer_task = tokio::spawn(write_replies(writer, rx));
+    let budget_units = (inflight_bytes_max / BUDGET_UNIT_BYTES).max(1);
+    let budget = Arc::new(Semaphore::new(budget_units));
+    let mut jobs: JoinSet<()> = JoinSet::new();
+    let n = export.negotiated;
+
+    let end = loop {
+        while jobs.try_join_next().is_some() {}
+        let mut raw = [0u8; REQUEST_HEADER_BYTES];
+        if *shutdown.borrow() {
+            break End::Shutdown;
+        }
+        let read = tokio::select! {
+            r = reader.read_exact(&mut raw) => r,
+            _ = shutdown.changed() => break End::Shutdown,
+        };
+        if let Err(e) = read {
+            break if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                End::Closed
+            } else {
+                End::Io(e.to_string())
+            };
+        }
+        let header = match wire::parse_request_header(&raw) {
+            Ok(h) => h,
+            Err(magic) => {
+                break End::ProtocolViolation(format!("request magic {magic:#x}"));
+            }
+        };
+        match wire::check_request(&header, &n) {
+            Verdict::Disconnect(why) => break End::ProtocolViolation(why),
+            Verdict::Reject {
+                error,
+                skip,
+                message,
+            } => {
+                tracing::debug!(?header, error, message, "request refused");
+                if let Err(e) = discard(&mut reader, skip).await {
+                    break End::Io(e.to_string());
+                }
+                let parts = vec![error_reply(&header, n.structured, error, &message)];
+                if tx.send(Reply { parts, _permit: None }).is_err() {
+                    break End::Io("reply writer stopped".to_string());
+                }
+            }
+            Verdict::Run(Command::Disc) => break End::Disconnect,
+            Verdict::Run(command) => {
+                let cost = match command {
+                    Command::Read { len, .. } | Command::Write { len, .. } => {
+                        1 + len as usize / BUDGET_UNIT_BYTES
+                    }
+                    _ => 1,
+                }
+                .min(budget_units);
+                // cost <= budget_units, which came from a usize of plausible size.
+                let permit = match budget.clone().acquire_many_owned(cost as u32).await {
+                    Ok(p) => p,
+                    Err(_) => break End::Io("in-flight budget closed".to_string()),
+                };
+                let mut payload = Vec::new();
+                if let Command::Write { len, .. } = command {
+                    payload = vec![0u8; len as usize];
+                    if let Err(e) = reader.read_exact(&mut payload).await {
+                        break End::Io(format!("reading a write payload: {e}"));
+                    }
+                }
+                let job = Job {
+                    volume: export.volume.clone(),
+                    cookie: header.cookie,
+                    structured: n.structured,
+                    command,
+                    payload,
+                };
+                let tx = tx.clone();
+                jobs.spawn_blocking(move || {
+                    let cookie = job.cookie;
+                    let structured = job.structured;
+                    let parts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        execute(job)
+                    }))
+                    .unwrap_or_else(|_| {
+                        tracing::error!(cookie, "volume call panicked");
+                        let h = RequestHeader {
+                            flags: 0,
+                            kind: CMD_WRITE,
+                            cookie,
+                            offset: 0,
+                            len: 0,
+                        };
+                        vec![error_reply(&h, structured, EIO, "internal error")]
+                    });
+                    // The writer is gone only when the connection already failed.
+                    let _ = tx.send(Reply {
+                        parts,
+                        _permit: Some(permit),
+                    });
+                });
+            }
+        }
+    };
+    // Every request already read gets its reply before the socket closes.
+    while jobs.join_next().await.is_some() {}
+    drop(tx);
+    match writer_task.await {
+        Ok(Ok(())) => end,
+        Ok(Err(e)) if end == End::Disconnect || end == End::Shutdown => End::Io(e.to_string()),
+        _ => end,
+    }
+}
+
+async fn discard<R: AsyncRead + Unpin>(reader: &mut R, mut n: u32) -> std::io::Result<()> {
+    let mut scratch = [0u8; 8192];
+    while n > 0 {
+        let want = (n as usize).min(scratch.len());
+        reader.read_exact(&mut scratch[..want]).await?;
+        n -= want as u32;
+    }
+    Ok(())
+}
+
+async fn write_replies<W: AsyncWrite + Unpin>(
+    writer: W,
+    mut rx: mpsc::UnboundedReceiver<Reply>,
+) -> std::io::Result<()> {
+    let mut w = BufWriter::with_capacity(256 * 1024, writer);
+    while let Some(reply) = rx.recv().await {
+        let mut next = Some(reply);
+        // Write everything that is ready, then flush once.
+        while let Some(r) = next.take() {
+            for part in &r.parts {
+                w.write_all(part).await?;
+            }
+            drop(r);
+            next = rx.try_recv().ok();
+        }
+        w.flush().await?;
+    }
+    w.flush().await?;
+    w.shutdown().await
+}
+
+/// The error reply for a request: a structured error chunk when structured replies were
+/// negotiated (required for READ, and it carries the message), else a simple reply.
+fn error_reply(h: &RequestHeader, structured: bool, error: u32, message: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + message.len());
+    if structured {
+        wire::put_error_chunk(&mut out, h.cookie, error, message);
+    } else {
+        wire::put_simple_reply(&mut out, h.cookie, error);
+    }
+    out
+}
+
+fn ok_reply(cookie: u64) -> Vec<Vec<u8>> {
+    let mut out = Vec::with_capacity(16);
+    wire::put_simple_reply(&mut out, cookie, 0);
+    vec![out]
+}
+
+/// Run one request against the volume and build its reply. Blocking.
+fn execute(job: Job) -> Vec<Vec<u8>> {
+    let Job {
+        volume,
+        cookie,
+        structured,
+        command,
+        payload,
+    } = job;
+    let v = volume.as_ref();
+    let header = RequestHeader {
+        flags: 0,
+        kind: 0,
+        cookie,
+        offset: 0,
+        len: 0,
+    };
+    let fail = |e: condense_api::VolumeError| {
+        tracing::debug!(cookie, error = %e, "request failed");
+        vec![error_reply(
+            &header,
+            structured,
+            nbd_error_from_errno(e.errno()),
+            &e.to_string(),
+        )]
+    };
+    let done = |r: condense_api::Result<()>| match r {
+        Ok(()) => ok_reply(cookie),
+        Err(e) => fail(e),
+    };
+    match command {
+        Command::Read { offset, len, df } => {
+            let r = if structured {
+                read_structured(v, cookie, offset, len, df)
+            } else {
+                read_simple(v, cookie, offset, len)
+            };
+            r.unwrap_or_else(fail)
+        }
+        Command::Write { offset, fua, .. } => done(v.write(offset, &payload, fua)),
+        Command::Flush => done(v.flush()),
+        Command::Trim { offset, len, fua } => {
+            if len == 0 {
+                ok_reply(cookie)
+            } else {
+                done(v.trim(offset, u64::from(len), fua))
+            }
+        }
+        // Every volume zeroes by changing its block map, never by writing data: always fast.
+        Command::WriteZeroes {
+            offset,
+            len,
+            fua,
+            may_unmap,
+            fast: _,
+        } => {
+            if len == 0 {
+                ok_reply(cookie)
+            } else {
+                done(v.write_zeroes(offset, u64::from(len), may_unmap, fua))
+            }
+        }
+        Command::Cache { .. } => ok_reply(cookie),
+        Command::BlockStatus {
+            offset,
+            len,
+            req_one,
+        } => {
+            let query = u64::from(len).min(BLOCK_STATUS_QUERY_BYTES_MAX);
+            match v.block_status(offset, query) {
+                Ok(extents) => {
+                    let d = wire::block_status_descriptors(&extents, offset, query, req_one);
+                    let mut out = Vec::with_capacity(24 + 8 * d.len());
+                    wire::put_block_status_chunk(&mut out, cookie, META_ID_BASE_ALLOCATION, &d);
+                    vec![out]
+                }
+                Err(e) => fail(e),
+            }
+        }
+        // Handled by the reader loop; never dispatched.
+        Command::Disc => Vec::new(),
+    }
+}
+
+fn read_simple(
+    v: &dyn Volume,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+) -> condense_api::Result<Vec<Vec<u8>>> {
+    let mut data = vec![0u8; len as usize];
+    if len > 0 {
+        v.read(offset, &mut data)?;
+    }
+    let mut head = Vec::with_capacity(16);
+    wire::put_simple_reply(&mut head, cookie, 0);
+    Ok(vec![head, data])
+}
+
+fn read_structured(
+    v: &dyn Volume,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    df: bool,
+) -> condense_api::Result<Vec<Vec<u8>>> {
+    if len == 0 {
+        let mut out = Vec::with_capacity(20);
+        wire::put_chunk_header(&mut out, cookie, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0);
+        return Ok(vec![out]);
+    }
+    let pieces = if df {
+        vec![wire::ReadPiece {
+            offset,
+            len,
+            hole: false,
+        }]
+    } else {
+        match v.block_status(offset, u64::from(len)) {
+            Ok(extents) => wire::plan_read(&extents, offset, len),
+            // Without a map the whole range is read as data: slower, still correct.
+            Err(_) => vec![wire::ReadPiece {
+                offset,
+                len,
+                hole: false,
+            }],
+        }
+    };
+    let last = pieces.len().saturating_sub(1);
+    let mut parts = Vec::with_capacity(pieces.len() * 2);
+    let mut head = Vec::new();
+    for (i, p) in pieces.iter().enumerate() {
+        let final_chunk = i == last;
+        if p.hole {
+            wire::put_hole_chunk(&mut head, cookie, final_chunk, p.offset, p.len);
+        } else {
+            let mut data = vec![0u8; p.len as usize];
+            v.read(p.offset, &mut data)?;
+            wire::put_data_chunk_header(&mut head, cookie, final_chunk, p.offset, p.len);
+            parts.push(std::mem::take(&mut head));
+            parts.push(data);
+        }
+    }
+    if !head.is_empty() {
+        parts.push(head);
+    }
+    Ok(parts)
+}

@@ -1,0 +1,906 @@
+//! Pure functions from bytes to protocol messages and back.
+//!
+//! Nothing here does I/O or keeps state: the option parser, the request header parser and the
+//! request check take bytes (and the facts of the negotiated export) and return a verdict, so
+//! they can be fuzzed directly (`fuzz/fuzz_targets/nbd_parse.rs`) and tested exhaustively.
+//! The async code in `handshake` and `transmission` only moves bytes to and from here.
+
+use crate::proto::*;
+use condense_api::{Extent, ExtentKind};
+
+/// An option the client sent during the handshake, parsed from its number and data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientOption {
+    ExportName(String),
+    Abort,
+    List,
+    StartTls,
+    Info(GoRequest),
+    Go(GoRequest),
+    StructuredReply,
+    ListMetaContext(MetaRequest),
+    SetMetaContext(MetaRequest),
+    /// An option this server does not know: answered with `NBD_REP_ERR_UNSUP`.
+    Unknown(u32),
+}
+
+/// The data of `NBD_OPT_INFO` and `NBD_OPT_GO`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GoRequest {
+    pub name: String,
+    /// The `NBD_INFO_*` items the client asked for.
+    pub info: Vec<u16>,
+}
+
+/// The data of `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaRequest {
+    pub export: String,
+    pub queries: Vec<String>,
+}
+
+/// Why an option's data was refused; answered with `NBD_REP_ERR_INVALID` and the message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OptionInvalid(pub String);
+
+/// A bounds-checked big-endian reader over a byte slice.
+struct Cursor<'a> {
+    buf: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], OptionInvalid> {
+        if n > self.buf.len() {
+            return Err(OptionInvalid(format!(
+                "{} is truncated: {} more bytes needed, {} left",
+                self.what,
+                n,
+                self.buf.len()
+            )));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn u16(&mut self) -> Result<u16, OptionInvalid> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, OptionInvalid> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn string(&mut self, len: u32, field: &str) -> Result<String, OptionInvalid> {
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        if len > STRING_BYTES_MAX {
+            return Err(OptionInvalid(format!(
+                "{field} is {len} bytes, more than the protocol's {STRING_BYTES_MAX}"
+            )));
+        }
+        parse_string(self.take(len)?, field)
+    }
+    fn finish(&self) -> Result<(), OptionInvalid> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(OptionInvalid(format!(
+                "{} has {} unexpected trailing bytes",
+                self.what,
+                self.buf.len()
+            )))
+        }
+    }
+}
+
+/// A protocol string: UTF-8, no NUL, at most 4096 bytes.
+pub fn parse_string(bytes: &[u8], field: &str) -> Result<String, OptionInvalid> {
+    if bytes.len() > STRING_BYTES_MAX {
+        return Err(OptionInvalid(format!(
+            "{field} is {} bytes, more than the protocol's {STRING_BYTES_MAX}",
+            bytes.len()
+        )));
+    }
+    if bytes.contains(&0) {
+        return Err(OptionInvalid(format!("{field} contains a NUL byte")));
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Ok(s.to_string()),
+        Err(e) => Err(OptionInvalid(format!("{field} is not UTF-8: {e}"))),
+    }
+}
+
+fn no_data(option: &'static str, data: &[u8]) -> Result<(), OptionInvalid> {
+    if data.is_empty() {
+        Ok(())
+    } else {
+        Err(OptionInvalid(format!(
+            "{option} takes no data, {} bytes were sent",
+            data.len()
+        )))
+    }
+}
+
+/// Parse one option from its number and data (the 16-byte option header already read).
+pub fn parse_option(option: u32, data: &[u8]) -> Result<ClientOption, OptionInvalid> {
+    match option {
+        OPT_EXPORT_NAME => Ok(ClientOption::ExportName(parse_string(data, "export name")?)),
+        // The client should send no data with ABORT; the server should ignore any.
+        OPT_ABORT => Ok(ClientOption::Abort),
+        OPT_LIST => no_data("NBD_OPT_LIST", data).map(|()| ClientOption::List),
+        OPT_STARTTLS => no_data("NBD_OPT_STARTTLS", data).map(|()| ClientOption::StartTls),
+        OPT_STRUCTURED_REPLY => {
+            no_data("NBD_OPT_STRUCTURED_REPLY", data).map(|()| ClientOption::StructuredReply)
+        }
+        OPT_INFO => parse_go(data, "NBD_OPT_INFO").map(ClientOption::Info),
+        OPT_GO => parse_go(data, "NBD_OPT_GO").map(ClientOption::Go),
+        OPT_LIST_META_CONTEXT => {
+            parse_meta(data, "NBD_OPT_LIST_META_CONTEXT").map(ClientOption::ListMetaContext)
+        }
+        OPT_SET_META_CONTEXT => {
+            parse_meta(data, "NBD_OPT_SET_META_CONTEXT").map(ClientOption::SetMetaContext)
+        }
+        other => Ok(ClientOption::Unknown(other)),
+    }
+}
+
+fn parse_go(data: &[u8], what: &'static str) -> Result<GoRequest, OptionInvalid> {
+    let mut c = Cursor { buf: data, what };
+    let name_len = c.u32()?;
+    let name = c.string(name_len, "export name")?;
+    let n = c.u16()?;
+    let mut info = Vec::new();
+    for _ in 0..n {
+        info.push(c.u16()?);
+    }
+    c.finish()?;
+    Ok(GoRequest { name, info })
+}
+
+fn parse_meta(data: &[u8], what: &'static str) -> Result<MetaRequest, OptionInvalid> {
+    let mut c = Cursor { buf: data, what };
+    let name_len = c.u32()?;
+    let export = c.string(name_len, "export name")?;
+    let n = c.u32()?;
+    let mut queries = Vec::new();
+    for _ in 0..n {
+        let len = c.u32()?;
+        queries.push(c.string(len, "metadata context query")?);
+    }
+    c.finish()?;
+    Ok(MetaRequest { export, queries })
+}
+
+/// Which metadata contexts a query names. Only `base:allocation` exists here. `for_list`
+/// allows the `base:` wildcard (LIST_META_CONTEXT); SET ignores it, as the protocol requires.
+/// Queries of unknown namespaces select nothing; a query without a colon is invalid.
+pub fn match_meta_query(query: &str, for_list: bool) -> Result<bool, OptionInvalid> {
+    let Some((namespace, leaf)) = query.split_once(':') else {
+        return Err(OptionInvalid(format!(
+            "metadata context query {query:?} has no namespace (no colon)"
+        )));
+    };
+    if namespace != "base" {
+        return Ok(false);
+    }
+    Ok(leaf == "allocation" || (for_list && leaf.is_empty()))
+}
+
+/// A request header as it came off the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub flags: u16,
+    pub kind: u16,
+    pub cookie: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// Parse the 28-byte request header; `Err` carries a wrong magic, after which the stream
+/// cannot be trusted and the connection must be dropped.
+pub fn parse_request_header(b: &[u8; REQUEST_HEADER_BYTES]) -> Result<RequestHeader, u32> {
+    let magic = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    if magic != REQUEST_MAGIC {
+        return Err(magic);
+    }
+    let mut cookie = [0u8; 8];
+    cookie.copy_from_slice(&b[8..16]);
+    let mut offset = [0u8; 8];
+    offset.copy_from_slice(&b[16..24]);
+    Ok(RequestHeader {
+        flags: u16::from_be_bytes([b[4], b[5]]),
+        kind: u16::from_be_bytes([b[6], b[7]]),
+        cookie: u64::from_be_bytes(cookie),
+        offset: u64::from_be_bytes(offset),
+        len: u32::from_be_bytes([b[24], b[25], b[26], b[27]]),
+    })
+}
+
+/// What a connection negotiated: the facts a request is checked against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Negotiated {
+    pub size: u64,
+    pub read_only: bool,
+    pub structured: bool,
+    /// `base:allocation` was selected for this export.
+    pub base_allocation: bool,
+    /// Largest READ or WRITE payload accepted.
+    pub payload_bytes_max: u32,
+}
+
+/// A request that passed every check, ready to run against the volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    Read {
+        offset: u64,
+        len: u32,
+        df: bool,
+    },
+    /// The payload of `len` bytes follows the header on the wire.
+    Write {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
+    Disc,
+    Flush,
+    Trim {
+        offset: u64,
+        len: u32,
+        fua: bool,
+    },
+    Cache {
+        offset: u64,
+        len: u32,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u32,
+        fua: bool,
+        may_unmap: bool,
+        fast: bool,
+    },
+    BlockStatus {
+        offset: u64,
+        len: u32,
+        req_one: bool,
+    },
+}
+
+/// What to do with a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Run(Command),
+    /// Answer with this NBD error after reading and discarding `skip` payload bytes.
+    Reject {
+        error: u32,
+        skip: u32,
+        message: String,
+    },
+    /// The request cannot be answered without losing track of the stream: hard disconnect.
+    Disconnect(String),
+}
+
+/// Check a request header against what was negotiated. Pure: the fuzz target calls it.
+pub fn check_request(h: &RequestHeader, n: &Negotiated) -> Verdict {
+    let has_payload = h.kind == CMD_WRITE;
+    if has_payload && h.len > n.payload_bytes_max {
+        return Verdict::Disconnect(format!(
+            "write payload of {} bytes exceeds the maximum of {}",
+            h.len, n.payload_bytes_max
+        ));
+    }
+    let skip = if has_payload { h.len } else { 0 };
+    let reject = |error: u32, message: String| Verdict::Reject {
+        error,
+        skip,
+        message,
+    };
+    let allowed_flags = CMD_FLAG_FUA
+        | match h.kind {
+            CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+            CMD_READ if n.structured => CMD_FLAG_DF,
+            CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
+            _ => 0,
+        };
+    if h.flags & !allowed_flags != 0 {
+        return reject(
+            EINVAL,
+            format!(
+                "command flags {:#x} are not valid for command {}",
+                h.flags & !allowed_flags,
+                h.kind
+            ),
+        );
+    }
+    let fua = h.flags & CMD_FLAG_FUA != 0;
+    let (offset, len) = (h.offset, h.len);
+    let in_range = offset
+        .checked_add(u64::from(len))
+        .is_some_and(|end| end <= n.size);
+    let out_of_range = |error: u32| {
+        reject(
+            error,
+            format!(
+                "{len} bytes at offset {offset} are past the end of the export ({} bytes)",
+                n.size
+            ),
+        )
+    };
+    let writes = matches!(h.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    if writes && n.read_only {
+        return reject(EPERM, "the export is read-only".to_string());
+    }
+    match h.kind {
+        CMD_READ => {
+            if len > n.payload_bytes_max {
+                return reject(
+                    EINVAL,
+                    format!(
+                        "read of {len} bytes exceeds the maximum payload of {}",
+                        n.payload_bytes_max
+                    ),
+                );
+            }
+            if !in_range {
+                return out_of_range(EINVAL);
+            }
+            Verdict::Run(Command::Read {
+                offset,
+                len,
+                df: h.flags & CMD_FLAG_DF != 0,
+            })
+        }
+        CMD_WRITE => {
+            if !in_range {
+                return out_of_range(ENOSPC);
+            }
+            Verdict::Run(Command::Write { offset, len, fua })
+        }
+        CMD_DISC => Verdict::Run(Command::Disc),
+        CMD_FLUSH => {
+            if offset != 0 || len != 0 {
+                return reject(EINVAL, "flush must have offset and length 0".to_string());
+            }
+            Verdict::Run(Command::Flush)
+        }
+        CMD_TRIM => {
+            if !in_range {
+                return out_of_range(EINVAL);
+            }
+            Verdict::Run(Command::Trim { offset, len, fua })
+        }
+        CMD_CACHE => {
+            if !in_range {
+                return out_of_range(EINVAL);
+            }
+            Verdict::Run(Command::Cache { offset, len })
+        }
+        CMD_WRITE_ZEROES => {
+            if !in_range {
+                return out_of_range(ENOSPC);
+            }
+            Verdict::Run(Command::WriteZeroes {
+                offset,
+                len,
+                fua,
+                may_unmap: h.flags & CMD_FLAG_NO_HOLE == 0,
+                fast: h.flags & CMD_FLAG_FAST_ZERO != 0,
+            })
+        }
+        CMD_BLOCK_STATUS => {
+            if !n.base_allocation {
+                return reject(
+                    EINVAL,
+                    "block status needs the base:allocation metadata context".to_string(),
+                );
+            }
+            if len == 0 {
+                return reject(EINVAL, "block status of 0 bytes".to_string());
+            }
+            if !in_range {
+                return out_of_range(EINVAL);
+            }
+            Verdict::Run(Command::BlockStatus {
+                offset,
+                len,
+                req_one: h.flags & CMD_FLAG_REQ_ONE != 0,
+            })
+        }
+        other => reject(EINVAL, format!("unknown command {other}")),
+    }
+}
+
+/// The `base:allocation` flags of an extent kind.
+pub fn allocation_flags(kind: ExtentKind) -> u32 {
+    match kind {
+        ExtentKind::Data => 0,
+        ExtentKind::Zero => STATE_ZERO,
+        ExtentKind::Unmapped => STATE_HOLE | STATE_ZERO,
+    }
+}
+
+/// Longest extent descriptor sent (a 4 KiB multiple below 2^32).
+pub const DESCRIPTOR_BYTES_MAX: u64 = 0xFFFF_F000;
+/// Most descriptors in one block status chunk, as the protocol recommends.
+pub const DESCRIPTORS_MAX: usize = 1 << 20;
+
+/// Walk `[offset, offset+len)` through the volume's extents, calling `f(start, len, kind)` for
+/// consecutive runs that cover the range exactly. Gaps or overlaps in `extents` (an engine that
+/// broke its contract) are covered as `Data`, which is always a safe answer.
+fn cover(extents: &[Extent], offset: u64, len: u64, mut f: impl FnMut(u64, u64, ExtentKind)) {
+    let end = offset.saturating_add(len);
+    let mut pos = offset;
+    for e in extents {
+        if pos >= end {
+            break;
+        }
+        let e_end = e.offset.saturating_add(e.len).min(end);
+        if e_end <= pos {
+            continue;
+        }
+        if e.offset > pos {
+            let gap_end = e.offset.min(end);
+            f(pos, gap_end - pos, ExtentKind::Data);
+            pos = gap_end;
+            if pos >= end {
+                break;
+            }
+        }
+        f(pos, e_end - pos, e.kind);
+        pos = e_end;
+    }
+    if pos < end {
+        f(pos, end - pos, ExtentKind::Data);
+    }
+}
+
+/// The block status descriptors `(length, flags)` for a request, clipped to it, merged where
+/// equal, split below 2^32, at most [`DESCRIPTORS_MAX`]; with `req_one` exactly one.
+pub fn block_status_descriptors(
+    extents: &[Extent],
+    offset: u64,
+    len: u64,
+    req_one: bool,
+) -> Vec<(u32, u32)> {
+    let mut out: Vec<(u64, u32)> = Vec::new();
+    cover(extents, offset, len, |_, n, kind| {
+        let flags = allocation_flags(kind);
+        match out.last_mut() {
+            Some(last) if last.1 == flags => last.0 += n,
+            _ => out.push((n, flags)),
+        }
+    });
+    let mut descriptors = Vec::new();
+    'outer: for (mut n, flags) in out {
+        while n > 0 {
+            let piece = n.min(DESCRIPTOR_BYTES_MAX);
+            // piece <= DESCRIPTOR_BYTES_MAX < 2^32.
+            descriptors.push((piece as u32, flags));
+            n -= piece;
+            if req_one || descriptors.len() >= DESCRIPTORS_MAX {
+                break 'outer;
+            }
+        }
+    }
+    descriptors
+}
+
+/// One piece of a structured READ reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadPiece {
+    pub offset: u64,
+    pub len: u32,
+    /// Reads as zeros: sent as `NBD_REPLY_TYPE_OFFSET_HOLE`, without touching the volume.
+    pub hole: bool,
+}
+
+/// Split a read of `[offset, offset+len)` into data and hole pieces by the volume's extents.
+pub fn plan_read(extents: &[Extent], offset: u64, len: u32) -> Vec<ReadPiece> {
+    let mut out: Vec<ReadPiece> = Vec::new();
+    cover(extents, offset, u64::from(len), |start, n, kind| {
+        let hole = kind != ExtentKind::Data;
+        // n <= len, which fits in u32.
+        let n = n as u32;
+        match out.last_mut() {
+            Some(last) if last.hole == hole => last.len += n,
+            _ => out.push(ReadPiece {
+                offset: start,
+                len: n,
+                hole,
+            }),
+        }
+    });
+    out
+}
+
+// Encoders. Each appends to `out` so replies can be batched into one write.
+
+/// An option reply header and its data.
+pub fn put_option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
+    out.extend_from_slice(&REP_MAGIC.to_be_bytes());
+    out.extend_from_slice(&option.to_be_bytes());
+    out.extend_from_slice(&reply.to_be_bytes());
+    // Option reply data is built by this server and is far below 4 GiB.
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(data);
+}
+
+/// A simple reply header (the data of a successful READ follows it).
+pub fn put_simple_reply(out: &mut Vec<u8>, cookie: u64, error: u32) {
+    out.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&error.to_be_bytes());
+    out.extend_from_slice(&cookie.to_be_bytes());
+}
+
+/// A structured reply chunk header announcing `len` payload bytes.
+pub fn put_chunk_header(out: &mut Vec<u8>, cookie: u64, flags: u16, kind: u16, len: u32) {
+    out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&cookie.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+}
+
+/// A final `NBD_REPLY_TYPE_ERROR` chunk with a message for people.
+pub fn put_error_chunk(out: &mut Vec<u8>, cookie: u64, error: u32, message: &str) {
+    let mut msg = message.as_bytes();
+    if msg.len() > STRING_BYTES_MAX {
+        msg = &msg[..STRING_BYTES_MAX];
+    }
+    // msg.len() <= 4096.
+    let len = msg.len() as u16;
+    put_chunk_header(
+        out,
+        cookie,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_ERROR,
+        6 + u32::from(len),
+    );
+    out.extend_from_slice(&error.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(msg);
+}
+
+/// An `NBD_REPLY_TYPE_OFFSET_HOLE` chunk.
+pub fn put_hole_chunk(out: &mut Vec<u8>, cookie: u64, done: bool, offset: u64, len: u32) {
+    let flags = if done { REPLY_FLAG_DONE } else { 0 };
+    put_chunk_header(out, cookie, flags, REPLY_TYPE_OFFSET_HOLE, 12);
+    out.extend_from_slice(&offset.to_be_bytes());
+    out.extend_from_slice(&len.to_be_bytes());
+}
+
+/// The header of an `NBD_REPLY_TYPE_OFFSET_DATA` chunk; `len` data bytes follow it.
+pub fn put_data_chunk_header(out: &mut Vec<u8>, cookie: u64, done: bool, offset: u64, len: u32) {
+    let flags = if done { REPLY_FLAG_DONE } else { 0 };
+    put_chunk_header(
+        out,
+        cookie,
+        flags,
+        REPLY_TYPE_OFFSET_DATA,
+        len.saturating_add(8),
+    );
+    out.extend_from_slice(&offset.to_be_bytes());
+}
+
+/// A final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk for one context.
+pub fn put_block_status_chunk(
+    out: &mut Vec<u8>,
+    cookie: u64,
+    context_id: u32,
+    descriptors: &[(u32, u32)],
+) {
+    // At most DESCRIPTORS_MAX descriptors: 4 + 8 * 2^20 bytes.
+    let len = 4 + 8 * descriptors.len() as u32;
+    put_chunk_header(out, cookie, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, len);
+    out.extend_from_slice(&context_id.to_be_bytes());
+    for (n, flags) in descriptors {
+        out.extend_from_slice(&n.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+    }
+}
+
+/// The data of an `NBD_REP_INFO` reply of type `NBD_INFO_EXPORT`.
+pub fn info_export(size: u64, transmission_flags: u16) -> Vec<u8> {
+    let mut d = Vec::with_capacity(12);
+    d.extend_from_slice(&INFO_EXPORT.to_be_bytes());
+    d.extend_from_slice(&size.to_be_bytes());
+    d.extend_from_slice(&transmission_flags.to_be_bytes());
+    d
+}
+
+/// The data of an `NBD_REP_INFO` reply of type `NBD_INFO_BLOCK_SIZE`.
+pub fn info_block_size(minimum: u32, preferred: u32, maximum: u32) -> Vec<u8> {
+    let mut d = Vec::with_capacity(14);
+    d.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    d.extend_from_slice(&minimum.to_be_bytes());
+    d.extend_from_slice(&preferred.to_be_bytes());
+    d.extend_from_slice(&maximum.to_be_bytes());
+    d
+}
+
+/// The data of an `NBD_REP_INFO` reply carrying a string (`NBD_INFO_NAME`, `_DESCRIPTION`).
+pub fn info_string(kind: u16, s: &str) -> Vec<u8> {
+    let mut d = Vec::with_capacity(2 + s.len());
+    d.extend_from_slice(&kind.to_be_bytes());
+    d.extend_from_slice(s.as_bytes());
+    d
+}
+
+/// The data of an `NBD_REP_SERVER` reply.
+pub fn rep_server(name: &str) -> Vec<u8> {
+    let mut d = Vec::with_capacity(4 + name.len());
+    // Export names come from the catalog; the handshake refuses ones over 4096 bytes.
+    d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d
+}
+
+/// The data of an `NBD_REP_META_CONTEXT` reply.
+pub fn rep_meta_context(id: u32, name: &str) -> Vec<u8> {
+    let mut d = Vec::with_capacity(4 + name.len());
+    d.extend_from_slice(&id.to_be_bytes());
+    d.extend_from_slice(name.as_bytes());
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn go_data(name: &str, info: &[u16]) -> Vec<u8> {
+        let mut d = Vec::new();
+        d.extend_from_slice(&(name.len() as u32).to_be_bytes());
+        d.extend_from_slice(name.as_bytes());
+        d.extend_from_slice(&(info.len() as u16).to_be_bytes());
+        for i in info {
+            d.extend_from_slice(&i.to_be_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn go_parses_and_rejects_bad_lengths() {
+        let d = go_data("vm1", &[INFO_BLOCK_SIZE, INFO_NAME]);
+        assert_eq!(
+            parse_option(OPT_GO, &d),
+            Ok(ClientOption::Go(GoRequest {
+                name: "vm1".into(),
+                info: vec![INFO_BLOCK_SIZE, INFO_NAME]
+            }))
+        );
+        // Every truncation is invalid, never a panic.
+        for cut in 0..d.len() {
+            assert!(parse_option(OPT_GO, &d[..cut]).is_err(), "cut at {cut}");
+        }
+        // Trailing bytes are invalid too.
+        let mut long = d.clone();
+        long.push(0);
+        assert!(parse_option(OPT_INFO, &long).is_err());
+        // A name length that points past the data.
+        let mut lie = d.clone();
+        lie[..4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(parse_option(OPT_GO, &lie).is_err());
+    }
+
+    #[test]
+    fn strings_must_be_utf8_without_nul() {
+        assert!(parse_option(OPT_EXPORT_NAME, b"a\0b").is_err());
+        assert!(parse_option(OPT_EXPORT_NAME, &[0xff, 0xfe]).is_err());
+        assert!(parse_option(OPT_EXPORT_NAME, &vec![b'a'; 4097]).is_err());
+        assert_eq!(
+            parse_option(OPT_EXPORT_NAME, b""),
+            Ok(ClientOption::ExportName(String::new()))
+        );
+    }
+
+    #[test]
+    fn options_without_data_refuse_data() {
+        assert!(parse_option(OPT_LIST, b"x").is_err());
+        assert!(parse_option(OPT_STRUCTURED_REPLY, b"x").is_err());
+        assert_eq!(parse_option(OPT_ABORT, b"junk"), Ok(ClientOption::Abort));
+        assert_eq!(parse_option(99, b"junk"), Ok(ClientOption::Unknown(99)));
+    }
+
+    #[test]
+    fn meta_queries() {
+        let mut d = Vec::new();
+        d.extend_from_slice(&2u32.to_be_bytes());
+        d.extend_from_slice(b"vm");
+        d.extend_from_slice(&2u32.to_be_bytes());
+        for q in ["base:allocation", "qemu:dirty-bitmap:x"] {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        let parsed = parse_option(OPT_SET_META_CONTEXT, &d);
+        assert_eq!(
+            parsed,
+            Ok(ClientOption::SetMetaContext(MetaRequest {
+                export: "vm".into(),
+                queries: vec!["base:allocation".into(), "qemu:dirty-bitmap:x".into()]
+            }))
+        );
+        for cut in 0..d.len() {
+            assert!(parse_option(OPT_LIST_META_CONTEXT, &d[..cut]).is_err());
+        }
+        assert_eq!(match_meta_query("base:allocation", false), Ok(true));
+        assert_eq!(match_meta_query("base:", false), Ok(false));
+        assert_eq!(match_meta_query("base:", true), Ok(true));
+        assert_eq!(match_meta_query("base:other", true), Ok(false));
+        assert_eq!(match_meta_query("qemu:dirty-bitmap:x", true), Ok(false));
+        assert!(match_meta_query("nocolon", true).is_err());
+    }
+
+    fn negotiated() -> Negotiated {
+        Negotiated {
+            size: 1 << 20,
+            read_only: false,
+            structured: true,
+            base_allocation: true,
+            payload_bytes_max: 1 << 25,
+        }
+    }
+
+    fn header(kind: u16, flags: u16, offset: u64, len: u32) -> RequestHeader {
+        RequestHeader {
+            flags,
+            kind,
+            cookie: 7,
+            offset,
+            len,
+        }
+    }
+
+    #[test]
+    fn request_checks() {
+        let n = negotiated();
+        let run = |h| matches!(check_request(&h, &n), Verdict::Run(_));
+        let error = |h| match check_request(&h, &n) {
+            Verdict::Reject { error, .. } => Some(error),
+            _ => None,
+        };
+        assert!(run(header(CMD_READ, 0, 0, 4096)));
+        assert!(run(header(CMD_READ, CMD_FLAG_DF, 1, 4095)));
+        assert_eq!(error(header(CMD_READ, 0, (1 << 20) - 1, 2)), Some(EINVAL));
+        assert_eq!(error(header(CMD_READ, 0, u64::MAX, 2)), Some(EINVAL));
+        assert_eq!(error(header(CMD_WRITE, 0, 1 << 20, 1)), Some(ENOSPC));
+        assert_eq!(error(header(CMD_WRITE_ZEROES, 0, 1 << 20, 1)), Some(ENOSPC));
+        assert_eq!(error(header(CMD_TRIM, 0, 1 << 20, 1)), Some(EINVAL));
+        assert_eq!(error(header(CMD_FLUSH, 0, 1, 0)), Some(EINVAL));
+        assert_eq!(error(header(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1)), Some(EINVAL));
+        assert_eq!(error(header(CMD_WRITE, 1 << 9, 0, 1)), Some(EINVAL));
+        assert_eq!(error(header(42, 0, 0, 0)), Some(EINVAL));
+        assert_eq!(error(header(CMD_BLOCK_STATUS, 0, 0, 0)), Some(EINVAL));
+        // A rejected write still has its payload to skip.
+        assert_eq!(
+            check_request(&header(CMD_WRITE, 1 << 9, 0, 100), &n),
+            Verdict::Reject {
+                error: EINVAL,
+                skip: 100,
+                message: "command flags 0x200 are not valid for command 1".into()
+            }
+        );
+        // Too large a write payload cannot be skipped cheaply: disconnect.
+        assert!(matches!(
+            check_request(&header(CMD_WRITE, 0, 0, (1 << 25) + 1), &n),
+            Verdict::Disconnect(_)
+        ));
+        assert_eq!(
+            check_request(&header(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 0, 8), &n),
+            Verdict::Run(Command::WriteZeroes {
+                offset: 0,
+                len: 8,
+                fua: false,
+                may_unmap: false,
+                fast: false
+            })
+        );
+        let ro = Negotiated {
+            read_only: true,
+            ..n
+        };
+        assert!(matches!(
+            check_request(&header(CMD_TRIM, 0, 0, 1), &ro),
+            Verdict::Reject { error: EPERM, .. }
+        ));
+        let simple = Negotiated {
+            structured: false,
+            base_allocation: false,
+            ..n
+        };
+        assert!(matches!(
+            check_request(&header(CMD_READ, CMD_FLAG_DF, 0, 1), &simple),
+            Verdict::Reject { error: EINVAL, .. }
+        ));
+        assert!(matches!(
+            check_request(&header(CMD_BLOCK_STATUS, 0, 0, 1), &simple),
+            Verdict::Reject { error: EINVAL, .. }
+        ));
+    }
+
+    #[test]
+    fn request_header_round_trip() {
+        let mut b = [0u8; REQUEST_HEADER_BYTES];
+        b[..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        b[4..6].copy_from_slice(&1u16.to_be_bytes());
+        b[6..8].copy_from_slice(&CMD_WRITE.to_be_bytes());
+        b[8..16].copy_from_slice(&0xdead_beefu64.to_be_bytes());
+        b[16..24].copy_from_slice(&512u64.to_be_bytes());
+        b[24..28].copy_from_slice(&4096u32.to_be_bytes());
+        assert_eq!(
+            parse_request_header(&b),
+            Ok(RequestHeader {
+                flags: 1,
+                kind: CMD_WRITE,
+                cookie: 0xdead_beef,
+                offset: 512,
+                len: 4096
+            })
+        );
+        b[0] = 0;
+        assert!(parse_request_header(&b).is_err());
+    }
+
+    fn ext(offset: u64, len: u64, kind: ExtentKind) -> Extent {
+        Extent { offset, len, kind }
+    }
+
+    #[test]
+    fn descriptors_clip_merge_and_fill_gaps() {
+        use ExtentKind::*;
+        let e = [
+            ext(0, 4096, Data),
+            ext(4096, 4096, Zero),
+            ext(8192, 8192, Unmapped),
+        ];
+        assert_eq!(
+            block_status_descriptors(&e, 100, 10000, false),
+            vec![(3996, 0), (4096, STATE_ZERO), (1908, STATE_HOLE | STATE_ZERO)]
+        );
+        assert_eq!(block_status_descriptors(&e, 100, 10000, true), vec![(3996, 0)]);
+        // A gap in the engine's answer reads as data; a short answer is filled up.
+        let gappy = [ext(4096, 4096, Unmapped)];
+        assert_eq!(
+            block_status_descriptors(&gappy, 0, 12288, false),
+            vec![(4096, 0), (4096, STATE_HOLE | STATE_ZERO), (4096, 0)]
+        );
+        assert_eq!(block_status_descriptors(&[], 0, 10, false), vec![(10, 0)]);
+        // Huge extents are split below 2^32.
+        let big = [ext(0, 1 << 33, Unmapped)];
+        let d = block_status_descriptors(&big, 0, 1 << 33, false);
+        assert_eq!(d.iter().map(|x| u64::from(x.0)).sum::<u64>(), 1 << 33);
+        assert!(d.len() == 3);
+    }
+
+    #[test]
+    fn read_plan_covers_exactly() {
+        use ExtentKind::*;
+        let e = [
+            ext(0, 4096, Unmapped),
+            ext(4096, 4096, Data),
+            ext(8192, 4096, Zero),
+            ext(12288, 4096, Unmapped),
+        ];
+        assert_eq!(
+            plan_read(&e, 10, 12000),
+            vec![
+                ReadPiece {
+                    offset: 10,
+                    len: 4086,
+                    hole: true
+                },
+                ReadPiece {
+                    offset: 4096,
+                    len: 4096,
+                    hole: false
+                },
+                ReadPiece {
+                    offset: 8192,
+                    len: 3818,
+                    hole: true
+                },
+            ]
+        );
+    }
+}
