@@ -1,1 +1,39 @@
-//! placeholder
+//! The Condense storage engine: a pool of thin-provisioned volumes whose blocks are
+//! deduplicated and compressed inline, with a journal, checkpoints, garbage collection and
+//! crash recovery. See DESIGN.md for the vocabulary and docs/FORMAT.md for the bytes on disk.
+//!
+//! Modules, one per concept:
+//! - [`io`]: the narrow I/O seam (real directory, and [`sim`], the crash simulator)
+//! - [`format`]: every on-disk encoding
+//! - [`reduction`]: zero detection, fingerprints, compression
+//! - [`segment`]: append-only chunk containers
+//! - [`chunk_table`], [`dedup_index`], [`block_map`]: the metadata
+//! - [`journal`], [`checkpoint`]: making metadata durable
+//! - [`pool`]: open/recovery, the write and read paths, flush
+//! - [`volume`]: the Volume API over a pool
+//! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
+
+#![deny(clippy::unwrap_used)]
+
+pub mod block_map;
+pub mod checkpoint;
+pub mod chunk_table;
+pub mod dedup_index;
+pub mod error;
+pub mod format;
+pub mod gc;
+pub mod io;
+pub mod journal;
+pub mod pool;
+pub mod reduction;
+pub mod segment;
+pub mod sim;
+pub mod stats;
+pub mod verify;
+pub mod volume;
+
+pub use error::{Error, Result};
+pub use format::{Compression, WritePolicy};
+pub use pool::{InitOptions, OpenOptions, Pool};
+pub use stats::{PoolStats, VolumeStats};
+pub use volume::VolumeHandle;

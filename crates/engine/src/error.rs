@@ -1,0 +1,113 @@
+//! The engine's error type.
+//!
+//! Policy: every error says what failed and where (volume, block, file, offset). Bad bytes from
+//! disk are errors ([`Error::Corrupt`], [`Error::Checksum`]), never panics. After an I/O error
+//! that may have left the in-memory state ahead of the disk, the pool refuses further writes
+//! ([`Error::Poisoned`]) until it is reopened, which recovers from the journal.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("volume {0:?} not found")]
+    NotFound(String),
+    #[error("volume {0:?} already exists")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{op} of {len} bytes at offset {offset} is past the end of volume {volume:?} ({size} bytes)")]
+    OutOfRange {
+        op: &'static str,
+        volume: String,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+    #[error("no space left on the pool's disk while {0}; free space (delete volumes, run `condense gc`) and retry")]
+    NoSpace(String),
+    #[error("checksum mismatch in {what}: expected {expected:08x}, found {found:08x}")]
+    Checksum {
+        what: String,
+        expected: u32,
+        found: u32,
+    },
+    #[error("damaged {what}: {detail}")]
+    Corrupt { what: String, detail: String },
+    #[error("{0} is not a Condense pool (no superblock); create one with `condense init`")]
+    NotAPool(PathBuf),
+    #[error("pool {0} is in use by another process (lock held on its lock file)")]
+    Locked(PathBuf),
+    #[error("the pool is open read-only")]
+    ReadOnly,
+    #[error("unsupported format version {found} of {what} (this build reads version {supported})")]
+    Version {
+        what: &'static str,
+        found: u32,
+        supported: u32,
+    },
+    #[error(
+        "an earlier I/O error left the pool in an unknown state ({0}); reopen the pool to recover"
+    )]
+    Poisoned(String),
+    #[error("I/O error on {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Error {
+        if source.raw_os_error() == Some(libc::ENOSPC) {
+            return Error::NoSpace(what.into());
+        }
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+
+    pub fn corrupt(what: impl Into<String>, detail: impl Into<String>) -> Error {
+        Error::Corrupt {
+            what: what.into(),
+            detail: detail.into(),
+        }
+    }
+
+    /// True for errors caused by the disk or by damaged bytes (as opposed to bad arguments).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, Error::Checksum { .. } | Error::Corrupt { .. })
+    }
+}
+
+impl From<Error> for condense_api::VolumeError {
+    fn from(e: Error) -> Self {
+        use condense_api::VolumeError as V;
+        match e {
+            Error::NotFound(n) => V::NotFound(n),
+            Error::AlreadyExists(n) => V::AlreadyExists(n),
+            Error::Invalid(m) => V::Invalid(m),
+            Error::OutOfRange {
+                op,
+                volume,
+                offset,
+                len,
+                size,
+            } => V::OutOfRange {
+                op,
+                volume,
+                offset,
+                len,
+                size,
+            },
+            Error::NoSpace(m) => V::NoSpace(m),
+            Error::ReadOnly => V::ReadOnly,
+            e @ (Error::Checksum { .. } | Error::Corrupt { .. }) => V::Corrupt(e.to_string()),
+            e => V::Io(e.to_string()),
+        }
+    }
+}

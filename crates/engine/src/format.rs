@@ -1,0 +1,1053 @@
+//! Every on-disk encoding of the pool, in one place. `docs/FORMAT.md` mirrors this file.
+//!
+//! All integers are little-endian. Every structure starts with a magic and a format version
+//! (or lives inside one that does) and carries a CRC-32C. Decoders never panic on bad bytes:
+//! they return [`Error::Corrupt`] or [`Error::Checksum`].
+
+use crate::error::{Error, Result};
+
+/// Format version written by this build, for every structure.
+pub const FORMAT_VERSION: u32 = 1;
+
+pub const SUPERBLOCK_NAME: &str = "superblock";
+pub const LOCK_NAME: &str = "lock";
+pub const CHECKPOINT_NAME: &str = "checkpoint";
+pub const CHECKPOINT_TMP_NAME: &str = "checkpoint.tmp";
+pub const SEGMENT_PREFIX: &str = "seg-";
+pub const JOURNAL_PREFIX: &str = "journal-";
+
+pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"CNDSPOOL";
+pub const SEGMENT_MAGIC: [u8; 8] = *b"CNDSSEGM";
+pub const JOURNAL_MAGIC: [u8; 8] = *b"CNDSJRNL";
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"CNDSCKPT";
+pub const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"JBAT");
+
+pub const SUPERBLOCK_BYTES: usize = 128;
+pub const SEGMENT_HEADER_BYTES: usize = 64;
+pub const RECORD_HEADER_BYTES: usize = 32;
+pub const JOURNAL_HEADER_BYTES: usize = 64;
+pub const BATCH_HEADER_BYTES: usize = 24;
+pub const CHECKPOINT_HEADER_BYTES: usize = 64;
+pub const SECTION_HEADER_BYTES: usize = 24;
+
+/// Block map entries: a chunk id, or one of these two markers.
+pub const ENTRY_UNMAPPED: u32 = u32::MAX;
+pub const ENTRY_ZERO: u32 = u32::MAX - 1;
+/// Chunk ids are below this; the values above are map markers.
+pub const CHUNK_ID_LIMIT: u32 = u32::MAX - 1;
+/// Entries per block map page (in memory and in checkpoints).
+pub const MAP_PAGE_ENTRIES: usize = 1024;
+/// Chunk table entries per checkpoint section.
+pub const CHUNKS_PER_SECTION: usize = 65536;
+
+/// Stored length of a record payload fits in 24 bits.
+pub const STORED_LEN_MAX: u32 = (1 << 24) - 1;
+pub const BLOCK_SIZE_MIN: u32 = 4096;
+pub const BLOCK_SIZE_MAX: u32 = 65536;
+const _: () = assert!(BLOCK_SIZE_MAX < STORED_LEN_MAX);
+
+/// The first 128 bits of a chunk's keyed BLAKE3-256 fingerprint: what the pool stores and
+/// compares (collision odds for 2^32 chunks about 2^-64, and the key is secret to the pool).
+pub type Fingerprint = [u8; 16];
+
+/// How a chunk's payload is encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkCodec {
+    Raw = 0,
+    Lz4 = 1,
+    Zstd = 2,
+}
+
+impl ChunkCodec {
+    pub fn from_u8(v: u8) -> Option<ChunkCodec> {
+        match v {
+            0 => Some(ChunkCodec::Raw),
+            1 => Some(ChunkCodec::Lz4),
+            2 => Some(ChunkCodec::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// Where a chunk's record is: segment, byte offset of its header, payload length and codec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub segment: u32,
+    pub offset: u32,
+    pub stored_len: u32,
+    pub codec: ChunkCodec,
+}
+
+impl Location {
+    /// Bytes the record takes in its segment (header and payload).
+    pub fn record_bytes(&self) -> u64 {
+        RECORD_HEADER_BYTES as u64 + u64::from(self.stored_len)
+    }
+    fn len_codec(&self) -> u32 {
+        self.stored_len | (self.codec as u32) << 24
+    }
+    fn from_parts(segment: u32, offset: u32, len_codec: u32) -> Result<Location> {
+        let codec = ChunkCodec::from_u8((len_codec >> 24) as u8).ok_or_else(|| {
+            Error::corrupt(
+                "chunk location",
+                format!("unknown codec in {len_codec:08x}"),
+            )
+        })?;
+        Ok(Location {
+            segment,
+            offset,
+            stored_len: len_codec & STORED_LEN_MAX,
+            codec,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Little-endian helpers.
+
+fn crc(parts: &[&[u8]]) -> u32 {
+    parts.iter().fold(0, |c, p| crc32c::crc32c_append(c, p))
+}
+
+/// A bounds-checked reader over bytes from disk.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8], what: &'static str) -> Reader<'a> {
+        Reader { buf, pos: 0, what }
+    }
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| {
+                Error::corrupt(
+                    self.what,
+                    format!("truncated: need {n} bytes at offset {}", self.pos),
+                )
+            })?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.bytes(N)?);
+        Ok(a)
+    }
+    pub fn u8(&mut self) -> Result<u8> {
+        Ok(self.bytes(1)?[0])
+    }
+    pub fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    pub fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    pub fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    pub fn string(&mut self, len: usize) -> Result<String> {
+        String::from_utf8(self.bytes(len)?.to_vec())
+            .map_err(|_| Error::corrupt(self.what, "name is not UTF-8"))
+    }
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+}
+
+fn put_u16(out: &mut Vec<u8>, v: u16) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u32(out: &mut Vec<u8>, v: u32) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn check_magic(found: &[u8], magic: &[u8; 8], what: &'static str) -> Result<()> {
+    if found != magic {
+        return Err(Error::corrupt(what, format!("bad magic {found:02x?}")));
+    }
+    Ok(())
+}
+
+fn check_version(v: u32, what: &'static str) -> Result<()> {
+    if v != FORMAT_VERSION {
+        return Err(Error::Version {
+            what,
+            found: v,
+            supported: FORMAT_VERSION,
+        });
+    }
+    Ok(())
+}
+
+fn check_crc(expected: u32, found: u32, what: impl Into<String>) -> Result<()> {
+    if expected != found {
+        return Err(Error::Checksum {
+            what: what.into(),
+            expected,
+            found,
+        });
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Superblock: the pool's identity and fixed settings. Written once by `init`.
+
+/// The pool's default codec for new chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Lz4,
+    Zstd(i8),
+}
+
+/// When writes are acknowledged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WritePolicy {
+    /// `Async` where the pool directory honours flushes, `Sync` otherwise.
+    Auto,
+    /// Every write is durable before it is acknowledged.
+    Sync,
+    /// Writes are durable at the next flush (or FUA).
+    Async,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub block_size: u32,
+    pub compression: Compression,
+    pub write_policy: WritePolicy,
+    pub uuid: [u8; 16],
+    pub key: [u8; 32],
+    pub segment_bytes_target: u64,
+}
+
+impl Superblock {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(SUPERBLOCK_BYTES);
+        b.extend_from_slice(&SUPERBLOCK_MAGIC);
+        put_u32(&mut b, FORMAT_VERSION);
+        put_u32(&mut b, self.block_size);
+        let (codec, level) = match self.compression {
+            Compression::None => (0u8, 0i8),
+            Compression::Lz4 => (1, 0),
+            Compression::Zstd(l) => (2, l),
+        };
+        b.push(codec);
+        b.push(level as u8);
+        b.push(match self.write_policy {
+            WritePolicy::Auto => 0,
+            WritePolicy::Sync => 1,
+            WritePolicy::Async => 2,
+        });
+        b.push(0);
+        put_u32(&mut b, 0);
+        b.extend_from_slice(&self.uuid);
+        b.extend_from_slice(&self.key);
+        put_u64(&mut b, self.segment_bytes_target);
+        b.resize(SUPERBLOCK_BYTES - 4, 0);
+        let c = crc(&[&b]);
+        put_u32(&mut b, c);
+        b
+    }
+
+    pub fn decode(buf: &[u8]) -> Result<Superblock> {
+        const WHAT: &str = "superblock";
+        if buf.len() < SUPERBLOCK_BYTES {
+            return Err(Error::corrupt(
+                WHAT,
+                format!("{} bytes, expected {SUPERBLOCK_BYTES}", buf.len()),
+            ));
+        }
+        let mut r = Reader::new(buf, WHAT);
+        check_magic(r.bytes(8)?, &SUPERBLOCK_MAGIC, WHAT)?;
+        check_version(r.u32()?, WHAT)?;
+        let stored = u32::from_le_bytes(
+            buf[SUPERBLOCK_BYTES - 4..SUPERBLOCK_BYTES]
+                .try_into()
+                .map_err(|_| Error::corrupt(WHAT, "short"))?,
+        );
+        check_crc(stored, crc(&[&buf[..SUPERBLOCK_BYTES - 4]]), WHAT)?;
+        let block_size = r.u32()?;
+        let codec = r.u8()?;
+        let level = r.u8()? as i8;
+        let policy = r.u8()?;
+        let _ = r.u8()?;
+        let _ = r.u32()?;
+        let uuid = r.array()?;
+        let key = r.array()?;
+        let segment_bytes_target = r.u64()?;
+        let compression = match codec {
+            0 => Compression::None,
+            1 => Compression::Lz4,
+            2 => Compression::Zstd(level),
+            c => return Err(Error::corrupt(WHAT, format!("unknown compression {c}"))),
+        };
+        let write_policy = match policy {
+            0 => WritePolicy::Auto,
+            1 => WritePolicy::Sync,
+            2 => WritePolicy::Async,
+            p => return Err(Error::corrupt(WHAT, format!("unknown write policy {p}"))),
+        };
+        if !block_size.is_power_of_two() || !(BLOCK_SIZE_MIN..=BLOCK_SIZE_MAX).contains(&block_size)
+        {
+            return Err(Error::corrupt(WHAT, format!("block size {block_size}")));
+        }
+        if segment_bytes_target == 0 || segment_bytes_target > u64::from(u32::MAX) {
+            return Err(Error::corrupt(
+                WHAT,
+                format!("segment size {segment_bytes_target}"),
+            ));
+        }
+        Ok(Superblock {
+            block_size,
+            compression,
+            write_policy,
+            uuid,
+            key,
+            segment_bytes_target,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Segments: a 64-byte header, then chunk records packed back to back.
+
+pub fn segment_name(id: u32) -> String {
+    format!("{SEGMENT_PREFIX}{id:08x}.dat")
+}
+
+pub fn parse_segment_name(name: &str) -> Option<u32> {
+    let hex = name.strip_prefix(SEGMENT_PREFIX)?.strip_suffix(".dat")?;
+    u32::from_str_radix(hex, 16).ok()
+}
+
+pub fn encode_segment_header(id: u32, uuid: &[u8; 16]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(SEGMENT_HEADER_BYTES);
+    b.extend_from_slice(&SEGMENT_MAGIC);
+    put_u32(&mut b, FORMAT_VERSION);
+    put_u32(&mut b, id);
+    b.extend_from_slice(uuid);
+    b.resize(SEGMENT_HEADER_BYTES - 4, 0);
+    let c = crc(&[&b]);
+    put_u32(&mut b, c);
+    b
+}
+
+/// Check a segment header; returns the segment id it names.
+pub fn decode_segment_header(buf: &[u8], uuid: &[u8; 16]) -> Result<u32> {
+    const WHAT: &str = "segment header";
+    let mut r = Reader::new(buf, WHAT);
+    check_magic(r.bytes(8)?, &SEGMENT_MAGIC, WHAT)?;
+    check_version(r.u32()?, WHAT)?;
+    let id = r.u32()?;
+    let found_uuid: [u8; 16] = r.array()?;
+    let body = buf
+        .get(..SEGMENT_HEADER_BYTES - 4)
+        .ok_or_else(|| Error::corrupt(WHAT, "short"))?;
+    let mut r2 = Reader::new(&buf[SEGMENT_HEADER_BYTES - 4..], WHAT);
+    check_crc(r2.u32()?, crc(&[body]), WHAT)?;
+    if &found_uuid != uuid {
+        return Err(Error::corrupt(WHAT, "segment belongs to another pool"));
+    }
+    Ok(id)
+}
+
+/// Append one chunk record (header + payload) to `out`.
+pub fn encode_record(
+    out: &mut Vec<u8>,
+    id: u32,
+    fp: &Fingerprint,
+    codec: ChunkCodec,
+    payload: &[u8],
+) {
+    let start = out.len();
+    put_u32(out, 0); // crc, filled below
+    put_u32(out, id);
+    out.extend_from_slice(fp);
+    put_u32(out, payload.len() as u32 | (codec as u32) << 24);
+    put_u32(out, 0);
+    out.extend_from_slice(payload);
+    let c = crc(&[&out[start + 4..]]);
+    out[start..start + 4].copy_from_slice(&c.to_le_bytes());
+}
+
+/// Check one record read from `loc` and return (fingerprint, payload).
+pub fn decode_record<'a>(
+    buf: &'a [u8],
+    id: u32,
+    loc: &Location,
+) -> Result<(Fingerprint, &'a [u8])> {
+    let what = || {
+        format!(
+            "chunk {id} in segment {} at offset {}",
+            loc.segment, loc.offset
+        )
+    };
+    let total = loc.record_bytes() as usize;
+    if buf.len() < total {
+        return Err(Error::corrupt(what(), "record truncated"));
+    }
+    let stored = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    check_crc(stored, crc(&[&buf[4..total]]), what())?;
+    let mut r = Reader::new(&buf[4..RECORD_HEADER_BYTES], "chunk record");
+    let found_id = r.u32()?;
+    let fp: Fingerprint = r.array()?;
+    let len_codec = r.u32()?;
+    if found_id != id || len_codec != loc.len_codec() {
+        return Err(Error::corrupt(
+            what(),
+            format!(
+                "record holds chunk {found_id} ({len_codec:08x}), expected {:08x}",
+                loc.len_codec()
+            ),
+        ));
+    }
+    Ok((fp, &buf[RECORD_HEADER_BYTES..total]))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Journal: a 64-byte header naming its generation, then batches of records.
+
+pub fn journal_name(gen: u64) -> String {
+    format!("{JOURNAL_PREFIX}{gen:016x}.wal")
+}
+
+pub fn parse_journal_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix(JOURNAL_PREFIX)?.strip_suffix(".wal")?;
+    u64::from_str_radix(hex, 16).ok()
+}
+
+pub fn encode_journal_header(gen: u64, uuid: &[u8; 16]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(JOURNAL_HEADER_BYTES);
+    b.extend_from_slice(&JOURNAL_MAGIC);
+    put_u32(&mut b, FORMAT_VERSION);
+    put_u32(&mut b, 0);
+    put_u64(&mut b, gen);
+    b.extend_from_slice(uuid);
+    b.resize(JOURNAL_HEADER_BYTES - 4, 0);
+    let c = crc(&[&b]);
+    put_u32(&mut b, c);
+    b
+}
+
+pub fn decode_journal_header(buf: &[u8], uuid: &[u8; 16]) -> Result<u64> {
+    const WHAT: &str = "journal header";
+    if buf.len() < JOURNAL_HEADER_BYTES {
+        return Err(Error::corrupt(
+            WHAT,
+            format!(
+                "journal truncated to {} bytes (header needs {JOURNAL_HEADER_BYTES})",
+                buf.len()
+            ),
+        ));
+    }
+    let mut r = Reader::new(buf, WHAT);
+    check_magic(r.bytes(8)?, &JOURNAL_MAGIC, WHAT)?;
+    check_version(r.u32()?, WHAT)?;
+    let _ = r.u32()?;
+    let gen = r.u64()?;
+    let found_uuid: [u8; 16] = r.array()?;
+    let mut r2 = Reader::new(&buf[JOURNAL_HEADER_BYTES - 4..], WHAT);
+    check_crc(r2.u32()?, crc(&[&buf[..JOURNAL_HEADER_BYTES - 4]]), WHAT)?;
+    if &found_uuid != uuid {
+        return Err(Error::corrupt(WHAT, "journal belongs to another pool"));
+    }
+    Ok(gen)
+}
+
+/// One metadata change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JournalRecord {
+    NewChunk {
+        id: u32,
+        loc: Location,
+        fp: Fingerprint,
+    },
+    MapRun {
+        vol: u32,
+        start: u64,
+        entries: Vec<u32>,
+    },
+    MapFill {
+        vol: u32,
+        start: u64,
+        count: u64,
+        entry: u32,
+    },
+    VolumeCreate {
+        vol: u32,
+        size: u64,
+        name: String,
+    },
+    VolumeResize {
+        vol: u32,
+        size: u64,
+    },
+    VolumeDelete {
+        vol: u32,
+    },
+    Relocate {
+        id: u32,
+        loc: Location,
+    },
+    DropChunk {
+        id: u32,
+    },
+    MetaPut {
+        key: String,
+        value: Option<Vec<u8>>,
+    },
+}
+
+impl JournalRecord {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            JournalRecord::NewChunk { id, loc, fp } => {
+                out.push(1);
+                put_u32(out, *id);
+                put_u32(out, loc.segment);
+                put_u32(out, loc.offset);
+                put_u32(out, loc.len_codec());
+                out.extend_from_slice(fp);
+            }
+            JournalRecord::MapRun {
+                vol,
+                start,
+                entries,
+            } => {
+                out.push(2);
+                put_u32(out, *vol);
+                put_u64(out, *start);
+                put_u32(out, entries.len() as u32);
+                for e in entries {
+                    put_u32(out, *e);
+                }
+            }
+            JournalRecord::MapFill {
+                vol,
+                start,
+                count,
+                entry,
+            } => {
+                out.push(3);
+                put_u32(out, *vol);
+                put_u64(out, *start);
+                put_u64(out, *count);
+                put_u32(out, *entry);
+            }
+            JournalRecord::VolumeCreate { vol, size, name } => {
+                out.push(4);
+                put_u32(out, *vol);
+                put_u64(out, *size);
+                put_u16(out, name.len() as u16);
+                out.extend_from_slice(name.as_bytes());
+            }
+            JournalRecord::VolumeResize { vol, size } => {
+                out.push(5);
+                put_u32(out, *vol);
+                put_u64(out, *size);
+            }
+            JournalRecord::VolumeDelete { vol } => {
+                out.push(6);
+                put_u32(out, *vol);
+            }
+            JournalRecord::Relocate { id, loc } => {
+                out.push(7);
+                put_u32(out, *id);
+                put_u32(out, loc.segment);
+                put_u32(out, loc.offset);
+                put_u32(out, loc.len_codec());
+            }
+            JournalRecord::DropChunk { id } => {
+                out.push(8);
+                put_u32(out, *id);
+            }
+            JournalRecord::MetaPut { key, value } => {
+                out.push(9);
+                put_u16(out, key.len() as u16);
+                out.extend_from_slice(key.as_bytes());
+                match value {
+                    Some(v) => {
+                        out.push(1);
+                        put_u32(out, v.len() as u32);
+                        out.extend_from_slice(v);
+                    }
+                    None => out.push(0),
+                }
+            }
+        }
+    }
+
+    pub fn decode(r: &mut Reader<'_>) -> Result<JournalRecord> {
+        let tag = r.u8()?;
+        Ok(match tag {
+            1 => {
+                let id = r.u32()?;
+                let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
+                JournalRecord::NewChunk {
+                    id,
+                    loc: Location::from_parts(s, o, lc)?,
+                    fp: r.array()?,
+                }
+            }
+            2 => {
+                let vol = r.u32()?;
+                let start = r.u64()?;
+                let n = r.u32()? as usize;
+                if n > r.remaining() / 4 {
+                    return Err(Error::corrupt(
+                        "journal record",
+                        "map run longer than its batch",
+                    ));
+                }
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    entries.push(r.u32()?);
+                }
+                JournalRecord::MapRun {
+                    vol,
+                    start,
+                    entries,
+                }
+            }
+            3 => JournalRecord::MapFill {
+                vol: r.u32()?,
+                start: r.u64()?,
+                count: r.u64()?,
+                entry: r.u32()?,
+            },
+            4 => {
+                let vol = r.u32()?;
+                let size = r.u64()?;
+                let n = r.u16()? as usize;
+                JournalRecord::VolumeCreate {
+                    vol,
+                    size,
+                    name: r.string(n)?,
+                }
+            }
+            5 => JournalRecord::VolumeResize {
+                vol: r.u32()?,
+                size: r.u64()?,
+            },
+            6 => JournalRecord::VolumeDelete { vol: r.u32()? },
+            7 => {
+                let id = r.u32()?;
+                let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
+                JournalRecord::Relocate {
+                    id,
+                    loc: Location::from_parts(s, o, lc)?,
+                }
+            }
+            8 => JournalRecord::DropChunk { id: r.u32()? },
+            9 => {
+                let n = r.u16()? as usize;
+                let key = r.string(n)?;
+                let value = match r.u8()? {
+                    0 => None,
+                    _ => {
+                        let n = r.u32()? as usize;
+                        Some(r.bytes(n)?.to_vec())
+                    }
+                };
+                JournalRecord::MetaPut { key, value }
+            }
+            t => return Err(Error::corrupt("journal record", format!("unknown tag {t}"))),
+        })
+    }
+}
+
+/// A batch as written: header (magic, payload length, sequence, CRC, record count) + payload.
+pub fn encode_batch(seq: u64, count: u32, payload: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(BATCH_HEADER_BYTES + payload.len());
+    put_u32(&mut b, BATCH_MAGIC);
+    put_u32(&mut b, payload.len() as u32);
+    put_u64(&mut b, seq);
+    put_u32(&mut b, 0);
+    put_u32(&mut b, count);
+    let c = crc(&[&b[..16], &b[20..24], payload]);
+    b[16..20].copy_from_slice(&c.to_le_bytes());
+    b.extend_from_slice(payload);
+    b
+}
+
+/// A batch header read back: (payload length, sequence, crc, count), or None if it is not one.
+pub struct BatchHeader {
+    pub payload_len: u32,
+    pub seq: u64,
+    pub crc: u32,
+    pub count: u32,
+}
+
+pub fn decode_batch_header(buf: &[u8]) -> Option<BatchHeader> {
+    let mut r = Reader::new(buf, "journal batch");
+    if r.u32().ok()? != BATCH_MAGIC {
+        return None;
+    }
+    Some(BatchHeader {
+        payload_len: r.u32().ok()?,
+        seq: r.u64().ok()?,
+        crc: r.u32().ok()?,
+        count: r.u32().ok()?,
+    })
+}
+
+/// True if the batch's payload matches its header's checksum.
+pub fn batch_valid(header_bytes: &[u8], h: &BatchHeader, payload: &[u8]) -> bool {
+    header_bytes.len() >= BATCH_HEADER_BYTES
+        && h.crc == crc(&[&header_bytes[..16], &header_bytes[20..24], payload])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoint: a 64-byte header, then sections, each zstd-compressed with its own CRC so damage
+// to one section (one volume's map, one range of chunk ids) leaves the rest readable.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SectionKind {
+    Volumes = 1,
+    Map = 2,
+    Chunks = 3,
+    Meta = 4,
+}
+
+pub struct CheckpointHeader {
+    pub journal_gen: u64,
+    pub next_seq: u64,
+    pub sections: u32,
+}
+
+pub fn encode_checkpoint_header(h: &CheckpointHeader, uuid: &[u8; 16]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(CHECKPOINT_HEADER_BYTES);
+    b.extend_from_slice(&CHECKPOINT_MAGIC);
+    put_u32(&mut b, FORMAT_VERSION);
+    put_u32(&mut b, h.sections);
+    put_u64(&mut b, h.journal_gen);
+    put_u64(&mut b, h.next_seq);
+    b.extend_from_slice(uuid);
+    b.resize(CHECKPOINT_HEADER_BYTES - 4, 0);
+    let c = crc(&[&b]);
+    put_u32(&mut b, c);
+    b
+}
+
+pub fn decode_checkpoint_header(buf: &[u8], uuid: &[u8; 16]) -> Result<CheckpointHeader> {
+    const WHAT: &str = "checkpoint header";
+    if buf.len() < CHECKPOINT_HEADER_BYTES {
+        return Err(Error::corrupt(WHAT, "truncated"));
+    }
+    let mut r = Reader::new(buf, WHAT);
+    check_magic(r.bytes(8)?, &CHECKPOINT_MAGIC, WHAT)?;
+    check_version(r.u32()?, WHAT)?;
+    let sections = r.u32()?;
+    let journal_gen = r.u64()?;
+    let next_seq = r.u64()?;
+    let found_uuid: [u8; 16] = r.array()?;
+    let mut r2 = Reader::new(&buf[CHECKPOINT_HEADER_BYTES - 4..], WHAT);
+    check_crc(r2.u32()?, crc(&[&buf[..CHECKPOINT_HEADER_BYTES - 4]]), WHAT)?;
+    if &found_uuid != uuid {
+        return Err(Error::corrupt(WHAT, "checkpoint belongs to another pool"));
+    }
+    Ok(CheckpointHeader {
+        journal_gen,
+        next_seq,
+        sections,
+    })
+}
+
+/// Append one section: header (kind, id, raw length, stored length, CRC of stored) + zstd body.
+pub fn encode_section(out: &mut Vec<u8>, kind: SectionKind, id: u32, raw: &[u8]) -> Result<()> {
+    let body = zstd::bulk::compress(raw, 1)
+        .map_err(|e| Error::io("compressing a checkpoint section", e))?;
+    out.push(kind as u8);
+    out.extend_from_slice(&[0, 0, 0]);
+    put_u32(out, id);
+    put_u32(out, raw.len() as u32);
+    put_u32(out, body.len() as u32);
+    put_u32(out, crc(&[&body]));
+    put_u32(out, 0);
+    out.extend_from_slice(&body);
+    Ok(())
+}
+
+pub struct SectionHeader {
+    pub kind: u8,
+    pub id: u32,
+    pub raw_len: u32,
+    pub stored_len: u32,
+    pub crc: u32,
+}
+
+pub fn decode_section_header(buf: &[u8]) -> Result<SectionHeader> {
+    let mut r = Reader::new(buf, "checkpoint section header");
+    let kind = r.u8()?;
+    r.bytes(3)?;
+    Ok(SectionHeader {
+        kind,
+        id: r.u32()?,
+        raw_len: r.u32()?,
+        stored_len: r.u32()?,
+        crc: r.u32()?,
+    })
+}
+
+/// Check and decompress a section body.
+pub fn decode_section_body(h: &SectionHeader, body: &[u8], what: &str) -> Result<Vec<u8>> {
+    check_crc(h.crc, crc(&[body]), what)?;
+    let raw = zstd::bulk::decompress(body, h.raw_len as usize)
+        .map_err(|e| Error::corrupt(what, format!("cannot decompress: {e}")))?;
+    if raw.len() != h.raw_len as usize {
+        return Err(Error::corrupt(what, "wrong decompressed length"));
+    }
+    Ok(raw)
+}
+
+// Section payloads.
+
+pub fn encode_volumes(next_vol: u32, vols: &[(u32, u64, &str)]) -> Vec<u8> {
+    let mut b = Vec::new();
+    put_u32(&mut b, next_vol);
+    put_u32(&mut b, vols.len() as u32);
+    for (id, size, name) in vols {
+        put_u32(&mut b, *id);
+        put_u64(&mut b, *size);
+        put_u16(&mut b, name.len() as u16);
+        b.extend_from_slice(name.as_bytes());
+    }
+    b
+}
+
+pub type VolumeRow = (u32, u64, String);
+
+pub fn decode_volumes(raw: &[u8]) -> Result<(u32, Vec<VolumeRow>)> {
+    let mut r = Reader::new(raw, "checkpoint volume list");
+    let next = r.u32()?;
+    let n = r.u32()?;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let id = r.u32()?;
+        let size = r.u64()?;
+        let len = r.u16()? as usize;
+        out.push((id, size, r.string(len)?));
+    }
+    Ok((next, out))
+}
+
+/// Map pages: (page number, entries), entries delta-coded so sequential chunk ids compress.
+pub fn encode_map(pages: &mut dyn Iterator<Item = (u64, &[u32])>) -> Vec<u8> {
+    let mut b = Vec::new();
+    let mut prev = 0u32;
+    let mut count = 0u32;
+    put_u32(&mut b, 0);
+    for (no, entries) in pages {
+        put_u64(&mut b, no);
+        for &e in entries {
+            put_u32(&mut b, e.wrapping_sub(prev));
+            prev = e;
+        }
+        count += 1;
+    }
+    b[..4].copy_from_slice(&count.to_le_bytes());
+    b
+}
+
+pub fn decode_map(raw: &[u8], mut page: impl FnMut(u64, &[u32])) -> Result<()> {
+    let mut r = Reader::new(raw, "checkpoint block map");
+    let n = r.u32()?;
+    let mut prev = 0u32;
+    let mut entries = vec![0u32; MAP_PAGE_ENTRIES];
+    for _ in 0..n {
+        let no = r.u64()?;
+        for e in entries.iter_mut() {
+            prev = prev.wrapping_add(r.u32()?);
+            *e = prev;
+        }
+        page(no, &entries);
+    }
+    Ok(())
+}
+
+/// A chunk table slot in a checkpoint: a location and fingerprint, or free.
+pub const FREE_SEGMENT: u32 = u32::MAX;
+
+pub fn encode_chunk_slot(b: &mut Vec<u8>, slot: Option<(&Location, &Fingerprint)>) {
+    match slot {
+        Some((loc, fp)) => {
+            put_u32(b, loc.segment);
+            put_u32(b, loc.offset);
+            put_u32(b, loc.len_codec());
+            b.extend_from_slice(fp);
+        }
+        None => {
+            put_u32(b, FREE_SEGMENT);
+            put_u32(b, 0);
+            put_u32(b, 0);
+            b.extend_from_slice(&[0; 16]);
+        }
+    }
+}
+
+pub fn decode_chunk_slot(r: &mut Reader<'_>) -> Result<Option<(Location, Fingerprint)>> {
+    let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
+    let fp: Fingerprint = r.array()?;
+    if s == FREE_SEGMENT {
+        return Ok(None);
+    }
+    Ok(Some((Location::from_parts(s, o, lc)?, fp)))
+}
+
+pub fn encode_meta(entries: &mut dyn Iterator<Item = (&String, &Vec<u8>)>) -> Vec<u8> {
+    let mut b = Vec::new();
+    put_u32(&mut b, 0);
+    let mut n = 0u32;
+    for (k, v) in entries {
+        put_u16(&mut b, k.len() as u16);
+        b.extend_from_slice(k.as_bytes());
+        put_u32(&mut b, v.len() as u32);
+        b.extend_from_slice(v);
+        n += 1;
+    }
+    b[..4].copy_from_slice(&n.to_le_bytes());
+    b
+}
+
+pub fn decode_meta(raw: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut r = Reader::new(raw, "checkpoint metadata records");
+    let n = r.u32()?;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let kl = r.u16()? as usize;
+        let k = r.string(kl)?;
+        let vl = r.u32()? as usize;
+        out.push((k, r.bytes(vl)?.to_vec()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn superblock_round_trip_and_damage() -> Result<()> {
+        let sb = Superblock {
+            block_size: 4096,
+            compression: Compression::Zstd(7),
+            write_policy: WritePolicy::Sync,
+            uuid: [3; 16],
+            key: [9; 32],
+            segment_bytes_target: 1 << 26,
+        };
+        let mut b = sb.encode();
+        assert_eq!(b.len(), SUPERBLOCK_BYTES);
+        assert_eq!(Superblock::decode(&b)?, sb);
+        b[20] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(Error::Checksum { .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn records_round_trip() -> Result<()> {
+        let recs = vec![
+            JournalRecord::NewChunk {
+                id: 5,
+                loc: Location {
+                    segment: 2,
+                    offset: 64,
+                    stored_len: 100,
+                    codec: ChunkCodec::Lz4,
+                },
+                fp: [1; 16],
+            },
+            JournalRecord::MapRun {
+                vol: 1,
+                start: 7,
+                entries: vec![5, ENTRY_ZERO, ENTRY_UNMAPPED],
+            },
+            JournalRecord::MapFill {
+                vol: 1,
+                start: 9,
+                count: 1 << 40,
+                entry: ENTRY_UNMAPPED,
+            },
+            JournalRecord::VolumeCreate {
+                vol: 3,
+                size: 1 << 30,
+                name: "vm-1".into(),
+            },
+            JournalRecord::VolumeResize { vol: 3, size: 4096 },
+            JournalRecord::VolumeDelete { vol: 3 },
+            JournalRecord::Relocate {
+                id: 5,
+                loc: Location {
+                    segment: 9,
+                    offset: 4096,
+                    stored_len: 4096,
+                    codec: ChunkCodec::Raw,
+                },
+            },
+            JournalRecord::DropChunk { id: 5 },
+            JournalRecord::MetaPut {
+                key: "fs/x".into(),
+                value: Some(vec![1, 2]),
+            },
+            JournalRecord::MetaPut {
+                key: "fs/y".into(),
+                value: None,
+            },
+        ];
+        let mut b = Vec::new();
+        for r in &recs {
+            r.encode(&mut b);
+        }
+        let mut rd = Reader::new(&b, "test");
+        for r in &recs {
+            assert_eq!(&JournalRecord::decode(&mut rd)?, r);
+        }
+        assert_eq!(rd.remaining(), 0);
+        // Truncated input is an error, not a panic.
+        for cut in 0..b.len() {
+            let mut rd = Reader::new(&b[..cut], "test");
+            while rd.remaining() > 0 {
+                if JournalRecord::decode(&mut rd).is_err() {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn chunk_record_checks() -> Result<()> {
+        let mut b = Vec::new();
+        encode_record(&mut b, 7, &[4; 16], ChunkCodec::Raw, b"hello");
+        let loc = Location {
+            segment: 1,
+            offset: 0,
+            stored_len: 5,
+            codec: ChunkCodec::Raw,
+        };
+        let (fp, payload) = decode_record(&b, 7, &loc)?;
+        assert_eq!((fp, payload), ([4; 16], &b"hello"[..]));
+        assert!(decode_record(&b, 8, &loc).is_err());
+        b[33] ^= 0x10;
+        assert!(matches!(
+            decode_record(&b, 7, &loc),
+            Err(Error::Checksum { .. })
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,198 @@
+//! The narrow I/O seam: every byte the engine reads or writes goes through [`Dir`] and [`File`].
+//!
+//! Two implementations: [`RealDir`] (a directory on a local file system) and
+//! [`crate::sim::SimDir`] (an in-memory disk that loses unsynced writes, tears writes and stops
+//! at the Nth call, for crash simulation).
+//!
+//! Assumptions about the media, which the simulation models and the engine relies on:
+//! - `File::sync` makes every completed write and `set_len` of that file durable.
+//! - Creating, renaming or removing a name is durable only after `Dir::sync_dir`.
+//! - A write that was not synced may be lost, applied, or torn (a prefix of it applied, at
+//!   512-byte granularity) by a crash; writes to different files persist independently.
+//! - Reads return what was last written (no silent corruption); corruption is caught by the
+//!   checksums the engine keeps on every record.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One file. All methods are safe to call from many threads.
+pub trait File: Send + Sync {
+    /// Read exactly `buf.len()` bytes at `offset`; a short file is `UnexpectedEof`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Write all of `data` at `offset`, extending the file as needed.
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
+    fn len(&self) -> io::Result<u64>;
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Make the file's content durable.
+    fn sync(&self) -> io::Result<()>;
+}
+
+/// A directory of files: the pool.
+pub trait Dir: Send + Sync {
+    /// Open a file; with `create` it is made if missing.
+    fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>>;
+    fn exists(&self, name: &str) -> io::Result<bool>;
+    fn remove(&self, name: &str) -> io::Result<()>;
+    /// Replace `to` with `from` atomically.
+    fn rename(&self, from: &str, to: &str) -> io::Result<()>;
+    /// Names of the files whose name starts with `prefix`.
+    fn list(&self, prefix: &str) -> io::Result<Vec<String>>;
+    /// Make creations, renames and removals durable.
+    fn sync_dir(&self) -> io::Result<()>;
+    /// Sum of the sizes of all files, in bytes (what `du -sb` of the pool directory shows).
+    fn total_bytes(&self) -> io::Result<u64>;
+    /// Free bytes on the underlying disk.
+    fn available_bytes(&self) -> io::Result<u64>;
+    /// Where this directory is, for messages.
+    fn describe(&self) -> String;
+}
+
+/// A real directory on a local file system.
+pub struct RealDir {
+    path: PathBuf,
+}
+
+struct RealFile {
+    file: fs::File,
+}
+
+impl RealDir {
+    /// Use `path` (which must exist) as a pool directory.
+    pub fn new(path: &Path) -> RealDir {
+        RealDir {
+            path: path.to_path_buf(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Take an exclusive advisory lock on `name` for the life of the returned file.
+    pub fn lock(&self, name: &str) -> io::Result<Option<fs::File>> {
+        use std::os::fd::AsRawFd;
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(self.path.join(name))?;
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            Ok(Some(f))
+        } else {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                Ok(None)
+            } else {
+                Err(err)
+            }
+        }
+    }
+}
+
+impl File for RealFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(data, offset)
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+}
+
+impl Dir for RealDir {
+    fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(self.path.join(name))?;
+        Ok(Arc::new(RealFile { file }))
+    }
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        self.path.join(name).try_exists()
+    }
+    fn remove(&self, name: &str) -> io::Result<()> {
+        fs::remove_file(self.path.join(name))
+    }
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        fs::rename(self.path.join(from), self.path.join(to))
+    }
+    fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(&self.path)? {
+            let e = e?;
+            if let Some(name) = e.file_name().to_str() {
+                if name.starts_with(prefix) && e.file_type()?.is_file() {
+                    out.push(name.to_string());
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+    fn sync_dir(&self) -> io::Result<()> {
+        fs::File::open(&self.path)?.sync_all()
+    }
+    fn total_bytes(&self) -> io::Result<u64> {
+        let mut total = 0;
+        for e in fs::read_dir(&self.path)? {
+            let m = e?.metadata()?;
+            if m.is_file() {
+                total += m.len();
+            }
+        }
+        Ok(total)
+    }
+    fn available_bytes(&self) -> io::Result<u64> {
+        use std::ffi::CString;
+        use std::os::unix::ffi::OsStrExt;
+        let c = CString::new(self.path.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: statvfs writes into the zeroed struct we pass; the path is a valid C string.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(s.f_bavail as u64 * s.f_frsize as u64)
+    }
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// A file that holds nothing and refuses writes (a placeholder while a pool opens).
+pub struct NullFile;
+
+impl File for NullFile {
+    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+    }
+    fn write_at(&self, _data: &[u8], _offset: u64) -> io::Result<()> {
+        Err(io::Error::other("write to a placeholder file"))
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(0)
+    }
+    fn set_len(&self, _len: u64) -> io::Result<()> {
+        Err(io::Error::other("write to a placeholder file"))
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,215 @@
+//! The journal: the write-ahead log of metadata changes between checkpoints.
+//!
+//! Owns: one file per generation, `journal-<gen>.wal`: a header, then batches of
+//! [`JournalRecord`]s, each batch with a sequence number and CRC-32C.
+//! Invariants:
+//! - Records are applied to the in-memory state in exactly the order they are appended here,
+//!   and replay applies them through the same function, so replay rebuilds the same state.
+//! - A batch is written whole at the end of the file and only becomes durable with `sync`.
+//!   On replay the first batch that is short, fails its CRC or is out of sequence ends the
+//!   journal (a torn tail from a crash); if a valid batch follows it, that is damage, not a
+//!   crash, and opening fails rather than silently dropping acknowledged changes.
+
+use crate::error::{Error, Result};
+use crate::format::{
+    batch_valid, decode_batch_header, decode_journal_header, encode_batch, encode_journal_header,
+    journal_name, JournalRecord, Reader, BATCH_HEADER_BYTES, JOURNAL_HEADER_BYTES,
+};
+use crate::io::{Dir, File};
+use std::sync::Arc;
+
+pub struct Journal {
+    pub gen: u64,
+    pub file: Arc<dyn File>,
+    /// End of the last batch written.
+    len: u64,
+    buf: Vec<u8>,
+    count: u32,
+    next_seq: u64,
+}
+
+/// What replay found.
+#[derive(Debug, Default)]
+pub struct ReplayReport {
+    pub batches: u64,
+    pub records: u64,
+    /// Bytes past the last valid batch (a torn tail), dropped.
+    pub torn_bytes: u64,
+}
+
+impl Journal {
+    /// Create generation `gen` (header written, not synced).
+    pub fn create(dir: &dyn Dir, gen: u64, uuid: &[u8; 16], next_seq: u64) -> Result<Journal> {
+        let name = journal_name(gen);
+        let file = dir
+            .open(&name, true)
+            .map_err(|e| Error::io(format!("creating journal {name}"), e))?;
+        let header = encode_journal_header(gen, uuid);
+        file.set_len(0)
+            .and_then(|_| file.write_at(&header, 0))
+            .map_err(|e| Error::io(format!("writing journal {name}"), e))?;
+        Ok(Journal {
+            gen,
+            file,
+            len: header.len() as u64,
+            buf: Vec::new(),
+            count: 0,
+            next_seq,
+        })
+    }
+
+    /// Open generation `gen` and hand every valid batch to `apply` in order. `apply` returns
+    /// false if the batch refers to data that is not on disk (its writes were never
+    /// acknowledged), which ends the journal there like a torn tail.
+    pub fn replay(
+        dir: &dyn Dir,
+        gen: u64,
+        uuid: &[u8; 16],
+        first_seq: u64,
+        read_only: bool,
+        mut apply: impl FnMut(Vec<JournalRecord>) -> Result<bool>,
+    ) -> Result<(Journal, ReplayReport)> {
+        let name = journal_name(gen);
+        let file = dir.open(&name, false).map_err(|e| {
+            Error::io(
+                format!("opening journal {name} named by the checkpoint (the pool is damaged; restore it from a backup)"),
+                e,
+            )
+        })?;
+        let flen = file
+            .len()
+            .map_err(|e| Error::io(format!("reading journal {name}"), e))?;
+        let mut data = vec![0u8; flen as usize];
+        file.read_at(&mut data, 0)
+            .map_err(|e| Error::io(format!("reading journal {name}"), e))?;
+        let found_gen = decode_journal_header(&data, uuid)
+            .map_err(|e| Error::corrupt(format!("journal {name}"), e.to_string()))?;
+        if found_gen != gen {
+            return Err(Error::corrupt(
+                format!("journal {name}"),
+                format!("header says generation {found_gen}"),
+            ));
+        }
+        let mut pos = JOURNAL_HEADER_BYTES;
+        let mut seq = first_seq;
+        let mut report = ReplayReport::default();
+        let mut unreadable = false;
+        loop {
+            let Some((records, next)) = parse_batch(&data, pos, seq) else {
+                unreadable = pos < data.len();
+                break;
+            };
+            let n = records.len() as u64;
+            if !apply(records)? {
+                // Refers to data a crash lost: never acknowledged, and neither is anything after.
+                break;
+            }
+            report.batches += 1;
+            report.records += n;
+            pos = next;
+            seq += 1;
+        }
+        // After unreadable bytes there must not be a later valid batch: that would be damage.
+        if let Some(at) = unreadable
+            .then(|| find_later_batch(&data, pos + 1, seq))
+            .flatten()
+        {
+            return Err(Error::corrupt(
+                format!("journal {name}"),
+                format!("batch {seq} at offset {pos} is damaged but a later batch follows at offset {at}; the pool cannot be recovered automatically"),
+            ));
+        }
+        report.torn_bytes = flen - pos as u64;
+        if report.torn_bytes > 0 && !read_only {
+            file.set_len(pos as u64)
+                .and_then(|_| file.sync())
+                .map_err(|e| Error::io(format!("truncating the torn tail of journal {name}"), e))?;
+        }
+        Ok((
+            Journal {
+                gen,
+                file,
+                len: pos as u64,
+                buf: Vec::new(),
+                count: 0,
+                next_seq: seq,
+            },
+            report,
+        ))
+    }
+
+    /// A stand-in used while the real journal is being replayed; never written.
+    pub fn placeholder() -> Journal {
+        Journal {
+            gen: 0,
+            file: Arc::new(crate::io::NullFile),
+            len: 0,
+            buf: Vec::new(),
+            count: 0,
+            next_seq: 0,
+        }
+    }
+
+    pub fn append(&mut self, rec: &JournalRecord) {
+        rec.encode(&mut self.buf);
+        self.count += 1;
+    }
+
+    /// Bytes appended but not yet written.
+    pub fn pending_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Bytes written to the file.
+    pub fn file_bytes(&self) -> u64 {
+        self.len
+    }
+
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Write what was appended as one batch (not synced). On failure the records stay
+    /// buffered and the call may be retried.
+    pub fn seal(&mut self) -> Result<()> {
+        if self.count == 0 {
+            return Ok(());
+        }
+        let batch = encode_batch(self.next_seq, self.count, &self.buf);
+        self.file
+            .write_at(&batch, self.len)
+            .map_err(|e| Error::io(format!("writing journal {}", journal_name(self.gen)), e))?;
+        self.len += batch.len() as u64;
+        self.next_seq += 1;
+        self.buf.clear();
+        self.count = 0;
+        Ok(())
+    }
+}
+
+/// Parse the batch at `pos` if it is whole, valid and numbered `seq`.
+fn parse_batch(data: &[u8], pos: usize, seq: u64) -> Option<(Vec<JournalRecord>, usize)> {
+    let header = data.get(pos..pos + BATCH_HEADER_BYTES)?;
+    let h = decode_batch_header(header)?;
+    let end = pos + BATCH_HEADER_BYTES + h.payload_len as usize;
+    let payload = data.get(pos + BATCH_HEADER_BYTES..end)?;
+    if h.seq != seq || !batch_valid(header, &h, payload) {
+        return None;
+    }
+    let mut r = Reader::new(payload, "journal batch");
+    let mut records = Vec::with_capacity(h.count as usize);
+    for _ in 0..h.count {
+        records.push(JournalRecord::decode(&mut r).ok()?);
+    }
+    (r.remaining() == 0).then_some((records, end))
+}
+
+/// The offset of a whole, valid batch numbered after `seq`, searching from `from`.
+fn find_later_batch(data: &[u8], from: usize, seq: u64) -> Option<usize> {
+    let magic = crate::format::BATCH_MAGIC.to_le_bytes();
+    (from..data.len().saturating_sub(BATCH_HEADER_BYTES)).find(|&p| {
+        data[p..p + 4] == magic
+            && decode_batch_header(&data[p..])
+                .is_some_and(|h| h.seq > seq && parse_batch(data, p, h.seq).is_some())
+    })
+}

@@ -1,0 +1,294 @@
+//! Volume handles: the Volume API over the pool, and the pool as a Catalog.
+//!
+//! Owns: turning byte ranges into whole-block operations. Partial blocks at the edges of a
+//! write are read, patched and written whole under the volume's write lock, so concurrent
+//! writes to different bytes of one block never lose each other.
+
+use crate::error::{Error, Result};
+use crate::format::{ENTRY_UNMAPPED, ENTRY_ZERO};
+use crate::pool::Pool;
+use condense_api::{Extent, ExtentKind, VolumeError};
+use std::sync::Arc;
+
+/// An open volume.
+pub struct VolumeHandle {
+    pool: Arc<Pool>,
+    vol: u32,
+    name: String,
+}
+
+impl VolumeHandle {
+    pub(crate) fn new(pool: Arc<Pool>, vol: u32, name: String) -> VolumeHandle {
+        VolumeHandle { pool, vol, name }
+    }
+
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.pool
+    }
+
+    fn bs(&self) -> u64 {
+        u64::from(self.pool.block_size())
+    }
+
+    fn range(&self, op: &'static str, offset: u64, len: u64) -> Result<()> {
+        let size = self.pool.volume_size(self.vol, &self.name)?;
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(()),
+            _ => Err(Error::OutOfRange {
+                op,
+                volume: self.name.clone(),
+                offset,
+                len,
+                size,
+            }),
+        }
+    }
+
+    pub fn size(&self) -> Result<u64> {
+        self.pool.volume_size(self.vol, &self.name)
+    }
+
+    /// Read `buf.len()` bytes at `offset` (any alignment).
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.range("read", offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let bs = self.bs();
+        let first = offset / bs;
+        let end = offset + buf.len() as u64;
+        let last = end.div_ceil(bs);
+        if offset % bs == 0 && end % bs == 0 {
+            return self.pool.read_blocks(self.vol, &self.name, first, buf);
+        }
+        let mut tmp = vec![0u8; ((last - first) * bs) as usize];
+        self.pool
+            .read_blocks(self.vol, &self.name, first, &mut tmp)?;
+        let at = (offset - first * bs) as usize;
+        buf.copy_from_slice(&tmp[at..at + buf.len()]);
+        Ok(())
+    }
+
+    /// Write `data` at `offset` (any alignment); durable on return with `fua` or in sync mode.
+    pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.range("write", offset, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let bs = self.bs();
+        let lock = self.pool.volume_lock(self.vol);
+        let _w = crate::pool::lock(&lock);
+        let first = offset / bs;
+        let end = offset + data.len() as u64;
+        let last = end.div_ceil(bs);
+        let seq = if offset % bs == 0 && end % bs == 0 {
+            self.pool.write_blocks(self.vol, &self.name, first, data)?
+        } else {
+            // Read the edge blocks, patch, write whole blocks.
+            let mut tmp = vec![0u8; ((last - first) * bs) as usize];
+            let bsu = bs as usize;
+            self.pool
+                .read_blocks(self.vol, &self.name, first, &mut tmp[..bsu])?;
+            if last - first > 1 {
+                let tail = tmp.len() - bsu;
+                self.pool
+                    .read_blocks(self.vol, &self.name, last - 1, &mut tmp[tail..])?;
+            }
+            let at = (offset - first * bs) as usize;
+            tmp[at..at + data.len()].copy_from_slice(data);
+            self.pool.write_blocks(self.vol, &self.name, first, &tmp)?
+        };
+        self.finish(seq, fua)
+    }
+
+    fn finish(&self, seq: u64, fua: bool) -> Result<()> {
+        if fua || self.pool.sync_writes() {
+            self.pool.flush_through(seq)?;
+        }
+        Ok(())
+    }
+
+    /// Zero a range: whole blocks become ZERO (or UNMAPPED with `may_unmap`); partial edge
+    /// blocks are patched with zeros.
+    pub fn zero_at(&self, offset: u64, len: u64, may_unmap: bool, fua: bool) -> Result<()> {
+        self.range("write_zeroes", offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let bs = self.bs();
+        let end = offset + len;
+        let full_first = offset.div_ceil(bs);
+        let full_end = end / bs;
+        let lock = self.pool.volume_lock(self.vol);
+        let _w = crate::pool::lock(&lock);
+        let mut seq = 0;
+        let entry = if may_unmap {
+            ENTRY_UNMAPPED
+        } else {
+            ENTRY_ZERO
+        };
+        if full_first < full_end {
+            seq = self.pool.fill_blocks(
+                self.vol,
+                &self.name,
+                full_first,
+                full_end - full_first,
+                entry,
+            )?;
+        }
+        // Partial blocks at either edge (or one block holding the whole range).
+        let mut edges = Vec::new();
+        if full_first > full_end {
+            edges.push((offset, end));
+        } else {
+            if offset % bs != 0 {
+                edges.push((offset, full_first * bs));
+            }
+            if end % bs != 0 && full_end * bs >= offset {
+                edges.push((full_end * bs, end));
+            }
+        }
+        for (s, e) in edges {
+            let block = s / bs;
+            if self
+                .pool
+                .map_entries(self.vol, &self.name, block, 1)?
+                .is_empty()
+            {
+                continue; // an unmapped block already reads zeros
+            }
+            let mut tmp = vec![0u8; bs as usize];
+            self.pool
+                .read_blocks(self.vol, &self.name, block, &mut tmp)?;
+            tmp[(s - block * bs) as usize..(e - block * bs) as usize].fill(0);
+            seq = self.pool.write_blocks(self.vol, &self.name, block, &tmp)?;
+        }
+        self.finish(seq, fua)
+    }
+
+    /// Extents of `[offset, offset+len)`.
+    pub fn extents(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.range("block_status", offset, len)?;
+        let bs = self.bs();
+        let first = offset / bs;
+        let last = (offset + len).div_ceil(bs);
+        let mapped = self
+            .pool
+            .map_entries(self.vol, &self.name, first, last - first)?;
+        let mut out = Vec::new();
+        let mut pos = offset;
+        let end = offset + len;
+        for (block, e) in mapped {
+            let bstart = (block * bs).max(offset);
+            if bstart > pos {
+                condense_api::mem::push_extent(&mut out, pos, bstart - pos, ExtentKind::Unmapped);
+            }
+            let bend = ((block + 1) * bs).min(end);
+            let kind = if e == ENTRY_ZERO {
+                ExtentKind::Zero
+            } else {
+                ExtentKind::Data
+            };
+            condense_api::mem::push_extent(&mut out, bstart, bend - bstart, kind);
+            pos = bend;
+        }
+        if pos < end {
+            condense_api::mem::push_extent(&mut out, pos, end - pos, ExtentKind::Unmapped);
+        }
+        Ok(out)
+    }
+}
+
+impl condense_api::Volume for VolumeHandle {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn size(&self) -> u64 {
+        self.pool.volume_size(self.vol, &self.name).unwrap_or(0)
+    }
+    fn block_size(&self) -> u32 {
+        self.pool.block_size()
+    }
+    fn is_read_only(&self) -> bool {
+        self.pool.is_read_only()
+    }
+    fn flush_is_pool_wide(&self) -> bool {
+        true
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> condense_api::Result<()> {
+        Ok(self.read_at(offset, buf)?)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> condense_api::Result<()> {
+        Ok(self.write_at(offset, data, fua)?)
+    }
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        may_unmap: bool,
+        fua: bool,
+    ) -> condense_api::Result<()> {
+        Ok(self.zero_at(offset, len, may_unmap, fua)?)
+    }
+    fn trim(&self, offset: u64, len: u64, fua: bool) -> condense_api::Result<()> {
+        Ok(self.zero_at(offset, len, true, fua)?)
+    }
+    fn flush(&self) -> condense_api::Result<()> {
+        Ok(self.pool.flush()?)
+    }
+    fn block_status(&self, offset: u64, len: u64) -> condense_api::Result<Vec<Extent>> {
+        Ok(self.extents(offset, len)?)
+    }
+}
+
+impl condense_api::Catalog for Pool {
+    fn list(&self) -> condense_api::Result<Vec<condense_api::VolumeInfo>> {
+        Ok(self
+            .stats()?
+            .volumes
+            .into_iter()
+            .map(|v| condense_api::VolumeInfo {
+                name: v.name,
+                size_bytes: v.logical_bytes,
+                written_bytes: v.written_bytes,
+            })
+            .collect())
+    }
+    fn open(&self, name: &str) -> condense_api::Result<Arc<dyn condense_api::Volume>> {
+        Ok(Arc::new(self.volume(name)?))
+    }
+    fn create(&self, name: &str, size_bytes: u64) -> condense_api::Result<()> {
+        Ok(self.create_volume(name, size_bytes)?)
+    }
+    fn delete(&self, name: &str) -> condense_api::Result<()> {
+        Ok(self.delete_volume(name)?)
+    }
+    fn resize(&self, name: &str, size_bytes: u64, force: bool) -> condense_api::Result<()> {
+        Ok(self.resize_volume(name, size_bytes, force)?)
+    }
+    fn usage(&self) -> condense_api::Result<condense_api::PoolUsage> {
+        let physical_bytes = self
+            .dir()
+            .total_bytes()
+            .map_err(|e| VolumeError::Io(e.to_string()))?;
+        let available_bytes = self
+            .dir()
+            .available_bytes()
+            .map_err(|e| VolumeError::Io(e.to_string()))?;
+        Ok(condense_api::PoolUsage {
+            physical_bytes,
+            available_bytes,
+            logical_bytes: self.volumes().iter().map(|(_, s)| s).sum(),
+            block_size: self.block_size(),
+        })
+    }
+    fn flush(&self) -> condense_api::Result<()> {
+        Ok(Pool::flush(self)?)
+    }
+    fn meta_get(&self, key: &str) -> condense_api::Result<Option<Vec<u8>>> {
+        Ok(Pool::meta_get(self, key))
+    }
+    fn meta_put(&self, key: &str, value: Option<&[u8]>) -> condense_api::Result<()> {
+        Ok(Pool::meta_put(self, key, value)?)
+    }
+}
