@@ -1,0 +1,259 @@
+//! Model-based property test: random sequences of write / write_zeroes / trim / read / resize /
+//! delete / close+reopen / gc across several volumes, checked after every step against the
+//! plain in-memory model in `condense_api::mem`.
+
+use condense_api::mem::MemCatalog;
+use condense_api::{Catalog, Volume};
+use condense_engine::io::Dir;
+use condense_engine::sim::{SimDir, SimHandle};
+use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
+use proptest::prelude::*;
+use std::sync::Arc;
+
+const BS: u64 = 4096;
+const NAMES: [&str; 3] = ["a", "b", ".c"];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create {
+        v: usize,
+        blocks: u64,
+    },
+    Delete {
+        v: usize,
+    },
+    Write {
+        v: usize,
+        off: u64,
+        len: u64,
+        pattern: u8,
+    },
+    Zero {
+        v: usize,
+        off: u64,
+        len: u64,
+        unmap: bool,
+    },
+    Read {
+        v: usize,
+        off: u64,
+        len: u64,
+    },
+    Status {
+        v: usize,
+    },
+    Resize {
+        v: usize,
+        blocks: u64,
+        force: bool,
+    },
+    Reopen,
+    Gc,
+    Flush,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let v = 0..NAMES.len();
+    prop_oneof![
+        (v.clone(), 1..48u64).prop_map(|(v, blocks)| Op::Create { v, blocks }),
+        v.clone().prop_map(|v| Op::Delete { v }),
+        (v.clone(), 0..48 * BS, 1..6 * BS, 0..6u8).prop_map(|(v, off, len, pattern)| Op::Write {
+            v,
+            off,
+            len,
+            pattern
+        }),
+        (v.clone(), 0..48 * BS, 1..6 * BS, 0..6u8).prop_map(|(v, off, len, pattern)| Op::Write {
+            v,
+            off,
+            len,
+            pattern
+        }),
+        (v.clone(), 0..48 * BS, 1..6 * BS, 0..6u8).prop_map(|(v, off, len, pattern)| Op::Write {
+            v,
+            off,
+            len,
+            pattern
+        }),
+        (v.clone(), 0..48 * BS, 1..8 * BS, any::<bool>())
+            .prop_map(|(v, off, len, unmap)| Op::Zero { v, off, len, unmap }),
+        (v.clone(), 0..48 * BS, 1..8 * BS).prop_map(|(v, off, len)| Op::Read { v, off, len }),
+        v.clone().prop_map(|v| Op::Status { v }),
+        (v, 1..48u64, any::<bool>()).prop_map(|(v, blocks, force)| Op::Resize { v, blocks, force }),
+        Just(Op::Reopen),
+        Just(Op::Gc),
+        Just(Op::Flush),
+    ]
+}
+
+/// Block content from a pattern: few patterns, so blocks deduplicate; pattern 0 is zeros.
+fn data(pattern: u8, off: u64, len: u64) -> Vec<u8> {
+    (off..off + len)
+        .map(|i| {
+            if pattern == 0 {
+                0
+            } else {
+                (i / 512 % 7) as u8 * 31 ^ pattern
+            }
+        })
+        .collect()
+}
+
+fn same_outcome<A, B>(
+    what: &str,
+    a: &Result<A, condense_api::VolumeError>,
+    b: &Result<B, condense_api::VolumeError>,
+) {
+    assert_eq!(
+        a.is_ok(),
+        b.is_ok(),
+        "{what}: engine {:?} vs model {:?}",
+        a.as_ref().err(),
+        b.as_ref().err()
+    );
+}
+
+fn open(dir: &Arc<SimDir>) -> Arc<Pool> {
+    let opts = OpenOptions {
+        journal_bytes_max: 64 << 10,
+        journal_buffer_bytes: 4096,
+        ..Default::default()
+    };
+    match Pool::open(Arc::new(SimHandle(dir.clone())), opts) {
+        Ok(p) => p,
+        Err(e) => panic!("reopen failed: {e}"),
+    }
+}
+
+fn check_all(pool: &Pool, model: &MemCatalog) {
+    let names: Vec<String> = model
+        .list()
+        .map(|l| l.into_iter().map(|v| v.name).collect())
+        .unwrap_or_default();
+    let mut engine_names: Vec<String> = pool.volumes().into_iter().map(|(n, _)| n).collect();
+    engine_names.sort();
+    assert_eq!(engine_names, names);
+    for n in names {
+        let (Ok(e), Ok(m)) = (Catalog::open(pool, &n), model.open(&n)) else {
+            panic!("open {n}")
+        };
+        assert_eq!(e.size(), m.size(), "size of {n}");
+        let mut a = vec![0u8; e.size() as usize];
+        let mut b = vec![0u8; m.size() as usize];
+        assert!(e.read(0, &mut a).is_ok());
+        assert!(m.read(0, &mut b).is_ok());
+        assert!(a == b, "content of {n} differs");
+        let (Ok(x), Ok(y)) = (e.block_status(0, e.size()), m.block_status(0, m.size())) else {
+            panic!("status")
+        };
+        assert_eq!(x, y, "extents of {n}");
+    }
+}
+
+fn run(ops: Vec<Op>, compression: Compression) {
+    let disk = SimDir::new();
+    let init = InitOptions {
+        block_size: BS as u32,
+        compression,
+        write_policy: WritePolicy::Async,
+        segment_bytes_target: 1 << 16,
+    };
+    if let Err(e) = Pool::init(&SimHandle(disk.clone()), &init) {
+        panic!("init: {e}");
+    }
+    let mut pool = open(&disk);
+    let model = MemCatalog::new(BS as u32);
+    for op in ops {
+        match op.clone() {
+            Op::Create { v, blocks } => {
+                let a = Catalog::create(&*pool, NAMES[v], blocks * BS);
+                let b = model.create(NAMES[v], blocks * BS);
+                same_outcome("create", &a, &b);
+            }
+            Op::Delete { v } => {
+                let a = Catalog::delete(&*pool, NAMES[v]);
+                let b = model.delete(NAMES[v]);
+                same_outcome("delete", &a, &b);
+            }
+            Op::Write {
+                v,
+                off,
+                len,
+                pattern,
+            } => {
+                if let (Ok(e), Ok(m)) = (Catalog::open(&*pool, NAMES[v]), model.open(NAMES[v])) {
+                    let d = data(pattern, off, len);
+                    let a = e.write(off, &d, false);
+                    let b = m.write(off, &d, false);
+                    same_outcome("write", &a, &b);
+                }
+            }
+            Op::Zero { v, off, len, unmap } => {
+                if let (Ok(e), Ok(m)) = (Catalog::open(&*pool, NAMES[v]), model.open(NAMES[v])) {
+                    let a = e.write_zeroes(off, len, unmap, false);
+                    let b = m.write_zeroes(off, len, unmap, false);
+                    same_outcome("write_zeroes", &a, &b);
+                }
+            }
+            Op::Read { v, off, len } => {
+                if let (Ok(e), Ok(m)) = (Catalog::open(&*pool, NAMES[v]), model.open(NAMES[v])) {
+                    let mut a = vec![1u8; len as usize];
+                    let mut b = vec![2u8; len as usize];
+                    let ra = e.read(off, &mut a);
+                    let rb = m.read(off, &mut b);
+                    same_outcome("read", &ra, &rb);
+                    if ra.is_ok() {
+                        assert!(a == b, "read {off}+{len} differs");
+                    }
+                }
+            }
+            Op::Status { .. } => check_all(&pool, &model),
+            Op::Resize { v, blocks, force } => {
+                let a = Catalog::resize(&*pool, NAMES[v], blocks * BS, force);
+                let b = model.resize(NAMES[v], blocks * BS, force);
+                same_outcome("resize", &a, &b);
+            }
+            Op::Reopen => {
+                assert!(pool.close().is_ok());
+                drop(pool);
+                pool = open(&disk);
+            }
+            Op::Gc => {
+                if let Err(e) = pool.gc(1) {
+                    panic!("gc: {e}");
+                }
+            }
+            Op::Flush => assert!(pool.flush().is_ok()),
+        }
+    }
+    check_all(&pool, &model);
+    // Everything written survives a reopen, and verify finds nothing wrong.
+    assert!(pool.close().is_ok());
+    drop(pool);
+    let pool = open(&disk);
+    check_all(&pool, &model);
+    match pool.verify(&|_, _| {}) {
+        Ok(r) => assert!(r.is_clean(), "verify: {r:?}"),
+        Err(e) => panic!("verify: {e}"),
+    }
+    let stats = match pool.stats() {
+        Ok(s) => s,
+        Err(e) => panic!("stats: {e}"),
+    };
+    let sim = SimHandle(disk);
+    assert_eq!(stats.physical_bytes, sim.total_bytes().unwrap_or(0));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn engine_matches_model_lz4(ops in proptest::collection::vec(op(), 1..80)) {
+        run(ops, Compression::Lz4);
+    }
+
+    #[test]
+    fn engine_matches_model_zstd(ops in proptest::collection::vec(op(), 1..40)) {
+        run(ops, Compression::Zstd(3));
+    }
+}
