@@ -149,8 +149,13 @@ pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
         stream.read_exact(&mut data).await?;
         if *shutdown.borrow() {
             if option != OPT_ABORT {
-                error_reply(stream, option, REP_ERR_SHUTDOWN, "the server is shutting down")
-                    .await?;
+                error_reply(
+                    stream,
+                    option,
+                    REP_ERR_SHUTDOWN,
+                    "the server is shutting down",
+                )
+                .await?;
             }
             return Ok(Outcome::Close("shutdown"));
         }
@@ -160,6 +165,10 @@ pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
                 if option == OPT_EXPORT_NAME {
                     // EXPORT_NAME has no error reply: the only answer is to hang up.
                     return Ok(Outcome::Close("invalid NBD_OPT_EXPORT_NAME"));
+                }
+                if option == OPT_SET_META_CONTEXT {
+                    // SET replaces the selection even when it fails.
+                    state.meta_export = None;
                 }
                 error_reply(stream, option, REP_ERR_INVALID, &e.0).await?;
                 continue;
@@ -197,8 +206,7 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
                     reply(stream, option, REP_ACK, &[]).await?;
                 }
                 Err(e) => {
-                    error_reply(stream, option, REP_ERR_UNSUP, &format!("cannot list: {e}"))
-                        .await?
+                    error_reply(stream, option, REP_ERR_UNSUP, &format!("cannot list: {e}")).await?
                 }
             }
             Ok(None)
@@ -237,7 +245,9 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
         ClientOption::Go(req) => info_or_go(stream, shared, state, option, req, true).await,
         ClientOption::ExportName(name) => {
             let Ok(volume) = shared.open_export(&name).await else {
-                return Ok(Some(Outcome::Close("NBD_OPT_EXPORT_NAME of an unknown export")));
+                return Ok(Some(Outcome::Close(
+                    "NBD_OPT_EXPORT_NAME of an unknown export",
+                )));
             };
             let export = make_export(shared, state, volume);
             let mut out = Vec::with_capacity(134);
@@ -276,8 +286,7 @@ fn make_export(shared: &Shared, state: &Haggle, volume: Arc<dyn Volume>) -> Expo
     if volume.flush_is_pool_wide() {
         flags |= TFLAG_CAN_MULTI_CONN;
     }
-    let base_allocation =
-        state.structured && state.meta_export.as_deref() == Some(volume.name());
+    let base_allocation = state.structured && state.meta_export.as_deref() == Some(volume.name());
     Export {
         negotiated: Negotiated {
             size: volume.size(),
@@ -405,4 +414,3 @@ async fn meta_context<S: AsyncRead + AsyncWrite + Unpin>(
     stream.write_all(&out).await?;
     Ok(())
 }
-

@@ -104,7 +104,13 @@ where
                     break End::Io(e.to_string());
                 }
                 let parts = vec![error_reply(&header, n.structured, error, &message)];
-                if tx.send(Reply { parts, _permit: None }).is_err() {
+                if tx
+                    .send(Reply {
+                        parts,
+                        _permit: None,
+                    })
+                    .is_err()
+                {
                     break End::Io("reply writer stopped".to_string());
                 }
             }
@@ -140,20 +146,19 @@ where
                 jobs.spawn_blocking(move || {
                     let cookie = job.cookie;
                     let structured = job.structured;
-                    let parts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        execute(job)
-                    }))
-                    .unwrap_or_else(|_| {
-                        tracing::error!(cookie, "volume call panicked");
-                        let h = RequestHeader {
-                            flags: 0,
-                            kind: CMD_WRITE,
-                            cookie,
-                            offset: 0,
-                            len: 0,
-                        };
-                        vec![error_reply(&h, structured, EIO, "internal error")]
-                    });
+                    let parts =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(job)))
+                            .unwrap_or_else(|_| {
+                                tracing::error!(cookie, "volume call panicked");
+                                let h = RequestHeader {
+                                    flags: 0,
+                                    kind: CMD_WRITE,
+                                    cookie,
+                                    offset: 0,
+                                    len: 0,
+                                };
+                                vec![error_reply(&h, structured, EIO, "internal error")]
+                            });
                     // The writer is gone only when the connection already failed.
                     let _ = tx.send(Reply {
                         parts,

@@ -768,7 +768,10 @@ mod tests {
         assert_eq!(error(header(CMD_WRITE_ZEROES, 0, 1 << 20, 1)), Some(ENOSPC));
         assert_eq!(error(header(CMD_TRIM, 0, 1 << 20, 1)), Some(EINVAL));
         assert_eq!(error(header(CMD_FLUSH, 0, 1, 0)), Some(EINVAL));
-        assert_eq!(error(header(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1)), Some(EINVAL));
+        assert_eq!(
+            error(header(CMD_READ, CMD_FLAG_NO_HOLE, 0, 1)),
+            Some(EINVAL)
+        );
         assert_eq!(error(header(CMD_WRITE, 1 << 9, 0, 1)), Some(EINVAL));
         assert_eq!(error(header(42, 0, 0, 0)), Some(EINVAL));
         assert_eq!(error(header(CMD_BLOCK_STATUS, 0, 0, 0)), Some(EINVAL));
@@ -856,9 +859,16 @@ mod tests {
         ];
         assert_eq!(
             block_status_descriptors(&e, 100, 10000, false),
-            vec![(3996, 0), (4096, STATE_ZERO), (1908, STATE_HOLE | STATE_ZERO)]
+            vec![
+                (3996, 0),
+                (4096, STATE_ZERO),
+                (1908, STATE_HOLE | STATE_ZERO)
+            ]
         );
-        assert_eq!(block_status_descriptors(&e, 100, 10000, true), vec![(3996, 0)]);
+        assert_eq!(
+            block_status_descriptors(&e, 100, 10000, true),
+            vec![(3996, 0)]
+        );
         // A gap in the engine's answer reads as data; a short answer is filled up.
         let gappy = [ext(4096, 4096, Unmapped)];
         assert_eq!(
