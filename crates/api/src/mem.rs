@@ -235,7 +235,7 @@ impl Catalog for MemCatalog {
     }
 
     fn create(&self, name: &str, size_bytes: u64) -> Result<()> {
-        if size_bytes % u64::from(self.block_size) != 0 {
+        if !size_bytes.is_multiple_of(u64::from(self.block_size)) {
             return Err(VolumeError::Invalid(format!(
                 "size {size_bytes} is not a multiple of the block size {}",
                 self.block_size
@@ -263,7 +263,7 @@ impl Catalog for MemCatalog {
     }
 
     fn resize(&self, name: &str, size_bytes: u64, force: bool) -> Result<()> {
-        if size_bytes % u64::from(self.block_size) != 0 {
+        if !size_bytes.is_multiple_of(u64::from(self.block_size)) {
             return Err(VolumeError::Invalid(format!(
                 "size {size_bytes} is not a multiple of the block size {}",
                 self.block_size

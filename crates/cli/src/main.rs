@@ -1,1 +1,396 @@
-fn main() {}
+//! `condense`: the command line of Condense.
+//!
+//! A thin adapter: it parses arguments, opens the pool, calls the engine (or a frontend), and
+//! prints answers in an administrator's terms. Error policy: every error names what failed
+//! and where, and says what to do; the exit status is 1 on any error, 2 on bad usage (clap),
+//! and 3 when `verify` finds damage.
+
+#![deny(clippy::unwrap_used)]
+
+mod image;
+mod report;
+mod size;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Parser)]
+#[command(
+    name = "condense",
+    version,
+    about = "Data-reduction storage for virtual machine disks: thin volumes, deduplicated and compressed inline",
+    long_about = "Condense keeps a pool of thin-provisioned volumes in one directory. Every block \
+written is checked for zeros, fingerprinted (BLAKE3), deduplicated across all volumes of the pool, \
+and compressed (LZ4 by default). Volumes are imported from and exported to disk images, and served \
+to VMs over NBD or FUSE.\n\nThe pool is ./condense-pool unless --pool or $CONDENSE_POOL says otherwise."
+)]
+struct Cli {
+    /// The pool directory.
+    #[arg(
+        long,
+        global = true,
+        env = "CONDENSE_POOL",
+        default_value = "condense-pool"
+    )]
+    pool: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a pool.
+    Init(InitArgs),
+    /// Create, list, inspect, resize and delete volumes.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// Import a raw disk image into a new volume (holes stay holes).
+    Import(ImportArgs),
+    /// Export a volume as a sparse raw image, byte-identical to what was written.
+    Export(ExportArgs),
+    /// How much the pool saves: logical vs physical bytes, dedup and compression, RAM.
+    Stats(StatsArgs),
+    /// Reclaim the space of chunks no block refers to any more.
+    Gc(GcArgs),
+    /// Read and check every chunk and every block map; report damaged volumes and blocks.
+    Verify(VerifyArgs),
+}
+
+#[derive(Args)]
+struct InitArgs {
+    /// Where to create the pool (default: --pool, $CONDENSE_POOL or ./condense-pool).
+    dir: Option<PathBuf>,
+    /// Block size: the unit of deduplication, 4K to 64K, a power of two.
+    #[arg(long, default_value = "4K", value_parser = size::parse_size)]
+    block_size: u64,
+    /// Compression of new chunks: lz4 (fast), zstd or zstd:LEVEL (1-22, denser), or none.
+    #[arg(long, default_value = "lz4", value_parser = parse_compression)]
+    compression: Compression,
+    /// When writes are acknowledged: sync (durable first), async (durable at the next flush),
+    /// auto (async where the pool's directory honours flushes, else sync).
+    #[arg(long, default_value = "auto", value_parser = parse_policy)]
+    write_policy: WritePolicy,
+    /// Size at which segment files are sealed.
+    #[arg(long, default_value = "64M", value_parser = size::parse_size, hide = true)]
+    segment_size: u64,
+}
+
+#[derive(Subcommand)]
+enum VolumeCommand {
+    /// Create a thin volume: it takes no space until written.
+    Create {
+        name: String,
+        /// Logical size (K/M/G/T suffixes), a multiple of the block size.
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+    },
+    /// List volumes with their size, written bytes and saving.
+    List {
+        #[arg(long)]
+        json: bool,
+        /// Also list internal volumes (names starting with '.', such as FUSE file contents).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one volume.
+    Info {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Grow or shrink a volume. Shrinking below written data needs --force and releases the
+    /// blocks past the new end.
+    Resize {
+        name: String,
+        #[arg(value_parser = size::parse_size)]
+        size: u64,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Delete a volume and release its blocks (space returns after `condense gc`).
+    Delete { name: String },
+}
+
+#[derive(Args)]
+struct ImportArgs {
+    /// A raw disk image.
+    file: PathBuf,
+    /// Name of the new volume (default: the file name without its extension).
+    #[arg(long)]
+    name: Option<String>,
+}
+
+#[derive(Args)]
+struct ExportArgs {
+    name: String,
+    file: PathBuf,
+    /// Overwrite FILE if it exists.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+struct StatsArgs {
+    /// Only this volume.
+    name: Option<String>,
+    /// Machine-readable output (schema in docs/STATS.md).
+    #[arg(long)]
+    json: bool,
+    /// Also show segments, metadata, RAM and error counters.
+    #[arg(long)]
+    verbose: bool,
+}
+
+#[derive(Args)]
+struct GcArgs {
+    /// Compact segments with at least this share of dead bytes.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u8).range(1..=100))]
+    min_dead_percent: u8,
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_compression(s: &str) -> Result<Compression, String> {
+    match s {
+        "lz4" => Ok(Compression::Lz4),
+        "none" => Ok(Compression::None),
+        "zstd" => Ok(Compression::Zstd(3)),
+        _ => match s.strip_prefix("zstd:").and_then(|l| l.parse::<i8>().ok()) {
+            Some(l) if (1..=22).contains(&l) => Ok(Compression::Zstd(l)),
+            _ => Err(format!(
+                "unknown compression {s:?}: use lz4, zstd, zstd:LEVEL (1-22) or none"
+            )),
+        },
+    }
+}
+
+fn parse_policy(s: &str) -> Result<WritePolicy, String> {
+    match s {
+        "auto" => Ok(WritePolicy::Auto),
+        "sync" => Ok(WritePolicy::Sync),
+        "async" => Ok(WritePolicy::Async),
+        _ => Err(format!(
+            "unknown write policy {s:?}: use auto, sync or async"
+        )),
+    }
+}
+
+pub(crate) fn open_pool(path: &Path, read_only: bool) -> Result<Arc<Pool>> {
+    let opts = OpenOptions {
+        read_only,
+        ..Default::default()
+    };
+    let pool = Pool::open_path(path, opts)
+        .with_context(|| format!("cannot open pool {}", path.display()))?;
+    let r = pool.replay_report();
+    if r.torn_bytes > 0 || r.batches > 0 {
+        eprintln!(
+            "condense: recovered pool {} after an unclean shutdown: replayed {} journal batches, dropped a torn tail of {} bytes (writes never acknowledged as durable)",
+            path.display(),
+            r.batches,
+            r.torn_bytes
+        );
+    }
+    Ok(pool)
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("CONDENSE_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("condense: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Init(a) => {
+            let dir = a.dir.unwrap_or(cli.pool);
+            let opts = InitOptions {
+                block_size: u32::try_from(a.block_size).context("block size too large")?,
+                compression: a.compression,
+                write_policy: a.write_policy,
+                segment_bytes_target: a.segment_size,
+            };
+            Pool::init_path(&dir, &opts)
+                .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
+            let pool = open_pool(&dir, false)?;
+            println!(
+                "created pool {} (block size {}, compression {}, writes {})",
+                dir.display(),
+                size::human(a.block_size),
+                report::compression_name(a.compression),
+                if pool.sync_writes() {
+                    "sync"
+                } else {
+                    "async (durable at each flush)"
+                }
+            );
+            pool.close()?;
+        }
+        Command::Volume(v) => return volume_command(&cli.pool, v),
+        Command::Import(a) => {
+            let pool = open_pool(&cli.pool, false)?;
+            let name = match a.name {
+                Some(n) => n,
+                None => a
+                    .file
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .map(str::to_string)
+                    .with_context(|| {
+                        format!(
+                            "cannot derive a volume name from {}; pass --name",
+                            a.file.display()
+                        )
+                    })?,
+            };
+            image::import_raw(&pool, &a.file, &name)?;
+            pool.close()?;
+        }
+        Command::Export(a) => {
+            let pool = open_pool(&cli.pool, true)?;
+            image::export_raw(&pool, &a.name, &a.file, a.force)?;
+        }
+        Command::Stats(a) => {
+            let pool = open_pool(&cli.pool, true)?;
+            let stats = pool.stats().context("cannot read pool statistics")?;
+            if let Some(n) = &a.name {
+                if !stats.volumes.iter().any(|v| &v.name == n) {
+                    bail!(
+                        "volume {n:?} not found in pool {} (see `condense volume list`)",
+                        cli.pool.display()
+                    );
+                }
+            }
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report::stats_json(&stats, a.name.as_deref()))?
+                );
+            } else {
+                print!(
+                    "{}",
+                    report::stats_table(&stats, a.name.as_deref(), a.verbose)
+                );
+            }
+        }
+        Command::Gc(a) => {
+            let pool = open_pool(&cli.pool, false)?;
+            let r = pool
+                .gc(a.min_dead_percent)
+                .context("garbage collection failed")?;
+            println!(
+                "gc: removed {} segments, moved {} live chunks, dropped {} dead chunks; segment bytes {} -> {}",
+                r.segments_removed,
+                r.chunks_moved,
+                r.chunks_dropped,
+                size::human(r.bytes_before),
+                size::human(r.bytes_after)
+            );
+            pool.close()?;
+        }
+        Command::Verify(a) => {
+            let pool = open_pool(&cli.pool, false)?;
+            let bar = report::bar(0, "verifying chunks");
+            let r = pool.verify(&|done, total| {
+                bar.set_length(total);
+                bar.set_position(done);
+            })?;
+            bar.finish_and_clear();
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report::verify_json(&r))?
+                );
+            } else {
+                print!("{}", report::verify_text(&r));
+            }
+            pool.close()?;
+            return Ok(if r.is_clean() { 0 } else { 3 });
+        }
+    }
+    Ok(0)
+}
+
+fn volume_command(pool_path: &Path, cmd: VolumeCommand) -> Result<i32> {
+    match cmd {
+        VolumeCommand::Create { name, size } => {
+            let pool = open_pool(pool_path, false)?;
+            pool.create_volume(&name, size)
+                .with_context(|| format!("cannot create volume {name:?}"))?;
+            println!(
+                "created volume {name} ({} logical, thin)",
+                size::human(size)
+            );
+            pool.close()?;
+        }
+        VolumeCommand::List { json, all } => {
+            let pool = open_pool(pool_path, true)?;
+            let stats = pool.stats()?;
+            let vols: Vec<_> = stats
+                .volumes
+                .iter()
+                .filter(|v| all || !v.name.starts_with('.'))
+                .collect();
+            if json {
+                let list: Vec<_> = vols.iter().map(|v| report::volume_json(v, &pool)).collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                print!("{}", report::volume_list(&vols, &pool));
+            }
+        }
+        VolumeCommand::Info { name, json } => {
+            let pool = open_pool(pool_path, true)?;
+            let stats = pool.stats()?;
+            let v = stats
+                .volumes
+                .iter()
+                .find(|v| v.name == name)
+                .with_context(|| {
+                    format!(
+                        "volume {name:?} not found in pool {} (see `condense volume list`)",
+                        pool_path.display()
+                    )
+                })?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report::volume_json(v, &pool))?
+                );
+            } else {
+                print!("{}", report::volume_info(v, &pool));
+            }
+        }
+        VolumeCommand::Resize { name, size, force } => {
+            let pool = open_pool(pool_path, false)?;
+            pool.resize_volume(&name, size, force)
+                .with_context(|| format!("cannot resize volume {name:?}"))?;
+            println!("volume {name} is now {}", size::human(size));
+            pool.close()?;
+        }
+        VolumeCommand::Delete { name } => {
+            let pool = open_pool(pool_path, false)?;
+            pool.delete_volume(&name)
+                .with_context(|| format!("cannot delete volume {name:?}"))?;
+            let _ = pool.meta_put(&image::importing_key(&name), None);
+            println!("deleted volume {name}; run `condense gc` to reclaim its space");
+            pool.close()?;
+        }
+    }
+    Ok(0)
+}

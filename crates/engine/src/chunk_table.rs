@@ -91,7 +91,9 @@ impl ChunkTable {
 
     fn slot_mut(&mut self, id: u32) -> &mut ChunkEntry {
         while id >= self.len {
-            if self.len as usize % PAGE == 0 && self.pages.len() <= self.len as usize / PAGE {
+            if (self.len as usize).is_multiple_of(PAGE)
+                && self.pages.len() <= self.len as usize / PAGE
+            {
                 self.pages
                     .push(vec![ChunkEntry::EMPTY; PAGE].into_boxed_slice());
             }

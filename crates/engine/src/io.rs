@@ -19,6 +19,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// One file. All methods are safe to call from many threads.
+#[expect(
+    clippy::len_without_is_empty,
+    reason = "a file's length is a number to read, not a collection"
+)]
 pub trait File: Send + Sync {
     /// Read exactly `buf.len()` bytes at `offset`; a short file is `UnexpectedEof`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;

@@ -415,7 +415,7 @@ impl Pool {
 
     fn check_size(&self, size: u64) -> Result<()> {
         let bs = u64::from(self.sb.block_size);
-        if size == 0 || size % bs != 0 {
+        if size == 0 || !size.is_multiple_of(bs) {
             return Err(Error::Invalid(format!(
                 "size {size} is not a positive multiple of the pool's block size ({bs} bytes)"
             )));

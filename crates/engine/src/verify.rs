@@ -63,7 +63,7 @@ impl Pool {
             .par_iter()
             .map(|(id, fp, loc, file)| {
                 let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if n % 4096 == 0 {
+                if n.is_multiple_of(4096) {
                     progress(n, total);
                 }
                 let Some(file) = file else {

@@ -58,7 +58,7 @@ impl VolumeHandle {
         let first = offset / bs;
         let end = offset + buf.len() as u64;
         let last = end.div_ceil(bs);
-        if offset % bs == 0 && end % bs == 0 {
+        if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
             return self.pool.read_blocks(self.vol, &self.name, first, buf);
         }
         let mut tmp = vec![0u8; ((last - first) * bs) as usize];
@@ -81,7 +81,7 @@ impl VolumeHandle {
         let first = offset / bs;
         let end = offset + data.len() as u64;
         let last = end.div_ceil(bs);
-        let seq = if offset % bs == 0 && end % bs == 0 {
+        let seq = if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
             self.pool.write_blocks(self.vol, &self.name, first, data)?
         } else {
             // Read the edge blocks, patch, write whole blocks.
@@ -141,10 +141,10 @@ impl VolumeHandle {
         if full_first > full_end {
             edges.push((offset, end));
         } else {
-            if offset % bs != 0 {
+            if !offset.is_multiple_of(bs) {
                 edges.push((offset, full_first * bs));
             }
-            if end % bs != 0 && full_end * bs >= offset {
+            if !end.is_multiple_of(bs) && full_end * bs >= offset {
                 edges.push((full_end * bs, end));
             }
         }

@@ -3,7 +3,7 @@
 //! plain in-memory model in `condense_api::mem`.
 
 use condense_api::mem::MemCatalog;
-use condense_api::{Catalog, Volume};
+use condense_api::Catalog;
 use condense_engine::io::Dir;
 use condense_engine::sim::{SimDir, SimHandle};
 use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
@@ -39,9 +39,7 @@ enum Op {
         off: u64,
         len: u64,
     },
-    Status {
-        v: usize,
-    },
+    Status,
     Resize {
         v: usize,
         blocks: u64,
@@ -78,7 +76,7 @@ fn op() -> impl Strategy<Value = Op> {
         (v.clone(), 0..48 * BS, 1..8 * BS, any::<bool>())
             .prop_map(|(v, off, len, unmap)| Op::Zero { v, off, len, unmap }),
         (v.clone(), 0..48 * BS, 1..8 * BS).prop_map(|(v, off, len)| Op::Read { v, off, len }),
-        v.clone().prop_map(|v| Op::Status { v }),
+        Just(Op::Status),
         (v, 1..48u64, any::<bool>()).prop_map(|(v, blocks, force)| Op::Resize { v, blocks, force }),
         Just(Op::Reopen),
         Just(Op::Gc),
@@ -93,7 +91,7 @@ fn data(pattern: u8, off: u64, len: u64) -> Vec<u8> {
             if pattern == 0 {
                 0
             } else {
-                (i / 512 % 7) as u8 * 31 ^ pattern
+                ((i / 512 % 7) as u8 * 31) ^ pattern
             }
         })
         .collect()
@@ -207,7 +205,7 @@ fn run(ops: Vec<Op>, compression: Compression) {
                     }
                 }
             }
-            Op::Status { .. } => check_all(&pool, &model),
+            Op::Status => check_all(&pool, &model),
             Op::Resize { v, blocks, force } => {
                 let a = Catalog::resize(&*pool, NAMES[v], blocks * BS, force);
                 let b = model.resize(NAMES[v], blocks * BS, force);

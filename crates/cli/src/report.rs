@@ -1,0 +1,285 @@
+//! What the CLI prints: tables for people, JSON for scripts (schema in docs/STATS.md).
+
+use crate::size::human;
+use condense_engine::verify::VerifyReport;
+use condense_engine::{Compression, Pool, PoolStats, VolumeStats};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+use std::fmt::Write;
+
+pub fn compression_name(c: Compression) -> String {
+    match c {
+        Compression::None => "none".into(),
+        Compression::Lz4 => "lz4".into(),
+        Compression::Zstd(l) => format!("zstd:{l}"),
+    }
+}
+
+/// A progress bar on stderr with bytes/s and ETA (hidden when stderr is not a terminal).
+pub fn bar(len: u64, what: &str) -> ProgressBar {
+    let b = ProgressBar::new(len);
+    let style = ProgressStyle::with_template(
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    b.set_style(style);
+    b.set_message(what.to_string());
+    b
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn importing(pool: &Pool, name: &str) -> bool {
+    pool.meta_get(&crate::image::importing_key(name)).is_some()
+}
+
+pub fn volume_json(v: &VolumeStats, pool: &Pool) -> Value {
+    json!({
+        "name": v.name,
+        "logical_bytes": v.logical_bytes,
+        "written_bytes": v.written_bytes,
+        "zero_bytes": v.zero_bytes,
+        "unique_chunks": v.unique_chunks,
+        "physical_bytes": v.physical_bytes,
+        "saving_percent": round2(v.saving_percent),
+        "damaged": v.damaged,
+        "incomplete_import": importing(pool, &v.name),
+    })
+}
+
+pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
+    let volumes: Vec<Value> = s
+        .volumes
+        .iter()
+        .filter(|v| only.is_none_or(|n| n == v.name))
+        .map(|v| {
+            json!({
+                "name": v.name,
+                "logical_bytes": v.logical_bytes,
+                "written_bytes": v.written_bytes,
+                "zero_bytes": v.zero_bytes,
+                "unique_chunks": v.unique_chunks,
+                "physical_bytes": v.physical_bytes,
+                "saving_percent": round2(v.saving_percent),
+                "damaged": v.damaged,
+            })
+        })
+        .collect();
+    json!({
+        "schema": "condense.stats/1",
+        "block_size": s.block_size,
+        "logical_bytes": s.logical_bytes,
+        "written_bytes": s.written_bytes,
+        "zero_bytes": s.zero_bytes,
+        "unique_chunks": s.unique_chunks,
+        "stored_bytes": s.stored_bytes,
+        "data_bytes": s.data_bytes,
+        "metadata_bytes": s.metadata_bytes,
+        "physical_bytes": s.physical_bytes,
+        "dead_bytes": s.dead_bytes,
+        "segments": s.segments,
+        "dedup_saving_percent": round2(s.dedup_saving_percent),
+        "compression_saving_percent": round2(s.compression_saving_percent),
+        "saving_percent": round2(s.saving_percent),
+        "index_ram_bytes": s.index_ram_bytes,
+        "ram_bytes_per_unique_chunk": round2(s.ram_bytes_per_unique_chunk),
+        "read_errors": s.read_errors,
+        "volumes": volumes,
+    })
+}
+
+pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
+    let mut o = String::new();
+    if let Some(name) = only {
+        if let Some(v) = s.volumes.iter().find(|v| v.name == name) {
+            let _ = writeln!(o, "volume {name}");
+            volume_lines(&mut o, v);
+        }
+        return o;
+    }
+    let _ = writeln!(o, "{:<28} {:>14}", "pool", "");
+    let rows: Vec<(&str, String)> = vec![
+        ("logical size (all volumes)", human(s.logical_bytes)),
+        ("written (non-zero blocks)", human(s.written_bytes)),
+        ("zero blocks written", human(s.zero_bytes)),
+        (
+            "unique chunks",
+            format!(
+                "{} ({})",
+                s.unique_chunks,
+                human(s.unique_chunks * u64::from(s.block_size))
+            ),
+        ),
+        ("stored after compression", human(s.stored_bytes)),
+        (
+            "physical used",
+            format!(
+                "{} (data {}, metadata {})",
+                human(s.physical_bytes),
+                human(s.data_bytes),
+                human(s.metadata_bytes)
+            ),
+        ),
+        ("dead, awaiting gc", human(s.dead_bytes)),
+        ("dedup saving", format!("{:.1} %", s.dedup_saving_percent)),
+        (
+            "compression saving",
+            format!("{:.1} %", s.compression_saving_percent),
+        ),
+        ("total saving", format!("{:.1} %", s.saving_percent)),
+        (
+            "RAM for index and maps",
+            format!(
+                "{} ({:.1} bytes per unique chunk)",
+                human(s.index_ram_bytes),
+                s.ram_bytes_per_unique_chunk
+            ),
+        ),
+    ];
+    for (k, v) in rows {
+        let _ = writeln!(o, "  {k:<28} {v}");
+    }
+    if verbose {
+        let _ = writeln!(o, "  {:<28} {}", "segments", s.segments);
+        let _ = writeln!(
+            o,
+            "  {:<28} {}",
+            "block size",
+            human(u64::from(s.block_size))
+        );
+        let _ = writeln!(o, "  {:<28} {}", "read errors (checksum)", s.read_errors);
+    }
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "{:<24} {:>12} {:>12} {:>12} {:>12} {:>8}",
+        "volume", "logical", "written", "zeros", "physical", "saving"
+    );
+    for v in &s.volumes {
+        if v.name.starts_with('.') && !verbose {
+            continue;
+        }
+        let _ = writeln!(
+            o,
+            "{:<24} {:>12} {:>12} {:>12} {:>12} {:>7.1}%{}",
+            v.name,
+            human(v.logical_bytes),
+            human(v.written_bytes),
+            human(v.zero_bytes),
+            human(v.physical_bytes),
+            v.saving_percent,
+            if v.damaged { "  DAMAGED" } else { "" }
+        );
+    }
+    let hidden = s.volumes.iter().filter(|v| v.name.starts_with('.')).count();
+    if hidden > 0 && !verbose {
+        let _ = writeln!(o, "({hidden} internal volumes, such as FUSE file contents, not shown; --verbose lists them)");
+    }
+    o
+}
+
+fn volume_lines(o: &mut String, v: &VolumeStats) {
+    let _ = writeln!(o, "  {:<24} {}", "logical size", human(v.logical_bytes));
+    let _ = writeln!(
+        o,
+        "  {:<24} {}",
+        "written (non-zero)",
+        human(v.written_bytes)
+    );
+    let _ = writeln!(o, "  {:<24} {}", "zero blocks written", human(v.zero_bytes));
+    let _ = writeln!(o, "  {:<24} {}", "distinct chunks", v.unique_chunks);
+    let _ = writeln!(o, "  {:<24} {}", "physical share", human(v.physical_bytes));
+    let _ = writeln!(o, "  {:<24} {:.1} %", "saving", v.saving_percent);
+    if v.damaged {
+        let _ = writeln!(
+            o,
+            "  DAMAGED: its block map failed its checksum; run `condense verify`"
+        );
+    }
+}
+
+pub fn volume_info(v: &VolumeStats, pool: &Pool) -> String {
+    let mut o = format!("volume {}\n", v.name);
+    volume_lines(&mut o, v);
+    if importing(pool, &v.name) {
+        o.push_str("  INCOMPLETE: its import was interrupted; delete it and import again\n");
+    }
+    o
+}
+
+pub fn volume_list(vols: &[&VolumeStats], pool: &Pool) -> String {
+    let mut o = format!(
+        "{:<24} {:>12} {:>12} {:>12} {:>8}\n",
+        "NAME", "SIZE", "WRITTEN", "PHYSICAL", "SAVING"
+    );
+    for v in vols {
+        let _ = writeln!(
+            o,
+            "{:<24} {:>12} {:>12} {:>12} {:>7.1}%{}",
+            v.name,
+            human(v.logical_bytes),
+            human(v.written_bytes),
+            human(v.physical_bytes),
+            v.saving_percent,
+            if importing(pool, &v.name) {
+                "  (incomplete import)"
+            } else if v.damaged {
+                "  DAMAGED"
+            } else {
+                ""
+            }
+        );
+    }
+    o
+}
+
+pub fn verify_json(r: &VerifyReport) -> Value {
+    json!({
+        "clean": r.is_clean(),
+        "chunks_checked": r.chunks_checked,
+        "bytes_checked": r.bytes_checked,
+        "bad_chunks": r.bad_chunks.iter().map(|(id, why)| json!({"chunk": id, "problem": why})).collect::<Vec<_>>(),
+        "bad_blocks": r.bad_blocks.iter().map(|(v, b)| json!({"volume": v, "blocks": b})).collect::<Vec<_>>(),
+        "bad_volumes": r.bad_volumes,
+        "metadata_problems": r.metadata_problems,
+    })
+}
+
+pub fn verify_text(r: &VerifyReport) -> String {
+    let mut o = format!(
+        "checked {} chunks ({})\n",
+        r.chunks_checked,
+        human(r.bytes_checked)
+    );
+    if r.is_clean() {
+        o.push_str("no damage found\n");
+        return o;
+    }
+    for p in &r.metadata_problems {
+        let _ = writeln!(o, "metadata: {p}");
+    }
+    for (id, why) in r.bad_chunks.iter().take(20) {
+        let _ = writeln!(o, "chunk {id}: {why}");
+    }
+    if r.bad_chunks.len() > 20 {
+        let _ = writeln!(o, "... and {} more damaged chunks", r.bad_chunks.len() - 20);
+    }
+    for v in &r.bad_volumes {
+        let _ = writeln!(o, "volume {v}: block map damaged, every block unreadable");
+    }
+    for (v, blocks) in &r.bad_blocks {
+        let shown: Vec<String> = blocks.iter().take(16).map(|b| b.to_string()).collect();
+        let _ = writeln!(
+            o,
+            "volume {v}: {} damaged blocks: {}{}",
+            blocks.len(),
+            shown.join(", "),
+            if blocks.len() > 16 { ", ..." } else { "" }
+        );
+    }
+    o.push_str("reads of damaged blocks fail with an I/O error; other blocks read normally. Restore the damaged volumes from a backup.\n");
+    o
+}
