@@ -985,8 +985,9 @@ impl Pool {
                 _ => groups.push((k, k + 1)),
             }
         }
-        let out_ptr = SendPtr(out.as_mut_ptr(), out.len());
-        let run = |&(s, e): &(usize, usize)| -> Result<()> {
+        // Read each group with one call, then check and decode every block (in parallel for
+        // large reads).
+        let read_group = |&(s, e): &(usize, usize)| -> Result<(u64, Vec<u8>)> {
             let first_loc = &wanted[s].2;
             let last_loc = &wanted[e - 1].2;
             let start = u64::from(first_loc.offset);
@@ -994,37 +995,48 @@ impl Pool {
             let mut buf = vec![0u8; len];
             wanted[s].3.read_at(&mut buf, start).map_err(|err| {
                 Error::io(
-                    format!(
-                        "reading segment {} at offset {start} for volume {name:?}",
-                        first_loc.segment
-                    ),
+                    format!("reading segment {} at offset {start} for volume {name:?}", first_loc.segment),
                     err,
                 )
             })?;
-            for (i, id, loc, _) in &wanted[s..e] {
+            Ok((start, buf))
+        };
+        let parallel = wanted.len() >= 32;
+        let bufs: Result<Vec<(u64, Vec<u8>)>> = if parallel && groups.len() >= 4 {
+            groups.par_iter().map(read_group).collect()
+        } else {
+            groups.iter().map(read_group).collect()
+        };
+        let result = bufs.and_then(|bufs| {
+            // For each block of `out`: (group, wanted index), or None for zeros.
+            let mut slot: Vec<Option<(usize, usize)>> = vec![None; n];
+            for (g, &(s, e)) in groups.iter().enumerate() {
+                for k in s..e {
+                    slot[wanted[k].0] = Some((g, k));
+                }
+            }
+            let decode = |(i, dst): (usize, &mut [u8])| -> Result<()> {
+                let Some((g, k)) = slot[i] else { return Ok(()) };
+                let (_, id, loc, _) = &wanted[k];
+                let (start, buf) = &bufs[g];
                 let at = (u64::from(loc.offset) - start) as usize;
                 let what = || {
                     format!(
                         "volume {name:?} block {} (chunk {id}, segment {}, offset {})",
-                        first + *i as u64,
+                        first + i as u64,
                         loc.segment,
                         loc.offset
                     )
                 };
-                let (_, payload) = decode_record(&buf[at..], *id, loc)
-                    .map_err(|err| with_context(err, &what()))?;
-                // SAFETY: each block index appears once in `wanted`, so the slices written by
-                // different groups never overlap, and `out` outlives this call.
-                let dst = unsafe { out_ptr.slice(*i * bs, bs) };
-                reduction::decompress(loc.codec, payload, dst, what)?;
+                let (_, payload) = decode_record(&buf[at..], *id, loc).map_err(|err| with_context(err, &what()))?;
+                reduction::decompress(loc.codec, payload, dst, what)
+            };
+            if parallel {
+                out.par_chunks_mut(bs).enumerate().try_for_each(decode)
+            } else {
+                out.chunks_mut(bs).enumerate().try_for_each(decode)
             }
-            Ok(())
-        };
-        let result = if groups.len() >= 4 && wanted.len() >= 32 {
-            groups.par_iter().try_for_each(run)
-        } else {
-            groups.iter().try_for_each(run)
-        };
+        });
         if let Err(e) = &result {
             if e.is_damage() {
                 self.read_errors.fetch_add(1, Ordering::Relaxed);
@@ -1050,21 +1062,6 @@ impl Pool {
             .iter_from(first)
             .take_while(|(b, _)| *b < first + count)
             .collect())
-    }
-}
-
-/// A raw pointer that may cross into rayon's threads; see the SAFETY note at its one use.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut u8, usize);
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    /// # Safety
-    /// `at + len` must be within the buffer and no other live slice may overlap it.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, at: usize, len: usize) -> &mut [u8] {
-        assert!(at + len <= self.1);
-        std::slice::from_raw_parts_mut(self.0.add(at), len)
     }
 }
 
