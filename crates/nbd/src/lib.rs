@@ -34,6 +34,8 @@
 
 #![deny(clippy::unwrap_used)]
 
+#[doc(hidden)]
+pub mod fuzz;
 mod handshake;
 pub mod proto;
 mod server;
