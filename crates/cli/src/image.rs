@@ -19,6 +19,36 @@ use std::time::Instant;
 
 const PIECE: u64 = 8 << 20;
 
+/// True unless the file starts with the magic of an image format qemu-img converts
+/// (qcow2, vmdk, vdi, vhdx, vpc): those go through `qemu-img convert`.
+pub fn is_raw(path: &Path) -> Result<bool> {
+    let f = File::open(path).with_context(|| format!("cannot open image {}", path.display()))?;
+    let mut head = [0u8; 72];
+    let n = f.read_at(&mut head, 0).unwrap_or(0);
+    let h = &head[..n];
+    let vdi = n >= 68 && u32::from_le_bytes([h[64], h[65], h[66], h[67]]) == 0xbeda_107f;
+    let known = h.starts_with(b"QFI\xfb")
+        || h.starts_with(b"KDMV")
+        || h.starts_with(b"# Disk DescriptorFile")
+        || h.starts_with(b"vhdxfile")
+        || h.starts_with(b"conectix")
+        || vdi;
+    Ok(!known)
+}
+
+/// The image format an output file name asks for.
+pub fn format_from_extension(path: &Path) -> String {
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase())
+        .as_deref()
+    {
+        Some(e @ ("qcow2" | "vmdk" | "vdi" | "vhdx")) => e.to_string(),
+        _ => "raw".to_string(),
+    }
+}
+
 pub fn importing_key(name: &str) -> String {
     format!("cli/importing/{name}")
 }

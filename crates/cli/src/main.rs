@@ -7,8 +7,10 @@
 
 #![deny(clippy::unwrap_used)]
 
+mod convert;
 mod image;
 mod report;
+mod serve;
 mod size;
 
 use anyhow::{bail, Context, Result};
@@ -47,10 +49,13 @@ enum Command {
     /// Create, list, inspect, resize and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
-    /// Import a raw disk image into a new volume (holes stay holes).
+    /// Import a disk image (raw, or any format qemu-img reads) into a new volume; holes stay holes.
     Import(ImportArgs),
-    /// Export a volume as a sparse raw image, byte-identical to what was written.
+    /// Export a volume as a sparse raw image (byte-identical), or as qcow2/vmdk/vdi/vhdx.
     Export(ExportArgs),
+    /// Serve every volume over NBD (for QEMU, qemu-img, nbdcopy, fio, nbd-client) until
+    /// SIGINT/SIGTERM.
+    Serve(serve::ServeArgs),
     /// How much the pool saves: logical vs physical bytes, dedup and compression, RAM.
     Stats(StatsArgs),
     /// Reclaim the space of chunks no block refers to any more.
@@ -116,7 +121,8 @@ enum VolumeCommand {
 
 #[derive(Args)]
 struct ImportArgs {
-    /// A raw disk image.
+    /// A disk image: raw (read directly, fastest) or qcow2/vmdk/vdi/vhdx/vpc (through
+    /// `qemu-img convert`, which must be installed).
     file: PathBuf,
     /// Name of the new volume (default: the file name without its extension).
     #[arg(long)]
@@ -127,6 +133,9 @@ struct ImportArgs {
 struct ExportArgs {
     name: String,
     file: PathBuf,
+    /// Image format: raw, qcow2, vmdk, vdi or vhdx (default: from FILE's extension, else raw).
+    #[arg(long)]
+    format: Option<String>,
     /// Overwrite FILE if it exists.
     #[arg(long)]
     force: bool,
@@ -259,12 +268,39 @@ fn run(cli: Cli) -> Result<i32> {
                         )
                     })?,
             };
-            image::import_raw(&pool, &a.file, &name)?;
+            if image::is_raw(&a.file)? {
+                image::import_raw(&pool, &a.file, &name)?;
+            } else {
+                let catalog: Arc<dyn condense_api::Catalog> = pool.clone();
+                pool.meta_put(&image::importing_key(&name), Some(b"1"))?;
+                let imported = convert::import_image(catalog, &a.file, &name, true);
+                pool.meta_put(&image::importing_key(&name), None)?;
+                imported?;
+            }
             pool.close()?;
         }
         Command::Export(a) => {
-            let pool = open_pool(&cli.pool, true)?;
-            image::export_raw(&pool, &a.name, &a.file, a.force)?;
+            let format = a
+                .format
+                .clone()
+                .unwrap_or_else(|| image::format_from_extension(&a.file));
+            if format == "raw" {
+                let pool = open_pool(&cli.pool, true)?;
+                image::export_raw(&pool, &a.name, &a.file, a.force)?;
+            } else {
+                if a.force && a.file.exists() {
+                    std::fs::remove_file(&a.file)
+                        .with_context(|| format!("cannot remove {}", a.file.display()))?;
+                }
+                let pool = open_pool(&cli.pool, false)?;
+                convert::export_image(pool.clone(), &a.name, &a.file, &format)?;
+                pool.close()?;
+            }
+        }
+        Command::Serve(a) => {
+            let pool = open_pool(&cli.pool, a.read_only)?;
+            serve::run(pool.clone(), &a)?;
+            pool.close()?;
         }
         Command::Stats(a) => {
             let pool = open_pool(&cli.pool, true)?;
