@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install the Debian packages Condense and its tests use, if any is missing.
+#   scripts/install-deps.sh          # everything (build, real clients for the tests)
+# qemu-utils: qemu-img, qemu-io, qemu-nbd (image import/export, NBD tests)
+# libnbd-bin: nbdinfo, nbdcopy; nbdkit: the protocol baseline in benchmarks; fio: I/O tests
+# fuse3: fusermount3 for the FUSE mount; xfsprogs, e2fsprogs: mkfs on a loop device over FUSE
+# bc, time: benchmark scripts
+set -euo pipefail
+packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Quick start: install what is missing, build, create the default pool ./condense-pool (or
+# $CONDENSE_POOL) if there is none, import any disk images given, show the savings, and serve
+# every volume over NBD on 127.0.0.1:10809 until Ctrl-C.
+#
+#   scripts/run.sh [IMAGE...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+cargo build --release -p condense
+condense=$PWD/target/release/condense
+export CONDENSE_POOL=${CONDENSE_POOL:-$PWD/condense-pool}
+[ -f "$CONDENSE_POOL/superblock" ] || "$condense" init
+for img in "$@"; do "$condense" import "$img"; done
+"$condense" stats
+exec "$condense" serve

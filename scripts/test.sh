@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit/property/crash-simulation tests, and the
+# end-to-end tests with real clients (qemu-img, qemu-io, nbdinfo, nbdcopy, fio, FUSE, loop
+# devices). Tests that need root, /dev/fuse or loop devices run when they are available and
+# always in CI (CI=true); elsewhere they skip and say why.
+#
+#   scripts/test.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh || exit 1
+passed=0; failed=0; failures=()
+step() {
+  local name=$1; shift
+  echo "=== $name"
+  if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("$name"); fi
+}
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --release -- -D warnings
+step "cargo build --release" cargo build --workspace --release --all-targets
+step "cargo test (unit, property, crash simulation, CLI end to end)" cargo test --workspace --release
+export CONDENSE="$PWD/target/release/condense"
+for t in tests/*/run.sh; do
+  [ -x "$t" ] || continue
+  step "$t" "$t"
+done
+echo
+if [ $failed -gt 0 ]; then echo "failed: ${failures[*]}"; fi
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]
