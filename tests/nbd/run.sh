@@ -21,6 +21,12 @@ for tool in qemu-img qemu-io nbdinfo nbdcopy fio; do
     command -v "$tool" >/dev/null || { echo "missing $tool: apt-get install qemu-utils libnbd-bin fio"; exit 1; }
 done
 
+if ! "$CONDENSE" serve --help >/dev/null 2>&1; then
+    echo "FAIL - $CONDENSE has no 'serve' command (crates/cli/src/main.rs must add 'mod serve;')"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+
 W=$(mktemp -d /tmp/condense-nbd-e2e.XXXXXX)
 POOL=$W/pool
 PORT=$((20000 + RANDOM % 20000))
