@@ -97,11 +97,58 @@ pub fn import_raw(pool: &Pool, path: &Path, name: &str) -> Result<()> {
     pool.create_volume(name, size)
         .with_context(|| format!("cannot create volume {name:?}"))?;
     pool.meta_put(&importing_key(name), Some(b"1"))?;
-    let vol = pool.volume(name)?;
     let extents = data_extents(&f, size);
     let data_total: u64 = extents.iter().map(|e| e.1).sum();
     let started = Instant::now();
     let progress = bar(data_total, &format!("importing {name}"));
+    if let Err(e) = copy_extents(pool, &f, name, extents, data_total, &progress) {
+        progress.finish_and_clear();
+        // Leave nothing half-made behind (a kill -9 cannot get here: then the volume stays,
+        // marked as an incomplete import).
+        let cleanup = pool
+            .delete_volume(name)
+            .and_then(|_| pool.meta_put(&importing_key(name), None));
+        if let Err(c) = cleanup {
+            eprintln!("condense: could not delete the half-imported volume {name:?}: {c}");
+        }
+        return Err(e.context(format!(
+            "import of {} failed; nothing was kept",
+            path.display()
+        )));
+    }
+    pool.meta_put(&importing_key(name), None)?;
+    pool.flush().context("making the import durable")?;
+    progress.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64();
+    let after = pool.stats()?;
+    let added = after.physical_bytes.saturating_sub(before);
+    let v = after.volumes.iter().find(|v| v.name == name);
+    let written_bytes = v.map_or(0, |v| v.written_bytes);
+    println!(
+        "imported {} into volume {name}: {} logical, {} of data read, {} non-zero; pool grew by {} ({:.1} % saved on this image); {:.1} s, {:.0} MB/s",
+        path.display(),
+        human(size),
+        human(data_total),
+        human(written_bytes),
+        human(added),
+        if written_bytes > 0 { 100.0 * (1.0 - added as f64 / written_bytes as f64) } else { 0.0 },
+        secs,
+        data_total as f64 / 1e6 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
+/// Copy the data extents of `f` into volume `name` (reader thread + engine writes).
+fn copy_extents(
+    pool: &Pool,
+    f: &File,
+    name: &str,
+    extents: Vec<(u64, u64)>,
+    data_total: u64,
+    progress: &indicatif::ProgressBar,
+) -> Result<()> {
+    let vol = pool.volume(name)?;
+    let bs = u64::from(pool.block_size());
 
     // Reader thread: fill buffers ahead of the engine; buffers come back for reuse.
     let (full_tx, full_rx) = mpsc::sync_channel::<(u64, Vec<u8>)>(3);
@@ -140,28 +187,9 @@ pub fn import_raw(pool: &Pool, path: &Path, name: &str) -> Result<()> {
         let _ = empty_tx.send(buf);
     }
     match reader.join() {
-        Ok(r) => r.with_context(|| format!("reading image {}", path.display()))?,
+        Ok(r) => r.with_context(|| "reading the image".to_string())?,
         Err(_) => bail!("the image reader thread failed"),
     }
-    pool.meta_put(&importing_key(name), None)?;
-    pool.flush().context("making the import durable")?;
-    progress.finish_and_clear();
-    let secs = started.elapsed().as_secs_f64();
-    let after = pool.stats()?;
-    let added = after.physical_bytes.saturating_sub(before);
-    let v = after.volumes.iter().find(|v| v.name == name);
-    let written_bytes = v.map_or(0, |v| v.written_bytes);
-    println!(
-        "imported {} into volume {name}: {} logical, {} of data read, {} non-zero; pool grew by {} ({:.1} % saved on this image); {:.1} s, {:.0} MB/s",
-        path.display(),
-        human(size),
-        human(data_total),
-        human(written_bytes),
-        human(added),
-        if written_bytes > 0 { 100.0 * (1.0 - added as f64 / written_bytes as f64) } else { 0.0 },
-        secs,
-        data_total as f64 / 1e6 / secs.max(1e-9)
-    );
     Ok(())
 }
 

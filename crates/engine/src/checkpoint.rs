@@ -52,12 +52,16 @@ pub(crate) fn encode(
     )?;
     sections += 1;
     for (&id, v) in &st.volumes {
-        encode_section(
-            &mut body,
-            SectionKind::Map,
-            id,
-            &encode_map(&mut v.map.pages()),
-        )?;
+        match &v.damaged {
+            // Carry a damaged section over as it was, so its damage stays visible.
+            Some(raw) => body.extend_from_slice(raw),
+            None => encode_section(
+                &mut body,
+                SectionKind::Map,
+                id,
+                &encode_map(&mut v.map.pages()),
+            )?,
+        }
         sections += 1;
     }
     let len = st.chunks.len();
@@ -66,11 +70,13 @@ pub(crate) fn encode(
         let end = (first as usize + CHUNKS_PER_SECTION).min(len as usize) as u32;
         let mut raw = Vec::with_capacity((end - first) as usize * CHUNK_SLOT_BYTES);
         for id in first..end {
-            let slot = st
-                .chunks
-                .get(id)
-                .and_then(|e| e.location().map(|l| (l, e.fp)));
-            encode_chunk_slot(&mut raw, slot.as_ref().map(|(l, fp)| (l, fp)));
+            match st.chunks.get(id) {
+                Some(e) if e.is_damaged() => encode_damaged_slot(&mut raw),
+                e => {
+                    let slot = e.and_then(|e| e.location().map(|l| (l, e.fp)));
+                    encode_chunk_slot(&mut raw, slot.as_ref().map(|(l, fp)| (l, fp)));
+                }
+            }
         }
         encode_section(&mut body, SectionKind::Chunks, first, &raw)?;
         sections += 1;
@@ -124,11 +130,11 @@ pub(crate) fn load(buf: &[u8], sb: &Superblock) -> Result<Loaded> {
                     format!("section {i} runs past the end of the file"),
                 )
             })?;
-        parts.push((sh, body));
+        parts.push((sh, body, &buf[pos..start + body.len()]));
         pos = start + body.len();
     }
     let mut maps = Vec::new();
-    for (sh, body) in parts {
+    for (sh, body, raw_section) in parts {
         match sh.kind {
             k if k == SectionKind::Volumes as u8 => {
                 let raw = decode_section_body(&sh, body, "checkpoint volume list")?;
@@ -141,12 +147,12 @@ pub(crate) fn load(buf: &[u8], sb: &Superblock) -> Result<Loaded> {
                             name,
                             size,
                             map: BlockMap::default(),
-                            damaged: false,
+                            damaged: None,
                         },
                     );
                 }
             }
-            k if k == SectionKind::Map as u8 => maps.push((sh, body)),
+            k if k == SectionKind::Map as u8 => maps.push((sh, body, raw_section)),
             k if k == SectionKind::Chunks as u8 => {
                 let count = sh.raw_len as usize / CHUNK_SLOT_BYTES;
                 let first = sh.id;
@@ -164,8 +170,15 @@ pub(crate) fn load(buf: &[u8], sb: &Superblock) -> Result<Loaded> {
                 }) {
                     Ok(slots) => {
                         for (k, slot) in slots.into_iter().enumerate() {
-                            if let Some((loc, fp)) = slot {
-                                out.chunks.insert(first + k as u32, fp, &loc);
+                            let id = first + k as u32;
+                            match slot {
+                                ChunkSlot::Live(loc, fp) => out.chunks.insert(id, fp, &loc),
+                                ChunkSlot::Damaged => {
+                                    out.problems
+                                        .push(format!("chunk {id} was found damaged earlier"));
+                                    out.chunks.mark_damaged(id);
+                                }
+                                ChunkSlot::Free => {}
                             }
                         }
                     }
@@ -193,7 +206,7 @@ pub(crate) fn load(buf: &[u8], sb: &Superblock) -> Result<Loaded> {
             }
         }
     }
-    for (sh, body) in maps {
+    for (sh, body, raw_section) in maps {
         let Some(v) = out.volumes.get_mut(&sh.id) else {
             out.problems.push(format!(
                 "checkpoint holds a block map for unknown volume {}",
@@ -215,7 +228,7 @@ pub(crate) fn load(buf: &[u8], sb: &Superblock) -> Result<Loaded> {
         });
         if let Err(e) = loaded {
             out.problems.push(e.to_string());
-            v.damaged = true;
+            v.damaged = Some(raw_section.to_vec());
         }
     }
     // A map naming a chunk the table does not hold: those blocks are damaged.

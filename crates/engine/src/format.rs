@@ -897,13 +897,31 @@ pub fn encode_chunk_slot(b: &mut Vec<u8>, slot: Option<(&Location, &Fingerprint)
     }
 }
 
-pub fn decode_chunk_slot(r: &mut Reader<'_>) -> Result<Option<(Location, Fingerprint)>> {
+/// A chunk slot whose metadata was found damaged: kept so the damage stays visible.
+pub const DAMAGED_SEGMENT: u32 = u32::MAX - 1;
+
+pub fn encode_damaged_slot(b: &mut Vec<u8>) {
+    put_u32(b, DAMAGED_SEGMENT);
+    put_u32(b, 0);
+    put_u32(b, 0);
+    b.extend_from_slice(&[0; 16]);
+}
+
+/// One slot of a checkpoint's chunk table.
+pub enum ChunkSlot {
+    Free,
+    Damaged,
+    Live(Location, Fingerprint),
+}
+
+pub fn decode_chunk_slot(r: &mut Reader<'_>) -> Result<ChunkSlot> {
     let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
     let fp: Fingerprint = r.array()?;
-    if s == FREE_SEGMENT {
-        return Ok(None);
-    }
-    Ok(Some((Location::from_parts(s, o, lc)?, fp)))
+    Ok(match s {
+        FREE_SEGMENT => ChunkSlot::Free,
+        DAMAGED_SEGMENT => ChunkSlot::Damaged,
+        _ => ChunkSlot::Live(Location::from_parts(s, o, lc)?, fp),
+    })
 }
 
 pub fn encode_meta(entries: &mut dyn Iterator<Item = (&String, &Vec<u8>)>) -> Vec<u8> {

@@ -84,7 +84,9 @@ pub(crate) struct VolumeState {
     pub size: u64,
     pub map: BlockMap,
     /// Its block map could not be read from the checkpoint: reads fail, writes are refused.
-    pub damaged: bool,
+    /// Holds the damaged section's bytes, which later checkpoints carry over verbatim so the
+    /// damage is never silently turned into an empty volume.
+    pub damaged: Option<Vec<u8>>,
 }
 
 pub(crate) struct State {
@@ -476,7 +478,7 @@ impl Pool {
             .volumes
             .get(&vol)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        if v.damaged {
+        if v.damaged.is_some() {
             return Err(Error::corrupt(
                 format!("volume {name:?}"),
                 "its block map is damaged",
@@ -662,7 +664,7 @@ impl Pool {
             .volumes
             .get(&vol)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        if v.damaged {
+        if v.damaged.is_some() {
             return Err(Error::corrupt(
                 format!("volume {name:?}"),
                 "its block map is damaged; writes are refused",
@@ -783,7 +785,7 @@ impl Pool {
             .volumes
             .get(&vol)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        if v.damaged {
+        if v.damaged.is_some() {
             return Err(Error::corrupt(
                 format!("volume {name:?}"),
                 "its block map is damaged; writes are refused",
@@ -925,7 +927,7 @@ impl Pool {
                 .volumes
                 .get(&vol)
                 .ok_or_else(|| Error::NotFound(name.to_string()))?;
-            if v.damaged {
+            if v.damaged.is_some() {
                 return Err(Error::corrupt(
                     format!("volume {name:?}"),
                     "its block map is damaged",
@@ -995,7 +997,10 @@ impl Pool {
             let mut buf = vec![0u8; len];
             wanted[s].3.read_at(&mut buf, start).map_err(|err| {
                 Error::io(
-                    format!("reading segment {} at offset {start} for volume {name:?}", first_loc.segment),
+                    format!(
+                        "reading segment {} at offset {start} for volume {name:?}",
+                        first_loc.segment
+                    ),
                     err,
                 )
             })?;
@@ -1028,7 +1033,8 @@ impl Pool {
                         loc.offset
                     )
                 };
-                let (_, payload) = decode_record(&buf[at..], *id, loc).map_err(|err| with_context(err, &what()))?;
+                let (_, payload) = decode_record(&buf[at..], *id, loc)
+                    .map_err(|err| with_context(err, &what()))?;
                 reduction::decompress(loc.codec, payload, dst, what)
             };
             if parallel {
@@ -1058,6 +1064,12 @@ impl Pool {
             .volumes
             .get(&vol)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        if v.damaged.is_some() {
+            return Err(Error::corrupt(
+                format!("volume {name:?}"),
+                "its block map is damaged",
+            ));
+        }
         Ok(v.map
             .iter_from(first)
             .take_while(|(b, _)| *b < first + count)
@@ -1160,7 +1172,7 @@ pub(crate) fn apply(st: &mut State, r: &JournalRecord) -> Result<()> {
                     name: name.clone(),
                     size: *size,
                     map: BlockMap::default(),
-                    damaged: false,
+                    damaged: None,
                 },
             );
             st.names.insert(name.clone(), *vol);

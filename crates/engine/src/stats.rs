@@ -94,7 +94,7 @@ impl Pool {
                 unique_chunks: distinct.len() as u64,
                 physical_bytes: share as u64,
                 saving_percent: percent_saved(share as u64, written),
-                damaged: v.damaged,
+                damaged: v.damaged.is_some(),
             });
             s.logical_bytes += v.size;
             s.written_bytes += written;

@@ -112,7 +112,7 @@ impl Pool {
         let bad: HashSet<u32> = report.bad_chunks.iter().map(|(id, _)| *id).collect();
         let st = lock(&self.state);
         for v in st.volumes.values() {
-            if v.damaged {
+            if v.damaged.is_some() {
                 report.bad_volumes.push(v.name.clone());
                 continue;
             }
