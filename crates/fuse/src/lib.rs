@@ -1,0 +1,308 @@
+//! The Condense FUSE mount: a thin adapter from the kernel's FUSE protocol to the Volume API.
+//!
+//! ```text
+//! MOUNTPOINT/volumes/NAME   every volume whose name does not start with '.', as a regular file
+//!                           of the volume's logical size
+//! MOUNTPOINT/files/...      an ordinary directory tree whose regular files each keep their
+//!                           content in a hidden volume `.file.<inode>`
+//! ```
+//!
+//! `volumes/NAME` maps read/write to [`Volume::read`]/[`Volume::write`], fsync/fdatasync to
+//! [`Volume::flush`], `fallocate(PUNCH_HOLE)` to [`Volume::trim`], `fallocate(ZERO_RANGE)` to
+//! [`Volume::write_zeroes`] without unmap, and `lseek(SEEK_DATA/SEEK_HOLE)` to
+//! [`Volume::block_status`] (zero and unmapped extents are holes). Its size is the volume's:
+//! writes past it fail with ENOSPC and change nothing; truncate fails with EPERM (volumes are
+//! resized with `condense volume resize`).
+//!
+//! `files/` keeps names and attributes in the pool's metadata records ([`format`]), one small
+//! record per inode and per directory. See `crates/fuse/FORMAT.md` for the layout and the
+//! choices (growth of content volumes, how `du` is computed, crash ordering).
+//!
+//! [`Volume::read`]: condense_api::Volume::read
+//! [`Volume::write`]: condense_api::Volume::write
+//! [`Volume::flush`]: condense_api::Volume::flush
+//! [`Volume::trim`]: condense_api::Volume::trim
+//! [`Volume::write_zeroes`]: condense_api::Volume::write_zeroes
+//! [`Volume::block_status`]: condense_api::Volume::block_status
+
+#![deny(clippy::unwrap_used)]
+
+pub mod format;
+mod fs;
+mod seek;
+pub mod tree;
+
+use condense_api::{Catalog, VolumeError};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+pub use format::FormatError;
+
+/// How to mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountOptions {
+    /// Let users other than the one mounting use the mount (`allow_other`; a non-root user
+    /// needs `user_allow_other` in /etc/fuse.conf).
+    pub allow_other: bool,
+    /// Refuse every change (EROFS).
+    pub read_only: bool,
+    /// Threads serving FUSE requests.
+    pub threads: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            allow_other: false,
+            read_only: false,
+            threads: 4,
+        }
+    }
+}
+
+/// What went wrong mounting, serving or unmounting.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum FuseError {
+    #[error("cannot mount at {path}: {source}")]
+    Mount { path: PathBuf, source: io::Error },
+    #[error("the FUSE session at {path} ended with an error: {source}")]
+    Session { path: PathBuf, source: io::Error },
+    #[error("cannot unmount {path}: {source}")]
+    Unmount { path: PathBuf, source: io::Error },
+    #[error("cannot unmount {path}: it is busy (files are open on it)")]
+    Busy { path: PathBuf },
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("the file tree is damaged: {0}")]
+    Corrupt(String),
+    #[error("file system operation failed: {0}")]
+    Os(io::Error),
+}
+
+impl From<fuser::Errno> for FuseError {
+    fn from(e: fuser::Errno) -> Self {
+        FuseError::Os(io::Error::from_raw_os_error(e.code()))
+    }
+}
+
+/// A running mount, served by background threads. Dropping it unmounts (lazily if busy).
+pub struct Mounted {
+    mountpoint: PathBuf,
+    thread: Option<JoinHandle<io::Result<()>>>,
+    fs: Arc<fs::Inner>,
+}
+
+/// Unmounts a [`Mounted`] from any thread (a signal handler's thread, say).
+#[derive(Debug, Clone)]
+pub struct Unmounter {
+    mountpoint: PathBuf,
+}
+
+/// Mount `catalog` at `mountpoint` and serve it until it is unmounted (by `umount`,
+/// `fusermount3 -u` or an [`Unmounter`]); then write every pending change and flush the pool.
+pub fn mount(
+    catalog: Arc<dyn Catalog>,
+    mountpoint: &Path,
+    opts: MountOptions,
+) -> Result<(), FuseError> {
+    spawn(catalog, mountpoint, opts)?.join()
+}
+
+/// Mount `catalog` at `mountpoint` and serve it from background threads.
+pub fn spawn(
+    catalog: Arc<dyn Catalog>,
+    mountpoint: &Path,
+    opts: MountOptions,
+) -> Result<Mounted, FuseError> {
+    let mount_err = |source: io::Error| FuseError::Mount {
+        path: mountpoint.to_path_buf(),
+        source,
+    };
+    let meta = std::fs::metadata(mountpoint).map_err(mount_err)?;
+    if !meta.is_dir() {
+        return Err(mount_err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            "the mount point is not a directory",
+        )));
+    }
+    let mountpoint = mountpoint.canonicalize().map_err(mount_err)?;
+    let inner = Arc::new(fs::Inner::new(catalog, opts.read_only)?);
+
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![
+        fuser::MountOption::FSName("condense".to_string()),
+        fuser::MountOption::Subtype("condense".to_string()),
+        fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoDev,
+        fuser::MountOption::NoSuid,
+        fuser::MountOption::NoAtime,
+        if opts.read_only {
+            fuser::MountOption::RO
+        } else {
+            fuser::MountOption::RW
+        },
+    ];
+    if opts.allow_other {
+        config.acl = fuser::SessionACL::All;
+    }
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = opts.threads > 1;
+
+    let session =
+        fuser::Session::new(fs::Fs(inner.clone()), &mountpoint, &config).map_err(|source| {
+            FuseError::Mount {
+                path: mountpoint.clone(),
+                source,
+            }
+        })?;
+    let thread = std::thread::Builder::new()
+        .name("condense-fuse".to_string())
+        .spawn(move || session.run())
+        .map_err(|source| FuseError::Mount {
+            path: mountpoint.clone(),
+            source,
+        })?;
+    tracing::info!("mounted at {}", mountpoint.display());
+    Ok(Mounted {
+        mountpoint,
+        thread: Some(thread),
+        fs: inner,
+    })
+}
+
+impl Mounted {
+    /// Where the file system is mounted.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// A handle that unmounts this mount, usable from another thread.
+    pub fn unmounter(&self) -> Unmounter {
+        Unmounter {
+            mountpoint: self.mountpoint.clone(),
+        }
+    }
+
+    /// True once the session has ended (the file system was unmounted).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Wait until the file system is unmounted, then write every pending change and flush.
+    pub fn join(mut self) -> Result<(), FuseError> {
+        let result = match self.thread.take() {
+            Some(thread) => match thread.join() {
+                Ok(r) => r.map_err(|source| FuseError::Session {
+                    path: self.mountpoint.clone(),
+                    source,
+                }),
+                Err(_) => Err(FuseError::Session {
+                    path: self.mountpoint.clone(),
+                    source: io::Error::other("a FUSE thread panicked"),
+                }),
+            },
+            None => Ok(()),
+        };
+        self.fs.sync()?;
+        tracing::info!("unmounted {}", self.mountpoint.display());
+        result
+    }
+
+    /// Unmount, wait for the session to end and flush. Fails with [`FuseError::Busy`] (and
+    /// stays mounted) while files are open on the mount.
+    pub fn unmount(self) -> Result<(), FuseError> {
+        self.unmounter().unmount()?;
+        self.join()
+    }
+
+    /// Write every pending change of the file tree and flush the pool, leaving it mounted.
+    pub fn sync(&self) -> Result<(), FuseError> {
+        self.fs.sync()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            if let Err(e) = self.unmounter().unmount_lazy() {
+                tracing::warn!("{e}");
+            }
+            if thread.join().is_err() {
+                tracing::warn!("a FUSE thread panicked");
+            }
+            if let Err(e) = self.fs.sync() {
+                tracing::warn!("flushing at unmount: {e}");
+            }
+        }
+    }
+}
+
+impl Unmounter {
+    /// Unmount now. Fails with [`FuseError::Busy`] while files are open on the mount.
+    pub fn unmount(&self) -> Result<(), FuseError> {
+        self.umount(false)
+    }
+
+    /// Detach the mount now; the kernel ends the session when the last open file closes.
+    pub fn unmount_lazy(&self) -> Result<(), FuseError> {
+        self.umount(true)
+    }
+
+    fn umount(&self, lazy: bool) -> Result<(), FuseError> {
+        use nix::errno::Errno;
+        use nix::mount::MntFlags;
+        let flags = if lazy {
+            MntFlags::MNT_DETACH
+        } else {
+            MntFlags::empty()
+        };
+        match nix::mount::umount2(&self.mountpoint, flags) {
+            Ok(()) => Ok(()),
+            Err(Errno::EBUSY) => Err(FuseError::Busy {
+                path: self.mountpoint.clone(),
+            }),
+            // Already unmounted.
+            Err(Errno::EINVAL) | Err(Errno::ENOENT) => Ok(()),
+            // Not root: the setuid helper unmounts what this user mounted.
+            Err(Errno::EPERM) => self.fusermount(lazy),
+            Err(e) => Err(FuseError::Unmount {
+                path: self.mountpoint.clone(),
+                source: e.into(),
+            }),
+        }
+    }
+
+    fn fusermount(&self, lazy: bool) -> Result<(), FuseError> {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "fusermount3 not found");
+        for bin in ["fusermount3", "fusermount"] {
+            let mut cmd = std::process::Command::new(bin);
+            cmd.arg("-u");
+            if lazy {
+                cmd.arg("-z");
+            }
+            match cmd.arg(&self.mountpoint).output() {
+                Ok(out) if out.status.success() => return Ok(()),
+                Ok(out) => {
+                    let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
+                    if msg.contains("busy") {
+                        return Err(FuseError::Busy {
+                            path: self.mountpoint.clone(),
+                        });
+                    }
+                    last = io::Error::other(format!("{bin}: {msg}"));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => last = e,
+            }
+        }
+        Err(FuseError::Unmount {
+            path: self.mountpoint.clone(),
+            source: last,
+        })
+    }
+}
