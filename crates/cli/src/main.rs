@@ -299,7 +299,17 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Serve(a) => {
             let pool = open_pool(&cli.pool, a.read_only)?;
+            // Reclaim space in the background once a quarter of the segment bytes are dead.
+            let gc = (!a.read_only).then(|| {
+                condense_engine::gc::BackgroundGc::start(
+                    &pool,
+                    std::time::Duration::from_secs(30),
+                    25,
+                    256 << 20,
+                )
+            });
             serve::run(pool.clone(), &a)?;
+            drop(gc);
             pool.close()?;
         }
         Command::Stats(a) => {

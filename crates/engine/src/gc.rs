@@ -22,8 +22,8 @@ pub struct GcReport {
 }
 
 impl Pool {
-    /// Dead bytes as a share of all segment bytes (0..1).
-    pub fn dead_ratio(&self) -> f64 {
+    /// Dead bytes as a share of all segment bytes (0..1), and the dead bytes.
+    pub fn dead_space(&self) -> (f64, u64) {
         let st = lock(&self.state);
         let (mut total, mut dead) = (0u64, 0u64);
         for (id, len) in st.segments.ids() {
@@ -32,9 +32,9 @@ impl Pool {
                 len.saturating_sub(SEGMENT_HEADER_BYTES as u64 + st.chunks.segment_live_bytes(id));
         }
         if total == 0 {
-            0.0
+            (0.0, 0)
         } else {
-            dead as f64 / total as f64
+            (dead as f64 / total as f64, dead)
         }
     }
 
@@ -121,5 +121,63 @@ impl Pool {
             .map_err(|e| Error::io("syncing the pool directory", e))?;
         report.bytes_after = st.segments.total_bytes();
         Ok(report)
+    }
+}
+
+/// A background thread that runs GC when dead space passes a threshold; stops when dropped.
+pub struct BackgroundGc {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BackgroundGc {
+    /// Every `interval`, compact segments at least half dead if dead bytes are more than
+    /// `dead_percent` of all segment bytes and more than `dead_bytes_min`.
+    pub fn start(
+        pool: &std::sync::Arc<Pool>,
+        interval: std::time::Duration,
+        dead_percent: u8,
+        dead_bytes_min: u64,
+    ) -> BackgroundGc {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let weak = std::sync::Arc::downgrade(pool);
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let tick = std::time::Duration::from_millis(200);
+            let mut waited = std::time::Duration::ZERO;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(tick);
+                waited += tick;
+                if waited < interval {
+                    continue;
+                }
+                waited = std::time::Duration::ZERO;
+                let Some(pool) = weak.upgrade() else { return };
+                let (ratio, dead) = pool.dead_space();
+                if ratio * 100.0 >= f64::from(dead_percent) && dead >= dead_bytes_min {
+                    match pool.gc(50) {
+                        Ok(r) => tracing::info!(
+                            "background gc: removed {} segments, moved {} chunks",
+                            r.segments_removed,
+                            r.chunks_moved
+                        ),
+                        Err(e) => tracing::warn!("background gc failed: {e}"),
+                    }
+                }
+            }
+        });
+        BackgroundGc {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for BackgroundGc {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
