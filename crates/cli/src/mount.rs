@@ -1,0 +1,127 @@
+//! `condense mount`: the pool as a FUSE file system until SIGINT, SIGTERM or `umount`.
+//!
+//! ```text
+//! MOUNTPOINT/volumes/NAME   each volume as a regular file of its size (losetup, dd, fio, qemu)
+//! MOUNTPOINT/files/...      a deduplicated directory tree: cp VM images in, mv, rm, ls -l, du
+//! ```
+//!
+//! The file system lives in `condense-fuse`; this module mounts it in the foreground and on a
+//! signal unmounts it cleanly and flushes the pool. If files are still open on the mount, it is
+//! detached (`umount -l`): everything written so far is flushed at once, the kernel ends the
+//! session when the last file closes, and a second signal stops waiting for that.
+
+use anyhow::{Context, Result};
+use condense_api::Catalog;
+use condense_fuse::{FuseError, MountOptions, Mounted};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct MountArgs {
+    /// An existing empty directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Let other users use the mount (for a non-root user this needs `user_allow_other` in
+    /// /etc/fuse.conf).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Refuse every change (EROFS).
+    #[arg(long)]
+    pub read_only: bool,
+}
+
+/// How often the foreground loop checks whether the mount was ended by `umount`.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Waits for SIGINT or SIGTERM, or for the mount to end by itself. True on a signal.
+fn wait_signal_or_end(rt: &tokio::runtime::Runtime, mounted: &Mounted) -> bool {
+    use tokio::signal::unix::{signal, SignalKind};
+    rt.block_on(async {
+        let (mut int, mut term) = match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(i), Ok(t)) => (i, t),
+            (Err(e), _) | (_, Err(e)) => {
+                // Without handlers a signal would kill the process with the mount left
+                // behind; unmount now instead.
+                eprintln!("condense mount: cannot watch SIGINT/SIGTERM ({e}); unmounting");
+                return true;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = int.recv() => return true,
+                _ = term.recv() => return true,
+                _ = tokio::time::sleep(POLL) => {
+                    if mounted.is_finished() {
+                        return false;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Mount the pool at `args.mountpoint` and serve it until SIGINT/SIGTERM or an external
+/// unmount; then unmount, write every pending change and flush the pool.
+pub fn run(catalog: Arc<dyn Catalog>, args: &MountArgs) -> Result<()> {
+    let opts = MountOptions {
+        allow_other: args.allow_other,
+        read_only: args.read_only,
+        ..MountOptions::default()
+    };
+    let mounted = condense_fuse::spawn(catalog, &args.mountpoint, opts).with_context(|| {
+        format!(
+            "cannot mount on {} (it must be an existing directory; FUSE needs /dev/fuse, \
+             and a non-root user needs fusermount3 from the fuse3 package)",
+            args.mountpoint.display()
+        )
+    })?;
+    let shown = mounted.mountpoint().display().to_string();
+    eprintln!(
+        "condense mount: mounted at {shown}{} (volumes/ and files/); stop with Ctrl-C, \
+         SIGTERM or `umount {shown}`",
+        if args.read_only { " read-only" } else { "" }
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the signal watcher")?;
+
+    if wait_signal_or_end(&rt, &mounted) {
+        eprintln!("condense mount: unmounting {shown}");
+        let unmounter = mounted.unmounter();
+        match unmounter.unmount() {
+            Ok(()) => {}
+            Err(FuseError::Busy { .. }) => {
+                unmounter
+                    .unmount_lazy()
+                    .with_context(|| format!("cannot detach {shown}"))?;
+                mounted
+                    .sync()
+                    .context("cannot flush the pool after detaching the mount")?;
+                eprintln!(
+                    "condense mount: {shown} is busy: detached; everything written so far is \
+                     flushed; waiting for the open files to close (signal again to stop now)"
+                );
+                if wait_signal_or_end(&rt, &mounted) {
+                    mounted
+                        .sync()
+                        .context("cannot flush the pool before stopping")?;
+                    eprintln!("condense mount: stopped with files still open; pool flushed");
+                    // The serving threads end with the process; joining them would wait for
+                    // the open files.
+                    std::mem::forget(mounted);
+                    return Ok(());
+                }
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot unmount {shown}")),
+        }
+    }
+    mounted
+        .join()
+        .with_context(|| format!("the mount at {shown} failed"))?;
+    eprintln!("condense mount: unmounted {shown}; pool flushed");
+    Ok(())
+}
