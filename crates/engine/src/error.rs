@@ -38,7 +38,7 @@ pub enum Error {
     Corrupt { what: String, detail: String },
     #[error("{0} is not a Condense pool (no superblock); create one with `condense init`")]
     NotAPool(PathBuf),
-    #[error("pool {0} is in use by another process (lock held on its lock file)")]
+    #[error("pool {0} is in use by another process (a `condense serve` or `condense mount`?); stop it first")]
     Locked(PathBuf),
     #[error("the pool is open read-only")]
     ReadOnly,

@@ -738,7 +738,12 @@ impl Pool {
             start: first,
             entries,
         });
-        self.commit(&mut st, records)
+        let committed = self.commit(&mut st, records);
+        if committed.is_err() && st.poisoned.is_none() {
+            // Nothing was applied (the journal buffer could not be written out).
+            self.unwind_ids(&mut st, &new_ids);
+        }
+        committed
     }
 
     /// Give back ids allocated for a batch that failed before anything was applied.

@@ -223,11 +223,11 @@ pub fn session(data: &[u8]) -> usize {
     };
     rt.block_on(async move {
         let (mut client, server) = tokio::io::duplex(64 * 1024);
-        let serving = tokio::spawn(crate::serve_stream(
-            server,
-            catalog,
-            crate::ServerConfig::default(),
-        ));
+        let config = crate::ServerConfig {
+            worker_threads: 1,
+            ..crate::ServerConfig::default()
+        };
+        let serving = tokio::spawn(crate::serve_stream(server, catalog, config));
         let (mut rd, mut wr) = tokio::io::split(&mut client);
         let send = async {
             let _ = wr.write_all(&input).await;

@@ -41,6 +41,7 @@ pub mod proto;
 mod server;
 mod transmission;
 pub mod wire;
+mod workers;
 
 pub use server::{is_exportable, serve_stream, Endpoint, Server, ServerConfig, ServerHandle};
 pub use transmission::End;

@@ -2,6 +2,7 @@
 
 use crate::handshake::{self, Outcome};
 use crate::transmission::{self, End};
+use crate::workers::Workers;
 use crate::NbdError;
 use condense_api::{Catalog, Volume, VolumeError};
 use std::fmt;
@@ -41,6 +42,8 @@ pub struct ServerConfig {
     pub inflight_bytes_max: usize,
     /// How long shutdown waits for connections to answer what they have in flight.
     pub drain_timeout: Duration,
+    /// Threads that run Volume API calls for all connections.
+    pub worker_threads: usize,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +53,7 @@ impl Default for ServerConfig {
             payload_bytes_max: 32 * 1024 * 1024,
             inflight_bytes_max: 128 * 1024 * 1024,
             drain_timeout: Duration::from_secs(30),
+            worker_threads: 4,
         }
     }
 }
@@ -58,6 +62,18 @@ impl Default for ServerConfig {
 pub struct Shared {
     pub catalog: Arc<dyn Catalog>,
     pub config: ServerConfig,
+    pub workers: Workers,
+}
+
+impl Shared {
+    fn new(catalog: Arc<dyn Catalog>, config: ServerConfig) -> std::io::Result<Shared> {
+        let workers = Workers::new(config.worker_threads)?;
+        Ok(Shared {
+            catalog,
+            config,
+            workers,
+        })
+    }
 }
 
 impl Shared {
@@ -165,7 +181,7 @@ impl Server {
             }
         }
         Ok(Server {
-            shared: Arc::new(Shared { catalog, config }),
+            shared: Arc::new(Shared::new(catalog, config).map_err(NbdError::Runtime)?),
             listeners,
             endpoints: bound,
         })
@@ -359,7 +375,15 @@ pub async fn connection<S: Stream>(
     };
     tracing::debug!(export = export.volume.name(), "transmission");
     let (r, w) = tokio::io::split(stream);
-    transmission::serve(r, w, export, shared.config.inflight_bytes_max, stop).await
+    transmission::serve(
+        r,
+        w,
+        export,
+        &shared.workers,
+        shared.config.inflight_bytes_max,
+        stop,
+    )
+    .await
 }
 
 /// Serve one already-connected stream (a socketpair, an in-memory duplex) until it closes.
@@ -370,5 +394,9 @@ pub async fn serve_stream<S: Stream>(
     config: ServerConfig,
 ) -> End {
     let (_tx, rx) = watch::channel(false);
-    connection(stream, Arc::new(Shared { catalog, config }), rx).await
+    let shared = match Shared::new(catalog, config) {
+        Ok(s) => Arc::new(s),
+        Err(e) => return End::Io(format!("cannot start worker threads: {e}")),
+    };
+    connection(stream, shared, rx).await
 }

@@ -1,7 +1,8 @@
 //! The transmission phase: read requests, run them on the blocking pool (the Volume API is
 //! blocking), and send replies as they complete, out of order.
 //!
-//! One reader loop per connection parses requests and dispatches them; one writer task owns
+//! One reader loop per connection parses requests and hands them to the server's worker
+//! threads ([`Workers`]); one writer task owns
 //! the socket's write half and sends whole replies. Memory is bounded by a per-connection
 //! budget of in-flight bytes (a semaphore), held by each request until its reply is written.
 
@@ -10,9 +11,9 @@ use crate::proto::*;
 use crate::wire::{self, Command, RequestHeader, Verdict};
 use condense_api::Volume;
 use std::sync::Arc;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use crate::workers::Workers;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
 
 /// A block status query asks the volume about at most this many bytes at a time (the protocol
 /// lets the server answer less than asked; clients continue where the answer stops).
@@ -52,9 +53,10 @@ struct Job {
 
 /// Run the transmission phase until the client disconnects or shutdown is signalled.
 pub async fn serve<R, W>(
-    mut reader: R,
+    reader: R,
     writer: W,
     export: Export,
+    workers: &Workers,
     inflight_bytes_max: usize,
     mut shutdown: watch::Receiver<bool>,
 ) -> End
@@ -62,22 +64,31 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    // Pipelined clients send many requests per segment: read them from a buffer, not with
+    // two system calls each.
+    let mut reader = BufReader::with_capacity(256 * 1024, reader);
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     let writer_task = tokio::spawn(write_replies(writer, rx));
-    let budget_units = (inflight_bytes_max / BUDGET_UNIT_BYTES).max(1);
-    let budget = Arc::new(Semaphore::new(budget_units));
-    let mut jobs: JoinSet<()> = JoinSet::new();
+    // Every request holds part of the budget until its reply is written (or dropped), so
+    // taking the whole budget back waits for everything in flight.
+    let budget_units = u32::try_from(inflight_bytes_max / BUDGET_UNIT_BYTES)
+        .unwrap_or(u32::MAX)
+        .clamp(1, Semaphore::MAX_PERMITS as u32);
+    let budget = Arc::new(Semaphore::new(budget_units as usize));
     let n = export.negotiated;
 
     let end = loop {
-        while jobs.try_join_next().is_some() {}
         let mut raw = [0u8; REQUEST_HEADER_BYTES];
         if *shutdown.borrow() {
             break End::Shutdown;
         }
-        let read = tokio::select! {
-            r = reader.read_exact(&mut raw) => r,
-            _ = shutdown.changed() => break End::Shutdown,
+        let read = if reader.buffer().len() >= REQUEST_HEADER_BYTES {
+            reader.read_exact(&mut raw).await
+        } else {
+            tokio::select! {
+                r = reader.read_exact(&mut raw) => r,
+                _ = shutdown.changed() => break End::Shutdown,
+            }
         };
         if let Err(e) = read {
             break if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -104,13 +115,7 @@ where
                     break End::Io(e.to_string());
                 }
                 let parts = vec![error_reply(&header, n.structured, error, &message)];
-                if tx
-                    .send(Reply {
-                        parts,
-                        _permit: None,
-                    })
-                    .is_err()
-                {
+                if tx.send(Reply { parts, _permit: None }).is_err() {
                     break End::Io("reply writer stopped".to_string());
                 }
             }
@@ -118,13 +123,12 @@ where
             Verdict::Run(command) => {
                 let cost = match command {
                     Command::Read { len, .. } | Command::Write { len, .. } => {
-                        1 + len as usize / BUDGET_UNIT_BYTES
+                        1 + len / BUDGET_UNIT_BYTES as u32
                     }
                     _ => 1,
                 }
                 .min(budget_units);
-                // cost <= budget_units, which came from a usize of plausible size.
-                let permit = match budget.clone().acquire_many_owned(cost as u32).await {
+                let permit = match budget.clone().acquire_many_owned(cost).await {
                     Ok(p) => p,
                     Err(_) => break End::Io("in-flight budget closed".to_string()),
                 };
@@ -143,33 +147,35 @@ where
                     payload,
                 };
                 let tx = tx.clone();
-                jobs.spawn_blocking(move || {
+                workers.submit(Box::new(move || {
                     let cookie = job.cookie;
                     let structured = job.structured;
-                    let parts =
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(job)))
-                            .unwrap_or_else(|_| {
-                                tracing::error!(cookie, "volume call panicked");
-                                let h = RequestHeader {
-                                    flags: 0,
-                                    kind: CMD_WRITE,
-                                    cookie,
-                                    offset: 0,
-                                    len: 0,
-                                };
-                                vec![error_reply(&h, structured, EIO, "internal error")]
-                            });
-                    // The writer is gone only when the connection already failed.
+                    let parts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        execute(job)
+                    }))
+                    .unwrap_or_else(|_| {
+                        tracing::error!(cookie, "volume call panicked");
+                        let h = RequestHeader {
+                            flags: 0,
+                            kind: CMD_WRITE,
+                            cookie,
+                            offset: 0,
+                            len: 0,
+                        };
+                        vec![error_reply(&h, structured, EIO, "internal error")]
+                    });
+                    // The writer is gone only when the connection already failed; dropping
+                    // the reply then releases its budget all the same.
                     let _ = tx.send(Reply {
                         parts,
                         _permit: Some(permit),
                     });
-                });
+                }));
             }
         }
     };
     // Every request already read gets its reply before the socket closes.
-    while jobs.join_next().await.is_some() {}
+    let _all_answered = budget.acquire_many(budget_units).await;
     drop(tx);
     match writer_task.await {
         Ok(Ok(())) => end,
