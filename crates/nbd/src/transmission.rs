@@ -9,9 +9,9 @@
 use crate::handshake::Export;
 use crate::proto::*;
 use crate::wire::{self, Command, RequestHeader, Verdict};
+use crate::workers::Workers;
 use condense_api::Volume;
 use std::sync::Arc;
-use crate::workers::Workers;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -115,7 +115,13 @@ where
                     break End::Io(e.to_string());
                 }
                 let parts = vec![error_reply(&header, n.structured, error, &message)];
-                if tx.send(Reply { parts, _permit: None }).is_err() {
+                if tx
+                    .send(Reply {
+                        parts,
+                        _permit: None,
+                    })
+                    .is_err()
+                {
                     break End::Io("reply writer stopped".to_string());
                 }
             }
@@ -150,20 +156,19 @@ where
                 workers.submit(Box::new(move || {
                     let cookie = job.cookie;
                     let structured = job.structured;
-                    let parts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        execute(job)
-                    }))
-                    .unwrap_or_else(|_| {
-                        tracing::error!(cookie, "volume call panicked");
-                        let h = RequestHeader {
-                            flags: 0,
-                            kind: CMD_WRITE,
-                            cookie,
-                            offset: 0,
-                            len: 0,
-                        };
-                        vec![error_reply(&h, structured, EIO, "internal error")]
-                    });
+                    let parts =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(job)))
+                            .unwrap_or_else(|_| {
+                                tracing::error!(cookie, "volume call panicked");
+                                let h = RequestHeader {
+                                    flags: 0,
+                                    kind: CMD_WRITE,
+                                    cookie,
+                                    offset: 0,
+                                    len: 0,
+                                };
+                                vec![error_reply(&h, structured, EIO, "internal error")]
+                            });
                     // The writer is gone only when the connection already failed; dropping
                     // the reply then releases its budget all the same.
                     let _ = tx.send(Reply {
