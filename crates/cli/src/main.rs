@@ -9,6 +9,7 @@
 
 mod convert;
 mod image;
+mod mount;
 mod report;
 mod serve;
 mod size;
@@ -56,6 +57,9 @@ enum Command {
     /// Serve every volume over NBD (for QEMU, qemu-img, nbdcopy, fio, nbd-client) until
     /// SIGINT/SIGTERM.
     Serve(serve::ServeArgs),
+    /// Mount the pool with FUSE: MOUNTPOINT/volumes/NAME (each volume as a file) and
+    /// MOUNTPOINT/files/ (a deduplicated file tree). Foreground; unmounts on SIGINT/SIGTERM.
+    Mount(mount::MountArgs),
     /// How much the pool saves: logical vs physical bytes, dedup and compression, RAM.
     Stats(StatsArgs),
     /// Reclaim the space of chunks no block refers to any more.
@@ -296,6 +300,20 @@ fn run(cli: Cli) -> Result<i32> {
                 convert::export_image(pool.clone(), &a.name, &a.file, &format)?;
                 pool.close()?;
             }
+        }
+        Command::Mount(a) => {
+            let pool = open_pool(&cli.pool, a.read_only)?;
+            let gc = (!a.read_only).then(|| {
+                condense_engine::gc::BackgroundGc::start(
+                    &pool,
+                    std::time::Duration::from_secs(30),
+                    25,
+                    256 << 20,
+                )
+            });
+            mount::run(pool.clone(), &a)?;
+            drop(gc);
+            pool.close()?;
         }
         Command::Serve(a) => {
             let pool = open_pool(&cli.pool, a.read_only)?;
