@@ -111,7 +111,11 @@ fn base_data(kind: Kind) -> Vec<u8> {
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
         .map_or(0, |kb| kb * 1024)
 }
 
@@ -163,7 +167,10 @@ fn seq_read(size: u64, read: &dyn Fn(u64, &mut [u8]) -> Result<()>) -> Result<f6
 }
 
 /// 4 KiB random reads on 2 threads; returns (IOPS, p50 µs, p99 µs).
-fn random_read(size: u64, n: u64, read: Arc<dyn Fn(u64, &mut [u8]) -> Result<()> + Send + Sync>) -> Result<(f64, f64, f64)> {
+/// Reads `buf.len()` bytes at an offset.
+type ReadFn = Arc<dyn Fn(u64, &mut [u8]) -> Result<()> + Send + Sync>;
+
+fn random_read(size: u64, n: u64, read: ReadFn) -> Result<(f64, f64, f64)> {
     let blocks = size / BS as u64;
     let t = Instant::now();
     let handles: Vec<_> = (0..2u64)
@@ -185,11 +192,19 @@ fn random_read(size: u64, n: u64, read: Arc<dyn Fn(u64, &mut [u8]) -> Result<()>
         .collect();
     let mut lat = Vec::new();
     for h in handles {
-        lat.extend(h.join().map_err(|_| anyhow::anyhow!("reader thread panicked"))??);
+        lat.extend(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("reader thread panicked"))??,
+        );
     }
     let iops = lat.len() as f64 / t.elapsed().as_secs_f64();
     lat.sort_unstable();
-    let p = |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0) as f64 / 1000.0;
+    let p = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as f64
+            / 1000.0
+    };
     Ok((iops, p(0.5), p(0.99)))
 }
 
@@ -205,18 +220,34 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&a.dir)?;
     let pool_dir = a.dir.join("pool");
     let plain = a.dir.join("plain.img");
-    Pool::init_path(&pool_dir, &InitOptions { compression, write_policy: WritePolicy::Async, ..Default::default() })?;
+    Pool::init_path(
+        &pool_dir,
+        &InitOptions {
+            compression,
+            write_policy: WritePolicy::Async,
+            ..Default::default()
+        },
+    )?;
     let pool = Pool::open_path(&pool_dir, OpenOptions::default())?;
     let rss0 = rss_bytes();
     let mut rows = Vec::new();
 
     let comp_base = base_data(Kind::Compressible);
     let rand_base = base_data(Kind::Incompressible);
-    for (name, kind) in [("zeros", Kind::Zeros), ("compressible", Kind::Compressible), ("duplicate", Kind::Compressible), ("incompressible", Kind::Incompressible)] {
+    for (name, kind) in [
+        ("zeros", Kind::Zeros),
+        ("compressible", Kind::Compressible),
+        ("duplicate", Kind::Compressible),
+        ("incompressible", Kind::Incompressible),
+    ] {
         let vol_name = format!("v-{name}");
         pool.create_volume(&vol_name, size)?;
         let vol = pool.volume(&vol_name)?;
-        let base = if kind == Kind::Incompressible { &rand_base } else { &comp_base };
+        let base = if kind == Kind::Incompressible {
+            &rand_base
+        } else {
+            &comp_base
+        };
         let before = pool.stats()?.unique_chunks;
         let ours = write_ours(&vol, &pool, kind, size, base)?;
         let plain_mbs = write_plain(&plain, kind, size, base)?;
@@ -225,7 +256,11 @@ fn main() -> Result<()> {
             job: format!("write {name}"),
             ours_mbs: ours,
             plain_mbs,
-            extra: format!("new unique chunks {}, stored {:.1} MB", after.unique_chunks - before, after.stored_bytes as f64 / 1e6),
+            extra: format!(
+                "new unique chunks {}, stored {:.1} MB",
+                after.unique_chunks - before,
+                after.stored_bytes as f64 / 1e6
+            ),
         });
     }
     // Reads of the compressible data set.
@@ -238,25 +273,60 @@ fn main() -> Result<()> {
     drop_caches(a.cold);
     let p2 = pf.clone();
     let plain_mbs = seq_read(size, &move |o, b| Ok(p2.read_exact_at(b, o)?))?;
-    rows.push(Row { job: "sequential read 1 MiB".into(), ours_mbs: ours, plain_mbs, extra: String::new() });
+    rows.push(Row {
+        job: "sequential read 1 MiB".into(),
+        ours_mbs: ours,
+        plain_mbs,
+        extra: String::new(),
+    });
     drop_caches(a.cold);
     let v3 = vol.clone();
-    let (oi, o50, o99) = random_read(size, a.random_reads, Arc::new(move |o, b| Ok(v3.read_at(o, b)?)))?;
+    let (oi, o50, o99) = random_read(
+        size,
+        a.random_reads,
+        Arc::new(move |o, b| Ok(v3.read_at(o, b)?)),
+    )?;
     drop_caches(a.cold);
     let p3 = pf.clone();
-    let (pi, p50, p99) = random_read(size, a.random_reads, Arc::new(move |o, b| Ok(p3.read_exact_at(b, o)?)))?;
+    let (pi, p50, p99) = random_read(
+        size,
+        a.random_reads,
+        Arc::new(move |o, b| Ok(p3.read_exact_at(b, o)?)),
+    )?;
     rows.push(Row {
         job: "random read 4 KiB (2 threads)".into(),
         ours_mbs: oi * BS as f64 / 1e6,
         plain_mbs: pi * BS as f64 / 1e6,
-        extra: format!("IOPS {oi:.0} vs {pi:.0}; p50 {o50:.1} vs {p50:.1} µs, p99 {o99:.1} vs {p99:.1} µs"),
+        extra: format!(
+            "IOPS {oi:.0} vs {pi:.0}; p50 {o50:.1} vs {p50:.1} µs, p99 {o99:.1} vs {p99:.1} µs"
+        ),
     });
 
     let st = pool.stats()?;
-    println!("engine-bench: {} per job, compression {}, dir {}{}", a.size, a.compression, a.dir.display(), if a.cold { ", cold cache" } else { ", warm cache" });
-    println!("{:<32} {:>12} {:>12} {:>8}  notes", "job", "ours MB/s", "plain MB/s", "ratio");
+    println!(
+        "engine-bench: {} per job, compression {}, dir {}{}",
+        a.size,
+        a.compression,
+        a.dir.display(),
+        if a.cold {
+            ", cold cache"
+        } else {
+            ", warm cache"
+        }
+    );
+    println!(
+        "{:<32} {:>12} {:>12} {:>8}  notes",
+        "job", "ours MB/s", "plain MB/s", "ratio"
+    );
     for r in &rows {
-        println!("{:<32} {:>12.0} {:>12.0} {:>8.2}  {}", r.job, r.ours_mbs, r.plain_mbs, r.ours_mbs / r.plain_mbs, r.extra);
+        println!(
+            "{:<32} {:>12.0} {:>12.0} {:>8.2}  {}",
+            r.job,
+            r.ours_mbs,
+            r.plain_mbs,
+            r.ours_mbs / r.plain_mbs,
+            r.extra
+        );
     }
     println!(
         "unique chunks {}, RAM for index+maps {:.1} MB = {:.1} bytes per unique chunk; process RSS {:.0} MB (grew {:.0} MB; includes page-cache-free buffers)",
@@ -266,7 +336,12 @@ fn main() -> Result<()> {
         rss_bytes() as f64 / 1e6,
         (rss_bytes().saturating_sub(rss0)) as f64 / 1e6
     );
-    println!("physical {:.1} MB for {:.1} MB written: saving {:.1} %", st.physical_bytes as f64 / 1e6, st.written_bytes as f64 / 1e6, st.saving_percent);
+    println!(
+        "physical {:.1} MB for {:.1} MB written: saving {:.1} %",
+        st.physical_bytes as f64 / 1e6,
+        st.written_bytes as f64 / 1e6,
+        st.saving_percent
+    );
     pool.close()?;
     let _ = std::fs::remove_dir_all(&a.dir);
     Ok(())
