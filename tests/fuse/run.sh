@@ -1,0 +1,400 @@
+#!/usr/bin/env bash
+# End-to-end tests of `condense mount` with the real binary and real tools: cp/sha256sum into
+# files/, losetup + mkfs.xfs / mkfs.ext4 on volumes/NAME + xfs_repair -n / e2fsck -f -n, fio with
+# verify on a files/ file and on a volume file, kill -9 of the daemon and remount, unmount with
+# open files, and the errno of bad requests.
+#
+#   bash tests/fuse/run.sh            # builds target/release/condense first
+#   CONDENSE=/path/to/condense bash tests/fuse/run.sh
+#
+# Needs (Debian): fuse3 fio xfsprogs e2fsprogs util-linux python3; root for loop devices and
+# mounts (skipped with a reason otherwise, except with CI=true, where they fail). Ends with the
+# line "N passed, M failed" and exits non-zero if anything failed. KEEP=1 keeps the work
+# directory of a failed run.
+
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+if [ -z "${CONDENSE:-}" ]; then
+    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
+    CONDENSE=$ROOT/target/release/condense
+fi
+
+passed=0
+failed=0
+skipped=0
+ok() { passed=$((passed + 1)); echo "ok - $1"; }
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL - $1"
+    if [ -n "${2:-}" ] && [ -f "$2" ]; then tail -25 "$2" | sed 's/^/    | /'; fi
+}
+skip() {
+    if [ "${CI:-}" = true ]; then
+        fail "$1 (cannot run here: $2; CI must run it)"
+    else
+        skipped=$((skipped + 1))
+        echo "skip - $1: $2"
+    fi
+}
+finish() {
+    echo
+    echo "$passed passed, $failed failed, $skipped skipped"
+    [ "$failed" -eq 0 ]
+    exit $?
+}
+
+if ! "$CONDENSE" mount --help >/dev/null 2>&1; then
+    fail "$CONDENSE has no 'mount' command (crates/cli/src/main.rs must add 'mod mount;')"
+    finish
+fi
+if [ ! -e /dev/fuse ]; then
+    skip "every FUSE test" "/dev/fuse is missing"
+    finish
+fi
+if [ "$(id -u)" != 0 ] && ! command -v fusermount3 >/dev/null; then
+    skip "every FUSE test" "not root and no fusermount3 (apt-get install fuse3)"
+    finish
+fi
+for tool in fio python3 sha256sum; do
+    command -v "$tool" >/dev/null || { fail "missing $tool (scripts/install-deps.sh)"; finish; }
+done
+IS_ROOT=0
+[ "$(id -u)" = 0 ] && IS_ROOT=1
+
+W=$(mktemp -d /tmp/condense-fuse-e2e.XXXXXX)
+POOL=$W/pool
+MNT=$W/mnt
+MOUNT_PID=
+LOOPS=()
+INNER_MOUNTS=()
+mkdir -p "$MNT" "$W/src"
+
+unmount_mnt() {
+    if mountpoint -q "$MNT" 2>/dev/null || grep -q " $MNT " /proc/mounts; then
+        umount "$MNT" 2>/dev/null || fusermount3 -u "$MNT" 2>/dev/null ||
+            umount -l "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null
+    fi
+}
+
+cleanup() {
+    for m in "${INNER_MOUNTS[@]}"; do umount "$m" 2>/dev/null; done
+    for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null; done
+    if [ -n "$MOUNT_PID" ]; then
+        kill -TERM "$MOUNT_PID" 2>/dev/null
+        wait "$MOUNT_PID" 2>/dev/null
+    fi
+    unmount_mnt
+    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
+        echo "work files kept in $W"
+    else
+        rm -rf "$W"
+    fi
+}
+trap cleanup EXIT
+
+check() { # NAME CMD...: pass if CMD exits 0 (its output in $W/out)
+    local name=$1
+    shift
+    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name" "$W/out"; fi
+}
+
+condense() { "$CONDENSE" --pool "$POOL" "$@"; }
+
+start_mount() {
+    "$CONDENSE" --pool "$POOL" mount "$MNT" "$@" >>"$W/mount.log" 2>&1 &
+    MOUNT_PID=$!
+    for _ in $(seq 1 100); do
+        if [ -d "$MNT/files" ] && [ -d "$MNT/volumes" ]; then return 0; fi
+        if ! kill -0 "$MOUNT_PID" 2>/dev/null; then break; fi
+        sleep 0.1
+    done
+    echo "mount did not come up:"
+    tail -20 "$W/mount.log"
+    return 1
+}
+
+# SIGTERM; succeeds when the daemon exits 0 and the mount is gone.
+stop_mount() {
+    kill -TERM "$MOUNT_PID"
+    wait "$MOUNT_PID"
+    local rc=$?
+    MOUNT_PID=
+    if grep -q " $MNT " /proc/mounts; then
+        echo "still mounted after the daemon exited"
+        return 1
+    fi
+    return $rc
+}
+
+# Checksums of every file under DIR, relative paths, sorted.
+sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
+
+# A small tree to copy into the file systems on loop devices: text, binaries, a sparse file.
+make_tree() {
+    local t=$1
+    mkdir -p "$t"
+    cp -r "$ROOT/crates" "$t/src" 2>/dev/null
+    mkdir -p "$t/bin" "$t/deep/a/b/c/d"
+    cp /usr/bin/ls /usr/bin/cp /usr/bin/find "$t/bin/"
+    head -c 3M /dev/urandom >"$t/random.bin"
+    truncate -s 20M "$t/sparse.img"
+    printf 'in the middle' | dd of="$t/sparse.img" bs=1 seek=10485760 conv=notrunc status=none
+    for i in $(seq 1 200); do echo "file $i" >"$t/deep/a/b/c/d/f$i"; done
+}
+
+cd "$W" || exit 1
+echo "condense: $CONDENSE; work dir $W"
+
+# ---------------------------------------------------------------------------------------
+# Pool, volumes, mount.
+if ! condense init >"$W/out" 2>&1; then
+    fail "condense init" "$W/out"
+    finish
+fi
+for v in xfsvol:512M ext4vol:256M fiovol:128M small:1M; do
+    condense volume create "${v%%:*}" --size "${v##*:}" >"$W/out" 2>&1 || fail "volume create $v" "$W/out"
+done
+if ! start_mount; then
+    fail "condense mount comes up"
+    finish
+fi
+ok "condense mount comes up with volumes/ and files/"
+
+ls "$MNT/volumes" >"$W/out" 2>&1
+if [ "$(tr '\n' ' ' <"$W/out")" = "ext4vol fiovol small xfsvol " ]; then
+    ok "volumes/ lists the user volumes"
+else
+    fail "volumes/ lists the user volumes" "$W/out"
+fi
+size=$(stat -c %s "$MNT/volumes/xfsvol")
+if [ "$size" = $((512 << 20)) ]; then ok "a volume file has the volume's size"; else fail "volume file size $size"; fi
+
+# ---------------------------------------------------------------------------------------
+# Images into files/: byte-identical, deduplicated.
+head -c 24M /dev/urandom >"$W/src/base"
+tar cf - /usr/share/doc 2>/dev/null | head -c 16M >"$W/src/text"
+for i in 1 2 3 4 5 6; do
+    {
+        cat "$W/src/base"
+        head -c $((i * 1024 * 1024)) /dev/zero
+        head -c 1M /dev/urandom
+        cat "$W/src/text"
+    } >"$W/src/vm$i.img"
+done
+rm -f "$W/src/base" "$W/src/text"
+mkdir -p "$MNT/files/images"
+check "cp 6 images into files/images" cp "$W"/src/vm*.img "$MNT/files/images/"
+(cd "$W/src" && sha256sum vm*.img) >"$W/images.sha"
+check "images read back byte-identical (sha256sum -c)" bash -c "cd '$MNT/files/images' && sha256sum --quiet -c '$W/images.sha'"
+apparent=$(du -s --apparent-size -B1 "$MNT/files/images" | cut -f1)
+used=$(du -s -B1 "$MNT/files/images" | cut -f1)
+if [ "$used" -lt "$apparent" ]; then
+    ok "du counts data blocks only ($used of $apparent bytes: zero runs are free)"
+else
+    fail "du of files/images: $used used vs $apparent apparent"
+fi
+ls -l "$MNT/files/images" >"$W/out" 2>&1 && grep -q "vm6.img" "$W/out" && ok "ls -l files/images" || fail "ls -l" "$W/out"
+check "statfs of the mount (df)" df -h "$MNT"
+
+# ---------------------------------------------------------------------------------------
+# Bad input: the right errno, nothing changed.
+cat >"$W/errno.py" <<'EOF'
+import errno, os, sys
+mnt = sys.argv[1]
+failures = []
+def expect(name, code, fn):
+    try:
+        fn()
+    except OSError as e:
+        if e.errno != code:
+            failures.append(f"{name}: errno {e.errno} ({os.strerror(e.errno)}), expected {errno.errorcode[code]}")
+        return
+    failures.append(f"{name}: succeeded, expected {errno.errorcode[code]}")
+
+vol = os.path.join(mnt, "volumes", "small")
+size = os.stat(vol).st_size
+fd = os.open(vol, os.O_RDWR)
+os.pwrite(fd, b"\xab" * 4096, size - 4096)
+expect("write at the end of a volume", errno.ENOSPC, lambda: os.pwrite(fd, b"x", size))
+expect("write across the end of a volume", errno.ENOSPC, lambda: os.pwrite(fd, b"y" * 8192, size - 4096))
+if os.pread(fd, 4096, size - 4096) != b"\xab" * 4096:
+    failures.append("a refused write changed the volume")
+expect("ftruncate of a volume", errno.EPERM, lambda: os.ftruncate(fd, 4096))
+os.close(fd)
+if os.stat(vol).st_size != size:
+    failures.append("the volume's size changed")
+expect("O_TRUNC of a volume", errno.EPERM, lambda: os.open(vol, os.O_WRONLY | os.O_TRUNC))
+expect("create in volumes/", errno.EPERM, lambda: os.open(os.path.join(mnt, "volumes", "new"), os.O_CREAT | os.O_WRONLY))
+expect("unlink in volumes/", errno.EPERM, lambda: os.unlink(vol))
+
+files = os.path.join(mnt, "files")
+os.makedirs(os.path.join(files, "full", "sub"), exist_ok=True)
+expect("rmdir of a non-empty directory", errno.ENOTEMPTY, lambda: os.rmdir(os.path.join(files, "full")))
+expect("a 256-byte name", errno.ENAMETOOLONG, lambda: open(os.path.join(files, "n" * 256), "w"))
+expect("mkdir with a 256-byte name", errno.ENAMETOOLONG, lambda: os.mkdir(os.path.join(files, "d" * 256)))
+with open(os.path.join(files, "n" * 255), "w") as f:
+    f.write("255 bytes is fine")
+expect("rename across volumes/ and files/", errno.EXDEV, lambda: os.rename(os.path.join(files, "n" * 255), os.path.join(mnt, "volumes", "x")))
+expect("unlink of a missing file", errno.ENOENT, lambda: os.unlink(os.path.join(files, "missing")))
+expect("rmdir of a file", errno.ENOTDIR, lambda: os.rmdir(os.path.join(files, "n" * 255)))
+os.rmdir(os.path.join(files, "full", "sub"))
+os.rmdir(os.path.join(files, "full"))
+if failures:
+    print("\n".join(failures))
+    sys.exit(1)
+EOF
+check "errno of bad requests (ENOSPC, EPERM, ENOTEMPTY, ENAMETOOLONG, EXDEV, ENOENT, ENOTDIR)" python3 "$W/errno.py" "$MNT"
+
+# ---------------------------------------------------------------------------------------
+# SEEK_DATA/SEEK_HOLE and punch hole on a volume file, through the kernel.
+cat >"$W/holes.py" <<'EOF'
+import os, sys
+p = sys.argv[1]
+fd = os.open(p, os.O_RDWR)
+M = 1 << 20
+os.pwrite(fd, os.urandom(M), 4 * M)
+os.fsync(fd)
+assert os.lseek(fd, 0, os.SEEK_DATA) == 4 * M, os.lseek(fd, 0, os.SEEK_DATA)
+assert os.lseek(fd, 4 * M, os.SEEK_HOLE) == 5 * M
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
+r = libc.fallocate(fd, FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE, ctypes.c_long(4 * M), ctypes.c_long(M // 2))
+assert r == 0, ctypes.get_errno()
+assert os.lseek(fd, 0, os.SEEK_DATA) == 4 * M + M // 2
+assert os.pread(fd, M // 2, 4 * M) == bytes(M // 2)
+os.close(fd)
+EOF
+check "SEEK_DATA/SEEK_HOLE and fallocate(PUNCH_HOLE) on volumes/fiovol" python3 "$W/holes.py" "$MNT/volumes/fiovol"
+
+# ---------------------------------------------------------------------------------------
+# fio with verify: random 4 KiB writes by 4 jobs, each in its own quarter, then read back.
+fio_verify() { # NAME FILE SIZE_PER_JOB
+    fio --name="$1" --filename="$2" --rw=randwrite --bs=4k --numjobs=4 --size="$3" \
+        --offset_increment="$3" --ioengine=psync --verify=crc32c --verify_fatal=1 \
+        --do_verify=1 --fsync_on_close=1 --group_reporting >"$W/fio.out" 2>&1 &&
+        ! grep -qi "verify: bad" "$W/fio.out"
+}
+if fio_verify files "$MNT/files/fio.dat" 16M; then ok "fio verify on files/fio.dat (4 jobs, random 4K)"; else fail "fio verify on files/fio.dat" "$W/fio.out"; fi
+if fio_verify volume "$MNT/volumes/fiovol" 16M; then ok "fio verify on volumes/fiovol (4 jobs, random 4K)"; else fail "fio verify on volumes/fiovol" "$W/fio.out"; fi
+
+# ---------------------------------------------------------------------------------------
+# A real file system on a loop device over volumes/NAME.
+loop_fs() { # VOLUME MKFS FSCK...: mkfs, mount, copy a tree, unmount, fsck -n
+    local vol=$1 mkfs=$2
+    shift 2
+    local loop dir=$W/fs-$vol
+    loop=$(losetup -f --show "$MNT/volumes/$vol") || { echo "losetup failed"; return 1; }
+    LOOPS+=("$loop")
+    $mkfs "$loop" >"$W/mkfs-$vol.log" 2>&1 || { cat "$W/mkfs-$vol.log"; return 1; }
+    mkdir -p "$dir"
+    mount "$loop" "$dir" || return 1
+    INNER_MOUNTS+=("$dir")
+    cp -a "$W/tree" "$dir/tree" || return 1
+    sync
+    sums "$dir/tree" >"$W/$vol.sha"
+    sums "$W/tree" | cmp - "$W/$vol.sha" || { echo "checksums differ after the copy"; return 1; }
+    umount "$dir" || return 1
+    "$@" "$loop" || return 1
+    losetup -d "$loop"
+}
+if [ "$IS_ROOT" = 1 ] && command -v losetup >/dev/null; then
+    make_tree "$W/tree"
+    if command -v mkfs.xfs >/dev/null; then
+        check "losetup + mkfs.xfs + mount + cp -a tree + umount + xfs_repair -n" loop_fs xfsvol "mkfs.xfs -f -q" xfs_repair -n
+    else
+        skip "XFS on a loop device" "no mkfs.xfs (apt-get install xfsprogs)"
+    fi
+    check "losetup + mkfs.ext4 + mount + cp -a tree + umount + e2fsck -f -n" loop_fs ext4vol "mkfs.ext4 -F -q" e2fsck -f -n
+else
+    skip "file systems on loop devices over volume files" "needs root and losetup"
+fi
+
+# ---------------------------------------------------------------------------------------
+# Remount: SIGTERM unmounts cleanly; everything is there afterwards.
+if stop_mount; then ok "SIGTERM unmounts cleanly (exit 0)"; else fail "SIGTERM unmount" "$W/mount.log"; fi
+if condense stats --json >"$W/stats.json" 2>"$W/stats.err"; then
+    ok "condense stats after unmount"
+else
+    fail "condense stats after unmount" "$W/stats.err"
+fi
+cat >"$W/stats.py" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+names = [v["name"] for v in s["volumes"]]
+files = [n for n in names if n.startswith(".file.")]
+assert len(files) >= 7, f"expected the content volumes of files/ in stats, got {names}"
+assert "xfsvol" in names and "fiovol" in names, names
+assert s["dedup_saving_percent"] > 30, f"six images sharing 24 MiB dedup: {s['dedup_saving_percent']}%"
+print(f"dedup saving {s['dedup_saving_percent']}%, total saving {s['saving_percent']}%")
+EOF
+check "condense stats counts files/ and volumes/, with the images' savings" python3 "$W/stats.py" "$W/stats.json"
+cat "$W/out" 2>/dev/null | sed 's/^/    /'
+
+if start_mount; then ok "remount"; else fail "remount" "$W/mount.log"; finish; fi
+check "images identical after remount" bash -c "cd '$MNT/files/images' && sha256sum --quiet -c '$W/images.sha'"
+verify_fs() { # VOLUME: mount read-only and compare checksums
+    local vol=$1
+    local loop dir=$W/fs-$vol
+    loop=$(losetup -f --show "$MNT/volumes/$vol") || return 1
+    LOOPS+=("$loop")
+    mount -o ro "$loop" "$dir" || return 1
+    sums "$dir/tree" | cmp - "$W/$vol.sha"
+    local rc=$?
+    umount "$dir"
+    losetup -d "$loop"
+    return $rc
+}
+if [ "$IS_ROOT" = 1 ]; then
+    [ -f "$W/xfsvol.sha" ] && check "XFS tree checksums after remount" verify_fs xfsvol
+    [ -f "$W/ext4vol.sha" ] && check "ext4 tree checksums after remount" verify_fs ext4vol
+fi
+
+# ---------------------------------------------------------------------------------------
+# kill -9 of the daemon: what was fsynced is there after a remount.
+head -c 5M /dev/urandom >"$W/synced"
+check "write + fsync a file (dd conv=fsync)" dd if="$W/synced" of="$MNT/files/synced" bs=1M conv=fsync status=none
+check "write + fsync a volume range (dd conv=notrunc,fsync)" dd if="$W/synced" of="$MNT/volumes/small" bs=512K count=1 conv=notrunc,fsync status=none
+mkdir -p "$MNT/files/dir-synced" && python3 -c "import os; fd = os.open('$MNT/files/dir-synced', os.O_RDONLY); os.fsync(fd)"
+head -c 1M /dev/urandom >"$MNT/files/not-synced"
+kill -KILL "$MOUNT_PID"
+wait "$MOUNT_PID" 2>/dev/null
+MOUNT_PID=
+unmount_mnt
+if start_mount; then ok "remount after kill -9"; else fail "remount after kill -9" "$W/mount.log"; finish; fi
+check "the fsynced file is there, byte-identical" cmp "$W/synced" "$MNT/files/synced"
+check "the fsynced volume range is there" cmp -n 524288 "$W/synced" "$MNT/volumes/small"
+check "the fsynced directory is there" test -d "$MNT/files/dir-synced"
+check "earlier files survive the crash" bash -c "cd '$MNT/files/images' && sha256sum --quiet -c '$W/images.sha'"
+
+# ---------------------------------------------------------------------------------------
+# SIGTERM with a file open: detached at once, flushed, exits when the file closes.
+echo "written while a file stays open" >"$MNT/files/open-file"
+exec 3<"$MNT/files/open-file"
+kill -TERM "$MOUNT_PID"
+for _ in $(seq 1 50); do
+    grep -q "detached" "$W/mount.log" && break
+    sleep 0.1
+done
+if grep -q "detached" "$W/mount.log" && kill -0 "$MOUNT_PID" 2>/dev/null; then
+    ok "SIGTERM with an open file: detached, daemon waits for the file"
+else
+    fail "SIGTERM with an open file" "$W/mount.log"
+fi
+read -r line <&3
+exec 3<&-
+if [ "$line" = "written while a file stays open" ]; then ok "the open file stays readable after detach"; else fail "read from the open file: '$line'"; fi
+for _ in $(seq 1 50); do kill -0 "$MOUNT_PID" 2>/dev/null || break; sleep 0.1; done
+if wait "$MOUNT_PID"; then ok "daemon exits 0 once the last file closed"; else fail "daemon exit after detach" "$W/mount.log"; fi
+MOUNT_PID=
+if start_mount --read-only; then
+    check "read-only remount shows the file written before" grep -q "written while" "$MNT/files/open-file"
+    if echo x 2>/dev/null >"$MNT/files/ro-test"; then fail "a write on a read-only mount succeeded"; else ok "a read-only mount refuses writes"; fi
+    stop_mount || fail "unmount of the read-only mount" "$W/mount.log"
+else
+    fail "read-only remount" "$W/mount.log"
+fi
+check "condense verify after all of it" condense verify
+
+finish
