@@ -34,6 +34,7 @@
 
 #![deny(clippy::unwrap_used)]
 
+mod buffers;
 #[doc(hidden)]
 pub mod fuzz;
 mod handshake;

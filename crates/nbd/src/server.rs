@@ -1,5 +1,6 @@
 //! Listeners, connections and shutdown.
 
+use crate::buffers::BufPool;
 use crate::handshake::{self, Outcome};
 use crate::transmission::{self, End};
 use crate::workers::Workers;
@@ -63,6 +64,7 @@ pub struct Shared {
     pub catalog: Arc<dyn Catalog>,
     pub config: ServerConfig,
     pub workers: Workers,
+    pub buffers: Arc<BufPool>,
 }
 
 impl Shared {
@@ -72,6 +74,7 @@ impl Shared {
             catalog,
             config,
             workers,
+            buffers: Arc::new(BufPool::default()),
         })
     }
 }
@@ -380,6 +383,7 @@ pub async fn connection<S: Stream>(
         w,
         export,
         &shared.workers,
+        &shared.buffers,
         shared.config.inflight_bytes_max,
         stop,
     )

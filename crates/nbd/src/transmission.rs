@@ -6,6 +6,7 @@
 //! the socket's write half and sends whole replies. Memory is bounded by a per-connection
 //! budget of in-flight bytes (a semaphore), held by each request until its reply is written.
 
+use crate::buffers::{Buf, BufPool};
 use crate::handshake::Export;
 use crate::proto::*;
 use crate::wire::{self, Command, RequestHeader, Verdict};
@@ -23,8 +24,23 @@ const BUDGET_UNIT_BYTES: usize = 4096;
 
 /// A reply ready to be written, with the budget it holds until then.
 struct Reply {
-    parts: Vec<Vec<u8>>,
+    parts: Vec<Part>,
     _permit: Option<OwnedSemaphorePermit>,
+}
+
+/// One piece of a reply on the wire: a header built here, or data read from the volume.
+enum Part {
+    Head(Vec<u8>),
+    Data(Buf),
+}
+
+impl Part {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Part::Head(v) => v,
+            Part::Data(b) => b.as_slice(),
+        }
+    }
 }
 
 /// How the transmission phase ended.
@@ -48,7 +64,8 @@ struct Job {
     cookie: u64,
     structured: bool,
     command: Command,
-    payload: Vec<u8>,
+    payload: Option<Buf>,
+    buffers: Arc<BufPool>,
 }
 
 /// Run the transmission phase until the client disconnects or shutdown is signalled.
@@ -57,6 +74,7 @@ pub async fn serve<R, W>(
     writer: W,
     export: Export,
     workers: &Workers,
+    buffers: &Arc<BufPool>,
     inflight_bytes_max: usize,
     mut shutdown: watch::Receiver<bool>,
 ) -> End
@@ -114,7 +132,12 @@ where
                 if let Err(e) = discard(&mut reader, skip).await {
                     break End::Io(e.to_string());
                 }
-                let parts = vec![error_reply(&header, n.structured, error, &message)];
+                let parts = vec![Part::Head(error_reply(
+                    &header,
+                    n.structured,
+                    error,
+                    &message,
+                ))];
                 if tx
                     .send(Reply {
                         parts,
@@ -138,12 +161,13 @@ where
                     Ok(p) => p,
                     Err(_) => break End::Io("in-flight budget closed".to_string()),
                 };
-                let mut payload = Vec::new();
+                let mut payload = None;
                 if let Command::Write { len, .. } = command {
-                    payload = vec![0u8; len as usize];
-                    if let Err(e) = reader.read_exact(&mut payload).await {
+                    let mut buf = buffers.take(len as usize);
+                    if let Err(e) = reader.read_exact(buf.as_mut_slice()).await {
                         break End::Io(format!("reading a write payload: {e}"));
                     }
+                    payload = Some(buf);
                 }
                 let job = Job {
                     volume: export.volume.clone(),
@@ -151,6 +175,7 @@ where
                     structured: n.structured,
                     command,
                     payload,
+                    buffers: buffers.clone(),
                 };
                 let tx = tx.clone();
                 workers.submit(Box::new(move || {
@@ -167,7 +192,12 @@ where
                                     offset: 0,
                                     len: 0,
                                 };
-                                vec![error_reply(&h, structured, EIO, "internal error")]
+                                vec![Part::Head(error_reply(
+                                    &h,
+                                    structured,
+                                    EIO,
+                                    "internal error",
+                                ))]
                             });
                     // The writer is gone only when the connection already failed; dropping
                     // the reply then releases its budget all the same.
@@ -209,7 +239,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         // Write everything that is ready, then flush once.
         while let Some(r) = next.take() {
             for part in &r.parts {
-                w.write_all(part).await?;
+                w.write_all(part.bytes()).await?;
             }
             drop(r);
             next = rx.try_recv().ok();
@@ -232,20 +262,21 @@ fn error_reply(h: &RequestHeader, structured: bool, error: u32, message: &str) -
     out
 }
 
-fn ok_reply(cookie: u64) -> Vec<Vec<u8>> {
+fn ok_reply(cookie: u64) -> Vec<Part> {
     let mut out = Vec::with_capacity(16);
     wire::put_simple_reply(&mut out, cookie, 0);
-    vec![out]
+    vec![Part::Head(out)]
 }
 
 /// Run one request against the volume and build its reply. Blocking.
-fn execute(job: Job) -> Vec<Vec<u8>> {
+fn execute(job: Job) -> Vec<Part> {
     let Job {
         volume,
         cookie,
         structured,
         command,
         payload,
+        buffers,
     } = job;
     let v = volume.as_ref();
     let header = RequestHeader {
@@ -257,12 +288,12 @@ fn execute(job: Job) -> Vec<Vec<u8>> {
     };
     let fail = |e: condense_api::VolumeError| {
         tracing::debug!(cookie, error = %e, "request failed");
-        vec![error_reply(
+        vec![Part::Head(error_reply(
             &header,
             structured,
             nbd_error_from_errno(e.errno()),
             &e.to_string(),
-        )]
+        ))]
     };
     let done = |r: condense_api::Result<()>| match r {
         Ok(()) => ok_reply(cookie),
@@ -271,13 +302,16 @@ fn execute(job: Job) -> Vec<Vec<u8>> {
     match command {
         Command::Read { offset, len, df } => {
             let r = if structured {
-                read_structured(v, cookie, offset, len, df)
+                read_structured(v, &buffers, cookie, offset, len, df)
             } else {
-                read_simple(v, cookie, offset, len)
+                read_simple(v, &buffers, cookie, offset, len)
             };
             r.unwrap_or_else(fail)
         }
-        Command::Write { offset, fua, .. } => done(v.write(offset, &payload, fua)),
+        Command::Write { offset, fua, .. } => {
+            let data = payload.as_ref().map(Buf::as_slice).unwrap_or_default();
+            done(v.write(offset, data, fua))
+        }
         Command::Flush => done(v.flush()),
         Command::Trim { offset, len, fua } => {
             if len == 0 {
@@ -312,7 +346,7 @@ fn execute(job: Job) -> Vec<Vec<u8>> {
                     let d = wire::block_status_descriptors(&extents, offset, query, req_one);
                     let mut out = Vec::with_capacity(24 + 8 * d.len());
                     wire::put_block_status_chunk(&mut out, cookie, META_ID_BASE_ALLOCATION, &d);
-                    vec![out]
+                    vec![Part::Head(out)]
                 }
                 Err(e) => fail(e),
             }
@@ -324,30 +358,32 @@ fn execute(job: Job) -> Vec<Vec<u8>> {
 
 fn read_simple(
     v: &dyn Volume,
+    buffers: &Arc<BufPool>,
     cookie: u64,
     offset: u64,
     len: u32,
-) -> condense_api::Result<Vec<Vec<u8>>> {
-    let mut data = vec![0u8; len as usize];
+) -> condense_api::Result<Vec<Part>> {
+    let mut data = buffers.take(len as usize);
     if len > 0 {
-        v.read(offset, &mut data)?;
+        v.read(offset, data.as_mut_slice())?;
     }
     let mut head = Vec::with_capacity(16);
     wire::put_simple_reply(&mut head, cookie, 0);
-    Ok(vec![head, data])
+    Ok(vec![Part::Head(head), Part::Data(data)])
 }
 
 fn read_structured(
     v: &dyn Volume,
+    buffers: &Arc<BufPool>,
     cookie: u64,
     offset: u64,
     len: u32,
     df: bool,
-) -> condense_api::Result<Vec<Vec<u8>>> {
+) -> condense_api::Result<Vec<Part>> {
     if len == 0 {
         let mut out = Vec::with_capacity(20);
         wire::put_chunk_header(&mut out, cookie, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0);
-        return Ok(vec![out]);
+        return Ok(vec![Part::Head(out)]);
     }
     let pieces = if df {
         vec![wire::ReadPiece {
@@ -374,15 +410,15 @@ fn read_structured(
         if p.hole {
             wire::put_hole_chunk(&mut head, cookie, final_chunk, p.offset, p.len);
         } else {
-            let mut data = vec![0u8; p.len as usize];
-            v.read(p.offset, &mut data)?;
+            let mut data = buffers.take(p.len as usize);
+            v.read(p.offset, data.as_mut_slice())?;
             wire::put_data_chunk_header(&mut head, cookie, final_chunk, p.offset, p.len);
-            parts.push(std::mem::take(&mut head));
-            parts.push(data);
+            parts.push(Part::Head(std::mem::take(&mut head)));
+            parts.push(Part::Data(data));
         }
     }
     if !head.is_empty() {
-        parts.push(head);
+        parts.push(Part::Head(head));
     }
     Ok(parts)
 }

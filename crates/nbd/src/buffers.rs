@@ -1,0 +1,110 @@
+//! Reusable data buffers for large READ replies and WRITE payloads.
+//!
+//! A fresh `vec![0; 1 MiB]` per request costs a memset of the whole buffer before the volume
+//! fills it (measured at a tenth of the server's CPU on 1 MiB sequential reads). Buffers of
+//! 64 KiB and more are instead taken from a pool by power-of-two size class and go back to it
+//! when dropped; their bytes stay initialized, so reuse costs nothing. Smaller requests use
+//! plain vectors: zeroing a few KiB is cheaper than the pool's lock.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Requests below this size get plain vectors.
+const POOLED_BYTES_MIN: usize = 64 * 1024;
+/// Idle bytes the pool keeps; buffers returned beyond it are freed.
+const IDLE_BYTES_MAX: usize = 128 * 1024 * 1024;
+
+#[derive(Default)]
+struct Idle {
+    by_class: HashMap<usize, Vec<Vec<u8>>>,
+    bytes: usize,
+}
+
+#[derive(Default)]
+pub struct BufPool {
+    idle: Mutex<Idle>,
+}
+
+impl BufPool {
+    fn lock(&self) -> MutexGuard<'_, Idle> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A buffer of exactly `len` usable bytes (contents unspecified).
+    pub fn take(self: &Arc<Self>, len: usize) -> Buf {
+        if len < POOLED_BYTES_MIN {
+            return Buf {
+                v: vec![0; len],
+                len,
+                pool: None,
+            };
+        }
+        let class = len.next_power_of_two();
+        let reused = {
+            let mut idle = self.lock();
+            let v = idle.by_class.get_mut(&class).and_then(Vec::pop);
+            if v.is_some() {
+                idle.bytes -= class;
+            }
+            v
+        };
+        Buf {
+            v: reused.unwrap_or_else(|| vec![0; class]),
+            len,
+            pool: Some(self.clone()),
+        }
+    }
+
+    fn give(&self, v: Vec<u8>) {
+        let class = v.len();
+        let mut idle = self.lock();
+        if idle.bytes + class <= IDLE_BYTES_MAX {
+            idle.bytes += class;
+            idle.by_class.entry(class).or_default().push(v);
+        }
+    }
+}
+
+/// A data buffer; pooled ones return to their pool on drop.
+pub struct Buf {
+    v: Vec<u8>,
+    len: usize,
+    pool: Option<Arc<BufPool>>,
+}
+
+impl Buf {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.v[..self.len]
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.v[..self.len]
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            pool.give(std::mem::take(&mut self.v));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_reused_by_size_class() {
+        let pool = Arc::new(BufPool::default());
+        let mut a = pool.take(1 << 20);
+        assert_eq!(a.as_slice().len(), 1 << 20);
+        a.as_mut_slice()[0] = 7;
+        let ptr = a.as_slice().as_ptr();
+        drop(a);
+        let b = pool.take(600 * 1024); // same 1 MiB class
+        assert_eq!(b.as_slice().len(), 600 * 1024);
+        assert_eq!(b.as_slice().as_ptr(), ptr, "reused");
+        let small = pool.take(100);
+        assert_eq!(small.as_slice(), &[0u8; 100][..]);
+    }
+}
