@@ -256,6 +256,14 @@ fio_job crashV.fio vm5 "rw=randwrite" "iodepth=16" "size=32M" "verify=crc32c" "v
     "verify_only=1" "[a]"
 check "after kill -9 + restart, flushed data verifies" fio --output="$W/fioV.log" crashV.fio
 check "after kill -9 + restart, the whole volume reads without error" nbdcopy "$URI/vm5" null:
+# Phase B really ran: some of what it wrote and flushed before the kill is there (phase A
+# covers exactly [0,32M) with data, so any data beyond 32 MiB is B's).
+b_data=$(nbdinfo --map "$URI/vm5" | awk '$3 == 0 {s += $2} END {print s - 33554432}')
+if [ "$b_data" -gt 0 ]; then
+    ok "the interrupted job had written and flushed data ($b_data bytes survive)"
+else
+    fail "the interrupted job had written and flushed data" "$W/fioB.log"
+fi
 
 # ---------------------------------------------------------------------------------------
 # Bad clients do not disturb the server.
