@@ -112,6 +112,8 @@ fn run_seed(seed: u64) -> Result<(), String> {
     };
     let ops = 20 + rng.below(60);
     let mut next_tag = 1u64;
+    // Whether volume "tmp" may exist after a crash (both, after a create/delete that failed).
+    let mut tmp_may_exist = vec![false];
     for step in 0..warm + ops {
         if step == warm {
             if let Some(n) = stop_at {
@@ -165,7 +167,22 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 }
                 r.is_ok()
             }
-            65..=89 => {
+            65..=69 => {
+                // Create or delete a third volume: durable when it returns.
+                let exists = pool.volume("tmp").is_ok();
+                let r = if exists {
+                    pool.delete_volume("tmp")
+                } else {
+                    pool.create_volume("tmp", BLOCKS * BS as u64)
+                };
+                tmp_may_exist = if r.is_ok() {
+                    vec![!exists]
+                } else {
+                    vec![true, false]
+                };
+                r.is_ok()
+            }
+            70..=89 => {
                 let r = pool.flush();
                 if r.is_ok() {
                     for b in model.iter_mut().flatten() {
@@ -204,6 +221,22 @@ fn run_seed(seed: u64) -> Result<(), String> {
     let crashed = disk.crash(&mut rng);
     let pool = Pool::open(Arc::new(SimHandle(crashed.clone())), opts())
         .map_err(|e| format!("recovery failed: {e}"))?;
+    let tmp_exists = pool.volume("tmp").is_ok();
+    if !tmp_may_exist.contains(&tmp_exists) {
+        return Err(format!(
+            "volume tmp exists={tmp_exists} after recovery, expected one of {tmp_may_exist:?}"
+        ));
+    }
+    if tmp_exists {
+        // Never written: a created volume reads zeros.
+        let mut buf = vec![1u8; BLOCKS as usize * BS];
+        pool.volume("tmp")
+            .and_then(|h| h.read_at(0, &mut buf))
+            .map_err(|e| format!("tmp: {e}"))?;
+        if buf.iter().any(|&b| b != 0) {
+            return Err("volume tmp holds data it was never given".into());
+        }
+    }
     for (vi, v) in VOLUMES.iter().enumerate() {
         let h = pool
             .volume(v)
