@@ -197,7 +197,9 @@ impl ChunkTable {
     /// Take a reference. Works on a free slot too (while loading maps before the table).
     pub fn incref(&mut self, id: u32) {
         let e = self.slot_mut(id);
-        e.refs += 1;
+        // Saturating: a count stuck at the maximum only keeps the chunk forever, never frees
+        // it early. The write path stops sharing a chunk long before (REFS_MAX).
+        e.refs = e.refs.saturating_add(1);
         if e.refs == 1 {
             self.account(id, true);
         }

@@ -25,6 +25,7 @@ pub mod gc;
 pub mod io;
 pub mod journal;
 pub mod pool;
+pub mod projection;
 pub mod reduction;
 pub mod segment;
 pub mod sim;

@@ -75,7 +75,7 @@ impl Default for OpenOptions {
 }
 
 /// Writes at or above this many references to one chunk store a new copy instead.
-const REFS_MAX: u32 = u32::MAX - 2;
+const REFS_MAX: u32 = u32::MAX / 2;
 /// Re-check free disk space after this many bytes written.
 const SPACE_CHECK_BYTES: u64 = 16 << 20;
 
@@ -636,7 +636,7 @@ impl Pool {
         let misses: Vec<usize> = {
             let st = lock(&self.state);
             self.writable(&st)?;
-            let mut seen: HashMap<Fingerprint, ()> = HashMap::new();
+            let mut seen: std::collections::HashSet<Fingerprint> = Default::default();
             fps.iter()
                 .enumerate()
                 .filter_map(|(i, fp)| {
@@ -645,7 +645,7 @@ impl Pool {
                         .index
                         .find(fp, &st.chunks)
                         .is_some_and(|id| st.chunks.get(id).is_some_and(|e| e.refs < REFS_MAX));
-                    (!hit && seen.insert(*fp, ()).is_none()).then_some(i)
+                    (!hit && seen.insert(*fp)).then_some(i)
                 })
                 .collect()
         };
