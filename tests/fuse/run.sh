@@ -361,8 +361,9 @@ head -c 1M /dev/urandom >"$MNT/files/not-synced"
 kill -KILL "$MOUNT_PID"
 wait "$MOUNT_PID" 2>/dev/null
 MOUNT_PID=
-unmount_mnt
-if start_mount; then ok "remount after kill -9"; else fail "remount after kill -9" "$W/mount.log"; finish; fi
+# The dead mount is left behind ("Transport endpoint is not connected"): condense mount
+# detaches it by itself.
+if start_mount; then ok "remount after kill -9 over the dead mount"; else fail "remount after kill -9" "$W/mount.log"; finish; fi
 check "the fsynced file is there, byte-identical" cmp "$W/synced" "$MNT/files/synced"
 check "the fsynced volume range is there" cmp -n 524288 "$W/synced" "$MNT/volumes/small"
 check "the fsynced directory is there" test -d "$MNT/files/dir-synced"

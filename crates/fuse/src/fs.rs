@@ -39,8 +39,14 @@ const BLOCKS_TTL: Duration = Duration::from_secs(1);
 const IO_BYTES: u32 = 1 << 20;
 /// Largest write the kernel sends in one request.
 const MAX_WRITE_BYTES: u32 = 1 << 20;
-/// A content volume grows to at least twice its capacity, but by no more than this at once.
-const GROW_STEP_BYTES_MAX: u64 = 1 << 30;
+/// A content volume grows to at least this many times its capacity...
+const GROW_FACTOR: u64 = 4;
+/// ...but by no more than this at once...
+const GROW_STEP_BYTES_MAX: u64 = 4 << 30;
+/// ...and, once it holds more than a block, to no less than this. Each growth is a
+/// `Catalog::resize`, which may flush the pool: few and large steps keep appends fast, and
+/// capacity that is never written costs nothing (volumes are thin).
+const GROW_BYTES_MIN: u64 = 1 << 20;
 /// Largest file under `files/`.
 const FILE_BYTES_MAX: u64 = 1 << 50;
 
@@ -426,19 +432,25 @@ impl Inner {
         Ok(())
     }
 
-    /// Make the content volume of `ino` at least `end` bytes long. It grows to twice its size
-    /// (by at most [`GROW_STEP_BYTES_MAX`]) so that appends resize it rarely.
+    /// Make the content volume of `ino` at least `end` bytes long. A new volume is just big
+    /// enough; an existing one grows by [`GROW_FACTOR`] (by at most [`GROW_STEP_BYTES_MAX`], to
+    /// at least [`GROW_BYTES_MIN`]) so that appends resize it rarely.
     fn grow(&self, ino: u64, slot: &mut Slot, end: u64) -> Result<(), Errno> {
         self.load_slot(ino, slot)?;
         if end <= slot.capacity {
             return Ok(());
         }
         let name = file_volume_name(ino);
-        let wanted = end.max(
-            slot.capacity
-                .saturating_mul(2)
-                .min(end + GROW_STEP_BYTES_MAX),
-        );
+        let wanted = if slot.vol.is_none() {
+            end
+        } else {
+            let step = slot
+                .capacity
+                .saturating_mul(GROW_FACTOR)
+                .min(end + GROW_STEP_BYTES_MAX)
+                .max(GROW_BYTES_MIN);
+            end.max(step)
+        };
         let capacity = round_up(wanted, self.block_bytes).max(self.block_bytes);
         let result = match &slot.vol {
             None => self.catalog.create(&name, capacity),

@@ -123,7 +123,21 @@ pub fn spawn(
         path: mountpoint.to_path_buf(),
         source,
     };
-    let meta = std::fs::metadata(mountpoint).map_err(mount_err)?;
+    let meta = match std::fs::metadata(mountpoint) {
+        // A mount left by a daemon that died (kill -9): detach it and mount afresh.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            tracing::warn!(
+                "{} is a dead FUSE mount (its daemon is gone): detaching it",
+                mountpoint.display()
+            );
+            Unmounter {
+                mountpoint: mountpoint.to_path_buf(),
+            }
+            .unmount_lazy()?;
+            std::fs::metadata(mountpoint).map_err(mount_err)?
+        }
+        other => other.map_err(mount_err)?,
+    };
     if !meta.is_dir() {
         return Err(mount_err(io::Error::new(
             io::ErrorKind::NotADirectory,
