@@ -7,7 +7,9 @@
 
 #![deny(clippy::unwrap_used)]
 
+mod bench;
 mod convert;
+mod estimate;
 mod image;
 mod mount;
 mod report;
@@ -66,6 +68,12 @@ enum Command {
     Gc(GcArgs),
     /// Read and check every chunk and every block map; report damaged volumes and blocks.
     Verify(VerifyArgs),
+    /// Project how much a pool would save on disk images (dedup, compression, RAM), without
+    /// a pool and without writing anything (docs/ESTIMATE.md).
+    Estimate(estimate::EstimateArgs),
+    /// Measure savings, disk performance and resource use against a plain directory on the
+    /// same disk; writes a Markdown report with SVG charts (docs/BENCH.md).
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -301,35 +309,8 @@ fn run(cli: Cli) -> Result<i32> {
                 pool.close()?;
             }
         }
-        Command::Mount(a) => {
-            let pool = open_pool(&cli.pool, a.read_only)?;
-            let gc = (!a.read_only).then(|| {
-                condense_engine::gc::BackgroundGc::start(
-                    &pool,
-                    std::time::Duration::from_secs(30),
-                    25,
-                    256 << 20,
-                )
-            });
-            mount::run(pool.clone(), &a)?;
-            drop(gc);
-            pool.close()?;
-        }
-        Command::Serve(a) => {
-            let pool = open_pool(&cli.pool, a.read_only)?;
-            // Reclaim space in the background once a quarter of the segment bytes are dead.
-            let gc = (!a.read_only).then(|| {
-                condense_engine::gc::BackgroundGc::start(
-                    &pool,
-                    std::time::Duration::from_secs(30),
-                    25,
-                    256 << 20,
-                )
-            });
-            serve::run(pool.clone(), &a)?;
-            drop(gc);
-            pool.close()?;
-        }
+        Command::Mount(a) => daemon(&cli.pool, a.read_only, |pool| mount::run(pool, &a))?,
+        Command::Serve(a) => daemon(&cli.pool, a.read_only, |pool| serve::run(pool, &a))?,
         Command::Stats(a) => {
             let pool = open_pool(&cli.pool, true)?;
             let stats = pool.stats().context("cannot read pool statistics")?;
@@ -368,6 +349,8 @@ fn run(cli: Cli) -> Result<i32> {
             );
             pool.close()?;
         }
+        Command::Bench(a) => bench::run(&cli.pool, &a)?,
+        Command::Estimate(a) => estimate::run(&a)?,
         Command::Verify(a) => {
             let pool = open_pool(&cli.pool, false)?;
             let bar = report::bar(0, "verifying chunks");
@@ -389,6 +372,24 @@ fn run(cli: Cli) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Run a long-lived frontend on the pool, with GC in the background once a quarter of the
+/// segment bytes are dead; close the pool cleanly when it returns.
+fn daemon(path: &Path, read_only: bool, run: impl FnOnce(Arc<Pool>) -> Result<()>) -> Result<()> {
+    let pool = open_pool(path, read_only)?;
+    let gc = (!read_only).then(|| {
+        condense_engine::gc::BackgroundGc::start(
+            &pool,
+            std::time::Duration::from_secs(30),
+            25,
+            256 << 20,
+        )
+    });
+    run(pool.clone())?;
+    drop(gc);
+    pool.close()?;
+    Ok(())
 }
 
 fn volume_command(pool_path: &Path, cmd: VolumeCommand) -> Result<i32> {

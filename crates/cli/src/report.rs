@@ -36,7 +36,8 @@ fn importing(pool: &Pool, name: &str) -> bool {
     pool.meta_get(&crate::image::importing_key(name)).is_some()
 }
 
-pub fn volume_json(v: &VolumeStats, pool: &Pool) -> Value {
+/// One volume's figures, as in `stats --json`.
+fn volume_fields(v: &VolumeStats) -> Value {
     json!({
         "name": v.name,
         "logical_bytes": v.logical_bytes,
@@ -46,8 +47,14 @@ pub fn volume_json(v: &VolumeStats, pool: &Pool) -> Value {
         "physical_bytes": v.physical_bytes,
         "saving_percent": round2(v.saving_percent),
         "damaged": v.damaged,
-        "incomplete_import": importing(pool, &v.name),
     })
+}
+
+/// One volume for `volume list/info --json`: its figures and whether its import finished.
+pub fn volume_json(v: &VolumeStats, pool: &Pool) -> Value {
+    let mut j = volume_fields(v);
+    j["incomplete_import"] = Value::Bool(importing(pool, &v.name));
+    j
 }
 
 pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
@@ -55,18 +62,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         .volumes
         .iter()
         .filter(|v| only.is_none_or(|n| n == v.name))
-        .map(|v| {
-            json!({
-                "name": v.name,
-                "logical_bytes": v.logical_bytes,
-                "written_bytes": v.written_bytes,
-                "zero_bytes": v.zero_bytes,
-                "unique_chunks": v.unique_chunks,
-                "physical_bytes": v.physical_bytes,
-                "saving_percent": round2(v.saving_percent),
-                "damaged": v.damaged,
-            })
-        })
+        .map(volume_fields)
         .collect();
     json!({
         "schema": "condense.stats/1",
