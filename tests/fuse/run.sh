@@ -398,4 +398,56 @@ else
 fi
 check "condense verify after all of it" condense verify
 
+# ---------------------------------------------------------------------------------------
+# Out of space: a pool on a 96 MiB tmpfs. Writes fail with ENOSPC, nothing written before is
+# harmed, and after rm + condense gc the pool takes writes again.
+nospace() {
+    local fs=$W/small-fs pool=$W/small-fs/pool pid rc=0
+    mkdir -p "$fs" "$W/mnt2"
+    mount -t tmpfs -o size=96m tmpfs "$fs" || return 1
+    INNER_MOUNTS+=("$fs")
+    "$CONDENSE" --pool "$pool" init >/dev/null || return 1
+    "$CONDENSE" --pool "$pool" mount "$W/mnt2" >>"$W/mount2.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do [ -d "$W/mnt2/files" ] && break; sleep 0.1; done
+    head -c 10M /dev/urandom >"$W/keep"
+    cp "$W/keep" "$W/mnt2/files/keep" && sync
+    python3 - "$W/mnt2/files/big" <<'PY' || rc=1
+import errno, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+try:
+    for i in range(1000):
+        os.write(fd, os.urandom(1 << 20))
+        if i % 16 == 15:
+            os.fsync(fd)
+    sys.exit("1000 MiB written into a 96 MiB pool")
+except OSError as e:
+    if e.errno != errno.ENOSPC:
+        sys.exit(f"expected ENOSPC, got {e}")
+    print(f"ENOSPC after {i} MiB")
+finally:
+    os.close(fd)
+PY
+    cmp "$W/keep" "$W/mnt2/files/keep" || { echo "a file written before changed"; rc=1; }
+    rm "$W/mnt2/files/big" || rc=1
+    kill -TERM "$pid"
+    wait "$pid" || { echo "unmount after ENOSPC failed"; rc=1; }
+    "$CONDENSE" --pool "$pool" gc || rc=1
+    "$CONDENSE" --pool "$pool" mount "$W/mnt2" >>"$W/mount2.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do [ -d "$W/mnt2/files" ] && break; sleep 0.1; done
+    cmp "$W/keep" "$W/mnt2/files/keep" || { echo "the kept file changed after gc"; rc=1; }
+    head -c 5M /dev/urandom >"$W/mnt2/files/after-gc" || { echo "no space after rm + gc"; rc=1; }
+    kill -TERM "$pid"
+    wait "$pid" || rc=1
+    "$CONDENSE" --pool "$pool" verify || rc=1
+    umount "$fs"
+    return $rc
+}
+if [ "$IS_ROOT" = 1 ]; then
+    check "out of space: ENOSPC, earlier files intact, writable again after rm + gc" nospace
+else
+    skip "out of space on a small tmpfs pool" "needs root"
+fi
+
 finish

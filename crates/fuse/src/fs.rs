@@ -513,6 +513,7 @@ impl Inner {
         // Still under the slot: a truncate cannot slip between the write and the new length.
         lock(&self.tree).wrote(ino, end)?;
         drop(slot);
+        self.forget_blocks(ino);
         u32::try_from(len).map_err(|_| Errno::EINVAL)
     }
 
@@ -1009,6 +1010,7 @@ impl Filesystem for Fs {
                 vol.write(offset, data, fua)
                     .map_err(|e| inner.volume_error(ino.0, &e))?;
                 inner.volume_touched(ino.0);
+                inner.forget_blocks(ino.0);
                 u32::try_from(data.len()).map_err(|_| Errno::EINVAL)
             }),
             Target::Tree => inner.file_write(ino.0, offset, data, fua),

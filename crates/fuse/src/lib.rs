@@ -211,6 +211,10 @@ impl Mounted {
     pub fn join(mut self) -> Result<(), FuseError> {
         let result = match self.thread.take() {
             Some(thread) => match thread.join() {
+                // The kernel ends a session with ENODEV, or ECONNABORTED when the connection
+                // was torn down (a detached mount's last file closed, fusectl abort): both
+                // mean the file system is gone, which is what waiting here is for.
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
                 Ok(r) => r.map_err(|source| FuseError::Session {
                     path: self.mountpoint.clone(),
                     source,
