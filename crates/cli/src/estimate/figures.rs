@@ -1,0 +1,422 @@
+//! From an [`Analysis`] to the figures `condense estimate` reports (schema in docs/ESTIMATE.md).
+//! Bytes on disk come from `condense_engine::projection::project`, the one projection formula.
+
+use super::analysis::{Analysis, Chunk, NOT_SAMPLED};
+use super::source::Image;
+use condense_engine::format::RECORD_HEADER_BYTES;
+use condense_engine::projection::{
+    project, saving_percent, Projection, ProjectionInput, DEFAULT_SEGMENT_BYTES,
+};
+use condense_engine::Compression;
+use serde::Serialize;
+
+const RECORD: f64 = RECORD_HEADER_BYTES as f64;
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// 100 × (1 − part / of), 0 when there is nothing.
+fn saved(part: f64, of: f64) -> f64 {
+    if of <= 0.0 {
+        0.0
+    } else {
+        round2(100.0 * (1.0 - part / of))
+    }
+}
+
+fn percent(part: f64, of: f64) -> f64 {
+    if of <= 0.0 {
+        0.0
+    } else {
+        round2(100.0 * part / of)
+    }
+}
+
+/// The codecs every estimate projects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    None,
+    Lz4,
+    Zstd,
+}
+
+impl Codec {
+    pub const ALL: [Codec; 3] = [Codec::Lz4, Codec::Zstd, Codec::None];
+
+    pub fn of(c: Compression) -> Codec {
+        match c {
+            Compression::None => Codec::None,
+            Compression::Lz4 => Codec::Lz4,
+            Compression::Zstd(_) => Codec::Zstd,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Codec::Lz4 => 0,
+            Codec::Zstd => 1,
+            Codec::None => 2,
+        }
+    }
+}
+
+/// Projected stored payload lengths: measured where sampled, else the chunk's length times the
+/// ratio the sample showed.
+struct Stored {
+    ratio: [f64; 3],
+    sampled_percent: [f64; 3],
+}
+
+impl Stored {
+    fn new(chunks: &[Chunk]) -> Stored {
+        let mut len = [0f64; 2];
+        let mut stored = [0f64; 2];
+        let mut n = [0u64; 2];
+        for c in chunks {
+            for (k, v) in [c.lz4, c.zstd].into_iter().enumerate() {
+                if v != NOT_SAMPLED {
+                    len[k] += f64::from(c.len);
+                    stored[k] += f64::from(v);
+                    n[k] += 1;
+                }
+            }
+        }
+        let ratio = |k: usize| {
+            if len[k] > 0.0 {
+                stored[k] / len[k]
+            } else {
+                1.0
+            }
+        };
+        let share = |k: usize| {
+            if chunks.is_empty() {
+                100.0
+            } else {
+                round2(100.0 * n[k] as f64 / chunks.len() as f64)
+            }
+        };
+        Stored {
+            ratio: [ratio(0), ratio(1), 1.0],
+            sampled_percent: [share(0), share(1), 100.0],
+        }
+    }
+
+    fn get(&self, c: &Chunk, codec: Codec) -> f64 {
+        let measured = match codec {
+            Codec::Lz4 => c.lz4,
+            Codec::Zstd => c.zstd,
+            Codec::None => c.len,
+        };
+        if measured != NOT_SAMPLED {
+            f64::from(measured)
+        } else {
+            f64::from(c.len) * self.ratio[codec.index()]
+        }
+    }
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct CodecFigures {
+    pub codec: String,
+    /// Payload bytes of the unique chunks after compression (raw where it saved < 1/8).
+    pub stored_bytes: u64,
+    pub compression_saving_percent: f64,
+    /// Share of unique chunks actually compressed; the rest are extrapolated.
+    pub sampled_percent: f64,
+    pub projected_physical_bytes: u64,
+    pub projected_saving_percent: f64,
+}
+
+#[derive(Serialize, Clone, Debug, Default)]
+pub struct Figures {
+    pub logical_bytes: u64,
+    pub allocated_bytes: u64,
+    pub zero_bytes: u64,
+    pub zero_chunks: u64,
+    pub nonzero_bytes: u64,
+    pub nonzero_chunks: u64,
+    pub unique_chunks: u64,
+    pub unique_bytes: u64,
+    pub duplicate_chunks: u64,
+    pub dedup_saving_percent: f64,
+    pub compression_saving_percent: f64,
+    pub stored_bytes: u64,
+    pub projected_data_bytes: u64,
+    pub projected_metadata_bytes: u64,
+    pub projected_physical_bytes: u64,
+    pub projected_saving_percent: f64,
+    pub index_ram_bytes: u64,
+    pub ram_bytes_per_unique_chunk: f64,
+    pub codecs: Vec<CodecFigures>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct ImageFigures {
+    pub name: String,
+    pub path: String,
+    pub format: String,
+    pub file_bytes: u64,
+    #[serde(flatten)]
+    pub figures: Figures,
+    /// Chunks first seen in this image (what importing the images in order adds for it).
+    pub new_chunks: u64,
+    pub new_bytes: u64,
+    /// Its share of the whole set's data bytes, as `condense stats` counts a volume's
+    /// `physical_bytes`: each chunk's record divided among the blocks that use it.
+    pub shared_physical_bytes: u64,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Sharing {
+    pub images: Vec<String>,
+    /// bytes[a][b]: non-zero bytes of image a whose content image b also holds; on the
+    /// diagonal, bytes of a that duplicate other bytes of a.
+    pub bytes: Vec<Vec<u64>>,
+    /// percent[a][b] = 100 × bytes[a][b] / nonzero_bytes of a.
+    pub percent: Vec<Vec<f64>>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct ChunkingFigures {
+    pub chunking: String,
+    pub chunk_bytes: u32,
+    pub total: Figures,
+    pub images: Vec<ImageFigures>,
+    pub sharing: Sharing,
+}
+
+/// What one pool (or one image alone) would hold, in raw numbers.
+struct Tally {
+    logical: u64,
+    allocated: u64,
+    zero_bytes: u64,
+    zero_chunks: u64,
+    nonzero_bytes: u64,
+    nonzero_chunks: u64,
+    unique_chunks: u64,
+    unique_bytes: u64,
+    stored: [f64; 3],
+    record_bytes_per_import: [Vec<u64>; 3],
+    map_pages: u64,
+    map_breaks: u64,
+    volumes: u64,
+    name_bytes: u64,
+}
+
+fn figures(t: &Tally, selected: Codec, zstd_level: i8, stored: &Stored) -> Figures {
+    let proj = |k: Codec| -> Projection {
+        project(&ProjectionInput {
+            unique_chunks: t.unique_chunks,
+            stored_payload_bytes: t.stored[k.index()].round() as u64,
+            record_bytes_per_import: t.record_bytes_per_import[k.index()].clone(),
+            map_pages: t.map_pages,
+            map_breaks: t.map_breaks,
+            volumes: t.volumes,
+            volume_name_bytes: t.name_bytes,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+        })
+    };
+    let codecs: Vec<CodecFigures> = Codec::ALL
+        .iter()
+        .map(|&k| {
+            let p = proj(k);
+            CodecFigures {
+                codec: match k {
+                    Codec::Lz4 => "lz4".into(),
+                    Codec::Zstd => format!("zstd:{zstd_level}"),
+                    Codec::None => "none".into(),
+                },
+                stored_bytes: t.stored[k.index()].round() as u64,
+                compression_saving_percent: saved(t.stored[k.index()], t.unique_bytes as f64),
+                sampled_percent: stored.sampled_percent[k.index()],
+                projected_physical_bytes: p.physical_bytes,
+                projected_saving_percent: round2(saving_percent(p.physical_bytes, t.nonzero_bytes)),
+            }
+        })
+        .collect();
+    let p = proj(selected);
+    let sel = &codecs[selected.index()];
+    Figures {
+        logical_bytes: t.logical,
+        allocated_bytes: t.allocated,
+        zero_bytes: t.zero_bytes,
+        zero_chunks: t.zero_chunks,
+        nonzero_bytes: t.nonzero_bytes,
+        nonzero_chunks: t.nonzero_chunks,
+        unique_chunks: t.unique_chunks,
+        unique_bytes: t.unique_bytes,
+        duplicate_chunks: t.nonzero_chunks - t.unique_chunks.min(t.nonzero_chunks),
+        dedup_saving_percent: saved(t.unique_bytes as f64, t.nonzero_bytes as f64),
+        compression_saving_percent: sel.compression_saving_percent,
+        stored_bytes: sel.stored_bytes,
+        projected_data_bytes: p.data_bytes,
+        projected_metadata_bytes: p.metadata_bytes,
+        projected_physical_bytes: p.physical_bytes,
+        projected_saving_percent: round2(saving_percent(p.physical_bytes, t.nonzero_bytes)),
+        index_ram_bytes: p.index_ram_bytes,
+        ram_bytes_per_unique_chunk: if t.unique_chunks == 0 {
+            0.0
+        } else {
+            round2(p.index_ram_bytes as f64 / t.unique_chunks as f64)
+        },
+        codecs,
+    }
+}
+
+/// All figures of one chunking.
+pub fn build(
+    a: &Analysis,
+    images: &[Image],
+    names: &[String],
+    compression: Compression,
+) -> ChunkingFigures {
+    let zstd_level = match compression {
+        Compression::Zstd(l) => l,
+        _ => 3,
+    };
+    let selected = Codec::of(compression);
+    let n = images.len();
+    let stored = Stored::new(&a.chunks);
+
+    // Per image: its own distinct chunks, and the chunks it adds first.
+    let mut own_chunks = vec![0u64; n];
+    let mut own_bytes = vec![0u64; n];
+    let mut own_stored = vec![[0f64; 3]; n];
+    let mut new_chunks = vec![0u64; n];
+    let mut new_bytes = vec![0u64; n];
+    let mut new_records = vec![[0f64; 3]; n];
+    let mut total_stored = [0f64; 3];
+    for (id, c) in a.chunks.iter().enumerate() {
+        let st = Codec::ALL.map(|k| stored.get(c, k));
+        let f = c.first_image as usize;
+        new_chunks[f] += 1;
+        new_bytes[f] += u64::from(c.len);
+        for k in Codec::ALL {
+            let i = k.index();
+            total_stored[i] += st[i];
+            new_records[f][i] += RECORD + st[i];
+        }
+        for w in 0..a.words {
+            let mut bits = a.masks[id * a.words + w];
+            while bits != 0 {
+                let img = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                own_chunks[img] += 1;
+                own_bytes[img] += u64::from(c.len);
+                for k in Codec::ALL {
+                    own_stored[img][k.index()] += st[k.index()];
+                }
+            }
+        }
+    }
+
+    // Sharing matrix and each image's share of the data bytes.
+    let mut sharing_bytes = vec![vec![0u64; n]; n];
+    let mut shared_physical = vec![0f64; n];
+    let mut counts = vec![0u32; a.chunks.len()];
+    for (img, acc) in a.images.iter().enumerate() {
+        for &id in &acc.ids {
+            counts[id as usize] = counts[id as usize].saturating_add(1);
+        }
+        let row = &mut sharing_bytes[img];
+        for &id in &acc.ids {
+            let c = &a.chunks[id as usize];
+            let len = u64::from(c.len);
+            if counts[id as usize] >= 2 {
+                row[img] += len;
+            }
+            for w in 0..a.words {
+                let mut bits = a.masks[id as usize * a.words + w];
+                while bits != 0 {
+                    let other = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    if other != img {
+                        row[other] += len;
+                    }
+                }
+            }
+            shared_physical[img] += (RECORD + stored.get(c, selected)) / f64::from(c.refs.max(1));
+        }
+        for &id in &acc.ids {
+            counts[id as usize] = 0;
+        }
+    }
+    let sharing_percent: Vec<Vec<f64>> = sharing_bytes
+        .iter()
+        .zip(&a.images)
+        .map(|(row, acc)| {
+            row.iter()
+                .map(|&b| percent(b as f64, acc.nonzero_bytes as f64))
+                .collect()
+        })
+        .collect();
+
+    let to_u64 = |v: f64| v.round() as u64;
+    let image_figures: Vec<ImageFigures> = images
+        .iter()
+        .zip(&a.images)
+        .enumerate()
+        .map(|(i, (img, acc))| {
+            let t = Tally {
+                logical: img.logical_bytes,
+                allocated: acc.read_bytes,
+                zero_bytes: acc.zero_bytes,
+                zero_chunks: acc.zero_chunks,
+                nonzero_bytes: acc.nonzero_bytes,
+                nonzero_chunks: acc.nonzero_chunks,
+                unique_chunks: own_chunks[i],
+                unique_bytes: own_bytes[i],
+                stored: own_stored[i],
+                record_bytes_per_import: Codec::ALL.map(|k| {
+                    vec![to_u64(
+                        own_chunks[i] as f64 * RECORD + own_stored[i][k.index()],
+                    )]
+                }),
+                map_pages: acc.map.pages,
+                map_breaks: acc.map.breaks,
+                volumes: 1,
+                name_bytes: names[i].len() as u64,
+            };
+            ImageFigures {
+                name: names[i].clone(),
+                path: img.path.display().to_string(),
+                format: img.format.clone(),
+                file_bytes: img.file_bytes,
+                figures: figures(&t, selected, zstd_level, &stored),
+                new_chunks: new_chunks[i],
+                new_bytes: new_bytes[i],
+                shared_physical_bytes: to_u64(shared_physical[i]),
+            }
+        })
+        .collect();
+
+    let total = Tally {
+        logical: images.iter().map(|i| i.logical_bytes).sum(),
+        allocated: a.images.iter().map(|x| x.read_bytes).sum(),
+        zero_bytes: a.images.iter().map(|x| x.zero_bytes).sum(),
+        zero_chunks: a.images.iter().map(|x| x.zero_chunks).sum(),
+        nonzero_bytes: a.images.iter().map(|x| x.nonzero_bytes).sum(),
+        nonzero_chunks: a.images.iter().map(|x| x.nonzero_chunks).sum(),
+        unique_chunks: a.chunks.len() as u64,
+        unique_bytes: new_bytes.iter().sum(),
+        stored: total_stored,
+        record_bytes_per_import: Codec::ALL
+            .map(|k| new_records.iter().map(|r| to_u64(r[k.index()])).collect()),
+        map_pages: a.images.iter().map(|x| x.map.pages).sum(),
+        map_breaks: a.images.iter().map(|x| x.map.breaks).sum(),
+        volumes: n as u64,
+        name_bytes: names.iter().map(|s| s.len() as u64).sum(),
+    };
+    ChunkingFigures {
+        chunking: a.chunking.label(),
+        chunk_bytes: a.chunking.chunk_bytes(),
+        total: figures(&total, selected, zstd_level, &stored),
+        images: image_figures,
+        sharing: Sharing {
+            images: names.to_vec(),
+            bytes: sharing_bytes,
+            percent: sharing_percent,
+        },
+    }
+}
