@@ -312,8 +312,17 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Mount(a) => daemon(&cli.pool, a.read_only, |pool| mount::run(pool, &a))?,
         Command::Serve(a) => daemon(&cli.pool, a.read_only, |pool| serve::run(pool, &a))?,
         Command::Stats(a) => {
-            let pool = open_pool(&cli.pool, true)?;
-            let stats = pool.stats().context("cannot read pool statistics")?;
+            let stats = match open_pool(&cli.pool, true) {
+                Ok(pool) => pool.stats().context("cannot read pool statistics")?,
+                // A running `serve` or `mount` holds the pool: show what it last published.
+                Err(e) if matches!(e.downcast_ref(), Some(condense_engine::Error::Locked(_))) => {
+                    let (stats, age, pid) =
+                        report::read_status(&cli.pool).map_err(|s| e.context(s))?;
+                    eprintln!("condense: pool in use by process {pid}; statistics it published {age} s ago");
+                    stats
+                }
+                Err(e) => return Err(e),
+            };
             if let Some(n) = &a.name {
                 if !stats.volumes.iter().any(|v| &v.name == n) {
                     bail!(
@@ -386,7 +395,9 @@ fn daemon(path: &Path, read_only: bool, run: impl FnOnce(Arc<Pool>) -> Result<()
             256 << 20,
         )
     });
+    let status = report::StatusWriter::start(&pool, path);
     run(pool.clone())?;
+    drop(status);
     drop(gc);
     pool.close()?;
     Ok(())

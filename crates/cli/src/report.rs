@@ -279,3 +279,120 @@ pub fn verify_text(r: &VerifyReport) -> String {
     o.push_str("reads of damaged blocks fail with an I/O error; other blocks read normally. Restore the damaged volumes from a backup.\n");
     o
 }
+
+/// The file where a running `serve` or `mount` publishes the pool's statistics, so that
+/// `condense stats` works while the pool is locked by it.
+pub const STATUS_FILE: &str = "status.json";
+const STATUS_PERIOD_SECS: u64 = 10;
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Publishes `stats --json` of a pool every few seconds until dropped (then removes it).
+pub struct StatusWriter {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    path: std::path::PathBuf,
+}
+
+impl StatusWriter {
+    pub fn start(pool: &std::sync::Arc<Pool>, dir: &std::path::Path) -> StatusWriter {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let weak = std::sync::Arc::downgrade(pool);
+        let path = dir.join(STATUS_FILE);
+        let out = path.clone();
+        let thread = std::thread::spawn(move || {
+            let mut ticks = STATUS_PERIOD_SECS * 5;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                if ticks >= STATUS_PERIOD_SECS * 5 {
+                    ticks = 0;
+                    let Some(pool) = weak.upgrade() else { return };
+                    if let Ok(stats) = pool.stats() {
+                        let mut j = stats_json(&stats, None);
+                        j["published_unix"] = json!(now_unix());
+                        j["pid"] = json!(std::process::id());
+                        let tmp = out.with_extension("json.tmp");
+                        if std::fs::write(&tmp, j.to_string()).is_ok() {
+                            let _ = std::fs::rename(&tmp, &out);
+                        }
+                    }
+                }
+                ticks += 1;
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        });
+        StatusWriter {
+            stop,
+            thread: Some(thread),
+            path,
+        }
+    }
+}
+
+impl Drop for StatusWriter {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Statistics published by the process holding the pool: (stats, age in seconds, pid).
+pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), String> {
+    let text = std::fs::read_to_string(dir.join(STATUS_FILE))
+        .map_err(|_| "and it publishes no statistics (is it an older condense?)".to_string())?;
+    let v: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("its published statistics are unreadable: {e}"))?;
+    let age = now_unix().saturating_sub(v["published_unix"].as_u64().unwrap_or(0));
+    if age > 10 * STATUS_PERIOD_SECS {
+        return Err(format!(
+            "its published statistics are {age} s old: the process may be hung"
+        ));
+    }
+    let u = |j: &Value, k: &str| j[k].as_u64().unwrap_or(0);
+    let f = |j: &Value, k: &str| j[k].as_f64().unwrap_or(0.0);
+    let volumes = v["volumes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|j| VolumeStats {
+                    name: j["name"].as_str().unwrap_or_default().to_string(),
+                    logical_bytes: u(j, "logical_bytes"),
+                    written_bytes: u(j, "written_bytes"),
+                    zero_bytes: u(j, "zero_bytes"),
+                    unique_chunks: u(j, "unique_chunks"),
+                    physical_bytes: u(j, "physical_bytes"),
+                    saving_percent: f(j, "saving_percent"),
+                    damaged: j["damaged"].as_bool().unwrap_or(false),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let stats = PoolStats {
+        block_size: u(&v, "block_size") as u32,
+        logical_bytes: u(&v, "logical_bytes"),
+        written_bytes: u(&v, "written_bytes"),
+        zero_bytes: u(&v, "zero_bytes"),
+        unique_chunks: u(&v, "unique_chunks"),
+        stored_bytes: u(&v, "stored_bytes"),
+        data_bytes: u(&v, "data_bytes"),
+        metadata_bytes: u(&v, "metadata_bytes"),
+        physical_bytes: u(&v, "physical_bytes"),
+        dead_bytes: u(&v, "dead_bytes"),
+        segments: u(&v, "segments"),
+        dedup_saving_percent: f(&v, "dedup_saving_percent"),
+        compression_saving_percent: f(&v, "compression_saving_percent"),
+        saving_percent: f(&v, "saving_percent"),
+        index_ram_bytes: u(&v, "index_ram_bytes"),
+        ram_bytes_per_unique_chunk: f(&v, "ram_bytes_per_unique_chunk"),
+        read_errors: u(&v, "read_errors"),
+        volumes,
+    };
+    Ok((stats, age, u(&v, "pid")))
+}

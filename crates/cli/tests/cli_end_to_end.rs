@@ -581,3 +581,41 @@ fn full_disk_fails_cleanly_and_keeps_the_pool() {
         std::panic::resume_unwind(p);
     }
 }
+
+#[test]
+fn stats_work_while_the_pool_is_served() {
+    let d = tmp();
+    let pool = d.path().join("pool");
+    ok(&pool, &["init"]);
+    let img = d.path().join("a.img");
+    make_image(&img, 8 << 20, &[(0, Rng(41).bytes(2 << 20))]);
+    ok(&pool, &["import", img.to_str().unwrap_or_default()]);
+    let sock = d.path().join("nbd.sock");
+    let mut server = Command::new(BIN)
+        .arg("--pool")
+        .arg(&pool)
+        .args(["serve", "--socket", sock.to_str().unwrap_or_default()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn serve: {e}"));
+    let mut published = false;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        if pool.join("status.json").exists() {
+            published = true;
+            break;
+        }
+    }
+    let o = condense(&pool, &["stats", "--json"]);
+    let _ = Command::new("kill").arg(server.id().to_string()).status();
+    let _ = server.wait();
+    assert!(published, "serve did not publish statistics");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let s = json(&String::from_utf8_lossy(&o.stdout));
+    assert_eq!(s["written_bytes"].as_u64(), Some(2 << 20));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("in use by process"));
+    assert!(
+        !pool.join("status.json").exists(),
+        "status file left behind after a clean stop"
+    );
+}
