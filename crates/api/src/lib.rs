@@ -114,6 +114,11 @@ pub trait Volume: Send + Sync {
     fn flush(&self) -> Result<()>;
     /// The extents covering `[offset, offset+len)`, in order, merged where adjacent and equal.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>>;
+    /// Bytes of the pool's disk this volume accounts for after deduplication and compression
+    /// (shared data divided among its users), if the implementation knows; what `du` shows.
+    fn physical_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// One line of a volume listing.

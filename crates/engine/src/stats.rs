@@ -10,8 +10,8 @@
 //!   divided by the number of blocks sharing that chunk.
 
 use crate::error::{Error, Result};
-use crate::format::{CHUNK_ID_LIMIT, ENTRY_ZERO, SEGMENT_HEADER_BYTES};
-use crate::pool::{lock, Pool};
+use crate::format::{CHUNK_ID_LIMIT, SEGMENT_HEADER_BYTES};
+use crate::pool::{lock, Pool, State, VolumeState};
 use std::collections::HashSet;
 
 #[derive(Clone, Debug, Default)]
@@ -58,7 +58,37 @@ pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {
     }
 }
 
+/// A volume's distinct chunks and its share of the pool's data bytes: each block counts its
+/// chunk's record bytes divided by the number of blocks sharing that chunk.
+pub(crate) fn volume_share(st: &State, v: &VolumeState) -> (u64, f64) {
+    let mut distinct = HashSet::new();
+    let mut share = 0f64;
+    for (_, e) in v.map.iter_from(0) {
+        if e < CHUNK_ID_LIMIT {
+            distinct.insert(e);
+            if let Some((c, loc)) = st.chunks.get(e).and_then(|c| Some((c, c.location()?))) {
+                share += loc.record_bytes() as f64 / f64::from(c.refs.max(1));
+            }
+        }
+    }
+    (distinct.len() as u64, share)
+}
+
 impl Pool {
+    /// One volume's physical share in bytes (what `du` of it should show).
+    pub fn volume_physical_bytes(&self, name: &str) -> Result<u64> {
+        let st = lock(&self.state);
+        let vol = st
+            .names
+            .get(name)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        let v = st
+            .volumes
+            .get(vol)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        Ok(volume_share(&st, v).1 as u64)
+    }
+
     pub fn stats(&self) -> Result<PoolStats> {
         let physical = self
             .dir()
@@ -72,18 +102,7 @@ impl Pool {
         };
         let mut ram = st.chunks.ram_bytes() + st.index.ram_bytes();
         for v in st.volumes.values() {
-            let mut distinct = HashSet::new();
-            let mut share = 0f64;
-            for (_, e) in v.map.iter_from(0) {
-                if e < CHUNK_ID_LIMIT && e != ENTRY_ZERO {
-                    distinct.insert(e);
-                    if let Some(c) = st.chunks.get(e) {
-                        if let Some(loc) = c.location() {
-                            share += loc.record_bytes() as f64 / f64::from(c.refs.max(1));
-                        }
-                    }
-                }
-            }
+            let (distinct, share) = volume_share(&st, v);
             ram += v.map.ram_bytes();
             let written = v.map.data_blocks() * bs;
             s.volumes.push(VolumeStats {
@@ -91,7 +110,7 @@ impl Pool {
                 logical_bytes: v.size,
                 written_bytes: written,
                 zero_bytes: v.map.zero_blocks() * bs,
-                unique_chunks: distinct.len() as u64,
+                unique_chunks: distinct,
                 physical_bytes: share as u64,
                 saving_percent: percent_saved(share as u64, written),
                 damaged: v.damaged.is_some(),

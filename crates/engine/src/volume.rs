@@ -239,6 +239,9 @@ impl condense_api::Volume for VolumeHandle {
     fn block_status(&self, offset: u64, len: u64) -> condense_api::Result<Vec<Extent>> {
         Ok(self.extents(offset, len)?)
     }
+    fn physical_bytes(&self) -> Option<u64> {
+        self.pool.volume_physical_bytes(&self.name).ok()
+    }
 }
 
 impl condense_api::Catalog for Pool {

@@ -201,12 +201,18 @@ impl Inner {
             }
         }
         let len = len.min(vol.size());
-        let bytes: u64 = match vol.block_status(0, len) {
-            Ok(extents) => extents
-                .iter()
-                .filter(|e| e.kind == ExtentKind::Data)
-                .map(|e| e.len)
-                .sum(),
+        // The physical share after dedup and compression when the store knows it; otherwise
+        // the data blocks (before dedup).
+        let bytes: u64 = match vol.physical_bytes().map(Ok).unwrap_or_else(|| {
+            vol.block_status(0, len).map(|extents| {
+                extents
+                    .iter()
+                    .filter(|e| e.kind == ExtentKind::Data)
+                    .map(|e| e.len)
+                    .sum()
+            })
+        }) {
+            Ok(bytes) => bytes,
             Err(e) => {
                 tracing::warn!("block status of {}: {e}", vol.name());
                 0
