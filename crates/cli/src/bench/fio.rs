@@ -20,12 +20,15 @@ pub struct Job {
     pub iodepth: u32,
     /// Writes (with duplicate and compressible buffers, ended by a flush).
     pub writes: bool,
-    /// Runs for the runtime; otherwise `loops` passes over the whole size (the first fills it).
-    pub time_based: bool,
+    /// At most this many seconds, whatever the run's job time. Every job is timed: fio wraps
+    /// around the device with fresh buffers (its `loops` would repeat the same data, which a
+    /// deduplicating store would rightly skip).
+    pub max_seconds: Option<u64>,
 }
 
 /// Every job in the order they run. The first (sequential write) fills the device, so the read
-/// jobs read written data.
+/// jobs read written data; it is capped at 5 s because at full speed every pass leaves a
+/// device's worth of garbage for the pool's GC.
 pub const JOBS: &[Job] = &[
     Job {
         name: "seq-write-1m",
@@ -34,7 +37,7 @@ pub const JOBS: &[Job] = &[
         bs: 1 << 20,
         iodepth: 4,
         writes: true,
-        time_based: false,
+        max_seconds: Some(5),
     },
     Job {
         name: "seq-read-1k",
@@ -43,7 +46,7 @@ pub const JOBS: &[Job] = &[
         bs: 1024,
         iodepth: 4,
         writes: false,
-        time_based: true,
+        max_seconds: None,
     },
     Job {
         name: "seq-read-4k",
@@ -52,7 +55,7 @@ pub const JOBS: &[Job] = &[
         bs: 4096,
         iodepth: 4,
         writes: false,
-        time_based: true,
+        max_seconds: None,
     },
     Job {
         name: "rand-read-1k",
@@ -61,7 +64,7 @@ pub const JOBS: &[Job] = &[
         bs: 1024,
         iodepth: 4,
         writes: false,
-        time_based: true,
+        max_seconds: None,
     },
     Job {
         name: "rand-read-4k",
@@ -70,7 +73,7 @@ pub const JOBS: &[Job] = &[
         bs: 4096,
         iodepth: 4,
         writes: false,
-        time_based: true,
+        max_seconds: None,
     },
     Job {
         name: "rand-write-4k",
@@ -79,7 +82,7 @@ pub const JOBS: &[Job] = &[
         bs: 4096,
         iodepth: 4,
         writes: true,
-        time_based: true,
+        max_seconds: None,
     },
     Job {
         name: "write-lat-4k",
@@ -88,7 +91,7 @@ pub const JOBS: &[Job] = &[
         bs: 4096,
         iodepth: 1,
         writes: true,
-        time_based: true,
+        max_seconds: None,
     },
 ];
 
@@ -112,15 +115,8 @@ pub struct FioResult {
     pub client_cpu: f64,
 }
 
-/// How long a job runs: seconds for timed jobs, passes over the device for the others.
-#[derive(Debug, Clone, Copy)]
-pub struct Length {
-    pub runtime_s: u64,
-    pub loops: u32,
-}
-
 /// The fio command line of one job.
-pub fn args(job: &Job, target: &Target, size: u64, len: Length, out: &Path) -> Vec<String> {
+pub fn args(job: &Job, target: &Target, size: u64, runtime_s: u64, out: &Path) -> Vec<String> {
     let mut a = vec![
         format!("--name={}", job.name),
         format!("--rw={}", job.rw),
@@ -141,12 +137,12 @@ pub fn args(job: &Job, target: &Target, size: u64, len: Length, out: &Path) -> V
             a.push("--direct=0".into());
         }
     }
-    if job.time_based {
-        a.push("--time_based=1".into());
-        a.push(format!("--runtime={}", len.runtime_s));
-    } else {
-        a.push(format!("--loops={}", len.loops.max(1)));
-    }
+    let secs = job
+        .max_seconds
+        .map_or(runtime_s, |m| m.min(runtime_s))
+        .max(1);
+    a.push("--time_based=1".into());
+    a.push(format!("--runtime={secs}"));
     if job.writes {
         a.push(format!("--dedupe_percentage={DEDUPE_PERCENT}"));
         a.push(format!("--buffer_compress_percentage={COMPRESS_PERCENT}"));
@@ -157,9 +153,9 @@ pub fn args(job: &Job, target: &Target, size: u64, len: Length, out: &Path) -> V
 }
 
 /// Run one job; the JSON goes to `out`.
-pub fn run(job: &Job, target: &Target, size: u64, len: Length, out: &Path) -> Result<FioResult> {
+pub fn run(job: &Job, target: &Target, size: u64, runtime_s: u64, out: &Path) -> Result<FioResult> {
     let o = Command::new("fio")
-        .args(args(job, target, size, len, out))
+        .args(args(job, target, size, runtime_s, out))
         .output()
         .context("cannot run fio (install it: apt-get install fio)")?;
     if !o.status.success() {
@@ -285,18 +281,14 @@ mod tests {
                 uri: "nbd+unix:///fio?socket=/s".into(),
             },
             1 << 20,
-            Length {
-                runtime_s: 3,
-                loops: 4,
-            },
+            20,
             out,
         );
-        assert!(w.contains(&"--loops=4".to_string()));
+        assert!(w.contains(&"--runtime=5".to_string()));
         assert!(w.contains(&"--ioengine=nbd".to_string()));
         assert!(w.contains(&"--uri=nbd+unix:///fio?socket=/s".to_string()));
         assert!(w.contains(&format!("--dedupe_percentage={DEDUPE_PERCENT}")));
         assert!(w.contains(&"--end_fsync=1".to_string()));
-        assert!(!w.iter().any(|a| a.starts_with("--time_based")));
         let r = args(
             &JOBS[3],
             &Target::File {
@@ -304,10 +296,7 @@ mod tests {
                 engine: "libaio",
             },
             1 << 20,
-            Length {
-                runtime_s: 3,
-                loops: 4,
-            },
+            3,
             out,
         );
         assert!(r.contains(&"--filename=/d/plain.raw".to_string()));
