@@ -13,7 +13,7 @@ mod nbd_client;
 mod source;
 
 use crate::size::human;
-use analysis::{Analysis, Chunking, Sampling};
+use analysis::{Analysis, Chunking, Cut, Cutter, Sampling};
 use anyhow::{bail, Context, Result};
 use condense_engine::Compression;
 use figures::ChunkingFigures;
@@ -130,7 +130,7 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
     let read = std::thread::scope(|scope| -> Result<u64> {
         let (full_tx, full_rx) = mpsc::sync_channel::<Piece>(2);
         let (empty_tx, empty_rx) = mpsc::channel::<Vec<u8>>();
-        for _ in 0..4 {
+        for _ in 0..5 {
             let _ = empty_tx.send(Vec::with_capacity(PIECE));
         }
         let images = &images;
@@ -166,14 +166,37 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
             }
             Ok(())
         });
+        // Cut and fingerprint piece n while piece n-1 is deduplicated and compressed.
+        let mut cutters: Vec<Cutter> = chunkings.iter().map(|&c| Cutter::new(c)).collect();
+        let mut prev: Option<(Piece, Vec<Cut>)> = None;
         let mut read = 0u64;
-        for p in full_rx {
-            for a in analyses.iter_mut() {
-                a.feed(p.image, p.offset, &p.data, p.extent_end);
+        let mut commit = |prev: &Option<(Piece, Vec<Cut>)>| {
+            if let Some((p, cuts)) = prev {
+                for (a, cut) in analyses.iter_mut().zip(cuts) {
+                    a.commit(cut, &p.data);
+                }
             }
-            read += p.data.len() as u64;
-            progress.set_position(read);
-            let _ = empty_tx.send(p.data);
+        };
+        for p in full_rx {
+            let (cuts, ()) = rayon::join(
+                || {
+                    cutters
+                        .iter_mut()
+                        .map(|c| c.cut(p.image, p.offset, &p.data, p.extent_end))
+                        .collect::<Vec<Cut>>()
+                },
+                || commit(&prev),
+            );
+            if let Some((done, _)) = prev.take() {
+                read += done.data.len() as u64;
+                progress.set_position(read);
+                let _ = empty_tx.send(done.data);
+            }
+            prev = Some((p, cuts));
+        }
+        commit(&prev);
+        if let Some((done, _)) = prev {
+            read += done.data.len() as u64;
         }
         match reader.join() {
             Ok(r) => r?,
@@ -352,13 +375,20 @@ fn text(r: &Report) -> String {
                 "\n  sharing: % of the row image's non-zero data also found in the column image (diagonal: within itself)"
             );
             let cw = 7;
+            let labels: Vec<String> = c
+                .images
+                .iter()
+                .enumerate()
+                .map(|(i, img)| format!("[{}] {}", i + 1, img.name))
+                .collect();
+            let w = labels.iter().map(String::len).max().unwrap_or(0);
             let mut head = format!("  {:<w$}", "");
             for j in 0..c.images.len() {
                 let _ = write!(head, " {:>cw$}", format!("[{}]", j + 1));
             }
             let _ = writeln!(o, "{head}");
             for (a, row) in c.sharing.percent.iter().enumerate() {
-                let mut line = format!("  {:<w$}", format!("[{}] {}", a + 1, c.images[a].name));
+                let mut line = format!("  {:<w$}", labels[a]);
                 for p in row {
                     let _ = write!(line, " {:>cw$.1}", p);
                 }

@@ -206,6 +206,92 @@ pub struct ImageAcc {
     next_cdc_block: u64,
 }
 
+/// One piece of an image cut into chunks and fingerprinted: the part of the work that needs
+/// no shared state, so it runs while the previous piece is being committed.
+pub struct Cut {
+    image: usize,
+    read_bytes: u64,
+    /// Fixed chunks: the block number of the first one. CDC: none (numbered in order).
+    first_block: Option<u64>,
+    slices: Vec<(usize, usize)>,
+    /// None for an all-zero chunk.
+    fps: Vec<Option<Fingerprint>>,
+    /// CDC: the bytes the slices point into (the carry from the previous piece + this one).
+    owned: Option<Vec<u8>>,
+}
+
+/// Cuts the stream of pieces into chunks, for one chunking.
+pub struct Cutter {
+    chunking: Chunking,
+    /// CDC: bytes of the current extent not yet cut (the last, possibly partial, chunk).
+    carry: Vec<u8>,
+}
+
+impl Cutter {
+    pub fn new(chunking: Chunking) -> Cutter {
+        Cutter {
+            chunking,
+            carry: Vec::new(),
+        }
+    }
+
+    /// Cut and fingerprint the bytes at `offset` of image `image`. Pieces come in image order
+    /// and, within an image, in increasing offsets; `extent_end` marks the last piece of a data
+    /// range (CDC chunks never span two ranges).
+    pub fn cut(&mut self, image: usize, offset: u64, data: &[u8], extent_end: bool) -> Cut {
+        let (slices, first_block, owned) = match self.chunking {
+            Chunking::Fixed(bs) => {
+                let bs = bs as usize;
+                let mut slices: Vec<(usize, usize)> =
+                    (0..data.len() / bs).map(|i| (i * bs, bs)).collect();
+                if data.len() / bs * bs != data.len() {
+                    // Only at an unaligned disk end; the engine would not accept such an
+                    // image, so count the tail as its own chunk.
+                    slices.push((data.len() / bs * bs, data.len() % bs));
+                }
+                (slices, Some(offset / bs as u64), None)
+            }
+            Chunking::Cdc(avg) => {
+                let (min, avg, max) = Chunking::cdc_limits(avg);
+                let mut buf = std::mem::take(&mut self.carry);
+                buf.extend_from_slice(data);
+                let mut slices: Vec<(usize, usize)> =
+                    fastcdc::v2020::FastCDC::new(&buf, min, avg, max)
+                        .map(|c| (c.offset, c.length))
+                        .collect();
+                // The last cut of a piece may move once more data comes: keep it for later.
+                if !extent_end {
+                    if let Some((start, _)) = slices.pop() {
+                        self.carry = buf[start..].to_vec();
+                    }
+                }
+                (slices, None, Some(buf))
+            }
+        };
+        let bytes = owned.as_deref().unwrap_or(data);
+        let fps = slices
+            .par_iter()
+            .with_min_len(64)
+            .map(|&(s, l)| {
+                let b = &bytes[s..s + l];
+                if is_zero(b) {
+                    None
+                } else {
+                    Some(fingerprint(&KEY, b))
+                }
+            })
+            .collect();
+        Cut {
+            image,
+            read_bytes: data.len() as u64,
+            first_block,
+            slices,
+            fps,
+            owned,
+        }
+    }
+}
+
 pub struct Analysis {
     pub chunking: Chunking,
     sampling: Sampling,
@@ -215,9 +301,6 @@ pub struct Analysis {
     pub masks: Vec<u64>,
     pub words: usize,
     pub images: Vec<ImageAcc>,
-    /// CDC: bytes of the current extent not yet cut (the last, possibly partial, chunk).
-    carry: Vec<u8>,
-    slices: Vec<(usize, usize)>,
     /// Set when the pool would run out of chunk ids (2^32 chunks).
     pub overflow: bool,
 }
@@ -233,75 +316,19 @@ impl Analysis {
             masks: Vec::new(),
             words,
             images: (0..images).map(|_| ImageAcc::default()).collect(),
-            carry: Vec::new(),
-            slices: Vec::new(),
             overflow: false,
         }
     }
 
-    /// Feed the bytes at `offset` of image `image`. Data arrives in image order and, within an
-    /// image, in increasing offsets; `extent_end` marks the last piece of a data range.
-    pub fn feed(&mut self, image: usize, offset: u64, data: &[u8], extent_end: bool) {
-        self.images[image].read_bytes += data.len() as u64;
-        match self.chunking {
-            Chunking::Fixed(bs) => {
-                let bs = bs as usize;
-                let mut slices = std::mem::take(&mut self.slices);
-                slices.clear();
-                slices.extend((0..data.len() / bs).map(|i| (i * bs, bs)));
-                if data.len() / bs * bs != data.len() {
-                    // Only at an unaligned disk end; the engine would not accept such an
-                    // image, so count the tail as its own chunk.
-                    slices.push((data.len() / bs * bs, data.len() % bs));
-                }
-                self.process(image, data, &slices, Some(offset / bs as u64));
-                self.slices = slices;
-            }
-            Chunking::Cdc(avg) => {
-                let (min, avg, max) = Chunking::cdc_limits(avg);
-                let mut carry = std::mem::take(&mut self.carry);
-                carry.extend_from_slice(data);
-                let mut slices = std::mem::take(&mut self.slices);
-                slices.clear();
-                slices.extend(
-                    fastcdc::v2020::FastCDC::new(&carry, min, avg, max)
-                        .map(|c| (c.offset, c.length)),
-                );
-                // The last cut of a piece may move once more data comes: keep it for later.
-                let keep = if extent_end { None } else { slices.pop() };
-                self.process(image, &carry, &slices, None);
-                match keep {
-                    Some((start, _)) => {
-                        carry.drain(..start);
-                    }
-                    None => carry.clear(),
-                }
-                self.carry = carry;
-                self.slices = slices;
-            }
-        }
-    }
-
-    fn process(
-        &mut self,
-        image: usize,
-        data: &[u8],
-        slices: &[(usize, usize)],
-        first_block: Option<u64>,
-    ) {
-        // 1. Zero detection and fingerprints, in parallel.
-        let fps: Vec<Option<Fingerprint>> = slices
-            .par_iter()
-            .with_min_len(64)
-            .map(|&(s, l)| {
-                let b = &data[s..s + l];
-                if is_zero(b) {
-                    None
-                } else {
-                    Some(fingerprint(&KEY, b))
-                }
-            })
-            .collect();
+    /// Count a piece [`Cutter::cut`] prepared: dedup in order, then compress first
+    /// occurrences. `piece` is the data that was cut (CDC cuts carry their own bytes).
+    pub fn commit(&mut self, cut: &Cut, piece: &[u8]) {
+        let data = cut.owned.as_deref().unwrap_or(piece);
+        let image = cut.image;
+        let slices = &cut.slices;
+        let fps = &cut.fps;
+        let first_block = cut.first_block;
+        self.images[image].read_bytes += cut.read_bytes;
         // 2. Dedup, in order: ids as the engine would give them.
         let words = self.words;
         let (word, bit) = (image / 64, 1u64 << (image % 64));
@@ -390,6 +417,18 @@ impl Analysis {
 mod tests {
     use super::*;
 
+    /// Cut and commit in one go.
+    struct Feeder(Cutter, Analysis);
+    impl Feeder {
+        fn new(c: Chunking, images: usize) -> Feeder {
+            Feeder(Cutter::new(c), Analysis::new(c, images, sampling()))
+        }
+        fn feed(&mut self, image: usize, offset: u64, data: &[u8], end: bool) {
+            let cut = self.0.cut(image, offset, data, end);
+            self.1.commit(&cut, data);
+        }
+    }
+
     fn sampling() -> Sampling {
         Sampling {
             lz4_bp: 10_000,
@@ -424,7 +463,7 @@ mod tests {
 
     #[test]
     fn fixed_dedup_zero_and_ids_in_engine_order() {
-        let mut a = Analysis::new(Chunking::Fixed(4096), 2, sampling());
+        let mut f = Feeder::new(Chunking::Fixed(4096), 2);
         let x = noise(1, 4096);
         let y = noise(2, 4096);
         let mut d = Vec::new();
@@ -432,8 +471,9 @@ mod tests {
         d.extend_from_slice(&vec![0; 4096]);
         d.extend_from_slice(&y);
         d.extend_from_slice(&x);
-        a.feed(0, 0, &d, true);
-        a.feed(1, 8192, &y, true);
+        f.feed(0, 0, &d, true);
+        f.feed(1, 8192, &y, true);
+        let a = f.1;
         assert_eq!(a.chunks.len(), 2);
         assert_eq!(a.images[0].ids, vec![0, 1, 0]);
         assert_eq!(a.images[1].ids, vec![1]);
@@ -449,18 +489,22 @@ mod tests {
     #[test]
     fn cdc_cuts_do_not_depend_on_piece_boundaries() {
         let data = noise(7, 3 << 20);
-        let mut whole = Analysis::new(Chunking::Cdc(8192), 1, sampling());
+        let mut whole = Feeder::new(Chunking::Cdc(8192), 1);
         whole.feed(0, 0, &data, true);
-        let mut pieces = Analysis::new(Chunking::Cdc(8192), 1, sampling());
+        let mut pieces = Feeder::new(Chunking::Cdc(8192), 1);
         let mut off = 0;
         for p in data.chunks(300_000) {
             let end = off + p.len() == data.len();
             pieces.feed(0, off as u64, p, end);
             off += p.len();
         }
-        let lens = |a: &Analysis| a.chunks.iter().map(|c| c.len).collect::<Vec<_>>();
+        let lens = |f: &Feeder| f.1.chunks.iter().map(|c| c.len).collect::<Vec<_>>();
         assert_eq!(lens(&whole), lens(&pieces));
-        assert!(whole.chunks.len() > 200);
+        assert!(whole.1.chunks.len() > 200);
+        assert_eq!(
+            whole.1.chunks.iter().map(|c| u64::from(c.len)).sum::<u64>(),
+            data.len() as u64
+        );
     }
 
     #[test]
