@@ -6,7 +6,8 @@
 #
 # IMAGES_DIR defaults to /work/corpus/images (the ten images of ../shared/corpus/build.sh).
 # Set SKIP_IMPORT=1 to time the estimate only; CHUNKINGS=fixed:4K,fixed:16K,cdc:8K to time
-# several chunkings in one pass as well. Needs jq, /usr/bin/time and bc.
+# several chunkings in one pass as well; COLD=1 to start from a dropped page cache.
+# Needs jq, /usr/bin/time and bc.
 set -euo pipefail
 images=${1:-/work/corpus/images}
 work=${2:-/work/estimate-bench}
@@ -36,10 +37,11 @@ estimate() {
     "$tag" "$secs" "$(gbps "$nz" "$secs")" "$nz" "$cpu" "$((rss / 1024))"
 }
 
-sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null && cold=1 || cold=0
-if [ "$cold" = 1 ]; then
+# COLD=1 first drops the page cache (machine-wide: other jobs on the machine will notice).
+if [ "${COLD:-0}" = 1 ] && sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then
   estimate "estimate (cold cache)"
-  cp "$work/estimate (cold cache).json" "$work/estimate.json"
+else
+  estimate "estimate (first run)"
 fi
 estimate "estimate (warm cache)"
 cp "$work/estimate (warm cache).json" "$work/estimate.json"
