@@ -9,7 +9,9 @@
 use super::nbd_client::NbdClient;
 use anyhow::{bail, Context, Result};
 use std::fs::File;
+use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -154,18 +156,28 @@ pub fn open(path: &Path, align: u64) -> Result<Image> {
         .to_string();
     let meta =
         std::fs::metadata(path).with_context(|| format!("cannot open image {}", path.display()))?;
-    if !meta.is_file() {
-        bail!("{} is not a disk image file", path.display());
+    let block_device = meta.file_type().is_block_device();
+    if !meta.is_file() && !block_device {
+        bail!(
+            "{} is neither a disk image file nor a block device",
+            path.display()
+        );
     }
     let file_bytes = meta.blocks() * 512;
     if crate::image::is_raw(path)? {
-        let f =
+        let mut f =
             File::open(path).with_context(|| format!("cannot open image {}", path.display()))?;
-        let size = f
-            .metadata()
-            .with_context(|| format!("cannot read the size of {}", path.display()))?
-            .len();
-        let extents = align_merge(raw_extents(&f, size, path)?, align, size);
+        let (size, ranges) = if block_device {
+            // A device has no holes to find: all of it is read.
+            let size = f
+                .seek(SeekFrom::End(0))
+                .with_context(|| format!("cannot read the size of {}", path.display()))?;
+            (size, vec![(0, size)])
+        } else {
+            let size = meta.len();
+            (size, raw_extents(&f, size, path)?)
+        };
+        let extents = align_merge(ranges, align, size);
         return Ok(Image {
             path: path.to_path_buf(),
             name,
