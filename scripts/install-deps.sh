@@ -4,9 +4,9 @@
 # qemu-utils: qemu-img, qemu-io, qemu-nbd (image import/export, NBD tests)
 # libnbd-bin: nbdinfo, nbdcopy; nbdkit: the protocol baseline in benchmarks; fio: I/O tests
 # fuse3: fusermount3 for the FUSE mount; xfsprogs, e2fsprogs: mkfs on a loop device over FUSE
-# bc, time: benchmark scripts
+# bc, time, jq: benchmark scripts
 set -euo pipefail
-packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time)
+packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
