@@ -8,12 +8,19 @@ use std::sync::Arc;
 #[test]
 fn shared_chunks_are_split_between_volumes() -> Result<(), Box<dyn std::error::Error>> {
     let disk = SimDir::new();
-    let init = InitOptions { compression: Compression::None, ..Default::default() };
+    let init = InitOptions {
+        compression: Compression::None,
+        ..Default::default()
+    };
     Pool::init(&SimHandle(disk.clone()), &init)?;
     let pool = Pool::open(Arc::new(SimHandle(disk)), OpenOptions::default())?;
     let mut rng = SimRng::new(5);
-    let shared: Vec<u8> = (0..1u32 << 17).flat_map(|_| rng.next_u64().to_le_bytes()).collect();
-    let own: Vec<u8> = (0..1u32 << 17).flat_map(|_| rng.next_u64().to_le_bytes()).collect();
+    let shared: Vec<u8> = (0..1u32 << 17)
+        .flat_map(|_| rng.next_u64().to_le_bytes())
+        .collect();
+    let own: Vec<u8> = (0..1u32 << 17)
+        .flat_map(|_| rng.next_u64().to_le_bytes())
+        .collect();
     for v in ["a", "b"] {
         pool.create_volume(v, 4 << 20)?;
         pool.volume(v)?.write_at(0, &shared, false)?;
@@ -22,7 +29,10 @@ fn shared_chunks_are_split_between_volumes() -> Result<(), Box<dyn std::error::E
     let record = 4096 + 32;
     let blocks = (1u64 << 20) / 4096;
     assert_eq!(pool.volume_physical_bytes("a")?, blocks * record / 2);
-    assert_eq!(pool.volume_physical_bytes("b")?, blocks * record / 2 + blocks * record);
+    assert_eq!(
+        pool.volume_physical_bytes("b")?,
+        blocks * record / 2 + blocks * record
+    );
     let s = pool.stats()?;
     let sum: u64 = s.volumes.iter().map(|v| v.physical_bytes).sum();
     assert_eq!(sum, 3 * blocks * record / 2 + blocks * record / 2);
