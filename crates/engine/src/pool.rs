@@ -108,6 +108,42 @@ pub(crate) struct State {
     pub written_since_space_check: u64,
 }
 
+impl State {
+    /// Volume `vol`, checked to exist, to have a readable block map, and to hold blocks
+    /// `[first, first + count)`.
+    pub(crate) fn volume_for(
+        &self,
+        vol: u32,
+        name: &str,
+        op: &'static str,
+        first: u64,
+        count: u64,
+    ) -> Result<&VolumeState> {
+        let v = self
+            .volumes
+            .get(&vol)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        if v.damaged.is_some() {
+            return Err(Error::corrupt(
+                format!("volume {name:?}"),
+                "its block map is damaged (see `condense verify`)",
+            ));
+        }
+        let bs = u64::from(self.block_size);
+        let end = first.checked_add(count).and_then(|e| e.checked_mul(bs));
+        if end.is_none_or(|e| e > v.size) {
+            return Err(Error::OutOfRange {
+                op,
+                volume: name.to_string(),
+                offset: first.saturating_mul(bs),
+                len: count.saturating_mul(bs),
+                size: v.size,
+            });
+        }
+        Ok(v)
+    }
+}
+
 /// An open pool. Always held in an `Arc` (volumes keep a reference to it).
 pub struct Pool {
     pub(crate) dir: Arc<dyn Dir>,
@@ -660,26 +696,7 @@ impl Pool {
         // 4. Commit: stage new records, write them, then apply and journal the changes.
         let mut st = lock(&self.state);
         self.writable(&st)?;
-        let v = st
-            .volumes
-            .get(&vol)
-            .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        if v.damaged.is_some() {
-            return Err(Error::corrupt(
-                format!("volume {name:?}"),
-                "its block map is damaged; writes are refused",
-            ));
-        }
-        let end = (first + (data.len() / bs) as u64) * bs as u64;
-        if end > v.size {
-            return Err(Error::OutOfRange {
-                op: "write",
-                volume: name.to_string(),
-                offset: first * bs as u64,
-                len: data.len() as u64,
-                size: v.size,
-            });
-        }
+        st.volume_for(vol, name, "write", first, (data.len() / bs) as u64)?;
         self.check_space(&mut st, data.len() as u64)?;
         let mut records = Vec::new();
         let mut entries = Vec::with_capacity(fps.len());
@@ -783,28 +800,9 @@ impl Pool {
         entry: u32,
     ) -> Result<u64> {
         debug_assert!(entry == ENTRY_ZERO || entry == ENTRY_UNMAPPED);
-        let bs = u64::from(self.sb.block_size);
         let mut st = lock(&self.state);
         self.writable(&st)?;
-        let v = st
-            .volumes
-            .get(&vol)
-            .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        if v.damaged.is_some() {
-            return Err(Error::corrupt(
-                format!("volume {name:?}"),
-                "its block map is damaged; writes are refused",
-            ));
-        }
-        if (first + count) * bs > v.size {
-            return Err(Error::OutOfRange {
-                op: "zero",
-                volume: name.to_string(),
-                offset: first * bs,
-                len: count * bs,
-                size: v.size,
-            });
-        }
+        st.volume_for(vol, name, "zero", first, count)?;
         self.commit(
             &mut st,
             vec![JournalRecord::MapFill {
@@ -928,26 +926,7 @@ impl Pool {
         let mut wanted = Vec::new();
         {
             let st = lock(&self.state);
-            let v = st
-                .volumes
-                .get(&vol)
-                .ok_or_else(|| Error::NotFound(name.to_string()))?;
-            if v.damaged.is_some() {
-                return Err(Error::corrupt(
-                    format!("volume {name:?}"),
-                    "its block map is damaged",
-                ));
-            }
-            let end = (first + n as u64) * bs as u64;
-            if end > v.size {
-                return Err(Error::OutOfRange {
-                    op: "read",
-                    volume: name.to_string(),
-                    offset: first * bs as u64,
-                    len: out.len() as u64,
-                    size: v.size,
-                });
-            }
+            let v = st.volume_for(vol, name, "read", first, n as u64)?;
             for i in 0..n {
                 let e = v.map.get(first + i as u64);
                 if e == ENTRY_ZERO || e == ENTRY_UNMAPPED {
@@ -1065,16 +1044,7 @@ impl Pool {
         count: u64,
     ) -> Result<Vec<(u64, u32)>> {
         let st = lock(&self.state);
-        let v = st
-            .volumes
-            .get(&vol)
-            .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        if v.damaged.is_some() {
-            return Err(Error::corrupt(
-                format!("volume {name:?}"),
-                "its block map is damaged",
-            ));
-        }
+        let v = st.volume_for(vol, name, "block_status", first, count)?;
         Ok(v.map
             .iter_from(first)
             .take_while(|(b, _)| *b < first + count)
