@@ -161,6 +161,11 @@ fn run(ops: Vec<Op>, compression: Compression) {
     }
     let mut pool = open(&disk);
     let model = MemCatalog::new(BS as u32);
+    // Start with every volume present, so most operations act on data.
+    for (i, name) in NAMES.iter().enumerate() {
+        let size = (48 - 16 * i as u64) * BS;
+        assert!(Catalog::create(&*pool, name, size).is_ok() && model.create(name, size).is_ok());
+    }
     for op in ops {
         match op.clone() {
             Op::Create { v, blocks } => {
@@ -243,15 +248,15 @@ fn run(ops: Vec<Op>, compression: Compression) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
 
     #[test]
-    fn engine_matches_model_lz4(ops in proptest::collection::vec(op(), 1..80)) {
+    fn engine_matches_model_lz4(ops in proptest::collection::vec(op(), 1..120)) {
         run(ops, Compression::Lz4);
     }
 
     #[test]
-    fn engine_matches_model_zstd(ops in proptest::collection::vec(op(), 1..40)) {
+    fn engine_matches_model_zstd(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops, Compression::Zstd(3));
     }
 }
