@@ -96,7 +96,7 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
         }
         return o;
     }
-    let _ = writeln!(o, "{:<28} {:>14}", "pool", "");
+    let _ = writeln!(o, "pool");
     let rows: Vec<(&str, String)> = vec![
         ("logical size (all volumes)", human(s.logical_bytes)),
         ("written (non-zero blocks)", human(s.written_bytes)),
