@@ -467,6 +467,14 @@ fn corruption_fails_reads_and_verify_names_the_damage() {
     assert!(same_bytes(&b, &bout2));
     let e = fails(&pool, &["gc"]);
     assert!(e.contains("damaged"), "{e}");
+
+    // A damaged section header (its lengths steer the whole read): a clear error, no crash.
+    let mut ck = fs::read(&ckp).unwrap_or_default();
+    let (_, off, _) = checkpoint_map_sections(&ck)[0];
+    ck[off - 24 + 9] ^= 0x80; // the uncompressed length
+    fs::write(&ckp, &ck).unwrap_or_else(|e| panic!("{e}"));
+    let e = fails(&pool, &["stats"]);
+    assert!(e.contains("checkpoint section header"), "{e}");
 }
 
 #[test]

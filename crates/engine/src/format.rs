@@ -767,15 +767,23 @@ pub fn decode_checkpoint_header(buf: &[u8], uuid: &[u8; 16]) -> Result<Checkpoin
 
 /// Append one section: header (kind, id, raw length, stored length, CRC of stored) + zstd body.
 pub fn encode_section(out: &mut Vec<u8>, kind: SectionKind, id: u32, raw: &[u8]) -> Result<()> {
+    let raw_len = u32::try_from(raw.len()).map_err(|_| {
+        Error::Invalid(format!(
+            "checkpoint section {kind:?} {id} is {} bytes, over the 4 GiB a section holds (a volume with over 1G written blocks)",
+            raw.len()
+        ))
+    })?;
     let body = zstd::bulk::compress(raw, 1)
         .map_err(|e| Error::io("compressing a checkpoint section", e))?;
+    let start = out.len();
     out.push(kind as u8);
     out.extend_from_slice(&[0, 0, 0]);
     put_u32(out, id);
-    put_u32(out, raw.len() as u32);
+    put_u32(out, raw_len);
     put_u32(out, body.len() as u32);
     put_u32(out, crc(&[&body]));
-    put_u32(out, 0);
+    let header_crc = crc(&[&out[start..start + 20]]);
+    put_u32(out, header_crc);
     out.extend_from_slice(&body);
     Ok(())
 }
@@ -788,17 +796,22 @@ pub struct SectionHeader {
     pub crc: u32,
 }
 
+/// Decode a section header, checking its own CRC: its lengths decide how the rest of the
+/// checkpoint is read and how much memory a section may take.
 pub fn decode_section_header(buf: &[u8]) -> Result<SectionHeader> {
-    let mut r = Reader::new(buf, "checkpoint section header");
+    const WHAT: &str = "checkpoint section header";
+    let mut r = Reader::new(buf, WHAT);
     let kind = r.u8()?;
     r.bytes(3)?;
-    Ok(SectionHeader {
+    let h = SectionHeader {
         kind,
         id: r.u32()?,
         raw_len: r.u32()?,
         stored_len: r.u32()?,
         crc: r.u32()?,
-    })
+    };
+    check_crc(r.u32()?, crc(&[&buf[..20]]), WHAT)?;
+    Ok(h)
 }
 
 /// Check and decompress a section body.
