@@ -672,7 +672,8 @@ impl Pool {
         let misses: Vec<usize> = {
             let st = lock(&self.state);
             self.writable(&st)?;
-            let mut seen: std::collections::HashSet<Fingerprint> = Default::default();
+            let mut seen: HashMap<Fingerprint, (), FpHash> =
+                HashMap::with_capacity_and_hasher(fps.len(), FpHash);
             fps.iter()
                 .enumerate()
                 .filter_map(|(i, fp)| {
@@ -681,18 +682,22 @@ impl Pool {
                         .index
                         .find(fp, &st.chunks)
                         .is_some_and(|id| st.chunks.get(id).is_some_and(|e| e.refs < REFS_MAX));
-                    (!hit && seen.insert(*fp)).then_some(i)
+                    (!hit && seen.insert(*fp, ()).is_none()).then_some(i)
                 })
                 .collect()
         };
         // 3. Compress the new chunks, in parallel.
         let comp = self.sb.compression;
         let compress = |&i: &usize| (i, reduction::compress(comp, &data[i * bs..(i + 1) * bs]));
-        let compressed: HashMap<usize, (ChunkCodec, Vec<u8>)> = if misses.len() >= 8 {
+        let compressed_list: Vec<(usize, (ChunkCodec, Vec<u8>))> = if misses.len() >= 8 {
             misses.par_iter().map(compress).collect()
         } else {
             misses.iter().map(compress).collect()
         };
+        let mut compressed: Vec<Option<(ChunkCodec, Vec<u8>)>> = vec![None; fps.len()];
+        for (i, c) in compressed_list {
+            compressed[i] = Some(c);
+        }
         // 4. Commit: stage new records, write them, then apply and journal the changes.
         let mut st = lock(&self.state);
         self.writable(&st)?;
@@ -700,7 +705,7 @@ impl Pool {
         self.check_space(&mut st, data.len() as u64)?;
         let mut records = Vec::new();
         let mut entries = Vec::with_capacity(fps.len());
-        let mut batch_new: HashMap<Fingerprint, u32> = HashMap::new();
+        let mut batch_new: HashMap<Fingerprint, u32, FpHash> = HashMap::with_hasher(FpHash);
         let mut new_ids = Vec::new();
         for (i, fp) in fps.iter().enumerate() {
             let Some(fp) = fp else {
@@ -721,7 +726,7 @@ impl Pool {
             }
             // A new chunk (compressed above, or now if the index changed since step 2).
             let fresh;
-            let (codec, payload) = match compressed.get(&i) {
+            let (codec, payload) = match &compressed[i] {
                 Some((c, p)) => (*c, p),
                 None => {
                     fresh = reduction::compress(comp, &data[i * bs..(i + 1) * bs]);
@@ -1049,6 +1054,34 @@ impl Pool {
             .iter_from(first)
             .take_while(|(b, _)| *b < first + count)
             .collect())
+    }
+}
+
+/// Hashes a fingerprint by its first eight bytes: they are already uniformly random.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct FpHash;
+
+impl std::hash::BuildHasher for FpHash {
+    type Hasher = FpHasher;
+    fn build_hasher(&self) -> FpHasher {
+        FpHasher(0)
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct FpHasher(u64);
+
+impl std::hash::Hasher for FpHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // A fingerprint arrives as one 16-byte write; fold anything else in too.
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(b);
+        }
     }
 }
 
