@@ -847,9 +847,7 @@ impl Pool {
             (files, dir_changed, st.journal.file.clone(), st.appended)
         };
         let synced = (|| {
-            for f in &files {
-                f.sync().map_err(|e| Error::io("syncing a segment", e))?;
-            }
+            sync_segments(&files)?;
             if dir_changed {
                 self.dir
                     .sync_dir()
@@ -859,13 +857,7 @@ impl Pool {
                 .sync()
                 .map_err(|e| Error::io("syncing the journal", e))
         })();
-        let mut st = lock(&self.state);
-        if let Err(e) = synced {
-            // After a failed sync the kernel may have dropped dirty pages: stop here.
-            st.poisoned = Some(e.to_string());
-            return Err(e);
-        }
-        st.durable = st.durable.max(target);
+        let st = self.settle_sync(synced, target)?;
         let big = st.journal.file_bytes() > self.opts.journal_bytes_max;
         drop(st);
         if big {
@@ -891,9 +883,7 @@ impl Pool {
             (body, old.gen, file, files, st.appended)
         };
         let done = (|| {
-            for f in &files {
-                f.sync().map_err(|e| Error::io("syncing a segment", e))?;
-            }
+            sync_segments(&files)?;
             new_journal_file
                 .sync()
                 .map_err(|e| Error::io("syncing the new journal", e))?;
@@ -905,13 +895,19 @@ impl Pool {
                 .remove(&journal_name(old_gen))
                 .map_err(|e| Error::io("removing the old journal", e))
         })();
+        self.settle_sync(done, target).map(drop)
+    }
+
+    /// After syncing: on success everything appended up to `target` is durable; on failure
+    /// the kernel may have dropped dirty pages, so the pool refuses writes until reopened.
+    fn settle_sync(&self, synced: Result<()>, target: u64) -> Result<MutexGuard<'_, State>> {
         let mut st = lock(&self.state);
-        if let Err(e) = done {
+        if let Err(e) = synced {
             st.poisoned = Some(e.to_string());
             return Err(e);
         }
         st.durable = st.durable.max(target);
-        Ok(())
+        Ok(st)
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1083,6 +1079,13 @@ impl std::hash::Hasher for FpHasher {
             self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(b);
         }
     }
+}
+
+fn sync_segments(files: &[Arc<dyn crate::io::File>]) -> Result<()> {
+    for f in files {
+        f.sync().map_err(|e| Error::io("syncing a segment", e))?;
+    }
+    Ok(())
 }
 
 fn with_context(e: Error, what: &str) -> Error {
