@@ -86,7 +86,8 @@ pub struct Extent {
 }
 
 /// A thin-provisioned virtual disk. All methods take `&self` and are safe to call from many
-/// threads; writes to one volume are applied in the order they are called.
+/// threads. A call that returned is visible to every later call; writes that overlap and are
+/// in flight at the same time land in either order, as on any disk.
 pub trait Volume: Send + Sync {
     /// The volume's name (its NBD export name, its file name under the FUSE mount).
     fn name(&self) -> &str;

@@ -5,9 +5,9 @@
 //! [`JournalRecord`] applied by [`apply`] — live and during replay alike — and appended to the
 //! journal in the same critical section, so the journal order is the apply order.
 //!
-//! Locks, always taken in this order: a volume's write lock (serialises writes to one volume,
-//! so read-modify-write of partial blocks is safe), then `sync_lock` (one flush or checkpoint
-//! at a time), then `state`. CPU-heavy work (hashing, compression, decompression) and data
+//! Locks, always taken in this order: a volume's write lock (held by read-modify-write of
+//! partial blocks, zeroing, resize and delete; whole-block writes go without it), then
+//! `sync_lock` (one flush or checkpoint at a time), then `state`. CPU-heavy work (hashing, compression, decompression) and data
 //! reads run without `state`.
 //!
 //! Durability: a flush (1) writes the journal's buffered records as a batch, (2) syncs every
@@ -644,7 +644,8 @@ impl Pool {
     // -----------------------------------------------------------------------------------------
     // Write path.
 
-    /// Write whole blocks starting at block `first`. The caller holds the volume's write lock.
+    /// Write whole blocks starting at block `first`. Safe to call concurrently; callers doing a
+    /// read-modify-write hold the volume's write lock around it.
     pub(crate) fn write_blocks(
         &self,
         vol: u32,

@@ -76,14 +76,19 @@ impl VolumeHandle {
             return Ok(());
         }
         let bs = self.bs();
-        let lock = self.pool.volume_lock(self.vol);
-        let _w = crate::pool::lock(&lock);
         let first = offset / bs;
         let end = offset + data.len() as u64;
         let last = end.div_ceil(bs);
         let seq = if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
+            // Whole blocks need no volume lock: concurrent writers hash and compress in
+            // parallel and commit under the pool's state lock. (A write overlapping another
+            // in flight may land before or after it, as on any disk.)
             self.pool.write_blocks(self.vol, &self.name, first, data)?
         } else {
+            // Partial blocks: read, patch and write under the volume's lock, so two writes
+            // to different bytes of one block never lose each other.
+            let lock = self.pool.volume_lock(self.vol);
+            let _w = crate::pool::lock(&lock);
             // Read the edge blocks, patch, write whole blocks.
             let mut tmp = vec![0u8; ((last - first) * bs) as usize];
             let bsu = bs as usize;
