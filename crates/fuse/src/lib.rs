@@ -261,8 +261,18 @@ impl Drop for Mounted {
 }
 
 impl Unmounter {
-    /// Unmount now. Fails with [`FuseError::Busy`] while files are open on the mount.
+    /// Unmount now. Fails with [`FuseError::Busy`] while files are open on the mount. A
+    /// mount can stay busy for a moment after its last file was closed (the kernel releases
+    /// files asynchronously), so EBUSY is retried for up to a second first.
     pub fn unmount(&self) -> Result<(), FuseError> {
+        for _ in 0..20 {
+            match self.umount(false) {
+                Err(FuseError::Busy { .. }) => {
+                    std::thread::sleep(std::time::Duration::from_millis(50))
+                }
+                other => return other,
+            }
+        }
         self.umount(false)
     }
 
