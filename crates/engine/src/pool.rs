@@ -510,16 +510,7 @@ impl Pool {
             .names
             .get(name)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        let v = st
-            .volumes
-            .get(&vol)
-            .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        if v.damaged.is_some() {
-            return Err(Error::corrupt(
-                format!("volume {name:?}"),
-                "its block map is damaged",
-            ));
-        }
+        let v = st.volume_for(vol, name, "resize", 0, 0)?;
         let first_cut = size / u64::from(self.sb.block_size);
         if let Some((block, _)) = v.map.iter_from(first_cut).next() {
             if !force {
