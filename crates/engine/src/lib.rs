@@ -35,6 +35,6 @@ pub mod volume;
 
 pub use error::{Error, Result};
 pub use format::{Compression, WritePolicy};
-pub use pool::{InitOptions, OpenOptions, Pool};
+pub use pool::{default_metadata_cache_bytes, InitOptions, OpenOptions, Pool, METADATA_CACHE_MIN};
 pub use stats::{PoolStats, VolumeStats};
 pub use volume::VolumeHandle;

@@ -38,7 +38,28 @@ pub struct InitOptions {
     pub compression: Compression,
     pub write_policy: WritePolicy,
     pub segment_bytes_target: u64,
+    /// The metadata page-cache budget stored in the pool (`None`: [`default_metadata_cache_bytes`]).
+    pub metadata_cache_bytes: Option<u64>,
 }
+
+/// The default metadata page-cache budget: 256 MiB or 5 % of RAM, whichever is smaller.
+pub fn default_metadata_cache_bytes() -> u64 {
+    let ram = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|k| k.parse::<u64>().ok()))
+        })
+        .map(|kib| kib * 1024);
+    match ram {
+        Some(r) => (r / 20).min(256 << 20).max(METADATA_CACHE_MIN),
+        None => 256 << 20,
+    }
+}
+
+/// The smallest metadata cache accepted (a handful of pages; tests use it to force eviction).
+pub const METADATA_CACHE_MIN: u64 = 16 * 4096;
 
 impl Default for InitOptions {
     fn default() -> Self {
@@ -47,6 +68,7 @@ impl Default for InitOptions {
             compression: Compression::Lz4,
             write_policy: WritePolicy::Auto,
             segment_bytes_target: 64 << 20,
+            metadata_cache_bytes: None,
         }
     }
 }
@@ -61,6 +83,8 @@ pub struct OpenOptions {
     pub journal_buffer_bytes: usize,
     /// Keep this much of the disk free for metadata; data writes fail with NoSpace below it.
     pub reserve_bytes: u64,
+    /// Metadata page-cache budget for this open (`None`: the pool's stored setting).
+    pub metadata_cache_bytes: Option<u64>,
 }
 
 impl Default for OpenOptions {
@@ -70,6 +94,7 @@ impl Default for OpenOptions {
             journal_bytes_max: 64 << 20,
             journal_buffer_bytes: 1 << 20,
             reserve_bytes: 32 << 20,
+            metadata_cache_bytes: None,
         }
     }
 }
