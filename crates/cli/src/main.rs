@@ -246,6 +246,7 @@ fn run(cli: Cli) -> Result<i32> {
                 compression: a.compression,
                 write_policy: a.write_policy,
                 segment_bytes_target: a.segment_size,
+                metadata_cache_bytes: None,
             };
             Pool::init_path(&dir, &opts)
                 .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
