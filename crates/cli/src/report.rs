@@ -43,10 +43,8 @@ fn volume_fields(v: &VolumeStats) -> Value {
         "logical_bytes": v.logical_bytes,
         "written_bytes": v.written_bytes,
         "zero_bytes": v.zero_bytes,
-        "unique_chunks": v.unique_chunks,
         "physical_bytes": v.physical_bytes,
         "saving_percent": round2(v.saving_percent),
-        "damaged": v.damaged,
     })
 }
 
@@ -82,6 +80,13 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         "saving_percent": round2(s.saving_percent),
         "index_ram_bytes": s.index_ram_bytes,
         "ram_bytes_per_unique_chunk": round2(s.ram_bytes_per_unique_chunk),
+        "dedup_index_bytes": s.dedup_index_bytes,
+        "metadata_cache_budget_bytes": s.metadata_cache_budget_bytes,
+        "metadata_cache_used_bytes": s.metadata_cache_used_bytes,
+        "metadata_cache_hits": s.metadata_cache_hits,
+        "metadata_cache_misses": s.metadata_cache_misses,
+        "metadata_page_bytes_written": s.metadata_page_bytes_written,
+        "checkpoints": s.checkpoints,
         "read_errors": s.read_errors,
         "volumes": volumes,
     })
@@ -167,7 +172,7 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
             human(v.zero_bytes),
             human(v.physical_bytes),
             v.saving_percent,
-            if v.damaged { "  DAMAGED" } else { "" }
+            ""
         );
     }
     let hidden = s.volumes.iter().filter(|v| v.name.starts_with('.')).count();
@@ -186,15 +191,8 @@ fn volume_lines(o: &mut String, v: &VolumeStats) {
         human(v.written_bytes)
     );
     let _ = writeln!(o, "  {:<24} {}", "zero blocks written", human(v.zero_bytes));
-    let _ = writeln!(o, "  {:<24} {}", "distinct chunks", v.unique_chunks);
     let _ = writeln!(o, "  {:<24} {}", "physical share", human(v.physical_bytes));
     let _ = writeln!(o, "  {:<24} {:.1} %", "saving", v.saving_percent);
-    if v.damaged {
-        let _ = writeln!(
-            o,
-            "  DAMAGED: its block map failed its checksum; run `condense verify`"
-        );
-    }
 }
 
 pub fn volume_info(v: &VolumeStats, pool: &Pool) -> String {
@@ -222,8 +220,6 @@ pub fn volume_list(vols: &[&VolumeStats], pool: &Pool) -> String {
             v.saving_percent,
             if importing(pool, &v.name) {
                 "  (incomplete import)"
-            } else if v.damaged {
-                "  DAMAGED"
             } else {
                 ""
             }
@@ -366,10 +362,8 @@ pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), Strin
                     logical_bytes: u(j, "logical_bytes"),
                     written_bytes: u(j, "written_bytes"),
                     zero_bytes: u(j, "zero_bytes"),
-                    unique_chunks: u(j, "unique_chunks"),
                     physical_bytes: u(j, "physical_bytes"),
                     saving_percent: f(j, "saving_percent"),
-                    damaged: j["damaged"].as_bool().unwrap_or(false),
                 })
                 .collect()
         })
@@ -391,6 +385,13 @@ pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), Strin
         saving_percent: f(&v, "saving_percent"),
         index_ram_bytes: u(&v, "index_ram_bytes"),
         ram_bytes_per_unique_chunk: f(&v, "ram_bytes_per_unique_chunk"),
+        dedup_index_bytes: u(&v, "dedup_index_bytes"),
+        metadata_cache_budget_bytes: u(&v, "metadata_cache_budget_bytes"),
+        metadata_cache_used_bytes: u(&v, "metadata_cache_used_bytes"),
+        metadata_cache_hits: u(&v, "metadata_cache_hits"),
+        metadata_cache_misses: u(&v, "metadata_cache_misses"),
+        metadata_page_bytes_written: u(&v, "metadata_page_bytes_written"),
+        checkpoints: u(&v, "checkpoints"),
         read_errors: u(&v, "read_errors"),
         volumes,
     };

@@ -1,51 +1,29 @@
 //! A volume's block map: block number → chunk id, or ZERO / UNMAPPED.
 //!
-//! Owns: the authoritative content of each block of one volume (with the chunk table).
-//! Stored as pages of 1024 four-byte entries, allocated on first write, so a thin volume costs
-//! memory only where it was written. A page that becomes all UNMAPPED is freed.
+//! Owns: the authoritative content of each block of one volume (with the chunk table), and
+//! the volume's block counters.
+//! Stored as a paged copy-on-write tree ([`crate::page_cache`]) whose leaves hold 512 entries
+//! of 8 bytes: 0 UNMAPPED, 1 ZERO, `id + 2` a chunk. A never-written leaf is a null pointer,
+//! so a thin volume costs metadata only where it was written. Counters (`data_blocks`,
+//! `zero_blocks`) are kept with every change, so statistics never walk a map.
 
+use crate::error::Result;
 use crate::format::{ENTRY_UNMAPPED, ENTRY_ZERO, MAP_PAGE_ENTRIES};
-use std::collections::BTreeMap;
+use crate::page_cache::{PageCache, TreeId};
 
-#[derive(Default)]
-pub struct BlockMap {
-    pages: BTreeMap<u64, Box<[u32]>>,
-    data_blocks: u64,
-    zero_blocks: u64,
+const PER: u64 = MAP_PAGE_ENTRIES as u64;
+
+/// Counters of one volume's map.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapCounts {
+    /// Blocks holding a chunk.
+    pub data_blocks: u64,
+    /// Blocks written as zeros.
+    pub zero_blocks: u64,
 }
 
-impl BlockMap {
-    pub fn get(&self, block: u64) -> u32 {
-        let (p, i) = split(block);
-        self.pages.get(&p).map_or(ENTRY_UNMAPPED, |page| page[i])
-    }
-
-    /// Set one entry; returns the old one.
-    pub fn set(&mut self, block: u64, entry: u32) -> u32 {
-        let (p, i) = split(block);
-        let old = match self.pages.get_mut(&p) {
-            Some(page) => std::mem::replace(&mut page[i], entry),
-            None if entry == ENTRY_UNMAPPED => return ENTRY_UNMAPPED,
-            None => {
-                let mut page = vec![ENTRY_UNMAPPED; MAP_PAGE_ENTRIES].into_boxed_slice();
-                page[i] = entry;
-                self.pages.insert(p, page);
-                ENTRY_UNMAPPED
-            }
-        };
-        self.count(old, false);
-        self.count(entry, true);
-        if entry == ENTRY_UNMAPPED && old != ENTRY_UNMAPPED {
-            if let Some(page) = self.pages.get(&p) {
-                if page.iter().all(|&e| e == ENTRY_UNMAPPED) {
-                    self.pages.remove(&p);
-                }
-            }
-        }
-        old
-    }
-
-    fn count(&mut self, entry: u32, add: bool) {
+impl MapCounts {
+    fn count(&mut self, entry: u64, add: bool) {
         let c = match entry {
             ENTRY_UNMAPPED => return,
             ENTRY_ZERO => &mut self.zero_blocks,
@@ -57,50 +35,149 @@ impl BlockMap {
             *c -= 1
         }
     }
+}
 
-    /// Load a page from a checkpoint.
-    pub fn load_page(&mut self, page_no: u64, entries: &[u32]) {
-        for &e in entries {
-            self.count(e, true);
-        }
-        self.pages
-            .insert(page_no, entries.to_vec().into_boxed_slice());
-    }
-
-    /// Every mapped entry at or after `from`: (block, entry).
-    pub fn iter_from(&self, from: u64) -> impl Iterator<Item = (u64, u32)> + '_ {
-        let (p0, _) = split(from);
-        self.pages.range(p0..).flat_map(move |(&p, page)| {
-            page.iter().enumerate().filter_map(move |(i, &e)| {
-                let block = p * MAP_PAGE_ENTRIES as u64 + i as u64;
-                (e != ENTRY_UNMAPPED && block >= from).then_some((block, e))
-            })
-        })
-    }
-
-    pub fn pages(&self) -> impl Iterator<Item = (u64, &[u32])> {
-        self.pages.iter().map(|(&p, page)| (p, &page[..]))
-    }
-
-    /// Blocks holding a chunk.
-    pub fn data_blocks(&self) -> u64 {
-        self.data_blocks
-    }
-
-    /// Blocks written as zeros.
-    pub fn zero_blocks(&self) -> u64 {
-        self.zero_blocks
-    }
-
-    pub fn ram_bytes(&self) -> u64 {
-        // Page payload plus a BTreeMap node share (~48 bytes) per page.
-        self.pages.len() as u64 * (MAP_PAGE_ENTRIES as u64 * 4 + 48)
+fn decode(raw: u64) -> u64 {
+    match raw {
+        0 => ENTRY_UNMAPPED,
+        1 => ENTRY_ZERO,
+        id => id - 2,
     }
 }
 
-fn split(block: u64) -> (u64, usize) {
-    (
-        block / MAP_PAGE_ENTRIES as u64,
-        (block % MAP_PAGE_ENTRIES as u64) as usize,
-    )
+fn encode(entry: u64) -> u64 {
+    match entry {
+        ENTRY_UNMAPPED => 0,
+        ENTRY_ZERO => 1,
+        id => id + 2,
+    }
+}
+
+fn slot(leaf: &[u8], i: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&leaf[i * 8..i * 8 + 8]);
+    u64::from_le_bytes(b)
+}
+
+/// Leaves a map of `blocks` blocks needs.
+pub fn leaves_for(blocks: u64) -> u64 {
+    blocks.div_ceil(PER).max(1)
+}
+
+/// The entry of `block`.
+pub fn get(cache: &mut PageCache, tree: TreeId, block: u64) -> Result<u64> {
+    Ok(cache
+        .leaf(tree, block / PER)?
+        .map_or(ENTRY_UNMAPPED, |leaf| {
+            decode(slot(leaf, (block % PER) as usize))
+        }))
+}
+
+/// The entries of `count` blocks from `first`, appended to `out`.
+pub fn get_range(
+    cache: &mut PageCache,
+    tree: TreeId,
+    first: u64,
+    count: u64,
+    out: &mut Vec<u64>,
+) -> Result<()> {
+    let mut b = first;
+    let end = first + count;
+    while b < end {
+        let leaf_end = (b / PER + 1) * PER;
+        let stop = leaf_end.min(end);
+        match cache.leaf(tree, b / PER)? {
+            Some(leaf) => {
+                for x in b..stop {
+                    out.push(decode(slot(leaf, (x % PER) as usize)));
+                }
+            }
+            None => out.extend(std::iter::repeat_n(ENTRY_UNMAPPED, (stop - b) as usize)),
+        }
+        b = stop;
+    }
+    Ok(())
+}
+
+/// Set one entry; returns the old one.
+pub fn set(
+    cache: &mut PageCache,
+    tree: TreeId,
+    counts: &mut MapCounts,
+    block: u64,
+    entry: u64,
+) -> Result<u64> {
+    let i = (block % PER) as usize;
+    if entry == ENTRY_UNMAPPED {
+        // Unmapping never creates a leaf.
+        match cache.leaf(tree, block / PER)? {
+            None => return Ok(ENTRY_UNMAPPED),
+            Some(leaf) if slot(leaf, i) == 0 => return Ok(ENTRY_UNMAPPED),
+            Some(_) => {}
+        }
+    }
+    let leaf = cache.leaf_mut(tree, block / PER)?;
+    let old = decode(slot(leaf, i));
+    leaf[i * 8..i * 8 + 8].copy_from_slice(&encode(entry).to_le_bytes());
+    counts.count(old, false);
+    counts.count(entry, true);
+    Ok(old)
+}
+
+/// Every mapped entry (not UNMAPPED) in blocks `[from, to)`: (block, entry).
+pub fn mapped(cache: &mut PageCache, tree: TreeId, from: u64, to: u64) -> Result<Vec<(u64, u64)>> {
+    let mut out = Vec::new();
+    if from >= to {
+        return Ok(out);
+    }
+    cache.for_each_leaf(tree, from / PER, (to - 1) / PER + 1, &mut |li, leaf| {
+        for i in 0..MAP_PAGE_ENTRIES {
+            let b = li * PER + i as u64;
+            if b < from || b >= to {
+                continue;
+            }
+            let raw = slot(leaf, i);
+            if raw != 0 {
+                out.push((b, decode(raw)));
+            }
+        }
+        Ok(true)
+    })?;
+    Ok(out)
+}
+
+/// The first mapped block at or after `from`, if any.
+pub fn first_mapped(cache: &mut PageCache, tree: TreeId, from: u64) -> Result<Option<u64>> {
+    let mut found = None;
+    cache.for_each_leaf(tree, from / PER, u64::MAX, &mut |li, leaf| {
+        for i in 0..MAP_PAGE_ENTRIES {
+            let b = li * PER + i as u64;
+            if b >= from && slot(leaf, i) != 0 {
+                found = Some(b);
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })?;
+    Ok(found)
+}
+
+/// Visit every chunk id the map names, leaf by leaf (for dropping references on delete).
+pub fn leaf_chunks(leaf: &[u8], mut f: impl FnMut(u64)) {
+    for i in 0..MAP_PAGE_ENTRIES {
+        let raw = slot(leaf, i);
+        if raw >= 2 {
+            f(raw - 2);
+        }
+    }
+}
+
+/// Visit every entry of a leaf that names a chunk: (index in the leaf, chunk id).
+pub fn leaf_entries(leaf: &[u8], mut f: impl FnMut(usize, u64)) {
+    for i in 0..MAP_PAGE_ENTRIES {
+        let raw = slot(leaf, i);
+        if raw >= 2 {
+            f(i, raw - 2);
+        }
+    }
 }

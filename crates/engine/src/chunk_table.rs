@@ -2,219 +2,253 @@
 //! count.
 //!
 //! Owns: the authoritative location of every chunk (with the block maps, it decides what a
-//! block contains), and the per-segment live byte counts that GC reads.
+//! block contains), the reference counts, and the per-segment live byte counts that GC reads.
+//! Stored as a paged copy-on-write tree ([`crate::page_cache`], tree [`CHUNK_TREE`]) of
+//! 32-byte records, 128 to a page: fingerprint (16), segment (4), offset (4), length and codec
+//! (4), references (4). A record whose length/codec word is 0 is free.
 //! Invariants:
-//! - `refs` equals the number of block-map entries naming the chunk; it is never persisted but
-//!   recomputed from the maps when a pool opens.
-//! - A slot is live (has a location), free (its id may be handed out again) or damaged (its
-//!   checkpoint section failed its checksum: reads of it fail, it is never reused).
-//! - Entries live in fixed pages of 4096, so memory grows by 128 KiB steps, not by doubling.
+//! - `refs` equals the number of block-map entries naming the chunk; changes to it are made
+//!   only by applying journal records, so replay reproduces them.
+//! - Ids are handed out in increasing order and never reused (48 bits last forever), so the
+//!   table is ordered by time of writing: chunks written together share pages.
+//! - The counters (`live_chunks`, `live_stored_bytes`, live bytes per segment) change with
+//!   every reference taken or dropped and are saved in the checkpoint root.
 
-use crate::format::{ChunkCodec, Fingerprint, Location, CHUNK_ID_LIMIT};
+use crate::error::{Error, Result};
+use crate::format::{ChunkCodec, Fingerprint, Location, CHUNKS_PER_PAGE, CHUNK_ID_LIMIT};
+use crate::page_cache::{PageCache, CHUNK_TREE};
 use std::collections::HashMap;
 
-const PAGE: usize = 4096;
-const FREE: u32 = u32::MAX;
-const DAMAGED: u32 = u32::MAX - 1;
+const PER: u64 = CHUNKS_PER_PAGE as u64;
+const REC: usize = 32;
 
-/// One slot, packed to 32 bytes.
-#[derive(Clone, Copy, Debug)]
+/// One chunk's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkEntry {
     pub fp: Fingerprint,
-    segment: u32,
-    offset: u32,
-    len_codec: u32,
+    pub loc: Location,
     pub refs: u32,
 }
-const _: () = assert!(std::mem::size_of::<ChunkEntry>() == 32);
 
 impl ChunkEntry {
-    const EMPTY: ChunkEntry = ChunkEntry {
-        fp: [0; 16],
-        segment: FREE,
-        offset: 0,
-        len_codec: 0,
-        refs: 0,
-    };
-
     pub fn location(&self) -> Option<Location> {
-        if self.segment >= DAMAGED {
-            return None;
-        }
-        Some(Location {
-            segment: self.segment,
-            offset: self.offset,
-            stored_len: self.len_codec & 0x00ff_ffff,
-            codec: ChunkCodec::from_u8((self.len_codec >> 24) as u8).unwrap_or(ChunkCodec::Raw),
-        })
-    }
-
-    pub fn is_damaged(&self) -> bool {
-        self.segment == DAMAGED
-    }
-
-    fn set_location(&mut self, loc: &Location) {
-        self.segment = loc.segment;
-        self.offset = loc.offset;
-        self.len_codec = loc.stored_len | (loc.codec as u32) << 24;
+        Some(self.loc)
     }
 }
 
-#[derive(Default)]
+/// Decode record `i` of a chunk-table page, `None` if free.
+pub fn decode_slot(page: &[u8], i: usize) -> Option<ChunkEntry> {
+    let r = &page[i * REC..(i + 1) * REC];
+    let word = |at: usize| u32::from_le_bytes([r[at], r[at + 1], r[at + 2], r[at + 3]]);
+    let len_codec = word(24);
+    if len_codec == 0 {
+        return None;
+    }
+    let mut fp = [0u8; 16];
+    fp.copy_from_slice(&r[..16]);
+    Some(ChunkEntry {
+        fp,
+        loc: Location {
+            segment: word(16),
+            offset: word(20),
+            stored_len: len_codec & 0x00ff_ffff,
+            codec: ChunkCodec::from_u8((len_codec >> 24) as u8).unwrap_or(ChunkCodec::Raw),
+        },
+        refs: word(28),
+    })
+}
+
+fn encode_slot(page: &mut [u8], i: usize, e: Option<&ChunkEntry>) {
+    let r = &mut page[i * REC..(i + 1) * REC];
+    match e {
+        None => r.fill(0),
+        Some(e) => {
+            r[..16].copy_from_slice(&e.fp);
+            r[16..20].copy_from_slice(&e.loc.segment.to_le_bytes());
+            r[20..24].copy_from_slice(&e.loc.offset.to_le_bytes());
+            let lc = e.loc.stored_len | (e.loc.codec as u32) << 24;
+            r[24..28].copy_from_slice(&lc.to_le_bytes());
+            r[28..32].copy_from_slice(&e.refs.to_le_bytes());
+        }
+    }
+}
+
+/// The page of chunk `id`.
+pub fn page_of(id: u64) -> u64 {
+    id / PER
+}
+
+/// Counters and id allocation; the records themselves live in the page cache.
+#[derive(Clone, Debug, Default)]
 pub struct ChunkTable {
-    pages: Vec<Box<[ChunkEntry]>>,
-    len: u32,
-    free: Vec<u32>,
+    pub next_id: u64,
     /// Bytes of records of chunks with refs > 0, per segment.
-    live_bytes: HashMap<u32, u64>,
-    live_chunks: u64,
-    live_stored_bytes: u64,
+    pub live_bytes: HashMap<u32, u64>,
+    pub live_chunks: u64,
+    pub live_stored_bytes: u64,
 }
 
 impl ChunkTable {
-    /// Number of slots (the highest id handed out + 1).
-    pub fn len(&self) -> u32 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn get(&self, id: u32) -> Option<&ChunkEntry> {
-        if id >= self.len {
+    /// The next id, or None when all ids are taken.
+    pub fn allocate_id(&mut self) -> Option<u64> {
+        if self.next_id >= CHUNK_ID_LIMIT {
             return None;
         }
-        let e = &self.pages[id as usize / PAGE][id as usize % PAGE];
-        (e.segment != FREE).then_some(e)
+        self.next_id += 1;
+        Some(self.next_id - 1)
     }
 
-    fn slot_mut(&mut self, id: u32) -> &mut ChunkEntry {
-        while id >= self.len {
-            if (self.len as usize).is_multiple_of(PAGE)
-                && self.pages.len() <= self.len as usize / PAGE
-            {
-                self.pages
-                    .push(vec![ChunkEntry::EMPTY; PAGE].into_boxed_slice());
-            }
-            self.len += 1;
+    /// Give back the last ids handed out (a batch that failed before it was applied).
+    pub fn unallocate_to(&mut self, id: u64) {
+        self.next_id = self.next_id.min(id);
+    }
+
+    pub fn get(&self, cache: &mut PageCache, id: u64) -> Result<Option<ChunkEntry>> {
+        if id >= self.next_id {
+            return Ok(None);
         }
-        &mut self.pages[id as usize / PAGE][id as usize % PAGE]
+        Ok(cache
+            .leaf(CHUNK_TREE, page_of(id))?
+            .and_then(|p| decode_slot(p, (id % PER) as usize)))
     }
 
-    /// The next free id, or None when all ids are taken.
-    pub fn allocate_id(&mut self) -> Option<u32> {
-        if let Some(id) = self.free.pop() {
-            return Some(id);
-        }
-        if self.len >= CHUNK_ID_LIMIT {
-            return None;
-        }
-        let id = self.len;
-        self.slot_mut(id);
-        Some(id)
+    /// Make sure the page of `id` is in memory (a later change does no I/O).
+    pub fn prefetch(&self, cache: &mut PageCache, id: u64) -> Result<()> {
+        cache.grow_tree(CHUNK_TREE, page_of(id) + 1)?;
+        cache.prefetch(CHUNK_TREE, page_of(id))
     }
 
-    /// Put a chunk into slot `id` (new, or loaded from a checkpoint or journal).
-    pub fn insert(&mut self, id: u32, fp: Fingerprint, loc: &Location) {
-        let e = self.slot_mut(id);
-        let refs = e.refs;
-        debug_assert!(e.segment == FREE, "chunk {id} inserted twice");
-        e.fp = fp;
-        e.set_location(loc);
-        if refs > 0 {
-            // Only during load, when maps were read before the table.
-            self.account(id, true);
-        }
+    fn update(
+        &mut self,
+        cache: &mut PageCache,
+        id: u64,
+        f: impl FnOnce(Option<ChunkEntry>) -> Result<Option<ChunkEntry>>,
+    ) -> Result<(Option<ChunkEntry>, Option<ChunkEntry>)> {
+        cache.grow_tree(CHUNK_TREE, page_of(id) + 1)?;
+        let page = cache.leaf_mut(CHUNK_TREE, page_of(id))?;
+        let i = (id % PER) as usize;
+        let old = decode_slot(page, i);
+        let new = f(old)?;
+        encode_slot(page, i, new.as_ref());
+        self.next_id = self.next_id.max(id + 1);
+        Ok((old, new))
     }
 
-    /// Mark slot `id` as damaged (its metadata could not be read).
-    pub fn mark_damaged(&mut self, id: u32) {
-        let e = self.slot_mut(id);
-        e.segment = DAMAGED;
-    }
-
-    /// References counted on a slot that holds no chunk (a dangling map entry while loading).
-    pub fn refs_of_free(&self, id: u32) -> u32 {
-        if id >= self.len {
-            return 0;
-        }
-        let e = &self.pages[id as usize / PAGE][id as usize % PAGE];
-        if e.segment == FREE {
-            e.refs
-        } else {
-            0
-        }
-    }
-
-    /// After loading: every slot that is still free goes on the free list.
-    pub fn rebuild_free_list(&mut self) {
-        self.free = (0..self.len)
-            .rev()
-            .filter(|&id| {
-                let e = &self.pages[id as usize / PAGE][id as usize % PAGE];
-                e.segment == FREE && e.refs == 0
-            })
-            .collect();
-    }
-
-    pub fn relocate(&mut self, id: u32, loc: &Location) {
-        let live = self.get(id).is_some_and(|e| e.refs > 0);
-        if live {
-            self.account(id, false);
-        }
-        self.slot_mut(id).set_location(loc);
-        if live {
-            self.account(id, true);
-        }
-    }
-
-    /// Forget chunk `id` (it has no references) and make its id reusable.
-    pub fn remove(&mut self, id: u32) {
-        let e = self.slot_mut(id);
-        debug_assert_eq!(e.refs, 0, "chunk {id} removed while referenced");
-        *e = ChunkEntry::EMPTY;
-        self.free.push(id);
-    }
-
-    fn account(&mut self, id: u32, add: bool) {
-        let Some(loc) = self.get(id).and_then(|e| e.location()) else {
-            return;
-        };
-        let bytes = loc.record_bytes();
-        let seg = self.live_bytes.entry(loc.segment).or_insert(0);
+    fn account(&mut self, e: &ChunkEntry, add: bool) {
+        let bytes = e.loc.record_bytes();
+        let seg = self.live_bytes.entry(e.loc.segment).or_insert(0);
         if add {
             *seg += bytes;
             self.live_chunks += 1;
-            self.live_stored_bytes += u64::from(loc.stored_len);
+            self.live_stored_bytes += u64::from(e.loc.stored_len);
         } else {
-            *seg -= bytes;
-            self.live_chunks -= 1;
-            self.live_stored_bytes -= u64::from(loc.stored_len);
+            *seg = seg.saturating_sub(bytes);
+            if *seg == 0 {
+                self.live_bytes.remove(&e.loc.segment);
+            }
+            self.live_chunks = self.live_chunks.saturating_sub(1);
+            self.live_stored_bytes = self
+                .live_stored_bytes
+                .saturating_sub(u64::from(e.loc.stored_len));
         }
     }
 
-    /// Take a reference. Works on a free slot too (while loading maps before the table).
-    pub fn incref(&mut self, id: u32) {
-        let e = self.slot_mut(id);
-        // Saturating: a count stuck at the maximum only keeps the chunk forever, never frees
-        // it early. The write path stops sharing a chunk long before (REFS_MAX).
-        e.refs = e.refs.saturating_add(1);
-        if e.refs == 1 {
-            self.account(id, true);
-        }
+    /// Put a new chunk (no references yet) into slot `id`.
+    pub fn insert(
+        &mut self,
+        cache: &mut PageCache,
+        id: u64,
+        fp: Fingerprint,
+        loc: &Location,
+    ) -> Result<()> {
+        self.update(cache, id, |old| match old {
+            Some(_) => Err(Error::corrupt(
+                "journal",
+                format!("chunk {id} is created twice"),
+            )),
+            None => Ok(Some(ChunkEntry {
+                fp,
+                loc: *loc,
+                refs: 0,
+            })),
+        })
+        .map(drop)
     }
 
-    /// Drop a reference; returns the count left.
-    pub fn decref(&mut self, id: u32) -> u32 {
-        let e = self.slot_mut(id);
-        debug_assert!(e.refs > 0, "chunk {id} dereferenced below zero");
-        e.refs = e.refs.saturating_sub(1);
-        let left = e.refs;
-        if left == 0 {
-            self.account(id, false);
+    pub fn relocate(&mut self, cache: &mut PageCache, id: u64, loc: &Location) -> Result<()> {
+        let (old, new) = self.update(cache, id, |old| match old {
+            None => Err(Error::corrupt(
+                "journal",
+                format!("relocation of chunk {id}, which does not exist"),
+            )),
+            Some(e) => Ok(Some(ChunkEntry { loc: *loc, ..e })),
+        })?;
+        if let (Some(old), Some(new)) = (old, new) {
+            if old.refs > 0 {
+                self.account(&old, false);
+                self.account(&new, true);
+            }
         }
-        left
+        Ok(())
+    }
+
+    /// Forget chunk `id` (it has no references).
+    pub fn remove(&mut self, cache: &mut PageCache, id: u64) -> Result<()> {
+        self.update(cache, id, |old| match old {
+            Some(e) if e.refs > 0 => Err(Error::corrupt(
+                "journal",
+                format!("chunk {id} dropped while {} blocks refer to it", e.refs),
+            )),
+            _ => Ok(None),
+        })
+        .map(drop)
+    }
+
+    /// Take a reference.
+    pub fn incref(&mut self, cache: &mut PageCache, id: u64) -> Result<()> {
+        let (old, new) = self.update(cache, id, |old| match old {
+            None => Err(Error::corrupt(
+                "block map",
+                format!("a block refers to chunk {id}, which does not exist"),
+            )),
+            // Saturating: a count stuck at the maximum only keeps the chunk forever, never
+            // frees it early. The write path stops sharing a chunk long before (REFS_MAX).
+            Some(e) => Ok(Some(ChunkEntry {
+                refs: e.refs.saturating_add(1),
+                ..e
+            })),
+        })?;
+        if let (Some(o), Some(n)) = (old, new) {
+            if o.refs == 0 {
+                self.account(&n, true);
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop a reference.
+    pub fn decref(&mut self, cache: &mut PageCache, id: u64) -> Result<()> {
+        let (old, new) = self.update(cache, id, |old| match old {
+            None => Err(Error::corrupt(
+                "block map",
+                format!("a block referred to chunk {id}, which does not exist"),
+            )),
+            Some(e) if e.refs == 0 => Err(Error::corrupt(
+                "chunk table",
+                format!("chunk {id} dereferenced below zero"),
+            )),
+            Some(e) => Ok(Some(ChunkEntry {
+                refs: e.refs - 1,
+                ..e
+            })),
+        })?;
+        if let Some(n) = new {
+            if n.refs == 0 {
+                self.account(&n, false);
+            }
+        }
+        let _ = old;
+        Ok(())
     }
 
     /// Live bytes of records in `segment`.
@@ -222,27 +256,19 @@ impl ChunkTable {
         self.live_bytes.get(&segment).copied().unwrap_or(0)
     }
 
-    /// Chunks with at least one reference.
-    pub fn live_chunks(&self) -> u64 {
-        self.live_chunks
-    }
-
-    /// Payload bytes (after compression) of live chunks.
-    pub fn live_stored_bytes(&self) -> u64 {
-        self.live_stored_bytes
-    }
-
-    /// Every occupied slot: (id, entry).
-    pub fn iter(&self) -> impl Iterator<Item = (u32, &ChunkEntry)> {
-        (0..self.len).filter_map(|id| {
-            let e = &self.pages[id as usize / PAGE][id as usize % PAGE];
-            (e.segment != FREE).then_some((id, e))
+    /// Visit every chunk: (id, entry). Pages are read without filling the cache.
+    pub fn for_each(
+        &self,
+        cache: &mut PageCache,
+        f: &mut dyn FnMut(u64, &ChunkEntry) -> Result<()>,
+    ) -> Result<()> {
+        cache.for_each_leaf(CHUNK_TREE, 0, u64::MAX, &mut |pi, page| {
+            for i in 0..CHUNKS_PER_PAGE {
+                if let Some(e) = decode_slot(page, i) {
+                    f(pi * PER + i as u64, &e)?;
+                }
+            }
+            Ok(true)
         })
-    }
-
-    /// Bytes of memory the table holds.
-    pub fn ram_bytes(&self) -> u64 {
-        (self.pages.len() * PAGE * std::mem::size_of::<ChunkEntry>() + self.free.capacity() * 4)
-            as u64
     }
 }

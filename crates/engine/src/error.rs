@@ -42,7 +42,7 @@ pub enum Error {
     Locked(PathBuf),
     #[error("the pool is open read-only")]
     ReadOnly,
-    #[error("unsupported format version {found} of {what} (this build reads version {supported})")]
+    #[error("unsupported format version {found} of {what}: this build of condense reads version {supported} only; open the pool with the condense release that wrote it, `condense export` its volumes, and import them into a new pool")]
     Version {
         what: &'static str,
         found: u32,

@@ -7,12 +7,15 @@
 use crate::error::{Error, Result};
 
 /// Format version written by this build, for every structure.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 pub const SUPERBLOCK_NAME: &str = "superblock";
 pub const LOCK_NAME: &str = "lock";
 pub const CHECKPOINT_NAME: &str = "checkpoint";
 pub const CHECKPOINT_TMP_NAME: &str = "checkpoint.tmp";
+/// Metadata pages (block maps and the chunk table), written out of place.
+pub const META_NAME: &str = "meta.dat";
+pub const META_MAGIC: [u8; 8] = *b"CNDSMETA";
 pub const SEGMENT_PREFIX: &str = "seg-";
 pub const JOURNAL_PREFIX: &str = "journal-";
 
@@ -31,14 +34,14 @@ pub const CHECKPOINT_HEADER_BYTES: usize = 64;
 pub const SECTION_HEADER_BYTES: usize = 24;
 
 /// Block map entries: a chunk id, or one of these two markers.
-pub const ENTRY_UNMAPPED: u32 = u32::MAX;
-pub const ENTRY_ZERO: u32 = u32::MAX - 1;
-/// Chunk ids are below this; the values above are map markers.
-pub const CHUNK_ID_LIMIT: u32 = u32::MAX - 1;
-/// Entries per block map page (in memory and in checkpoints).
-pub const MAP_PAGE_ENTRIES: usize = 1024;
-/// Chunk table entries per checkpoint section.
-pub const CHUNKS_PER_SECTION: usize = 65536;
+pub const ENTRY_UNMAPPED: u64 = u64::MAX;
+pub const ENTRY_ZERO: u64 = u64::MAX - 1;
+/// Chunk ids are below this (48 bits: 2^48 chunks, 1 EiB of unique 4 KiB blocks).
+pub const CHUNK_ID_LIMIT: u64 = 1 << 48;
+/// Entries per block map page (a leaf of 4 KiB holds 512 entries of 8 bytes).
+pub const MAP_PAGE_ENTRIES: usize = 512;
+/// Chunk-table records per page (32 bytes each).
+pub const CHUNKS_PER_PAGE: usize = 128;
 
 /// Stored length of a record payload fits in 24 bits.
 pub const STORED_LEN_MAX: u32 = (1 << 24) - 1;
@@ -230,6 +233,8 @@ pub struct Superblock {
     pub uuid: [u8; 16],
     pub key: [u8; 32],
     pub segment_bytes_target: u64,
+    /// Metadata page-cache budget chosen at init (0: the default).
+    pub metadata_cache_bytes: u64,
 }
 
 impl Superblock {
@@ -255,6 +260,7 @@ impl Superblock {
         b.extend_from_slice(&self.uuid);
         b.extend_from_slice(&self.key);
         put_u64(&mut b, self.segment_bytes_target);
+        put_u64(&mut b, self.metadata_cache_bytes);
         b.resize(SUPERBLOCK_BYTES - 4, 0);
         let c = crc(&[&b]);
         put_u32(&mut b, c);
@@ -287,6 +293,7 @@ impl Superblock {
         let uuid = r.array()?;
         let key = r.array()?;
         let segment_bytes_target = r.u64()?;
+        let metadata_cache_bytes = r.u64()?;
         let compression = match codec {
             0 => Compression::None,
             1 => Compression::Lz4,
@@ -316,6 +323,7 @@ impl Superblock {
             uuid,
             key,
             segment_bytes_target,
+            metadata_cache_bytes,
         })
     }
 }
@@ -366,17 +374,17 @@ pub fn decode_segment_header(buf: &[u8], uuid: &[u8; 16]) -> Result<u32> {
 /// Append one chunk record (header + payload) to `out`.
 pub fn encode_record(
     out: &mut Vec<u8>,
-    id: u32,
+    id: u64,
     fp: &Fingerprint,
     codec: ChunkCodec,
     payload: &[u8],
 ) {
     let start = out.len();
     put_u32(out, 0); // crc, filled below
-    put_u32(out, id);
+    put_u32(out, id as u32);
     out.extend_from_slice(fp);
     put_u32(out, payload.len() as u32 | (codec as u32) << 24);
-    put_u32(out, 0);
+    put_u32(out, (id >> 32) as u32);
     out.extend_from_slice(payload);
     let c = crc(&[&out[start + 4..]]);
     out[start..start + 4].copy_from_slice(&c.to_le_bytes());
@@ -385,7 +393,7 @@ pub fn encode_record(
 /// Check one record read from `loc` and return (fingerprint, payload).
 pub fn decode_record<'a>(
     buf: &'a [u8],
-    id: u32,
+    id: u64,
     loc: &Location,
 ) -> Result<(Fingerprint, &'a [u8])> {
     let what = || {
@@ -401,9 +409,10 @@ pub fn decode_record<'a>(
     let stored = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
     check_crc(stored, crc(&[&buf[4..total]]), what())?;
     let mut r = Reader::new(&buf[4..RECORD_HEADER_BYTES], "chunk record");
-    let found_id = r.u32()?;
+    let id_lo = r.u32()?;
     let fp: Fingerprint = r.array()?;
     let len_codec = r.u32()?;
+    let found_id = u64::from(id_lo) | u64::from(r.u32()?) << 32;
     if found_id != id || len_codec != loc.len_codec() {
         return Err(Error::corrupt(
             what(),
@@ -470,20 +479,20 @@ pub fn decode_journal_header(buf: &[u8], uuid: &[u8; 16]) -> Result<u64> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JournalRecord {
     NewChunk {
-        id: u32,
+        id: u64,
         loc: Location,
         fp: Fingerprint,
     },
     MapRun {
         vol: u32,
         start: u64,
-        entries: Vec<u32>,
+        entries: Vec<u64>,
     },
     MapFill {
         vol: u32,
         start: u64,
         count: u64,
-        entry: u32,
+        entry: u64,
     },
     VolumeCreate {
         vol: u32,
@@ -498,11 +507,11 @@ pub enum JournalRecord {
         vol: u32,
     },
     Relocate {
-        id: u32,
+        id: u64,
         loc: Location,
     },
     DropChunk {
-        id: u32,
+        id: u64,
     },
     MetaPut {
         key: String,
@@ -515,7 +524,7 @@ impl JournalRecord {
         match self {
             JournalRecord::NewChunk { id, loc, fp } => {
                 out.push(1);
-                put_u32(out, *id);
+                put_u64(out, *id);
                 put_u32(out, loc.segment);
                 put_u32(out, loc.offset);
                 put_u32(out, loc.len_codec());
@@ -531,7 +540,7 @@ impl JournalRecord {
                 put_u64(out, *start);
                 put_u32(out, entries.len() as u32);
                 for e in entries {
-                    put_u32(out, *e);
+                    put_u64(out, *e);
                 }
             }
             JournalRecord::MapFill {
@@ -544,7 +553,7 @@ impl JournalRecord {
                 put_u32(out, *vol);
                 put_u64(out, *start);
                 put_u64(out, *count);
-                put_u32(out, *entry);
+                put_u64(out, *entry);
             }
             JournalRecord::VolumeCreate { vol, size, name } => {
                 out.push(4);
@@ -564,14 +573,14 @@ impl JournalRecord {
             }
             JournalRecord::Relocate { id, loc } => {
                 out.push(7);
-                put_u32(out, *id);
+                put_u64(out, *id);
                 put_u32(out, loc.segment);
                 put_u32(out, loc.offset);
                 put_u32(out, loc.len_codec());
             }
             JournalRecord::DropChunk { id } => {
                 out.push(8);
-                put_u32(out, *id);
+                put_u64(out, *id);
             }
             JournalRecord::MetaPut { key, value } => {
                 out.push(9);
@@ -593,7 +602,7 @@ impl JournalRecord {
         let tag = r.u8()?;
         Ok(match tag {
             1 => {
-                let id = r.u32()?;
+                let id = r.u64()?;
                 let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
                 JournalRecord::NewChunk {
                     id,
@@ -605,7 +614,7 @@ impl JournalRecord {
                 let vol = r.u32()?;
                 let start = r.u64()?;
                 let n = r.u32()? as usize;
-                if n > r.remaining() / 4 {
+                if n > r.remaining() / 8 {
                     return Err(Error::corrupt(
                         "journal record",
                         "map run longer than its batch",
@@ -613,7 +622,7 @@ impl JournalRecord {
                 }
                 let mut entries = Vec::with_capacity(n);
                 for _ in 0..n {
-                    entries.push(r.u32()?);
+                    entries.push(r.u64()?);
                 }
                 JournalRecord::MapRun {
                     vol,
@@ -625,7 +634,7 @@ impl JournalRecord {
                 vol: r.u32()?,
                 start: r.u64()?,
                 count: r.u64()?,
-                entry: r.u32()?,
+                entry: r.u64()?,
             },
             4 => {
                 let vol = r.u32()?;
@@ -643,14 +652,14 @@ impl JournalRecord {
             },
             6 => JournalRecord::VolumeDelete { vol: r.u32()? },
             7 => {
-                let id = r.u32()?;
+                let id = r.u64()?;
                 let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
                 JournalRecord::Relocate {
                     id,
                     loc: Location::from_parts(s, o, lc)?,
                 }
             }
-            8 => JournalRecord::DropChunk { id: r.u32()? },
+            8 => JournalRecord::DropChunk { id: r.u64()? },
             9 => {
                 let n = r.u16()? as usize;
                 let key = r.string(n)?;
@@ -710,261 +719,230 @@ pub fn batch_valid(header_bytes: &[u8], h: &BatchHeader, payload: &[u8]) -> bool
 }
 
 // ---------------------------------------------------------------------------------------------
-// Checkpoint: a 64-byte header, then sections, each zstd-compressed with its own CRC so damage
-// to one section (one volume's map, one range of chunk ids) leaves the rest readable.
+// Checkpoint root: a 64-byte header and one zstd-compressed body holding the small state that
+// names everything else (volume list, tree roots, counters, the page bitmap, metadata records).
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SectionKind {
-    Volumes = 1,
-    Map = 2,
-    Chunks = 3,
-    Meta = 4,
-}
+pub const ROOT_HEADER_BYTES: usize = 64;
 
-pub struct CheckpointHeader {
-    pub journal_gen: u64,
-    pub next_seq: u64,
-    pub sections: u32,
-}
-
-pub fn encode_checkpoint_header(h: &CheckpointHeader, uuid: &[u8; 16]) -> Vec<u8> {
-    let mut b = Vec::with_capacity(CHECKPOINT_HEADER_BYTES);
-    b.extend_from_slice(&CHECKPOINT_MAGIC);
-    put_u32(&mut b, FORMAT_VERSION);
-    put_u32(&mut b, h.sections);
-    put_u64(&mut b, h.journal_gen);
-    put_u64(&mut b, h.next_seq);
-    b.extend_from_slice(uuid);
-    b.resize(CHECKPOINT_HEADER_BYTES - 4, 0);
-    let c = crc(&[&b]);
-    put_u32(&mut b, c);
-    b
-}
-
-pub fn decode_checkpoint_header(buf: &[u8], uuid: &[u8; 16]) -> Result<CheckpointHeader> {
-    const WHAT: &str = "checkpoint header";
-    if buf.len() < CHECKPOINT_HEADER_BYTES {
-        return Err(Error::corrupt(WHAT, "truncated"));
-    }
-    let mut r = Reader::new(buf, WHAT);
-    check_magic(r.bytes(8)?, &CHECKPOINT_MAGIC, WHAT)?;
-    check_version(r.u32()?, WHAT)?;
-    let sections = r.u32()?;
-    let journal_gen = r.u64()?;
-    let next_seq = r.u64()?;
-    let found_uuid: [u8; 16] = r.array()?;
-    let mut r2 = Reader::new(&buf[CHECKPOINT_HEADER_BYTES - 4..], WHAT);
-    check_crc(r2.u32()?, crc(&[&buf[..CHECKPOINT_HEADER_BYTES - 4]]), WHAT)?;
-    if &found_uuid != uuid {
-        return Err(Error::corrupt(WHAT, "checkpoint belongs to another pool"));
-    }
-    Ok(CheckpointHeader {
-        journal_gen,
-        next_seq,
-        sections,
-    })
-}
-
-/// Append one section: header (kind, id, raw length, stored length, CRC of stored) + zstd body.
-pub fn encode_section(out: &mut Vec<u8>, kind: SectionKind, id: u32, raw: &[u8]) -> Result<()> {
-    let raw_len = u32::try_from(raw.len()).map_err(|_| {
-        Error::Invalid(format!(
-            "checkpoint section {kind:?} {id} is {} bytes, over the 4 GiB a section holds (a volume with over 1G written blocks)",
-            raw.len()
-        ))
-    })?;
-    let body = zstd::bulk::compress(raw, 1)
-        .map_err(|e| Error::io("compressing a checkpoint section", e))?;
-    let start = out.len();
-    out.push(kind as u8);
-    out.extend_from_slice(&[0, 0, 0]);
-    put_u32(out, id);
-    put_u32(out, raw_len);
-    put_u32(out, body.len() as u32);
-    put_u32(out, crc(&[&body]));
-    let header_crc = crc(&[&out[start..start + 20]]);
-    put_u32(out, header_crc);
-    out.extend_from_slice(&body);
-    Ok(())
-}
-
-pub struct SectionHeader {
-    pub kind: u8,
+/// One volume as recorded in a checkpoint root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootVolume {
     pub id: u32,
-    pub raw_len: u32,
-    pub stored_len: u32,
+    pub size: u64,
+    pub data_blocks: u64,
+    pub zero_blocks: u64,
+    pub name: String,
+}
+
+/// One paged tree: which (volume id, or u64::MAX for the chunk table), height, root page and CRC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RootTree {
+    pub id: u64,
+    pub height: u8,
+    pub page: u64,
     pub crc: u32,
 }
 
-/// Decode a section header, checking its own CRC: its lengths decide how the rest of the
-/// checkpoint is read and how much memory a section may take.
-pub fn decode_section_header(buf: &[u8]) -> Result<SectionHeader> {
-    const WHAT: &str = "checkpoint section header";
-    let mut r = Reader::new(buf, WHAT);
-    let kind = r.u8()?;
-    r.bytes(3)?;
-    let h = SectionHeader {
-        kind,
-        id: r.u32()?,
-        raw_len: r.u32()?,
-        stored_len: r.u32()?,
-        crc: r.u32()?,
-    };
-    check_crc(r.u32()?, crc(&[&buf[..20]]), WHAT)?;
-    Ok(h)
+/// Everything a checkpoint root holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Root {
+    pub journal_gen: u64,
+    pub next_seq: u64,
+    pub next_vol: u32,
+    pub volumes: Vec<RootVolume>,
+    pub trees: Vec<RootTree>,
+    pub next_chunk: u64,
+    pub live_chunks: u64,
+    pub live_stored_bytes: u64,
+    /// (segment, live record bytes)
+    pub segment_live: Vec<(u32, u64)>,
+    /// Metadata page bytes written over the pool's life (checkpoints and eviction).
+    pub meta_bytes_written: u64,
+    pub checkpoints: u64,
+    /// One bit per page of `meta.dat`: referenced by this root.
+    pub bitmap: Vec<u64>,
+    pub meta: Vec<(String, Vec<u8>)>,
 }
 
-/// Check and decompress a section body.
-pub fn decode_section_body(h: &SectionHeader, body: &[u8], what: &str) -> Result<Vec<u8>> {
-    check_crc(h.crc, crc(&[body]), what)?;
-    let raw = zstd::bulk::decompress(body, h.raw_len as usize)
-        .map_err(|e| Error::corrupt(what, format!("cannot decompress: {e}")))?;
-    if raw.len() != h.raw_len as usize {
-        return Err(Error::corrupt(what, "wrong decompressed length"));
-    }
-    Ok(raw)
-}
-
-// Section payloads.
-
-pub fn encode_volumes(next_vol: u32, vols: &[(u32, u64, &str)]) -> Vec<u8> {
+pub fn encode_root(root: &Root, uuid: &[u8; 16]) -> Result<Vec<u8>> {
     let mut b = Vec::new();
-    put_u32(&mut b, next_vol);
-    put_u32(&mut b, vols.len() as u32);
-    for (id, size, name) in vols {
-        put_u32(&mut b, *id);
-        put_u64(&mut b, *size);
-        put_u16(&mut b, name.len() as u16);
-        b.extend_from_slice(name.as_bytes());
+    put_u32(&mut b, root.next_vol);
+    put_u32(&mut b, root.volumes.len() as u32);
+    for v in &root.volumes {
+        put_u32(&mut b, v.id);
+        put_u64(&mut b, v.size);
+        put_u64(&mut b, v.data_blocks);
+        put_u64(&mut b, v.zero_blocks);
+        put_u16(&mut b, v.name.len() as u16);
+        b.extend_from_slice(v.name.as_bytes());
     }
-    b
-}
-
-pub type VolumeRow = (u32, u64, String);
-
-pub fn decode_volumes(raw: &[u8]) -> Result<(u32, Vec<VolumeRow>)> {
-    let mut r = Reader::new(raw, "checkpoint volume list");
-    let next = r.u32()?;
-    let n = r.u32()?;
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let id = r.u32()?;
-        let size = r.u64()?;
-        let len = r.u16()? as usize;
-        out.push((id, size, r.string(len)?));
+    put_u32(&mut b, root.trees.len() as u32);
+    for t in &root.trees {
+        put_u64(&mut b, t.id);
+        b.push(t.height);
+        put_u64(&mut b, t.page);
+        put_u32(&mut b, t.crc);
     }
-    Ok((next, out))
-}
-
-/// Map pages: (page number, entries), entries delta-coded so sequential chunk ids compress.
-pub fn encode_map(pages: &mut dyn Iterator<Item = (u64, &[u32])>) -> Vec<u8> {
-    let mut b = Vec::new();
-    let mut prev = 0u32;
-    let mut count = 0u32;
-    put_u32(&mut b, 0);
-    for (no, entries) in pages {
-        put_u64(&mut b, no);
-        for &e in entries {
-            put_u32(&mut b, e.wrapping_sub(prev));
-            prev = e;
-        }
-        count += 1;
+    put_u64(&mut b, root.next_chunk);
+    put_u64(&mut b, root.live_chunks);
+    put_u64(&mut b, root.live_stored_bytes);
+    put_u32(&mut b, root.segment_live.len() as u32);
+    for (seg, bytes) in &root.segment_live {
+        put_u32(&mut b, *seg);
+        put_u64(&mut b, *bytes);
     }
-    b[..4].copy_from_slice(&count.to_le_bytes());
-    b
-}
-
-pub fn decode_map(raw: &[u8], mut page: impl FnMut(u64, &[u32])) -> Result<()> {
-    let mut r = Reader::new(raw, "checkpoint block map");
-    let n = r.u32()?;
-    let mut prev = 0u32;
-    let mut entries = vec![0u32; MAP_PAGE_ENTRIES];
-    for _ in 0..n {
-        let no = r.u64()?;
-        for e in entries.iter_mut() {
-            prev = prev.wrapping_add(r.u32()?);
-            *e = prev;
-        }
-        page(no, &entries);
+    put_u64(&mut b, root.meta_bytes_written);
+    put_u64(&mut b, root.checkpoints);
+    put_u64(&mut b, root.bitmap.len() as u64);
+    for w in &root.bitmap {
+        put_u64(&mut b, *w);
     }
-    Ok(())
-}
-
-/// A chunk table slot in a checkpoint: a location and fingerprint, or free.
-pub const FREE_SEGMENT: u32 = u32::MAX;
-
-pub fn encode_chunk_slot(b: &mut Vec<u8>, slot: Option<(&Location, &Fingerprint)>) {
-    match slot {
-        Some((loc, fp)) => {
-            put_u32(b, loc.segment);
-            put_u32(b, loc.offset);
-            put_u32(b, loc.len_codec());
-            b.extend_from_slice(fp);
-        }
-        None => {
-            put_u32(b, FREE_SEGMENT);
-            put_u32(b, 0);
-            put_u32(b, 0);
-            b.extend_from_slice(&[0; 16]);
-        }
-    }
-}
-
-/// A chunk slot whose metadata was found damaged: kept so the damage stays visible.
-pub const DAMAGED_SEGMENT: u32 = u32::MAX - 1;
-
-pub fn encode_damaged_slot(b: &mut Vec<u8>) {
-    put_u32(b, DAMAGED_SEGMENT);
-    put_u32(b, 0);
-    put_u32(b, 0);
-    b.extend_from_slice(&[0; 16]);
-}
-
-/// One slot of a checkpoint's chunk table.
-pub enum ChunkSlot {
-    Free,
-    Damaged,
-    Live(Location, Fingerprint),
-}
-
-pub fn decode_chunk_slot(r: &mut Reader<'_>) -> Result<ChunkSlot> {
-    let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
-    let fp: Fingerprint = r.array()?;
-    Ok(match s {
-        FREE_SEGMENT => ChunkSlot::Free,
-        DAMAGED_SEGMENT => ChunkSlot::Damaged,
-        _ => ChunkSlot::Live(Location::from_parts(s, o, lc)?, fp),
-    })
-}
-
-pub fn encode_meta(entries: &mut dyn Iterator<Item = (&String, &Vec<u8>)>) -> Vec<u8> {
-    let mut b = Vec::new();
-    put_u32(&mut b, 0);
-    let mut n = 0u32;
-    for (k, v) in entries {
+    put_u32(&mut b, root.meta.len() as u32);
+    for (k, v) in &root.meta {
         put_u16(&mut b, k.len() as u16);
         b.extend_from_slice(k.as_bytes());
         put_u32(&mut b, v.len() as u32);
         b.extend_from_slice(v);
-        n += 1;
     }
-    b[..4].copy_from_slice(&n.to_le_bytes());
-    b
-}
-
-pub fn decode_meta(raw: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut r = Reader::new(raw, "checkpoint metadata records");
-    let n = r.u32()?;
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let kl = r.u16()? as usize;
-        let k = r.string(kl)?;
-        let vl = r.u32()? as usize;
-        out.push((k, r.bytes(vl)?.to_vec()));
-    }
+    let body =
+        zstd::bulk::compress(&b, 1).map_err(|e| Error::io("compressing the checkpoint root", e))?;
+    let raw_len = u32::try_from(b.len()).map_err(|_| {
+        Error::Invalid("checkpoint root over 4 GiB (too many metadata records)".into())
+    })?;
+    let mut out = Vec::with_capacity(ROOT_HEADER_BYTES + body.len());
+    out.extend_from_slice(&CHECKPOINT_MAGIC);
+    put_u32(&mut out, FORMAT_VERSION);
+    put_u32(&mut out, raw_len);
+    put_u64(&mut out, root.journal_gen);
+    put_u64(&mut out, root.next_seq);
+    out.extend_from_slice(uuid);
+    put_u32(&mut out, body.len() as u32);
+    put_u32(&mut out, crc(&[&body]));
+    out.resize(ROOT_HEADER_BYTES - 4, 0);
+    let c = crc(&[&out]);
+    put_u32(&mut out, c);
+    out.extend_from_slice(&body);
     Ok(out)
 }
 
+pub fn decode_root(buf: &[u8], uuid: &[u8; 16]) -> Result<Root> {
+    const WHAT: &str = "checkpoint root";
+    if buf.len() < ROOT_HEADER_BYTES {
+        return Err(Error::corrupt(WHAT, format!("only {} bytes", buf.len())));
+    }
+    let mut r = Reader::new(buf, WHAT);
+    check_magic(r.bytes(8)?, &CHECKPOINT_MAGIC, WHAT)?;
+    check_version(r.u32()?, WHAT)?;
+    let stored = u32::from_le_bytes([buf[60], buf[61], buf[62], buf[63]]);
+    check_crc(stored, crc(&[&buf[..ROOT_HEADER_BYTES - 4]]), WHAT)?;
+    let raw_len = r.u32()? as usize;
+    let journal_gen = r.u64()?;
+    let next_seq = r.u64()?;
+    let found_uuid: [u8; 16] = r.array()?;
+    if &found_uuid != uuid {
+        return Err(Error::corrupt(
+            WHAT,
+            "the checkpoint belongs to another pool",
+        ));
+    }
+    let body_len = r.u32()? as usize;
+    let body_crc = r.u32()?;
+    let body = buf
+        .get(ROOT_HEADER_BYTES..ROOT_HEADER_BYTES + body_len)
+        .ok_or_else(|| Error::corrupt(WHAT, "body truncated"))?;
+    check_crc(body_crc, crc(&[body]), WHAT)?;
+    let raw = zstd::bulk::decompress(body, raw_len)
+        .map_err(|e| Error::corrupt(WHAT, format!("body does not decompress: {e}")))?;
+    let mut r = Reader::new(&raw, WHAT);
+    let mut root = Root {
+        journal_gen,
+        next_seq,
+        next_vol: r.u32()?,
+        ..Default::default()
+    };
+    for _ in 0..r.u32()? {
+        let id = r.u32()?;
+        let size = r.u64()?;
+        let data_blocks = r.u64()?;
+        let zero_blocks = r.u64()?;
+        let n = r.u16()? as usize;
+        root.volumes.push(RootVolume {
+            id,
+            size,
+            data_blocks,
+            zero_blocks,
+            name: r.string(n)?,
+        });
+    }
+    for _ in 0..r.u32()? {
+        root.trees.push(RootTree {
+            id: r.u64()?,
+            height: r.u8()?,
+            page: r.u64()?,
+            crc: r.u32()?,
+        });
+    }
+    root.next_chunk = r.u64()?;
+    root.live_chunks = r.u64()?;
+    root.live_stored_bytes = r.u64()?;
+    for _ in 0..r.u32()? {
+        root.segment_live.push((r.u32()?, r.u64()?));
+    }
+    root.meta_bytes_written = r.u64()?;
+    root.checkpoints = r.u64()?;
+    let words = r.u64()?;
+    if words > r.remaining() as u64 / 8 {
+        return Err(Error::corrupt(WHAT, "page bitmap longer than the body"));
+    }
+    for _ in 0..words {
+        root.bitmap.push(r.u64()?);
+    }
+    for _ in 0..r.u32()? {
+        let n = r.u16()? as usize;
+        let k = r.string(n)?;
+        let n = r.u32()? as usize;
+        root.meta.push((k, r.bytes(n)?.to_vec()));
+    }
+    if r.remaining() != 0 {
+        return Err(Error::corrupt(WHAT, "bytes left after the body"));
+    }
+    Ok(root)
+}
+
+/// The header of `meta.dat` (page 0).
+pub fn encode_meta_header(uuid: &[u8; 16]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(4096);
+    b.extend_from_slice(&META_MAGIC);
+    put_u32(&mut b, FORMAT_VERSION);
+    put_u32(&mut b, 4096);
+    b.extend_from_slice(uuid);
+    b.resize(60, 0);
+    let c = crc(&[&b]);
+    put_u32(&mut b, c);
+    b.resize(4096, 0);
+    b
+}
+
+pub fn decode_meta_header(buf: &[u8], uuid: &[u8; 16]) -> Result<()> {
+    const WHAT: &str = "meta.dat header";
+    if buf.len() < 64 {
+        return Err(Error::corrupt(WHAT, "truncated"));
+    }
+    let mut r = Reader::new(buf, WHAT);
+    check_magic(r.bytes(8)?, &META_MAGIC, WHAT)?;
+    check_version(r.u32()?, WHAT)?;
+    let page = r.u32()?;
+    let found: [u8; 16] = r.array()?;
+    let stored = u32::from_le_bytes([buf[60], buf[61], buf[62], buf[63]]);
+    check_crc(stored, crc(&[&buf[..60]]), WHAT)?;
+    if page != 4096 || &found != uuid {
+        return Err(Error::corrupt(
+            WHAT,
+            "another pool's metadata, or another page size",
+        ));
+    }
+    Ok(())
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -978,6 +956,7 @@ mod tests {
             uuid: [3; 16],
             key: [9; 32],
             segment_bytes_target: 1 << 26,
+            metadata_cache_bytes: 1 << 20,
         };
         let mut b = sb.encode();
         assert_eq!(b.len(), SUPERBLOCK_BYTES);

@@ -7,6 +7,7 @@
 //! and empties the journal, and only after that are the victim files deleted. A crash before
 //! the checkpoint leaves the old locations valid; after it, the new ones.
 
+use crate::chunk_table::ChunkEntry;
 use crate::error::{Error, Result};
 use crate::format::{decode_record, JournalRecord, SEGMENT_HEADER_BYTES};
 use crate::pool::{lock, Pool};
@@ -28,8 +29,8 @@ impl Pool {
         let (mut total, mut dead) = (0u64, 0u64);
         for (id, len) in st.segments.ids() {
             total += len;
-            dead +=
-                len.saturating_sub(SEGMENT_HEADER_BYTES as u64 + st.chunks.segment_live_bytes(id));
+            dead += len
+                .saturating_sub(SEGMENT_HEADER_BYTES as u64 + st.md.chunks.segment_live_bytes(id));
         }
         if total == 0 {
             (0.0, 0)
@@ -46,12 +47,6 @@ impl Pool {
         let victims: Vec<u32> = {
             let mut st = lock(&self.state);
             self.writable(&st)?;
-            if !st.open_problems.is_empty() {
-                return Err(Error::corrupt(
-                    "pool metadata",
-                    "the pool has damaged metadata (see `condense verify`); garbage collection is refused so that no chunk a damaged map may still use is dropped",
-                ));
-            }
             report.bytes_before = st.segments.total_bytes();
             let open = st.segments.open_id();
             let victims: Vec<u32> = st
@@ -59,7 +54,7 @@ impl Pool {
                 .ids()
                 .filter(|&(id, len)| {
                     let dead = len.saturating_sub(
-                        SEGMENT_HEADER_BYTES as u64 + st.chunks.segment_live_bytes(id),
+                        SEGMENT_HEADER_BYTES as u64 + st.md.chunks.segment_live_bytes(id),
                     );
                     Some(id) != open && dead > 0 && dead * 100 >= len * u64::from(min_dead_percent)
                 })
@@ -69,24 +64,23 @@ impl Pool {
                 report.bytes_after = report.bytes_before;
                 return Ok(report);
             }
-            let mut by_segment: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-            for (id, e) in st.chunks.iter() {
-                if let Some(loc) = e.location() {
-                    if victims.contains(&loc.segment) {
-                        by_segment.entry(loc.segment).or_default().push(id);
-                    }
+            // Chunks in victim segments, by segment: (id, entry). A damaged chunk-table page
+            // stops GC before anything changes, so no chunk a damaged page may name is dropped.
+            let mut by_segment: BTreeMap<u32, Vec<(u64, ChunkEntry)>> = BTreeMap::new();
+            let md = &mut st.md;
+            md.chunks.for_each(&mut md.cache, &mut |id, e| {
+                if victims.contains(&e.loc.segment) {
+                    by_segment.entry(e.loc.segment).or_default().push((id, *e));
                 }
-            }
+                Ok(())
+            })?;
             let mut records = Vec::new();
-            for (seg, ids) in by_segment {
+            for (seg, chunks) in by_segment {
                 let file = st.segments.file(seg).ok_or_else(|| {
                     Error::corrupt("segment store", format!("segment {seg} vanished"))
                 })?;
-                for id in ids {
-                    let Some(e) = st.chunks.get(id).copied() else {
-                        continue;
-                    };
-                    let Some(loc) = e.location() else { continue };
+                for (id, e) in chunks {
+                    let loc = e.loc;
                     if e.refs == 0 {
                         records.push(JournalRecord::DropChunk { id });
                         report.chunks_dropped += 1;

@@ -179,24 +179,3 @@ impl Dir for RealDir {
         self.path.display().to_string()
     }
 }
-
-/// A file that holds nothing and refuses writes (a placeholder while a pool opens).
-pub struct NullFile;
-
-impl File for NullFile {
-    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<()> {
-        Err(io::Error::from(io::ErrorKind::UnexpectedEof))
-    }
-    fn write_at(&self, _data: &[u8], _offset: u64) -> io::Result<()> {
-        Err(io::Error::other("write to a placeholder file"))
-    }
-    fn len(&self) -> io::Result<u64> {
-        Ok(0)
-    }
-    fn set_len(&self, _len: u64) -> io::Result<()> {
-        Err(io::Error::other("write to a placeholder file"))
-    }
-    fn sync(&self) -> io::Result<()> {
-        Ok(())
-    }
-}

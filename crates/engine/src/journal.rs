@@ -138,18 +138,6 @@ impl Journal {
         ))
     }
 
-    /// A stand-in used while the real journal is being replayed; never written.
-    pub fn placeholder() -> Journal {
-        Journal {
-            gen: 0,
-            file: Arc::new(crate::io::NullFile),
-            len: 0,
-            buf: Vec::new(),
-            count: 0,
-            next_seq: 0,
-        }
-    }
-
     pub fn append(&mut self, rec: &JournalRecord) {
         rec.encode(&mut self.buf);
         self.count += 1;

@@ -7,16 +7,18 @@
 //! - [`format`]: every on-disk encoding
 //! - [`reduction`]: zero detection, fingerprints, compression
 //! - [`segment`]: append-only chunk containers
+//! - [`page_cache`], [`page_alloc`]: paged copy-on-write trees of metadata pages behind one
+//!   bounded cache, and where their pages go in `meta.dat`
 //! - [`chunk_table`], [`dedup_index`], [`block_map`]: the metadata
-//! - [`journal`], [`checkpoint`]: making metadata durable
-//! - [`pool`]: open/recovery, the write and read paths, flush
+//! - [`metadata`]: the metadata stores together and the one `apply` that changes them
+//! - [`journal`]: making metadata changes durable between checkpoints
+//! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush
 //! - [`volume`]: the Volume API over a pool
 //! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
 
 #![deny(clippy::unwrap_used)]
 
 pub mod block_map;
-pub mod checkpoint;
 pub mod chunk_table;
 pub mod dedup_index;
 pub mod error;
@@ -24,6 +26,9 @@ pub mod format;
 pub mod gc;
 pub mod io;
 pub mod journal;
+pub mod metadata;
+pub mod page_alloc;
+pub mod page_cache;
 pub mod pool;
 pub mod projection;
 pub mod reduction;

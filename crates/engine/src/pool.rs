@@ -1,28 +1,30 @@
-//! The pool: volumes, the write and read paths, flush, open and recovery.
+//! The pool: the I/O side of the engine — segments, journal, group commit, checkpoints,
+//! open and recovery — and the write and read paths over the metadata stores.
 //!
-//! Owns: the in-memory state (block maps, chunk table, dedup index, metadata records) behind
-//! one mutex, the journal, and the segment store. Every change to the state is a
-//! [`JournalRecord`] applied by [`apply`] — live and during replay alike — and appended to the
-//! journal in the same critical section, so the journal order is the apply order.
+//! Owns: [`State`], which pairs the [`Metadata`] (block maps, chunk table, dedup index,
+//! records; changed only by [`Metadata::apply`]) with the segment store and the journal, behind
+//! one mutex. Every change is a [`JournalRecord`] applied and appended to the journal in the
+//! same critical section, so the journal order is the apply order.
 //!
 //! Locks, always taken in this order: a volume's write lock (held by read-modify-write of
 //! partial blocks, zeroing, resize and delete; whole-block writes go without it), then
-//! `sync_lock` (one flush or checkpoint at a time), then `state`. CPU-heavy work (hashing, compression, decompression) and data
-//! reads run without `state`.
+//! `sync_lock` (one flush or checkpoint at a time), then `state`. CPU-heavy work (hashing,
+//! compression, decompression) and data reads run without `state`.
 //!
 //! Durability: a flush (1) writes the journal's buffered records as a batch, (2) syncs every
 //! segment written since the last flush and the directory if segments were created, then (3)
 //! syncs the journal. Replay checks that every chunk a batch introduces is on disk and stops at
 //! the first batch whose data is missing, so a batch written before its data was synced can
-//! never surface garbage.
+//! never surface garbage. A checkpoint writes only the dirty metadata pages (out of place) and
+//! a small root naming them; see docs/FORMAT.md.
 
-use crate::block_map::BlockMap;
-use crate::chunk_table::ChunkTable;
-use crate::dedup_index::DedupIndex;
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::io::{Dir, RealDir};
 use crate::journal::{Journal, ReplayReport};
+use crate::metadata::{Metadata, VolumeState};
+use crate::page_alloc::PageAlloc;
+use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE};
 use crate::reduction;
 use crate::segment::Segments;
 use rayon::prelude::*;
@@ -49,7 +51,11 @@ pub fn default_metadata_cache_bytes() -> u64 {
         .and_then(|s| {
             s.lines()
                 .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|k| k.parse::<u64>().ok()))
+                .and_then(|l| {
+                    l.split_whitespace()
+                        .nth(1)
+                        .and_then(|k| k.parse::<u64>().ok())
+                })
         })
         .map(|kib| kib * 1024);
     match ram {
@@ -99,74 +105,19 @@ impl Default for OpenOptions {
     }
 }
 
-/// Writes at or above this many references to one chunk store a new copy instead.
-const REFS_MAX: u32 = u32::MAX / 2;
 /// Re-check free disk space after this many bytes written.
 const SPACE_CHECK_BYTES: u64 = 16 << 20;
 
-pub(crate) struct VolumeState {
-    pub name: String,
-    pub size: u64,
-    pub map: BlockMap,
-    /// Its block map could not be read from the checkpoint: reads fail, writes are refused.
-    /// Holds the damaged section's bytes, which later checkpoints carry over verbatim so the
-    /// damage is never silently turned into an empty volume.
-    pub damaged: Option<Vec<u8>>,
-}
-
+/// The metadata stores and the I/O side, behind the pool's one state mutex.
 pub(crate) struct State {
-    pub block_size: u32,
-    pub volumes: BTreeMap<u32, VolumeState>,
-    pub names: HashMap<String, u32>,
-    pub next_vol: u32,
-    pub chunks: ChunkTable,
-    pub index: DedupIndex,
-    pub meta: BTreeMap<String, Vec<u8>>,
+    pub md: Metadata,
     pub segments: Segments,
     pub journal: Journal,
     /// Records appended so far / made durable so far (counts, for group commit).
     pub appended: u64,
     pub durable: u64,
     pub poisoned: Option<String>,
-    /// Problems found while opening (damaged checkpoint sections), for `verify`.
-    pub open_problems: Vec<String>,
     pub written_since_space_check: u64,
-}
-
-impl State {
-    /// Volume `vol`, checked to exist, to have a readable block map, and to hold blocks
-    /// `[first, first + count)`.
-    pub(crate) fn volume_for(
-        &self,
-        vol: u32,
-        name: &str,
-        op: &'static str,
-        first: u64,
-        count: u64,
-    ) -> Result<&VolumeState> {
-        let v = self
-            .volumes
-            .get(&vol)
-            .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        if v.damaged.is_some() {
-            return Err(Error::corrupt(
-                format!("volume {name:?}"),
-                "its block map is damaged (see `condense verify`)",
-            ));
-        }
-        let bs = u64::from(self.block_size);
-        let end = first.checked_add(count).and_then(|e| e.checked_mul(bs));
-        if end.is_none_or(|e| e > v.size) {
-            return Err(Error::OutOfRange {
-                op,
-                volume: name.to_string(),
-                offset: first.saturating_mul(bs),
-                len: count.saturating_mul(bs),
-                size: v.size,
-            });
-        }
-        Ok(v)
-    }
 }
 
 /// An open pool. Always held in an `Arc` (volumes keep a reference to it).
@@ -255,6 +206,14 @@ impl Pool {
                 dir.describe()
             )));
         }
+        if opts
+            .metadata_cache_bytes
+            .is_some_and(|b| b < METADATA_CACHE_MIN)
+        {
+            return Err(Error::Invalid(format!(
+                "metadata cache must be at least {METADATA_CACHE_MIN} bytes"
+            )));
+        }
         let sb = Superblock {
             block_size: opts.block_size,
             compression: opts.compression,
@@ -262,20 +221,32 @@ impl Pool {
             uuid: random_bytes()?,
             key: random_bytes()?,
             segment_bytes_target: opts.segment_bytes_target,
+            metadata_cache_bytes: opts.metadata_cache_bytes.unwrap_or(0),
         };
         let journal = Journal::create(dir, 1, &sb.uuid, 0)?;
         journal
             .file
             .sync()
             .map_err(|e| Error::io("syncing the journal", e))?;
-        let mut ck = Vec::new();
-        let header = CheckpointHeader {
+        let meta = dir
+            .open(META_NAME, true)
+            .map_err(|e| Error::io(format!("creating {META_NAME}"), e))?;
+        meta.set_len(0)
+            .and_then(|_| meta.write_at(&encode_meta_header(&sb.uuid), 0))
+            .and_then(|_| meta.sync())
+            .map_err(|e| Error::io(format!("writing {META_NAME}"), e))?;
+        let root = Root {
             journal_gen: 1,
-            next_seq: 0,
-            sections: 0,
+            trees: vec![RootTree {
+                id: CHUNK_TREE,
+                height: 1,
+                page: 0,
+                crc: 0,
+            }],
+            bitmap: vec![1],
+            ..Default::default()
         };
-        ck.extend_from_slice(&encode_checkpoint_header(&header, &sb.uuid));
-        write_file_atomically(dir, CHECKPOINT_NAME, &ck)?;
+        write_file_atomically(dir, CHECKPOINT_NAME, &encode_root(&root, &sb.uuid)?)?;
         // The superblock goes last: a directory without one is not a pool, so a crash during
         // init leaves nothing that looks like a half-made pool.
         write_file_atomically(dir, SUPERBLOCK_NAME, &sb.encode())?;
@@ -322,8 +293,15 @@ impl Pool {
             WritePolicy::Auto => dir.sync_dir().is_err(),
         };
 
-        let ck_bytes = read_whole(&*dir, CHECKPOINT_NAME)?;
-        let ck = crate::checkpoint::load(&ck_bytes, &sb)?;
+        let root = decode_root(&read_whole(&*dir, CHECKPOINT_NAME)?, &sb.uuid)?;
+        let meta_file = dir
+            .open(META_NAME, false)
+            .map_err(|e| Error::io(format!("opening {META_NAME}"), e))?;
+        let mut header = vec![0u8; 64];
+        meta_file
+            .read_at(&mut header, 0)
+            .map_err(|e| Error::io(format!("reading {META_NAME}"), e))?;
+        decode_meta_header(&header, &sb.uuid)?;
 
         let mut segments = Segments::new(sb.segment_bytes_target, sb.uuid);
         for name in dir
@@ -342,53 +320,95 @@ impl Pool {
             segments.add_existing(id, file, len);
         }
 
-        let placeholder = Journal::placeholder();
-        let mut state = State {
+        let budget = opts
+            .metadata_cache_bytes
+            .or((sb.metadata_cache_bytes > 0).then_some(sb.metadata_cache_bytes))
+            .unwrap_or_else(default_metadata_cache_bytes);
+        let trees: BTreeMap<u64, TreeInfo> = root
+            .trees
+            .iter()
+            .map(|t| {
+                (
+                    t.id,
+                    TreeInfo {
+                        height: t.height,
+                        root: Ptr {
+                            page: t.page,
+                            crc: t.crc,
+                        },
+                    },
+                )
+            })
+            .collect();
+        let cache = PageCache::new(
+            meta_file,
+            PageAlloc::from_bitmap(root.bitmap.clone()),
+            trees,
+            budget,
+        );
+        let mut md = Metadata {
             block_size: sb.block_size,
-            volumes: ck.volumes,
+            volumes: BTreeMap::new(),
             names: HashMap::new(),
-            next_vol: ck.next_vol,
-            chunks: ck.chunks,
-            index: DedupIndex::default(),
-            meta: ck.meta,
-            segments,
-            journal: placeholder,
-            appended: 0,
-            durable: 0,
-            poisoned: None,
-            open_problems: ck.problems,
-            written_since_space_check: SPACE_CHECK_BYTES,
+            next_vol: root.next_vol,
+            cache,
+            chunks: crate::chunk_table::ChunkTable {
+                next_id: root.next_chunk,
+                live_bytes: root.segment_live.iter().copied().collect(),
+                live_chunks: root.live_chunks,
+                live_stored_bytes: root.live_stored_bytes,
+            },
+            index: Default::default(),
+            meta: root.meta.iter().cloned().collect(),
+            meta_bytes_written_before: root.meta_bytes_written,
+            checkpoints: root.checkpoints,
         };
-        for (&id, v) in &state.volumes {
-            state.names.insert(v.name.clone(), id);
+        for v in &root.volumes {
+            md.volumes.insert(
+                v.id,
+                VolumeState {
+                    name: v.name.clone(),
+                    size: v.size,
+                    counts: crate::block_map::MapCounts {
+                        data_blocks: v.data_blocks,
+                        zero_blocks: v.zero_blocks,
+                    },
+                },
+            );
+            md.names.insert(v.name.clone(), v.id);
         }
+        if opts.read_only {
+            md.cache.set_read_only();
+        }
+        md.rebuild_index()?;
 
         let block_size = sb.block_size;
         let (journal, replay) = Journal::replay(
             &*dir,
-            ck.journal_gen,
+            root.journal_gen,
             &sb.uuid,
-            ck.next_seq,
+            root.next_seq,
             opts.read_only,
             |records| {
-                if !batch_data_present(&state, &records, block_size) {
+                if !batch_data_present(&segments, &records, block_size) {
                     return Ok(false);
                 }
                 for r in &records {
-                    apply(&mut state, r)?;
+                    md.apply(r)?;
                 }
+                md.cache.evict_to_budget()?;
                 Ok(true)
             },
         )?;
-        state.journal = journal;
-        state.chunks.rebuild_free_list();
-        let mut index = DedupIndex::default();
-        for (id, e) in state.chunks.iter() {
-            if e.location().is_some() {
-                index.insert(&e.fp, id, &state.chunks);
-            }
-        }
-        state.index = index;
+        let state = State {
+            md,
+            segments,
+            journal,
+            appended: 0,
+            durable: 0,
+            poisoned: None,
+            written_since_space_check: SPACE_CHECK_BYTES,
+        };
 
         if !opts.read_only {
             // Leftovers of interrupted checkpoints: other journal generations, a temp file.
@@ -494,10 +514,10 @@ impl Pool {
         self.check_size(size)?;
         let mut st = lock(&self.state);
         self.writable(&st)?;
-        if st.names.contains_key(name) {
+        if st.md.names.contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
         }
-        let vol = st.next_vol;
+        let vol = st.md.next_vol;
         self.commit(
             &mut st,
             vec![JournalRecord::VolumeCreate {
@@ -516,6 +536,7 @@ impl Pool {
         let mut st = lock(&self.state);
         self.writable(&st)?;
         let vol = *st
+            .md
             .names
             .get(name)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
@@ -532,12 +553,15 @@ impl Pool {
         let mut st = lock(&self.state);
         self.writable(&st)?;
         let vol = *st
+            .md
             .names
             .get(name)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        let v = st.volume_for(vol, name, "resize", 0, 0)?;
+        st.md.volume_for(vol, name, "resize", 0, 0)?;
         let first_cut = size / u64::from(self.sb.block_size);
-        if let Some((block, _)) = v.map.iter_from(first_cut).next() {
+        let first_data =
+            crate::block_map::first_mapped(&mut st.md.cache, u64::from(vol), first_cut)?;
+        if let Some(block) = first_data {
             if !force {
                 return Err(Error::Invalid(format!(
                     "volume {name:?} has data at block {block} (offset {}), past the new size {size}; \
@@ -555,6 +579,7 @@ impl Pool {
     pub fn volumes(&self) -> Vec<(String, u64)> {
         let st = lock(&self.state);
         let mut v: Vec<_> = st
+            .md
             .volumes
             .values()
             .map(|v| (v.name.clone(), v.size))
@@ -565,6 +590,7 @@ impl Pool {
 
     pub fn volume_id(&self, name: &str) -> Result<u32> {
         lock(&self.state)
+            .md
             .names
             .get(name)
             .copied()
@@ -591,7 +617,8 @@ impl Pool {
 
     pub(crate) fn volume_size(&self, vol: u32, name: &str) -> Result<u64> {
         let st = lock(&self.state);
-        st.volumes
+        st.md
+            .volumes
             .get(&vol)
             .map(|v| v.size)
             .ok_or_else(|| Error::NotFound(name.to_string()))
@@ -599,7 +626,7 @@ impl Pool {
 
     /// Read a named metadata record.
     pub fn meta_get(&self, key: &str) -> Option<Vec<u8>> {
-        lock(&self.state).meta.get(key).cloned()
+        lock(&self.state).md.meta.get(key).cloned()
     }
 
     /// Set or remove a named metadata record.
@@ -627,7 +654,8 @@ impl Pool {
 
     pub fn meta_keys(&self, prefix: &str) -> Vec<String> {
         let st = lock(&self.state);
-        st.meta
+        st.md
+            .meta
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, _)| k.clone())
@@ -641,12 +669,15 @@ impl Pool {
 
     /// Apply records to the state and append them to the journal: the one way state changes.
     /// Writes a full journal buffer out first, so a failure there changes nothing.
+    /// Pages the records touch are loaded first, so a damaged page fails the request before
+    /// anything changes; pages over the cache budget are written out after.
     pub(crate) fn commit(&self, st: &mut State, records: Vec<JournalRecord>) -> Result<u64> {
         if st.journal.pending_bytes() >= self.opts.journal_buffer_bytes {
             st.journal.seal()?;
         }
+        st.md.prefetch(&records)?;
         for r in &records {
-            if let Err(e) = apply(st, r) {
+            if let Err(e) = st.md.apply(r) {
                 // The state may be half-changed: stop accepting writes until reopened.
                 st.poisoned = Some(e.to_string());
                 return Err(e);
@@ -654,7 +685,12 @@ impl Pool {
             st.journal.append(r);
         }
         st.appended += records.len() as u64;
-        Ok(st.appended)
+        let appended = st.appended;
+        if let Err(e) = st.md.cache.evict_to_budget() {
+            st.poisoned = Some(e.to_string());
+            return Err(e);
+        }
+        Ok(appended)
     }
 
     // -----------------------------------------------------------------------------------------
@@ -687,21 +723,19 @@ impl Pool {
         };
         // 2. Which blocks are new chunks.
         let misses: Vec<usize> = {
-            let st = lock(&self.state);
+            let mut st = lock(&self.state);
             self.writable(&st)?;
             let mut seen: HashMap<Fingerprint, (), FpHash> =
                 HashMap::with_capacity_and_hasher(fps.len(), FpHash);
-            fps.iter()
-                .enumerate()
-                .filter_map(|(i, fp)| {
-                    let fp = fp.as_ref()?;
-                    let hit = st
-                        .index
-                        .find(fp, &st.chunks)
-                        .is_some_and(|id| st.chunks.get(id).is_some_and(|e| e.refs < REFS_MAX));
-                    (!hit && seen.insert(*fp, ()).is_none()).then_some(i)
-                })
-                .collect()
+            let mut misses = Vec::new();
+            for (i, fp) in fps.iter().enumerate() {
+                let Some(fp) = fp.as_ref() else { continue };
+                let hit = st.md.find_duplicate(fp).is_some();
+                if !hit && seen.insert(*fp, ()).is_none() {
+                    misses.push(i);
+                }
+            }
+            misses
         };
         // 3. Compress the new chunks, in parallel.
         let comp = self.sb.compression;
@@ -718,12 +752,13 @@ impl Pool {
         // 4. Commit: stage new records, write them, then apply and journal the changes.
         let mut st = lock(&self.state);
         self.writable(&st)?;
-        st.volume_for(vol, name, "write", first, (data.len() / bs) as u64)?;
+        st.md
+            .volume_for(vol, name, "write", first, (data.len() / bs) as u64)?;
         self.check_space(&mut st, data.len() as u64)?;
         let mut records = Vec::new();
         let mut entries = Vec::with_capacity(fps.len());
-        let mut batch_new: HashMap<Fingerprint, u32, FpHash> = HashMap::with_hasher(FpHash);
-        let mut new_ids = Vec::new();
+        let mut batch_new: HashMap<Fingerprint, u64, FpHash> = HashMap::with_hasher(FpHash);
+        let first_new_id = st.md.chunks.next_id;
         for (i, fp) in fps.iter().enumerate() {
             let Some(fp) = fp else {
                 entries.push(ENTRY_ZERO);
@@ -733,11 +768,7 @@ impl Pool {
                 entries.push(id);
                 continue;
             }
-            if let Some(id) = st
-                .index
-                .find(fp, &st.chunks)
-                .filter(|&id| st.chunks.get(id).is_some_and(|e| e.refs < REFS_MAX))
-            {
+            if let Some(id) = st.md.find_duplicate(fp) {
                 entries.push(id);
                 continue;
             }
@@ -750,17 +781,16 @@ impl Pool {
                     (fresh.0, &fresh.1)
                 }
             };
-            let Some(id) = st.chunks.allocate_id() else {
-                self.unwind_ids(&mut st, &new_ids);
+            let Some(id) = st.md.chunks.allocate_id() else {
+                Self::unwind_ids(&mut st, first_new_id);
                 return Err(Error::NoSpace(
-                    "allocating a chunk id (the pool holds 2^32 chunks)".into(),
+                    "allocating a chunk id (the pool holds 2^48 chunks)".into(),
                 ));
             };
-            new_ids.push(id);
             let loc = match st.segments.append(&*self.dir, id, fp, codec, payload) {
                 Ok(loc) => loc,
                 Err(e) => {
-                    self.unwind_ids(&mut st, &new_ids);
+                    Self::unwind_ids(&mut st, first_new_id);
                     return Err(e);
                 }
             };
@@ -769,7 +799,7 @@ impl Pool {
             entries.push(id);
         }
         if let Err(e) = st.segments.write_pending() {
-            self.unwind_ids(&mut st, &new_ids);
+            Self::unwind_ids(&mut st, first_new_id);
             return Err(e);
         }
         records.push(JournalRecord::MapRun {
@@ -779,18 +809,17 @@ impl Pool {
         });
         let committed = self.commit(&mut st, records);
         if committed.is_err() && st.poisoned.is_none() {
-            // Nothing was applied (the journal buffer could not be written out).
-            self.unwind_ids(&mut st, &new_ids);
+            // Nothing was applied (the journal buffer could not be written out, or a page
+            // could not be read).
+            Self::unwind_ids(&mut st, first_new_id);
         }
         committed
     }
 
     /// Give back ids allocated for a batch that failed before anything was applied.
-    fn unwind_ids(&self, st: &mut State, ids: &[u32]) {
+    fn unwind_ids(st: &mut State, first: u64) {
         st.segments.discard_pending();
-        for &id in ids.iter().rev() {
-            st.chunks.remove(id);
-        }
+        st.md.chunks.unallocate_to(first);
     }
 
     fn check_space(&self, st: &mut State, bytes: u64) -> Result<()> {
@@ -819,12 +848,12 @@ impl Pool {
         name: &str,
         first: u64,
         count: u64,
-        entry: u32,
+        entry: u64,
     ) -> Result<u64> {
         debug_assert!(entry == ENTRY_ZERO || entry == ENTRY_UNMAPPED);
         let mut st = lock(&self.state);
         self.writable(&st)?;
-        st.volume_for(vol, name, "zero", first, count)?;
+        st.md.volume_for(vol, name, "zero", first, count)?;
         self.commit(
             &mut st,
             vec![JournalRecord::MapFill {
@@ -886,21 +915,40 @@ impl Pool {
     /// Write a checkpoint of the whole state and start a new journal generation. The caller
     /// holds `sync_lock`.
     pub(crate) fn checkpoint_locked(&self, _sync: &MutexGuard<'_, ()>) -> Result<()> {
-        let (body, old_gen, new_journal_file, files, target) = {
+        let (body, old_gen, new_journal_file, files, target, freed) = {
             let mut st = lock(&self.state);
             self.writable(&st)?;
             st.journal.seal()?;
             let new_gen = st.journal.gen + 1;
             let next_seq = st.journal.next_seq();
-            let body = crate::checkpoint::encode(&st, new_gen, next_seq, &self.sb.uuid)?;
+            // Dirty pages go to their new places now (written, not yet synced); the root
+            // names them. Pages written after this belong to the next epoch.
+            let prepared = (|| {
+                let (pages, freed) = st.md.cache.prepare_checkpoint()?;
+                st.md.cache.write_pages(&pages)?;
+                Ok::<_, Error>(freed)
+            })();
+            let freed = match prepared {
+                Ok(f) => f,
+                Err(e) => {
+                    st.poisoned = Some(e.to_string());
+                    return Err(e);
+                }
+            };
+            st.md.checkpoints += 1;
+            let body = encode_root(&st.md.root(new_gen, next_seq), &self.sb.uuid)?;
             let journal = Journal::create(&*self.dir, new_gen, &self.sb.uuid, next_seq)?;
             let file = journal.file.clone();
             let old = std::mem::replace(&mut st.journal, journal);
             let (files, _) = st.segments.take_dirty();
-            (body, old.gen, file, files, st.appended)
+            (body, old.gen, file, files, st.appended, freed)
         };
+        let meta_file = lock(&self.state).md.cache.file().clone();
         let done = (|| {
             sync_segments(&files)?;
+            meta_file
+                .sync()
+                .map_err(|e| Error::io(format!("syncing {META_NAME}"), e))?;
             new_journal_file
                 .sync()
                 .map_err(|e| Error::io("syncing the new journal", e))?;
@@ -912,7 +960,10 @@ impl Pool {
                 .remove(&journal_name(old_gen))
                 .map_err(|e| Error::io("removing the old journal", e))
         })();
-        self.settle_sync(done, target).map(drop)
+        let mut st = self.settle_sync(done, target)?;
+        // The new root no longer names the pages freed before it: they may be reused.
+        st.md.cache.alloc.release(freed);
+        Ok(())
     }
 
     /// After syncing: on success everything appended up to `target` is durable; on failure
@@ -943,25 +994,51 @@ impl Pool {
         // Where each block's bytes are: (index in out, chunk id, location, file).
         let mut wanted = Vec::new();
         {
-            let st = lock(&self.state);
-            let v = st.volume_for(vol, name, "read", first, n as u64)?;
-            for i in 0..n {
-                let e = v.map.get(first + i as u64);
+            let mut st = lock(&self.state);
+            st.md.volume_for(vol, name, "read", first, n as u64)?;
+            let mut entries = Vec::with_capacity(n);
+            let looked_up = (|| -> Result<()> {
+                crate::block_map::get_range(
+                    &mut st.md.cache,
+                    u64::from(vol),
+                    first,
+                    n as u64,
+                    &mut entries,
+                )
+                .map_err(|err| {
+                    with_context(
+                        err,
+                        &format!("volume {name:?} blocks {first}..{}", first + n as u64),
+                    )
+                })?;
+                Ok(())
+            })();
+            if let Err(err) = looked_up {
+                self.read_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(err);
+            }
+            for (i, &e) in entries.iter().enumerate() {
                 if e == ENTRY_ZERO || e == ENTRY_UNMAPPED {
                     out[i * bs..(i + 1) * bs].fill(0);
                     continue;
                 }
-                let loc = st.chunks.get(e).and_then(|c| c.location()).ok_or_else(|| {
-                    Error::corrupt(
-                        format!("volume {name:?} block {}", first + i as u64),
-                        format!("chunk {e} has no readable location (damaged metadata)"),
-                    )
+                let md = &mut st.md;
+                let loc = md.chunks.get(&mut md.cache, e).and_then(|c| {
+                    c.map(|c| c.loc).ok_or_else(|| {
+                        Error::corrupt(
+                            format!("volume {name:?} block {}", first + i as u64),
+                            format!("chunk {e} does not exist (damaged metadata)"),
+                        )
+                    })
                 });
                 let loc = match loc {
                     Ok(l) => l,
                     Err(err) => {
                         self.read_errors.fetch_add(1, Ordering::Relaxed);
-                        return Err(err);
+                        return Err(with_context(
+                            err,
+                            &format!("volume {name:?} block {}", first + i as u64),
+                        ));
                     }
                 };
                 let file = st.segments.file(loc.segment).ok_or_else(|| {
@@ -971,6 +1048,10 @@ impl Pool {
                     )
                 })?;
                 wanted.push((i, e, loc, file));
+            }
+            if let Err(e) = st.md.cache.evict_to_budget() {
+                st.poisoned = Some(e.to_string());
+                return Err(e);
             }
         }
         // Coalesce records that are adjacent in one segment into one read.
@@ -1060,13 +1141,12 @@ impl Pool {
         name: &str,
         first: u64,
         count: u64,
-    ) -> Result<Vec<(u64, u32)>> {
-        let st = lock(&self.state);
-        let v = st.volume_for(vol, name, "block_status", first, count)?;
-        Ok(v.map
-            .iter_from(first)
-            .take_while(|(b, _)| *b < first + count)
-            .collect())
+    ) -> Result<Vec<(u64, u64)>> {
+        let mut st = lock(&self.state);
+        st.md.volume_for(vol, name, "block_status", first, count)?;
+        let r = crate::block_map::mapped(&mut st.md.cache, u64::from(vol), first, first + count);
+        st.md.cache.evict_to_budget()?;
+        r
     }
 }
 
@@ -1123,10 +1203,10 @@ fn with_context(e: Error, what: &str) -> Error {
 }
 
 /// True if every chunk the batch introduces (or moves) is whole on disk.
-fn batch_data_present(st: &State, records: &[JournalRecord], block_size: u32) -> bool {
+fn batch_data_present(segments: &Segments, records: &[JournalRecord], block_size: u32) -> bool {
     records.iter().all(|r| match r {
         JournalRecord::NewChunk { id, loc, .. } | JournalRecord::Relocate { id, loc } => {
-            let Some(file) = st.segments.file(loc.segment) else {
+            let Some(file) = segments.file(loc.segment) else {
                 return false;
             };
             let mut buf = vec![0u8; loc.record_bytes() as usize];
@@ -1141,131 +1221,6 @@ fn batch_data_present(st: &State, records: &[JournalRecord], block_size: u32) ->
         }
         _ => true,
     })
-}
-
-/// Apply one record to the state. The only place the state's metadata changes.
-pub(crate) fn apply(st: &mut State, r: &JournalRecord) -> Result<()> {
-    match r {
-        JournalRecord::NewChunk { id, loc, fp } => {
-            st.chunks.insert(*id, *fp, loc);
-            st.index.insert(fp, *id, &st.chunks);
-        }
-        JournalRecord::MapRun {
-            vol,
-            start,
-            entries,
-        } => {
-            let State {
-                volumes, chunks, ..
-            } = st;
-            let v = volumes.get_mut(vol).ok_or_else(|| {
-                Error::corrupt("journal", format!("map change for unknown volume {vol}"))
-            })?;
-            for (i, &e) in entries.iter().enumerate() {
-                set_entry(v, chunks, start + i as u64, e);
-            }
-        }
-        JournalRecord::MapFill {
-            vol,
-            start,
-            count,
-            entry,
-        } => {
-            let State {
-                volumes, chunks, ..
-            } = st;
-            let v = volumes.get_mut(vol).ok_or_else(|| {
-                Error::corrupt("journal", format!("map change for unknown volume {vol}"))
-            })?;
-            if *entry == ENTRY_UNMAPPED {
-                let mapped: Vec<u64> = v
-                    .map
-                    .iter_from(*start)
-                    .take_while(|(b, _)| *b < start + count)
-                    .map(|(b, _)| b)
-                    .collect();
-                for b in mapped {
-                    set_entry(v, chunks, b, ENTRY_UNMAPPED);
-                }
-            } else {
-                for b in *start..start + count {
-                    set_entry(v, chunks, b, *entry);
-                }
-            }
-        }
-        JournalRecord::VolumeCreate { vol, size, name } => {
-            st.volumes.insert(
-                *vol,
-                VolumeState {
-                    name: name.clone(),
-                    size: *size,
-                    map: BlockMap::default(),
-                    damaged: None,
-                },
-            );
-            st.names.insert(name.clone(), *vol);
-            st.next_vol = st.next_vol.max(vol + 1);
-        }
-        JournalRecord::VolumeResize { vol, size } => {
-            let first_cut = size / u64::from(st.block_size);
-            let State {
-                volumes, chunks, ..
-            } = st;
-            let v = volumes.get_mut(vol).ok_or_else(|| {
-                Error::corrupt("journal", format!("resize of unknown volume {vol}"))
-            })?;
-            let cut: Vec<u64> = v.map.iter_from(first_cut).map(|(b, _)| b).collect();
-            for b in cut {
-                set_entry(v, chunks, b, ENTRY_UNMAPPED);
-            }
-            v.size = *size;
-        }
-        JournalRecord::VolumeDelete { vol } => {
-            let State {
-                volumes,
-                chunks,
-                names,
-                ..
-            } = st;
-            let v = volumes.remove(vol).ok_or_else(|| {
-                Error::corrupt("journal", format!("delete of unknown volume {vol}"))
-            })?;
-            for (_, e) in v.map.iter_from(0) {
-                if e < CHUNK_ID_LIMIT {
-                    chunks.decref(e);
-                }
-            }
-            names.remove(&v.name);
-        }
-        JournalRecord::Relocate { id, loc } => st.chunks.relocate(*id, loc),
-        JournalRecord::DropChunk { id } => {
-            if let Some(fp) = st.chunks.get(*id).map(|e| e.fp) {
-                if st.index.find(&fp, &st.chunks) == Some(*id) {
-                    st.index.remove(&fp, &st.chunks);
-                }
-            }
-            st.chunks.remove(*id);
-        }
-        JournalRecord::MetaPut { key, value } => match value {
-            Some(v) => {
-                st.meta.insert(key.clone(), v.clone());
-            }
-            None => {
-                st.meta.remove(key);
-            }
-        },
-    }
-    Ok(())
-}
-
-fn set_entry(v: &mut VolumeState, chunks: &mut ChunkTable, block: u64, e: u32) {
-    if e < CHUNK_ID_LIMIT {
-        chunks.incref(e);
-    }
-    let old = v.map.set(block, e);
-    if old < CHUNK_ID_LIMIT {
-        chunks.decref(old);
-    }
 }
 
 fn read_whole(dir: &dyn Dir, name: &str) -> Result<Vec<u8>> {

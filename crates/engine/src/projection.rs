@@ -6,23 +6,22 @@
 //! its payload as [`crate::reduction::compress`] returns it), segments have a 64-byte header
 //! and are sealed near the segment size target, and every `condense import` opens a segment of
 //! its own. The metadata side models the state after a clean close: superblock, an empty
-//! journal (its header) and one checkpoint whose sections are zstd-compressed. Two sections
-//! hold nearly all of it:
-//! - the chunk table, 28 bytes a chunk before zstd, of which the 16-byte fingerprint does not
-//!   compress (measured: 23.1 bytes a chunk after zstd on the corpus and on generated images);
-//! - the block maps, 1024 delta-coded entries a page: a run of sequential chunk ids (or of
-//!   zeros, or of holes) costs almost nothing, every entry where the delta changes (a
-//!   duplicate pointing back, the edge of a hole) ~2.5 bytes (calibrated against
-//!   `condense import` + the checkpoint's section sizes).
+//! journal (its header), a small checkpoint root, and `meta.dat`: its header page, the
+//! chunk-table pages and the block-map pages with the interior pages above them (see
+//! [`META_BYTES_PER_CHUNK_PAGE`] and [`META_BYTES_PER_MAP_PAGE`]).
 //!
-//! RAM follows the in-memory layouts: the chunk table in pages of 4096 slots of 32 bytes, the
-//! dedup index as a hash table of 4-byte ids with one control byte a slot (7/8 load), and
-//! block-map pages of 1024 entries of 4 bytes plus ~48 bytes of tree node each.
+//! RAM follows the in-memory layouts: the dedup index at 6 bytes a slot (82 % mean load); the
+//! page cache is bounded by its budget and is not counted per chunk.
 
 use crate::format::{
-    CHECKPOINT_HEADER_BYTES, CHUNKS_PER_SECTION, JOURNAL_HEADER_BYTES, MAP_PAGE_ENTRIES,
-    RECORD_HEADER_BYTES, SECTION_HEADER_BYTES, SEGMENT_HEADER_BYTES, SUPERBLOCK_BYTES,
+    CHUNKS_PER_PAGE, JOURNAL_HEADER_BYTES, RECORD_HEADER_BYTES, ROOT_HEADER_BYTES,
+    SEGMENT_HEADER_BYTES, SUPERBLOCK_BYTES,
 };
+
+/// Bytes `meta.dat` spends per chunk-table page (128 chunks) on disk.
+pub const META_BYTES_PER_CHUNK_PAGE: f64 = 4096.0;
+/// Bytes `meta.dat` spends per block-map page (512 entries) on disk.
+pub const META_BYTES_PER_MAP_PAGE: f64 = 4096.0;
 
 /// Segment size target of a pool made by `condense init` (64 MiB).
 pub const DEFAULT_SEGMENT_BYTES: u64 = 64 << 20;
@@ -46,7 +45,7 @@ pub struct ProjectionInput {
     /// Record bytes (headers + payloads) that each `condense import` adds, in import order:
     /// every import opens a new segment.
     pub record_bytes_per_import: Vec<u64>,
-    /// Block-map pages (1024 entries each) that hold at least one written entry, all volumes.
+    /// Block-map pages (512 entries each) that hold at least one written entry, all volumes.
     pub map_pages: u64,
     /// Block-map entries that are not the previous entry's chunk id + 1 (where delta coding
     /// does not collapse a run), all volumes.
@@ -83,42 +82,25 @@ pub fn project(p: &ProjectionInput) -> Projection {
     let records = p.unique_chunks * RECORD_HEADER_BYTES as u64 + p.stored_payload_bytes;
     let data_bytes = segments * SEGMENT_HEADER_BYTES as u64 + records;
 
-    let sections = 1 /* volumes */ + p.volumes + p.unique_chunks.div_ceil(CHUNKS_PER_SECTION as u64) + 1 /* meta */;
-    let checkpoint = CHECKPOINT_HEADER_BYTES as f64
-        + (sections * SECTION_HEADER_BYTES as u64) as f64
-        + 24.0 /* volume list and empty metadata records after zstd */
-        + (p.volumes * 8 + p.volume_name_bytes) as f64
-        + p.volumes as f64 * 12.0 /* a map section's count and zstd frame */
-        + p.unique_chunks as f64 * CHUNK_TABLE_BYTES_PER_CHUNK
-        + p.map_pages as f64 * MAP_BYTES_PER_PAGE
-        + p.map_breaks as f64 * MAP_BYTES_PER_BREAK;
-    let metadata_bytes = (SUPERBLOCK_BYTES + JOURNAL_HEADER_BYTES) as u64 + checkpoint as u64;
+    let chunk_pages = p.unique_chunks.div_ceil(CHUNKS_PER_PAGE as u64);
+    let leaves = chunk_pages + p.map_pages;
+    let interior = leaves.div_ceil(256) + p.volumes + 1;
+    let meta_file = 4096.0
+        + chunk_pages as f64 * META_BYTES_PER_CHUNK_PAGE
+        + p.map_pages as f64 * META_BYTES_PER_MAP_PAGE
+        + interior as f64 * 4096.0;
+    let root = ROOT_HEADER_BYTES as f64 + 64.0 + (p.volumes * 40 + p.volume_name_bytes) as f64;
+    let metadata_bytes =
+        (SUPERBLOCK_BYTES + JOURNAL_HEADER_BYTES) as u64 + (root + meta_file) as u64;
 
-    // RAM, as the engine's structures allocate it.
-    let chunk_table = p.unique_chunks.div_ceil(4096) * 4096 * 32;
-    let index = hash_table_capacity(p.unique_chunks) * 5;
-    let maps = p.map_pages * (MAP_PAGE_ENTRIES as u64 * 4 + 48);
+    // RAM: the dedup index (the page cache is a fixed budget, not per chunk).
+    let index = (p.unique_chunks as f64 * 6.0 / 0.82) as u64;
     Projection {
         data_bytes,
         metadata_bytes,
         physical_bytes: data_bytes + metadata_bytes,
-        index_ram_bytes: chunk_table + index + maps,
+        index_ram_bytes: index,
     }
-}
-
-/// Slots of a hashbrown table grown one insert at a time to `n` items.
-fn hash_table_capacity(n: u64) -> u64 {
-    if n == 0 {
-        return 0;
-    }
-    if n < 4 {
-        return 3;
-    }
-    if n < 8 {
-        return 7;
-    }
-    let buckets = (n * 8).div_ceil(7).next_power_of_two();
-    buckets / 8 * 7
 }
 
 /// 100 × (1 − physical / written): `saving_percent` of `condense stats`.
@@ -141,7 +123,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(p.data_bytes, 0);
-        assert!(p.metadata_bytes > 128 + 64 && p.metadata_bytes < 512);
+        assert!(p.metadata_bytes > 128 + 64 && p.metadata_bytes < 16384);
         assert_eq!(p.index_ram_bytes, 0);
     }
 
@@ -168,6 +150,6 @@ mod tests {
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             ..Default::default()
         });
-        assert_eq!(p.index_ram_bytes, 16_640_192);
+        assert!(p.index_ram_bytes > 329_583 * 6 && p.index_ram_bytes < 329_583 * 8);
     }
 }

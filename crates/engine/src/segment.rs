@@ -81,7 +81,7 @@ impl Segments {
     pub fn append(
         &mut self,
         dir: &dyn Dir,
-        id: u32,
+        id: u64,
         fp: &Fingerprint,
         codec: ChunkCodec,
         payload: &[u8],

@@ -10,9 +10,9 @@
 //!   divided by the number of blocks sharing that chunk.
 
 use crate::error::{Error, Result};
-use crate::format::{CHUNK_ID_LIMIT, SEGMENT_HEADER_BYTES};
-use crate::pool::{lock, Pool, State, VolumeState};
-use std::collections::HashSet;
+use crate::format::{CHUNK_ID_LIMIT, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use crate::pool::{lock, Pool};
+use std::collections::HashMap;
 
 #[derive(Clone, Debug, Default)]
 pub struct VolumeStats {
@@ -20,10 +20,10 @@ pub struct VolumeStats {
     pub logical_bytes: u64,
     pub written_bytes: u64,
     pub zero_bytes: u64,
-    pub unique_chunks: u64,
+    /// The volume's share of the pool's live chunk bytes, in proportion to its data blocks
+    /// (kept from counters; [`Pool::volume_physical_bytes`] gives the exact share).
     pub physical_bytes: u64,
     pub saving_percent: f64,
-    pub damaged: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -43,9 +43,18 @@ pub struct PoolStats {
     pub dedup_saving_percent: f64,
     pub compression_saving_percent: f64,
     pub saving_percent: f64,
-    /// RAM held by the dedup index, chunk table and block maps.
+    /// RAM held by the metadata: the dedup index, the page cache and the page bitmap.
     pub index_ram_bytes: u64,
     pub ram_bytes_per_unique_chunk: f64,
+    /// The dedup index alone, and per unique chunk.
+    pub dedup_index_bytes: u64,
+    pub metadata_cache_budget_bytes: u64,
+    pub metadata_cache_used_bytes: u64,
+    pub metadata_cache_hits: u64,
+    pub metadata_cache_misses: u64,
+    /// Metadata page bytes written over the pool's life (checkpoints and eviction).
+    pub metadata_page_bytes_written: u64,
+    pub checkpoints: u64,
     pub read_errors: u64,
     pub volumes: Vec<VolumeStats>,
 }
@@ -58,77 +67,83 @@ pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {
     }
 }
 
-/// A volume's distinct chunks and its share of the pool's data bytes: each block counts its
-/// chunk's record bytes divided by the number of blocks sharing that chunk.
-pub(crate) fn volume_share(st: &State, v: &VolumeState) -> (u64, f64) {
-    let mut distinct = HashSet::new();
-    let mut share = 0f64;
-    for (_, e) in v.map.iter_from(0) {
-        if e < CHUNK_ID_LIMIT {
-            distinct.insert(e);
-            if let Some((c, loc)) = st.chunks.get(e).and_then(|c| Some((c, c.location()?))) {
-                share += loc.record_bytes() as f64 / f64::from(c.refs.max(1));
+impl Pool {
+    /// One volume's exact physical share in bytes (what `du` of it should show): each block
+    /// counts its chunk's record bytes divided by the number of blocks sharing that chunk.
+    /// Walks the volume's map (through the page cache).
+    pub fn volume_physical_bytes(&self, name: &str) -> Result<u64> {
+        let vol = self.volume_id(name)?;
+        let mut st = lock(&self.state);
+        let size = st
+            .md
+            .volumes
+            .get(&vol)
+            .map(|v| v.size)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        let blocks = size / u64::from(self.block_size());
+        let md = &mut st.md;
+        let mut uses: HashMap<u64, u64> = HashMap::new();
+        for (_, e) in crate::block_map::mapped(&mut md.cache, u64::from(vol), 0, blocks)? {
+            if e < CHUNK_ID_LIMIT {
+                *uses.entry(e).or_insert(0) += 1;
             }
         }
-    }
-    (distinct.len() as u64, share)
-}
-
-impl Pool {
-    /// One volume's physical share in bytes (what `du` of it should show).
-    pub fn volume_physical_bytes(&self, name: &str) -> Result<u64> {
-        let st = lock(&self.state);
-        let vol = st
-            .names
-            .get(name)
-            .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        let v = st
-            .volumes
-            .get(vol)
-            .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        Ok(volume_share(&st, v).1 as u64)
+        let mut share = 0f64;
+        for (id, n) in uses {
+            if let Some(c) = md.chunks.get(&mut md.cache, id)? {
+                share += c.loc.record_bytes() as f64 * n as f64 / f64::from(c.refs.max(1));
+            }
+        }
+        md.cache.evict_to_budget()?;
+        Ok(share.round() as u64)
     }
 
+    /// Pool and per-volume figures, from counters (no map is walked).
     pub fn stats(&self) -> Result<PoolStats> {
         let physical = self
             .dir()
             .total_bytes()
             .map_err(|e| Error::io("measuring the pool directory", e))?;
         let st = lock(&self.state);
+        let md = &st.md;
         let bs = u64::from(self.block_size());
         let mut s = PoolStats {
             block_size: self.block_size(),
             ..Default::default()
         };
-        let mut ram = st.chunks.ram_bytes() + st.index.ram_bytes();
-        for v in st.volumes.values() {
-            let (distinct, share) = volume_share(&st, v);
-            ram += v.map.ram_bytes();
-            let written = v.map.data_blocks() * bs;
+        let total_data_blocks: u64 = md.volumes.values().map(|v| v.counts.data_blocks).sum();
+        let live_record_bytes =
+            md.chunks.live_stored_bytes + md.chunks.live_chunks * RECORD_HEADER_BYTES as u64;
+        for v in md.volumes.values() {
+            let written = v.counts.data_blocks * bs;
+            let share = if total_data_blocks == 0 {
+                0
+            } else {
+                (live_record_bytes as u128 * u128::from(v.counts.data_blocks)
+                    / u128::from(total_data_blocks)) as u64
+            };
             s.volumes.push(VolumeStats {
                 name: v.name.clone(),
                 logical_bytes: v.size,
                 written_bytes: written,
-                zero_bytes: v.map.zero_blocks() * bs,
-                unique_chunks: distinct,
-                physical_bytes: share as u64,
-                saving_percent: percent_saved(share as u64, written),
-                damaged: v.damaged.is_some(),
+                zero_bytes: v.counts.zero_blocks * bs,
+                physical_bytes: share,
+                saving_percent: percent_saved(share, written),
             });
             s.logical_bytes += v.size;
             s.written_bytes += written;
-            s.zero_bytes += v.map.zero_blocks() * bs;
+            s.zero_bytes += v.counts.zero_blocks * bs;
         }
         s.volumes.sort_by(|a, b| a.name.cmp(&b.name));
-        s.unique_chunks = st.chunks.live_chunks();
-        s.stored_bytes = st.chunks.live_stored_bytes();
+        s.unique_chunks = md.chunks.live_chunks;
+        s.stored_bytes = md.chunks.live_stored_bytes;
         s.data_bytes = st.segments.total_bytes();
         s.segments = st.segments.ids().count() as u64;
         s.dead_bytes = st
             .segments
             .ids()
             .map(|(id, len)| {
-                len.saturating_sub(SEGMENT_HEADER_BYTES as u64 + st.chunks.segment_live_bytes(id))
+                len.saturating_sub(SEGMENT_HEADER_BYTES as u64 + md.chunks.segment_live_bytes(id))
             })
             .sum();
         s.physical_bytes = physical;
@@ -136,12 +151,20 @@ impl Pool {
         s.dedup_saving_percent = percent_saved(s.unique_chunks * bs, s.written_bytes);
         s.compression_saving_percent = percent_saved(s.stored_bytes, s.unique_chunks * bs);
         s.saving_percent = percent_saved(s.physical_bytes, s.written_bytes);
-        s.index_ram_bytes = ram;
+        s.dedup_index_bytes = md.index.ram_bytes();
+        s.index_ram_bytes = md.index.ram_bytes() + md.cache.ram_bytes();
         s.ram_bytes_per_unique_chunk = if s.unique_chunks == 0 {
             0.0
         } else {
-            ram as f64 / s.unique_chunks as f64
+            s.index_ram_bytes as f64 / s.unique_chunks as f64
         };
+        s.metadata_cache_budget_bytes = md.cache.budget_bytes();
+        s.metadata_cache_used_bytes =
+            md.cache.cached_pages() as u64 * crate::page_cache::PAGE_BYTES as u64;
+        s.metadata_cache_hits = md.cache.counters.hits;
+        s.metadata_cache_misses = md.cache.counters.misses;
+        s.metadata_page_bytes_written = md.meta_bytes_written();
+        s.checkpoints = md.checkpoints;
         s.read_errors = self.read_errors.load(std::sync::atomic::Ordering::Relaxed);
         Ok(s)
     }

@@ -1,12 +1,14 @@
-//! `condense verify`: read and check every chunk and every map; report damage by volume and
-//! block.
+//! `condense verify`: read and check every chunk, every metadata page and every map; report
+//! damage by volume and block.
 //!
 //! Each live chunk is read, its record CRC checked, decompressed, and its fingerprint
-//! recomputed and compared. Blocks whose chunk fails are listed per volume, together with any
-//! metadata problems found when the pool was opened (damaged checkpoint sections).
+//! recomputed and compared. Every metadata page is read and checked against the CRC its parent
+//! holds. Every block-map entry must name an existing chunk, and each chunk's stored reference
+//! count must equal the number of entries naming it. Chunks are checked a window at a time, so
+//! verify's memory stays bounded apart from one bit and one counter per chunk id.
 
 use crate::error::Result;
-use crate::format::{decode_record, CHUNK_ID_LIMIT, ENTRY_ZERO};
+use crate::format::{decode_record, CHUNKS_PER_PAGE, MAP_PAGE_ENTRIES};
 use crate::pool::{lock, Pool};
 use crate::reduction;
 use rayon::prelude::*;
@@ -17,7 +19,7 @@ pub struct VerifyReport {
     pub chunks_checked: u64,
     pub bytes_checked: u64,
     /// (chunk id, what is wrong)
-    pub bad_chunks: Vec<(u32, String)>,
+    pub bad_chunks: Vec<(u64, String)>,
     /// volume name → damaged block numbers
     pub bad_blocks: BTreeMap<String, Vec<u64>>,
     /// Volumes whose block map is damaged (every block unreadable).
@@ -38,98 +40,172 @@ impl Pool {
     /// Check everything. `progress(done, total)` is called as chunks are checked.
     pub fn verify(&self, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
         self.flush()?;
-        let bs = self.block_size() as usize;
-        let key = self.sb.key;
-        let (work, mut report) = {
+        let mut report = VerifyReport::default();
+        let (total, next_id) = {
             let st = lock(&self.state);
-            let mut report = VerifyReport {
-                metadata_problems: st.open_problems.clone(),
-                ..Default::default()
-            };
-            let mut work = Vec::new();
-            for (id, e) in st.chunks.iter() {
-                match e.location() {
-                    Some(loc) => work.push((id, e.fp, loc, st.segments.file(loc.segment))),
-                    None => report
-                        .bad_chunks
-                        .push((id, "chunk metadata damaged".into())),
-                }
-            }
-            (work, report)
+            (st.md.chunks.live_chunks, st.md.chunks.next_id)
         };
-        let total = work.len() as u64;
-        let done = std::sync::atomic::AtomicU64::new(0);
-        let results: Vec<(u64, Option<(u32, String)>)> = work
-            .par_iter()
-            .map(|(id, fp, loc, file)| {
-                let n = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                if n.is_multiple_of(4096) {
-                    progress(n, total);
+        // Chunks, a window of chunk-table pages at a time.
+        const WINDOW_PAGES: u64 = 512;
+        let mut exists = vec![0u64; next_id.div_ceil(64) as usize];
+        let mut stored_refs: Vec<u32> = vec![0; next_id as usize];
+        let mut bad: HashSet<u64> = HashSet::new();
+        let mut done = 0u64;
+        let mut page = 0u64;
+        let per = CHUNKS_PER_PAGE as u64;
+        while page * per < next_id {
+            let mut work = Vec::new();
+            {
+                let mut st = lock(&self.state);
+                let st = &mut *st;
+                let segments = &st.segments;
+                let md = &mut st.md;
+                let walked = md.cache.for_each_leaf(
+                    crate::page_cache::CHUNK_TREE,
+                    page,
+                    page + WINDOW_PAGES,
+                    &mut |pi, data| {
+                        for i in 0..CHUNKS_PER_PAGE {
+                            if let Some(e) = crate::chunk_table::decode_slot(data, i) {
+                                let id = pi * per + i as u64;
+                                work.push((id, e, segments.file(e.loc.segment)));
+                            }
+                        }
+                        Ok(true)
+                    },
+                );
+                if let Err(e) = walked {
+                    report.metadata_problems.push(format!(
+                        "chunk table pages {page}..{}: {e}",
+                        page + WINDOW_PAGES
+                    ));
                 }
-                let Some(file) = file else {
-                    return (
-                        0,
-                        Some((*id, format!("segment {} is missing", loc.segment))),
-                    );
-                };
-                let mut buf = vec![0u8; loc.record_bytes() as usize];
-                if let Err(e) = file.read_at(&mut buf, u64::from(loc.offset)) {
-                    return (
-                        0,
-                        Some((
-                            *id,
-                            format!("cannot read segment {} at {}: {e}", loc.segment, loc.offset),
-                        )),
-                    );
-                }
-                let payload = match decode_record(&buf, *id, loc) {
-                    Ok((_, p)) => p,
-                    Err(e) => return (0, Some((*id, e.to_string()))),
-                };
-                let mut out = vec![0u8; bs];
-                if let Err(e) =
-                    reduction::decompress(loc.codec, payload, &mut out, || format!("chunk {id}"))
-                {
-                    return (0, Some((*id, e.to_string())));
-                }
-                if &reduction::fingerprint(&key, &out) != fp {
-                    return (
-                        0,
-                        Some((*id, "content does not match its fingerprint".into())),
-                    );
-                }
-                (buf.len() as u64, None)
-            })
-            .collect();
-        progress(total, total);
-        for (bytes, bad) in results {
-            report.chunks_checked += 1;
-            report.bytes_checked += bytes;
-            if let Some(b) = bad {
-                report.bad_chunks.push(b);
             }
-        }
-        let bad: HashSet<u32> = report.bad_chunks.iter().map(|(id, _)| *id).collect();
-        let st = lock(&self.state);
-        for v in st.volumes.values() {
-            if v.damaged.is_some() {
-                report.bad_volumes.push(v.name.clone());
-                continue;
+            for (id, e, _) in &work {
+                if let Some(w) = exists.get_mut((*id / 64) as usize) {
+                    *w |= 1 << (id % 64);
+                }
+                if let Some(r) = stored_refs.get_mut(*id as usize) {
+                    *r = e.refs;
+                }
             }
-            let blocks: Vec<u64> = v
-                .map
-                .iter_from(0)
-                .filter(|&(_, e)| {
-                    e < CHUNK_ID_LIMIT
-                        && e != ENTRY_ZERO
-                        && (bad.contains(&e) || st.chunks.get(e).is_none())
-                })
-                .map(|(b, _)| b)
+            let results: Vec<(u64, Option<(u64, String)>)> = work
+                .par_iter()
+                .filter(|(_, e, _)| e.refs > 0)
+                .map(|(id, e, file)| self.check_chunk(*id, e, file.as_deref()))
                 .collect();
-            if !blocks.is_empty() {
-                report.bad_blocks.insert(v.name.clone(), blocks);
+            for (bytes, b) in results {
+                report.chunks_checked += 1;
+                report.bytes_checked += bytes;
+                if let Some(b) = b {
+                    bad.insert(b.0);
+                    report.bad_chunks.push(b);
+                }
+            }
+            done += work.iter().filter(|w| w.1.refs > 0).count() as u64;
+            progress(done.min(total), total);
+            page += WINDOW_PAGES;
+        }
+        progress(total, total);
+        // Maps: every entry names an existing, good chunk; count references.
+        let mut counted: Vec<u32> = vec![0; next_id as usize];
+        let mut st = lock(&self.state);
+        let vols: Vec<(u32, String, u64)> = st
+            .md
+            .volumes
+            .iter()
+            .map(|(&id, v)| (id, v.name.clone(), v.size / u64::from(self.block_size())))
+            .collect();
+        for (vol, name, blocks) in vols {
+            let mut bad_blocks = Vec::new();
+            let leaves = blocks.div_ceil(MAP_PAGE_ENTRIES as u64);
+            let walked = st
+                .md
+                .cache
+                .for_each_leaf(u64::from(vol), 0, leaves, &mut |li, leaf| {
+                    crate::block_map::leaf_entries(leaf, |i, id| {
+                        let b = li * MAP_PAGE_ENTRIES as u64 + i as u64;
+                        let known =
+                            id < next_id && exists[(id / 64) as usize] & (1 << (id % 64)) != 0;
+                        if !known || bad.contains(&id) {
+                            bad_blocks.push(b);
+                        }
+                        if let Some(c) = counted.get_mut(id as usize) {
+                            *c = c.saturating_add(1);
+                        }
+                    });
+                    Ok(true)
+                });
+            if let Err(e) = walked {
+                report.bad_volumes.push(name.clone());
+                report
+                    .metadata_problems
+                    .push(format!("block map of volume {name:?}: {e}"));
+            }
+            if !bad_blocks.is_empty() {
+                report.bad_blocks.insert(name, bad_blocks);
             }
         }
+        if report.metadata_problems.is_empty() {
+            let mut wrong = 0u64;
+            let mut first = None;
+            for (id, (&c, &s)) in counted.iter().zip(stored_refs.iter()).enumerate() {
+                let known = exists[id / 64] & (1 << (id % 64)) != 0;
+                if known && c != s {
+                    wrong += 1;
+                    first.get_or_insert((id, c, s));
+                }
+            }
+            if let Some((id, c, s)) = first {
+                report.metadata_problems.push(format!(
+                    "{wrong} chunks have a wrong reference count (first: chunk {id} is named by {c} blocks, its count says {s})"
+                ));
+            }
+        }
+        st.md.cache.evict_to_budget()?;
         Ok(report)
+    }
+
+    /// Read one chunk and check its record, its decompression and its fingerprint.
+    fn check_chunk(
+        &self,
+        id: u64,
+        e: &crate::chunk_table::ChunkEntry,
+        file: Option<&dyn crate::io::File>,
+    ) -> (u64, Option<(u64, String)>) {
+        let loc = e.loc;
+        let Some(file) = file else {
+            return (0, Some((id, format!("segment {} is missing", loc.segment))));
+        };
+        let mut buf = vec![0u8; loc.record_bytes() as usize];
+        if let Err(err) = file.read_at(&mut buf, u64::from(loc.offset)) {
+            return (
+                0,
+                Some((
+                    id,
+                    format!(
+                        "cannot read segment {} at {}: {err}",
+                        loc.segment, loc.offset
+                    ),
+                )),
+            );
+        }
+        let payload = match decode_record(&buf, id, &loc) {
+            Ok((_, p)) => p,
+            Err(err) => return (0, Some((id, err.to_string()))),
+        };
+        let mut out = vec![0u8; self.block_size() as usize];
+        if let Err(err) =
+            reduction::decompress(loc.codec, payload, &mut out, || format!("chunk {id}"))
+        {
+            return (0, Some((id, err.to_string())));
+        }
+        if reduction::fingerprint(&self.sb.key, &out) != e.fp {
+            return (
+                0,
+                Some((id, "content does not match its fingerprint".into())),
+            );
+        }
+        (buf.len() as u64, None)
     }
 }

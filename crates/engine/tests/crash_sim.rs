@@ -51,10 +51,12 @@ impl BlockModel {
     }
 }
 
-fn opts() -> OpenOptions {
+fn opts(tiny_cache: bool) -> OpenOptions {
     OpenOptions {
         journal_bytes_max: 16 << 10,
         journal_buffer_bytes: 2048,
+        // A cache of a few pages makes every write evict (and write) metadata pages.
+        metadata_cache_bytes: tiny_cache.then_some(2 * 4096),
         ..Default::default()
     }
 }
@@ -77,12 +79,17 @@ fn run_seed(seed: u64) -> Result<(), String> {
         compression,
         write_policy: policy,
         segment_bytes_target: 1 << 16,
+        metadata_cache_bytes: None,
     };
+    let tiny_cache = rng.chance(70);
+    // Model block b is volume block b * spread: spread out, every block has a leaf of its own
+    // and the maps are two levels deep.
+    let spread: u64 = if rng.chance(60) { 509 } else { 1 };
     Pool::init(&SimHandle(disk.clone()), &init).map_err(|e| format!("init: {e}"))?;
-    let pool =
-        Pool::open(Arc::new(SimHandle(disk.clone())), opts()).map_err(|e| format!("open: {e}"))?;
+    let pool = Pool::open(Arc::new(SimHandle(disk.clone())), opts(tiny_cache))
+        .map_err(|e| format!("open: {e}"))?;
     for v in VOLUMES {
-        pool.create_volume(v, BLOCKS * BS as u64)
+        pool.create_volume(v, BLOCKS * spread * BS as u64)
             .map_err(|e| format!("create: {e}"))?;
     }
     let mut model: Vec<Vec<BlockModel>> = VOLUMES
@@ -137,8 +144,15 @@ fn run_seed(seed: u64) -> Result<(), String> {
                         }
                     })
                     .collect();
-                let data: Vec<u8> = contents.iter().flat_map(|&c| bytes_of(c)).collect();
-                let r = vols[v].write_at(first * BS as u64, &data, fua);
+                let r = if spread == 1 {
+                    let data: Vec<u8> = contents.iter().flat_map(|&c| bytes_of(c)).collect();
+                    vols[v].write_at(first * BS as u64, &data, fua)
+                } else {
+                    contents.iter().enumerate().try_for_each(|(i, &c)| {
+                        let at = (first + i as u64) * spread * BS as u64;
+                        vols[v].write_at(at, &bytes_of(c), fua)
+                    })
+                };
                 for (i, c) in contents.iter().enumerate() {
                     let b = &mut model[v][(first + i as u64) as usize];
                     b.since.push(*c);
@@ -154,7 +168,13 @@ fn run_seed(seed: u64) -> Result<(), String> {
             50..=64 => {
                 let unmap = rng.chance(50);
                 let fua = rng.chance(10);
-                let r = vols[v].zero_at(first * BS as u64, count * BS as u64, unmap, fua);
+                let r = if spread == 1 {
+                    vols[v].zero_at(first * BS as u64, count * BS as u64, unmap, fua)
+                } else {
+                    (first..first + count).try_for_each(|b| {
+                        vols[v].zero_at(b * spread * BS as u64, BS as u64, unmap, fua)
+                    })
+                };
                 for i in 0..count {
                     let b = &mut model[v][(first + i) as usize];
                     b.since.push(Content::Zero);
@@ -219,7 +239,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
     drop(pool);
 
     let crashed = disk.crash(&mut rng);
-    let pool = Pool::open(Arc::new(SimHandle(crashed.clone())), opts())
+    let pool = Pool::open(Arc::new(SimHandle(crashed.clone())), opts(tiny_cache))
         .map_err(|e| format!("recovery failed: {e}"))?;
     let tmp_exists = pool.volume("tmp").is_ok();
     if !tmp_may_exist.contains(&tmp_exists) {
@@ -243,7 +263,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
             .map_err(|e| format!("volume {v} lost: {e}"))?;
         for block in 0..BLOCKS {
             let mut buf = vec![0u8; BS];
-            h.read_at(block * BS as u64, &mut buf)
+            h.read_at(block * spread * BS as u64, &mut buf)
                 .map_err(|e| format!("{v} block {block}: read failed: {e}"))?;
             let m = &model[vi][block as usize];
             let ok = m.durable == Content::Zero && buf.iter().all(|&b| b == 0)
@@ -275,7 +295,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
         .map_err(|e| format!("close after recovery: {e}"))?;
     drop(h);
     drop(pool);
-    let pool = Pool::open(Arc::new(SimHandle(crashed)), opts())
+    let pool = Pool::open(Arc::new(SimHandle(crashed)), opts(tiny_cache))
         .map_err(|e| format!("second reopen: {e}"))?;
     let mut buf = vec![0u8; BS];
     pool.volume(VOLUMES[0])

@@ -115,6 +115,8 @@ fn open(dir: &Arc<SimDir>) -> Arc<Pool> {
     let opts = OpenOptions {
         journal_bytes_max: 64 << 10,
         journal_buffer_bytes: 4096,
+        // A cache of a few pages: every operation evicts and reloads metadata pages.
+        metadata_cache_bytes: Some(2 * 4096),
         ..Default::default()
     };
     match Pool::open(Arc::new(SimHandle(dir.clone())), opts) {
@@ -155,6 +157,7 @@ fn run(ops: Vec<Op>, compression: Compression) {
         compression,
         write_policy: WritePolicy::Async,
         segment_bytes_target: 1 << 16,
+        metadata_cache_bytes: None,
     };
     if let Err(e) = Pool::init(&SimHandle(disk.clone()), &init) {
         panic!("init: {e}");

@@ -7,7 +7,11 @@
 //! sample chosen by fingerprint). Every non-zero chunk's id is kept per image (4 bytes, the
 //! same as a block map entry) for the per-image figures and the sharing matrix.
 
-use condense_engine::format::{Fingerprint, ENTRY_UNMAPPED, ENTRY_ZERO, MAP_PAGE_ENTRIES};
+use condense_engine::format::{Fingerprint, MAP_PAGE_ENTRIES};
+
+/// Map markers as this model codes them (32-bit deltas).
+const ENTRY_UNMAPPED: u32 = u32::MAX;
+const ENTRY_ZERO: u32 = u32::MAX - 1;
 use condense_engine::reduction::{compress, fingerprint, is_zero};
 use condense_engine::Compression;
 use rayon::prelude::*;
@@ -360,7 +364,9 @@ impl Analysis {
                 }
                 Entry::Vacant(v) => {
                     let id = self.chunks.len() as u32;
-                    if id >= condense_engine::format::CHUNK_ID_LIMIT - 1 {
+                    if u64::from(id) >= condense_engine::format::CHUNK_ID_LIMIT - 1
+                        || id >= ENTRY_ZERO - 1
+                    {
                         self.overflow = true;
                     }
                     v.insert(id);

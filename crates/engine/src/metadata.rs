@@ -1,0 +1,323 @@
+//! The metadata stores of a pool and the one function that changes them.
+//!
+//! Owns: the volume list, every block map and the chunk table (paged, behind one
+//! [`PageCache`]), the dedup index, and the named metadata records. Every change is a
+//! [`JournalRecord`] applied by [`Metadata::apply`], live and during replay alike; nothing
+//! else writes these structures. The I/O side (segments, journal, group commit) lives in
+//! [`crate::pool`].
+//!
+//! Invariants:
+//! - Applying a record to pages already in memory does no I/O; callers load what a record
+//!   touches first ([`Metadata::prefetch`]) so that a damaged or unreadable page fails the
+//!   request cleanly instead of half-applying it.
+//! - The counters (per volume: data and zero blocks; chunk table: live chunks and bytes) are
+//!   exact after every record, so statistics never walk a map.
+
+use crate::block_map::{self, MapCounts};
+use crate::chunk_table::{page_of, ChunkTable};
+use crate::dedup_index::DedupIndex;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::page_cache::{PageCache, CHUNK_TREE};
+use std::collections::{BTreeMap, HashMap};
+
+/// Writes at or above this many references to one chunk store a new copy instead.
+pub(crate) const REFS_MAX: u32 = u32::MAX / 2;
+
+pub(crate) struct VolumeState {
+    pub name: String,
+    pub size: u64,
+    pub counts: MapCounts,
+}
+
+pub(crate) struct Metadata {
+    pub block_size: u32,
+    pub volumes: BTreeMap<u32, VolumeState>,
+    pub names: HashMap<String, u32>,
+    pub next_vol: u32,
+    pub cache: PageCache,
+    pub chunks: ChunkTable,
+    pub index: DedupIndex,
+    pub meta: BTreeMap<String, Vec<u8>>,
+    /// Metadata page bytes written before this open (from the root).
+    pub meta_bytes_written_before: u64,
+    pub checkpoints: u64,
+}
+
+impl Metadata {
+    /// Volume `vol`, checked to exist and to hold blocks `[first, first + count)`.
+    pub(crate) fn volume_for(
+        &self,
+        vol: u32,
+        name: &str,
+        op: &'static str,
+        first: u64,
+        count: u64,
+    ) -> Result<&VolumeState> {
+        let v = self
+            .volumes
+            .get(&vol)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        let bs = u64::from(self.block_size);
+        let end = first.checked_add(count).and_then(|e| e.checked_mul(bs));
+        if end.is_none_or(|e| e > v.size) {
+            return Err(Error::OutOfRange {
+                op,
+                volume: name.to_string(),
+                offset: first.saturating_mul(bs),
+                len: count.saturating_mul(bs),
+                size: v.size,
+            });
+        }
+        Ok(v)
+    }
+
+    /// A live chunk with fingerprint `fp` that may take another reference. Exact: the
+    /// index only names pages, and the fingerprint is compared with the chunk table's.
+    /// Unreadable pages count as misses (the index is advisory).
+    pub(crate) fn find_duplicate(&mut self, fp: &Fingerprint) -> Option<u64> {
+        let mut pages = Vec::new();
+        self.index.candidates(fp, &mut pages);
+        for page in pages {
+            let Ok(Some(p)) = self.cache.leaf(CHUNK_TREE, page) else {
+                continue;
+            };
+            for i in 0..CHUNKS_PER_PAGE {
+                if let Some(e) = crate::chunk_table::decode_slot(p, i) {
+                    if &e.fp == fp && e.refs < REFS_MAX {
+                        return Some(page * CHUNKS_PER_PAGE as u64 + i as u64);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Load every page the records will touch, so applying them does no I/O.
+    pub(crate) fn prefetch(&mut self, records: &[JournalRecord]) -> Result<()> {
+        for r in records {
+            match r {
+                JournalRecord::NewChunk { id, .. }
+                | JournalRecord::Relocate { id, .. }
+                | JournalRecord::DropChunk { id } => self.chunks.prefetch(&mut self.cache, *id)?,
+                JournalRecord::MapRun {
+                    vol,
+                    start,
+                    entries,
+                } => {
+                    let mut old = Vec::with_capacity(entries.len());
+                    block_map::get_range(
+                        &mut self.cache,
+                        u64::from(*vol),
+                        *start,
+                        entries.len() as u64,
+                        &mut old,
+                    )?;
+                    for e in old.iter().chain(entries.iter()) {
+                        if *e < CHUNK_ID_LIMIT {
+                            self.chunks.prefetch(&mut self.cache, *e)?;
+                        }
+                    }
+                }
+                // Large fills, resizes and deletes load as they go.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Apply one record. The only place the metadata changes.
+    pub(crate) fn apply(&mut self, r: &JournalRecord) -> Result<()> {
+        match r {
+            JournalRecord::NewChunk { id, loc, fp } => {
+                self.chunks.insert(&mut self.cache, *id, *fp, loc)?;
+                self.index.insert(fp, page_of(*id));
+            }
+            JournalRecord::MapRun {
+                vol,
+                start,
+                entries,
+            } => {
+                for (i, &e) in entries.iter().enumerate() {
+                    self.set_entry(*vol, start + i as u64, e)?;
+                }
+            }
+            JournalRecord::MapFill {
+                vol,
+                start,
+                count,
+                entry,
+            } => {
+                self.vol(*vol)?;
+                if *entry == ENTRY_UNMAPPED {
+                    let mapped = block_map::mapped(
+                        &mut self.cache,
+                        u64::from(*vol),
+                        *start,
+                        start.saturating_add(*count),
+                    )?;
+                    for (b, _) in mapped {
+                        self.set_entry(*vol, b, ENTRY_UNMAPPED)?;
+                    }
+                } else {
+                    for b in *start..start + count {
+                        self.set_entry(*vol, b, *entry)?;
+                    }
+                }
+            }
+            JournalRecord::VolumeCreate { vol, size, name } => {
+                self.volumes.insert(
+                    *vol,
+                    VolumeState {
+                        name: name.clone(),
+                        size: *size,
+                        counts: MapCounts::default(),
+                    },
+                );
+                self.cache.create_tree(
+                    u64::from(*vol),
+                    block_map::leaves_for(size / u64::from(self.block_size)),
+                );
+                self.names.insert(name.clone(), *vol);
+                self.next_vol = self.next_vol.max(vol + 1);
+            }
+            JournalRecord::VolumeResize { vol, size } => {
+                let bs = u64::from(self.block_size);
+                let old = self.vol(*vol)?.size;
+                if *size < old {
+                    let cut =
+                        block_map::mapped(&mut self.cache, u64::from(*vol), size / bs, old / bs)?;
+                    for (b, _) in cut {
+                        self.set_entry(*vol, b, ENTRY_UNMAPPED)?;
+                    }
+                } else {
+                    self.cache
+                        .grow_tree(u64::from(*vol), block_map::leaves_for(size / bs))?;
+                }
+                if let Some(v) = self.volumes.get_mut(vol) {
+                    v.size = *size;
+                }
+            }
+            JournalRecord::VolumeDelete { vol } => {
+                self.vol(*vol)?;
+                let mut ids = Vec::new();
+                self.cache.delete_tree(u64::from(*vol), |_, leaf| {
+                    block_map::leaf_chunks(leaf, |id| ids.push(id));
+                    Ok(())
+                })?;
+                for id in ids {
+                    self.chunks.decref(&mut self.cache, id)?;
+                }
+                if let Some(v) = self.volumes.remove(vol) {
+                    self.names.remove(&v.name);
+                }
+            }
+            JournalRecord::Relocate { id, loc } => {
+                self.chunks.relocate(&mut self.cache, *id, loc)?
+            }
+            JournalRecord::DropChunk { id } => {
+                if let Some(e) = self.chunks.get(&mut self.cache, *id)? {
+                    self.index.remove(&e.fp, page_of(*id));
+                }
+                self.chunks.remove(&mut self.cache, *id)?;
+            }
+            JournalRecord::MetaPut { key, value } => match value {
+                Some(v) => {
+                    self.meta.insert(key.clone(), v.clone());
+                }
+                None => {
+                    self.meta.remove(key);
+                }
+            },
+        }
+        Ok(())
+    }
+
+    fn vol(&self, vol: u32) -> Result<&VolumeState> {
+        self.volumes
+            .get(&vol)
+            .ok_or_else(|| Error::corrupt("journal", format!("change to unknown volume {vol}")))
+    }
+
+    fn set_entry(&mut self, vol: u32, block: u64, e: u64) -> Result<()> {
+        if e < CHUNK_ID_LIMIT {
+            self.chunks.incref(&mut self.cache, e)?;
+        }
+        let v = self
+            .volumes
+            .get_mut(&vol)
+            .ok_or_else(|| Error::corrupt("journal", format!("change to unknown volume {vol}")))?;
+        let old = block_map::set(&mut self.cache, u64::from(vol), &mut v.counts, block, e)?;
+        if old < CHUNK_ID_LIMIT {
+            self.chunks.decref(&mut self.cache, old)?;
+        }
+        Ok(())
+    }
+
+    /// Index every chunk of the chunk table (at open). Pages are streamed, not cached.
+    pub(crate) fn rebuild_index(&mut self) -> Result<()> {
+        let mut index = DedupIndex::default();
+        self.chunks.for_each(&mut self.cache, &mut |id, e| {
+            index.insert(&e.fp, page_of(id));
+            Ok(())
+        })?;
+        self.index = index;
+        Ok(())
+    }
+
+    /// The checkpoint root describing this state (trees as last prepared).
+    pub(crate) fn root(&self, journal_gen: u64, next_seq: u64) -> Root {
+        let mut segment_live: Vec<(u32, u64)> = self
+            .chunks
+            .live_bytes
+            .iter()
+            .map(|(&s, &b)| (s, b))
+            .collect();
+        segment_live.sort_unstable();
+        Root {
+            journal_gen,
+            next_seq,
+            next_vol: self.next_vol,
+            volumes: self
+                .volumes
+                .iter()
+                .map(|(&id, v)| RootVolume {
+                    id,
+                    size: v.size,
+                    data_blocks: v.counts.data_blocks,
+                    zero_blocks: v.counts.zero_blocks,
+                    name: v.name.clone(),
+                })
+                .collect(),
+            trees: self
+                .cache
+                .trees()
+                .iter()
+                .map(|(&id, t)| RootTree {
+                    id,
+                    height: t.height,
+                    page: t.root.page,
+                    crc: t.root.crc,
+                })
+                .collect(),
+            next_chunk: self.chunks.next_id,
+            live_chunks: self.chunks.live_chunks,
+            live_stored_bytes: self.chunks.live_stored_bytes,
+            segment_live,
+            meta_bytes_written: self.meta_bytes_written(),
+            checkpoints: self.checkpoints,
+            bitmap: self.cache.alloc.bitmap().to_vec(),
+            meta: self
+                .meta
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        }
+    }
+
+    /// Metadata page bytes written over the pool's life.
+    pub(crate) fn meta_bytes_written(&self) -> u64 {
+        self.meta_bytes_written_before
+            + self.cache.counters.pages_written * crate::page_cache::PAGE_BYTES as u64
+    }
+}
