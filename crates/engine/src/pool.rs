@@ -1006,10 +1006,7 @@ impl Pool {
                     &mut entries,
                 )
                 .map_err(|err| {
-                    with_context(
-                        err,
-                        &format!("volume {name:?} blocks {first}..{}", first + n as u64),
-                    )
+                    in_volume(err, name, &format!("blocks {first}..{}", first + n as u64))
                 })?;
                 Ok(())
             })();
@@ -1144,7 +1141,8 @@ impl Pool {
     ) -> Result<Vec<(u64, u64)>> {
         let mut st = lock(&self.state);
         st.md.volume_for(vol, name, "block_status", first, count)?;
-        let r = crate::block_map::mapped(&mut st.md.cache, u64::from(vol), first, first + count);
+        let r = crate::block_map::mapped(&mut st.md.cache, u64::from(vol), first, first + count)
+            .map_err(|e| in_volume(e, name, &format!("blocks {first}..{}", first + count)));
         st.md.cache.evict_to_budget()?;
         r
     }
@@ -1183,6 +1181,26 @@ fn sync_segments(files: &[Arc<dyn crate::io::File>]) -> Result<()> {
         f.sync().map_err(|e| Error::io("syncing a segment", e))?;
     }
     Ok(())
+}
+
+/// Name the volume and blocks a metadata error was met in, keeping what it says.
+pub(crate) fn in_volume(e: Error, name: &str, blocks: &str) -> Error {
+    match e {
+        Error::Checksum {
+            what,
+            expected,
+            found,
+        } => Error::Checksum {
+            what: format!("volume {name:?} {blocks}: {what}"),
+            expected,
+            found,
+        },
+        Error::Corrupt { what, detail } => Error::Corrupt {
+            what: format!("volume {name:?} {blocks}: {what}"),
+            detail,
+        },
+        e => e,
+    }
 }
 
 fn with_context(e: Error, what: &str) -> Error {
