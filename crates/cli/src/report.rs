@@ -165,14 +165,13 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
         }
         let _ = writeln!(
             o,
-            "{:<24} {:>12} {:>12} {:>12} {:>12} {:>7.1}%{}",
+            "{:<24} {:>12} {:>12} {:>12} {:>12} {:>7.1}%",
             v.name,
             human(v.logical_bytes),
             human(v.written_bytes),
             human(v.zero_bytes),
             human(v.physical_bytes),
             v.saving_percent,
-            ""
         );
     }
     let hidden = s.volumes.iter().filter(|v| v.name.starts_with('.')).count();

@@ -278,7 +278,12 @@ fn known_duplication_is_counted_and_matches_import() {
         proj.abs_diff(real) * 100 <= real,
         "projected {proj} bytes, import stored {real}"
     );
-    assert_eq!(u(t, "index_ram_bytes"), u(&s, "index_ram_bytes"));
+    // The dedup index: projected for evenly filled shards, within a quarter of the real one.
+    let (pi, ri) = (u(t, "index_ram_bytes"), u(&s, "dedup_index_bytes"));
+    assert!(
+        pi.abs_diff(ri) * 4 <= ri,
+        "index RAM projected {pi}, real {ri}"
+    );
     // Compression was measured on the chunks themselves: mixed content saves some, not all.
     let cs = f(t, "compression_saving_percent");
     assert!(cs > 20.0 && cs < 80.0, "{cs}");

@@ -196,6 +196,24 @@ impl DedupIndex {
     }
 }
 
+/// What [`DedupIndex::ram_bytes`] will be after `chunks` inserts spread at random over the
+/// shards (for `condense estimate`).
+pub fn projected_ram_bytes(chunks: u64) -> u64 {
+    let fixed = (SHARDS * std::mem::size_of::<Shard>()) as u64;
+    let lambda = chunks as f64 / SHARDS as f64;
+    if lambda < 6.0 {
+        // Few chunks a shard: shards holding any have their first 8 slots (Poisson).
+        let used = SHARDS as f64 * (1.0 - (-lambda).exp());
+        return fixed + (used * 8.0 * 6.0) as u64;
+    }
+    let per_shard = lambda.ceil() as u64;
+    let mut cap = 0u64;
+    while per_shard * 10 > cap * 9 {
+        cap = (cap * 5 / 4).max(cap + 8);
+    }
+    fixed + SHARDS as u64 * cap * 6
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

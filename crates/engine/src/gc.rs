@@ -6,12 +6,31 @@
 //! dead chunks are journaled as `DropChunk`. A checkpoint then makes the new locations durable
 //! and empties the journal, and only after that are the victim files deleted. A crash before
 //! the checkpoint leaves the old locations valid; after it, the new ones.
+//!
+//! I/O goes on during a GC: the chunk table is scanned a window of pages at a time, victim
+//! records are read and checked without the state lock (sealed segments never change), and the
+//! state lock is taken only to append a batch of copies and journal it, re-checking that each
+//! chunk is still where it was read (and, for a drop, still unreferenced: a write may have
+//! deduplicated against it meanwhile). Flushes are not blocked (only one GC runs at a time).
 
 use crate::chunk_table::ChunkEntry;
 use crate::error::{Error, Result};
-use crate::format::{decode_record, JournalRecord, SEGMENT_HEADER_BYTES};
+use crate::format::{decode_record, JournalRecord, CHUNKS_PER_PAGE, SEGMENT_HEADER_BYTES};
+use crate::page_cache::CHUNK_TREE;
 use crate::pool::{lock, Pool};
-use std::collections::BTreeMap;
+
+/// Chunk-table pages scanned per hold of the state lock.
+const SCAN_PAGES: u64 = 64;
+/// A chunk to move: id, its entry when scanned, its segment file, its record if it was live.
+type Copy = (
+    u64,
+    ChunkEntry,
+    std::sync::Arc<dyn crate::io::File>,
+    Option<Vec<u8>>,
+);
+
+/// Chunks copied per hold of the state lock.
+const COPY_BATCH: usize = 256;
 
 #[derive(Clone, Debug, Default)]
 pub struct GcReport {
@@ -41,11 +60,11 @@ impl Pool {
 
     /// Compact every sealed segment whose dead share is at least `min_dead_percent`.
     pub fn gc(&self, min_dead_percent: u8) -> Result<GcReport> {
+        let _one_gc = lock(&self.gc_lock);
         self.flush()?;
-        let guard = lock(&self.sync_lock);
         let mut report = GcReport::default();
-        let victims: Vec<u32> = {
-            let mut st = lock(&self.state);
+        let (victims, next_id) = {
+            let st = lock(&self.state);
             self.writable(&st)?;
             report.bytes_before = st.segments.total_bytes();
             let open = st.segments.open_id();
@@ -60,47 +79,61 @@ impl Pool {
                 })
                 .map(|(id, _)| id)
                 .collect();
-            if victims.is_empty() {
-                report.bytes_after = report.bytes_before;
-                return Ok(report);
-            }
-            // Chunks in victim segments, by segment: (id, entry). A damaged chunk-table page
-            // stops GC before anything changes, so no chunk a damaged page may name is dropped.
-            let mut by_segment: BTreeMap<u32, Vec<(u64, ChunkEntry)>> = BTreeMap::new();
-            let md = &mut st.md;
-            md.chunks.for_each(&mut md.cache, &mut |id, e| {
-                if victims.contains(&e.loc.segment) {
-                    by_segment.entry(e.loc.segment).or_default().push((id, *e));
-                }
-                Ok(())
-            })?;
-            let mut records = Vec::new();
-            for (seg, chunks) in by_segment {
-                let file = st.segments.file(seg).ok_or_else(|| {
-                    Error::corrupt("segment store", format!("segment {seg} vanished"))
-                })?;
-                for (id, e) in chunks {
-                    let loc = e.loc;
-                    if e.refs == 0 {
-                        records.push(JournalRecord::DropChunk { id });
-                        report.chunks_dropped += 1;
-                        continue;
-                    }
-                    let mut buf = vec![0u8; loc.record_bytes() as usize];
-                    file.read_at(&mut buf, u64::from(loc.offset))
-                        .map_err(|err| {
-                            Error::io(format!("reading chunk {id} from segment {seg} for GC"), err)
-                        })?;
-                    decode_record(&buf, id, &loc)?;
-                    let new = st.segments.append_raw(&*self.dir, &buf, &loc)?;
-                    records.push(JournalRecord::Relocate { id, loc: new });
-                    report.chunks_moved += 1;
-                }
-            }
-            st.segments.write_pending()?;
-            self.commit(&mut st, records)?;
-            victims
+            (victims, st.md.chunks.next_id)
         };
+        if victims.is_empty() {
+            report.bytes_after = report.bytes_before;
+            return Ok(report);
+        }
+        let per = CHUNKS_PER_PAGE as u64;
+        let mut page = 0u64;
+        while page * per < next_id {
+            // 1. Chunks of victim segments in a window of the chunk table.
+            let mut found: Vec<(u64, ChunkEntry)> = Vec::new();
+            {
+                let mut st = lock(&self.state);
+                st.md.cache.for_each_leaf(
+                    CHUNK_TREE,
+                    page,
+                    page + SCAN_PAGES,
+                    &mut |pi, data| {
+                        for i in 0..CHUNKS_PER_PAGE {
+                            if let Some(e) = crate::chunk_table::decode_slot(data, i) {
+                                if victims.contains(&e.loc.segment) {
+                                    found.push((pi * per + i as u64, e));
+                                }
+                            }
+                        }
+                        Ok(true)
+                    },
+                )?;
+            }
+            page += SCAN_PAGES;
+            // 2. Read and check the live ones without the state lock; 3. commit in batches.
+            for batch in found.chunks(COPY_BATCH) {
+                let mut copies = Vec::with_capacity(batch.len());
+                for (id, e) in batch {
+                    let file = lock(&self.state)
+                        .segments
+                        .file(e.loc.segment)
+                        .ok_or_else(|| {
+                            Error::corrupt(
+                                "segment store",
+                                format!("segment {} vanished", e.loc.segment),
+                            )
+                        })?;
+                    let buf = if e.refs > 0 {
+                        Some(read_record(&*file, *id, e)?)
+                    } else {
+                        None
+                    };
+                    copies.push((*id, *e, file, buf));
+                }
+                self.commit_copies(copies, &mut report)?;
+            }
+        }
+        // 4. Make the new locations durable, then delete the victims.
+        let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
         let mut st = lock(&self.state);
         for id in &victims {
@@ -116,6 +149,54 @@ impl Pool {
         report.bytes_after = st.segments.total_bytes();
         Ok(report)
     }
+
+    /// Append the copies read outside the lock and journal them, re-checking each chunk.
+    fn commit_copies(&self, copies: Vec<Copy>, report: &mut GcReport) -> Result<()> {
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        let mut records = Vec::new();
+        for (id, was, file, buf) in copies {
+            let md = &mut st.md;
+            let Some(now) = md.chunks.get(&mut md.cache, id)? else {
+                continue;
+            };
+            if now.loc != was.loc {
+                continue;
+            }
+            if now.refs == 0 {
+                records.push(JournalRecord::DropChunk { id });
+                report.chunks_dropped += 1;
+                continue;
+            }
+            // Referenced again since the scan (deduplicated against): read it now.
+            let buf = match buf {
+                Some(b) => b,
+                None => read_record(&*file, id, &now)?,
+            };
+            let new = st.segments.append_raw(&*self.dir, &buf, &now.loc)?;
+            records.push(JournalRecord::Relocate { id, loc: new });
+            report.chunks_moved += 1;
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        st.segments.write_pending()?;
+        self.commit(&mut st, records).map(drop)
+    }
+}
+
+/// Read chunk `id`'s record from its (sealed) segment and check it.
+fn read_record(file: &dyn crate::io::File, id: u64, e: &ChunkEntry) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; e.loc.record_bytes() as usize];
+    file.read_at(&mut buf, u64::from(e.loc.offset))
+        .map_err(|err| {
+            Error::io(
+                format!("reading chunk {id} from segment {} for GC", e.loc.segment),
+                err,
+            )
+        })?;
+    decode_record(&buf, id, &e.loc)?;
+    Ok(buf)
 }
 
 /// A background thread that runs GC when dead space passes a threshold; stops when dropped.

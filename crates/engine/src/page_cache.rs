@@ -29,6 +29,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 pub const PAGE_BYTES: usize = 4096;
+/// Page images to write: (page number, bytes).
+pub type PageImages = Vec<(u64, Box<[u8]>)>;
+/// The cache keeps at least this many pages (16 MiB) however large the dedup index grows.
+pub const PAGES_FLOOR: usize = 4096;
 pub const FANOUT: u64 = 256;
 const PTR_BYTES: usize = 16;
 
@@ -110,6 +114,8 @@ pub struct PageCache {
     free_slots: Vec<usize>,
     hand: usize,
     budget_pages: usize,
+    /// RAM of other metadata (the dedup index) counted against the budget.
+    reserved_pages: usize,
     /// Never write: dirty pages stay in memory (a read-only open that replayed a journal).
     read_only: bool,
     pub alloc: PageAlloc,
@@ -135,11 +141,25 @@ impl PageCache {
             free_slots: Vec::new(),
             hand: 0,
             budget_pages: ((budget_bytes / PAGE_BYTES as u64) as usize).max(2),
+            reserved_pages: 0,
             read_only: false,
             alloc,
             trees,
             counters: CacheCounters::default(),
         }
+    }
+
+    /// Count `bytes` of other metadata RAM (the dedup index) against the budget: pages get
+    /// what is left, but never less than [`PAGES_FLOOR`] (or the whole budget if smaller).
+    pub fn set_reserved_bytes(&mut self, bytes: u64) {
+        self.reserved_pages = (bytes / PAGE_BYTES as u64) as usize;
+    }
+
+    /// Pages the cache may hold now.
+    pub fn page_limit(&self) -> usize {
+        self.budget_pages
+            .saturating_sub(self.reserved_pages)
+            .max(self.budget_pages.min(PAGES_FLOOR))
     }
 
     /// Keep dirty pages in memory instead of writing them (read-only opens).
@@ -532,7 +552,7 @@ impl PageCache {
         self.leaf(tree, index).map(drop)
     }
 
-    fn write_node(&mut self, slot: usize, out: Option<&mut Vec<(u64, Box<[u8]>)>>) -> Result<()> {
+    fn write_node(&mut self, slot: usize, out: Option<&mut PageImages>) -> Result<()> {
         let (key, old_page) = {
             let n = self.node(slot);
             (n.key, n.page)
@@ -597,7 +617,8 @@ impl PageCache {
     /// Write out nodes until the cache is within budget. Call only between changes.
     pub fn evict_to_budget(&mut self) -> Result<()> {
         let mut budget_sweeps = self.slots.len() * 2 + 2;
-        while self.map.len() > self.budget_pages && budget_sweeps > 0 {
+        let limit = self.page_limit();
+        while self.map.len() > limit && budget_sweeps > 0 {
             budget_sweeps -= 1;
             if self.slots.is_empty() {
                 break;
@@ -643,7 +664,7 @@ impl PageCache {
     /// Assign pages to every dirty node, leaves first, and return the page images to write
     /// (the roots in [`PageCache::trees`] then name them). Starts a new allocation epoch;
     /// the returned list of freed pages goes to `alloc.release` once the checkpoint is durable.
-    pub fn prepare_checkpoint(&mut self) -> Result<(Vec<(u64, Box<[u8]>)>, Vec<u64>)> {
+    pub fn prepare_checkpoint(&mut self) -> Result<(PageImages, Vec<u64>)> {
         let mut out = Vec::new();
         let max_level = self.trees.values().map(|t| t.height).max().unwrap_or(0);
         for level in 0..max_level {

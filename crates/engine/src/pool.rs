@@ -6,9 +6,9 @@
 //! one mutex. Every change is a [`JournalRecord`] applied and appended to the journal in the
 //! same critical section, so the journal order is the apply order.
 //!
-//! Locks, always taken in this order: a volume's write lock (held by read-modify-write of
-//! partial blocks, zeroing, resize and delete; whole-block writes go without it), then
-//! `sync_lock` (one flush or checkpoint at a time), then `state`. CPU-heavy work (hashing,
+//! Locks, always taken in this order: `gc_lock` (one GC at a time), a volume's write lock
+//! (held by read-modify-write of partial blocks, zeroing, resize and delete; whole-block
+//! writes go without it), then `sync_lock` (one flush or checkpoint at a time), then `state`. CPU-heavy work (hashing,
 //! compression, decompression) and data reads run without `state`.
 //!
 //! Durability: a flush (1) writes the journal's buffered records as a batch, (2) syncs every
@@ -59,7 +59,7 @@ pub fn default_metadata_cache_bytes() -> u64 {
         })
         .map(|kib| kib * 1024);
     match ram {
-        Some(r) => (r / 20).min(256 << 20).max(METADATA_CACHE_MIN),
+        Some(r) => (r / 20).clamp(METADATA_CACHE_MIN, 256 << 20),
         None => 256 << 20,
     }
 }
@@ -129,6 +129,8 @@ pub struct Pool {
     pub(crate) opts: OpenOptions,
     pub(crate) state: Mutex<State>,
     pub(crate) sync_lock: Mutex<()>,
+    /// One garbage collection at a time.
+    pub(crate) gc_lock: Mutex<()>,
     vol_locks: Mutex<HashMap<u32, Arc<Mutex<()>>>>,
     pub(crate) me: Weak<Pool>,
     pub(crate) read_errors: AtomicU64,
@@ -381,6 +383,7 @@ impl Pool {
             md.cache.set_read_only();
         }
         md.rebuild_index()?;
+        md.cache.set_reserved_bytes(md.index.ram_bytes());
 
         let block_size = sb.block_size;
         let (journal, replay) = Journal::replay(
@@ -438,6 +441,7 @@ impl Pool {
             opts,
             state: Mutex::new(state),
             sync_lock: Mutex::new(()),
+            gc_lock: Mutex::new(()),
             vol_locks: Mutex::new(HashMap::new()),
             me: me.clone(),
             read_errors: AtomicU64::new(0),
@@ -686,6 +690,8 @@ impl Pool {
         }
         st.appended += records.len() as u64;
         let appended = st.appended;
+        let index_bytes = st.md.index.ram_bytes();
+        st.md.cache.set_reserved_bytes(index_bytes);
         if let Err(e) = st.md.cache.evict_to_budget() {
             st.poisoned = Some(e.to_string());
             return Err(e);

@@ -94,7 +94,7 @@ pub fn project(p: &ProjectionInput) -> Projection {
         (SUPERBLOCK_BYTES + JOURNAL_HEADER_BYTES) as u64 + (root + meta_file) as u64;
 
     // RAM: the dedup index (the page cache is a fixed budget, not per chunk).
-    let index = (p.unique_chunks as f64 * 6.0 / 0.82) as u64;
+    let index = crate::dedup_index::projected_ram_bytes(p.unique_chunks);
     Projection {
         data_bytes,
         metadata_bytes,
@@ -124,7 +124,8 @@ mod tests {
         });
         assert_eq!(p.data_bytes, 0);
         assert!(p.metadata_bytes > 128 + 64 && p.metadata_bytes < 16384);
-        assert_eq!(p.index_ram_bytes, 0);
+        // The index's fixed part only (its 4096 empty shards).
+        assert!(p.index_ram_bytes < 512 << 10);
     }
 
     #[test]

@@ -516,7 +516,7 @@ mod tests {
     #[test]
     fn map_model_counts_pages_and_breaks() {
         let mut m = MapModel::default();
-        for b in 0..2048u64 {
+        for b in 0..2 * MAP_PAGE_ENTRIES as u64 {
             m.entry(b, b as u32);
         }
         assert_eq!(m.pages, 2);
