@@ -19,6 +19,7 @@ mod size;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -93,6 +94,31 @@ struct InitArgs {
     /// Size at which segment files are sealed.
     #[arg(long, default_value = "64M", value_parser = size::parse_size, hide = true)]
     segment_size: u64,
+    #[command(flatten)]
+    cache: MetadataCacheArg,
+}
+
+/// `--metadata-cache SIZE`, on `init` (stored in the pool) and on the commands that open the
+/// pool for long or heavy work (`import`, `serve`, `mount`; for that open only).
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct MetadataCacheArg {
+    /// metadata page-cache budget (default: the pool's setting; at init 256 MiB or 5 % of RAM,
+    /// whichever is smaller)
+    #[arg(long, value_name = "SIZE", value_parser = parse_metadata_cache)]
+    pub metadata_cache: Option<u64>,
+}
+
+fn parse_metadata_cache(s: &str) -> Result<u64, String> {
+    let bytes = size::parse_size(s)?;
+    let min = condense_engine::METADATA_CACHE_MIN;
+    if bytes < min {
+        return Err(format!(
+            "a metadata cache of {} is too small: the minimum is {} ({min} bytes)",
+            size::human(bytes),
+            size::human(min)
+        ));
+    }
+    Ok(bytes)
 }
 
 #[derive(Subcommand)]
@@ -134,11 +160,20 @@ enum VolumeCommand {
 #[derive(Args)]
 struct ImportArgs {
     /// A disk image: raw (read directly, fastest) or qcow2/vmdk/vdi/vhdx/vpc (through
-    /// `qemu-img convert`, which must be installed).
+    /// `qemu-img convert`, which must be installed); `-` reads a raw image from standard
+    /// input (needs --name and --size).
     file: PathBuf,
-    /// Name of the new volume (default: the file name without its extension).
+    /// Name of the new volume (default: the file name without its extension; required with
+    /// `-`).
     #[arg(long)]
     name: Option<String>,
+    /// Logical size of the new volume when importing from standard input (`-`): K/M/G/T
+    /// suffixes, a multiple of the block size. Input shorter than this leaves the rest
+    /// unwritten (zeros); longer input is an error.
+    #[arg(long, value_parser = size::parse_size)]
+    size: Option<u64>,
+    #[command(flatten)]
+    cache: MetadataCacheArg,
 }
 
 #[derive(Args)]
@@ -204,8 +239,14 @@ fn parse_policy(s: &str) -> Result<WritePolicy, String> {
 }
 
 pub(crate) fn open_pool(path: &Path, read_only: bool) -> Result<Arc<Pool>> {
+    open_pool_with(path, read_only, &MetadataCacheArg::default())
+}
+
+/// [`open_pool`] with the pool's settings for this open overridden by command-line options.
+fn open_pool_with(path: &Path, read_only: bool, cache: &MetadataCacheArg) -> Result<Arc<Pool>> {
     let opts = OpenOptions {
         read_only,
+        metadata_cache_bytes: cache.metadata_cache,
         ..Default::default()
     };
     let pool = Pool::open_path(path, opts)
@@ -246,7 +287,7 @@ fn run(cli: Cli) -> Result<i32> {
                 compression: a.compression,
                 write_policy: a.write_policy,
                 segment_bytes_target: a.segment_size,
-                metadata_cache_bytes: None,
+                metadata_cache_bytes: a.cache.metadata_cache,
             };
             Pool::init_path(&dir, &opts)
                 .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
@@ -265,8 +306,35 @@ fn run(cli: Cli) -> Result<i32> {
             pool.close()?;
         }
         Command::Volume(v) => return volume_command(&cli.pool, v),
+        Command::Import(a) if a.file.as_os_str() == "-" => {
+            let (Some(name), Some(size)) = (&a.name, a.size) else {
+                let missing: Vec<&str> = [
+                    ("--name NAME", a.name.is_none()),
+                    ("--size SIZE", a.size.is_none()),
+                ]
+                .into_iter()
+                .filter_map(|(arg, missing)| missing.then_some(arg))
+                .collect();
+                bail!(
+                    "importing from standard input (`condense import -`) needs {}: the name and the logical size of the new volume, e.g. `zstdcat vm.raw.zst | condense import - --name vm --size 16G`",
+                    missing.join(" and ")
+                );
+            };
+            if std::io::stdin().is_terminal() {
+                bail!("standard input is a terminal; pipe a raw image in, e.g. `zstdcat vm.raw.zst | condense import - --name {name} --size SIZE`");
+            }
+            let pool = open_pool_with(&cli.pool, false, &a.cache)?;
+            image::import_stdin(&pool, name, size)?;
+            pool.close()?;
+        }
         Command::Import(a) => {
-            let pool = open_pool(&cli.pool, false)?;
+            if a.size.is_some() {
+                bail!(
+                    "--size is only for importing from standard input (`condense import - --name NAME --size SIZE`); a volume imported from {} takes the image's size",
+                    a.file.display()
+                );
+            }
+            let pool = open_pool_with(&cli.pool, false, &a.cache)?;
             let name = match a.name {
                 Some(n) => n,
                 None => a
@@ -310,8 +378,12 @@ fn run(cli: Cli) -> Result<i32> {
                 pool.close()?;
             }
         }
-        Command::Mount(a) => daemon(&cli.pool, a.read_only, |pool| mount::run(pool, &a))?,
-        Command::Serve(a) => daemon(&cli.pool, a.read_only, |pool| serve::run(pool, &a))?,
+        Command::Mount(a) => daemon(&cli.pool, a.read_only, &a.cache, |pool| {
+            mount::run(pool, &a)
+        })?,
+        Command::Serve(a) => daemon(&cli.pool, a.read_only, &a.cache, |pool| {
+            serve::run(pool, &a)
+        })?,
         Command::Stats(a) => {
             let stats = match open_pool(&cli.pool, true) {
                 Ok(pool) => pool.stats().context("cannot read pool statistics")?,
@@ -386,8 +458,13 @@ fn run(cli: Cli) -> Result<i32> {
 
 /// Run a long-lived frontend on the pool, with GC in the background once a quarter of the
 /// segment bytes are dead; close the pool cleanly when it returns.
-fn daemon(path: &Path, read_only: bool, run: impl FnOnce(Arc<Pool>) -> Result<()>) -> Result<()> {
-    let pool = open_pool(path, read_only)?;
+fn daemon(
+    path: &Path,
+    read_only: bool,
+    cache: &MetadataCacheArg,
+    run: impl FnOnce(Arc<Pool>) -> Result<()>,
+) -> Result<()> {
+    let pool = open_pool_with(path, read_only, cache)?;
     let gc = (!read_only).then(|| {
         condense_engine::gc::BackgroundGc::start(
             &pool,

@@ -28,6 +28,8 @@ pub struct MountArgs {
     /// Refuse every change (EROFS).
     #[arg(long)]
     pub read_only: bool,
+    #[command(flatten)]
+    pub cache: crate::MetadataCacheArg,
 }
 
 /// How often the foreground loop checks whether the mount was ended by `umount`.

@@ -26,6 +26,8 @@ pub struct ServeArgs {
     /// Refuse every write; clients see read-only exports.
     #[arg(long)]
     pub read_only: bool,
+    #[command(flatten)]
+    pub cache: crate::MetadataCacheArg,
 }
 
 impl ServeArgs {
@@ -149,24 +151,28 @@ mod tests {
             listen: None,
             socket: None,
             read_only: false,
+            cache: Default::default(),
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Tcp(DEFAULT_LISTEN.parse()?)]);
         let a = ServeArgs {
             listen: None,
             socket: Some("/tmp/x.sock".into()),
             read_only: false,
+            cache: Default::default(),
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Unix("/tmp/x.sock".into())]);
         let a = ServeArgs {
             listen: Some("127.0.0.1:1234".into()),
             socket: Some("/tmp/x.sock".into()),
             read_only: false,
+            cache: Default::default(),
         };
         assert_eq!(a.endpoints()?.len(), 2);
         let a = ServeArgs {
             listen: Some("no port".into()),
             socket: None,
             read_only: false,
+            cache: Default::default(),
         };
         assert!(a.endpoints().is_err());
         Ok(())
