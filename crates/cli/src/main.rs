@@ -75,6 +75,10 @@ enum Command {
     /// Measure savings, disk performance and resource use against a plain directory on the
     /// same disk; writes a Markdown report with SVG charts (docs/BENCH.md).
     Bench(bench::BenchArgs),
+    /// Where a volume's block map lives in meta.dat (for support and tests): JSON with the
+    /// tree's height and its root page's first sector, sectors and CRC.
+    #[command(hide = true)]
+    DebugMap { name: String },
 }
 
 #[derive(Args)]
@@ -433,6 +437,20 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Command::Bench(a) => bench::run(&cli.pool, &a)?,
         Command::Estimate(a) => estimate::run(&a)?,
+        Command::DebugMap { name } => {
+            let pool = open_pool(&cli.pool, true)?;
+            let t = pool.map_root(&name)?;
+            println!(
+                "{}",
+                serde_json::json!({
+                    "volume": name,
+                    "height": t.height,
+                    "root_sector": t.root.page,
+                    "root_sectors": t.root.sectors,
+                    "root_crc": t.root.crc,
+                })
+            );
+        }
         Command::Verify(a) => {
             let pool = open_pool(&cli.pool, false)?;
             let bar = report::bar(0, "verifying chunks");

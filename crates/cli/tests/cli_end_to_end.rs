@@ -361,21 +361,6 @@ fn bad_input_gets_clear_errors_and_changes_nothing() {
     ok(&pool, &["volume", "list"]);
 }
 
-/// Page number in meta.dat of the block-map leaf whose first entries are chunks 0, 1, 2 (the
-/// first leaf of the first volume imported): entries are stored as chunk id + 2.
-fn first_map_leaf(meta: &[u8]) -> usize {
-    let word = |p: usize, i: usize| {
-        u64::from_le_bytes(
-            meta[p * 4096 + i * 8..p * 4096 + i * 8 + 8]
-                .try_into()
-                .unwrap_or_default(),
-        )
-    };
-    (1..meta.len() / 4096)
-        .find(|&p| word(p, 0) == 2 && word(p, 1) == 3 && word(p, 2) == 4)
-        .unwrap_or_else(|| panic!("no block-map leaf of volume a in meta.dat"))
-}
-
 #[test]
 fn corruption_fails_reads_and_verify_names_the_damage() {
     let d = tmp();
@@ -432,11 +417,13 @@ fn corruption_fails_reads_and_verify_names_the_damage() {
         "{r}"
     );
 
-    // Metadata: damage a page of volume a's block map in meta.dat.
+    // Metadata: damage the root page of volume a's block map in meta.dat.
     let metap = pool.join("meta.dat");
     let mut meta = fs::read(&metap).unwrap_or_default();
-    let page = first_map_leaf(&meta);
-    meta[page * 4096 + 100] ^= 0x01;
+    let root = json(&ok(&pool, &["debug-map", "a"]));
+    let sector = root["root_sector"].as_u64().unwrap_or(0) as usize;
+    assert!(sector >= 8, "{root}");
+    meta[sector * 512 + 1] ^= 0x01;
     fs::write(&metap, &meta).unwrap_or_else(|e| panic!("{e}"));
     let v = condense(&pool, &["verify", "--json"]);
     assert_eq!(v.status.code(), Some(3));

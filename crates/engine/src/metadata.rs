@@ -298,6 +298,8 @@ impl Metadata {
                     height: t.height,
                     page: t.root.page,
                     crc: t.root.crc,
+                    sectors: t.root.sectors,
+                    codec: t.root.codec,
                 })
                 .collect(),
             next_chunk: self.chunks.next_id,
@@ -317,7 +319,6 @@ impl Metadata {
 
     /// Metadata page bytes written over the pool's life.
     pub(crate) fn meta_bytes_written(&self) -> u64 {
-        self.meta_bytes_written_before
-            + self.cache.counters.pages_written * crate::page_cache::PAGE_BYTES as u64
+        self.meta_bytes_written_before + self.cache.counters.bytes_written
     }
 }

@@ -1,141 +1,170 @@
-//! Allocation of metadata pages in `meta.dat`.
+//! Allocation of space for metadata pages in `meta.dat`, in 512-byte sectors.
 //!
-//! Owns: which page numbers are in use, and when a freed page may be written again.
+//! Owns: which sectors are in use, and when freed sectors may be written again.
 //! Invariants (they are what makes copy-on-write crash safe):
-//! - Page 0 is the file header and is never handed out; 0 in a pointer means "no page".
-//! - A page referenced by the last durable checkpoint root is never overwritten. A page is
+//! - Sectors 0..8 are the file header and are never handed out; 0 in a pointer means "none".
+//! - A run referenced by the last durable checkpoint root is never overwritten. A run is
 //!   overwritten in place only if it was allocated in the current epoch (after the last
 //!   checkpoint was prepared), so no root on disk can reference it.
-//! - A page freed in the current epoch that an earlier root may reference is *pending*: it is
+//! - A run freed in the current epoch that an earlier root may reference is *pending*: it is
 //!   neither in use nor allocatable until the next checkpoint, which no longer references it,
 //!   is durable ([`PageAlloc::take_pending`] / [`PageAlloc::release`]).
-//! - The bitmap saved in a checkpoint root marks exactly the pages that root references, so
+//! - The bitmap saved in a checkpoint root marks exactly the sectors that root references, so
 //!   pages written after it (lost or garbage after a crash) are free again at open.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+
+/// Sectors of the `meta.dat` header.
+pub const HEADER_SECTORS: u64 = 8;
 
 #[derive(Default)]
 pub struct PageAlloc {
-    /// One bit per page: in use by the current in-memory state.
+    /// One bit per sector: in use by the current in-memory state.
     bits: Vec<u64>,
-    /// Pages allocated in the current epoch (free to overwrite in place).
-    fresh: HashSet<u64>,
+    /// Runs allocated in the current epoch (free to overwrite in place): start → length.
+    fresh: HashMap<u64, u16>,
     /// Freed in the current epoch but maybe referenced by a root on disk.
-    pending: Vec<u64>,
-    /// Freed by the checkpoint in flight; allocatable once it is durable.
-    held: HashSet<u64>,
-    /// Lowest page that may be free.
+    pending: Vec<(u64, u16)>,
+    /// One bit per sector: freed by a checkpoint not yet durable (not allocatable).
+    held: Vec<u64>,
+    /// Lowest sector that may be free.
     cursor: u64,
     used: u64,
 }
 
+fn bit(v: &[u64], s: u64) -> bool {
+    v.get((s / 64) as usize)
+        .is_some_and(|w| w & (1 << (s % 64)) != 0)
+}
+
+fn put(v: &mut Vec<u64>, s: u64, on: bool) {
+    let w = (s / 64) as usize;
+    if w >= v.len() {
+        v.resize(w + 1, 0);
+    }
+    if on {
+        v[w] |= 1 << (s % 64);
+    } else {
+        v[w] &= !(1 << (s % 64));
+    }
+}
+
 impl PageAlloc {
-    /// An allocator from a saved bitmap (page 0 is always in use).
+    /// An allocator from a saved bitmap (the header sectors are always in use).
     pub fn from_bitmap(bits: Vec<u64>) -> PageAlloc {
         let mut a = PageAlloc {
             bits,
             ..Default::default()
         };
-        if a.bits.is_empty() {
-            a.bits.push(0);
+        for s in 0..HEADER_SECTORS {
+            put(&mut a.bits, s, true);
         }
-        a.bits[0] |= 1;
         a.used = a.bits.iter().map(|w| u64::from(w.count_ones())).sum();
-        a.cursor = 1;
+        a.cursor = HEADER_SECTORS;
         a
     }
 
-    pub fn is_used(&self, page: u64) -> bool {
-        self.bits
-            .get((page / 64) as usize)
-            .is_some_and(|w| w & (1 << (page % 64)) != 0)
+    fn free_at(&self, s: u64) -> bool {
+        !bit(&self.bits, s) && !bit(&self.held, s)
     }
 
-    fn set(&mut self, page: u64, on: bool) {
-        let w = (page / 64) as usize;
-        if w >= self.bits.len() {
-            self.bits.resize(w + 1, 0);
-        }
-        let was = self.bits[w] & (1 << (page % 64)) != 0;
-        if on {
-            self.bits[w] |= 1 << (page % 64);
-        } else {
-            self.bits[w] &= !(1 << (page % 64));
-        }
-        match (was, on) {
-            (false, true) => self.used += 1,
-            (true, false) => self.used -= 1,
-            _ => {}
-        }
-    }
-
-    /// A page to write a new copy of a node to.
-    pub fn allocate(&mut self) -> u64 {
-        let mut p = self.cursor.max(1);
-        loop {
-            let w = (p / 64) as usize;
-            if w < self.bits.len() && self.bits[w] == u64::MAX {
-                p = (w as u64 + 1) * 64;
+    /// A run of `n` sectors to write a page to.
+    pub fn allocate(&mut self, n: u16) -> u64 {
+        let n = u64::from(n.max(1));
+        let mut start = self.cursor.max(HEADER_SECTORS);
+        'search: loop {
+            // Skip full words quickly.
+            let w = (start / 64) as usize;
+            if start % 64 == 0 && w < self.bits.len() && self.bits[w] == u64::MAX {
+                start += 64;
                 continue;
             }
-            if !self.is_used(p) && !self.held.contains(&p) {
-                break;
+            for s in start..start + n {
+                if !self.free_at(s) {
+                    start = s + 1;
+                    continue 'search;
+                }
             }
-            p += 1;
+            break;
         }
-        self.set(p, true);
-        self.fresh.insert(p);
-        self.cursor = p + 1;
-        p
+        for s in start..start + n {
+            put(&mut self.bits, s, true);
+        }
+        self.used += n;
+        self.fresh.insert(start, n as u16);
+        if start == self.cursor {
+            self.cursor = start + n;
+        }
+        start
     }
 
-    /// True if `page` may be overwritten in place (no root on disk references it).
-    pub fn is_fresh(&self, page: u64) -> bool {
-        self.fresh.contains(&page)
+    /// The length of the run at `start` if it was allocated in this epoch (no root on disk
+    /// names it, so it may be overwritten in place).
+    pub fn fresh_len(&self, start: u64) -> Option<u16> {
+        self.fresh.get(&start).copied()
     }
 
-    /// The state no longer references `page`.
-    pub fn free(&mut self, page: u64) {
-        if page == 0 {
+    /// The state no longer references the run of `n` sectors at `start`.
+    pub fn free(&mut self, start: u64, n: u16) {
+        if start == 0 {
             return;
         }
-        self.set(page, false);
-        if self.fresh.remove(&page) {
-            self.cursor = self.cursor.min(page);
+        for s in start..start + u64::from(n) {
+            if bit(&self.bits, s) {
+                put(&mut self.bits, s, false);
+                self.used -= 1;
+            }
+        }
+        if self.fresh.remove(&start).is_some() {
+            self.cursor = self.cursor.min(start);
         } else {
-            self.pending.push(page);
-            self.held.insert(page);
+            for s in start..start + u64::from(n) {
+                put(&mut self.held, s, true);
+            }
+            self.pending.push((start, n));
         }
     }
 
-    /// At checkpoint preparation: a new epoch starts. Returns the pages freed in the ending
+    /// At checkpoint preparation: a new epoch starts. Returns the runs freed in the ending
     /// epoch; give them to [`PageAlloc::release`] once that checkpoint is durable.
-    pub fn take_pending(&mut self) -> Vec<u64> {
+    pub fn take_pending(&mut self) -> Vec<(u64, u16)> {
         self.fresh.clear();
         std::mem::take(&mut self.pending)
     }
 
-    /// The checkpoint that stopped referencing `pages` is durable: they may be reused.
-    pub fn release(&mut self, pages: Vec<u64>) {
-        for p in pages {
-            self.held.remove(&p);
-            self.cursor = self.cursor.min(p);
+    /// The checkpoint that stopped referencing `runs` is durable: they may be reused.
+    pub fn release(&mut self, runs: Vec<(u64, u16)>) {
+        for (start, n) in runs {
+            for s in start..start + u64::from(n) {
+                put(&mut self.held, s, false);
+            }
+            self.cursor = self.cursor.min(start);
         }
     }
 
-    /// The bitmap to save in a checkpoint root (pages the state references now).
+    /// The bitmap to save in a checkpoint root (sectors the state references now).
     pub fn bitmap(&self) -> &[u64] {
         &self.bits
     }
 
-    /// Pages in use.
-    pub fn used_pages(&self) -> u64 {
+    /// Sectors in use.
+    pub fn used_sectors(&self) -> u64 {
         self.used
+    }
+
+    /// One past the highest sector in use or held (the file need not be longer).
+    pub fn end(&self) -> u64 {
+        let last = |v: &[u64]| {
+            v.iter()
+                .rposition(|&w| w != 0)
+                .map_or(0, |i| i as u64 * 64 + 64 - u64::from(v[i].leading_zeros()))
+        };
+        last(&self.bits).max(last(&self.held))
     }
 
     /// Bytes of RAM this allocator holds.
     pub fn ram_bytes(&self) -> u64 {
-        (self.bits.capacity() * 8 + (self.fresh.capacity() + self.held.capacity()) * 16) as u64
+        ((self.bits.capacity() + self.held.capacity()) * 8 + self.fresh.capacity() * 16) as u64
     }
 }
 
@@ -144,26 +173,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pages_of_a_durable_root_are_reused_only_after_the_next_checkpoint() {
+    fn runs_of_a_durable_root_are_reused_only_after_the_next_checkpoint() {
         let mut a = PageAlloc::from_bitmap(Vec::new());
-        let p1 = a.allocate();
-        let p2 = a.allocate();
-        assert_eq!((p1, p2), (1, 2));
+        let p1 = a.allocate(2);
+        let p2 = a.allocate(8);
+        assert_eq!((p1, p2), (8, 10));
         // p1 was just allocated: freeing it makes it reusable at once.
-        a.free(p1);
-        assert_eq!(a.allocate(), 1);
-        // A checkpoint now references 1 and 2.
-        let released = a.take_pending();
-        assert!(released.is_empty());
-        a.free(2);
-        assert!(!a.is_fresh(1));
-        // 2 is pending: not reused before the next checkpoint is durable.
-        assert_eq!(a.allocate(), 3);
+        a.free(p1, 2);
+        assert_eq!(a.allocate(1), 8);
+        // A checkpoint now references 8 and 10..18.
+        assert!(a.take_pending().is_empty());
+        a.free(10, 8);
+        assert_eq!(a.fresh_len(8), None);
+        // 10..18 is pending: not reused before the next checkpoint is durable.
+        assert_eq!(a.allocate(4), 18);
         let pending = a.take_pending();
-        assert_eq!(pending, vec![2]);
-        assert_eq!(a.allocate(), 4);
+        assert_eq!(pending, vec![(10, 8)]);
+        assert_eq!(a.allocate(1), 9);
+        assert_eq!(a.allocate(2), 22);
         a.release(pending);
-        assert_eq!(a.allocate(), 2);
-        assert_eq!(a.used_pages(), 5); // header + 1, 3, 4, 2
+        assert_eq!(a.allocate(8), 10);
+        assert_eq!(a.used_sectors(), 8 + 1 + 1 + 4 + 2 + 8);
+        assert_eq!(a.end(), 24);
     }
 }

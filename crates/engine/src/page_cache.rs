@@ -41,15 +41,24 @@ pub type TreeId = u64;
 /// The chunk table's tree.
 pub const CHUNK_TREE: TreeId = u64::MAX;
 
-/// A pointer to a page: its number in `meta.dat` (0 = none) and the CRC-32C of its bytes.
+/// A pointer to a stored page: its first 512-byte sector in `meta.dat` (0 = none), the
+/// sectors its run takes, how it is encoded, and the CRC-32C of the stored sectors.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ptr {
     pub page: u64,
     pub crc: u32,
+    pub sectors: u16,
+    /// 0: the page as is (8 sectors); 1: stride-delta + LZ4 (see [`encode_page`]).
+    pub codec: u8,
 }
 
 impl Ptr {
-    pub const NULL: Ptr = Ptr { page: 0, crc: 0 };
+    pub const NULL: Ptr = Ptr {
+        page: 0,
+        crc: 0,
+        sectors: 0,
+        codec: 0,
+    };
 
     fn read(buf: &[u8], i: usize) -> Ptr {
         let at = i * PTR_BYTES;
@@ -60,6 +69,8 @@ impl Ptr {
         Ptr {
             page: u64::from_le_bytes(p),
             crc: u32::from_le_bytes(c),
+            sectors: u16::from_le_bytes([buf[at + 12], buf[at + 13]]),
+            codec: buf[at + 14],
         }
     }
 
@@ -67,7 +78,81 @@ impl Ptr {
         let at = i * PTR_BYTES;
         buf[at..at + 8].copy_from_slice(&self.page.to_le_bytes());
         buf[at + 8..at + 12].copy_from_slice(&self.crc.to_le_bytes());
-        buf[at + 12..at + 16].fill(0);
+        buf[at + 12..at + 14].copy_from_slice(&self.sectors.to_le_bytes());
+        buf[at + 14] = self.codec;
+        buf[at + 15] = 0;
+    }
+}
+
+pub const SECTOR: usize = 512;
+
+/// Words between a record and the one it is delta-coded against, per kind of page.
+fn stride(tree: TreeId, level: u8) -> usize {
+    match (tree, level) {
+        (_, l) if l > 0 => PTR_BYTES / 8,
+        (CHUNK_TREE, _) => 4,
+        _ => 1,
+    }
+}
+
+/// How a page is stored: each 8-byte word minus the word `stride` before it (sequential
+/// chunk ids, runs of equal entries and similar records become runs of equal words), then
+/// LZ4, behind a 2-byte length, padded to whole sectors. Falls back to the raw page when that
+/// does not save a sector. Returns (codec, stored bytes).
+pub fn encode_page(data: &[u8], stride: usize) -> (u8, Vec<u8>) {
+    let word = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&data[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(b)
+    };
+    let words = PAGE_BYTES / 8;
+    let mut t = Vec::with_capacity(PAGE_BYTES);
+    for i in 0..words {
+        let v = if i >= stride {
+            word(i).wrapping_sub(word(i - stride))
+        } else {
+            word(i)
+        };
+        t.extend_from_slice(&v.to_le_bytes());
+    }
+    let c = lz4_flex::block::compress(&t);
+    let stored = 2 + c.len();
+    if stored.div_ceil(SECTOR) >= PAGE_BYTES / SECTOR {
+        return (0, data.to_vec());
+    }
+    let mut out = Vec::with_capacity(stored.div_ceil(SECTOR) * SECTOR);
+    out.extend_from_slice(&(c.len() as u16).to_le_bytes());
+    out.extend_from_slice(&c);
+    out.resize(stored.div_ceil(SECTOR) * SECTOR, 0);
+    (1, out)
+}
+
+/// The page back from its stored bytes; `None` if they do not decode.
+pub fn decode_page(codec: u8, stored: &[u8], stride: usize) -> Option<Box<[u8]>> {
+    match codec {
+        0 => (stored.len() == PAGE_BYTES).then(|| stored.to_vec().into_boxed_slice()),
+        1 => {
+            let len = usize::from(u16::from_le_bytes([*stored.first()?, *stored.get(1)?]));
+            let c = stored.get(2..2 + len)?;
+            let mut t = vec![0u8; PAGE_BYTES];
+            if lz4_flex::block::decompress_into(c, &mut t).ok()? != PAGE_BYTES {
+                return None;
+            }
+            let mut out = vec![0u8; PAGE_BYTES].into_boxed_slice();
+            for i in 0..PAGE_BYTES / 8 {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&t[i * 8..i * 8 + 8]);
+                let mut v = u64::from_le_bytes(b);
+                if i >= stride {
+                    let mut p = [0u8; 8];
+                    p.copy_from_slice(&out[(i - stride) * 8..(i - stride) * 8 + 8]);
+                    v = v.wrapping_add(u64::from_le_bytes(p));
+                }
+                out[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+            }
+            Some(out)
+        }
+        _ => None,
     }
 }
 
@@ -89,8 +174,10 @@ struct Key {
 struct Node {
     key: Key,
     data: Box<[u8]>,
-    /// The page this node was read from or last written to (0: never written).
+    /// Where this node was read from or last written to (0: never written).
     page: u64,
+    /// Sectors of that run.
+    sectors: u16,
     dirty: bool,
     /// Cached children (a node with any is never evicted).
     children: u32,
@@ -103,8 +190,9 @@ pub struct CacheCounters {
     pub hits: u64,
     pub misses: u64,
     pub evictions: u64,
-    /// Pages written (checkpoints and eviction of dirty pages).
+    /// Pages written (checkpoints and eviction of dirty pages), and their stored bytes.
     pub pages_written: u64,
+    pub bytes_written: u64,
 }
 
 pub struct PageCache {
@@ -238,6 +326,7 @@ impl PageCache {
                 key: new_root,
                 data,
                 page: 0,
+                sectors: 0,
                 dirty: true,
                 children: u32::from(cached_old),
                 referenced: true,
@@ -262,10 +351,12 @@ impl PageCache {
         self.for_each_leaf(tree, 0, u64::MAX, &mut |i, data| {
             leaf(i, data).map(|_| true)
         })?;
-        let mut pages = vec![info.root.page];
-        self.walk_pointers(tree, info.height - 1, 0, &mut |_, _, p| pages.push(p.page))?;
-        for p in pages {
-            self.alloc.free(p);
+        let mut runs = vec![(info.root.page, info.root.sectors)];
+        self.walk_pointers(tree, info.height - 1, 0, &mut |_, _, p| {
+            runs.push((p.page, p.sectors))
+        })?;
+        for (start, n) in runs {
+            self.alloc.free(start, n);
         }
         self.drop_cached(tree);
         self.trees.remove(&tree);
@@ -328,13 +419,12 @@ impl PageCache {
         to: u64,
         f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
     ) -> Result<()> {
-        let mut buf = vec![0u8; PAGE_BYTES];
         let file = self.file.clone();
         let mut g = |i: u64, src: LeafSrc<'_>| -> Result<bool> {
             match src {
                 LeafSrc::Cached(d) => f(i, d),
                 LeafSrc::Disk(p) => {
-                    read_checked(&*file, p, &mut buf, tree, 0, i)?;
+                    let buf = read_checked(&*file, p, tree, 0, i)?;
                     f(i, &buf)
                 }
             }
@@ -491,18 +581,19 @@ impl PageCache {
                 key,
                 data: vec![0u8; PAGE_BYTES].into_boxed_slice(),
                 page: 0,
+                sectors: 0,
                 dirty: create,
                 children: 0,
                 referenced: true,
             }
         } else {
             self.counters.misses += 1;
-            let mut data = vec![0u8; PAGE_BYTES].into_boxed_slice();
-            read_checked(&*self.file, ptr, &mut data, tree, level, index)?;
+            let data = read_checked(&*self.file, ptr, tree, level, index)?;
             Node {
                 key,
                 data,
                 page: ptr.page,
+                sectors: ptr.sectors,
                 dirty: create,
                 children: 0,
                 referenced: true,
@@ -553,40 +644,45 @@ impl PageCache {
     }
 
     fn write_node(&mut self, slot: usize, out: Option<&mut PageImages>) -> Result<()> {
-        let (key, old_page) = {
+        let (key, old_page, old_sectors) = {
             let n = self.node(slot);
-            (n.key, n.page)
+            (n.key, n.page, n.sectors)
         };
-        // In place only if no root on disk can name the old page; otherwise a new page, and
-        // the old one is freed once the new copy is written.
-        let page = if old_page != 0 && self.alloc.is_fresh(old_page) {
-            old_page
-        } else {
-            self.alloc.allocate()
+        let (codec, stored) = encode_page(&self.node(slot).data, stride(key.tree, key.level));
+        let need = (stored.len() / SECTOR) as u16;
+        // In place only if no root on disk can name the old run and the page still fits;
+        // otherwise a new run, and the old one is freed once the new copy is written.
+        let (page, sectors) = match self.alloc.fresh_len(old_page) {
+            Some(n) if old_page != 0 && n >= need => (old_page, n),
+            _ => (self.alloc.allocate(need), need),
         };
-        let sum = crc(&self.node(slot).data);
+        let sum = crc(&stored);
         match out {
-            Some(out) => out.push((page, self.node(slot).data.clone())),
+            Some(out) => out.push((page, stored.into_boxed_slice())),
             None => {
-                if let Err(e) = self
-                    .file
-                    .write_at(&self.node(slot).data, page * PAGE_BYTES as u64)
-                {
+                if let Err(e) = self.file.write_at(&stored, page * SECTOR as u64) {
                     if page != old_page {
-                        self.alloc.free(page);
+                        self.alloc.free(page, sectors);
                     }
-                    return Err(Error::io(format!("writing metadata page {page}"), e));
+                    return Err(Error::io(format!("writing metadata at sector {page}"), e));
                 }
             }
         }
         if page != old_page {
-            self.alloc.free(old_page);
+            self.alloc.free(old_page, old_sectors);
         }
         self.counters.pages_written += 1;
+        self.counters.bytes_written += u64::from(need) * SECTOR as u64;
         let n = self.node_mut(slot);
         n.page = page;
+        n.sectors = sectors;
         n.dirty = false;
-        let ptr = Ptr { page, crc: sum };
+        let ptr = Ptr {
+            page,
+            crc: sum,
+            sectors,
+            codec,
+        };
         let info = self.tree(key.tree).ok_or_else(|| {
             Error::corrupt("metadata", format!("tree {} vanished", tree_name(key.tree)))
         })?;
@@ -664,7 +760,7 @@ impl PageCache {
     /// Assign pages to every dirty node, leaves first, and return the page images to write
     /// (the roots in [`PageCache::trees`] then name them). Starts a new allocation epoch;
     /// the returned list of freed pages goes to `alloc.release` once the checkpoint is durable.
-    pub fn prepare_checkpoint(&mut self) -> Result<(PageImages, Vec<u64>)> {
+    pub fn prepare_checkpoint(&mut self) -> Result<(PageImages, Vec<(u64, u16)>)> {
         let mut out = Vec::new();
         let max_level = self.trees.values().map(|t| t.height).max().unwrap_or(0);
         for level in 0..max_level {
@@ -686,22 +782,22 @@ impl PageCache {
         Ok((out, freed))
     }
 
-    /// Write prepared page images to `meta.dat` (not synced).
-    pub fn write_pages(&self, pages: &[(u64, Box<[u8]>)]) -> Result<()> {
-        // Coalesce runs of consecutive pages into one write.
+    /// Write prepared page images to `meta.dat` (not synced), runs of adjacent ones at once.
+    pub fn write_pages(&self, pages: &mut PageImages) -> Result<()> {
+        pages.sort_unstable_by_key(|p| p.0);
         let mut i = 0;
         while i < pages.len() {
+            let mut buf = pages[i].1.to_vec();
+            let mut end = pages[i].0 + (pages[i].1.len() / SECTOR) as u64;
             let mut j = i + 1;
-            while j < pages.len() && pages[j].0 == pages[j - 1].0 + 1 && j - i < 256 {
+            while j < pages.len() && pages[j].0 == end && buf.len() < 4 << 20 {
+                buf.extend_from_slice(&pages[j].1);
+                end += (pages[j].1.len() / SECTOR) as u64;
                 j += 1;
             }
-            let mut buf = Vec::with_capacity((j - i) * PAGE_BYTES);
-            for (_, data) in &pages[i..j] {
-                buf.extend_from_slice(data);
-            }
             self.file
-                .write_at(&buf, pages[i].0 * PAGE_BYTES as u64)
-                .map_err(|e| Error::io(format!("writing metadata page {}", pages[i].0), e))?;
+                .write_at(&buf, pages[i].0 * SECTOR as u64)
+                .map_err(|e| Error::io(format!("writing metadata at sector {}", pages[i].0), e))?;
             i = j;
         }
         Ok(())
@@ -728,38 +824,36 @@ enum LeafSrc<'a> {
     Disk(Ptr),
 }
 
-/// Read page `p` into `buf` and check it against the pointer's CRC.
-fn read_checked(
-    file: &dyn File,
-    p: Ptr,
-    buf: &mut [u8],
-    tree: TreeId,
-    level: u8,
-    index: u64,
-) -> Result<()> {
-    file.read_at(buf, p.page * PAGE_BYTES as u64).map_err(|e| {
-        Error::io(
-            format!(
-                "reading metadata page {} ({} level {level} page {index})",
-                p.page,
-                tree_name(tree)
-            ),
-            e,
+/// Read the page `p` points to, check it against the pointer's CRC and decode it.
+fn read_checked(file: &dyn File, p: Ptr, tree: TreeId, level: u8, index: u64) -> Result<Box<[u8]>> {
+    let what = || {
+        format!(
+            "metadata page at sector {} ({} level {level} page {index})",
+            p.page,
+            tree_name(tree)
         )
-    })?;
-    let found = crc(buf);
+    };
+    let mut buf = vec![0u8; usize::from(p.sectors) * SECTOR];
+    file.read_at(&mut buf, p.page * SECTOR as u64)
+        .map_err(|e| Error::io(what(), e))?;
+    let found = crc(&buf);
     if found != p.crc {
         return Err(Error::Checksum {
-            what: format!(
-                "metadata page {} ({} level {level} page {index})",
-                p.page,
-                tree_name(tree)
-            ),
+            what: what(),
             expected: p.crc,
             found,
         });
     }
-    Ok(())
+    decode_page(p.codec, &buf, stride(tree, level))
+        .ok_or_else(|| Error::corrupt(what(), "the stored page does not decode"))
+}
+
+fn tree_name(tree: TreeId) -> String {
+    if tree == CHUNK_TREE {
+        "the chunk table".into()
+    } else {
+        format!("the block map of volume id {tree}")
+    }
 }
 
 /// Leaves a tree of `height` levels can address.
@@ -776,10 +870,43 @@ pub fn height_for(leaves: u64) -> u8 {
     h
 }
 
-fn tree_name(tree: TreeId) -> String {
-    if tree == CHUNK_TREE {
-        "the chunk table".into()
-    } else {
-        format!("the block map of volume id {tree}")
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page_of_words(f: impl Fn(usize) -> u64) -> Vec<u8> {
+        (0..PAGE_BYTES / 8)
+            .flat_map(|i| f(i).to_le_bytes())
+            .collect()
+    }
+
+    #[test]
+    fn pages_round_trip_and_sequential_maps_take_one_sector() {
+        let sequential = page_of_words(|i| 1000 + i as u64);
+        let (codec, stored) = encode_page(&sequential, 1);
+        assert_eq!((codec, stored.len()), (1, SECTOR));
+        assert_eq!(
+            decode_page(codec, &stored, 1).as_deref(),
+            Some(&sequential[..])
+        );
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let random = page_of_words(|_| 0);
+        let random: Vec<u8> = random
+            .iter()
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let (codec, stored) = encode_page(&random, 4);
+        assert_eq!((codec, stored.len()), (0, PAGE_BYTES));
+        assert_eq!(decode_page(codec, &stored, 4).as_deref(), Some(&random[..]));
+        // Damaged stored bytes never panic.
+        let (codec, mut stored) = encode_page(&sequential, 1);
+        stored[0] ^= 0xff;
+        let _ = decode_page(codec, &stored, 1);
+        assert!(decode_page(7, &stored, 1).is_none());
     }
 }

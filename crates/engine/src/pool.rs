@@ -244,8 +244,10 @@ impl Pool {
                 height: 1,
                 page: 0,
                 crc: 0,
+                sectors: 0,
+                codec: 0,
             }],
-            bitmap: vec![1],
+            bitmap: vec![0xff],
             ..Default::default()
         };
         write_file_atomically(dir, CHECKPOINT_NAME, &encode_root(&root, &sb.uuid)?)?;
@@ -337,6 +339,8 @@ impl Pool {
                         root: Ptr {
                             page: t.page,
                             crc: t.crc,
+                            sectors: t.sectors,
+                            codec: t.codec,
                         },
                     },
                 )
@@ -930,8 +934,8 @@ impl Pool {
             // Dirty pages go to their new places now (written, not yet synced); the root
             // names them. Pages written after this belong to the next epoch.
             let prepared = (|| {
-                let (pages, freed) = st.md.cache.prepare_checkpoint()?;
-                st.md.cache.write_pages(&pages)?;
+                let (mut pages, freed) = st.md.cache.prepare_checkpoint()?;
+                st.md.cache.write_pages(&mut pages)?;
                 Ok::<_, Error>(freed)
             })();
             let freed = match prepared {

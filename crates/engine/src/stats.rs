@@ -98,6 +98,16 @@ impl Pool {
         Ok(share.round() as u64)
     }
 
+    /// The shape of a volume's block-map tree and where its root page is (diagnostics).
+    pub fn map_root(&self, name: &str) -> Result<crate::page_cache::TreeInfo> {
+        let vol = self.volume_id(name)?;
+        let st = lock(&self.state);
+        st.md
+            .cache
+            .tree(u64::from(vol))
+            .ok_or_else(|| Error::NotFound(name.to_string()))
+    }
+
     /// Pool and per-volume figures, from counters (no map is walked).
     pub fn stats(&self) -> Result<PoolStats> {
         let physical = self
