@@ -72,20 +72,17 @@ impl PageAlloc {
     pub fn allocate(&mut self, n: u16) -> u64 {
         let n = u64::from(n.max(1));
         let mut start = self.cursor.max(HEADER_SECTORS);
-        'search: loop {
+        loop {
             // Skip full words quickly.
             let w = (start / 64) as usize;
-            if start % 64 == 0 && w < self.bits.len() && self.bits[w] == u64::MAX {
+            if start.is_multiple_of(64) && w < self.bits.len() && self.bits[w] == u64::MAX {
                 start += 64;
                 continue;
             }
-            for s in start..start + n {
-                if !self.free_at(s) {
-                    start = s + 1;
-                    continue 'search;
-                }
+            match (start..start + n).find(|&s| !self.free_at(s)) {
+                Some(taken) => start = taken + 1,
+                None => break,
             }
-            break;
         }
         for s in start..start + n {
             put(&mut self.bits, s, true);
