@@ -38,6 +38,10 @@ pub(crate) struct Metadata {
     pub cache: PageCache,
     pub chunks: ChunkTable,
     pub index: DedupIndex,
+    /// The index holds every chunk of the table. It is built on the first write that needs
+    /// it (a read-only command or a pool that is only read never pays for it); until then,
+    /// new and dropped chunks are left to that build.
+    pub index_ready: bool,
     pub meta: BTreeMap<String, Vec<u8>>,
     /// Metadata page bytes written before this open (from the root).
     pub meta_bytes_written_before: u64,
@@ -76,6 +80,11 @@ impl Metadata {
     /// index only names pages, and the fingerprint is compared with the chunk table's.
     /// Unreadable pages count as misses (the index is advisory).
     pub(crate) fn find_duplicate(&mut self, fp: &Fingerprint) -> Option<u64> {
+        if !self.index_ready {
+            if let Err(e) = self.rebuild_index() {
+                tracing::warn!("dedup index built in part ({e}); chunks past the damage are not deduplicated against");
+            }
+        }
         let mut pages = Vec::new();
         self.index.candidates(fp, &mut pages);
         for page in pages {
@@ -131,7 +140,9 @@ impl Metadata {
         match r {
             JournalRecord::NewChunk { id, loc, fp } => {
                 self.chunks.insert(&mut self.cache, *id, *fp, loc)?;
-                self.index.insert(fp, page_of(*id));
+                if self.index_ready {
+                    self.index.insert(fp, page_of(*id));
+                }
             }
             JournalRecord::MapRun {
                 vol,
@@ -217,7 +228,9 @@ impl Metadata {
             }
             JournalRecord::DropChunk { id } => {
                 if let Some(e) = self.chunks.get(&mut self.cache, *id)? {
-                    self.index.remove(&e.fp, page_of(*id));
+                    if self.index_ready {
+                        self.index.remove(&e.fp, page_of(*id));
+                    }
                 }
                 self.chunks.remove(&mut self.cache, *id)?;
             }
@@ -254,15 +267,24 @@ impl Metadata {
         Ok(())
     }
 
-    /// Index every chunk of the chunk table (at open). Pages are streamed, not cached.
+    /// Index every chunk of the chunk table. Pages are streamed, not cached. On an error the
+    /// index keeps what was read (it is advisory) and is marked built anyway.
     pub(crate) fn rebuild_index(&mut self) -> Result<()> {
+        let started = std::time::Instant::now();
         let mut index = DedupIndex::default();
-        self.chunks.for_each(&mut self.cache, &mut |id, e| {
+        let r = self.chunks.for_each(&mut self.cache, &mut |id, e| {
             index.insert(&e.fp, page_of(id));
             Ok(())
-        })?;
+        });
+        tracing::info!(
+            "dedup index built: {} chunks in {:.2} s",
+            index.len(),
+            started.elapsed().as_secs_f64()
+        );
         self.index = index;
-        Ok(())
+        self.index_ready = true;
+        self.cache.set_reserved_bytes(self.index.ram_bytes());
+        r
     }
 
     /// The checkpoint root describing this state (trees as last prepared).

@@ -365,6 +365,7 @@ impl Pool {
                 live_stored_bytes: root.live_stored_bytes,
             },
             index: Default::default(),
+            index_ready: false,
             meta: root.meta.iter().cloned().collect(),
             meta_bytes_written_before: root.meta_bytes_written,
             checkpoints: root.checkpoints,
@@ -386,8 +387,6 @@ impl Pool {
         if opts.read_only {
             md.cache.set_read_only();
         }
-        md.rebuild_index()?;
-        md.cache.set_reserved_bytes(md.index.ram_bytes());
 
         let block_size = sb.block_size;
         let (journal, replay) = Journal::replay(
