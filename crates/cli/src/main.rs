@@ -76,7 +76,7 @@ enum Command {
     /// same disk; writes a Markdown report with SVG charts (docs/BENCH.md).
     Bench(bench::BenchArgs),
     /// Where a volume's block map lives in meta.dat (for support and tests): JSON with the
-    /// tree's height and its root page's first sector, sectors and CRC.
+    /// tree's height and its root page's first 64-byte unit, length in units and CRC.
     #[command(hide = true)]
     DebugMap { name: String },
 }
@@ -445,8 +445,8 @@ fn run(cli: Cli) -> Result<i32> {
                 serde_json::json!({
                     "volume": name,
                     "height": t.height,
-                    "root_sector": t.root.page,
-                    "root_sectors": t.root.sectors,
+                    "root_unit": t.root.page,
+                    "root_units": t.root.units,
                     "root_crc": t.root.crc,
                 })
             );

@@ -421,9 +421,9 @@ fn corruption_fails_reads_and_verify_names_the_damage() {
     let metap = pool.join("meta.dat");
     let mut meta = fs::read(&metap).unwrap_or_default();
     let root = json(&ok(&pool, &["debug-map", "a"]));
-    let sector = root["root_sector"].as_u64().unwrap_or(0) as usize;
-    assert!(sector >= 8, "{root}");
-    meta[sector * 512 + 1] ^= 0x01;
+    let unit = root["root_unit"].as_u64().unwrap_or(0) as usize;
+    assert!(unit >= 64, "{root}");
+    meta[unit * 64 + 1] ^= 0x01;
     fs::write(&metap, &meta).unwrap_or_else(|e| panic!("{e}"));
     let v = condense(&pool, &["verify", "--json"]);
     assert_eq!(v.status.code(), Some(3));

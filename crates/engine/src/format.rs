@@ -735,14 +735,14 @@ pub struct RootVolume {
 }
 
 /// One paged tree: which (volume id, or u64::MAX for the chunk table), its height, and the
-/// pointer to its root page (first sector, CRC, sectors, codec).
+/// pointer to its root page (first 64-byte unit, CRC, units, codec).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RootTree {
     pub id: u64,
     pub height: u8,
     pub page: u64,
     pub crc: u32,
-    pub sectors: u16,
+    pub units: u16,
     pub codec: u8,
 }
 
@@ -785,7 +785,7 @@ pub fn encode_root(root: &Root, uuid: &[u8; 16]) -> Result<Vec<u8>> {
         b.push(t.height);
         put_u64(&mut b, t.page);
         put_u32(&mut b, t.crc);
-        put_u16(&mut b, t.sectors);
+        put_u16(&mut b, t.units);
         b.push(t.codec);
     }
     put_u64(&mut b, root.next_chunk);
@@ -885,7 +885,7 @@ pub fn decode_root(buf: &[u8], uuid: &[u8; 16]) -> Result<Root> {
             height: r.u8()?,
             page: r.u64()?,
             crc: r.u32()?,
-            sectors: r.u16()?,
+            units: r.u16()?,
             codec: r.u8()?,
         });
     }

@@ -320,7 +320,7 @@ impl Metadata {
                     height: t.height,
                     page: t.root.page,
                     crc: t.root.crc,
-                    sectors: t.root.sectors,
+                    units: t.root.units,
                     codec: t.root.codec,
                 })
                 .collect(),

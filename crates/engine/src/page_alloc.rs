@@ -1,33 +1,33 @@
-//! Allocation of space for metadata pages in `meta.dat`, in 512-byte sectors.
+//! Allocation of space for metadata pages in `meta.dat`, in 64-byte units.
 //!
-//! Owns: which sectors are in use, and when freed sectors may be written again.
+//! Owns: which units are in use, and when freed units may be written again.
 //! Invariants (they are what makes copy-on-write crash safe):
-//! - Sectors 0..8 are the file header and are never handed out; 0 in a pointer means "none".
+//! - Units 0..64 (the first 4 KiB) are the file header and are never handed out; 0 in a pointer means "none".
 //! - A run referenced by the last durable checkpoint root is never overwritten. A run is
 //!   overwritten in place only if it was allocated in the current epoch (after the last
 //!   checkpoint was prepared), so no root on disk can reference it.
 //! - A run freed in the current epoch that an earlier root may reference is *pending*: it is
 //!   neither in use nor allocatable until the next checkpoint, which no longer references it,
 //!   is durable ([`PageAlloc::take_pending`] / [`PageAlloc::release`]).
-//! - The bitmap saved in a checkpoint root marks exactly the sectors that root references, so
+//! - The bitmap saved in a checkpoint root marks exactly the units that root references, so
 //!   pages written after it (lost or garbage after a crash) are free again at open.
 
 use std::collections::HashMap;
 
 /// Sectors of the `meta.dat` header.
-pub const HEADER_SECTORS: u64 = 8;
+pub const HEADER_UNITS: u64 = 64;
 
 #[derive(Default)]
 pub struct PageAlloc {
-    /// One bit per sector: in use by the current in-memory state.
+    /// One bit per unit: in use by the current in-memory state.
     bits: Vec<u64>,
     /// Runs allocated in the current epoch (free to overwrite in place): start → length.
     fresh: HashMap<u64, u16>,
     /// Freed in the current epoch but maybe referenced by a root on disk.
     pending: Vec<(u64, u16)>,
-    /// One bit per sector: freed by a checkpoint not yet durable (not allocatable).
+    /// One bit per unit: freed by a checkpoint not yet durable (not allocatable).
     held: Vec<u64>,
-    /// Lowest sector that may be free.
+    /// Lowest unit that may be free.
     cursor: u64,
     used: u64,
 }
@@ -50,17 +50,17 @@ fn put(v: &mut Vec<u64>, s: u64, on: bool) {
 }
 
 impl PageAlloc {
-    /// An allocator from a saved bitmap (the header sectors are always in use).
+    /// An allocator from a saved bitmap (the header units are always in use).
     pub fn from_bitmap(bits: Vec<u64>) -> PageAlloc {
         let mut a = PageAlloc {
             bits,
             ..Default::default()
         };
-        for s in 0..HEADER_SECTORS {
+        for s in 0..HEADER_UNITS {
             put(&mut a.bits, s, true);
         }
         a.used = a.bits.iter().map(|w| u64::from(w.count_ones())).sum();
-        a.cursor = HEADER_SECTORS;
+        a.cursor = HEADER_UNITS;
         a
     }
 
@@ -68,10 +68,10 @@ impl PageAlloc {
         !bit(&self.bits, s) && !bit(&self.held, s)
     }
 
-    /// A run of `n` sectors to write a page to.
+    /// A run of `n` units to write a page to.
     pub fn allocate(&mut self, n: u16) -> u64 {
         let n = u64::from(n.max(1));
-        let mut start = self.cursor.max(HEADER_SECTORS);
+        let mut start = self.cursor.max(HEADER_UNITS);
         loop {
             // Skip full words quickly.
             let w = (start / 64) as usize;
@@ -101,7 +101,7 @@ impl PageAlloc {
         self.fresh.get(&start).copied()
     }
 
-    /// The state no longer references the run of `n` sectors at `start`.
+    /// The state no longer references the run of `n` units at `start`.
     pub fn free(&mut self, start: u64, n: u16) {
         if start == 0 {
             return;
@@ -139,17 +139,17 @@ impl PageAlloc {
         }
     }
 
-    /// The bitmap to save in a checkpoint root (sectors the state references now).
+    /// The bitmap to save in a checkpoint root (units the state references now).
     pub fn bitmap(&self) -> &[u64] {
         &self.bits
     }
 
     /// Sectors in use.
-    pub fn used_sectors(&self) -> u64 {
+    pub fn used_units(&self) -> u64 {
         self.used
     }
 
-    /// One past the highest sector in use or held (the file need not be longer).
+    /// One past the highest unit in use or held (the file need not be longer).
     pub fn end(&self) -> u64 {
         let last = |v: &[u64]| {
             v.iter()
@@ -172,25 +172,26 @@ mod tests {
     #[test]
     fn runs_of_a_durable_root_are_reused_only_after_the_next_checkpoint() {
         let mut a = PageAlloc::from_bitmap(Vec::new());
+        let h = HEADER_UNITS;
         let p1 = a.allocate(2);
         let p2 = a.allocate(8);
-        assert_eq!((p1, p2), (8, 10));
+        assert_eq!((p1, p2), (h, h + 2));
         // p1 was just allocated: freeing it makes it reusable at once.
         a.free(p1, 2);
-        assert_eq!(a.allocate(1), 8);
-        // A checkpoint now references 8 and 10..18.
+        assert_eq!(a.allocate(1), h);
+        // A checkpoint now references h and h+2..h+10.
         assert!(a.take_pending().is_empty());
-        a.free(10, 8);
-        assert_eq!(a.fresh_len(8), None);
-        // 10..18 is pending: not reused before the next checkpoint is durable.
-        assert_eq!(a.allocate(4), 18);
+        a.free(h + 2, 8);
+        assert_eq!(a.fresh_len(h), None);
+        // h+2..h+10 is pending: not reused before the next checkpoint is durable.
+        assert_eq!(a.allocate(4), h + 10);
         let pending = a.take_pending();
-        assert_eq!(pending, vec![(10, 8)]);
-        assert_eq!(a.allocate(1), 9);
-        assert_eq!(a.allocate(2), 22);
+        assert_eq!(pending, vec![(h + 2, 8)]);
+        assert_eq!(a.allocate(1), h + 1);
+        assert_eq!(a.allocate(2), h + 14);
         a.release(pending);
-        assert_eq!(a.allocate(8), 10);
-        assert_eq!(a.used_sectors(), 8 + 1 + 1 + 4 + 2 + 8);
-        assert_eq!(a.end(), 24);
+        assert_eq!(a.allocate(8), h + 2);
+        assert_eq!(a.used_units(), h + 1 + 1 + 4 + 2 + 8);
+        assert_eq!(a.end(), h + 16);
     }
 }

@@ -41,14 +41,15 @@ pub type TreeId = u64;
 /// The chunk table's tree.
 pub const CHUNK_TREE: TreeId = u64::MAX;
 
-/// A pointer to a stored page: its first 512-byte sector in `meta.dat` (0 = none), the
-/// sectors its run takes, how it is encoded, and the CRC-32C of the stored sectors.
+/// A pointer to a stored page: its first 64-byte unit in `meta.dat` (0 = none), the
+/// units its run takes, how it is encoded, and the CRC-32C of the stored units.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ptr {
     pub page: u64,
     pub crc: u32,
-    pub sectors: u16,
-    /// 0: the page as is (8 sectors); 1: stride-delta + LZ4 (see [`encode_page`]).
+    pub units: u16,
+    /// 0: the page as is (64 units); 1: stride-delta + LZ4; 2: stride-delta + zstd level 1
+    /// (see [`encode_page`]).
     pub codec: u8,
 }
 
@@ -56,7 +57,7 @@ impl Ptr {
     pub const NULL: Ptr = Ptr {
         page: 0,
         crc: 0,
-        sectors: 0,
+        units: 0,
         codec: 0,
     };
 
@@ -69,7 +70,7 @@ impl Ptr {
         Ptr {
             page: u64::from_le_bytes(p),
             crc: u32::from_le_bytes(c),
-            sectors: u16::from_le_bytes([buf[at + 12], buf[at + 13]]),
+            units: u16::from_le_bytes([buf[at + 12], buf[at + 13]]),
             codec: buf[at + 14],
         }
     }
@@ -78,13 +79,14 @@ impl Ptr {
         let at = i * PTR_BYTES;
         buf[at..at + 8].copy_from_slice(&self.page.to_le_bytes());
         buf[at + 8..at + 12].copy_from_slice(&self.crc.to_le_bytes());
-        buf[at + 12..at + 14].copy_from_slice(&self.sectors.to_le_bytes());
+        buf[at + 12..at + 14].copy_from_slice(&self.units.to_le_bytes());
         buf[at + 14] = self.codec;
         buf[at + 15] = 0;
     }
 }
 
-pub const SECTOR: usize = 512;
+/// The allocation unit of `meta.dat`: stored pages take whole units.
+pub const UNIT: usize = 64;
 
 /// Words between a record and the one it is delta-coded against, per kind of page.
 fn stride(tree: TreeId, level: u8) -> usize {
@@ -97,8 +99,8 @@ fn stride(tree: TreeId, level: u8) -> usize {
 
 /// How a page is stored: each 8-byte word minus the word `stride` before it (sequential
 /// chunk ids, runs of equal entries and similar records become runs of equal words), then
-/// LZ4, behind a 2-byte length, padded to whole sectors. Falls back to the raw page when that
-/// does not save a sector. Returns (codec, stored bytes).
+/// LZ4 or zstd (whichever is smaller), behind a 2-byte length, padded to whole 64-byte units. Falls back to the raw page when that
+/// does not save a unit. Returns (codec, stored bytes).
 pub fn encode_page(data: &[u8], stride: usize) -> (u8, Vec<u8>) {
     let word = |i: usize| {
         let mut b = [0u8; 8];
@@ -115,29 +117,44 @@ pub fn encode_page(data: &[u8], stride: usize) -> (u8, Vec<u8>) {
         };
         t.extend_from_slice(&v.to_le_bytes());
     }
-    let c = lz4_flex::block::compress(&t);
+    // Both codecs, keep the smaller: LZ4 wins on long runs (sequential maps), zstd on mixed
+    // pages (maps with duplicates, chunk records).
+    let lz4 = lz4_flex::block::compress(&t);
+    let (codec, c) = match zstd::bulk::compress(&t, 1) {
+        Ok(z) if z.len() < lz4.len() => (2u8, z),
+        _ => (1u8, lz4),
+    };
     let stored = 2 + c.len();
-    if stored.div_ceil(SECTOR) >= PAGE_BYTES / SECTOR {
+    if stored.div_ceil(UNIT) >= PAGE_BYTES / UNIT {
         return (0, data.to_vec());
     }
-    let mut out = Vec::with_capacity(stored.div_ceil(SECTOR) * SECTOR);
+    let mut out = Vec::with_capacity(stored.div_ceil(UNIT) * UNIT);
     out.extend_from_slice(&(c.len() as u16).to_le_bytes());
     out.extend_from_slice(&c);
-    out.resize(stored.div_ceil(SECTOR) * SECTOR, 0);
-    (1, out)
+    out.resize(stored.div_ceil(UNIT) * UNIT, 0);
+    (codec, out)
 }
 
 /// The page back from its stored bytes; `None` if they do not decode.
 pub fn decode_page(codec: u8, stored: &[u8], stride: usize) -> Option<Box<[u8]>> {
     match codec {
         0 => (stored.len() == PAGE_BYTES).then(|| stored.to_vec().into_boxed_slice()),
-        1 => {
+        1 | 2 => {
             let len = usize::from(u16::from_le_bytes([*stored.first()?, *stored.get(1)?]));
             let c = stored.get(2..2 + len)?;
-            let mut t = vec![0u8; PAGE_BYTES];
-            if lz4_flex::block::decompress_into(c, &mut t).ok()? != PAGE_BYTES {
-                return None;
-            }
+            let t = if codec == 1 {
+                let mut t = vec![0u8; PAGE_BYTES];
+                if lz4_flex::block::decompress_into(c, &mut t).ok()? != PAGE_BYTES {
+                    return None;
+                }
+                t
+            } else {
+                let t = zstd::bulk::decompress(c, PAGE_BYTES).ok()?;
+                if t.len() != PAGE_BYTES {
+                    return None;
+                }
+                t
+            };
             let mut out = vec![0u8; PAGE_BYTES].into_boxed_slice();
             for i in 0..PAGE_BYTES / 8 {
                 let mut b = [0u8; 8];
@@ -177,7 +194,7 @@ struct Node {
     /// Where this node was read from or last written to (0: never written).
     page: u64,
     /// Sectors of that run.
-    sectors: u16,
+    units: u16,
     dirty: bool,
     /// Cached children (a node with any is never evicted).
     children: u32,
@@ -326,7 +343,7 @@ impl PageCache {
                 key: new_root,
                 data,
                 page: 0,
-                sectors: 0,
+                units: 0,
                 dirty: true,
                 children: u32::from(cached_old),
                 referenced: true,
@@ -351,9 +368,9 @@ impl PageCache {
         self.for_each_leaf(tree, 0, u64::MAX, &mut |i, data| {
             leaf(i, data).map(|_| true)
         })?;
-        let mut runs = vec![(info.root.page, info.root.sectors)];
+        let mut runs = vec![(info.root.page, info.root.units)];
         self.walk_pointers(tree, info.height - 1, 0, &mut |_, _, p| {
-            runs.push((p.page, p.sectors))
+            runs.push((p.page, p.units))
         })?;
         for (start, n) in runs {
             self.alloc.free(start, n);
@@ -581,7 +598,7 @@ impl PageCache {
                 key,
                 data: vec![0u8; PAGE_BYTES].into_boxed_slice(),
                 page: 0,
-                sectors: 0,
+                units: 0,
                 dirty: create,
                 children: 0,
                 referenced: true,
@@ -593,7 +610,7 @@ impl PageCache {
                 key,
                 data,
                 page: ptr.page,
-                sectors: ptr.sectors,
+                units: ptr.units,
                 dirty: create,
                 children: 0,
                 referenced: true,
@@ -644,15 +661,15 @@ impl PageCache {
     }
 
     fn write_node(&mut self, slot: usize, out: Option<&mut PageImages>) -> Result<()> {
-        let (key, old_page, old_sectors) = {
+        let (key, old_page, old_units) = {
             let n = self.node(slot);
-            (n.key, n.page, n.sectors)
+            (n.key, n.page, n.units)
         };
         let (codec, stored) = encode_page(&self.node(slot).data, stride(key.tree, key.level));
-        let need = (stored.len() / SECTOR) as u16;
+        let need = (stored.len() / UNIT) as u16;
         // In place only if no root on disk can name the old run and the page still fits;
         // otherwise a new run, and the old one is freed once the new copy is written.
-        let (page, sectors) = match self.alloc.fresh_len(old_page) {
+        let (page, units) = match self.alloc.fresh_len(old_page) {
             Some(n) if old_page != 0 && n >= need => (old_page, n),
             _ => (self.alloc.allocate(need), need),
         };
@@ -660,27 +677,30 @@ impl PageCache {
         match out {
             Some(out) => out.push((page, stored.into_boxed_slice())),
             None => {
-                if let Err(e) = self.file.write_at(&stored, page * SECTOR as u64) {
+                if let Err(e) = self.file.write_at(&stored, page * UNIT as u64) {
                     if page != old_page {
-                        self.alloc.free(page, sectors);
+                        self.alloc.free(page, units);
                     }
-                    return Err(Error::io(format!("writing metadata at sector {page}"), e));
+                    return Err(Error::io(
+                        format!("writing metadata at byte {}", page * UNIT as u64),
+                        e,
+                    ));
                 }
             }
         }
         if page != old_page {
-            self.alloc.free(old_page, old_sectors);
+            self.alloc.free(old_page, old_units);
         }
         self.counters.pages_written += 1;
-        self.counters.bytes_written += u64::from(need) * SECTOR as u64;
+        self.counters.bytes_written += u64::from(need) * UNIT as u64;
         let n = self.node_mut(slot);
         n.page = page;
-        n.sectors = sectors;
+        n.units = units;
         n.dirty = false;
         let ptr = Ptr {
             page,
             crc: sum,
-            sectors,
+            units,
             codec,
         };
         let info = self.tree(key.tree).ok_or_else(|| {
@@ -788,17 +808,37 @@ impl PageCache {
         let mut i = 0;
         while i < pages.len() {
             let mut buf = pages[i].1.to_vec();
-            let mut end = pages[i].0 + (pages[i].1.len() / SECTOR) as u64;
+            let mut end = pages[i].0 + (pages[i].1.len() / UNIT) as u64;
             let mut j = i + 1;
             while j < pages.len() && pages[j].0 == end && buf.len() < 4 << 20 {
                 buf.extend_from_slice(&pages[j].1);
-                end += (pages[j].1.len() / SECTOR) as u64;
+                end += (pages[j].1.len() / UNIT) as u64;
                 j += 1;
             }
             self.file
-                .write_at(&buf, pages[i].0 * SECTOR as u64)
-                .map_err(|e| Error::io(format!("writing metadata at sector {}", pages[i].0), e))?;
+                .write_at(&buf, pages[i].0 * UNIT as u64)
+                .map_err(|e| {
+                    Error::io(
+                        format!("writing metadata at byte {}", pages[i].0 * UNIT as u64),
+                        e,
+                    )
+                })?;
             i = j;
+        }
+        Ok(())
+    }
+
+    /// Cut `meta.dat` after the last unit in use or held (only ever unreferenced space).
+    pub fn trim_file(&self) -> Result<()> {
+        let end = self.alloc.end().max(crate::page_alloc::HEADER_UNITS) * UNIT as u64;
+        let len = self
+            .file
+            .len()
+            .map_err(|e| Error::io("measuring meta.dat", e))?;
+        if len > end {
+            self.file
+                .set_len(end)
+                .map_err(|e| Error::io("trimming the free tail of meta.dat", e))?;
         }
         Ok(())
     }
@@ -828,13 +868,13 @@ enum LeafSrc<'a> {
 fn read_checked(file: &dyn File, p: Ptr, tree: TreeId, level: u8, index: u64) -> Result<Box<[u8]>> {
     let what = || {
         format!(
-            "metadata page at sector {} ({} level {level} page {index})",
-            p.page,
+            "metadata page at byte {} of meta.dat ({} level {level} page {index})",
+            p.page * UNIT as u64,
             tree_name(tree)
         )
     };
-    let mut buf = vec![0u8; usize::from(p.sectors) * SECTOR];
-    file.read_at(&mut buf, p.page * SECTOR as u64)
+    let mut buf = vec![0u8; usize::from(p.units) * UNIT];
+    file.read_at(&mut buf, p.page * UNIT as u64)
         .map_err(|e| Error::io(what(), e))?;
     let found = crc(&buf);
     if found != p.crc {
@@ -881,10 +921,10 @@ mod tests {
     }
 
     #[test]
-    fn pages_round_trip_and_sequential_maps_take_one_sector() {
+    fn pages_round_trip_and_sequential_maps_take_one_unit() {
         let sequential = page_of_words(|i| 1000 + i as u64);
         let (codec, stored) = encode_page(&sequential, 1);
-        assert_eq!((codec, stored.len()), (1, SECTOR));
+        assert_eq!((codec, stored.len()), (1, UNIT));
         assert_eq!(
             decode_page(codec, &stored, 1).as_deref(),
             Some(&sequential[..])

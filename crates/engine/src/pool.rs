@@ -244,10 +244,10 @@ impl Pool {
                 height: 1,
                 page: 0,
                 crc: 0,
-                sectors: 0,
+                units: 0,
                 codec: 0,
             }],
-            bitmap: vec![0xff],
+            bitmap: vec![u64::MAX],
             ..Default::default()
         };
         write_file_atomically(dir, CHECKPOINT_NAME, &encode_root(&root, &sb.uuid)?)?;
@@ -339,7 +339,7 @@ impl Pool {
                         root: Ptr {
                             page: t.page,
                             crc: t.crc,
-                            sectors: t.sectors,
+                            units: t.units,
                             codec: t.codec,
                         },
                     },
@@ -970,8 +970,10 @@ impl Pool {
                 .map_err(|e| Error::io("removing the old journal", e))
         })();
         let mut st = self.settle_sync(done, target)?;
-        // The new root no longer names the pages freed before it: they may be reused.
+        // The new root no longer names the pages freed before it: they may be reused, and a
+        // free tail of meta.dat is given back to the file system.
         st.md.cache.alloc.release(freed);
+        st.md.cache.trim_file()?;
         Ok(())
     }
 

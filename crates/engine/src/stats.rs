@@ -54,6 +54,8 @@ pub struct PoolStats {
     pub metadata_cache_misses: u64,
     /// Metadata page bytes written over the pool's life (checkpoints and eviction).
     pub metadata_page_bytes_written: u64,
+    /// Bytes of `meta.dat` the current state uses (the rest is free space inside the file).
+    pub metadata_page_bytes_live: u64,
     pub checkpoints: u64,
     pub read_errors: u64,
     pub volumes: Vec<VolumeStats>,
@@ -174,6 +176,7 @@ impl Pool {
         s.metadata_cache_hits = md.cache.counters.hits;
         s.metadata_cache_misses = md.cache.counters.misses;
         s.metadata_page_bytes_written = md.meta_bytes_written();
+        s.metadata_page_bytes_live = md.cache.alloc.used_units() * crate::page_cache::UNIT as u64;
         s.checkpoints = md.checkpoints;
         s.read_errors = self.read_errors.load(std::sync::atomic::Ordering::Relaxed);
         Ok(s)
