@@ -197,21 +197,26 @@ impl DedupIndex {
 }
 
 /// What [`DedupIndex::ram_bytes`] will be after `chunks` inserts spread at random over the
-/// shards (for `condense estimate`).
+/// shards (for `condense estimate`, and for `stats` before the index is built): the expected
+/// capacity of a shard under a Poisson load, following the same growth rule as `insert`.
 pub fn projected_ram_bytes(chunks: u64) -> u64 {
     let fixed = (SHARDS * std::mem::size_of::<Shard>()) as u64;
     let lambda = chunks as f64 / SHARDS as f64;
-    if lambda < 6.0 {
-        // Few chunks a shard: shards holding any have their first 8 slots (Poisson).
-        let used = SHARDS as f64 * (1.0 - (-lambda).exp());
-        return fixed + (used * 8.0 * 6.0) as u64;
+    if lambda == 0.0 {
+        return fixed;
     }
-    let per_shard = lambda.ceil() as u64;
-    let mut cap = 0u64;
-    while per_shard * 10 > cap * 9 {
-        cap = (cap * 5 / 4).max(cap + 8);
+    let last = (lambda + 12.0 * lambda.sqrt() + 30.0) as u64;
+    let (mut cap, mut ln_p, mut slots) = (0u64, -lambda, 0.0f64);
+    for k in 0..=last {
+        if k > 0 {
+            ln_p += lambda.ln() - (k as f64).ln();
+            if k * 10 > cap * 9 {
+                cap = (cap * 5 / 4).max(cap + 8);
+            }
+        }
+        slots += ln_p.exp() * cap as f64;
     }
-    fixed + SHARDS as u64 * cap * 6
+    fixed + (SHARDS as f64 * slots * 6.0) as u64
 }
 
 #[cfg(test)]
@@ -258,5 +263,20 @@ mod tests {
         assert!(false_hits < 10, "{false_hits} removed chunks still indexed");
         let per = ix.ram_bytes() as f64 / ix.len() as f64;
         assert!(per < 20.0, "{per} bytes per entry");
+    }
+
+    #[test]
+    fn projected_ram_is_close_to_a_real_index() {
+        for n in [2_000u64, 30_000, 200_000] {
+            let mut ix = DedupIndex::default();
+            for i in 0..n {
+                ix.insert(&fp(i), i / 128);
+            }
+            let (real, proj) = (ix.ram_bytes(), projected_ram_bytes(n));
+            assert!(
+                real.abs_diff(proj) * 20 <= real,
+                "{n} chunks: projected {proj}, real {real}"
+            );
+        }
     }
 }

@@ -163,8 +163,14 @@ impl Pool {
         s.dedup_saving_percent = percent_saved(s.unique_chunks * bs, s.written_bytes);
         s.compression_saving_percent = percent_saved(s.stored_bytes, s.unique_chunks * bs);
         s.saving_percent = percent_saved(s.physical_bytes, s.written_bytes);
-        s.dedup_index_bytes = md.index.ram_bytes();
-        s.index_ram_bytes = md.index.ram_bytes() + md.cache.ram_bytes();
+        // The index is built by the first write that needs it; until then, show what it will
+        // take, so a read-only look at a pool still answers "how much RAM to serve this".
+        s.dedup_index_bytes = if md.index_ready {
+            md.index.ram_bytes()
+        } else {
+            crate::dedup_index::projected_ram_bytes(md.chunks.live_chunks)
+        };
+        s.index_ram_bytes = s.dedup_index_bytes + md.cache.ram_bytes();
         s.ram_bytes_per_unique_chunk = if s.unique_chunks == 0 {
             0.0
         } else {
