@@ -528,17 +528,15 @@ fn volume_command(pool_path: &Path, cmd: VolumeCommand) -> Result<i32> {
         }
         VolumeCommand::Info { name, json } => {
             let pool = open_pool(pool_path, true)?;
-            let stats = pool.stats()?;
-            let v = stats
-                .volumes
-                .iter()
-                .find(|v| v.name == name)
-                .with_context(|| {
-                    format!(
-                        "volume {name:?} not found in pool {} (see `condense volume list`)",
-                        pool_path.display()
-                    )
-                })?;
+            if !pool.volumes().iter().any(|(n, _)| *n == name) {
+                bail!(
+                    "volume {name:?} not found in pool {} (see `condense volume list`)",
+                    pool_path.display()
+                );
+            }
+            let v = &pool
+                .volume_stats(&name)
+                .with_context(|| format!("cannot read volume {name:?}"))?;
             if json {
                 println!(
                     "{}",

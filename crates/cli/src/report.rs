@@ -63,7 +63,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         .map(volume_fields)
         .collect();
     json!({
-        "schema": "condense.stats/1",
+        "schema": "condense.stats/2",
         "block_size": s.block_size,
         "logical_bytes": s.logical_bytes,
         "written_bytes": s.written_bytes,

@@ -99,8 +99,9 @@ fn stride(tree: TreeId, level: u8) -> usize {
 
 /// How a page is stored: each 8-byte word minus the word `stride` before it (sequential
 /// chunk ids, runs of equal entries and similar records become runs of equal words), then
-/// LZ4 or zstd (whichever is smaller), behind a 2-byte length, padded to whole 64-byte units. Falls back to the raw page when that
-/// does not save a unit. Returns (codec, stored bytes).
+/// LZ4 or zstd (whichever is smaller), behind a 2-byte length, padded to whole 64-byte
+/// units. Falls back to the raw page when that does not save a unit. Returns (codec, stored
+/// bytes).
 pub fn encode_page(data: &[u8], stride: usize) -> (u8, Vec<u8>) {
     let word = |i: usize| {
         let mut b = [0u8; 8];

@@ -100,6 +100,19 @@ impl Pool {
         Ok(share.round() as u64)
     }
 
+    /// One volume's figures with its exact physical share (walks its map; for `volume info`).
+    pub fn volume_stats(&self, name: &str) -> Result<VolumeStats> {
+        let mut v = self
+            .stats()?
+            .volumes
+            .into_iter()
+            .find(|v| v.name == name)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        v.physical_bytes = self.volume_physical_bytes(name)?;
+        v.saving_percent = percent_saved(v.physical_bytes, v.written_bytes);
+        Ok(v)
+    }
+
     /// The shape of a volume's block-map tree and where its root page is (diagnostics).
     pub fn map_root(&self, name: &str) -> Result<crate::page_cache::TreeInfo> {
         let vol = self.volume_id(name)?;
