@@ -666,12 +666,16 @@ impl PageCache {
             let n = self.node(slot);
             (n.key, n.page, n.units)
         };
-        let (codec, stored) = encode_page(&self.node(slot).data, stride(key.tree, key.level));
+        let (codec, mut stored) = encode_page(&self.node(slot).data, stride(key.tree, key.level));
         let need = (stored.len() / UNIT) as u16;
-        // In place only if no root on disk can name the old run and the page still fits;
+        // In place only if no root on disk can name the old run and the page still fits
+        // (padded to the run, so the pointer's length and CRC cover the whole run);
         // otherwise a new run, and the old one is freed once the new copy is written.
         let (page, units) = match self.alloc.fresh_len(old_page) {
-            Some(n) if old_page != 0 && n >= need => (old_page, n),
+            Some(n) if old_page != 0 && n >= need => {
+                stored.resize(usize::from(n) * UNIT, 0);
+                (old_page, n)
+            }
             _ => (self.alloc.allocate(need), need),
         };
         let sum = crc(&stored);
@@ -693,7 +697,7 @@ impl PageCache {
             self.alloc.free(old_page, old_units);
         }
         self.counters.pages_written += 1;
-        self.counters.bytes_written += u64::from(need) * UNIT as u64;
+        self.counters.bytes_written += u64::from(units) * UNIT as u64;
         let n = self.node_mut(slot);
         n.page = page;
         n.units = units;
