@@ -66,7 +66,10 @@ impl Shard {
     }
 
     fn grow(&mut self) {
-        let new_cap = (self.cap() * 5 / 4).max(self.cap() + 8);
+        self.resize((self.cap() * 5 / 4).max(self.cap() + 8));
+    }
+
+    fn resize(&mut self, new_cap: usize) {
         let old = std::mem::replace(
             self,
             Shard {
@@ -93,6 +96,23 @@ impl Shard {
 pub struct DedupIndex {
     shards: Vec<Shard>,
     len: u64,
+    /// Bytes of shard arrays freed by growth since memory was last handed back to the OS.
+    freed: u64,
+}
+
+/// Growth frees this much before the allocator is asked to return free memory.
+const TRIM_EVERY: u64 = 32 << 20;
+
+/// Hand freed heap memory back to the OS. All shards grow at about the same time (their loads
+/// are alike), and each growth frees arrays the new, larger ones cannot reuse; without this
+/// the freed arrays of one growth wave stay resident, ~80 % of the index again.
+pub fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free pages of glibc's heaps; it takes no pointers
+    // and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 impl Default for DedupIndex {
@@ -100,11 +120,27 @@ impl Default for DedupIndex {
         DedupIndex {
             shards: vec![Shard::default(); SHARDS],
             len: 0,
+            freed: 0,
         }
     }
 }
 
 impl DedupIndex {
+    /// An empty index sized for `chunks` entries spread over the shards (three standard
+    /// deviations of headroom, at 90 % load), so building it at open does not grow (and
+    /// reallocate) every shard a dozen times.
+    pub fn with_capacity(chunks: u64) -> DedupIndex {
+        let mut ix = DedupIndex::default();
+        let lambda = chunks as f64 / SHARDS as f64;
+        if lambda >= 1.0 {
+            let cap = ((lambda + 3.0 * lambda.sqrt()) / 0.9).ceil() as usize + 1;
+            for shard in &mut ix.shards {
+                shard.resize(cap);
+            }
+        }
+        ix
+    }
+
     /// Chunk-table pages that may hold a chunk with this fingerprint (most often none or one).
     pub fn candidates(&self, fp: &Fingerprint, out: &mut Vec<u64>) {
         let (s, h) = split(fp);
@@ -133,9 +169,15 @@ impl DedupIndex {
         let (s, h) = split(fp);
         let shard = &mut self.shards[s];
         if (shard.len + 1) * 10 > shard.cap() * 9 {
+            let freed = shard.cap() as u64 * 6;
             shard.grow();
+            self.freed += freed;
+            if self.freed >= TRIM_EVERY {
+                self.freed = 0;
+                return_free_memory();
+            }
         }
-        shard.put(h, page);
+        self.shards[s].put(h, page);
         self.len += 1;
     }
 

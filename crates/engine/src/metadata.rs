@@ -271,7 +271,7 @@ impl Metadata {
     /// index keeps what was read (it is advisory) and is marked built anyway.
     pub(crate) fn rebuild_index(&mut self) -> Result<()> {
         let started = std::time::Instant::now();
-        let mut index = DedupIndex::default();
+        let mut index = DedupIndex::with_capacity(self.chunks.live_chunks);
         let r = self.chunks.for_each(&mut self.cache, &mut |id, e| {
             index.insert(&e.fp, page_of(id));
             Ok(())
@@ -283,6 +283,7 @@ impl Metadata {
         );
         self.index = index;
         self.index_ready = true;
+        crate::dedup_index::return_free_memory();
         self.cache.set_reserved_bytes(self.index.ram_bytes());
         r
     }

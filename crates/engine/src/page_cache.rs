@@ -121,7 +121,11 @@ pub fn encode_page(data: &[u8], stride: usize) -> (u8, Vec<u8>) {
     // Both codecs, keep the smaller: LZ4 wins on long runs (sequential maps), zstd on mixed
     // pages (maps with duplicates, chunk records).
     let lz4 = lz4_flex::block::compress(&t);
-    let (codec, c) = match zstd::bulk::compress(&t, 1) {
+    let z = ZSTD.with(|z| match z.borrow_mut().as_mut() {
+        Some((c, _)) => c.compress(&t),
+        None => zstd::bulk::compress(&t, 1),
+    });
+    let (codec, c) = match z {
         Ok(z) if z.len() < lz4.len() => (2u8, z),
         _ => (1u8, lz4),
     };
@@ -134,6 +138,21 @@ pub fn encode_page(data: &[u8], stride: usize) -> (u8, Vec<u8>) {
     out.extend_from_slice(&c);
     out.resize(stored.div_ceil(UNIT) * UNIT, 0);
     (codec, out)
+}
+
+type ZstdContexts = (
+    zstd::bulk::Compressor<'static>,
+    zstd::bulk::Decompressor<'static>,
+);
+
+thread_local! {
+    /// zstd contexts of this thread, reused for every page: creating one per page cost more
+    /// than compressing the page. `None` if they could not be made (then one per call).
+    static ZSTD: std::cell::RefCell<Option<ZstdContexts>> = std::cell::RefCell::new(
+        zstd::bulk::Compressor::new(1)
+            .ok()
+            .zip(zstd::bulk::Decompressor::new().ok()),
+    );
 }
 
 /// The page back from its stored bytes; `None` if they do not decode.
@@ -150,8 +169,12 @@ pub fn decode_page(codec: u8, stored: &[u8], stride: usize) -> Option<Box<[u8]>>
                 }
                 t
             } else {
-                let t = zstd::bulk::decompress(c, PAGE_BYTES).ok()?;
-                if t.len() != PAGE_BYTES {
+                let mut t = vec![0u8; PAGE_BYTES];
+                let n = ZSTD.with(|z| match z.borrow_mut().as_mut() {
+                    Some((_, d)) => d.decompress_to_buffer(c, &mut t[..]).ok(),
+                    None => zstd::bulk::decompress_to_buffer(c, &mut t[..]).ok(),
+                })?;
+                if n != PAGE_BYTES {
                     return None;
                 }
                 t
