@@ -175,6 +175,13 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
             v.saving_percent,
         );
     }
+    if s.volumes.len() > 1 {
+        let _ = writeln!(
+            o,
+            "(per-volume physical: the pool's chunk bytes shared out by written blocks, from \
+             counters; `condense volume info NAME` walks the volume's map for its exact share)"
+        );
+    }
     let hidden = s.volumes.iter().filter(|v| v.name.starts_with('.')).count();
     if hidden > 0 && !verbose {
         let _ = writeln!(o, "({hidden} internal volumes, such as FUSE file contents, not shown; --verbose lists them)");
