@@ -3,73 +3,13 @@
 
 use std::fs::{self, File};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_condense");
+mod common;
+use common::*;
 
-fn condense(pool: &Path, args: &[&str]) -> Output {
-    match Command::new(BIN)
-        .arg("--pool")
-        .arg(pool)
-        .args(args)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => panic!("cannot run condense: {e}"),
-    }
-}
-
-/// Run and require success; returns stdout.
-fn ok(pool: &Path, args: &[&str]) -> String {
-    let o = condense(pool, args);
-    assert!(
-        o.status.success(),
-        "condense {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// Run and require failure; returns stderr.
-fn fails(pool: &Path, args: &[&str]) -> String {
-    let o = condense(pool, args);
-    assert!(
-        !o.status.success(),
-        "condense {args:?} should have failed: {}",
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn tmp() -> tempfile::TempDir {
-    // Under target/, on the same disk as the build, not in a RAM-backed /tmp.
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    match tempfile::tempdir_in(base) {
-        Ok(d) => d,
-        Err(e) => panic!("tempdir: {e}"),
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n.div_ceil(8))
-            .flat_map(|_| self.next().to_le_bytes())
-            .take(n)
-            .collect()
-    }
-}
-
-/// A sparse image of `size` bytes with data at `(offset, bytes)` places.
 fn make_image(path: &Path, size: u64, parts: &[(u64, Vec<u8>)]) {
     let f = File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
     f.set_len(size).unwrap_or_else(|e| panic!("set_len: {e}"));
@@ -125,10 +65,6 @@ fn same_bytes(a: &Path, b: &Path) -> bool {
         pos += n as u64;
     }
     true
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("bad JSON ({e}): {s}"))
 }
 
 fn du_sb(dir: &Path) -> u64 {
@@ -282,23 +218,7 @@ fn bad_input_gets_clear_errors_and_changes_nothing() {
     assert!(e.contains("not a Condense pool"), "{e}");
     ok(&pool, &["init"]);
     ok(&pool, &["volume", "create", "vm1", "--size", "1G"]);
-    let snapshot = |p: &Path| -> Vec<(String, Vec<u8>)> {
-        let mut v: Vec<_> = fs::read_dir(p)
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .map(|e| {
-                        (
-                            e.file_name().to_string_lossy().into_owned(),
-                            fs::read(e.path()).unwrap_or_default(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    };
-    let before = snapshot(&pool);
+    let before = dir_snapshot(&pool);
     let e = fails(&pool, &["volume", "info", "nosuch"]);
     assert!(e.contains("not found"), "{e}");
     let e = fails(
@@ -325,7 +245,7 @@ fn bad_input_gets_clear_errors_and_changes_nothing() {
     let e = fails(&pool, &["init"]);
     assert!(e.contains("already holds a Condense pool"), "{e}");
     assert!(
-        snapshot(&pool) == before,
+        dir_snapshot(&pool) == before,
         "a failed command changed the pool"
     );
 
@@ -341,7 +261,7 @@ fn bad_input_gets_clear_errors_and_changes_nothing() {
         let e = fails(&pool, &["volume", "create", "vm2", "--size", "1G"]);
         assert!(e.contains("in use by another process"), "{e}");
     }
-    assert!(snapshot(&pool) == before);
+    assert!(dir_snapshot(&pool) == before);
 
     // A truncated journal: a clear error, and the file is left as it was.
     let journal = fs::read_dir(&pool)

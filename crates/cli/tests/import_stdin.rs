@@ -3,104 +3,15 @@
 //! long input, and bad arguments that must change nothing.
 
 use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_condense");
 const BS: usize = 4096;
 const MIB: usize = 1 << 20;
 
-fn condense(pool: &Path, args: &[&str]) -> Output {
-    condense_stdin(pool, args, Vec::new())
-}
-
-/// Run with `input` on standard input (written from a thread, so a large input cannot
-/// deadlock against the captured output; a child that stops reading early is fine).
-fn condense_stdin(pool: &Path, args: &[&str], input: Vec<u8>) -> Output {
-    let mut child = Command::new(BIN)
-        .arg("--pool")
-        .arg(pool)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run condense: {e}"));
-    let mut stdin = child
-        .stdin
-        .take()
-        .unwrap_or_else(|| panic!("no stdin pipe"));
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let out = child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("condense {args:?}: {e}"));
-    let _ = writer.join();
-    out
-}
-
-fn check_ok(args: &[&str], o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "condense {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn check_fails(args: &[&str], o: Output) -> String {
-    assert!(
-        !o.status.success(),
-        "condense {args:?} should have failed: {}",
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Run and require success; returns stdout.
-fn ok(pool: &Path, args: &[&str]) -> String {
-    check_ok(args, condense(pool, args))
-}
-
-/// Run with `input` on standard input and require success; returns stdout.
-fn ok_stdin(pool: &Path, args: &[&str], input: Vec<u8>) -> String {
-    check_ok(args, condense_stdin(pool, args, input))
-}
-
-/// Run with `input` on standard input and require failure; returns stderr.
-fn fails_stdin(pool: &Path, args: &[&str], input: Vec<u8>) -> String {
-    check_fails(args, condense_stdin(pool, args, input))
-}
-
-fn tmp() -> tempfile::TempDir {
-    // Under target/, on the same disk as the build, not in a RAM-backed /tmp.
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    tempfile::tempdir_in(base).unwrap_or_else(|e| panic!("tempdir: {e}"))
-}
-
-fn json(s: &str) -> serde_json::Value {
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("bad JSON ({e}): {s}"))
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n.div_ceil(8))
-            .flat_map(|_| self.next().to_le_bytes())
-            .take(n)
-            .collect()
-    }
-}
+mod common;
+use common::*;
 
 /// 20 MiB of known content: random data, a zero run across the 8 MiB boundary where the
 /// importer's reads split, data blocks on both sides of that boundary, compressible text, a
@@ -267,23 +178,7 @@ fn stdin_import_bad_arguments_fail_and_create_nothing() {
     let pool = d.path().join("pool");
     ok(&pool, &["init"]);
     let input = Rng(3).bytes(MIB);
-    let snapshot = |p: &Path| -> Vec<(String, Vec<u8>)> {
-        let mut v: Vec<_> = fs::read_dir(p)
-            .map(|rd| {
-                rd.filter_map(|e| e.ok())
-                    .map(|e| {
-                        (
-                            e.file_name().to_string_lossy().into_owned(),
-                            fs::read(e.path()).unwrap_or_default(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
-    };
-    let before = snapshot(&pool);
+    let before = dir_snapshot(&pool);
     let e = fails_stdin(&pool, &["import", "-", "--size", "1M"], input.clone());
     assert!(e.contains("needs --name NAME:"), "{e}");
     let e = fails_stdin(&pool, &["import", "-", "--name", "v"], input.clone());
@@ -312,7 +207,7 @@ fn stdin_import_bad_arguments_fail_and_create_nothing() {
     );
     assert!(e.contains("--size is only for"), "{e}");
     assert!(
-        snapshot(&pool) == before,
+        dir_snapshot(&pool) == before,
         "a failed command changed the pool"
     );
     // Empty input, and an image format that is not raw: errors, and no volume is left.
