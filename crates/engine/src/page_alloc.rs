@@ -75,27 +75,21 @@ impl PageAlloc {
         let mut s = HEADER_UNITS;
         while s < a.top {
             let w = a.bits[(s / 64) as usize];
-            if s.is_multiple_of(64) && s + 64 <= a.top && (w == 0 || w == u64::MAX) {
-                match (w == 0, run) {
-                    (true, None) => run = Some(s),
-                    (false, Some(r)) => {
-                        a.add_free(r, s - r);
-                        run = None;
-                    }
-                    _ => {}
-                }
-                s += 64;
-                continue;
-            }
-            match (bit(&a.bits, s), run) {
-                (false, None) => run = Some(s),
-                (true, Some(r)) => {
+            let whole = s.is_multiple_of(64) && s + 64 <= a.top && (w == 0 || w == u64::MAX);
+            let (free, step) = if whole {
+                (w == 0, 64)
+            } else {
+                (!bit(&a.bits, s), 1)
+            };
+            match (free, run) {
+                (true, None) => run = Some(s),
+                (false, Some(r)) => {
                     a.add_free(r, s - r);
                     run = None;
                 }
                 _ => {}
             }
-            s += 1;
+            s += step;
         }
         if let Some(r) = run {
             a.add_free(r, a.top - r);
