@@ -98,6 +98,8 @@ pub struct DedupIndex {
     len: u64,
     /// Bytes of shard arrays freed by growth since memory was last handed back to the OS.
     freed: u64,
+    /// Slots of all shards together (kept, so `ram_bytes` on every commit costs nothing).
+    slots: u64,
 }
 
 /// Growth frees this much before the allocator is asked to return free memory.
@@ -121,6 +123,7 @@ impl Default for DedupIndex {
             shards: vec![Shard::default(); SHARDS],
             len: 0,
             freed: 0,
+            slots: 0,
         }
     }
 }
@@ -137,6 +140,7 @@ impl DedupIndex {
             for shard in &mut ix.shards {
                 shard.resize(cap);
             }
+            ix.slots = (cap * SHARDS) as u64;
         }
         ix
     }
@@ -169,9 +173,10 @@ impl DedupIndex {
         let (s, h) = split(fp);
         let shard = &mut self.shards[s];
         if (shard.len + 1) * 10 > shard.cap() * 9 {
-            let freed = shard.cap() as u64 * 6;
+            let old = shard.cap() as u64;
             shard.grow();
-            self.freed += freed;
+            self.slots += shard.cap() as u64 - old;
+            self.freed += old * 6;
             if self.freed >= TRIM_EVERY {
                 self.freed = 0;
                 return_free_memory();
@@ -233,8 +238,7 @@ impl DedupIndex {
 
     /// Bytes of memory the index holds.
     pub fn ram_bytes(&self) -> u64 {
-        self.shards.iter().map(|s| s.cap() as u64 * 6).sum::<u64>()
-            + (SHARDS * std::mem::size_of::<Shard>()) as u64
+        self.slots * 6 + (SHARDS * std::mem::size_of::<Shard>()) as u64
     }
 }
 
@@ -314,6 +318,14 @@ mod tests {
             for i in 0..n {
                 ix.insert(&fp(i), i / 128);
             }
+            let slots: u64 = ix.shards.iter().map(|s| s.cap() as u64).sum();
+            assert_eq!(ix.slots, slots, "slot count kept in step with the shards");
+            let mut sized = DedupIndex::with_capacity(n);
+            for i in 0..n {
+                sized.insert(&fp(i), i / 128);
+            }
+            let sized_slots: u64 = sized.shards.iter().map(|s| s.cap() as u64).sum();
+            assert_eq!(sized.slots, sized_slots);
             let (real, proj) = (ix.ram_bytes(), projected_ram_bytes(n));
             assert!(
                 real.abs_diff(proj) * 20 <= real,
