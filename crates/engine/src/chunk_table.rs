@@ -58,6 +58,17 @@ pub fn decode_slot(page: &[u8], i: usize) -> Option<ChunkEntry> {
     })
 }
 
+/// The live records of a chunk-table page whose fingerprint is `fp`, with their slots
+/// (fingerprints are compared in place; only matches are decoded).
+pub fn slots_with_fp<'a>(
+    page: &'a [u8],
+    fp: &'a Fingerprint,
+) -> impl Iterator<Item = (usize, ChunkEntry)> + 'a {
+    (0..CHUNKS_PER_PAGE)
+        .filter(move |&i| page[i * REC..i * REC + 16] == fp[..])
+        .filter_map(move |i| decode_slot(page, i).map(|e| (i, e)))
+}
+
 fn encode_slot(page: &mut [u8], i: usize, e: Option<&ChunkEntry>) {
     let r = &mut page[i * REC..(i + 1) * REC];
     match e {

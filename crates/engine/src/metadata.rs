@@ -91,11 +91,9 @@ impl Metadata {
             let Ok(Some(p)) = self.cache.leaf(CHUNK_TREE, page) else {
                 continue;
             };
-            for i in 0..CHUNKS_PER_PAGE {
-                if let Some(e) = crate::chunk_table::decode_slot(p, i) {
-                    if &e.fp == fp && e.refs < REFS_MAX {
-                        return Some(page * CHUNKS_PER_PAGE as u64 + i as u64);
-                    }
+            for (i, e) in crate::chunk_table::slots_with_fp(p, fp) {
+                if e.refs < REFS_MAX {
+                    return Some(page * CHUNKS_PER_PAGE as u64 + i as u64);
                 }
             }
         }
