@@ -240,6 +240,9 @@ fn metadata_cache_option_is_accepted_and_checked() {
     );
     assert!(!pool.join("lock").exists(), "a pool was created");
     ok(&pool, &["init", "--metadata-cache", "1M"]);
+    // Stored in the pool: a later open uses it.
+    let stats = json(&ok(&pool, &["stats", "--json"]));
+    assert_eq!(stats["metadata_cache_budget_bytes"].as_u64(), Some(1 << 20));
     let input = Rng(5).bytes(MIB);
     let args = [
         "import",
