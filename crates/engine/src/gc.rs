@@ -16,18 +16,16 @@
 use crate::chunk_table::ChunkEntry;
 use crate::error::{Error, Result};
 use crate::format::{decode_record, JournalRecord, CHUNKS_PER_PAGE, SEGMENT_HEADER_BYTES};
+use crate::io::File;
 use crate::page_cache::CHUNK_TREE;
 use crate::pool::{lock, Pool};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Chunk-table pages scanned per hold of the state lock.
 const SCAN_PAGES: u64 = 64;
 /// A chunk to move: id, its entry when scanned, its segment file, its record if it was live.
-type Copy = (
-    u64,
-    ChunkEntry,
-    std::sync::Arc<dyn crate::io::File>,
-    Option<Vec<u8>>,
-);
+type Copy = (u64, ChunkEntry, Arc<dyn File>, Option<Vec<u8>>);
 
 /// Chunks copied per hold of the state lock.
 const COPY_BATCH: usize = 256;
@@ -68,7 +66,8 @@ impl Pool {
             self.writable(&st)?;
             report.bytes_before = st.segments.total_bytes();
             let open = st.segments.open_id();
-            let victims: Vec<u32> = st
+            // Victims with their files: sealed, so they can be read without the lock.
+            let victims: HashMap<u32, Arc<dyn File>> = st
                 .segments
                 .ids()
                 .filter(|&(id, len)| {
@@ -77,7 +76,7 @@ impl Pool {
                     );
                     Some(id) != open && dead > 0 && dead * 100 >= len * u64::from(min_dead_percent)
                 })
-                .map(|(id, _)| id)
+                .filter_map(|(id, _)| st.segments.file(id).map(|f| (id, f)))
                 .collect();
             (victims, st.md.chunks.next_id)
         };
@@ -99,7 +98,7 @@ impl Pool {
                     &mut |pi, data| {
                         for i in 0..CHUNKS_PER_PAGE {
                             if let Some(e) = crate::chunk_table::decode_slot(data, i) {
-                                if victims.contains(&e.loc.segment) {
+                                if victims.contains_key(&e.loc.segment) {
                                     found.push((pi * per + i as u64, e));
                                 }
                             }
@@ -113,15 +112,9 @@ impl Pool {
             for batch in found.chunks(COPY_BATCH) {
                 let mut copies = Vec::with_capacity(batch.len());
                 for (id, e) in batch {
-                    let file = lock(&self.state)
-                        .segments
-                        .file(e.loc.segment)
-                        .ok_or_else(|| {
-                            Error::corrupt(
-                                "segment store",
-                                format!("segment {} vanished", e.loc.segment),
-                            )
-                        })?;
+                    let Some(file) = victims.get(&e.loc.segment).cloned() else {
+                        continue; // found only chunks of victims
+                    };
                     let buf = if e.refs > 0 {
                         Some(read_record(&*file, *id, e)?)
                     } else {
@@ -136,7 +129,7 @@ impl Pool {
         let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
         let mut st = lock(&self.state);
-        for id in &victims {
+        for id in victims.keys() {
             self.dir
                 .remove(&crate::format::segment_name(*id))
                 .map_err(|e| Error::io(format!("removing segment {id}"), e))?;
@@ -186,7 +179,7 @@ impl Pool {
 }
 
 /// Read chunk `id`'s record from its (sealed) segment and check it.
-fn read_record(file: &dyn crate::io::File, id: u64, e: &ChunkEntry) -> Result<Vec<u8>> {
+fn read_record(file: &dyn File, id: u64, e: &ChunkEntry) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; e.loc.record_bytes() as usize];
     file.read_at(&mut buf, u64::from(e.loc.offset))
         .map_err(|err| {
