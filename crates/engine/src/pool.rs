@@ -1008,19 +1008,14 @@ impl Pool {
             let mut st = lock(&self.state);
             st.md.volume_for(vol, name, "read", first, n as u64)?;
             let mut entries = Vec::with_capacity(n);
-            let looked_up = (|| -> Result<()> {
-                crate::block_map::get_range(
-                    &mut st.md.cache,
-                    u64::from(vol),
-                    first,
-                    n as u64,
-                    &mut entries,
-                )
-                .map_err(|err| {
-                    in_volume(err, name, &format!("blocks {first}..{}", first + n as u64))
-                })?;
-                Ok(())
-            })();
+            let looked_up = crate::block_map::get_range(
+                &mut st.md.cache,
+                u64::from(vol),
+                first,
+                n as u64,
+                &mut entries,
+            )
+            .map_err(|err| in_volume(err, name, &format!("blocks {first}..{}", first + n as u64)));
             if let Err(err) = looked_up {
                 self.read_errors.fetch_add(1, Ordering::Relaxed);
                 return Err(err);
