@@ -131,11 +131,11 @@ pub fn mapped(cache: &mut PageCache, tree: TreeId, from: u64, to: u64) -> Result
         return Ok(out);
     }
     cache.for_each_leaf(tree, from / PER, (to - 1) / PER + 1, &mut |li, leaf| {
-        for i in 0..MAP_PAGE_ENTRIES {
-            let b = li * PER + i as u64;
-            if b < from || b >= to {
-                continue;
-            }
+        // Only the part of the leaf inside [from, to).
+        let lo = from.max(li * PER);
+        let hi = to.min((li + 1) * PER);
+        for b in lo..hi {
+            let i = (b % PER) as usize;
             let raw = slot(leaf, i);
             if raw != 0 {
                 out.push((b, decode(raw)));
@@ -150,9 +150,8 @@ pub fn mapped(cache: &mut PageCache, tree: TreeId, from: u64, to: u64) -> Result
 pub fn first_mapped(cache: &mut PageCache, tree: TreeId, from: u64) -> Result<Option<u64>> {
     let mut found = None;
     cache.for_each_leaf(tree, from / PER, u64::MAX, &mut |li, leaf| {
-        for i in 0..MAP_PAGE_ENTRIES {
-            let b = li * PER + i as u64;
-            if b >= from && slot(leaf, i) != 0 {
+        for b in from.max(li * PER)..(li + 1) * PER {
+            if slot(leaf, (b % PER) as usize) != 0 {
                 found = Some(b);
                 return Ok(false);
             }
