@@ -120,6 +120,68 @@ pub trait Volume: Send + Sync {
     fn physical_bytes(&self) -> Option<u64> {
         None
     }
+    /// Names of this volume's snapshots (the part after `@`), oldest first.
+    fn snapshot_names(&self) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+    /// Which blocks of `[offset, offset+len)` differ from snapshot `snapshot` of this volume:
+    /// runs in order, covering the range (an incremental backup reads the `changed` ones).
+    /// Block granularity: a run starts and ends on block boundaries or at the range's edges.
+    fn changed_since(&self, snapshot: &str, offset: u64, len: u64) -> Result<Vec<Change>> {
+        let _ = (offset, len);
+        Err(VolumeError::NotFound(format!("{}@{snapshot}", self.name())))
+    }
+}
+
+/// A run of bytes that did (`changed`) or did not change between two versions of a volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub offset: u64,
+    pub len: u64,
+    pub changed: bool,
+}
+
+/// Append a run, merging it with the previous one when adjacent and equal.
+pub fn push_change(out: &mut Vec<Change>, offset: u64, len: u64, changed: bool) {
+    if len == 0 {
+        return;
+    }
+    if let Some(last) = out.last_mut() {
+        if last.changed == changed && last.offset + last.len == offset {
+            last.len += len;
+            return;
+        }
+    }
+    out.push(Change {
+        offset,
+        len,
+        changed,
+    });
+}
+
+/// One snapshot: a frozen, read-only copy of a volume at one instant, opened by
+/// [`Catalog::open`] as `VOLUME@SNAPSHOT`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub volume: String,
+    pub snapshot: String,
+    /// Seconds since the Unix epoch.
+    pub created_unix: u64,
+    pub size_bytes: u64,
+    /// Bytes in blocks that hold data when the snapshot was taken.
+    pub written_bytes: u64,
+}
+
+impl SnapshotInfo {
+    /// `VOLUME@SNAPSHOT`, the name it is opened and exported under.
+    pub fn full_name(&self) -> String {
+        format!("{}@{}", self.volume, self.snapshot)
+    }
+}
+
+/// Split `VOLUME@SNAPSHOT` into its parts; `None` for a plain volume name.
+pub fn split_snapshot_name(name: &str) -> Option<(&str, &str)> {
+    name.split_once('@')
 }
 
 /// One line of a volume listing.
@@ -160,6 +222,50 @@ pub trait Catalog: Send + Sync {
     fn meta_get(&self, key: &str) -> Result<Option<Vec<u8>>>;
     /// Set (`Some`) or remove (`None`) a named metadata record; durable at the next flush.
     fn meta_put(&self, key: &str, value: Option<&[u8]>) -> Result<()>;
+
+    /// Every snapshot of every volume, by volume and then oldest first. A snapshot opens
+    /// read-only through [`Catalog::open`] as `VOLUME@SNAPSHOT`.
+    fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        Ok(Vec::new())
+    }
+    /// Freeze `volume` as it is now (every write that returned before is in it).
+    fn snapshot_create(&self, volume: &str, snapshot: &str) -> Result<()> {
+        let _ = (volume, snapshot);
+        Err(VolumeError::Invalid(
+            "this pool does not support snapshots".into(),
+        ))
+    }
+    fn snapshot_delete(&self, volume: &str, snapshot: &str) -> Result<()> {
+        let _ = (volume, snapshot);
+        Err(VolumeError::Invalid(
+            "this pool does not support snapshots".into(),
+        ))
+    }
+    /// A new writable volume `new` with the content of `source` (a volume or
+    /// `VOLUME@SNAPSHOT`); the two are independent afterwards.
+    fn clone_volume(&self, source: &str, new: &str) -> Result<()> {
+        let _ = (source, new);
+        Err(VolumeError::Invalid(
+            "this pool does not support clones".into(),
+        ))
+    }
+    /// Make `volume` read again as its snapshot `snapshot` (size included). Later
+    /// snapshots of the volume are kept.
+    fn rollback(&self, volume: &str, snapshot: &str) -> Result<()> {
+        let _ = (volume, snapshot);
+        Err(VolumeError::Invalid(
+            "this pool does not support snapshots".into(),
+        ))
+    }
+    /// Which blocks of `[offset, offset+len)` differ between `from` and `to` (each a volume or
+    /// `VOLUME@SNAPSHOT`); past the end of the shorter one a block differs if the longer one
+    /// holds anything there.
+    fn diff(&self, from: &str, to: &str, offset: u64, len: u64) -> Result<Vec<Change>> {
+        let _ = (from, to, offset, len);
+        Err(VolumeError::Invalid(
+            "this pool does not support snapshots".into(),
+        ))
+    }
 }
 
 /// Check that `[offset, offset+len)` lies inside a volume of `size` bytes.

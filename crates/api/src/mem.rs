@@ -5,7 +5,8 @@
 //! It keeps everything in memory: `flush` does nothing and nothing survives the process.
 
 use crate::{
-    check_range, Catalog, Extent, ExtentKind, PoolUsage, Result, Volume, VolumeError, VolumeInfo,
+    check_range, push_change, split_snapshot_name, Catalog, Change, Extent, ExtentKind, PoolUsage,
+    Result, SnapshotInfo, Volume, VolumeError, VolumeInfo,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,13 +23,21 @@ struct MemVolumeState {
     size: u64,
     blocks: BTreeMap<u64, MemBlock>,
     deleted: bool,
+    /// A snapshot (named `VOLUME@SNAPSHOT`): refuses writes.
+    read_only: bool,
+    /// Creation order among snapshots.
+    order: u64,
 }
+
+type Volumes = Arc<Mutex<HashMap<String, Arc<Mutex<MemVolumeState>>>>>;
 
 /// One in-memory volume.
 pub struct MemVolume {
     name: String,
     block_size: u32,
     state: Arc<Mutex<MemVolumeState>>,
+    /// The catalog's volumes (to find this volume's snapshots).
+    all: Volumes,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -41,6 +50,14 @@ impl MemVolume {
         let s = lock(&self.state);
         if s.deleted {
             return Err(VolumeError::NotFound(self.name.clone()));
+        }
+        Ok(s)
+    }
+
+    fn writable(&self) -> Result<MutexGuard<'_, MemVolumeState>> {
+        let s = self.state()?;
+        if s.read_only {
+            return Err(VolumeError::ReadOnly);
         }
         Ok(s)
     }
@@ -83,7 +100,7 @@ impl Volume for MemVolume {
         self.block_size
     }
     fn is_read_only(&self) -> bool {
-        false
+        lock(&self.state).read_only
     }
     fn flush_is_pool_wide(&self) -> bool {
         true
@@ -101,7 +118,7 @@ impl Volume for MemVolume {
     }
 
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<()> {
-        let mut s = self.state()?;
+        let mut s = self.writable()?;
         check_range("write", &self.name, offset, data.len() as u64, s.size)?;
         let bs = self.block_size as usize;
         self.for_blocks(offset, data.len() as u64, |block, at, pos, n| {
@@ -118,7 +135,7 @@ impl Volume for MemVolume {
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, may_unmap: bool, _fua: bool) -> Result<()> {
-        let mut s = self.state()?;
+        let mut s = self.writable()?;
         check_range("write_zeroes", &self.name, offset, len, s.size)?;
         let bs = self.block_size as usize;
         self.for_blocks(offset, len, |block, at, _pos, n| {
@@ -164,6 +181,34 @@ impl Volume for MemVolume {
         });
         Ok(out)
     }
+
+    fn snapshot_names(&self) -> Result<Vec<String>> {
+        let prefix = format!("{}@", self.name);
+        let vols = lock(&self.all);
+        let mut snaps: Vec<(u64, String)> = vols
+            .iter()
+            .filter_map(|(n, s)| Some((lock(s).order, n.strip_prefix(&prefix)?.to_string())))
+            .collect();
+        snaps.sort();
+        Ok(snaps.into_iter().map(|(_, n)| n).collect())
+    }
+
+    fn changed_since(&self, snapshot: &str, offset: u64, len: u64) -> Result<Vec<Change>> {
+        let snap_name = format!("{}@{snapshot}", self.name);
+        let snap = lock(&self.all)
+            .get(&snap_name)
+            .cloned()
+            .ok_or(VolumeError::NotFound(snap_name))?;
+        let s = self.state()?;
+        check_range("block_status", &self.name, offset, len, s.size)?;
+        let snap = lock(&snap);
+        let mut out = Vec::new();
+        self.for_blocks(offset, len, |block, _at, pos, n| {
+            let changed = s.blocks.get(&block) != snap.blocks.get(&block);
+            push_change(&mut out, offset + pos as u64, n as u64, changed);
+        });
+        Ok(out)
+    }
 }
 
 /// Append an extent, merging it with the previous one when adjacent and of the same kind.
@@ -180,17 +225,29 @@ pub fn push_extent(out: &mut Vec<Extent>, offset: u64, len: u64, kind: ExtentKin
 /// An in-memory pool of [`MemVolume`]s.
 pub struct MemCatalog {
     block_size: u32,
-    volumes: Mutex<HashMap<String, Arc<Mutex<MemVolumeState>>>>,
+    volumes: Volumes,
     meta: Mutex<BTreeMap<String, Vec<u8>>>,
+    snapshots_taken: Mutex<u64>,
 }
 
 impl MemCatalog {
     pub fn new(block_size: u32) -> Self {
         MemCatalog {
             block_size,
-            volumes: Mutex::new(HashMap::new()),
+            volumes: Arc::new(Mutex::new(HashMap::new())),
             meta: Mutex::new(BTreeMap::new()),
+            snapshots_taken: Mutex::new(0),
         }
+    }
+
+    /// A copy of `source`'s blocks and size.
+    fn copy_of(&self, source: &str) -> Result<(u64, BTreeMap<u64, MemBlock>)> {
+        let vols = lock(&self.volumes);
+        let s = vols
+            .get(source)
+            .ok_or_else(|| VolumeError::NotFound(source.to_string()))?;
+        let s = lock(s);
+        Ok((s.size, s.blocks.clone()))
     }
 
     /// A handle to a volume, as the concrete type.
@@ -203,6 +260,7 @@ impl MemCatalog {
             name: name.to_string(),
             block_size: self.block_size,
             state: state.clone(),
+            all: self.volumes.clone(),
         })
     }
 }
@@ -212,6 +270,7 @@ impl Catalog for MemCatalog {
         let vols = lock(&self.volumes);
         let mut out: Vec<VolumeInfo> = vols
             .iter()
+            .filter(|(name, _)| split_snapshot_name(name).is_none())
             .map(|(name, s)| {
                 let s = lock(s);
                 let data = s
@@ -241,6 +300,11 @@ impl Catalog for MemCatalog {
                 self.block_size
             )));
         }
+        if split_snapshot_name(name).is_some() {
+            return Err(VolumeError::Invalid(format!(
+                "invalid volume name {name:?}: '@' separates a volume from its snapshot"
+            )));
+        }
         let mut vols = lock(&self.volumes);
         if vols.contains_key(name) {
             return Err(VolumeError::AlreadyExists(name.to_string()));
@@ -255,6 +319,12 @@ impl Catalog for MemCatalog {
 
     fn delete(&self, name: &str) -> Result<()> {
         let mut vols = lock(&self.volumes);
+        let prefix = format!("{name}@");
+        if split_snapshot_name(name).is_none() && vols.keys().any(|k| k.starts_with(&prefix)) {
+            return Err(VolumeError::Invalid(format!(
+                "volume {name:?} has snapshots; delete them first"
+            )));
+        }
         let state = vols
             .remove(name)
             .ok_or_else(|| VolumeError::NotFound(name.to_string()))?;
@@ -274,6 +344,9 @@ impl Catalog for MemCatalog {
             .get(name)
             .ok_or_else(|| VolumeError::NotFound(name.to_string()))?;
         let mut s = lock(state);
+        if s.read_only {
+            return Err(VolumeError::ReadOnly);
+        }
         let first_cut = size_bytes / u64::from(self.block_size);
         let has_data_past_end = s.blocks.range(first_cut..).next().is_some();
         if has_data_past_end && !force {
@@ -311,6 +384,104 @@ impl Catalog for MemCatalog {
             None => m.remove(key),
         };
         Ok(())
+    }
+
+    fn snapshots(&self) -> Result<Vec<SnapshotInfo>> {
+        let vols = lock(&self.volumes);
+        let mut out: Vec<(String, u64, SnapshotInfo)> = vols
+            .iter()
+            .filter_map(|(name, s)| {
+                let (volume, snapshot) = split_snapshot_name(name)?;
+                let s = lock(s);
+                let data = s
+                    .blocks
+                    .values()
+                    .filter(|b| matches!(b, MemBlock::Data(_)))
+                    .count() as u64;
+                let info = SnapshotInfo {
+                    volume: volume.to_string(),
+                    snapshot: snapshot.to_string(),
+                    created_unix: 0,
+                    size_bytes: s.size,
+                    written_bytes: data * u64::from(self.block_size),
+                };
+                Some((volume.to_string(), s.order, info))
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+        Ok(out.into_iter().map(|(_, _, i)| i).collect())
+    }
+
+    fn snapshot_create(&self, volume: &str, snapshot: &str) -> Result<()> {
+        if split_snapshot_name(volume).is_some() || snapshot.is_empty() || snapshot.contains('@') {
+            return Err(VolumeError::Invalid(format!(
+                "invalid snapshot name {volume:?}@{snapshot:?}"
+            )));
+        }
+        let (size, blocks) = self.copy_of(volume)?;
+        let full = format!("{volume}@{snapshot}");
+        let mut vols = lock(&self.volumes);
+        if vols.contains_key(&full) {
+            return Err(VolumeError::AlreadyExists(full));
+        }
+        let mut n = lock(&self.snapshots_taken);
+        *n += 1;
+        let state = MemVolumeState {
+            size,
+            blocks,
+            deleted: false,
+            read_only: true,
+            order: *n,
+        };
+        vols.insert(full, Arc::new(Mutex::new(state)));
+        Ok(())
+    }
+
+    fn snapshot_delete(&self, volume: &str, snapshot: &str) -> Result<()> {
+        let full = format!("{volume}@{snapshot}");
+        let state = lock(&self.volumes)
+            .remove(&full)
+            .ok_or(VolumeError::NotFound(full))?;
+        lock(&state).deleted = true;
+        Ok(())
+    }
+
+    fn clone_volume(&self, source: &str, new: &str) -> Result<()> {
+        let (size, blocks) = self.copy_of(source)?;
+        self.create(new, size)?;
+        let vols = lock(&self.volumes);
+        if let Some(s) = vols.get(new) {
+            lock(s).blocks = blocks;
+        }
+        Ok(())
+    }
+
+    fn rollback(&self, volume: &str, snapshot: &str) -> Result<()> {
+        let (size, blocks) = self.copy_of(&format!("{volume}@{snapshot}"))?;
+        let vols = lock(&self.volumes);
+        let s = vols
+            .get(volume)
+            .ok_or_else(|| VolumeError::NotFound(volume.to_string()))?;
+        let mut s = lock(s);
+        s.size = size;
+        s.blocks = blocks;
+        Ok(())
+    }
+
+    fn diff(&self, from: &str, to: &str, offset: u64, len: u64) -> Result<Vec<Change>> {
+        let (a_size, a) = self.copy_of(from)?;
+        let (b_size, b) = self.copy_of(to)?;
+        check_range("diff", to, offset, len, a_size.max(b_size))?;
+        let bs = u64::from(self.block_size);
+        let mut out = Vec::new();
+        let mut pos = offset;
+        while pos < offset + len {
+            let n = (bs - pos % bs).min(offset + len - pos);
+            let changed = a.get(&(pos / bs)) != b.get(&(pos / bs));
+            push_change(&mut out, pos, n, changed);
+            pos += n;
+        }
+        Ok(out)
     }
 }
 
