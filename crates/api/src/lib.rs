@@ -48,6 +48,8 @@ pub enum VolumeError {
     Invalid(String),
     #[error("I/O error: {0}")]
     Io(String),
+    #[error("busy: {0}")]
+    Busy(String),
 }
 
 impl VolumeError {
@@ -62,6 +64,7 @@ impl VolumeError {
             VolumeError::Corrupt(_) => 5,         // EIO
             VolumeError::Invalid(_) => 22,        // EINVAL
             VolumeError::Io(_) => 5,              // EIO
+            VolumeError::Busy(_) => 16,           // EBUSY
         }
     }
 }
@@ -249,10 +252,17 @@ pub trait Catalog: Send + Sync {
             "this pool does not support clones".into(),
         ))
     }
-    /// Make `volume` read again as its snapshot `snapshot` (size included). Later
-    /// snapshots of the volume are kept.
-    fn rollback(&self, volume: &str, snapshot: &str) -> Result<()> {
+    /// Bytes of the pool's disk that deleting snapshot `snapshot` of `volume` would free
+    /// (what ZFS calls a snapshot's "used"); `None` if the implementation does not know.
+    fn snapshot_freeable_bytes(&self, volume: &str, snapshot: &str) -> Result<Option<u64>> {
         let _ = (volume, snapshot);
+        Ok(None)
+    }
+    /// Make `volume` read again as its snapshot `snapshot` (size included). Later
+    /// snapshots of the volume are kept. Refused with [`VolumeError::Busy`] while a
+    /// writable handle to the volume is open (an NBD client, a mount), unless `force`.
+    fn rollback(&self, volume: &str, snapshot: &str, force: bool) -> Result<()> {
+        let _ = (volume, snapshot, force);
         Err(VolumeError::Invalid(
             "this pool does not support snapshots".into(),
         ))

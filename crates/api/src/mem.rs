@@ -456,7 +456,7 @@ impl Catalog for MemCatalog {
         Ok(())
     }
 
-    fn rollback(&self, volume: &str, snapshot: &str) -> Result<()> {
+    fn rollback(&self, volume: &str, snapshot: &str, _force: bool) -> Result<()> {
         let (size, blocks) = self.copy_of(&format!("{volume}@{snapshot}"))?;
         let vols = lock(&self.volumes);
         let s = vols
