@@ -371,11 +371,13 @@ pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), Strin
                     zero_bytes: u(j, "zero_bytes"),
                     physical_bytes: u(j, "physical_bytes"),
                     saving_percent: f(j, "saving_percent"),
+                    snapshot_of: None,
                 })
                 .collect()
         })
         .unwrap_or_default();
     let stats = PoolStats {
+        snapshots: Vec::new(),
         block_size: u(&v, "block_size") as u32,
         logical_bytes: u(&v, "logical_bytes"),
         written_bytes: u(&v, "written_bytes"),

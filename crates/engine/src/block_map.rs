@@ -180,3 +180,10 @@ pub fn leaf_entries(leaf: &[u8], mut f: impl FnMut(usize, u64)) {
         }
     }
 }
+
+/// Decode every entry of a leaf into `out` (512 entries: chunk id, ZERO or UNMAPPED).
+pub fn leaf_entries_all(leaf: &[u8], out: &mut [u64]) {
+    for (i, e) in out.iter_mut().enumerate().take(MAP_PAGE_ENTRIES) {
+        *e = decode(slot(leaf, i));
+    }
+}

@@ -42,6 +42,10 @@ pub enum Error {
     Locked(PathBuf),
     #[error("the pool is open read-only")]
     ReadOnly,
+    #[error("{0:?} is a snapshot, which is read-only (clone it to get a writable volume: `condense volume clone`)")]
+    SnapshotReadOnly(String),
+    #[error("{0}")]
+    Busy(String),
     #[error("unsupported format version {found} of {what}: this build of condense reads version {supported} only; open the pool with the condense release that wrote it, `condense export` its volumes, and import them into a new pool")]
     Version {
         what: &'static str,
@@ -105,7 +109,8 @@ impl From<Error> for condense_api::VolumeError {
                 size,
             },
             Error::NoSpace(m) => V::NoSpace(m),
-            Error::ReadOnly => V::ReadOnly,
+            Error::ReadOnly | Error::SnapshotReadOnly(_) => V::ReadOnly,
+            Error::Busy(m) => V::Busy(m),
             e @ (Error::Checksum { .. } | Error::Corrupt { .. }) => V::Corrupt(e.to_string()),
             e => V::Io(e.to_string()),
         }

@@ -732,6 +732,10 @@ pub struct RootVolume {
     pub data_blocks: u64,
     pub zero_blocks: u64,
     pub name: String,
+    /// For a snapshot: the id of the volume it was taken of (in the snapshot extension).
+    pub snapshot_of: Option<u32>,
+    /// Seconds since the Unix epoch when it was made; 0 if not known (in the extension).
+    pub created: u64,
 }
 
 /// One paged tree: which (volume id, or u64::MAX for the chunk table), its height, and the
@@ -765,7 +769,14 @@ pub struct Root {
     /// One bit per page of `meta.dat`: referenced by this root.
     pub bitmap: Vec<u64>,
     pub meta: Vec<(String, Vec<u8>)>,
+    /// Pages of `meta.dat` named by more than one parent, with their number of parents
+    /// (in the snapshot extension).
+    pub shared_pages: Vec<(u64, u32)>,
 }
+
+/// Tag and version of the snapshot extension at the end of a root body.
+pub const ROOT_SNAPSHOT_EXT_MAGIC: u32 = u32::from_le_bytes(*b"SNAP");
+pub const ROOT_SNAPSHOT_EXT_VERSION: u32 = 1;
 
 pub fn encode_root(root: &Root, uuid: &[u8; 16]) -> Result<Vec<u8>> {
     let mut b = Vec::new();
@@ -808,6 +819,28 @@ pub fn encode_root(root: &Root, uuid: &[u8; 16]) -> Result<Vec<u8>> {
         b.extend_from_slice(k.as_bytes());
         put_u32(&mut b, v.len() as u32);
         b.extend_from_slice(v);
+    }
+    // The snapshot extension, only when there is something to say: a pool without
+    // snapshots or clones keeps the plain format 2 body.
+    let extended: Vec<&RootVolume> = root
+        .volumes
+        .iter()
+        .filter(|v| v.snapshot_of.is_some() || v.created != 0)
+        .collect();
+    if !extended.is_empty() || !root.shared_pages.is_empty() {
+        put_u32(&mut b, ROOT_SNAPSHOT_EXT_MAGIC);
+        put_u32(&mut b, ROOT_SNAPSHOT_EXT_VERSION);
+        put_u32(&mut b, extended.len() as u32);
+        for v in extended {
+            put_u32(&mut b, v.id);
+            put_u32(&mut b, v.snapshot_of.unwrap_or(u32::MAX));
+            put_u64(&mut b, v.created);
+        }
+        put_u64(&mut b, root.shared_pages.len() as u64);
+        for (page, refs) in &root.shared_pages {
+            put_u64(&mut b, *page);
+            put_u32(&mut b, *refs);
+        }
     }
     let body =
         zstd::bulk::compress(&b, 1).map_err(|e| Error::io("compressing the checkpoint root", e))?;
@@ -877,6 +910,8 @@ pub fn decode_root(buf: &[u8], uuid: &[u8; 16]) -> Result<Root> {
             data_blocks,
             zero_blocks,
             name: r.string(n)?,
+            snapshot_of: None,
+            created: 0,
         });
     }
     for _ in 0..r.u32()? {
@@ -909,6 +944,42 @@ pub fn decode_root(buf: &[u8], uuid: &[u8; 16]) -> Result<Root> {
         let k = r.string(n)?;
         let n = r.u32()? as usize;
         root.meta.push((k, r.bytes(n)?.to_vec()));
+    }
+    if r.remaining() != 0 {
+        if r.u32()? != ROOT_SNAPSHOT_EXT_MAGIC {
+            return Err(Error::corrupt(WHAT, "unknown section after the body"));
+        }
+        let v = r.u32()?;
+        if v != ROOT_SNAPSHOT_EXT_VERSION {
+            return Err(Error::corrupt(
+                WHAT,
+                format!("snapshot section version {v}; this build reads version {ROOT_SNAPSHOT_EXT_VERSION} (upgrade Condense)"),
+            ));
+        }
+        for _ in 0..r.u32()? {
+            let id = r.u32()?;
+            let of = r.u32()?;
+            let created = r.u64()?;
+            let vol = root
+                .volumes
+                .iter_mut()
+                .find(|v| v.id == id)
+                .ok_or_else(|| {
+                    Error::corrupt(WHAT, format!("snapshot section names unknown volume {id}"))
+                })?;
+            vol.snapshot_of = (of != u32::MAX).then_some(of);
+            vol.created = created;
+        }
+        let n = r.u64()?;
+        if n > r.remaining() as u64 / 12 {
+            return Err(Error::corrupt(
+                WHAT,
+                "shared page list longer than the body",
+            ));
+        }
+        for _ in 0..n {
+            root.shared_pages.push((r.u64()?, r.u32()?));
+        }
     }
     if r.remaining() != 0 {
         return Err(Error::corrupt(WHAT, "bytes left after the body"));

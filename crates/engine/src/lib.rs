@@ -34,6 +34,7 @@ pub mod projection;
 pub mod reduction;
 pub mod segment;
 pub mod sim;
+pub mod snapshot;
 pub mod stats;
 pub mod verify;
 pub mod volume;

@@ -28,6 +28,10 @@ pub(crate) struct VolumeState {
     pub name: String,
     pub size: u64,
     pub counts: MapCounts,
+    /// For a snapshot (named `VOLUME@SNAPSHOT`, read-only): the volume it was taken of.
+    pub snapshot_of: Option<u32>,
+    /// When it was made (seconds since the Unix epoch; 0 if not known).
+    pub created: u64,
 }
 
 pub(crate) struct Metadata {
@@ -72,6 +76,22 @@ impl Metadata {
                 len: count.saturating_mul(bs),
                 size: v.size,
             });
+        }
+        Ok(v)
+    }
+
+    /// [`Metadata::volume_for`] for a change: snapshots refuse it.
+    pub(crate) fn writable_volume_for(
+        &self,
+        vol: u32,
+        name: &str,
+        op: &'static str,
+        first: u64,
+        count: u64,
+    ) -> Result<&VolumeState> {
+        let v = self.volume_for(vol, name, op, first, count)?;
+        if v.snapshot_of.is_some() {
+            return Err(Error::SnapshotReadOnly(v.name.clone()));
         }
         Ok(v)
     }
@@ -181,6 +201,8 @@ impl Metadata {
                         name: name.clone(),
                         size: *size,
                         counts: MapCounts::default(),
+                        snapshot_of: None,
+                        created: 0,
                     },
                 );
                 self.cache.create_tree(
@@ -209,14 +231,7 @@ impl Metadata {
             }
             JournalRecord::VolumeDelete { vol } => {
                 self.vol(*vol)?;
-                let mut ids = Vec::new();
-                self.cache.delete_tree(u64::from(*vol), |_, leaf| {
-                    block_map::leaf_chunks(leaf, |id| ids.push(id));
-                    Ok(())
-                })?;
-                for id in ids {
-                    self.chunks.decref(&mut self.cache, id)?;
-                }
+                self.release_volume_tree(*vol)?;
                 if let Some(v) = self.volumes.remove(vol) {
                     self.names.remove(&v.name);
                 }
@@ -259,8 +274,31 @@ impl Metadata {
             .get_mut(&vol)
             .ok_or_else(|| Error::corrupt("journal", format!("change to unknown volume {vol}")))?;
         let old = block_map::set(&mut self.cache, u64::from(vol), &mut v.counts, block, e)?;
+        // A leaf copied away from a snapshot or clone: its chunks gained a holder (before the
+        // old entry's reference goes, which the copy also held).
+        for leaf in self.cache.take_unshared_leaves() {
+            let mut ids = Vec::new();
+            block_map::leaf_chunks(&leaf, |id| ids.push(id));
+            for id in ids {
+                self.chunks.incref(&mut self.cache, id)?;
+            }
+        }
         if old < CHUNK_ID_LIMIT {
             self.chunks.decref(&mut self.cache, old)?;
+        }
+        Ok(())
+    }
+
+    /// Release volume `vol`'s block map: pages it alone holds are freed and the chunks
+    /// their entries name lose a reference; pages shared with snapshots or clones stay.
+    pub(crate) fn release_volume_tree(&mut self, vol: u32) -> Result<()> {
+        let mut ids = Vec::new();
+        self.cache.release_tree(u64::from(vol), &mut |leaf| {
+            block_map::leaf_chunks(leaf, |id| ids.push(id));
+            Ok(())
+        })?;
+        for id in ids {
+            self.chunks.decref(&mut self.cache, id)?;
         }
         Ok(())
     }
@@ -308,6 +346,8 @@ impl Metadata {
                     data_blocks: v.counts.data_blocks,
                     zero_blocks: v.counts.zero_blocks,
                     name: v.name.clone(),
+                    snapshot_of: v.snapshot_of,
+                    created: v.created,
                 })
                 .collect(),
             trees: self
@@ -334,6 +374,12 @@ impl Metadata {
                 .meta
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            shared_pages: self
+                .cache
+                .shared_pages()
+                .iter()
+                .map(|(&p, &r)| (p, r))
                 .collect(),
         }
     }

@@ -21,6 +21,20 @@
 //!   first. Callers evict only between metadata changes ([`PageCache::evict_to_budget`]), so
 //!   applying a change never writes pages.
 //! - Nothing in a page is trusted before its CRC matches the parent's pointer.
+//!
+//! Sharing (snapshots and clones). Two trees may name the same stored page: a clone copies
+//! the source's root pointer and counts one more reference on that page. `refs` holds the
+//! number of parents (tree roots or interior pages) of every page named more than once; a
+//! page absent from it has one. A shared page is never changed or freed in place:
+//! - Changing a node whose page is shared first *unshares* it: the node becomes a private,
+//!   never-written copy (page 0) and the page loses one reference; each child of the copy
+//!   gains one (interior nodes), or, for a leaf, the entries' chunks each gain one reference
+//!   (handed to the caller through [`PageCache::take_unshared_leaves`]). Ancestors are
+//!   unshared before their children, so a dirty node and all its ancestors are exclusive.
+//! - Releasing a tree ([`PageCache::release_tree`]) drops one reference on its root; only a
+//!   page whose last reference goes is freed, and only then are its children released.
+//! - A clone is made only of a tree with no dirty node (right after its pages were written),
+//!   so every page it shares is on disk and no longer "fresh" (never rewritten in place).
 
 use crate::error::{Error, Result};
 use crate::io::File;
@@ -237,6 +251,10 @@ pub struct CacheCounters {
 }
 
 pub struct PageCache {
+    /// Parents of every page named more than once (see "Sharing" above).
+    refs: BTreeMap<u64, u32>,
+    /// Copies of leaves unshared since the last [`PageCache::take_unshared_leaves`].
+    unshared_leaves: Vec<Box<[u8]>>,
     file: Arc<dyn File>,
     map: HashMap<Key, usize>,
     slots: Vec<Option<Node>>,
@@ -264,6 +282,8 @@ impl PageCache {
         budget_bytes: u64,
     ) -> PageCache {
         PageCache {
+            refs: BTreeMap::new(),
+            unshared_leaves: Vec::new(),
             file,
             map: HashMap::new(),
             slots: Vec::new(),
@@ -379,66 +399,6 @@ impl PageCache {
         Ok(())
     }
 
-    /// Remove `tree`, freeing every page it owns. `leaf` sees each leaf that exists (to drop
-    /// the references its entries hold) before the tree goes.
-    pub fn delete_tree(
-        &mut self,
-        tree: TreeId,
-        mut leaf: impl FnMut(u64, &[u8]) -> Result<()>,
-    ) -> Result<()> {
-        let Some(info) = self.tree(tree) else {
-            return Ok(());
-        };
-        self.for_each_leaf(tree, 0, u64::MAX, &mut |i, data| {
-            leaf(i, data).map(|_| true)
-        })?;
-        let mut runs = vec![(info.root.page, info.root.units)];
-        self.walk_pointers(tree, info.height - 1, 0, &mut |_, _, p| {
-            runs.push((p.page, p.units))
-        })?;
-        for (start, n) in runs {
-            self.alloc.free(start, n);
-        }
-        self.drop_cached(tree);
-        self.trees.remove(&tree);
-        Ok(())
-    }
-
-    /// Every non-null pointer below node (`level`, `index`): (child level, child index, ptr).
-    /// Interior nodes are read through the cache; leaves are not read.
-    fn walk_pointers(
-        &mut self,
-        tree: TreeId,
-        level: u8,
-        index: u64,
-        f: &mut dyn FnMut(u8, u64, Ptr),
-    ) -> Result<()> {
-        if level == 0 {
-            return Ok(());
-        }
-        let Some(slot) = self.find(tree, level, index, false)? else {
-            return Ok(());
-        };
-        let ptrs: Vec<(u64, Ptr)> = (0..FANOUT)
-            .map(|c| (c, Ptr::read(&self.node(slot).data, c as usize)))
-            .collect();
-        for (c, p) in ptrs {
-            let child = index * FANOUT + c;
-            if p.page != 0 {
-                f(level - 1, child, p);
-            }
-            let cached = self.map.contains_key(&Key {
-                tree,
-                level: level - 1,
-                index: child,
-            });
-            if level > 1 && (p.page != 0 || cached) {
-                self.walk_pointers(tree, level - 1, child, f)?;
-            }
-        }
-        Ok(())
-    }
-
     /// Indexes of the leaves in `[from, to)` that exist (present on disk or in memory),
     /// walking only interior nodes.
     pub fn present_leaves(&mut self, tree: TreeId, from: u64, to: u64) -> Result<Vec<u64>> {
@@ -460,17 +420,90 @@ impl PageCache {
         to: u64,
         f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
     ) -> Result<()> {
+        self.for_each_leaf_page(tree, from, to, &mut |i, _, d| f(i, d))
+    }
+
+    /// [`PageCache::for_each_leaf`] that also gives each leaf's stored page (0 for a leaf
+    /// memory holds unwritten): leaves shared between trees have the same page.
+    pub fn for_each_leaf_page(
+        &mut self,
+        tree: TreeId,
+        from: u64,
+        to: u64,
+        f: &mut LeafPageVisitor<'_>,
+    ) -> Result<()> {
         let file = self.file.clone();
         let mut g = |i: u64, src: LeafSrc<'_>| -> Result<bool> {
             match src {
-                LeafSrc::Cached(d) => f(i, d),
+                LeafSrc::Cached(d, page, dirty) => f(i, if dirty { 0 } else { page }, d),
                 LeafSrc::Disk(p) => {
                     let buf = read_checked(&*file, p, tree, 0, i)?;
-                    f(i, &buf)
+                    f(i, p.page, &buf)
                 }
             }
         };
         self.leaves_in(tree, from, to, &mut |i, src| g(i, src))
+    }
+
+    /// How many parents (tree roots and interior pointers, over all trees but the chunk
+    /// table) name each stored page; for `verify` to check the shared-page counts.
+    pub fn count_parents(&mut self) -> Result<HashMap<u64, u32>> {
+        let mut parents = HashMap::new();
+        let trees: Vec<(TreeId, TreeInfo)> = self
+            .trees
+            .iter()
+            .filter(|(&t, _)| t != CHUNK_TREE)
+            .map(|(&t, &i)| (t, i))
+            .collect();
+        for (tree, info) in trees {
+            self.count_below(tree, info.height - 1, 0, info.root, &mut parents)?;
+        }
+        Ok(parents)
+    }
+
+    fn count_below(
+        &mut self,
+        tree: TreeId,
+        level: u8,
+        index: u64,
+        ptr: Ptr,
+        parents: &mut HashMap<u64, u32>,
+    ) -> Result<()> {
+        let cached = self.map.get(&Key { tree, level, index }).copied();
+        let page = match cached {
+            Some(s) if self.node(s).dirty => 0,
+            Some(s) => self.node(s).page,
+            None => ptr.page,
+        };
+        if page != 0 {
+            let n = parents.entry(page).or_insert(0);
+            *n += 1;
+            if *n > 1 {
+                return Ok(()); // its children were counted the first time
+            }
+        } else if cached.is_none() {
+            return Ok(());
+        }
+        if level == 0 {
+            return Ok(());
+        }
+        let data = match cached {
+            Some(s) => self.node(s).data.clone(),
+            None => read_checked(&*self.file, ptr, tree, level, index)?,
+        };
+        for c in 0..FANOUT {
+            let p = Ptr::read(&data, c as usize);
+            let child = index * FANOUT + c;
+            let child_cached = self.map.contains_key(&Key {
+                tree,
+                level: level - 1,
+                index: child,
+            });
+            if p.page != 0 || child_cached {
+                self.count_below(tree, level - 1, child, p, parents)?;
+            }
+        }
+        Ok(())
     }
 
     fn leaves_in(
@@ -489,7 +522,8 @@ impl PageCache {
         }
         if info.height == 1 {
             if let Some(slot) = self.find(tree, 0, 0, false)? {
-                f(0, LeafSrc::Cached(&self.node(slot).data))?;
+                let n = self.node(slot);
+                f(0, LeafSrc::Cached(&n.data, n.page, n.dirty))?;
             }
             return Ok(());
         }
@@ -531,7 +565,7 @@ impl PageCache {
                 match cached {
                     Some(ls) => {
                         let n = self.slots[ls].as_ref().expect("live cache slot");
-                        f(child, LeafSrc::Cached(&n.data))?
+                        f(child, LeafSrc::Cached(&n.data, n.page, n.dirty))?
                     }
                     None => f(child, LeafSrc::Disk(p))?,
                 }
@@ -582,8 +616,14 @@ impl PageCache {
             self.counters.hits += 1;
             let n = self.node_mut(slot);
             n.referenced = true;
-            if create {
-                n.dirty = true;
+            if create && !n.dirty {
+                // A change below a shared page must copy that page: ancestors first.
+                let height = self.tree(tree).map_or(0, |t| t.height);
+                if level + 1 < height {
+                    self.find(tree, level + 1, index / FANOUT, true)?;
+                }
+                self.unshare(slot);
+                self.node_mut(slot).dirty = true;
             }
             return Ok(Some(slot));
         }
@@ -647,7 +687,206 @@ impl PageCache {
                 pn.dirty = true;
             }
         }
-        Ok(Some(self.insert(node)))
+        let slot = self.insert(node);
+        if create {
+            self.unshare(slot);
+        }
+        Ok(Some(slot))
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Sharing between trees (snapshots and clones).
+
+    /// True when more than one parent names stored page `page`.
+    pub fn is_shared(&self, page: u64) -> bool {
+        page != 0 && self.refs.contains_key(&page)
+    }
+
+    /// Pages named more than once, with their number of parents.
+    pub fn shared_pages(&self) -> &BTreeMap<u64, u32> {
+        &self.refs
+    }
+
+    /// Replace the shared-page counts (at open, from the checkpoint root).
+    pub fn set_shared_pages(&mut self, refs: BTreeMap<u64, u32>) {
+        self.refs = refs;
+    }
+
+    fn add_ref(&mut self, page: u64) {
+        if page != 0 {
+            *self.refs.entry(page).or_insert(1) += 1;
+        }
+    }
+
+    /// Drop one reference on `page`; true if others remain (the page must stay).
+    fn drop_ref(&mut self, page: u64) -> bool {
+        match self.refs.get_mut(&page) {
+            Some(r) => {
+                *r -= 1;
+                if *r <= 1 {
+                    self.refs.remove(&page);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Make the node at `slot` a private copy if its page is shared (see "Sharing").
+    fn unshare(&mut self, slot: usize) {
+        let (page, level) = {
+            let n = self.node(slot);
+            (n.page, n.key.level)
+        };
+        if !self.is_shared(page) {
+            return;
+        }
+        self.drop_ref(page);
+        if level > 0 {
+            let children: Vec<u64> = (0..FANOUT as usize)
+                .map(|c| Ptr::read(&self.node(slot).data, c).page)
+                .collect();
+            for c in children {
+                self.add_ref(c);
+            }
+        } else {
+            let copy = self.node(slot).data.clone();
+            self.unshared_leaves.push(copy);
+        }
+        let n = self.node_mut(slot);
+        n.page = 0;
+        n.units = 0;
+    }
+
+    /// Leaves unshared since the last call: each of their entries now has one more holder.
+    pub fn take_unshared_leaves(&mut self) -> Vec<Box<[u8]>> {
+        std::mem::take(&mut self.unshared_leaves)
+    }
+
+    /// Make `dst` a tree with the same content as `src`, sharing every page. `src` must have
+    /// no unwritten change (call right after its pages were written).
+    pub fn clone_tree(&mut self, src: TreeId, dst: TreeId) -> Result<()> {
+        let info = self.tree(src).ok_or_else(|| {
+            Error::corrupt(
+                "metadata",
+                format!("tree {} does not exist", tree_name(src)),
+            )
+        })?;
+        if self
+            .map
+            .iter()
+            .any(|(k, &s)| k.tree == src && self.node(s).dirty)
+        {
+            return Err(Error::corrupt(
+                "metadata",
+                format!("clone of {} while it has unwritten pages", tree_name(src)),
+            ));
+        }
+        self.drop_cached(dst);
+        self.add_ref(info.root.page);
+        self.trees.insert(dst, info);
+        Ok(())
+    }
+
+    /// Remove `tree`: its root loses a reference, and every page whose last reference goes
+    /// is freed, children after parents. `leaf` sees each freed leaf (to drop the
+    /// references its entries hold); leaves still shared stay with their other holders.
+    pub fn release_tree(
+        &mut self,
+        tree: TreeId,
+        leaf: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let Some(info) = self.tree(tree) else {
+            return Ok(());
+        };
+        self.walk_exclusive(tree, info.height - 1, 0, info.root, true, leaf)?;
+        self.drop_cached(tree);
+        self.trees.remove(&tree);
+        Ok(())
+    }
+
+    /// What releasing `tree` would free, without changing anything: `leaf` sees each leaf
+    /// that would go; returns the metadata units that would be freed.
+    pub fn exclusive_leaves(
+        &mut self,
+        tree: TreeId,
+        leaf: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<u64> {
+        let Some(info) = self.tree(tree) else {
+            return Ok(0);
+        };
+        self.walk_exclusive(tree, info.height - 1, 0, info.root, false, leaf)
+    }
+
+    /// The pages below node (`level`, `index`) of `tree` (reached through `ptr`) that only
+    /// this tree holds; with `release`, drop the references and free them. Returns units.
+    fn walk_exclusive(
+        &mut self,
+        tree: TreeId,
+        level: u8,
+        index: u64,
+        ptr: Ptr,
+        release: bool,
+        leaf: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<u64> {
+        let cached = self.map.get(&Key { tree, level, index }).copied();
+        let (page, units) = match cached {
+            Some(s) => (self.node(s).page, self.node(s).units),
+            None => (ptr.page, ptr.units),
+        };
+        if cached.is_none() && page == 0 {
+            return Ok(0);
+        }
+        if self.is_shared(page) {
+            if release {
+                self.drop_ref(page);
+            }
+            return Ok(0);
+        }
+        let data = match cached {
+            Some(s) => self.node(s).data.clone(),
+            None => read_checked(&*self.file, ptr, tree, level, index)?,
+        };
+        let mut freed = u64::from(units);
+        if level == 0 {
+            leaf(&data)?;
+        } else {
+            for c in 0..FANOUT {
+                let p = Ptr::read(&data, c as usize);
+                let child = index * FANOUT + c;
+                let child_cached = self.map.contains_key(&Key {
+                    tree,
+                    level: level - 1,
+                    index: child,
+                });
+                if p.page != 0 || child_cached {
+                    freed += self.walk_exclusive(tree, level - 1, child, p, release, leaf)?;
+                }
+            }
+        }
+        if release && page != 0 {
+            self.alloc.free(page, units);
+        }
+        Ok(freed)
+    }
+
+    /// The leaves of `tree` in `[from, to)` that exist, with where they are stored: the page
+    /// (0 for one never written) and whether memory holds a change not yet written. Two
+    /// trees whose leaf has the same page and no change hold the same entries.
+    pub fn leaf_pages(&mut self, tree: TreeId, from: u64, to: u64) -> Result<Vec<LeafPage>> {
+        let mut out = Vec::new();
+        self.leaves_in(tree, from, to, &mut |index, src| {
+            out.push(match src {
+                LeafSrc::Cached(_, page, dirty) => LeafPage { index, page, dirty },
+                LeafSrc::Disk(p) => LeafPage {
+                    index,
+                    page: p.page,
+                    dirty: false,
+                },
+            });
+            Ok(true)
+        })?;
+        Ok(out)
     }
 
     /// Leaf `index` of `tree` for reading; `None` if it was never written (all zeros).
@@ -888,8 +1127,20 @@ impl Ptr {
 }
 
 enum LeafSrc<'a> {
-    Cached(&'a [u8]),
+    /// Data, page, dirty.
+    Cached(&'a [u8], u64, bool),
     Disk(Ptr),
+}
+
+/// Sees (leaf index, stored page or 0, bytes); returns false to stop.
+pub type LeafPageVisitor<'a> = dyn FnMut(u64, u64, &[u8]) -> Result<bool> + 'a;
+
+/// Where one leaf of a tree is: see [`PageCache::leaf_pages`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeafPage {
+    pub index: u64,
+    pub page: u64,
+    pub dirty: bool,
 }
 
 /// Read the page `p` points to, check it against the pointer's CRC and decode it.

@@ -132,6 +132,8 @@ pub struct Pool {
     /// One garbage collection at a time.
     pub(crate) gc_lock: Mutex<()>,
     vol_locks: Mutex<HashMap<u32, Arc<Mutex<()>>>>,
+    /// Open writable handles per volume (rollback refuses while any is open).
+    pub(crate) writers: Mutex<HashMap<u32, usize>>,
     pub(crate) me: Weak<Pool>,
     pub(crate) read_errors: AtomicU64,
     pub(crate) replay: ReplayReport,
@@ -156,6 +158,18 @@ pub fn check_volume_name(name: &str) -> Result<()> {
             "invalid volume name {name:?}: use 1 to 255 bytes, no '/' or control characters"
         )))
     }
+}
+
+/// [`check_volume_name`] for a new volume or snapshot part: `@` separates a volume from
+/// its snapshot, so it may not appear in either.
+pub fn check_new_volume_name(name: &str) -> Result<()> {
+    check_volume_name(name)?;
+    if name.contains('@') {
+        return Err(Error::Invalid(format!(
+            "invalid name {name:?}: '@' separates a volume from its snapshot (VOLUME@SNAPSHOT)"
+        )));
+    }
+    Ok(())
 }
 
 fn random_bytes<const N: usize>() -> Result<[u8; N]> {
@@ -380,10 +394,14 @@ impl Pool {
                         data_blocks: v.data_blocks,
                         zero_blocks: v.zero_blocks,
                     },
+                    snapshot_of: v.snapshot_of,
+                    created: v.created,
                 },
             );
             md.names.insert(v.name.clone(), v.id);
         }
+        md.cache
+            .set_shared_pages(root.shared_pages.iter().copied().collect());
         if opts.read_only {
             md.cache.set_read_only();
         }
@@ -446,6 +464,7 @@ impl Pool {
             sync_lock: Mutex::new(()),
             gc_lock: Mutex::new(()),
             vol_locks: Mutex::new(HashMap::new()),
+            writers: Mutex::new(HashMap::new()),
             me: me.clone(),
             read_errors: AtomicU64::new(0),
             replay,
@@ -517,7 +536,7 @@ impl Pool {
     }
 
     pub fn create_volume(&self, name: &str, size: u64) -> Result<()> {
-        check_volume_name(name)?;
+        check_new_volume_name(name)?;
         self.check_size(size)?;
         let mut st = lock(&self.state);
         self.writable(&st)?;
@@ -547,6 +566,15 @@ impl Pool {
             .names
             .get(name)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        let snaps = crate::snapshot::snapshot_names_of(&st.md, vol);
+        if !snaps.is_empty() {
+            return Err(Error::Invalid(format!(
+                "volume {name:?} has {} snapshot(s) ({}); delete them first (`condense snapshot delete {name}@{}`)",
+                snaps.len(),
+                snaps.join(", "),
+                snaps[0]
+            )));
+        }
         self.commit(&mut st, vec![JournalRecord::VolumeDelete { vol }])?;
         drop(st);
         self.after_metadata_change()
@@ -564,7 +592,7 @@ impl Pool {
             .names
             .get(name)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        st.md.volume_for(vol, name, "resize", 0, 0)?;
+        st.md.writable_volume_for(vol, name, "resize", 0, 0)?;
         let first_cut = size / u64::from(self.sb.block_size);
         let first_data =
             crate::block_map::first_mapped(&mut st.md.cache, u64::from(vol), first_cut)?;
@@ -582,13 +610,14 @@ impl Pool {
         self.after_metadata_change()
     }
 
-    /// Names and sizes of all volumes, sorted by name.
+    /// Names and sizes of all volumes (not snapshots), sorted by name.
     pub fn volumes(&self) -> Vec<(String, u64)> {
         let st = lock(&self.state);
         let mut v: Vec<_> = st
             .md
             .volumes
             .values()
+            .filter(|v| v.snapshot_of.is_none())
             .map(|v| (v.name.clone(), v.size))
             .collect();
         v.sort();
@@ -610,15 +639,33 @@ impl Pool {
 
     /// A handle to a volume.
     pub fn volume(&self, name: &str) -> Result<crate::volume::VolumeHandle> {
-        let vol = self.volume_id(name)?;
+        let (vol, snapshot) = {
+            let st = lock(&self.state);
+            let vol = *st
+                .md
+                .names
+                .get(name)
+                .ok_or_else(|| Error::NotFound(name.to_string()))?;
+            let snapshot = st
+                .md
+                .volumes
+                .get(&vol)
+                .is_some_and(|v| v.snapshot_of.is_some());
+            (vol, snapshot)
+        };
         let pool = self
             .me
             .upgrade()
             .ok_or_else(|| Error::Invalid("pool is closing".into()))?;
+        let read_only = self.read_only || snapshot;
+        if !read_only {
+            *lock(&self.writers).entry(vol).or_default() += 1;
+        }
         Ok(crate::volume::VolumeHandle::new(
             pool,
             vol,
             name.to_string(),
+            read_only,
         ))
     }
 
@@ -762,7 +809,7 @@ impl Pool {
         let mut st = lock(&self.state);
         self.writable(&st)?;
         st.md
-            .volume_for(vol, name, "write", first, (data.len() / bs) as u64)?;
+            .writable_volume_for(vol, name, "write", first, (data.len() / bs) as u64)?;
         self.check_space(&mut st, data.len() as u64)?;
         let mut records = Vec::new();
         let mut entries = Vec::with_capacity(fps.len());
@@ -862,7 +909,7 @@ impl Pool {
         debug_assert!(entry == ENTRY_ZERO || entry == ENTRY_UNMAPPED);
         let mut st = lock(&self.state);
         self.writable(&st)?;
-        st.md.volume_for(vol, name, "zero", first, count)?;
+        st.md.writable_volume_for(vol, name, "zero", first, count)?;
         self.commit(
             &mut st,
             vec![JournalRecord::MapFill {
@@ -923,18 +970,38 @@ impl Pool {
 
     /// Write a checkpoint of the whole state and start a new journal generation. The caller
     /// holds `sync_lock`.
-    pub(crate) fn checkpoint_locked(&self, _sync: &MutexGuard<'_, ()>) -> Result<()> {
+    pub(crate) fn checkpoint_locked(&self, sync: &MutexGuard<'_, ()>) -> Result<()> {
+        self.checkpoint_with(sync, &|_| Ok(()), &mut |_| Ok(()))
+    }
+
+    /// A checkpoint that also makes a change no journal record describes (snapshots,
+    /// clones, rollback: they share pages, which needs every page of the source written).
+    /// Under the state lock: `check` may refuse (nothing changes); then dirty pages are
+    /// written, `change` runs, and what it dirtied is written too, so the new root holds
+    /// it. The change is durable, and visible after a crash, once this returns. The caller
+    /// holds `sync_lock`, so no flush can acknowledge a later write before that.
+    pub(crate) fn checkpoint_with(
+        &self,
+        _sync: &MutexGuard<'_, ()>,
+        check: &dyn Fn(&Metadata) -> Result<()>,
+        change: &mut dyn FnMut(&mut Metadata) -> Result<()>,
+    ) -> Result<()> {
         let (body, old_gen, new_journal_file, files, target, freed) = {
             let mut st = lock(&self.state);
             self.writable(&st)?;
+            check(&st.md)?;
             st.journal.seal()?;
             let new_gen = st.journal.gen + 1;
             let next_seq = st.journal.next_seq();
             // Dirty pages go to their new places now (written, not yet synced); the root
             // names them. Pages written after this belong to the next epoch.
             let prepared = (|| {
-                let (mut pages, freed) = st.md.cache.prepare_checkpoint()?;
+                let (mut pages, mut freed) = st.md.cache.prepare_checkpoint()?;
                 st.md.cache.write_pages(&mut pages)?;
+                change(&mut st.md)?;
+                let (mut more, freed_more) = st.md.cache.prepare_checkpoint()?;
+                st.md.cache.write_pages(&mut more)?;
+                freed.extend(freed_more);
                 Ok::<_, Error>(freed)
             })();
             let freed = match prepared {

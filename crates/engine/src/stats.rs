@@ -24,6 +24,8 @@ pub struct VolumeStats {
     /// (kept from counters; [`Pool::volume_physical_bytes`] gives the exact share).
     pub physical_bytes: u64,
     pub saving_percent: f64,
+    /// For a snapshot (`name` is `VOLUME@SNAPSHOT`): the volume it was taken of.
+    pub snapshot_of: Option<String>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -58,7 +60,11 @@ pub struct PoolStats {
     pub metadata_page_bytes_live: u64,
     pub checkpoints: u64,
     pub read_errors: u64,
+    /// Volumes (not snapshots), by name. The pool's logical and written totals count these.
     pub volumes: Vec<VolumeStats>,
+    /// Snapshots, by name. Their physical shares and the volumes' add up to the pool's live
+    /// chunk bytes.
+    pub snapshots: Vec<VolumeStats>,
 }
 
 pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {
@@ -102,10 +108,11 @@ impl Pool {
 
     /// One volume's figures with its exact physical share (walks its map; for `volume info`).
     pub fn volume_stats(&self, name: &str) -> Result<VolumeStats> {
-        let mut v = self
-            .stats()?
+        let stats = self.stats()?;
+        let mut v = stats
             .volumes
             .into_iter()
+            .chain(stats.snapshots)
             .find(|v| v.name == name)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
         v.physical_bytes = self.volume_physical_bytes(name)?;
@@ -147,19 +154,31 @@ impl Pool {
                 (live_record_bytes as u128 * u128::from(v.counts.data_blocks)
                     / u128::from(total_data_blocks)) as u64
             };
-            s.volumes.push(VolumeStats {
+            let snapshot_of = v.snapshot_of.map(|of| {
+                md.volumes
+                    .get(&of)
+                    .map_or_else(String::new, |o| o.name.clone())
+            });
+            let vs = VolumeStats {
                 name: v.name.clone(),
                 logical_bytes: v.size,
                 written_bytes: written,
                 zero_bytes: v.counts.zero_blocks * bs,
                 physical_bytes: share,
                 saving_percent: percent_saved(share, written),
-            });
+                snapshot_of,
+            };
+            if vs.snapshot_of.is_some() {
+                s.snapshots.push(vs);
+                continue;
+            }
+            s.volumes.push(vs);
             s.logical_bytes += v.size;
             s.written_bytes += written;
             s.zero_bytes += v.counts.zero_blocks * bs;
         }
         s.volumes.sort_by(|a, b| a.name.cmp(&b.name));
+        s.snapshots.sort_by(|a, b| a.name.cmp(&b.name));
         s.unique_chunks = md.chunks.live_chunks;
         s.stored_bytes = md.chunks.live_stored_bytes;
         s.data_bytes = st.segments.total_bytes();

@@ -116,26 +116,30 @@ impl Pool {
             .iter()
             .map(|(&id, v)| (id, v.name.clone(), v.size / u64::from(self.block_size())))
             .collect();
+        // A leaf shared by snapshots or clones holds one reference per chunk entry, however
+        // many trees reach it: count each stored leaf once.
+        let mut counted_leaves: HashSet<u64> = HashSet::new();
         for (vol, name, blocks) in vols {
             let mut bad_blocks = Vec::new();
             let leaves = blocks.div_ceil(MAP_PAGE_ENTRIES as u64);
-            let walked = st
-                .md
-                .cache
-                .for_each_leaf(u64::from(vol), 0, leaves, &mut |li, leaf| {
-                    crate::block_map::leaf_entries(leaf, |i, id| {
-                        let b = li * MAP_PAGE_ENTRIES as u64 + i as u64;
-                        let known =
-                            id < next_id && exists[(id / 64) as usize] & (1 << (id % 64)) != 0;
-                        if !known || bad.contains(&id) {
-                            bad_blocks.push(b);
-                        }
-                        if let Some(c) = counted.get_mut(id as usize) {
-                            *c = c.saturating_add(1);
-                        }
+            let walked =
+                st.md
+                    .cache
+                    .for_each_leaf_page(u64::from(vol), 0, leaves, &mut |li, page, leaf| {
+                        let first_visit = page == 0 || counted_leaves.insert(page);
+                        crate::block_map::leaf_entries(leaf, |i, id| {
+                            let b = li * MAP_PAGE_ENTRIES as u64 + i as u64;
+                            let known =
+                                id < next_id && exists[(id / 64) as usize] & (1 << (id % 64)) != 0;
+                            if !known || bad.contains(&id) {
+                                bad_blocks.push(b);
+                            }
+                            if let Some(c) = counted.get_mut(id as usize).filter(|_| first_visit) {
+                                *c = c.saturating_add(1);
+                            }
+                        });
+                        Ok(true)
                     });
-                    Ok(true)
-                });
             if let Err(e) = walked {
                 report.bad_volumes.push(name.clone());
                 report
@@ -144,6 +148,37 @@ impl Pool {
             }
             if !bad_blocks.is_empty() {
                 report.bad_blocks.insert(name, bad_blocks);
+            }
+        }
+        if report.metadata_problems.is_empty() {
+            match st.md.cache.count_parents() {
+                Ok(parents) => {
+                    let stored = st.md.cache.shared_pages();
+                    let mut wrong: Vec<String> = parents
+                        .iter()
+                        .filter(|(p, &n)| n != stored.get(p).copied().unwrap_or(1))
+                        .map(|(p, &n)| {
+                            format!(
+                                "page at unit {p} has {n} parents, its count says {}",
+                                stored.get(p).copied().unwrap_or(1)
+                            )
+                        })
+                        .collect();
+                    wrong.extend(stored.keys().filter(|p| !parents.contains_key(p)).map(|p| {
+                        format!("page at unit {p} is counted as shared but nothing names it")
+                    }));
+                    if !wrong.is_empty() {
+                        wrong.sort();
+                        report.metadata_problems.push(format!(
+                            "{} shared metadata pages have a wrong count (first: {})",
+                            wrong.len(),
+                            wrong[0]
+                        ));
+                    }
+                }
+                Err(e) => report
+                    .metadata_problems
+                    .push(format!("walking the block maps: {e}")),
             }
         }
         if report.metadata_problems.is_empty() {

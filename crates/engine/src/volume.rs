@@ -15,11 +15,33 @@ pub struct VolumeHandle {
     pool: Arc<Pool>,
     vol: u32,
     name: String,
+    /// A snapshot, or a pool opened read-only. Writable handles are counted in
+    /// `Pool::writers` while they live.
+    read_only: bool,
+}
+
+impl Drop for VolumeHandle {
+    fn drop(&mut self) {
+        if !self.read_only {
+            let mut w = crate::pool::lock(&self.pool.writers);
+            if let Some(n) = w.get_mut(&self.vol) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    w.remove(&self.vol);
+                }
+            }
+        }
+    }
 }
 
 impl VolumeHandle {
-    pub(crate) fn new(pool: Arc<Pool>, vol: u32, name: String) -> VolumeHandle {
-        VolumeHandle { pool, vol, name }
+    pub(crate) fn new(pool: Arc<Pool>, vol: u32, name: String, read_only: bool) -> VolumeHandle {
+        VolumeHandle {
+            pool,
+            vol,
+            name,
+            read_only,
+        }
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -215,7 +237,7 @@ impl condense_api::Volume for VolumeHandle {
         self.pool.block_size()
     }
     fn is_read_only(&self) -> bool {
-        self.pool.is_read_only()
+        self.read_only
     }
     fn flush_is_pool_wide(&self) -> bool {
         true
@@ -246,6 +268,25 @@ impl condense_api::Volume for VolumeHandle {
     }
     fn physical_bytes(&self) -> Option<u64> {
         self.pool.volume_physical_bytes(&self.name).ok()
+    }
+    fn snapshot_names(&self) -> condense_api::Result<Vec<String>> {
+        Ok(self
+            .pool
+            .snapshot_list()
+            .into_iter()
+            .filter(|s| s.volume == self.name)
+            .map(|s| s.snapshot)
+            .collect())
+    }
+    fn changed_since(
+        &self,
+        snapshot: &str,
+        offset: u64,
+        len: u64,
+    ) -> condense_api::Result<Vec<condense_api::Change>> {
+        self.range("block_status", offset, len)?;
+        let from = format!("{}@{snapshot}", self.name);
+        Ok(self.pool.diff_bytes(&from, &self.name, offset, len)?)
     }
 }
 
@@ -292,6 +333,50 @@ impl condense_api::Catalog for Pool {
     }
     fn flush(&self) -> condense_api::Result<()> {
         Ok(Pool::flush(self)?)
+    }
+    fn snapshots(&self) -> condense_api::Result<Vec<condense_api::SnapshotInfo>> {
+        let bs = u64::from(self.block_size());
+        Ok(self
+            .snapshot_list()
+            .into_iter()
+            .map(|s| condense_api::SnapshotInfo {
+                volume: s.volume,
+                snapshot: s.snapshot,
+                created_unix: s.created_unix,
+                size_bytes: s.size_bytes,
+                written_bytes: s.data_blocks * bs,
+            })
+            .collect())
+    }
+    fn snapshot_create(&self, volume: &str, snapshot: &str) -> condense_api::Result<()> {
+        Ok(self.create_snapshot(volume, snapshot)?)
+    }
+    fn snapshot_delete(&self, volume: &str, snapshot: &str) -> condense_api::Result<()> {
+        Ok(self.delete_snapshot(volume, snapshot)?)
+    }
+    fn clone_volume(&self, source: &str, new: &str) -> condense_api::Result<()> {
+        Ok(Pool::clone_volume(self, source, new)?)
+    }
+    fn snapshot_freeable_bytes(
+        &self,
+        volume: &str,
+        snapshot: &str,
+    ) -> condense_api::Result<Option<u64>> {
+        Ok(Some(Pool::snapshot_freeable_bytes(self, volume, snapshot)?))
+    }
+    fn rollback(&self, volume: &str, snapshot: &str, force: bool) -> condense_api::Result<()> {
+        Ok(self.rollback_volume(volume, snapshot, force)?)
+    }
+    fn diff(
+        &self,
+        from: &str,
+        to: &str,
+        offset: u64,
+        len: u64,
+    ) -> condense_api::Result<Vec<condense_api::Change>> {
+        let size = self.volume_size_any(from)?.max(self.volume_size_any(to)?);
+        condense_api::check_range("diff", to, offset, len, size)?;
+        Ok(self.diff_bytes(from, to, offset, len)?)
     }
     fn meta_get(&self, key: &str) -> condense_api::Result<Option<Vec<u8>>> {
         Ok(Pool::meta_get(self, key))

@@ -1,6 +1,7 @@
 //! Model-based property test: random sequences of write / write_zeroes / trim / read / resize /
-//! delete / close+reopen / gc across several volumes, checked after every step against the
-//! plain in-memory model in `condense_api::mem`.
+//! delete / snapshot / clone / rollback / snapshot delete / diff / close+reopen / gc across
+//! several volumes, checked after every step against the plain in-memory model in
+//! `condense_api::mem`.
 
 use condense_api::mem::MemCatalog;
 use condense_api::Catalog;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 
 const BS: u64 = 4096;
 const NAMES: [&str; 3] = ["a", "b", ".c"];
+const SNAPS: [&str; 2] = ["s0", "s1"];
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -48,6 +50,28 @@ enum Op {
     Reopen,
     Gc,
     Flush,
+    Snapshot {
+        v: usize,
+        s: usize,
+    },
+    DeleteSnapshot {
+        v: usize,
+        s: usize,
+    },
+    /// Clone volume `v` (or its snapshot `s`) into volume `to`.
+    Clone {
+        v: usize,
+        s: Option<usize>,
+        to: usize,
+    },
+    Rollback {
+        v: usize,
+        s: usize,
+    },
+    Diff {
+        v: usize,
+        s: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -81,6 +105,17 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Op::Reopen),
         Just(Op::Gc),
         Just(Op::Flush),
+        (0..NAMES.len(), 0..SNAPS.len()).prop_map(|(v, s)| Op::Snapshot { v, s }),
+        (0..NAMES.len(), 0..SNAPS.len()).prop_map(|(v, s)| Op::Snapshot { v, s }),
+        (0..NAMES.len(), 0..SNAPS.len()).prop_map(|(v, s)| Op::DeleteSnapshot { v, s }),
+        (
+            0..NAMES.len(),
+            proptest::option::of(0..SNAPS.len()),
+            0..NAMES.len()
+        )
+            .prop_map(|(v, s, to)| Op::Clone { v, s, to }),
+        (0..NAMES.len(), 0..SNAPS.len()).prop_map(|(v, s)| Op::Rollback { v, s }),
+        (0..NAMES.len(), 0..SNAPS.len()).prop_map(|(v, s)| Op::Diff { v, s }),
     ]
 }
 
@@ -133,7 +168,15 @@ fn check_all(pool: &Pool, model: &MemCatalog) {
     let mut engine_names: Vec<String> = pool.volumes().into_iter().map(|(n, _)| n).collect();
     engine_names.sort();
     assert_eq!(engine_names, names);
-    for n in names {
+    let snaps: Vec<String> = model
+        .snapshots()
+        .map(|l| l.into_iter().map(|s| s.full_name()).collect())
+        .unwrap_or_default();
+    let engine_snaps: Vec<String> = Catalog::snapshots(pool)
+        .map(|l| l.into_iter().map(|s| s.full_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(engine_snaps, snaps, "snapshots");
+    for n in names.into_iter().chain(snaps) {
         let (Ok(e), Ok(m)) = (Catalog::open(pool, &n), model.open(&n)) else {
             panic!("open {n}")
         };
@@ -230,6 +273,44 @@ fn run(ops: Vec<Op>, compression: Compression) {
                 }
             }
             Op::Flush => assert!(pool.flush().is_ok()),
+            Op::Snapshot { v, s } => {
+                let a = Catalog::snapshot_create(&*pool, NAMES[v], SNAPS[s]);
+                let b = model.snapshot_create(NAMES[v], SNAPS[s]);
+                same_outcome("snapshot create", &a, &b);
+            }
+            Op::DeleteSnapshot { v, s } => {
+                let a = Catalog::snapshot_delete(&*pool, NAMES[v], SNAPS[s]);
+                let b = model.snapshot_delete(NAMES[v], SNAPS[s]);
+                same_outcome("snapshot delete", &a, &b);
+            }
+            Op::Clone { v, s, to } => {
+                let src = match s {
+                    Some(s) => format!("{}@{}", NAMES[v], SNAPS[s]),
+                    None => NAMES[v].to_string(),
+                };
+                let a = Catalog::clone_volume(&*pool, &src, NAMES[to]);
+                let b = model.clone_volume(&src, NAMES[to]);
+                same_outcome("clone", &a, &b);
+            }
+            Op::Rollback { v, s } => {
+                let a = Catalog::rollback(&*pool, NAMES[v], SNAPS[s], false);
+                let b = model.rollback(NAMES[v], SNAPS[s], false);
+                same_outcome("rollback", &a, &b);
+            }
+            Op::Diff { v, s } => {
+                let from = format!("{}@{}", NAMES[v], SNAPS[s]);
+                if let (Ok(a), Ok(b)) =
+                    (pool.volume_size_any(&from), pool.volume_size_any(NAMES[v]))
+                {
+                    let len = a.max(b);
+                    let x = Catalog::diff(&*pool, &from, NAMES[v], 0, len);
+                    let y = model.diff(&from, NAMES[v], 0, len);
+                    match (x, y) {
+                        (Ok(x), Ok(y)) => assert_eq!(x, y, "diff {from} {}", NAMES[v]),
+                        (x, y) => panic!("diff: engine {x:?} vs model {y:?}"),
+                    }
+                }
+            }
         }
     }
     check_all(&pool, &model);

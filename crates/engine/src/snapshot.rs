@@ -1,0 +1,399 @@
+//! Snapshots, clones, rollback and changed-block queries.
+//!
+//! Owns: the volume-level operations on shared block maps. A snapshot `VOL@SNAP` is a
+//! read-only volume whose block map shares every page with `VOL` at the instant it was
+//! taken; a clone is a writable volume made the same way; rollback gives a volume its
+//! snapshot's map again. Sharing and copy-on-write of pages live in
+//! [`crate::page_cache`] ("Sharing"); a shared leaf holds one reference on each chunk it
+//! names, so a snapshot costs no chunk-table work until a volume's write copies a leaf.
+//!
+//! Invariants:
+//! - Snapshot, clone and rollback are made inside a checkpoint ([`Pool::checkpoint_with`]):
+//!   the source's pages are written first, so only stored pages are shared, and the change
+//!   is durable (the new root names it) when the call returns. No journal record describes
+//!   them; a crash before the root is written leaves the pool as it was.
+//! - A snapshot refuses every change ([`Error::SnapshotReadOnly`]); it is deleted by a
+//!   journaled `VolumeDelete`, which releases only the pages no other tree holds.
+//! - A volume with snapshots cannot be deleted; rollback refuses while a writable handle to
+//!   the volume is open (an NBD client, a mount) unless forced.
+//! - Two versions differ at a block when their block-map entries differ. Leaves stored at
+//!   the same page with no change in memory are equal without being read.
+
+use crate::block_map;
+use crate::error::{Error, Result};
+use crate::format::{ENTRY_UNMAPPED, MAP_PAGE_ENTRIES};
+use crate::metadata::{Metadata, VolumeState};
+use crate::pool::{check_new_volume_name, lock, Pool};
+use std::collections::HashMap;
+
+const PER: u64 = MAP_PAGE_ENTRIES as u64;
+
+/// One snapshot, as listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotEntry {
+    pub volume: String,
+    pub snapshot: String,
+    pub created_unix: u64,
+    pub size_bytes: u64,
+    pub data_blocks: u64,
+    pub zero_blocks: u64,
+}
+
+/// A run of blocks that did or did not change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRun {
+    pub first: u64,
+    pub count: u64,
+    pub changed: bool,
+}
+
+/// Names (the part after `@`) of volume `vol`'s snapshots, oldest first.
+pub(crate) fn snapshot_names_of(md: &Metadata, vol: u32) -> Vec<String> {
+    let mut snaps: Vec<(u64, u32, &str)> = md
+        .volumes
+        .iter()
+        .filter(|(_, v)| v.snapshot_of == Some(vol))
+        .map(|(&id, v)| (v.created, id, v.name.as_str()))
+        .collect();
+    snaps.sort_unstable();
+    snaps
+        .into_iter()
+        .map(|(_, _, n)| n.split_once('@').map_or(n, |(_, s)| s).to_string())
+        .collect()
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn id_of(md: &Metadata, name: &str) -> Result<u32> {
+    md.names
+        .get(name)
+        .copied()
+        .ok_or_else(|| Error::NotFound(name.to_string()))
+}
+
+/// A plain volume's id (not a snapshot).
+fn volume_id(md: &Metadata, name: &str) -> Result<u32> {
+    let id = id_of(md, name)?;
+    if md.volumes.get(&id).is_some_and(|v| v.snapshot_of.is_some()) {
+        return Err(Error::Invalid(format!(
+            "{name:?} is a snapshot; name a volume here"
+        )));
+    }
+    Ok(id)
+}
+
+/// A snapshot's id.
+fn snapshot_id(md: &Metadata, full: &str) -> Result<u32> {
+    let id = id_of(md, full)?;
+    if md.volumes.get(&id).is_none_or(|v| v.snapshot_of.is_none()) {
+        return Err(Error::Invalid(format!("{full:?} is not a snapshot")));
+    }
+    Ok(id)
+}
+
+impl Pool {
+    /// Freeze `volume` as it is now: every write that returned before is in the snapshot
+    /// `volume@snapshot`. Costs the pages changed since the last checkpoint, not the volume.
+    pub fn create_snapshot(&self, volume: &str, snapshot: &str) -> Result<()> {
+        check_new_volume_name(snapshot)?;
+        let full = format!("{volume}@{snapshot}");
+        crate::pool::check_volume_name(&full)?;
+        let sync = lock(&self.sync_lock);
+        self.checkpoint_with(
+            &sync,
+            &|md| {
+                volume_id(md, volume)?;
+                if md.names.contains_key(&full) {
+                    return Err(Error::AlreadyExists(full.clone()));
+                }
+                Ok(())
+            },
+            &mut |md| {
+                let src = volume_id(md, volume)?;
+                let id = self.add_tree_copy(md, src, &full, Some(src))?;
+                md.names.insert(full.clone(), id);
+                Ok(())
+            },
+        )
+    }
+
+    /// A new writable volume `new` with the content of `source` (a volume or
+    /// `VOLUME@SNAPSHOT`), sharing its pages: instant, no data copied.
+    pub fn clone_volume(&self, source: &str, new: &str) -> Result<()> {
+        check_new_volume_name(new)?;
+        let sync = lock(&self.sync_lock);
+        let mut made = None;
+        self.checkpoint_with(
+            &sync,
+            &|md| {
+                id_of(md, source)?;
+                if md.names.contains_key(new) {
+                    return Err(Error::AlreadyExists(new.to_string()));
+                }
+                Ok(())
+            },
+            &mut |md| {
+                let src = id_of(md, source)?;
+                made = Some(self.add_tree_copy(md, src, new, None)?);
+                Ok(())
+            },
+        )?;
+        // Visible only now that it is durable: a write to it can never reach a journal
+        // whose checkpoint does not know the volume.
+        if let Some(id) = made {
+            lock(&self.state).md.names.insert(new.to_string(), id);
+        }
+        Ok(())
+    }
+
+    /// A new volume entry `name` whose map shares `src`'s pages (inside a checkpoint).
+    fn add_tree_copy(
+        &self,
+        md: &mut Metadata,
+        src: u32,
+        name: &str,
+        snapshot_of: Option<u32>,
+    ) -> Result<u32> {
+        let s = md
+            .volumes
+            .get(&src)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        let state = VolumeState {
+            name: name.to_string(),
+            size: s.size,
+            counts: s.counts,
+            snapshot_of,
+            created: now_unix(),
+        };
+        let id = md.next_vol;
+        md.cache.clone_tree(u64::from(src), u64::from(id))?;
+        md.volumes.insert(id, state);
+        md.next_vol = id + 1;
+        Ok(id)
+    }
+
+    /// Make `volume` read again as `volume@snapshot` (size included). Refused while a
+    /// writable handle to the volume is open, unless `force` (then its users see the old
+    /// content under their feet, as after a disk swap).
+    pub fn rollback_volume(&self, volume: &str, snapshot: &str, force: bool) -> Result<()> {
+        let full = format!("{volume}@{snapshot}");
+        let vol_lock = self.volume_lock(self.volume_id(volume)?);
+        let _w = lock(&vol_lock);
+        let sync = lock(&self.sync_lock);
+        self.checkpoint_with(
+            &sync,
+            &|md| {
+                let vol = volume_id(md, volume)?;
+                let snap = snapshot_id(md, &full)?;
+                if md.volumes.get(&snap).and_then(|v| v.snapshot_of) != Some(vol) {
+                    return Err(Error::Invalid(format!(
+                        "{full:?} is not a snapshot of volume {volume:?}"
+                    )));
+                }
+                let writers = lock(&self.writers).get(&vol).copied().unwrap_or(0);
+                if writers > 0 && !force {
+                    return Err(Error::Busy(format!(
+                        "volume {volume:?} is open for writing ({writers} handle(s): an NBD client or a mount); \
+                         disconnect it first, or roll back anyway with --force"
+                    )));
+                }
+                Ok(())
+            },
+            &mut |md| {
+                let vol = volume_id(md, volume)?;
+                let snap = snapshot_id(md, &full)?;
+                md.release_volume_tree(vol)?;
+                md.cache.clone_tree(u64::from(snap), u64::from(vol))?;
+                let (size, counts) = md
+                    .volumes
+                    .get(&snap)
+                    .map(|s| (s.size, s.counts))
+                    .ok_or_else(|| Error::NotFound(full.clone()))?;
+                if let Some(v) = md.volumes.get_mut(&vol) {
+                    v.size = size;
+                    v.counts = counts;
+                }
+                Ok(())
+            },
+        )
+    }
+
+    /// Delete `volume@snapshot`: pages and chunks only it holds are released (the space
+    /// returns at the next GC).
+    pub fn delete_snapshot(&self, volume: &str, snapshot: &str) -> Result<()> {
+        let full = format!("{volume}@{snapshot}");
+        snapshot_id(&lock(&self.state).md, &full)?;
+        self.delete_volume(&full)
+    }
+
+    /// Every snapshot, by volume and then oldest first.
+    pub fn snapshot_list(&self) -> Vec<SnapshotEntry> {
+        let st = lock(&self.state);
+        let md = &st.md;
+        let mut out: Vec<(String, u64, u32, SnapshotEntry)> = md
+            .volumes
+            .iter()
+            .filter_map(|(&id, v)| {
+                let of = md.volumes.get(&v.snapshot_of?)?;
+                let snapshot = v.name.split_once('@').map_or("", |(_, s)| s).to_string();
+                let e = SnapshotEntry {
+                    volume: of.name.clone(),
+                    snapshot,
+                    created_unix: v.created,
+                    size_bytes: v.size,
+                    data_blocks: v.counts.data_blocks,
+                    zero_blocks: v.counts.zero_blocks,
+                };
+                Some((of.name.clone(), v.created, id, e))
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.0, a.1, a.2).cmp(&(&b.0, b.1, b.2)));
+        out.into_iter().map(|(_, _, _, e)| e).collect()
+    }
+
+    /// Bytes deleting `volume@snapshot` would free (once GC runs): the stored chunks whose
+    /// every reference comes from leaves only this snapshot holds, plus those metadata pages.
+    pub fn snapshot_freeable_bytes(&self, volume: &str, snapshot: &str) -> Result<u64> {
+        let full = format!("{volume}@{snapshot}");
+        let mut st = lock(&self.state);
+        let md = &mut st.md;
+        let snap = snapshot_id(md, &full)?;
+        let mut held: HashMap<u64, u32> = HashMap::new();
+        let units = md.cache.exclusive_leaves(u64::from(snap), &mut |leaf| {
+            block_map::leaf_chunks(leaf, |id| *held.entry(id).or_default() += 1);
+            Ok(())
+        })?;
+        let mut bytes = units * crate::page_cache::UNIT as u64;
+        for (id, n) in held {
+            if let Some(e) = md.chunks.get(&mut md.cache, id)? {
+                if e.refs <= n {
+                    bytes += e.loc.record_bytes();
+                }
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Which blocks of `[first, first + count)` differ between `from` and `to` (volumes or
+    /// snapshots): runs in order covering the range. Past a version's end its blocks are
+    /// unmapped.
+    pub fn diff_blocks(
+        &self,
+        from: &str,
+        to: &str,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<BlockRun>> {
+        let mut out: Vec<BlockRun> = Vec::new();
+        let end = first
+            .checked_add(count)
+            .ok_or_else(|| Error::Invalid("range past 2^64 blocks".into()))?;
+        // In windows of leaves, so the state lock is never held for a whole large volume.
+        const WINDOW: u64 = 256;
+        let mut leaf = first / PER;
+        while leaf * PER < end {
+            let stop = (leaf + WINDOW).min(end.div_ceil(PER));
+            let mut st = lock(&self.state);
+            let md = &mut st.md;
+            let a = u64::from(id_of(md, from)?);
+            let b = u64::from(id_of(md, to)?);
+            let pa = md.cache.leaf_pages(a, leaf, stop)?;
+            let pb = md.cache.leaf_pages(b, leaf, stop)?;
+            let (mut i, mut j) = (0, 0);
+            let mut l = leaf;
+            while l < stop {
+                let lo = (l * PER).max(first);
+                let hi = ((l + 1) * PER).min(end);
+                let la = pa.get(i).filter(|p| p.index == l).copied();
+                let lb = pb.get(j).filter(|p| p.index == l).copied();
+                i += usize::from(la.is_some());
+                j += usize::from(lb.is_some());
+                let same = match (la, lb) {
+                    (None, None) => true,
+                    (Some(x), Some(y)) => x.page != 0 && x.page == y.page && !x.dirty && !y.dirty,
+                    _ => false,
+                };
+                if same {
+                    push_run(&mut out, lo, hi - lo, false);
+                } else {
+                    let ea = leaf_entries(md, a, l, la.is_some())?;
+                    let eb = leaf_entries(md, b, l, lb.is_some())?;
+                    for blk in lo..hi {
+                        let k = (blk - l * PER) as usize;
+                        push_run(&mut out, blk, 1, ea[k] != eb[k]);
+                    }
+                }
+                l += 1;
+            }
+            leaf = stop;
+        }
+        Ok(out)
+    }
+}
+
+impl Pool {
+    /// [`Pool::diff_blocks`] in bytes: `[offset, offset + len)`, runs clipped to the range.
+    pub fn diff_bytes(
+        &self,
+        from: &str,
+        to: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<condense_api::Change>> {
+        let bs = u64::from(self.block_size());
+        let end = offset.saturating_add(len);
+        let first = offset / bs;
+        let runs = self.diff_blocks(from, to, first, end.div_ceil(bs).saturating_sub(first))?;
+        let mut out = Vec::with_capacity(runs.len());
+        for r in runs {
+            let lo = (r.first * bs).max(offset);
+            let hi = ((r.first + r.count) * bs).min(end);
+            condense_api::push_change(&mut out, lo, hi.saturating_sub(lo), r.changed);
+        }
+        Ok(out)
+    }
+
+    /// The size of a volume or snapshot by name.
+    pub fn volume_size_any(&self, name: &str) -> Result<u64> {
+        let st = lock(&self.state);
+        let id = id_of(&st.md, name)?;
+        st.md
+            .volumes
+            .get(&id)
+            .map(|v| v.size)
+            .ok_or_else(|| Error::NotFound(name.to_string()))
+    }
+}
+
+/// The 512 entries of leaf `l` of `tree` (all unmapped if it does not exist).
+fn leaf_entries(md: &mut Metadata, tree: u64, l: u64, present: bool) -> Result<Vec<u64>> {
+    let mut e = vec![ENTRY_UNMAPPED; MAP_PAGE_ENTRIES];
+    if present {
+        md.cache.for_each_leaf(tree, l, l + 1, &mut |_, data| {
+            block_map::leaf_entries_all(data, &mut e);
+            Ok(false)
+        })?;
+    }
+    Ok(e)
+}
+
+fn push_run(out: &mut Vec<BlockRun>, first: u64, count: u64, changed: bool) {
+    if count == 0 {
+        return;
+    }
+    if let Some(last) = out.last_mut() {
+        if last.changed == changed && last.first + last.count == first {
+            last.count += count;
+            return;
+        }
+    }
+    out.push(BlockRun {
+        first,
+        count,
+        changed,
+    });
+}
