@@ -380,7 +380,7 @@ impl Inner {
                     .is_none_or(|at| at.elapsed() >= SNAPSHOTS_TTL)
         };
         if stale_snapshot {
-            self.snapshot_list()?;
+            self.snapshot_refresh()?;
         }
         let name = {
             let t = lock(&self.vols);
@@ -459,6 +459,23 @@ impl Inner {
     /// before (deleted and taken again) gets a new inode number.
     fn snapshot_list(&self) -> Result<Vec<(u64, String)>, Errno> {
         let _serial = lock(&self.snapshots_relist);
+        self.snapshot_list_locked()
+    }
+
+    /// List the snapshots again unless another thread did in the last [`SNAPSHOTS_TTL`].
+    fn snapshot_refresh(&self) -> Result<(), Errno> {
+        let _serial = lock(&self.snapshots_relist);
+        let fresh = lock(&self.vols)
+            .snapshots_listed
+            .is_some_and(|at| at.elapsed() < SNAPSHOTS_TTL);
+        if !fresh {
+            self.snapshot_list_locked()?;
+        }
+        Ok(())
+    }
+
+    /// [`Inner::snapshot_list`] with `snapshots_relist` held.
+    fn snapshot_list_locked(&self) -> Result<Vec<(u64, String)>, Errno> {
         let list = self.catalog.snapshots().map_err(|e| {
             tracing::warn!("listing snapshots: {e}");
             errno_of(&e)
