@@ -1,8 +1,12 @@
-//! The FUSE request handlers: the synthetic root, `volumes/` and the `files/` tree.
+//! The FUSE request handlers: the synthetic root, `volumes/`, `snapshots/` and the `files/`
+//! tree.
 //!
-//! Inode numbers: 1 is the mount root, 2 is `volumes/`, 3 is `files/` (the tree's root); tree
-//! inodes are below [`TREE_INO_MAX`] and persistent; volume files get numbers above it, handed
-//! out in memory for the life of the mount and never reused within it.
+//! Inode numbers: 1 is the mount root, 2 is `volumes/`, 3 is `files/` (the tree's root), 4 is
+//! `snapshots/`; tree inodes are below [`TREE_INO_MAX`] and persistent; volume and snapshot
+//! files get numbers above it, handed out in memory for the life of the mount and never reused
+//! within it. A snapshot file is a volume file whose name is `VOLUME@SNAPSHOT` (volume names
+//! cannot hold '@'); it is read-only whatever the mount, and every change to it or inside
+//! `snapshots/` is refused with EROFS.
 //!
 //! Locks: the tree lock is held for namespace changes and attribute updates, never during
 //! volume I/O. A file's content slot (`FileData::slot`) is shared by reads and writes and taken
@@ -11,28 +15,33 @@
 
 use crate::format::{file_volume_name, Kind, Timestamp, NAME_BYTES_MAX};
 use crate::seek::{seek, Whence};
-use crate::tree::{errno_of, AttrChange, Released, Tree, TREE_INO_MAX, TREE_ROOT};
+use crate::tree::{errno_of, AttrChange, Released, Tree, FIRST_INO, TREE_INO_MAX, TREE_ROOT};
 use crate::FuseError;
-use condense_api::{Catalog, ExtentKind, Volume, VolumeError};
+use condense_api::{split_snapshot_name, Catalog, ExtentKind, Volume, VolumeError};
 use fuser::{
     BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
     Request, TimeOrNow, WriteFlags,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const ROOT_INO: u64 = 1;
 const VOLUMES_INO: u64 = 2;
+const SNAPSHOTS_INO: u64 = 4;
 const VOLUME_INO_BASE: u64 = TREE_INO_MAX;
 
 /// How long the kernel may cache attributes and names.
 const TTL: Duration = Duration::from_secs(1);
+/// How long a listing of the pool's snapshots is trusted by getattr, open and read on a
+/// snapshot file (readdir and lookup in `snapshots/` always list afresh): a snapshot deleted
+/// while mounted fails with ENOENT within this time, even on a file already open.
+const SNAPSHOTS_TTL: Duration = Duration::from_secs(1);
 /// How long a computed `st_blocks` is reused.
 const BLOCKS_TTL: Duration = Duration::from_secs(1);
 /// Preferred I/O size reported in `st_blksize` (cp and friends size their buffers by it).
@@ -51,6 +60,7 @@ const GROW_BYTES_MIN: u64 = 1 << 20;
 const FILE_BYTES_MAX: u64 = 1 << 50;
 
 const _: () = assert!(VOLUME_INO_BASE > TREE_ROOT);
+const _: () = assert!(SNAPSHOTS_INO > TREE_ROOT && SNAPSHOTS_INO < FIRST_INO);
 const _: () = assert!(GROW_STEP_BYTES_MAX < FILE_BYTES_MAX);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -83,9 +93,12 @@ struct FileData {
     slot: RwLock<Slot>,
 }
 
+/// A file under `volumes/` or `snapshots/`.
 struct VolEntry {
+    /// The volume's name, or `VOLUME@SNAPSHOT` for a snapshot.
     name: String,
     vol: Option<Arc<dyn Volume>>,
+    /// Last write through the mount (volumes), or the creation time (snapshots).
     mtime: SystemTime,
 }
 
@@ -94,6 +107,39 @@ struct VolTable {
     by_name: HashMap<String, u64>,
     by_ino: HashMap<u64, VolEntry>,
     next: u64,
+    /// When the snapshot entries were last reconciled with `Catalog::snapshots`.
+    snapshots_listed: Option<Instant>,
+}
+
+impl VolTable {
+    /// A new inode number for `name`.
+    fn insert(&mut self, name: &str, mtime: SystemTime) -> u64 {
+        let ino = self.next;
+        self.next += 1;
+        self.by_name.insert(name.to_string(), ino);
+        self.by_ino.insert(
+            ino,
+            VolEntry {
+                name: name.to_string(),
+                vol: None,
+                mtime,
+            },
+        );
+        ino
+    }
+
+    fn forget(&mut self, ino: u64) {
+        if let Some(entry) = self.by_ino.remove(&ino) {
+            if self.by_name.get(&entry.name) == Some(&ino) {
+                self.by_name.remove(&entry.name);
+            }
+        }
+    }
+}
+
+/// True for the name of a snapshot (`VOLUME@SNAPSHOT`); volume names cannot hold '@'.
+fn is_snapshot(name: &str) -> bool {
+    split_snapshot_name(name).is_some()
 }
 
 /// Shared state of a mount.
@@ -107,6 +153,9 @@ pub struct Inner {
     tree: Mutex<Tree>,
     files: Mutex<HashMap<u64, Arc<FileData>>>,
     vols: Mutex<VolTable>,
+    /// Serializes listing the snapshots and reconciling the table with the listing, so that an
+    /// older listing never undoes a newer one.
+    snapshots_relist: Mutex<()>,
     blocks: Mutex<HashMap<u64, (Instant, u64)>>,
 }
 
@@ -114,6 +163,8 @@ pub struct Inner {
 enum Target {
     Root,
     VolumesDir,
+    SnapshotsDir,
+    /// A file under `volumes/` or `snapshots/`.
     Volume,
     Tree,
 }
@@ -122,6 +173,7 @@ fn target(ino: u64) -> Target {
     match ino {
         ROOT_INO => Target::Root,
         VOLUMES_INO => Target::VolumesDir,
+        SNAPSHOTS_INO => Target::SnapshotsDir,
         i if i >= VOLUME_INO_BASE => Target::Volume,
         _ => Target::Tree,
     }
@@ -146,6 +198,7 @@ impl Inner {
                 next: VOLUME_INO_BASE,
                 ..VolTable::default()
             }),
+            snapshots_relist: Mutex::new(()),
             blocks: Mutex::new(HashMap::new()),
         })
     }
@@ -229,17 +282,19 @@ impl Inner {
 
     fn attr(&self, ino: u64) -> Result<FileAttr, Errno> {
         match target(ino) {
-            Target::Root => Ok(self.dir_attr(ROOT_INO, 4)),
+            Target::Root => Ok(self.dir_attr(ROOT_INO, 5)),
             Target::VolumesDir => Ok(self.dir_attr(VOLUMES_INO, 2)),
+            Target::SnapshotsDir => Ok(self.dir_attr(SNAPSHOTS_INO, 2)),
             Target::Volume => self.volume_attr(ino),
             Target::Tree => self.tree_attr(ino),
         }
     }
 
     fn volume_attr(&self, ino: u64) -> Result<FileAttr, Errno> {
-        let (_, vol, mtime) = self.volume(ino)?;
+        let (name, vol, mtime) = self.volume(ino)?;
         let size = vol.size();
-        let writable = !self.read_only && !vol.is_read_only();
+        let snapshot = is_snapshot(&name);
+        let writable = !self.read_only && !vol.is_read_only() && !snapshot;
         Ok(FileAttr {
             ino: INodeNo(ino),
             size,
@@ -247,7 +302,7 @@ impl Inner {
             atime: mtime,
             mtime,
             ctime: mtime,
-            crtime: self.started,
+            crtime: if snapshot { mtime } else { self.started },
             kind: FileType::RegularFile,
             perm: if writable { 0o644 } else { 0o444 },
             nlink: 1,
@@ -310,22 +365,23 @@ impl Inner {
         if let Some(&ino) = t.by_name.get(name) {
             return ino;
         }
-        let ino = t.next;
-        t.next += 1;
-        t.by_name.insert(name.to_string(), ino);
-        t.by_ino.insert(
-            ino,
-            VolEntry {
-                name: name.to_string(),
-                vol: None,
-                mtime: self.started,
-            },
-        );
-        ino
+        t.insert(name, self.started)
     }
 
-    /// The volume behind a volume file, opened on first use.
+    /// The volume behind a volume or snapshot file, opened on first use. A snapshot file is
+    /// checked against a listing of the pool's snapshots at most [`SNAPSHOTS_TTL`] old: one
+    /// that was deleted is forgotten and ENOENT.
     fn volume(&self, ino: u64) -> Result<(String, Arc<dyn Volume>, SystemTime), Errno> {
+        let stale_snapshot = {
+            let t = lock(&self.vols);
+            let entry = t.by_ino.get(&ino).ok_or(Errno::ENOENT)?;
+            is_snapshot(&entry.name)
+                && t.snapshots_listed
+                    .is_none_or(|at| at.elapsed() >= SNAPSHOTS_TTL)
+        };
+        if stale_snapshot {
+            self.snapshot_refresh()?;
+        }
         let name = {
             let t = lock(&self.vols);
             let entry = t.by_ino.get(&ino).ok_or(Errno::ENOENT)?;
@@ -348,10 +404,7 @@ impl Inner {
     /// The errno of a failed volume operation; a volume that vanished is forgotten.
     fn volume_error(&self, ino: u64, e: &VolumeError) -> Errno {
         if matches!(e, VolumeError::NotFound(_)) {
-            let mut t = lock(&self.vols);
-            if let Some(entry) = t.by_ino.remove(&ino) {
-                t.by_name.remove(&entry.name);
-            }
+            lock(&self.vols).forget(ino);
         } else {
             tracing::warn!("volume I/O: {e}");
         }
@@ -369,7 +422,8 @@ impl Inner {
             return Err(Errno::ENAMETOOLONG);
         }
         let name = std::str::from_utf8(name).map_err(|_| Errno::ENOENT)?;
-        if name.starts_with('.') {
+        // Snapshots are shown under snapshots/ only.
+        if name.starts_with('.') || is_snapshot(name) {
             return Err(Errno::ENOENT);
         }
         if let Some(&ino) = lock(&self.vols).by_name.get(name) {
@@ -392,9 +446,100 @@ impl Inner {
         let list = self.catalog.list().map_err(|e| errno_of(&e))?;
         Ok(list
             .into_iter()
-            .filter(|v| !v.name.starts_with('.'))
+            .filter(|v| !v.name.starts_with('.') && !is_snapshot(&v.name))
             .map(|v| (self.volume_ino(&v.name), v.name))
             .collect())
+    }
+
+    // ---- snapshots/ ----
+
+    /// The snapshots `snapshots/` shows (all but those of hidden volumes), with their inode
+    /// numbers, listed afresh. Snapshot files no longer listed are forgotten (their inode
+    /// numbers answer ENOENT from now on), and a name listed with another creation time than
+    /// before (deleted and taken again) gets a new inode number.
+    fn snapshot_list(&self) -> Result<Vec<(u64, String)>, Errno> {
+        let _serial = lock(&self.snapshots_relist);
+        self.snapshot_list_locked()
+    }
+
+    /// List the snapshots again unless another thread did in the last [`SNAPSHOTS_TTL`].
+    fn snapshot_refresh(&self) -> Result<(), Errno> {
+        let _serial = lock(&self.snapshots_relist);
+        let fresh = lock(&self.vols)
+            .snapshots_listed
+            .is_some_and(|at| at.elapsed() < SNAPSHOTS_TTL);
+        if !fresh {
+            self.snapshot_list_locked()?;
+        }
+        Ok(())
+    }
+
+    /// [`Inner::snapshot_list`] with `snapshots_relist` held.
+    fn snapshot_list_locked(&self) -> Result<Vec<(u64, String)>, Errno> {
+        let list = self.catalog.snapshots().map_err(|e| {
+            tracing::warn!("listing snapshots: {e}");
+            errno_of(&e)
+        })?;
+        let mut t = lock(&self.vols);
+        let mut out = Vec::with_capacity(list.len());
+        let mut listed = HashSet::with_capacity(list.len());
+        for info in list {
+            if info.volume.starts_with('.') {
+                continue;
+            }
+            let name = info.full_name();
+            let created = UNIX_EPOCH + Duration::from_secs(info.created_unix);
+            let known = t.by_name.get(&name).copied().filter(|ino| {
+                t.by_ino
+                    .get(ino)
+                    .is_some_and(|entry| entry.mtime == created)
+            });
+            let ino = match known {
+                Some(ino) => ino,
+                None => {
+                    if let Some(old) = t.by_name.get(&name).copied() {
+                        t.forget(old);
+                    }
+                    t.insert(&name, created)
+                }
+            };
+            listed.insert(ino);
+            out.push((ino, name));
+        }
+        let gone: Vec<u64> = t
+            .by_ino
+            .iter()
+            .filter(|(ino, entry)| is_snapshot(&entry.name) && !listed.contains(*ino))
+            .map(|(&ino, _)| ino)
+            .collect();
+        for ino in gone {
+            t.forget(ino);
+        }
+        t.snapshots_listed = Some(Instant::now());
+        Ok(out)
+    }
+
+    fn snapshot_lookup(&self, name: &[u8]) -> Result<u64, Errno> {
+        if name.len() > NAME_BYTES_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let name = std::str::from_utf8(name).map_err(|_| Errno::ENOENT)?;
+        if !is_snapshot(name) || name.starts_with('.') {
+            return Err(Errno::ENOENT);
+        }
+        self.snapshot_list()?
+            .into_iter()
+            .find(|(_, n)| n == name)
+            .map(|(ino, _)| ino)
+            .ok_or(Errno::ENOENT)
+    }
+
+    /// True if `ino` is a snapshot file.
+    fn is_snapshot_ino(&self, ino: u64) -> bool {
+        lock(&self.vols)
+            .by_ino
+            .get(&ino)
+            .is_some_and(|entry| is_snapshot(&entry.name))
     }
 
     // ---- files/ content ----
@@ -655,6 +800,9 @@ fn empty_reply(reply: ReplyEmpty, r: Result<(), Errno>) {
 }
 
 fn refuse_here(what: &str, parent: u64) -> Errno {
+    if parent == SNAPSHOTS_INO {
+        return Errno::EROFS;
+    }
     if parent == VOLUMES_INO {
         tracing::info!(
             "{what} in volumes/ refused: manage volumes with `condense volume create/delete`"
@@ -719,10 +867,12 @@ impl Filesystem for Fs {
             Target::Root => match name {
                 b"volumes" => inner.attr(VOLUMES_INO),
                 b"files" => inner.attr(TREE_ROOT),
+                b"snapshots" => inner.attr(SNAPSHOTS_INO),
                 _ if name.len() > NAME_BYTES_MAX => Err(Errno::ENAMETOOLONG),
                 _ => Err(Errno::ENOENT),
             },
             Target::VolumesDir => inner.volume_lookup(name).and_then(|ino| inner.attr(ino)),
+            Target::SnapshotsDir => inner.snapshot_lookup(name).and_then(|ino| inner.attr(ino)),
             Target::Volume => Err(Errno::ENOTDIR),
             Target::Tree => {
                 // The tree lock must be released before attr() takes it again.
@@ -763,8 +913,12 @@ impl Filesystem for Fs {
             inner.writable()?;
             match target(ino.0) {
                 Target::Root | Target::VolumesDir => return Err(Errno::EPERM),
+                Target::SnapshotsDir => return Err(Errno::EROFS),
                 Target::Volume => {
                     let (name, vol, _) = inner.volume(ino.0)?;
+                    if is_snapshot(&name) {
+                        return Err(Errno::EROFS);
+                    }
                     if let Some(size) = size {
                         if size != vol.size() {
                             tracing::warn!(
@@ -872,7 +1026,7 @@ impl Filesystem for Fs {
                 inner.release(released);
                 Ok(())
             }),
-            _ => Err(Errno::EPERM),
+            _ => Err(refuse_here("removing", parent.0)),
         };
         empty_reply(reply, r);
     }
@@ -909,6 +1063,9 @@ impl Filesystem for Fs {
         let inner = &self.0;
         let r = (|| {
             inner.writable()?;
+            if parent.0 == SNAPSHOTS_INO || newparent.0 == SNAPSHOTS_INO {
+                return Err(Errno::EROFS);
+            }
             match (target(parent.0), target(newparent.0)) {
                 (Target::Tree, Target::Tree) => {}
                 (Target::Tree, _) | (_, Target::Tree) => return Err(Errno::EXDEV),
@@ -941,8 +1098,8 @@ impl Filesystem for Fs {
             }
             match target(ino.0) {
                 Target::Volume => {
-                    let (_, vol, _) = inner.volume(ino.0)?;
-                    if wants_write && vol.is_read_only() {
+                    let (name, vol, _) = inner.volume(ino.0)?;
+                    if wants_write && (vol.is_read_only() || is_snapshot(&name)) {
                         return Err(Errno::EROFS);
                     }
                     Ok(())
@@ -1071,8 +1228,8 @@ impl Filesystem for Fs {
     ) {
         let inner = &self.0;
         let r = match target(ino.0) {
-            Target::Volume => inner.volume(ino.0).and_then(|(_, vol, _)| {
-                if inner.read_only {
+            Target::Volume => inner.volume(ino.0).and_then(|(name, vol, _)| {
+                if inner.read_only || is_snapshot(&name) {
                     return Ok(());
                 }
                 vol.flush().map_err(|e| inner.volume_error(ino.0, &e))
@@ -1101,7 +1258,22 @@ impl Filesystem for Fs {
                 (ROOT_INO, FileType::Directory, b"..".to_vec()),
                 (VOLUMES_INO, FileType::Directory, b"volumes".to_vec()),
                 (TREE_ROOT, FileType::Directory, b"files".to_vec()),
+                (SNAPSHOTS_INO, FileType::Directory, b"snapshots".to_vec()),
             ]),
+            Target::SnapshotsDir => inner.snapshot_list().map(|names| {
+                let mut out = vec![
+                    (SNAPSHOTS_INO, FileType::Directory, b".".to_vec()),
+                    (ROOT_INO, FileType::Directory, b"..".to_vec()),
+                ];
+                out.extend(
+                    names
+                        .into_iter()
+                        // A name too long for a directory entry cannot be looked up either.
+                        .filter(|(_, n)| n.len() <= NAME_BYTES_MAX)
+                        .map(|(i, n)| (i, FileType::RegularFile, n.into_bytes())),
+                );
+                out
+            }),
             Target::VolumesDir => inner.volume_names().map(|names| {
                 let mut out = vec![
                     (VOLUMES_INO, FileType::Directory, b".".to_vec()),
@@ -1233,6 +1405,9 @@ impl Filesystem for Fs {
         let inner = &self.0;
         let r = match target(ino.0) {
             Target::Volume => inner.writable().and_then(|()| {
+                if inner.is_snapshot_ino(ino.0) {
+                    return Err(Errno::EROFS);
+                }
                 let op = mode & !libc::FALLOC_FL_KEEP_SIZE;
                 let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
                 let supported = op == 0

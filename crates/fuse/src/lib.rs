@@ -1,10 +1,12 @@
 //! The Condense FUSE mount: a thin adapter from the kernel's FUSE protocol to the Volume API.
 //!
 //! ```text
-//! MOUNTPOINT/volumes/NAME   every volume whose name does not start with '.', as a regular file
-//!                           of the volume's logical size
-//! MOUNTPOINT/files/...      an ordinary directory tree whose regular files each keep their
-//!                           content in a hidden volume `.file.<inode>`
+//! MOUNTPOINT/volumes/NAME            every volume whose name does not start with '.', as a
+//!                                    regular file of the volume's logical size
+//! MOUNTPOINT/snapshots/VOLUME@SNAP   every snapshot of those volumes, as a read-only file
+//!                                    (mode 0444) of the snapshot's size
+//! MOUNTPOINT/files/...               an ordinary directory tree whose regular files each keep
+//!                                    their content in a hidden volume `.file.<inode>`
 //! ```
 //!
 //! `volumes/NAME` maps read/write to [`Volume::read`]/[`Volume::write`], fsync/fdatasync to
@@ -13,6 +15,14 @@
 //! [`Volume::block_status`] (zero and unmapped extents are holes). Its size is the volume's:
 //! writes past it fail with ENOSPC and change nothing; truncate fails with EPERM (volumes are
 //! resized with `condense volume resize`).
+//!
+//! `snapshots/VOLUME@SNAP` reads through the read-only volume [`Catalog::open`] gives for
+//! `VOLUME@SNAP`, with lseek SEEK_DATA/SEEK_HOLE and `st_blocks` as in `volumes/`, and mtime
+//! and ctime the snapshot's creation time. Every change is refused with EROFS: open for
+//! writing, truncate, chmod/chown/utimens, fallocate, and create, unlink or rename inside
+//! `snapshots/` (a user other than root who opens a 0444 file for writing gets EACCES from the
+//! kernel first). Snapshots taken or deleted while mounted show at the next readdir or lookup;
+//! a deleted snapshot's file, even one already open, answers ENOENT within a second.
 //!
 //! `files/` keeps names and attributes in the pool's metadata records ([`format`]), one small
 //! record per inode and per directory. See `crates/fuse/FORMAT.md` for the layout and the
@@ -24,6 +34,7 @@
 //! [`Volume::trim`]: condense_api::Volume::trim
 //! [`Volume::write_zeroes`]: condense_api::Volume::write_zeroes
 //! [`Volume::block_status`]: condense_api::Volume::block_status
+//! [`Catalog::open`]: condense_api::Catalog::open
 
 #![deny(clippy::unwrap_used)]
 

@@ -27,7 +27,7 @@ use std::sync::Arc;
 /// Inode number of the directory that `files/` shows.
 pub const TREE_ROOT: u64 = 3;
 /// First inode number handed out to files and directories under `files/`.
-const FIRST_INO: u64 = 16;
+pub const FIRST_INO: u64 = 16;
 /// Inode numbers are reserved in the superblock in batches of this many, so that a create does
 /// not rewrite the superblock. Numbers are never reused, even after a crash.
 const INO_BATCH: u64 = 1024;

@@ -51,7 +51,7 @@ fn layout_shows_volumes_but_not_hidden_ones() {
         .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
         .collect();
     top.sort();
-    assert_eq!(top, ["files", "volumes"]);
+    assert_eq!(top, ["files", "snapshots", "volumes"]);
     let mut vols: Vec<String> = fs::read_dir(m.root().join("volumes"))
         .expect("readdir")
         .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
@@ -551,4 +551,245 @@ fn concurrent_writers_to_one_file_and_many_files() {
         );
     }
     let _ = OpenOptionsExt::mode(&mut OpenOptions::new(), 0o600);
+}
+
+/// Names in a directory, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The errno a change to a read-only snapshot file gets when the kernel lets the request
+/// through: root always reaches the mount (EROFS); other users are stopped by the kernel's
+/// check of mode 0444 first (EACCES).
+fn write_refusal() -> i32 {
+    if nix::unistd::geteuid().is_root() {
+        libc::EROFS
+    } else {
+        libc::EACCES
+    }
+}
+
+#[test]
+fn snapshot_files_read_the_frozen_content_and_refuse_changes() {
+    if !common::fuse_usable() {
+        return;
+    }
+    let cat = Arc::new(MemCatalog::new(BLOCK as u32));
+    let size = 2 * MIB;
+    cat.create("disk", size).expect("create");
+    let old = pseudo_random(11, (MIB + 3 * BLOCK) as usize);
+    {
+        let vol = cat.open("disk").expect("open");
+        // Data in the first MiB + 3 blocks; the rest is a hole.
+        vol.write(0, &old, false).expect("write");
+    }
+    cat.snapshot_create("disk", "before").expect("snapshot");
+    // A hidden volume and its snapshot stay hidden.
+    cat.create(".hidden", BLOCK).expect("create");
+    cat.snapshot_create(".hidden", "s").expect("snapshot");
+    let info = cat
+        .snapshots()
+        .expect("snapshots")
+        .into_iter()
+        .find(|s| s.full_name() == "disk@before")
+        .expect("listed");
+    let m = TestMount::with_catalog(cat.clone(), MountOptions::default());
+    let snaps = m.root().join("snapshots");
+    let snap = snaps.join("disk@before");
+    assert_eq!(names_in(&snaps), ["disk@before"]);
+    assert!(fs::metadata(snaps.join(".hidden@s")).is_err());
+    // volumes/ does not show snapshots, even by name.
+    assert_eq!(names_in(&m.root().join("volumes")), ["disk"]);
+    let e = fs::metadata(m.volume("disk@before")).expect_err("snapshot in volumes/");
+    assert_eq!(errno(&e), libc::ENOENT);
+
+    // Overwrite part of the volume through the mount.
+    let new_part = pseudo_random(12, (3 * BLOCK + 100) as usize);
+    let at = 5 * BLOCK - 50;
+    {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(m.volume("disk"))
+            .expect("open volume");
+        f.write_all_at(&new_part, at).expect("overwrite");
+        f.sync_all().expect("fsync");
+    }
+    let mut new = old.clone();
+    new.resize(size as usize, 0);
+    new[at as usize..at as usize + new_part.len()].copy_from_slice(&new_part);
+    let mut old_full = old.clone();
+    old_full.resize(size as usize, 0);
+    let snap_bytes = fs::read(&snap).expect("read snapshot");
+    assert_eq!(snap_bytes.len() as u64, size);
+    assert!(snap_bytes == old_full, "the snapshot reads the old content");
+    let vol_bytes = fs::read(m.volume("disk")).expect("read volume");
+    assert!(vol_bytes == new, "the volume reads the new content");
+
+    // Attributes: size, read-only mode, creation time, du.
+    let meta = fs::metadata(&snap).expect("stat");
+    assert!(meta.is_file());
+    assert_eq!(meta.len(), size);
+    assert_eq!(meta.mode() & 0o7777, 0o444);
+    assert_eq!(meta.mtime(), info.created_unix as i64);
+    assert_eq!(meta.ctime(), info.created_unix as i64);
+    assert_eq!(meta.blocks() * 512, MIB + 3 * BLOCK);
+
+    // SEEK_DATA / SEEK_HOLE.
+    let f = File::open(&snap).expect("open snapshot");
+    assert_eq!(lseek(&f, 0, Whence::SeekData).expect("data"), 0);
+    let data_end = (MIB + 3 * BLOCK) as i64;
+    assert_eq!(lseek(&f, 0, Whence::SeekHole).expect("hole"), data_end);
+    assert_eq!(
+        lseek(&f, data_end, Whence::SeekData),
+        Err(nix::errno::Errno::ENXIO)
+    );
+
+    // Every change is refused.
+    let refused = write_refusal();
+    let e = OpenOptions::new()
+        .write(true)
+        .open(&snap)
+        .expect_err("open for writing");
+    assert_eq!(errno(&e), refused);
+    let e = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&snap)
+        .expect_err("open read-write");
+    assert_eq!(errno(&e), refused);
+    let e = nix::unistd::truncate(&snap, 0).expect_err("truncate");
+    assert_eq!(e as i32, refused);
+    let e = f
+        .set_len(0)
+        .expect_err("ftruncate on a read-only descriptor");
+    assert_eq!(errno(&e), libc::EINVAL);
+    let e = fs::remove_file(&snap).expect_err("unlink");
+    assert_eq!(errno(&e), libc::EROFS);
+    let e = fs::rename(&snap, snaps.join("disk@renamed")).expect_err("rename");
+    assert_eq!(errno(&e), libc::EROFS);
+    let e = fs::rename(&snap, m.files().join("moved")).expect_err("rename out");
+    assert_eq!(errno(&e), libc::EROFS);
+    let e = File::create(snaps.join("disk@new")).expect_err("create");
+    assert_eq!(errno(&e), libc::EROFS);
+    let e = fs::create_dir(snaps.join("dir")).expect_err("mkdir");
+    assert_eq!(errno(&e), libc::EROFS);
+    let e = fs::set_permissions(&snap, fs::Permissions::from_mode(0o644)).expect_err("chmod");
+    assert_eq!(errno(&e), libc::EROFS);
+    // Nothing changed.
+    assert!(fs::read(&snap).expect("read snapshot") == old_full);
+    assert_eq!(
+        cat.snapshots().expect("snapshots").len(),
+        2,
+        "both snapshots are still there"
+    );
+    // Copying a snapshot out is the way to get a writable copy.
+    fs::copy(&snap, m.files().join("copy")).expect("cp out");
+    assert!(fs::read(m.files().join("copy")).expect("read copy") == old_full);
+}
+
+#[test]
+fn snapshots_taken_or_deleted_while_mounted_show_and_vanish() {
+    if !common::fuse_usable() {
+        return;
+    }
+    let cat = Arc::new(MemCatalog::new(BLOCK as u32));
+    let size = 8 * MIB;
+    cat.create("disk", size).expect("create");
+    cat.create(".hidden", BLOCK).expect("create");
+    let content = pseudo_random(21, size as usize);
+    cat.open("disk")
+        .expect("open")
+        .write(0, &content, false)
+        .expect("write");
+    let m = TestMount::with_catalog(cat.clone(), MountOptions::default());
+    let snaps = m.root().join("snapshots");
+    assert!(names_in(&snaps).is_empty());
+
+    // Taken after mounting: shows at the next readdir.
+    cat.snapshot_create("disk", "a").expect("snapshot");
+    cat.snapshot_create(".hidden", "x").expect("snapshot");
+    assert_eq!(names_in(&snaps), ["disk@a"]);
+    let e = fs::metadata(snaps.join(".hidden@x")).expect_err("hidden");
+    assert_eq!(errno(&e), libc::ENOENT);
+    cat.snapshot_create("disk", "b").expect("snapshot");
+    assert_eq!(names_in(&snaps), ["disk@a", "disk@b"]);
+    // A lookup by name finds one without a readdir first.
+    cat.snapshot_create("disk", "c").expect("snapshot");
+    assert_eq!(
+        fs::metadata(snaps.join("disk@c")).expect("stat").len(),
+        size
+    );
+
+    // An open snapshot file reads until the snapshot is deleted.
+    let f = File::open(snaps.join("disk@a")).expect("open");
+    let mut head = vec![0u8; 4096];
+    f.read_exact_at(&mut head, 0).expect("read");
+    assert!(head[..] == content[..4096]);
+    cat.snapshot_delete("disk", "a").expect("delete");
+    assert_eq!(names_in(&snaps), ["disk@b", "disk@c"]);
+    // Far from what was read (and read ahead) before: the read reaches the mount.
+    let mut buf = vec![0u8; 4096];
+    let e = f
+        .read_exact_at(&mut buf, 6 * MIB)
+        .expect_err("read a deleted snapshot");
+    assert!(
+        [libc::ENOENT, libc::EIO].contains(&errno(&e)),
+        "read of a deleted snapshot: {e}"
+    );
+    drop(f);
+    // Once the kernel's entry cache (1 s) expires, the name is gone too.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let e = fs::metadata(snaps.join("disk@a")).expect_err("stat a deleted snapshot");
+    assert_eq!(errno(&e), libc::ENOENT);
+
+    // Deleted behind a file the kernel has not looked at again: getattr notices within 1 s.
+    let before = fs::metadata(snaps.join("disk@b")).expect("stat");
+    assert_eq!(before.len(), size);
+    cat.snapshot_delete("disk", "b").expect("delete");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let e = fs::metadata(snaps.join("disk@b")).expect_err("stat");
+    assert_eq!(errno(&e), libc::ENOENT);
+
+    // Taken again under the same name: shows the volume as it is now.
+    cat.open("disk")
+        .expect("open")
+        .write(0, &[0xAB; 4096], false)
+        .expect("write");
+    cat.snapshot_create("disk", "a").expect("snapshot again");
+    let mut again = vec![0u8; 4096];
+    File::open(snaps.join("disk@a"))
+        .expect("open")
+        .read_exact_at(&mut again, 0)
+        .expect("read");
+    assert_eq!(again, vec![0xAB; 4096]);
+    assert_eq!(names_in(&snaps), ["disk@a", "disk@c"]);
+}
+
+#[test]
+fn snapshots_are_readable_on_a_read_only_mount() {
+    if !common::fuse_usable() {
+        return;
+    }
+    let cat = Arc::new(MemCatalog::new(BLOCK as u32));
+    cat.create("disk", 16 * BLOCK).expect("create");
+    let data = pseudo_random(31, (16 * BLOCK) as usize);
+    cat.open("disk")
+        .expect("open")
+        .write(0, &data, false)
+        .expect("write");
+    cat.snapshot_create("disk", "s").expect("snapshot");
+    let opts = MountOptions {
+        read_only: true,
+        ..MountOptions::default()
+    };
+    let m = TestMount::with_catalog(cat, opts);
+    let snap = m.root().join("snapshots/disk@s");
+    assert!(fs::read(&snap).expect("read") == data);
+    let e = fs::remove_file(&snap).expect_err("unlink");
+    assert_eq!(errno(&e), libc::EROFS);
 }
