@@ -211,7 +211,7 @@ pub fn session(data: &[u8]) -> usize {
         return 0;
     };
     let catalog = Arc::new(MemCatalog::new(4096));
-    if catalog.create("vm", 1 << 20).is_err() {
+    if catalog.create("vm", 1 << 20).is_err() || catalog.snapshot_create("vm", "s").is_err() {
         return 0;
     }
     let mut input = Vec::new();
@@ -225,13 +225,19 @@ pub fn session(data: &[u8]) -> usize {
         };
         if sel & 2 == 2 {
             option(&mut input, OPT_STRUCTURED_REPLY, &[]);
-            let q = META_BASE_ALLOCATION.as_bytes();
+            // base:allocation, and with bit 2 the dirty bitmap against snapshot "s" too.
+            let mut queries = vec![META_BASE_ALLOCATION.to_string()];
+            if sel & 4 == 4 {
+                queries.push(format!("{META_DIRTY_BITMAP_PREFIX}s"));
+            }
             let mut m = Vec::new();
             m.extend_from_slice(&2u32.to_be_bytes());
             m.extend_from_slice(b"vm");
-            m.extend_from_slice(&1u32.to_be_bytes());
-            m.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            m.extend_from_slice(q);
+            m.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+            for q in &queries {
+                m.extend_from_slice(&(q.len() as u32).to_be_bytes());
+                m.extend_from_slice(q.as_bytes());
+            }
             option(&mut input, OPT_SET_META_CONTEXT, &m);
         }
         let mut go = Vec::new();
