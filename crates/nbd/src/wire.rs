@@ -258,9 +258,11 @@ pub fn select_meta_contexts(
         }
         return Ok(out);
     }
+    // A set, not a scan of `out`: a client may repeat a wildcard thousands of times.
+    let mut seen = std::collections::HashSet::new();
     for q in queries {
         for c in match_meta_query(q, for_list, snapshots)? {
-            if !out.contains(&c) {
+            if seen.insert(c.clone()) {
                 out.push(c);
             }
         }
