@@ -49,10 +49,17 @@ fn option(rest: &[u8]) {
             assert!(m.export.len() <= STRING_BYTES_MAX);
             let q: usize = m.queries.iter().map(|q| 4 + q.len()).sum();
             assert_eq!(4 + m.export.len() + 4 + q, payload.len());
+            let snapshots = vec!["s1".to_string(), "x".to_string()];
             for q in &m.queries {
-                let _ = wire::match_meta_query(q, true);
-                let _ = wire::match_meta_query(q, false);
+                for list in [true, false] {
+                    if let Ok(found) = wire::match_meta_query(q, list, &snapshots) {
+                        for c in found {
+                            assert!(c.name().len() <= STRING_BYTES_MAX);
+                        }
+                    }
+                }
             }
+            let _ = wire::select_meta_contexts(&m.queries, false, &snapshots);
         }
         Ok(ClientOption::List | ClientOption::StructuredReply | ClientOption::StartTls) => {
             assert!(payload.is_empty());
@@ -71,7 +78,7 @@ fn requests(rest: &[u8]) {
         size: u64_at(rest, 0) >> (flags & 0x3f).min(63),
         read_only: flags & 0x40 != 0,
         structured: flags & 0x80 != 0,
-        base_allocation: flags & 0x80 != 0 && rest[0] & 1 != 0,
+        block_status: flags & 0x80 != 0 && rest[0] & 1 != 0,
         payload_bytes_max: 32 << 20,
     };
     for chunk in rest[9..].chunks(REQUEST_HEADER_BYTES) {
@@ -107,7 +114,7 @@ fn requests(rest: &[u8]) {
                     assert!(len <= n.payload_bytes_max);
                 }
                 if let Command::BlockStatus { .. } = cmd {
-                    assert!(n.base_allocation && len > 0);
+                    assert!(n.block_status && len > 0);
                 }
             }
             Verdict::Reject { error, skip, .. } => {
@@ -161,6 +168,26 @@ fn extents(rest: &[u8]) {
             assert_eq!(total, u64::from(len));
         }
     }
+    // The same runs as a dirty bitmap (data = changed): the same coverage rules.
+    let changes: Vec<condense_api::Change> = list
+        .iter()
+        .map(|e| condense_api::Change {
+            offset: e.offset,
+            len: e.len,
+            changed: e.kind == ExtentKind::Data,
+        })
+        .collect();
+    let d = wire::dirty_bitmap_descriptors(&changes, offset, u64::from(len), req_one);
+    let total: u64 = d.iter().map(|x| u64::from(x.0)).sum();
+    assert!(d.iter().all(|x| x.0 > 0 && x.1 & !STATE_DIRTY == 0));
+    if len == 0 {
+        assert!(d.is_empty());
+    } else if req_one {
+        assert_eq!(d.len(), 1);
+        assert!(total <= u64::from(len));
+    } else {
+        assert_eq!(total, u64::from(len));
+    }
     let plan = wire::plan_read(&list, offset, len);
     let mut at = offset;
     for p in &plan {
@@ -184,7 +211,7 @@ pub fn session(data: &[u8]) -> usize {
         return 0;
     };
     let catalog = Arc::new(MemCatalog::new(4096));
-    if catalog.create("vm", 1 << 20).is_err() {
+    if catalog.create("vm", 1 << 20).is_err() || catalog.snapshot_create("vm", "s").is_err() {
         return 0;
     }
     let mut input = Vec::new();
@@ -198,13 +225,19 @@ pub fn session(data: &[u8]) -> usize {
         };
         if sel & 2 == 2 {
             option(&mut input, OPT_STRUCTURED_REPLY, &[]);
-            let q = META_BASE_ALLOCATION.as_bytes();
+            // base:allocation, and with bit 2 the dirty bitmap against snapshot "s" too.
+            let mut queries = vec![META_BASE_ALLOCATION.to_string()];
+            if sel & 4 == 4 {
+                queries.push(format!("{META_DIRTY_BITMAP_PREFIX}s"));
+            }
             let mut m = Vec::new();
             m.extend_from_slice(&2u32.to_be_bytes());
             m.extend_from_slice(b"vm");
-            m.extend_from_slice(&1u32.to_be_bytes());
-            m.extend_from_slice(&(q.len() as u32).to_be_bytes());
-            m.extend_from_slice(q);
+            m.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+            for q in &queries {
+                m.extend_from_slice(&(q.len() as u32).to_be_bytes());
+                m.extend_from_slice(q.as_bytes());
+            }
             option(&mut input, OPT_SET_META_CONTEXT, &m);
         }
         let mut go = Vec::new();

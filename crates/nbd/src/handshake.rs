@@ -2,8 +2,8 @@
 //! `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME` (transmission) or `NBD_OPT_ABORT` (end).
 
 use crate::proto::*;
-use crate::server::Shared;
-use crate::wire::{self, ClientOption, GoRequest, MetaRequest, Negotiated};
+use crate::server::{blocking, Shared};
+use crate::wire::{self, ClientOption, GoRequest, MetaContext, MetaRequest, Negotiated};
 use condense_api::Volume;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -21,6 +21,8 @@ pub struct Export {
     pub volume: Arc<dyn Volume>,
     pub negotiated: Negotiated,
     pub transmission_flags: u16,
+    /// The metadata contexts selected for this export, with their ids, in id order.
+    pub contexts: Arc<[(u32, MetaContext)]>,
 }
 
 /// How the handshake ended.
@@ -43,8 +45,15 @@ pub enum HandshakeError {
 struct Haggle {
     structured: bool,
     no_zeroes: bool,
-    /// The canonical export name `base:allocation` was selected for, if it was.
-    meta_export: Option<String>,
+    /// What the last successful NBD_OPT_SET_META_CONTEXT selected, if anything.
+    meta: Option<MetaSelection>,
+}
+
+/// Metadata contexts selected for one export.
+struct MetaSelection {
+    /// The canonical name of the export they were selected for.
+    export: String,
+    contexts: Arc<[(u32, MetaContext)]>,
 }
 
 /// Read exactly `buf.len()` bytes unless shutdown is signalled first (then `Ok(false)`).
@@ -168,7 +177,7 @@ pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 if option == OPT_SET_META_CONTEXT {
                     // SET replaces the selection even when it fails.
-                    state.meta_export = None;
+                    state.meta = None;
                 }
                 error_reply(stream, option, REP_ERR_INVALID, &e.0).await?;
                 continue;
@@ -286,17 +295,21 @@ fn make_export(shared: &Shared, state: &Haggle, volume: Arc<dyn Volume>) -> Expo
     if volume.flush_is_pool_wide() {
         flags |= TFLAG_CAN_MULTI_CONN;
     }
-    let base_allocation = state.structured && state.meta_export.as_deref() == Some(volume.name());
+    let contexts = match &state.meta {
+        Some(m) if state.structured && m.export == volume.name() => m.contexts.clone(),
+        _ => Arc::from(Vec::new()),
+    };
     Export {
         negotiated: Negotiated {
             size: volume.size(),
             read_only,
             structured: state.structured,
-            base_allocation,
+            block_status: !contexts.is_empty(),
             payload_bytes_max: shared.config.payload_bytes_max,
         },
         transmission_flags: flags,
         volume,
+        contexts,
     }
 }
 
@@ -368,7 +381,7 @@ async fn meta_context<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<(), HandshakeError> {
     if !list {
         // SET replaces the selection even when it fails.
-        state.meta_export = None;
+        state.meta = None;
     }
     if !state.structured {
         error_reply(
@@ -387,30 +400,70 @@ async fn meta_context<S: AsyncRead + AsyncWrite + Unpin>(
             return Ok(());
         }
     };
-    let mut selected = list && req.queries.is_empty();
-    for q in &req.queries {
-        match wire::match_meta_query(q, list) {
-            Ok(m) => selected |= m,
-            Err(e) => {
-                error_reply(stream, option, REP_ERR_INVALID, &e.0).await?;
-                return Ok(());
-            }
+    let snapshots = if wire::meta_queries_need_snapshots(&req.queries, list) {
+        dirty_bitmap_snapshots(&volume).await
+    } else {
+        Vec::new()
+    };
+    let contexts = match wire::select_meta_contexts(&req.queries, list, &snapshots) {
+        Ok(c) => c,
+        Err(e) => {
+            error_reply(stream, option, REP_ERR_INVALID, &e.0).await?;
+            return Ok(());
         }
+    };
+    // LIST replies carry id 0 (reserved); SET gives every selected context its own id.
+    let mut next_bitmap_id = META_ID_DIRTY_BITMAP_FIRST;
+    let mut selected = Vec::with_capacity(contexts.len());
+    for c in contexts {
+        let id = match (&c, list) {
+            (_, true) => 0,
+            (MetaContext::BaseAllocation, false) => META_ID_BASE_ALLOCATION,
+            (MetaContext::DirtyBitmap(_), false) => {
+                let id = next_bitmap_id;
+                next_bitmap_id += 1;
+                id
+            }
+        };
+        selected.push((id, c));
     }
     let mut out = Vec::new();
-    if selected {
-        let id = if list { 0 } else { META_ID_BASE_ALLOCATION };
+    for (id, c) in &selected {
         wire::put_option_reply(
             &mut out,
             option,
             REP_META_CONTEXT,
-            &wire::rep_meta_context(id, META_BASE_ALLOCATION),
+            &wire::rep_meta_context(*id, &c.name()),
         );
-        if !list {
-            state.meta_export = Some(volume.name().to_string());
-        }
     }
     wire::put_option_reply(&mut out, option, REP_ACK, &[]);
+    if !list && !selected.is_empty() {
+        // Block status answers context by context in id order.
+        selected.sort_by_key(|(id, _)| *id);
+        state.meta = Some(MetaSelection {
+            export: volume.name().to_string(),
+            contexts: Arc::from(selected),
+        });
+    }
     stream.write_all(&out).await?;
     Ok(())
+}
+
+/// The snapshots of a volume export offered as `qemu:dirty-bitmap:SNAP` (none on a snapshot
+/// export). A volume that cannot list its snapshots offers none; the handshake goes on.
+async fn dirty_bitmap_snapshots(volume: &Arc<dyn Volume>) -> Vec<String> {
+    if condense_api::split_snapshot_name(volume.name()).is_some() {
+        return Vec::new();
+    }
+    let v = volume.clone();
+    match blocking(move || v.snapshot_names()).await {
+        Ok(names) => names
+            .into_iter()
+            .filter(|n| wire::dirty_bitmap_offerable(n))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(volume = volume.name(), "cannot list snapshots: {e}");
+            Vec::new()
+        }
+    }
 }

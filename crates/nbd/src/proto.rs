@@ -103,10 +103,18 @@ pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
 pub const STATE_HOLE: u32 = 1 << 0;
 pub const STATE_ZERO: u32 = 1 << 1;
 
-/// The one metadata context this server offers.
+// qemu:dirty-bitmap flags (qemu docs/interop/nbd.rst).
+/// Set for blocks that changed since the snapshot the bitmap is named after.
+pub const STATE_DIRTY: u32 = 1 << 0;
+
+/// The allocation metadata context.
 pub const META_BASE_ALLOCATION: &str = "base:allocation";
 /// The id this server gives `base:allocation` when a client selects it.
 pub const META_ID_BASE_ALLOCATION: u32 = 1;
+/// `qemu:dirty-bitmap:SNAP`, one context per snapshot of a volume.
+pub const META_DIRTY_BITMAP_PREFIX: &str = "qemu:dirty-bitmap:";
+/// Ids of selected dirty bitmaps count up from here, in the order the client selected them.
+pub const META_ID_DIRTY_BITMAP_FIRST: u32 = 2;
 
 // Error values.
 pub const EPERM: u32 = 1;

@@ -79,13 +79,20 @@ impl Shared {
     }
 }
 
+/// Run a blocking catalog or volume call off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, VolumeError> + Send + 'static,
+) -> Result<T, VolumeError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| VolumeError::Io(format!("catalog task failed: {e}")))?
+}
+
 impl Shared {
-    /// Names clients may see: the catalog's volumes except internal ones (leading '.').
-    pub async fn visible_exports(&self) -> Result<Vec<String>, VolumeError> {
+    /// Volumes clients may see: the catalog's volumes except internal ones (leading '.').
+    pub async fn visible_volumes(&self) -> Result<Vec<String>, VolumeError> {
         let catalog = self.catalog.clone();
-        let list = tokio::task::spawn_blocking(move || catalog.list())
-            .await
-            .map_err(|e| VolumeError::Io(format!("catalog task failed: {e}")))??;
+        let list = blocking(move || catalog.list()).await?;
         Ok(list
             .into_iter()
             .map(|v| v.name)
@@ -93,11 +100,38 @@ impl Shared {
             .collect())
     }
 
-    /// Open the export a client named; the empty name is the default export, which exists
-    /// when the pool has exactly one visible volume.
+    /// Exports clients may see (NBD_OPT_LIST): each visible volume followed by its visible
+    /// snapshots as `VOLUME@SNAPSHOT`, oldest first. A catalog that cannot list its
+    /// snapshots still lists its volumes.
+    pub async fn visible_exports(&self) -> Result<Vec<String>, VolumeError> {
+        let volumes = self.visible_volumes().await?;
+        let catalog = self.catalog.clone();
+        let snapshots = match blocking(move || catalog.snapshots()).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("cannot list snapshots: {e}");
+                Vec::new()
+            }
+        };
+        let mut out = Vec::with_capacity(volumes.len() + snapshots.len());
+        for v in &volumes {
+            out.push(v.clone());
+            out.extend(
+                snapshots
+                    .iter()
+                    .filter(|s| &s.volume == v)
+                    .map(|s| s.full_name())
+                    .filter(|n| is_exportable(n)),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Open the export a client named (a volume, or `VOLUME@SNAPSHOT` read-only); the empty
+    /// name is the default export, which exists when the pool has exactly one visible volume.
     pub async fn open_export(&self, name: &str) -> Result<Arc<dyn Volume>, VolumeError> {
         let name = if name.is_empty() {
-            let names = self.visible_exports().await?;
+            let names = self.visible_volumes().await?;
             match names.as_slice() {
                 [only] => only.clone(),
                 _ => {
@@ -113,15 +147,19 @@ impl Shared {
             return Err(VolumeError::NotFound(name));
         }
         let catalog = self.catalog.clone();
-        tokio::task::spawn_blocking(move || catalog.open(&name))
-            .await
-            .map_err(|e| VolumeError::Io(format!("catalog task failed: {e}")))?
+        blocking(move || catalog.open(&name)).await
     }
 }
 
-/// Whether a volume name may be served (names beginning with '.' are internal).
+/// Whether a volume or snapshot name may be served: names (of the volume, or of the snapshot
+/// in `VOLUME@SNAPSHOT`) beginning with '.' are internal, and so are empty ones.
 pub fn is_exportable(name: &str) -> bool {
-    !name.is_empty() && !name.starts_with('.') && name.len() <= crate::proto::STRING_BYTES_MAX
+    let visible = |part: &str| !part.is_empty() && !part.starts_with('.');
+    let parts_visible = match condense_api::split_snapshot_name(name) {
+        Some((volume, snapshot)) => visible(volume) && visible(snapshot),
+        None => visible(name),
+    };
+    parts_visible && name.len() <= crate::proto::STRING_BYTES_MAX
 }
 
 enum Bound {

@@ -9,7 +9,7 @@
 use crate::buffers::{Buf, BufPool};
 use crate::handshake::Export;
 use crate::proto::*;
-use crate::wire::{self, Command, RequestHeader, Verdict};
+use crate::wire::{self, Command, MetaContext, RequestHeader, Verdict};
 use crate::workers::Workers;
 use condense_api::Volume;
 use std::sync::Arc;
@@ -66,6 +66,8 @@ struct Job {
     command: Command,
     payload: Option<Buf>,
     buffers: Arc<BufPool>,
+    /// The selected metadata contexts, for BLOCK_STATUS.
+    contexts: Arc<[(u32, MetaContext)]>,
 }
 
 /// Run the transmission phase until the client disconnects or shutdown is signalled.
@@ -176,6 +178,7 @@ where
                     command,
                     payload,
                     buffers: buffers.clone(),
+                    contexts: export.contexts.clone(),
                 };
                 // Small reads are answered on this task: a cached block costs a few
                 // microseconds, less than waking a worker thread and back.
@@ -299,6 +302,7 @@ fn execute(job: Job) -> Vec<Part> {
         command,
         payload,
         buffers,
+        contexts,
     } = job;
     let v = volume.as_ref();
     let header = RequestHeader {
@@ -361,21 +365,51 @@ fn execute(job: Job) -> Vec<Part> {
             offset,
             len,
             req_one,
-        } => {
-            let query = u64::from(len).min(BLOCK_STATUS_QUERY_BYTES_MAX);
-            match v.block_status(offset, query) {
-                Ok(extents) => {
-                    let d = wire::block_status_descriptors(&extents, offset, query, req_one);
-                    let mut out = Vec::with_capacity(24 + 8 * d.len());
-                    wire::put_block_status_chunk(&mut out, cookie, META_ID_BASE_ALLOCATION, &d);
-                    vec![Part::Head(out)]
-                }
-                Err(e) => fail(e),
-            }
-        }
+        } => block_status(v, cookie, &contexts, offset, len, req_one).unwrap_or_else(fail),
         // Handled by the reader loop; never dispatched.
         Command::Disc => Vec::new(),
     }
+}
+
+/// One `NBD_REPLY_TYPE_BLOCK_STATUS` chunk per selected context, in id order, the last one
+/// final. Each answers for at most [`BLOCK_STATUS_QUERY_BYTES_MAX`] bytes from `offset`.
+/// If any context cannot be answered the reply is that error alone.
+fn block_status(
+    v: &dyn Volume,
+    cookie: u64,
+    contexts: &[(u32, MetaContext)],
+    offset: u64,
+    len: u32,
+    req_one: bool,
+) -> condense_api::Result<Vec<Part>> {
+    if contexts.is_empty() {
+        // check_request refuses this earlier; never send a reply without a final chunk.
+        return Err(condense_api::VolumeError::Invalid(
+            "no metadata context selected".to_string(),
+        ));
+    }
+    let query = u64::from(len).min(BLOCK_STATUS_QUERY_BYTES_MAX);
+    let mut chunks = Vec::with_capacity(contexts.len());
+    for (id, context) in contexts {
+        let d = match context {
+            MetaContext::BaseAllocation => {
+                let extents = v.block_status(offset, query)?;
+                wire::block_status_descriptors(&extents, offset, query, req_one)
+            }
+            MetaContext::DirtyBitmap(snapshot) => {
+                let changes = v.changed_since(snapshot, offset, query)?;
+                wire::dirty_bitmap_descriptors(&changes, offset, query, req_one)
+            }
+        };
+        chunks.push((*id, d));
+    }
+    let last = chunks.len().saturating_sub(1);
+    let bytes: usize = chunks.iter().map(|(_, d)| 24 + 8 * d.len()).sum();
+    let mut out = Vec::with_capacity(bytes);
+    for (i, (id, d)) in chunks.iter().enumerate() {
+        wire::put_block_status_chunk(&mut out, cookie, i == last, *id, d);
+    }
+    Ok(vec![Part::Head(out)])
 }
 
 fn read_simple(

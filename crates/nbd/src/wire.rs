@@ -6,7 +6,7 @@
 //! The async code in `handshake` and `transmission` only moves bytes to and from here.
 
 use crate::proto::*;
-use condense_api::{Extent, ExtentKind};
+use condense_api::{Change, Extent, ExtentKind};
 
 /// An option the client sent during the handshake, parsed from its number and data.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -172,19 +172,108 @@ fn parse_meta(data: &[u8], what: &'static str) -> Result<MetaRequest, OptionInva
     Ok(MetaRequest { export, queries })
 }
 
-/// Which metadata contexts a query names. Only `base:allocation` exists here. `for_list`
-/// allows the `base:` wildcard (LIST_META_CONTEXT); SET ignores it, as the protocol requires.
-/// Queries of unknown namespaces select nothing; a query without a colon is invalid.
-pub fn match_meta_query(query: &str, for_list: bool) -> Result<bool, OptionInvalid> {
+/// A metadata context this server offers on an export.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum MetaContext {
+    /// `base:allocation`: holes and zeros.
+    BaseAllocation,
+    /// `qemu:dirty-bitmap:SNAP`: the blocks whose content differs from snapshot `SNAP` of the
+    /// export's volume (bit 0, [`STATE_DIRTY`], set for them).
+    DirtyBitmap(String),
+}
+
+impl MetaContext {
+    /// The context's name on the wire.
+    pub fn name(&self) -> String {
+        match self {
+            MetaContext::BaseAllocation => META_BASE_ALLOCATION.to_string(),
+            MetaContext::DirtyBitmap(snapshot) => format!("{META_DIRTY_BITMAP_PREFIX}{snapshot}"),
+        }
+    }
+}
+
+/// Whether snapshot `snapshot` may be offered as `qemu:dirty-bitmap:SNAP`: its name is not
+/// hidden (leading '.') and the context name fits in a protocol string.
+pub fn dirty_bitmap_offerable(snapshot: &str) -> bool {
+    !snapshot.is_empty()
+        && !snapshot.starts_with('.')
+        && META_DIRTY_BITMAP_PREFIX.len() + snapshot.len() <= STRING_BYTES_MAX
+}
+
+/// Which metadata contexts a query names, given the snapshots the export offers dirty
+/// bitmaps for (already filtered by [`dirty_bitmap_offerable`]).
+///
+/// Contexts: `base:allocation`, and `qemu:dirty-bitmap:SNAP` per snapshot. `for_list` allows
+/// the wildcards `base:`, `qemu:` and `qemu:dirty-bitmap:` (LIST_META_CONTEXT); SET ignores
+/// them, as the protocol and qemu do. Queries of unknown namespaces, unknown leaves and
+/// unknown snapshots select nothing; a query without a colon is invalid.
+pub fn match_meta_query(
+    query: &str,
+    for_list: bool,
+    snapshots: &[String],
+) -> Result<Vec<MetaContext>, OptionInvalid> {
     let Some((namespace, leaf)) = query.split_once(':') else {
         return Err(OptionInvalid(format!(
             "metadata context query {query:?} has no namespace (no colon)"
         )));
     };
-    if namespace != "base" {
-        return Ok(false);
+    let all_bitmaps = || {
+        snapshots
+            .iter()
+            .map(|s| MetaContext::DirtyBitmap(s.clone()))
+            .collect::<Vec<_>>()
+    };
+    match namespace {
+        "base" if leaf == "allocation" || (for_list && leaf.is_empty()) => {
+            Ok(vec![MetaContext::BaseAllocation])
+        }
+        "qemu" if for_list && leaf.is_empty() => Ok(all_bitmaps()),
+        "qemu" => match leaf.strip_prefix("dirty-bitmap:") {
+            Some("") if for_list => Ok(all_bitmaps()),
+            Some(name) if !name.is_empty() && snapshots.iter().any(|s| s == name) => {
+                Ok(vec![MetaContext::DirtyBitmap(name.to_string())])
+            }
+            _ => Ok(Vec::new()),
+        },
+        _ => Ok(Vec::new()),
     }
-    Ok(leaf == "allocation" || (for_list && leaf.is_empty()))
+}
+
+/// The contexts a whole LIST or SET request names, each once, in the order first named.
+/// LIST with no query names every context.
+pub fn select_meta_contexts(
+    queries: &[String],
+    for_list: bool,
+    snapshots: &[String],
+) -> Result<Vec<MetaContext>, OptionInvalid> {
+    let mut out: Vec<MetaContext> = Vec::new();
+    if queries.is_empty() {
+        if for_list {
+            out.push(MetaContext::BaseAllocation);
+            out.extend(
+                snapshots
+                    .iter()
+                    .map(|s| MetaContext::DirtyBitmap(s.clone())),
+            );
+        }
+        return Ok(out);
+    }
+    // A set, not a scan of `out`: a client may repeat a wildcard thousands of times.
+    let mut seen = std::collections::HashSet::new();
+    for q in queries {
+        for c in match_meta_query(q, for_list, snapshots)? {
+            if seen.insert(c.clone()) {
+                out.push(c);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Whether answering `queries` needs the export's snapshot names (a query in the `qemu:`
+/// namespace, or a LIST of everything).
+pub fn meta_queries_need_snapshots(queries: &[String], for_list: bool) -> bool {
+    (for_list && queries.is_empty()) || queries.iter().any(|q| q.starts_with("qemu:"))
 }
 
 /// A request header as it came off the wire.
@@ -223,8 +312,8 @@ pub struct Negotiated {
     pub size: u64,
     pub read_only: bool,
     pub structured: bool,
-    /// `base:allocation` was selected for this export.
-    pub base_allocation: bool,
+    /// At least one metadata context was selected for this export (BLOCK_STATUS is allowed).
+    pub block_status: bool,
     /// Largest READ or WRITE payload accepted.
     pub payload_bytes_max: u32,
 }
@@ -390,10 +479,11 @@ pub fn check_request(h: &RequestHeader, n: &Negotiated) -> Verdict {
             })
         }
         CMD_BLOCK_STATUS => {
-            if !n.base_allocation {
+            if !n.block_status {
                 return reject(
                     EINVAL,
-                    "block status needs the base:allocation metadata context".to_string(),
+                    "block status needs a metadata context selected with NBD_OPT_SET_META_CONTEXT"
+                        .to_string(),
                 );
             }
             if len == 0 {
@@ -426,65 +516,111 @@ pub const DESCRIPTOR_BYTES_MAX: u64 = 0xFFFF_F000;
 /// Most descriptors in one block status chunk, as the protocol recommends.
 pub const DESCRIPTORS_MAX: usize = 1 << 20;
 
-/// Walk `[offset, offset+len)` through the volume's extents, calling `f(start, len, kind)` for
-/// consecutive runs that cover the range exactly. Gaps or overlaps in `extents` (an engine that
-/// broke its contract) are covered as `Data`, which is always a safe answer.
-fn cover(extents: &[Extent], offset: u64, len: u64, mut f: impl FnMut(u64, u64, ExtentKind)) {
+/// Walk `[offset, offset+len)` through runs `(offset, len, value)` sorted by offset, calling
+/// `f(start, len, value)` for consecutive pieces that cover the range exactly. Gaps or overlaps
+/// in `runs` (an engine that broke its contract) are covered with `gap`, which must be the
+/// safe answer (data for allocation, dirty for a dirty bitmap).
+fn cover<T: Copy>(
+    runs: impl IntoIterator<Item = (u64, u64, T)>,
+    offset: u64,
+    len: u64,
+    gap: T,
+    mut f: impl FnMut(u64, u64, T),
+) {
     let end = offset.saturating_add(len);
     let mut pos = offset;
-    for e in extents {
+    for (r_offset, r_len, value) in runs {
         if pos >= end {
             break;
         }
-        let e_end = e.offset.saturating_add(e.len).min(end);
-        if e_end <= pos {
+        let r_end = r_offset.saturating_add(r_len).min(end);
+        if r_end <= pos {
             continue;
         }
-        if e.offset > pos {
-            let gap_end = e.offset.min(end);
-            f(pos, gap_end - pos, ExtentKind::Data);
+        if r_offset > pos {
+            let gap_end = r_offset.min(end);
+            f(pos, gap_end - pos, gap);
             pos = gap_end;
             if pos >= end {
                 break;
             }
         }
-        f(pos, e_end - pos, e.kind);
-        pos = e_end;
+        f(pos, r_end - pos, value);
+        pos = r_end;
     }
     if pos < end {
-        f(pos, end - pos, ExtentKind::Data);
+        f(pos, end - pos, gap);
     }
 }
 
-/// The block status descriptors `(length, flags)` for a request, clipped to it, merged where
-/// equal, split below 2^32, at most [`DESCRIPTORS_MAX`]; with `req_one` exactly one.
+fn extent_runs(extents: &[Extent]) -> impl Iterator<Item = (u64, u64, ExtentKind)> + '_ {
+    extents.iter().map(|e| (e.offset, e.len, e.kind))
+}
+
+/// Merge equal neighbours of a covering, split below 2^32, keep at most
+/// [`DESCRIPTORS_MAX`]; with `req_one` exactly one.
+fn descriptors(runs: impl FnOnce(&mut dyn FnMut(u64, u32)), req_one: bool) -> Vec<(u32, u32)> {
+    let mut merged: Vec<(u64, u32)> = Vec::new();
+    runs(&mut |n, flags| match merged.last_mut() {
+        Some(last) if last.1 == flags => last.0 += n,
+        _ => merged.push((n, flags)),
+    });
+    let mut out = Vec::new();
+    'outer: for (mut n, flags) in merged {
+        while n > 0 {
+            let piece = n.min(DESCRIPTOR_BYTES_MAX);
+            // piece <= DESCRIPTOR_BYTES_MAX < 2^32.
+            out.push((piece as u32, flags));
+            n -= piece;
+            if req_one || out.len() >= DESCRIPTORS_MAX {
+                break 'outer;
+            }
+        }
+    }
+    out
+}
+
+/// The `base:allocation` descriptors `(length, flags)` for a request, clipped to it, merged
+/// where equal, split below 2^32, at most [`DESCRIPTORS_MAX`]; with `req_one` exactly one.
 pub fn block_status_descriptors(
     extents: &[Extent],
     offset: u64,
     len: u64,
     req_one: bool,
 ) -> Vec<(u32, u32)> {
-    let mut out: Vec<(u64, u32)> = Vec::new();
-    cover(extents, offset, len, |_, n, kind| {
-        let flags = allocation_flags(kind);
-        match out.last_mut() {
-            Some(last) if last.1 == flags => last.0 += n,
-            _ => out.push((n, flags)),
-        }
-    });
-    let mut descriptors = Vec::new();
-    'outer: for (mut n, flags) in out {
-        while n > 0 {
-            let piece = n.min(DESCRIPTOR_BYTES_MAX);
-            // piece <= DESCRIPTOR_BYTES_MAX < 2^32.
-            descriptors.push((piece as u32, flags));
-            n -= piece;
-            if req_one || descriptors.len() >= DESCRIPTORS_MAX {
-                break 'outer;
-            }
-        }
-    }
-    descriptors
+    descriptors(
+        |push| {
+            cover(
+                extent_runs(extents),
+                offset,
+                len,
+                ExtentKind::Data,
+                |_, n, kind| push(n, allocation_flags(kind)),
+            )
+        },
+        req_one,
+    )
+}
+
+/// The `qemu:dirty-bitmap:` descriptors for a request from the volume's changed runs:
+/// [`STATE_DIRTY`] where changed, 0 where clean; gaps in `changes` count as dirty (a backup
+/// then copies too much, never too little). Same clipping and limits as
+/// [`block_status_descriptors`].
+pub fn dirty_bitmap_descriptors(
+    changes: &[Change],
+    offset: u64,
+    len: u64,
+    req_one: bool,
+) -> Vec<(u32, u32)> {
+    let runs = changes.iter().map(|c| (c.offset, c.len, c.changed));
+    descriptors(
+        |push| {
+            cover(runs, offset, len, true, |_, n, changed| {
+                push(n, if changed { STATE_DIRTY } else { 0 })
+            })
+        },
+        req_one,
+    )
 }
 
 /// One piece of a structured READ reply.
@@ -499,19 +635,25 @@ pub struct ReadPiece {
 /// Split a read of `[offset, offset+len)` into data and hole pieces by the volume's extents.
 pub fn plan_read(extents: &[Extent], offset: u64, len: u32) -> Vec<ReadPiece> {
     let mut out: Vec<ReadPiece> = Vec::new();
-    cover(extents, offset, u64::from(len), |start, n, kind| {
-        let hole = kind != ExtentKind::Data;
-        // n <= len, which fits in u32.
-        let n = n as u32;
-        match out.last_mut() {
-            Some(last) if last.hole == hole => last.len += n,
-            _ => out.push(ReadPiece {
-                offset: start,
-                len: n,
-                hole,
-            }),
-        }
-    });
+    cover(
+        extent_runs(extents),
+        offset,
+        u64::from(len),
+        ExtentKind::Data,
+        |start, n, kind| {
+            let hole = kind != ExtentKind::Data;
+            // n <= len, which fits in u32.
+            let n = n as u32;
+            match out.last_mut() {
+                Some(last) if last.hole == hole => last.len += n,
+                _ => out.push(ReadPiece {
+                    offset: start,
+                    len: n,
+                    hole,
+                }),
+            }
+        },
+    );
     out
 }
 
@@ -584,16 +726,18 @@ pub fn put_data_chunk_header(out: &mut Vec<u8>, cookie: u64, done: bool, offset:
     out.extend_from_slice(&offset.to_be_bytes());
 }
 
-/// A final `NBD_REPLY_TYPE_BLOCK_STATUS` chunk for one context.
+/// An `NBD_REPLY_TYPE_BLOCK_STATUS` chunk for one context; `done` on the last one of a reply.
 pub fn put_block_status_chunk(
     out: &mut Vec<u8>,
     cookie: u64,
+    done: bool,
     context_id: u32,
     descriptors: &[(u32, u32)],
 ) {
     // At most DESCRIPTORS_MAX descriptors: 4 + 8 * 2^20 bytes.
     let len = 4 + 8 * descriptors.len() as u32;
-    put_chunk_header(out, cookie, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, len);
+    let flags = if done { REPLY_FLAG_DONE } else { 0 };
+    put_chunk_header(out, cookie, flags, REPLY_TYPE_BLOCK_STATUS, len);
     out.extend_from_slice(&context_id.to_be_bytes());
     for (n, flags) in descriptors {
         out.extend_from_slice(&n.to_be_bytes());
@@ -724,12 +868,71 @@ mod tests {
         for cut in 0..d.len() {
             assert!(parse_option(OPT_LIST_META_CONTEXT, &d[..cut]).is_err());
         }
-        assert_eq!(match_meta_query("base:allocation", false), Ok(true));
-        assert_eq!(match_meta_query("base:", false), Ok(false));
-        assert_eq!(match_meta_query("base:", true), Ok(true));
-        assert_eq!(match_meta_query("base:other", true), Ok(false));
-        assert_eq!(match_meta_query("qemu:dirty-bitmap:x", true), Ok(false));
-        assert!(match_meta_query("nocolon", true).is_err());
+        use MetaContext::*;
+        let none: &[String] = &[];
+        let base = Ok(vec![BaseAllocation]);
+        assert_eq!(match_meta_query("base:allocation", false, none), base);
+        assert_eq!(match_meta_query("base:", false, none), Ok(vec![]));
+        assert_eq!(match_meta_query("base:", true, none), base);
+        assert_eq!(match_meta_query("base:other", true, none), Ok(vec![]));
+        assert_eq!(
+            match_meta_query("qemu:dirty-bitmap:x", true, none),
+            Ok(vec![])
+        );
+        assert!(match_meta_query("nocolon", true, none).is_err());
+        let snaps = vec!["s1".to_string(), "s2".to_string()];
+        let both = Ok(vec![DirtyBitmap("s1".into()), DirtyBitmap("s2".into())]);
+        for q in ["qemu:", "qemu:dirty-bitmap:"] {
+            assert_eq!(match_meta_query(q, true, &snaps), both, "{q}");
+            assert_eq!(match_meta_query(q, false, &snaps), Ok(vec![]), "{q}");
+        }
+        for list in [true, false] {
+            assert_eq!(
+                match_meta_query("qemu:dirty-bitmap:s2", list, &snaps),
+                Ok(vec![DirtyBitmap("s2".into())])
+            );
+            assert_eq!(
+                match_meta_query("qemu:dirty-bitmap:s3", list, &snaps),
+                Ok(vec![])
+            );
+            assert_eq!(
+                match_meta_query("qemu:allocation-depth", list, &snaps),
+                Ok(vec![])
+            );
+            assert_eq!(
+                match_meta_query("qemu:dirty-bitmap", list, &snaps),
+                Ok(vec![])
+            );
+        }
+        // Whole requests: LIST of nothing is everything; duplicates are named once.
+        assert_eq!(
+            select_meta_contexts(&[], true, &snaps),
+            Ok(vec![
+                BaseAllocation,
+                DirtyBitmap("s1".into()),
+                DirtyBitmap("s2".into())
+            ])
+        );
+        assert_eq!(select_meta_contexts(&[], false, &snaps), Ok(vec![]));
+        let qs: Vec<String> = [
+            "qemu:dirty-bitmap:s2",
+            "base:allocation",
+            "qemu:dirty-bitmap:s2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            select_meta_contexts(&qs, false, &snaps),
+            Ok(vec![DirtyBitmap("s2".into()), BaseAllocation])
+        );
+        assert!(meta_queries_need_snapshots(&[], true));
+        assert!(!meta_queries_need_snapshots(&[], false));
+        assert!(meta_queries_need_snapshots(&qs, false));
+        assert!(!meta_queries_need_snapshots(&qs[1..2], true));
+        assert!(dirty_bitmap_offerable("daily"));
+        assert!(!dirty_bitmap_offerable(".internal"));
+        assert!(!dirty_bitmap_offerable(&"x".repeat(STRING_BYTES_MAX)));
     }
 
     fn negotiated() -> Negotiated {
@@ -737,7 +940,7 @@ mod tests {
             size: 1 << 20,
             read_only: false,
             structured: true,
-            base_allocation: true,
+            block_status: true,
             payload_bytes_max: 1 << 25,
         }
     }
@@ -809,7 +1012,7 @@ mod tests {
         ));
         let simple = Negotiated {
             structured: false,
-            base_allocation: false,
+            block_status: false,
             ..n
         };
         assert!(matches!(
@@ -881,6 +1084,41 @@ mod tests {
         let d = block_status_descriptors(&big, 0, 1 << 33, false);
         assert_eq!(d.iter().map(|x| u64::from(x.0)).sum::<u64>(), 1 << 33);
         assert!(d.len() == 3);
+    }
+
+    #[test]
+    fn dirty_descriptors_cover_clip_and_treat_gaps_as_dirty() {
+        let ch = |offset, len, changed| Change {
+            offset,
+            len,
+            changed,
+        };
+        let c = [
+            ch(0, 8192, false),
+            ch(8192, 4096, true),
+            ch(12288, 4096, false),
+        ];
+        assert_eq!(
+            dirty_bitmap_descriptors(&c, 100, 12288, false),
+            vec![(8092, 0), (4096, STATE_DIRTY), (100, 0)]
+        );
+        assert_eq!(
+            dirty_bitmap_descriptors(&c, 8192, 8192, true),
+            vec![(4096, STATE_DIRTY)]
+        );
+        // A short or gappy answer is filled with dirty, the safe side for a backup.
+        let gappy = [ch(4096, 4096, false)];
+        assert_eq!(
+            dirty_bitmap_descriptors(&gappy, 0, 12288, false),
+            vec![(4096, STATE_DIRTY), (4096, 0), (4096, STATE_DIRTY)]
+        );
+        assert_eq!(
+            dirty_bitmap_descriptors(&[], 0, 10, false),
+            vec![(10, STATE_DIRTY)]
+        );
+        let big = [ch(0, 1 << 33, true)];
+        let d = dirty_bitmap_descriptors(&big, 0, 1 << 33, false);
+        assert_eq!(d.iter().map(|x| u64::from(x.0)).sum::<u64>(), 1 << 33);
     }
 
     #[test]

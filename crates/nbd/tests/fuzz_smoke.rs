@@ -65,6 +65,25 @@ fn a_valid_session_reaches_transmission() {
 }
 
 #[test]
+fn a_valid_session_with_a_dirty_bitmap_gets_two_block_status_chunks() {
+    // Selector bit 2 selects qemu:dirty-bitmap:s beside base:allocation: BLOCK_STATUS of one
+    // block is answered by two chunks of one descriptor each (20 + 4 + 8 bytes).
+    let mut v = vec![7u8];
+    v.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    v.extend_from_slice(&0u16.to_be_bytes());
+    v.extend_from_slice(&CMD_BLOCK_STATUS.to_be_bytes());
+    v.extend_from_slice(&7u64.to_be_bytes());
+    v.extend_from_slice(&0u64.to_be_bytes());
+    v.extend_from_slice(&4096u32.to_be_bytes());
+    let handshake_only = fuzz::session(&[7u8]);
+    assert!(
+        handshake_only > fuzz::session(&[3u8]),
+        "two contexts selected"
+    );
+    assert_eq!(fuzz::session(&v), handshake_only + 2 * 32);
+}
+
+#[test]
 fn sessions_never_panic_and_always_end() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5e55);
     for i in 0..300 {
