@@ -488,7 +488,17 @@ fn daemon(
         )
     });
     let status = report::StatusWriter::start(&pool, path);
-    let control = control::ControlServer::start(path, pool.clone(), Arc::new(control_request))?;
+    let control = match control::ControlServer::start(path, pool.clone(), Arc::new(control_request))
+    {
+        Ok(c) => Some(c),
+        // Serving matters more than the socket (a pool path longer than a socket path may be).
+        Err(e) => {
+            eprintln!(
+                "condense: warning: no control socket ({e:#}); while this process runs, commands other than `stats` cannot use the pool"
+            );
+            None
+        }
+    };
     let ran = run(pool.clone());
     // Stop answering commands (waiting for those in flight) before the pool closes.
     drop(control);
