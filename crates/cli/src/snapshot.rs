@@ -6,6 +6,7 @@ use crate::size::human;
 use anyhow::{bail, Context, Result};
 use condense_api::{Catalog, SnapshotInfo, VolumeError};
 use serde_json::{json, Value};
+use std::io::Write;
 
 #[derive(clap::Subcommand)]
 pub enum SnapshotCommand {
@@ -73,124 +74,160 @@ pub fn run(ctx: &mut Ctx, cmd: SnapshotCommand) -> Result<i32> {
     match cmd {
         SnapshotCommand::Create { volume, snapshot } => {
             let pool = ctx.pool(false)?;
-            Catalog::snapshot_create(&*pool, &volume, &snapshot)
-                .map_err(hint)
-                .with_context(|| format!("cannot snapshot volume {volume:?} as {snapshot:?}"))?;
-            let made = Catalog::snapshots(&*pool).ok().and_then(|l| {
-                l.into_iter()
-                    .find(|s| s.volume == volume && s.snapshot == snapshot)
-            });
-            match made {
-                Some(s) => writeln!(
-                    ctx.out,
-                    "created snapshot {} ({} logical, {} written), taken {}",
-                    s.full_name(),
-                    human(s.size_bytes),
-                    human(s.written_bytes),
-                    local_time(s.created_unix).0
-                )?,
-                None => writeln!(ctx.out, "created snapshot {volume}@{snapshot}")?,
-            }
+            create(&*pool, ctx.out, &volume, &snapshot)?;
             ctx.done(&pool)?;
         }
         SnapshotCommand::List { volume, json } => {
             let pool = ctx.pool(true)?;
-            if let Some(v) = &volume {
-                if !pool.volumes().iter().any(|(n, _)| n == v) {
-                    bail!(
-                        "volume {v:?} not found in pool {} (see `condense volume list`)",
-                        ctx.path.display()
-                    );
-                }
-            }
-            let snaps: Vec<SnapshotInfo> = Catalog::snapshots(&*pool)
-                .context("cannot list snapshots")?
-                .into_iter()
-                .filter(|s| volume.as_ref().is_none_or(|v| *v == s.volume))
-                .collect();
-            let mut rows = Vec::with_capacity(snaps.len());
-            for s in snaps {
-                let freeable = Catalog::snapshot_freeable_bytes(&*pool, &s.volume, &s.snapshot)
-                    .with_context(|| format!("cannot size snapshot {}", s.full_name()))?;
-                rows.push((s, freeable));
-            }
-            if json {
-                writeln!(
-                    ctx.out,
-                    "{}",
-                    serde_json::to_string_pretty(&list_json(&rows))?
-                )?;
-            } else {
-                write!(ctx.out, "{}", list_table(&rows))?;
-            }
+            let shown = ctx.path.display().to_string();
+            list(&*pool, ctx.out, volume.as_deref(), json, &shown)?;
             ctx.done(&pool)?;
         }
         SnapshotCommand::Delete {
             target: (volume, snapshot),
         } => {
             let pool = ctx.pool(false)?;
-            Catalog::snapshot_delete(&*pool, &volume, &snapshot)
-                .map_err(hint)
-                .with_context(|| format!("cannot delete snapshot {volume}@{snapshot}"))?;
-            writeln!(
-                ctx.out,
-                "deleted snapshot {volume}@{snapshot}; run `condense gc` to reclaim the space only it held"
-            )?;
+            delete(&*pool, ctx.out, &volume, &snapshot)?;
             ctx.done(&pool)?;
         }
     }
     Ok(0)
 }
 
+/// `condense volume clone SOURCE NEW`.
 pub fn clone(ctx: &mut Ctx, source: &str, new: &str) -> Result<()> {
     let pool = ctx.pool(false)?;
-    Catalog::clone_volume(&*pool, source, new)
+    clone_in(&*pool, ctx.out, source, new)?;
+    ctx.done(&pool)
+}
+
+/// `condense volume rollback VOLUME@SNAPSHOT [--force]`.
+pub fn rollback(ctx: &mut Ctx, volume: &str, snapshot: &str, force: bool) -> Result<()> {
+    let pool = ctx.pool(false)?;
+    rollback_in(&*pool, ctx.out, volume, snapshot, force)?;
+    ctx.done(&pool)
+}
+
+/// `condense diff FROM TO [--json]`.
+pub fn diff(ctx: &mut Ctx, a: &DiffArgs) -> Result<i32> {
+    let pool = ctx.pool(true)?;
+    diff_in(&*pool, ctx.out, a)?;
+    ctx.done(&pool)?;
+    Ok(0)
+}
+
+fn size_of(cat: &dyn Catalog, name: &str) -> Result<u64> {
+    Ok(cat
+        .open(name)
+        .with_context(|| format!("cannot open {name}"))?
+        .size())
+}
+
+fn create(cat: &dyn Catalog, out: &mut dyn Write, volume: &str, snapshot: &str) -> Result<()> {
+    cat.snapshot_create(volume, snapshot)
+        .map_err(hint)
+        .with_context(|| format!("cannot snapshot volume {volume:?} as {snapshot:?}"))?;
+    let made = cat.snapshots().ok().and_then(|l| {
+        l.into_iter()
+            .find(|s| s.volume == volume && s.snapshot == snapshot)
+    });
+    match made {
+        Some(s) => writeln!(
+            out,
+            "created snapshot {} ({} logical, {} written), taken {}",
+            s.full_name(),
+            human(s.size_bytes),
+            human(s.written_bytes),
+            local_time(s.created_unix).0
+        )?,
+        None => writeln!(out, "created snapshot {volume}@{snapshot}")?,
+    }
+    Ok(())
+}
+
+fn list(
+    cat: &dyn Catalog,
+    out: &mut dyn Write,
+    volume: Option<&str>,
+    json: bool,
+    pool_shown: &str,
+) -> Result<()> {
+    if let Some(v) = volume {
+        if !cat.list()?.iter().any(|i| i.name == v) {
+            bail!("volume {v:?} not found in pool {pool_shown} (see `condense volume list`)");
+        }
+    }
+    let snaps: Vec<SnapshotInfo> = cat
+        .snapshots()
+        .context("cannot list snapshots")?
+        .into_iter()
+        .filter(|s| volume.is_none_or(|v| v == s.volume))
+        .collect();
+    let mut rows = Vec::with_capacity(snaps.len());
+    for s in snaps {
+        let freeable = cat
+            .snapshot_freeable_bytes(&s.volume, &s.snapshot)
+            .with_context(|| format!("cannot size snapshot {}", s.full_name()))?;
+        rows.push((s, freeable));
+    }
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&list_json(&rows))?)?;
+    } else {
+        write!(out, "{}", list_table(&rows))?;
+    }
+    Ok(())
+}
+
+fn delete(cat: &dyn Catalog, out: &mut dyn Write, volume: &str, snapshot: &str) -> Result<()> {
+    cat.snapshot_delete(volume, snapshot)
+        .map_err(hint)
+        .with_context(|| format!("cannot delete snapshot {volume}@{snapshot}"))?;
+    writeln!(
+        out,
+        "deleted snapshot {volume}@{snapshot}; run `condense gc` to reclaim the space only it held"
+    )?;
+    Ok(())
+}
+
+fn clone_in(cat: &dyn Catalog, out: &mut dyn Write, source: &str, new: &str) -> Result<()> {
+    cat.clone_volume(source, new)
         .map_err(hint)
         .with_context(|| format!("cannot clone {source} as {new:?}"))?;
-    let size = pool
-        .volumes()
-        .into_iter()
-        .find(|(n, _)| n == new)
-        .map(|(_, s)| s);
-    match size {
-        Some(size) => writeln!(
-            ctx.out,
+    match size_of(cat, new) {
+        Ok(size) => writeln!(
+            out,
             "created volume {new}, a clone of {source} ({} logical, thin: shares its blocks until written)",
             human(size)
         )?,
-        None => writeln!(ctx.out, "created volume {new}, a clone of {source}")?,
+        Err(_) => writeln!(out, "created volume {new}, a clone of {source}")?,
     }
-    ctx.done(&pool)
+    Ok(())
 }
 
-pub fn rollback(ctx: &mut Ctx, volume: &str, snapshot: &str, force: bool) -> Result<()> {
-    let pool = ctx.pool(false)?;
-    Catalog::rollback(&*pool, volume, snapshot, force)
+fn rollback_in(
+    cat: &dyn Catalog,
+    out: &mut dyn Write,
+    volume: &str,
+    snapshot: &str,
+    force: bool,
+) -> Result<()> {
+    cat.rollback(volume, snapshot, force)
         .map_err(hint)
         .with_context(|| format!("cannot roll volume {volume:?} back to {volume}@{snapshot}"))?;
-    let size = pool
-        .volumes()
-        .into_iter()
-        .find(|(n, _)| n == volume)
-        .map(|(_, s)| s);
     writeln!(
-        ctx.out,
+        out,
         "rolled volume {volume} back to snapshot {volume}@{snapshot}{}; what was written since is gone",
-        size.map(|s| format!(" ({} logical)", human(s)))
+        size_of(cat, volume)
+            .map(|s| format!(" ({} logical)", human(s)))
             .unwrap_or_default()
     )?;
-    ctx.done(&pool)
+    Ok(())
 }
 
-pub fn diff(ctx: &mut Ctx, a: &DiffArgs) -> Result<i32> {
-    let pool = ctx.pool(true)?;
-    let size_of = |name: &str| -> Result<u64> {
-        Ok(Catalog::open(&*pool, name)
-            .with_context(|| format!("cannot open {name}"))?
-            .size())
-    };
-    let len = size_of(&a.from)?.max(size_of(&a.to)?);
-    let changes = Catalog::diff(&*pool, &a.from, &a.to, 0, len)
+fn diff_in(cat: &dyn Catalog, out: &mut dyn Write, a: &DiffArgs) -> Result<()> {
+    let len = size_of(cat, &a.from)?.max(size_of(cat, &a.to)?);
+    let changes = cat
+        .diff(&a.from, &a.to, 0, len)
         .with_context(|| format!("cannot compare {} with {}", a.from, a.to))?;
     let extents: Vec<(u64, u64)> = changes
         .iter()
@@ -211,14 +248,14 @@ pub fn diff(ctx: &mut Ctx, a: &DiffArgs) -> Result<i32> {
                 .map(|(o, l)| json!({"offset": o, "length": l}))
                 .collect::<Vec<_>>(),
         });
-        writeln!(ctx.out, "{}", serde_json::to_string_pretty(&v)?)?;
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
-        writeln!(ctx.out, "{:>16} {:>16}", "OFFSET", "LENGTH")?;
+        writeln!(out, "{:>16} {:>16}", "OFFSET", "LENGTH")?;
         for (o, l) in &extents {
-            writeln!(ctx.out, "{o:>16} {l:>16}")?;
+            writeln!(out, "{o:>16} {l:>16}")?;
         }
         writeln!(
-            ctx.out,
+            out,
             "{} changed in {} extent{} between {} and {} (of {})",
             human(changed),
             extents.len(),
@@ -228,8 +265,7 @@ pub fn diff(ctx: &mut Ctx, a: &DiffArgs) -> Result<i32> {
             human(len)
         )?;
     }
-    ctx.done(&pool)?;
-    Ok(0)
+    Ok(())
 }
 
 fn list_json(rows: &[(SnapshotInfo, Option<u64>)]) -> Value {
@@ -320,6 +356,103 @@ mod tests {
         assert!(parse_snapshot_name("vm").is_err());
         assert!(parse_snapshot_name("@x").is_err());
         assert!(parse_snapshot_name("vm@").is_err());
+    }
+
+    fn out(f: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<String> {
+        let mut buf = Vec::new();
+        f(&mut buf)?;
+        Ok(String::from_utf8(buf)?)
+    }
+
+    /// The commands' output over the Volume API's in-memory model (the engine's snapshots
+    /// are tested through the binary in tests/control_socket.rs).
+    #[test]
+    fn snapshot_commands_over_the_reference_model() -> Result<()> {
+        let cat = condense_api::mem::MemCatalog::new(4096);
+        cat.create("v", 1 << 20)?;
+        let v = cat.open("v")?;
+        v.write(0, &[0xab; 8192], false)?;
+        let text = out(|o| create(&cat, o, "v", "s1"))?;
+        assert!(
+            text.starts_with("created snapshot v@s1 (1.00 MiB logical, 8.00 KiB written)"),
+            "{text}"
+        );
+        v.write(65536, &[0xcd; 4096], false)?;
+        v.write(131072, &[0xcd; 4096], false)?;
+
+        let j: Value = serde_json::from_str(&out(|o| list(&cat, o, None, true, "p"))?)?;
+        assert_eq!(j["schema"], "condense.snapshots/1");
+        let s = &j["snapshots"][0];
+        assert_eq!(s["name"], "v@s1");
+        assert_eq!(s["volume"], "v");
+        assert_eq!(s["snapshot"], "s1");
+        assert_eq!(s["size_bytes"], 1 << 20);
+        assert_eq!(s["written_bytes"], 8192);
+        assert!(s["created_unix"].is_u64());
+        assert!(s["created"].is_string());
+        assert!(s.get("freeable_bytes").is_some());
+        let table = out(|o| list(&cat, o, Some("v"), false, "p"))?;
+        assert!(
+            table.lines().nth(1).is_some_and(|l| l.starts_with("v@s1 ")),
+            "{table}"
+        );
+        assert!(list(&cat, &mut Vec::new(), Some("nope"), false, "p").is_err());
+
+        let args = DiffArgs {
+            from: "v@s1".into(),
+            to: "v".into(),
+            json: true,
+        };
+        let d: Value = serde_json::from_str(&out(|o| diff_in(&cat, o, &args))?)?;
+        assert_eq!(d["schema"], "condense.diff/1");
+        assert_eq!(d["size_bytes"], 1 << 20);
+        assert_eq!(d["changed_bytes"], 8192);
+        assert_eq!(d["extent_count"], 2);
+        assert_eq!(d["extents"][0], json!({"offset": 65536, "length": 4096}));
+        assert_eq!(d["extents"][1], json!({"offset": 131072, "length": 4096}));
+        let args = DiffArgs {
+            json: false,
+            ..args
+        };
+        let t = out(|o| diff_in(&cat, o, &args))?;
+        assert!(
+            t.ends_with("8.00 KiB changed in 2 extents between v@s1 and v (of 1.00 MiB)\n"),
+            "{t}"
+        );
+
+        let t = out(|o| clone_in(&cat, o, "v@s1", "c"))?;
+        assert!(
+            t.starts_with("created volume c, a clone of v@s1 (1.00 MiB logical"),
+            "{t}"
+        );
+        let t = out(|o| rollback_in(&cat, o, "v", "s1", false))?;
+        assert!(
+            t.starts_with("rolled volume v back to snapshot v@s1 (1.00 MiB logical)"),
+            "{t}"
+        );
+        let args = DiffArgs {
+            from: "v@s1".into(),
+            to: "v".into(),
+            json: true,
+        };
+        let d: Value = serde_json::from_str(&out(|o| diff_in(&cat, o, &args))?)?;
+        assert_eq!(d["changed_bytes"], 0);
+        assert_eq!(d["extents"], json!([]));
+
+        out(|o| delete(&cat, o, "v", "s1"))?;
+        let j: Value = serde_json::from_str(&out(|o| list(&cat, o, None, true, "p"))?)?;
+        assert_eq!(j["snapshots"], json!([]));
+        let e = delete(&cat, &mut Vec::new(), "v", "s1")
+            .err()
+            .map(|e| format!("{e:#}"));
+        assert!(e.is_some_and(|e| e.contains("v@s1")));
+        Ok(())
+    }
+
+    #[test]
+    fn busy_gets_a_hint() {
+        let e = format!("{:#}", hint(VolumeError::Busy("v is open".into())));
+        assert!(e.contains("--force"), "{e}");
     }
 
     #[test]
