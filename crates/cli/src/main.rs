@@ -8,6 +8,7 @@
 #![deny(clippy::unwrap_used)]
 
 mod bench;
+mod control;
 mod convert;
 mod estimate;
 mod image;
@@ -15,10 +16,12 @@ mod mount;
 mod report;
 mod serve;
 mod size;
+mod snapshot;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
+use control::Ctx;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,7 +34,10 @@ use std::sync::Arc;
     long_about = "Condense keeps a pool of thin-provisioned volumes in one directory. Every block \
 written is checked for zeros, fingerprinted (BLAKE3), deduplicated across all volumes of the pool, \
 and compressed (LZ4 by default). Volumes are imported from and exported to disk images, and served \
-to VMs over NBD or FUSE.\n\nThe pool is ./condense-pool unless --pool or $CONDENSE_POOL says otherwise."
+to VMs over NBD or FUSE.\n\nThe pool is ./condense-pool unless --pool or $CONDENSE_POOL says otherwise.\n\n\
+While `serve` or `mount` holds the pool, `volume`, `snapshot`, `diff`, `stats`, `gc` and `verify` \
+act on the live pool through its control socket (POOL/control.sock, usable by the pool's owner and \
+root); otherwise they open the pool themselves. Either way they print the same and exit the same."
 )]
 struct Cli {
     /// The pool directory.
@@ -50,9 +56,16 @@ struct Cli {
 enum Command {
     /// Create a pool.
     Init(InitArgs),
-    /// Create, list, inspect, resize and delete volumes.
+    /// Create, list, inspect, resize, clone, roll back and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// Point-in-time, read-only copies of a volume: create, list (with the space each one
+    /// holds), delete (docs/SNAPSHOTS.md).
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCommand),
+    /// Which parts of a volume changed between one of its snapshots and a later snapshot or
+    /// the volume as it is now (what an incremental backup must copy).
+    Diff(snapshot::DiffArgs),
     /// Import a disk image (raw, or any format qemu-img reads) into a new volume; holes stay holes.
     Import(ImportArgs),
     /// Export a volume as a sparse raw image (byte-identical), or as qcow2/vmdk/vdi/vhdx.
@@ -159,6 +172,27 @@ enum VolumeCommand {
     },
     /// Delete a volume and release its blocks (space returns after `condense gc`).
     Delete { name: String },
+    /// Make a new writable volume NEW with the content of a volume or of a snapshot
+    /// (VOL@SNAP). Instant and thin: the two share every block until one is written; they are
+    /// independent afterwards.
+    Clone {
+        /// The source: VOLUME (as it is now) or VOLUME@SNAPSHOT.
+        source: String,
+        /// Name of the new volume.
+        new: String,
+    },
+    /// Put a volume back to one of its snapshots (its content and its size). What was written
+    /// since is lost; later snapshots are kept. Refused while the volume is exported
+    /// read-write (an NBD client or a mount has it open) unless --force.
+    Rollback {
+        /// VOLUME@SNAPSHOT
+        #[arg(value_name = "VOL@SNAP", value_parser = snapshot::parse_snapshot_name)]
+        target: (String, String),
+        /// Roll back even while a client has the volume open for writing (it then reads the
+        /// snapshot's content under its feet: stop the VM first unless you know it is safe).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Args)]
@@ -282,6 +316,21 @@ fn main() {
     }
 }
 
+impl Command {
+    /// Commands that act on a pool a daemon holds through its control socket.
+    fn routed(&self) -> bool {
+        matches!(
+            self,
+            Command::Volume(_)
+                | Command::Snapshot(_)
+                | Command::Diff(_)
+                | Command::Stats(_)
+                | Command::Gc(_)
+                | Command::Verify(_)
+        )
+    }
+}
+
 fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Init(a) => {
@@ -309,7 +358,6 @@ fn run(cli: Cli) -> Result<i32> {
             );
             pool.close()?;
         }
-        Command::Volume(v) => return volume_command(&cli.pool, v),
         Command::Import(a) if a.file.as_os_str() == "-" => {
             let (Some(name), Some(size)) = (&a.name, a.size) else {
                 let missing: Vec<&str> = [
@@ -388,53 +436,6 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Serve(a) => daemon(&cli.pool, a.read_only, &a.cache, |pool| {
             serve::run(pool, &a)
         })?,
-        Command::Stats(a) => {
-            let stats = match open_pool(&cli.pool, true) {
-                Ok(pool) => pool.stats().context("cannot read pool statistics")?,
-                // A running `serve` or `mount` holds the pool: show what it last published.
-                Err(e) if matches!(e.downcast_ref(), Some(condense_engine::Error::Locked(_))) => {
-                    let (stats, age, pid) =
-                        report::read_status(&cli.pool).map_err(|s| e.context(s))?;
-                    eprintln!("condense: pool in use by process {pid}; statistics it published {age} s ago");
-                    stats
-                }
-                Err(e) => return Err(e),
-            };
-            if let Some(n) = &a.name {
-                if !stats.volumes.iter().any(|v| &v.name == n) {
-                    bail!(
-                        "volume {n:?} not found in pool {} (see `condense volume list`)",
-                        cli.pool.display()
-                    );
-                }
-            }
-            if a.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report::stats_json(&stats, a.name.as_deref()))?
-                );
-            } else {
-                print!(
-                    "{}",
-                    report::stats_table(&stats, a.name.as_deref(), a.verbose)
-                );
-            }
-        }
-        Command::Gc(a) => {
-            let pool = open_pool(&cli.pool, false)?;
-            let r = pool
-                .gc(a.min_dead_percent)
-                .context("garbage collection failed")?;
-            println!(
-                "gc: removed {} segments, moved {} live chunks, dropped {} dead chunks; segment bytes {} -> {}",
-                r.segments_removed,
-                r.chunks_moved,
-                r.chunks_dropped,
-                size::human(r.bytes_before),
-                size::human(r.bytes_after)
-            );
-            pool.close()?;
-        }
         Command::Bench(a) => bench::run(&cli.pool, &a)?,
         Command::Estimate(a) => estimate::run(&a)?,
         Command::DebugMap { name } => {
@@ -451,24 +452,19 @@ fn run(cli: Cli) -> Result<i32> {
                 })
             );
         }
-        Command::Verify(a) => {
-            let pool = open_pool(&cli.pool, false)?;
-            let bar = report::bar(0, "verifying chunks");
-            let r = pool.verify(&|done, total| {
-                bar.set_length(total);
-                bar.set_position(done);
-            })?;
-            bar.finish_and_clear();
-            if a.json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report::verify_json(&r))?
-                );
-            } else {
-                print!("{}", report::verify_text(&r));
+        cmd @ (Command::Volume(_)
+        | Command::Snapshot(_)
+        | Command::Diff(_)
+        | Command::Stats(_)
+        | Command::Gc(_)
+        | Command::Verify(_)) => {
+            // Through the daemon that holds the pool, if one does; else directly.
+            if let Some(code) = control::forward(&cli.pool)? {
+                return Ok(code);
             }
-            pool.close()?;
-            return Ok(if r.is_clean() { 0 } else { 3 });
+            let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+            let mut ctx = Ctx::direct(&cli.pool, &mut out, &mut err);
+            return routed(&mut ctx, cmd);
         }
     }
     Ok(0)
@@ -492,27 +488,178 @@ fn daemon(
         )
     });
     let status = report::StatusWriter::start(&pool, path);
-    run(pool.clone())?;
+    let control = match control::ControlServer::start(path, pool.clone(), Arc::new(control_request))
+    {
+        Ok(c) => Some(c),
+        // Serving matters more than the socket (a pool path longer than a socket path may be).
+        Err(e) => {
+            eprintln!(
+                "condense: warning: no control socket ({e:#}); while this process runs, commands other than `stats` cannot use the pool"
+            );
+            None
+        }
+    };
+    let ran = run(pool.clone());
+    // Stop answering commands (waiting for those in flight) before the pool closes.
+    drop(control);
+    ran?;
     drop(status);
     drop(gc);
     pool.close()?;
     Ok(())
 }
 
-fn volume_command(pool_path: &Path, cmd: VolumeCommand) -> Result<i32> {
+/// One command line received on the control socket, run on the pool the daemon holds.
+fn control_request(argv: Vec<String>, ctx: &mut Ctx) -> i32 {
+    let words = std::iter::once("condense".to_string()).chain(argv);
+    let cli = match Cli::try_parse_from(words) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let text = e.render().to_string();
+            let _ = if e.use_stderr() {
+                ctx.err.write_all(text.as_bytes())
+            } else {
+                ctx.out.write_all(text.as_bytes())
+            };
+            return e.exit_code();
+        }
+    };
+    let same_pool = match (cli.pool.canonicalize(), ctx.path.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    let result = if !same_pool {
+        Err(anyhow::anyhow!(
+            "this control socket serves pool {}, not {}",
+            ctx.path.display(),
+            cli.pool.display()
+        ))
+    } else if !cli.command.routed() {
+        Err(anyhow::anyhow!(
+            "only volume, snapshot, diff, stats, gc and verify run through the control socket"
+        ))
+    } else {
+        ctx.path = cli.pool.clone();
+        routed(ctx, cli.command)
+    };
+    control::finish(result, ctx.err)
+}
+
+/// The commands that run either directly or inside the daemon that holds the pool.
+fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
+    match cmd {
+        Command::Volume(v) => volume_command(ctx, v),
+        Command::Snapshot(c) => snapshot::run(ctx, c),
+        Command::Diff(a) => snapshot::diff(ctx, &a),
+        Command::Stats(a) => stats_command(ctx, &a),
+        Command::Gc(a) => gc_command(ctx, &a),
+        Command::Verify(a) => verify_command(ctx, &a),
+        _ => bail!("this command cannot run through the control socket"),
+    }
+}
+
+fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
+    let stats = match ctx.pool(true) {
+        Ok(pool) => {
+            let s = pool.stats().context("cannot read pool statistics")?;
+            ctx.done(&pool)?;
+            s
+        }
+        // A running `serve` or `mount` holds the pool and its control socket does not answer
+        // (an older condense): show what it last published.
+        Err(e) if matches!(e.downcast_ref(), Some(condense_engine::Error::Locked(_))) => {
+            let (stats, age, pid) = report::read_status(&ctx.path).map_err(|s| e.context(s))?;
+            writeln!(
+                ctx.err,
+                "condense: pool in use by process {pid}; statistics it published {age} s ago"
+            )?;
+            stats
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some(n) = &a.name {
+        if !stats.volumes.iter().any(|v| &v.name == n) {
+            bail!(
+                "volume {n:?} not found in pool {} (see `condense volume list`)",
+                ctx.path.display()
+            );
+        }
+    }
+    if a.json {
+        writeln!(
+            ctx.out,
+            "{}",
+            serde_json::to_string_pretty(&report::stats_json(&stats, a.name.as_deref()))?
+        )?;
+    } else {
+        write!(
+            ctx.out,
+            "{}",
+            report::stats_table(&stats, a.name.as_deref(), a.verbose)
+        )?;
+    }
+    Ok(0)
+}
+
+fn gc_command(ctx: &mut Ctx, a: &GcArgs) -> Result<i32> {
+    let pool = ctx.pool(false)?;
+    let r = pool
+        .gc(a.min_dead_percent)
+        .context("garbage collection failed")?;
+    writeln!(
+        ctx.out,
+        "gc: removed {} segments, moved {} live chunks, dropped {} dead chunks; segment bytes {} -> {}",
+        r.segments_removed,
+        r.chunks_moved,
+        r.chunks_dropped,
+        size::human(r.bytes_before),
+        size::human(r.bytes_after)
+    )?;
+    ctx.done(&pool)?;
+    Ok(0)
+}
+
+fn verify_command(ctx: &mut Ctx, a: &VerifyArgs) -> Result<i32> {
+    let pool = ctx.pool(false)?;
+    let r = if ctx.in_daemon() {
+        pool.verify(&|_, _| {})?
+    } else {
+        let bar = report::bar(0, "verifying chunks");
+        let r = pool.verify(&|done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })?;
+        bar.finish_and_clear();
+        r
+    };
+    if a.json {
+        writeln!(
+            ctx.out,
+            "{}",
+            serde_json::to_string_pretty(&report::verify_json(&r))?
+        )?;
+    } else {
+        write!(ctx.out, "{}", report::verify_text(&r))?;
+    }
+    ctx.done(&pool)?;
+    Ok(if r.is_clean() { 0 } else { 3 })
+}
+
+fn volume_command(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
     match cmd {
         VolumeCommand::Create { name, size } => {
-            let pool = open_pool(pool_path, false)?;
+            let pool = ctx.pool(false)?;
             pool.create_volume(&name, size)
                 .with_context(|| format!("cannot create volume {name:?}"))?;
-            println!(
+            writeln!(
+                ctx.out,
                 "created volume {name} ({} logical, thin)",
                 size::human(size)
-            );
-            pool.close()?;
+            )?;
+            ctx.done(&pool)?;
         }
         VolumeCommand::List { json, all } => {
-            let pool = open_pool(pool_path, true)?;
+            let pool = ctx.pool(true)?;
             let stats = pool.stats()?;
             let vols: Vec<_> = stats
                 .volumes
@@ -521,46 +668,57 @@ fn volume_command(pool_path: &Path, cmd: VolumeCommand) -> Result<i32> {
                 .collect();
             if json {
                 let list: Vec<_> = vols.iter().map(|v| report::volume_json(v, &pool)).collect();
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                writeln!(ctx.out, "{}", serde_json::to_string_pretty(&list)?)?;
             } else {
-                print!("{}", report::volume_list(&vols, &pool));
+                write!(ctx.out, "{}", report::volume_list(&vols, &pool))?;
             }
+            ctx.done(&pool)?;
         }
         VolumeCommand::Info { name, json } => {
-            let pool = open_pool(pool_path, true)?;
+            let pool = ctx.pool(true)?;
             if !pool.volumes().iter().any(|(n, _)| *n == name) {
                 bail!(
                     "volume {name:?} not found in pool {} (see `condense volume list`)",
-                    pool_path.display()
+                    ctx.path.display()
                 );
             }
             let v = &pool
                 .volume_stats(&name)
                 .with_context(|| format!("cannot read volume {name:?}"))?;
             if json {
-                println!(
+                writeln!(
+                    ctx.out,
                     "{}",
                     serde_json::to_string_pretty(&report::volume_json(v, &pool))?
-                );
+                )?;
             } else {
-                print!("{}", report::volume_info(v, &pool));
+                write!(ctx.out, "{}", report::volume_info(v, &pool))?;
             }
+            ctx.done(&pool)?;
         }
         VolumeCommand::Resize { name, size, force } => {
-            let pool = open_pool(pool_path, false)?;
+            let pool = ctx.pool(false)?;
             pool.resize_volume(&name, size, force)
                 .with_context(|| format!("cannot resize volume {name:?}"))?;
-            println!("volume {name} is now {}", size::human(size));
-            pool.close()?;
+            writeln!(ctx.out, "volume {name} is now {}", size::human(size))?;
+            ctx.done(&pool)?;
         }
         VolumeCommand::Delete { name } => {
-            let pool = open_pool(pool_path, false)?;
+            let pool = ctx.pool(false)?;
             pool.delete_volume(&name)
                 .with_context(|| format!("cannot delete volume {name:?}"))?;
             let _ = pool.meta_put(&image::importing_key(&name), None);
-            println!("deleted volume {name}; run `condense gc` to reclaim its space");
-            pool.close()?;
+            writeln!(
+                ctx.out,
+                "deleted volume {name}; run `condense gc` to reclaim its space"
+            )?;
+            ctx.done(&pool)?;
         }
+        VolumeCommand::Clone { source, new } => snapshot::clone(ctx, &source, &new)?,
+        VolumeCommand::Rollback {
+            target: (volume, snap),
+            force,
+        } => snapshot::rollback(ctx, &volume, &snap, force)?,
     }
     Ok(0)
 }

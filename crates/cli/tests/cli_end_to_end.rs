@@ -519,15 +519,27 @@ fn stats_work_while_the_pool_is_served() {
     let mut published = false;
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(100));
-        if pool.join("status.json").exists() {
+        if pool.join("status.json").exists() && pool.join("control.sock").exists() {
             published = true;
             break;
         }
     }
+    // Live figures through the control socket.
+    let live = condense(&pool, &["stats", "--json"]);
+    // Without an answering control socket (as with an older serve), the published figures.
+    let _ = std::fs::remove_file(pool.join("control.sock"));
     let o = condense(&pool, &["stats", "--json"]);
     let _ = Command::new("kill").arg(server.id().to_string()).status();
     let _ = server.wait();
     assert!(published, "serve did not publish statistics");
+    assert!(
+        live.status.success(),
+        "{}",
+        String::from_utf8_lossy(&live.stderr)
+    );
+    let s = json(&String::from_utf8_lossy(&live.stdout));
+    assert_eq!(s["written_bytes"].as_u64(), Some(2 << 20));
+    assert!(!String::from_utf8_lossy(&live.stderr).contains("in use by process"));
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s = json(&String::from_utf8_lossy(&o.stdout));
     assert_eq!(s["written_bytes"].as_u64(), Some(2 << 20));
