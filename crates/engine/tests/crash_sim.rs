@@ -3,9 +3,11 @@
 //! either its old or its new content.
 //!
 //! Each seed: make a pool on the simulated disk, create volumes, then run random writes,
-//! zero writes, trims, FUA writes, flushes and GCs while the disk is set to stop after a
-//! random number of I/O calls. Then take a crash image (unsynced writes lost, kept or torn, by
-//! the seed), reopen, and check every block against the set of contents it may hold.
+//! zero writes, trims, FUA writes, flushes, GCs, snapshots, snapshot deletes, clones and
+//! rollbacks while the disk is set to stop after a random number of I/O calls. Then take a
+//! crash image (unsynced writes lost, kept or torn, by the seed), reopen, and check every
+//! block against the set of contents it may hold, and every snapshot and clone that exists
+//! against exactly the content its volume had when it was taken.
 //!
 //! `CONDENSE_CRASH_SEEDS=N` sets how many seeds run (default 2000);
 //! `CONDENSE_CRASH_SEED=S` replays one seed exactly.
@@ -48,6 +50,26 @@ impl BlockModel {
     }
     fn accepts(&self, c: Content) -> bool {
         self.durable == c || self.since.contains(&c)
+    }
+}
+
+/// A snapshot or clone: the content of its volume when it was made (never written after).
+struct Frozen {
+    name: String,
+    vol: usize,
+    blocks: Vec<Content>,
+    /// Whether it may exist after a crash: [true] once made, [false] once deleted, both
+    /// after a call that failed.
+    may_exist: Vec<bool>,
+}
+
+/// After a checkpoint or flush: everything written so far is durable.
+fn all_durable(model: &mut [Vec<BlockModel>]) {
+    for b in model.iter_mut().flatten() {
+        *b = BlockModel {
+            durable: b.current(),
+            since: vec![],
+        };
     }
 }
 
@@ -121,6 +143,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
     let mut next_tag = 1u64;
     // Whether volume "tmp" may exist after a crash (both, after a create/delete that failed).
     let mut tmp_may_exist = vec![false];
+    let mut frozen: Vec<Frozen> = Vec::new();
     for step in 0..warm + ops {
         if step == warm {
             if let Some(n) = stop_at {
@@ -130,7 +153,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
         let v = rng.below(VOLUMES.len() as u64) as usize;
         let first = rng.below(BLOCKS);
         let count = 1 + rng.below(4.min(BLOCKS - first));
-        let ok = match rng.below(100) {
+        let ok = match rng.below(112) {
             0..=49 => {
                 // Write: sometimes duplicate content (a small tag), sometimes zeros.
                 let fua = rng.chance(10);
@@ -214,6 +237,77 @@ fn run_seed(seed: u64) -> Result<(), String> {
                 }
                 r.is_ok()
             }
+            100..=103 if frozen.len() < 6 => {
+                // Snapshot (or, one time in three, clone) a volume or a live snapshot.
+                let clone = rng.chance(33);
+                let name = if clone {
+                    format!("c{step}")
+                } else {
+                    format!("{}@s{step}", VOLUMES[v])
+                };
+                let blocks: Vec<Content> = model[v].iter().map(|b| b.current()).collect();
+                let r = if clone {
+                    pool.clone_volume(VOLUMES[v], &name)
+                } else {
+                    pool.create_snapshot(VOLUMES[v], &format!("s{step}"))
+                };
+                if r.is_ok() {
+                    all_durable(&mut model);
+                }
+                frozen.push(Frozen {
+                    name,
+                    vol: v,
+                    blocks,
+                    may_exist: if r.is_ok() {
+                        vec![true]
+                    } else {
+                        vec![true, false]
+                    },
+                });
+                r.is_ok()
+            }
+            104..=107 => {
+                // Roll a volume back to one of its snapshots (forced: handles are open).
+                let Some(f) = frozen
+                    .iter()
+                    .find(|f| f.vol == v && f.may_exist == [true] && f.name.contains('@'))
+                else {
+                    continue;
+                };
+                let snap = f.name.split_once('@').map_or("", |(_, s)| s).to_string();
+                let content = f.blocks.clone();
+                let r = pool.rollback_volume(VOLUMES[v], &snap, true);
+                if r.is_ok() {
+                    all_durable(&mut model);
+                }
+                for (b, c) in model[v].iter_mut().zip(content) {
+                    if r.is_ok() {
+                        *b = BlockModel {
+                            durable: c,
+                            since: vec![],
+                        };
+                    } else {
+                        b.since.push(c);
+                    }
+                }
+                r.is_ok()
+            }
+            108..=109 => {
+                // Delete a snapshot or clone.
+                let Some(f) = frozen.iter_mut().find(|f| f.may_exist == [true]) else {
+                    continue;
+                };
+                let r = match f.name.split_once('@') {
+                    Some((vol, snap)) => pool.delete_snapshot(vol, snap),
+                    None => pool.delete_volume(&f.name),
+                };
+                f.may_exist = if r.is_ok() {
+                    vec![false]
+                } else {
+                    vec![true, false]
+                };
+                r.is_ok()
+            }
             _ => {
                 let r = pool.gc(1);
                 if r.is_ok() {
@@ -255,6 +349,32 @@ fn run_seed(seed: u64) -> Result<(), String> {
             .map_err(|e| format!("tmp: {e}"))?;
         if buf.iter().any(|&b| b != 0) {
             return Err("volume tmp holds data it was never given".into());
+        }
+    }
+    // Snapshots and clones read exactly as their volume did when they were made.
+    for f in &frozen {
+        let exists = pool.volume(&f.name).is_ok();
+        if !f.may_exist.contains(&exists) {
+            return Err(format!(
+                "{} exists={exists} after recovery, expected one of {:?}",
+                f.name, f.may_exist
+            ));
+        }
+        if !exists {
+            continue;
+        }
+        let h = pool.volume(&f.name).map_err(|e| e.to_string())?;
+        for (block, &c) in f.blocks.iter().enumerate() {
+            let mut buf = vec![1u8; BS];
+            h.read_at(block as u64 * spread * BS as u64, &mut buf)
+                .map_err(|e| format!("{} block {block}: read failed: {e}", f.name))?;
+            if buf != bytes_of(c) {
+                let found = u64::from_le_bytes(buf[..8].try_into().unwrap_or_default());
+                return Err(format!(
+                    "{} block {block}: holds tag {found}, was {c:?} when it was made",
+                    f.name
+                ));
+            }
         }
     }
     for (vi, v) in VOLUMES.iter().enumerate() {
