@@ -578,7 +578,12 @@ fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
         Err(e) => return Err(e),
     };
     if let Some(n) = &a.name {
-        if !stats.volumes.iter().any(|v| &v.name == n) {
+        if !stats
+            .volumes
+            .iter()
+            .chain(&stats.snapshots)
+            .any(|v| &v.name == n)
+        {
             bail!(
                 "volume {n:?} not found in pool {} (see `condense volume list`)",
                 ctx.path.display()

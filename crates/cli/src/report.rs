@@ -62,6 +62,16 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         .filter(|v| only.is_none_or(|n| n == v.name))
         .map(volume_fields)
         .collect();
+    let snapshots: Vec<Value> = s
+        .snapshots
+        .iter()
+        .filter(|v| only.is_none_or(|n| n == v.name))
+        .map(|v| {
+            let mut j = volume_fields(v);
+            j["snapshot_of"] = json!(v.snapshot_of);
+            j
+        })
+        .collect();
     json!({
         "schema": "condense.stats/2",
         "block_size": s.block_size,
@@ -90,14 +100,25 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         "checkpoints": s.checkpoints,
         "read_errors": s.read_errors,
         "volumes": volumes,
+        "snapshots": snapshots,
     })
 }
 
 pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
     let mut o = String::new();
     if let Some(name) = only {
-        if let Some(v) = s.volumes.iter().find(|v| v.name == name) {
-            let _ = writeln!(o, "volume {name}");
+        if let Some(v) = s
+            .volumes
+            .iter()
+            .chain(&s.snapshots)
+            .find(|v| v.name == name)
+        {
+            let what = if v.snapshot_of.is_some() {
+                "snapshot"
+            } else {
+                "volume"
+            };
+            let _ = writeln!(o, "{what} {name}");
             volume_lines(&mut o, v);
         }
         return o;
@@ -175,11 +196,38 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
             v.saving_percent,
         );
     }
-    if s.volumes.len() > 1 {
+    let snaps: Vec<&VolumeStats> = s
+        .snapshots
+        .iter()
+        .filter(|v| verbose || !v.name.starts_with('.'))
+        .collect();
+    if !snaps.is_empty() {
+        let _ = writeln!(o);
         let _ = writeln!(
             o,
-            "(per-volume physical: the pool's chunk bytes shared out by written blocks, from \
-             counters; `condense volume info NAME` walks the volume's map for its exact share)"
+            "{:<24} {:>12} {:>12} {:>12} {:>12} {:>8}",
+            "snapshot", "logical", "written", "zeros", "physical", "saving"
+        );
+        for v in snaps {
+            let _ = writeln!(
+                o,
+                "{:<24} {:>12} {:>12} {:>12} {:>12} {:>7.1}%",
+                v.name,
+                human(v.logical_bytes),
+                human(v.written_bytes),
+                human(v.zero_bytes),
+                human(v.physical_bytes),
+                v.saving_percent,
+            );
+        }
+    }
+    if s.volumes.len() + s.snapshots.len() > 1 {
+        let _ = writeln!(
+            o,
+            "(per-volume and per-snapshot physical: the pool's chunk bytes shared out by written \
+             blocks, from counters, so they add up to the chunk bytes; `condense volume info NAME` \
+             walks one map for its exact share; `condense snapshot list` shows what deleting a \
+             snapshot would free)"
         );
     }
     let hidden = s.volumes.iter().filter(|v| v.name.starts_with('.')).count();

@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# End-to-end test of snapshots, clones, rollback and changed-block backup on a live pool,
+# with real clients: every `condense` command here runs while `condense serve` holds the
+# pool, so it goes through the control socket.
+#
+#   import an image -> snapshot -> overwrite part of it through NBD (qemu-io) ->
+#   qemu-img compare VOL@SNAP against the original image: identical ->
+#   nbdinfo --map=qemu:dirty-bitmap:SNAP lists exactly the overwritten extents ->
+#   condense diff agrees -> a clone of the snapshot is writable and independent of both ->
+#   rollback refused while an NBD client holds the volume, then restores the original ->
+#   restart: everything still as it was -> snapshot delete + gc frees the space -> verify.
+#
+#   bash tests/snapshots/run.sh              # builds target/release/condense first
+#   CONDENSE=/path/to/condense bash tests/snapshots/run.sh
+#
+# Needs (Debian): qemu-utils libnbd-bin jq. Ends with "N passed, M failed".
+
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+if [ -z "${CONDENSE:-}" ]; then
+    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
+    CONDENSE=$ROOT/target/release/condense
+fi
+for tool in qemu-img qemu-io nbdinfo jq; do
+    command -v "$tool" >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
+done
+
+W=$(mktemp -d /tmp/condense-snap-e2e.XXXXXX)
+POOL=$W/pool
+PORT=$((20000 + RANDOM % 20000))
+URI=nbd://127.0.0.1:$PORT
+SERVER_PID=
+HOLDER_PID=
+passed=0
+failed=0
+
+cleanup() {
+    exec 7>&- 2>/dev/null
+    [ -n "$HOLDER_PID" ] && kill "$HOLDER_PID" 2>/dev/null
+    if [ -n "$SERVER_PID" ]; then
+        kill -TERM "$SERVER_PID" 2>/dev/null
+        wait "$SERVER_PID" 2>/dev/null
+    fi
+    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
+        echo "work files kept in $W"
+    else
+        rm -rf "$W"
+    fi
+}
+trap cleanup EXIT
+
+ok() { passed=$((passed + 1)); echo "ok - $1"; }
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL - $1"
+    if [ -f "$W/out" ]; then tail -20 "$W/out" | sed 's/^/    | /'; fi
+}
+# check NAME CMD...: pass if CMD exits 0 (its output goes to $W/out).
+check() {
+    local name=$1; shift
+    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name"; fi
+}
+c() { "$CONDENSE" --pool "$POOL" "$@"; }
+
+start_server() {
+    rm -f "$W/server.log"
+    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
+    SERVER_PID=$!
+    for _ in $(seq 1 100); do
+        [ -S "$POOL/control.sock" ] && nbdinfo --size "$URI/vm" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    echo "server did not start:"; cat "$W/server.log"; exit 1
+}
+stop_server() {
+    kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
+}
+
+# A 32 MiB image: mixed data, a duplicated region and holes (a VM disk in miniature).
+IMG=$W/disk.raw
+python3 - "$IMG" <<'EOF'
+import random, sys
+r = random.Random(7)
+with open(sys.argv[1], "wb") as f:
+    f.truncate(32 << 20)
+    for mib in range(32):
+        if mib % 5 == 4:
+            continue  # a hole
+        f.seek(mib << 20)
+        block = bytes(r.getrandbits(8) for _ in range(4096))
+        f.write((block * 2 + bytes(range(256)) * 32) * 64 if mib % 3 else block * 256)
+EOF
+cp "$IMG" "$W/orig.raw"
+
+"$CONDENSE" init "$POOL" >/dev/null || { echo "init failed"; exit 1; }
+check "import the image" c import "$IMG" --name vm
+start_server
+
+check "snapshot create through the control socket" c snapshot create vm base
+if grep -q "in use" "$W/out"; then fail "snapshot create went around the daemon"; fi
+
+# Overwrite two extents through NBD: 256 KiB at 1 MiB, 4 KiB at 10 MiB + 8 KiB.
+check "overwrite through NBD (qemu-io)" qemu-io -f raw "$URI/vm" \
+    -c 'write -P 0x5a 1M 256k' -c 'write -P 0x33 10493952 4k' -c flush
+
+check "qemu-img compare vm@base against the original image: identical" \
+    qemu-img compare -f raw -F raw "$URI/vm@base" "$W/orig.raw"
+if qemu-img compare -f raw -F raw "$URI/vm" "$W/orig.raw" >"$W/out" 2>&1; then
+    fail "the live volume should differ from the original image"
+else
+    ok "the live volume differs from the original image"
+fi
+check "vm@base is read-only over NBD" sh -c "nbdinfo --json '$URI/vm@base' | jq -e '.exports[0].is_read_only == true'"
+if qemu-io -f raw "$URI/vm@base" -c 'write -P 1 0 4k' >"$W/out" 2>&1; then
+    fail "a write to vm@base over NBD was accepted"
+else
+    ok "a write to vm@base over NBD is refused"
+fi
+
+# The dirty bitmap: exactly the two overwritten extents.
+nbdinfo --map=qemu:dirty-bitmap:base "$URI/vm" >"$W/map" 2>&1
+awk '$3 == 1 { print $1, $2 }' "$W/map" >"$W/dirty"
+printf '%s\n' "1048576 262144" "10493952 4096" >"$W/want"
+if diff -q "$W/dirty" "$W/want" >/dev/null; then
+    ok "nbdinfo --map=qemu:dirty-bitmap:base lists exactly the overwritten extents"
+else
+    cp "$W/map" "$W/out"; fail "dirty bitmap: got $(tr '\n' ';' <"$W/dirty") want $(tr '\n' ';' <"$W/want")"
+fi
+c diff vm@base vm --json >"$W/diff.json" 2>&1
+jq -r '.extents[] | "\(.offset) \(.length)"' "$W/diff.json" >"$W/diffx" 2>/dev/null
+if diff -q "$W/diffx" "$W/want" >/dev/null \
+    && [ "$(jq -r .changed_bytes "$W/diff.json")" = $((262144 + 4096)) ]; then
+    ok "condense diff agrees with the dirty bitmap"
+else
+    cp "$W/diff.json" "$W/out"; fail "condense diff disagrees"
+fi
+
+# A clone of the snapshot: writable, independent of both.
+check "clone vm@base into c1" c volume clone vm@base c1
+check "write to the clone through NBD" qemu-io -f raw "$URI/c1" -c 'write -P 0x77 0 64k' -c flush
+check "vm@base unchanged by the clone's write" \
+    qemu-img compare -f raw -F raw "$URI/vm@base" "$W/orig.raw"
+qemu-io -f raw "$URI/vm" -c 'read -P 0x5a 1M 256k' >"$W/out" 2>&1 \
+    && ! grep -q "Pattern verification failed" "$W/out" && ok "vm keeps its own writes" \
+    || fail "vm lost its writes"
+cp "$W/orig.raw" "$W/c1.want"
+printf '\x77%.0s' $(seq 1 65536) | dd of="$W/c1.want" conv=notrunc status=none
+check "c1 reads the snapshot plus its own write" \
+    qemu-img compare -f raw -F raw "$URI/c1" "$W/c1.want"
+
+# Rollback: refused while a client holds vm open read-write, then done.
+mkfifo "$W/fifo"
+qemu-io -f raw "$URI/vm" <"$W/fifo" >/dev/null 2>&1 &
+HOLDER_PID=$!
+exec 7>"$W/fifo"
+sleep 0.5
+if c volume rollback vm@base >"$W/out" 2>&1; then
+    fail "rollback was accepted while an NBD client held the volume"
+else
+    grep -q "open for writing" "$W/out" && ok "rollback refused while exported read-write" \
+        || fail "rollback refused for another reason"
+fi
+exec 7>&-
+wait "$HOLDER_PID" 2>/dev/null; HOLDER_PID=
+check "rollback vm@base once the client is gone" c volume rollback vm@base
+check "after rollback vm is the original image" qemu-img compare -f raw -F raw "$URI/vm" "$W/orig.raw"
+
+# A second snapshot, then a restart: everything is durable.
+check "write after rollback" qemu-io -f raw "$URI/vm" -c 'write -P 0x11 2M 8k' -c flush
+check "snapshot create vm later" c snapshot create vm later
+stop_server
+start_server
+check "after restart vm@base is still the original image" \
+    qemu-img compare -f raw -F raw "$URI/vm@base" "$W/orig.raw"
+check "after restart c1 still reads its own content" \
+    qemu-img compare -f raw -F raw "$URI/c1" "$W/c1.want"
+c diff vm@base vm@later --json >"$W/diff2.json" 2>&1
+if [ "$(jq -r .changed_bytes "$W/diff2.json")" = 8192 ]; then
+    ok "diff between two snapshots: the 8 KiB written between them"
+else
+    cp "$W/diff2.json" "$W/out"; fail "diff between two snapshots"
+fi
+
+# Space: snapshot list says what deleting frees; delete + gc frees it.
+c snapshot list --json >"$W/list.json" 2>&1
+check "snapshot list --json names both snapshots" \
+    jq -e '[.snapshots[].snapshot] == ["base", "later"]' "$W/list.json"
+if c volume delete vm >"$W/out" 2>&1; then fail "deleting a volume with snapshots was accepted"
+else ok "a volume with snapshots is not deleted"; fi
+check "delete the clone" c volume delete c1
+check "snapshot delete vm@base" c snapshot delete vm@base
+check "snapshot delete vm@later" c snapshot delete vm@later
+check "gc" c gc
+c stats --json >"$W/stats.json"
+check "stats: no snapshots left" jq -e '.snapshots == []' "$W/stats.json"
+check "verify clean through the socket" c verify
+check "vm still reads its content" bash -c "qemu-img convert -f raw -O raw '$URI/vm' '$W/vm.now' && cmp -s <(head -c 2097152 '$W/vm.now') <(head -c 2097152 '$W/orig.raw')"
+
+stop_server
+check "verify clean with no daemon" c verify
+echo
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
