@@ -19,6 +19,9 @@
 #   MEM=MiB SMP=N      guest size (default 1024, 2)
 #   CONDENSE=PATH      use this condense binary instead of building one
 #   DROP_CACHES=0      keep the page cache before each boot (default: drop it, both boots cold)
+#   CLONE=1            boot a clone instead: snapshot the imported volume as NAME@golden and
+#                      boot `condense volume clone NAME@golden NAME-clone` (what a VM host does
+#                      with a golden image); the clone's writes leave the golden image as it was
 set -euo pipefail
 
 image=${1:-/work/corpus/images/dns1.raw}
@@ -138,6 +141,13 @@ sock=$work/nbd.sock
 say "condense: fresh pool in $CONDENSE_POOL, importing $image"
 "$condense" init >/dev/null
 "$condense" import "$image" --name "$name"
+export_name=$name
+if [ "${CLONE:-0}" = 1 ]; then
+  say "snapshot $name@golden and clone it into $name-clone (the VM boots the clone)"
+  "$condense" snapshot create "$name" golden
+  "$condense" volume clone "$name@golden" "$name-clone"
+  export_name=$name-clone
+fi
 "$condense" stats > "$work/stats-import.txt"
 
 say "cp --sparse=always $image $work/$name.raw (the baseline)"
@@ -159,7 +169,7 @@ condense_times=() raw_times=() server_cpu=0
 boot_condense() {
   local before
   before=$(cpu_s "$server_pid")
-  boot_vm "condense-$1" "nbd+unix:///$name?socket=$sock" || die "boot from Condense failed"
+  boot_vm "condense-$1" "nbd+unix:///$export_name?socket=$sock" || die "boot from Condense failed"
   condense_times+=("$boot_s")
   server_cpu=$(echo "$server_cpu + $(cpu_s "$server_pid") - $before" | bc)
   printf '   run %d, Condense over NBD: login prompt after %5.1f s  ("%s")\n' "$1" "$boot_s" "$boot_line"

@@ -39,6 +39,7 @@ cleanup() {
 trap cleanup EXIT
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
 serve() {
+    PORT=$((PORT + 1)) # a fresh port: the last one may still be in TIME_WAIT
     c serve --listen "127.0.0.1:$PORT" >"$W/serve.log" 2>&1 &
     spid=$!
     for _ in $(seq 1 200); do
@@ -88,7 +89,12 @@ run() { # NAME SNAPSHOTS(0|1)
     local before n=0 snapper=
     before=$(du -sb "$POOL" | cut -f1)
     if [ "$2" = 1 ]; then
-        (i=0; while sleep 5; do i=$((i + 1)); c snapshot create bench "s$i" >/dev/null || break; done) &
+        : >"$W/snap_ms"
+        (i=0; while sleep 5; do
+            i=$((i + 1)); t0=$(date +%s%N)
+            c snapshot create bench "s$i" >/dev/null || break
+            ms "$t0" "$(date +%s%N)" >>"$W/snap_ms"
+        done) &
         snapper=$!
     fi
     fio --name="$1" --ioengine=nbd --uri="$uri" --size="$SIZE" --rw=randwrite --bs=4k \
@@ -105,6 +111,7 @@ run() { # NAME SNAPSHOTS(0|1)
 }
 run no_snapshots 0
 run snapshot_every_5s 1
+echo "snapshot create while fio writes (makes every write so far durable: a checkpoint): $(pcts <"$W/snap_ms")"
 a=$(jq -r '.jobs[0].write.iops' "$W/no_snapshots.json")
 b=$(jq -r '.jobs[0].write.iops' "$W/snapshot_every_5s.json")
 echo "write IOPS with a snapshot every 5 s / without: $(echo "scale=2; $b / $a" | bc)"

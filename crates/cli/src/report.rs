@@ -185,16 +185,7 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
         if v.name.starts_with('.') && !verbose {
             continue;
         }
-        let _ = writeln!(
-            o,
-            "{:<24} {:>12} {:>12} {:>12} {:>12} {:>7.1}%",
-            v.name,
-            human(v.logical_bytes),
-            human(v.written_bytes),
-            human(v.zero_bytes),
-            human(v.physical_bytes),
-            v.saving_percent,
-        );
+        share_row(&mut o, v);
     }
     let snaps: Vec<&VolumeStats> = s
         .snapshots
@@ -209,16 +200,7 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
             "snapshot", "logical", "written", "zeros", "physical", "saving"
         );
         for v in snaps {
-            let _ = writeln!(
-                o,
-                "{:<24} {:>12} {:>12} {:>12} {:>12} {:>7.1}%",
-                v.name,
-                human(v.logical_bytes),
-                human(v.written_bytes),
-                human(v.zero_bytes),
-                human(v.physical_bytes),
-                v.saving_percent,
-            );
+            share_row(&mut o, v);
         }
     }
     if s.volumes.len() + s.snapshots.len() > 1 {
@@ -235,6 +217,20 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
         let _ = writeln!(o, "({hidden} internal volumes, such as FUSE file contents, not shown; --verbose lists them)");
     }
     o
+}
+
+/// One line of the volume or snapshot table of `stats`.
+fn share_row(o: &mut String, v: &VolumeStats) {
+    let _ = writeln!(
+        o,
+        "{:<24} {:>12} {:>12} {:>12} {:>12} {:>7.1}%",
+        v.name,
+        human(v.logical_bytes),
+        human(v.written_bytes),
+        human(v.zero_bytes),
+        human(v.physical_bytes),
+        v.saving_percent,
+    );
 }
 
 fn volume_lines(o: &mut String, v: &VolumeStats) {

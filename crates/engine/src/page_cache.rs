@@ -491,19 +491,26 @@ impl PageCache {
             Some(s) => self.node(s).data.clone(),
             None => read_checked(&*self.file, ptr, tree, level, index)?,
         };
-        for c in 0..FANOUT {
-            let p = Ptr::read(&data, c as usize);
-            let child = index * FANOUT + c;
-            let child_cached = self.map.contains_key(&Key {
-                tree,
-                level: level - 1,
-                index: child,
-            });
-            if p.page != 0 || child_cached {
-                self.count_below(tree, level - 1, child, p, parents)?;
-            }
+        for (child, p) in self.children(tree, level, index, &data) {
+            self.count_below(tree, level - 1, child, p, parents)?;
         }
         Ok(())
+    }
+
+    /// The children of interior node (`level`, `index`) with bytes `data` that exist: a
+    /// stored pointer, or a node in memory. (child index, pointer as stored.)
+    fn children(&self, tree: TreeId, level: u8, index: u64, data: &[u8]) -> Vec<(u64, Ptr)> {
+        (0..FANOUT)
+            .map(|c| (index * FANOUT + c, Ptr::read(data, c as usize)))
+            .filter(|&(child, p)| {
+                p.page != 0
+                    || self.map.contains_key(&Key {
+                        tree,
+                        level: level - 1,
+                        index: child,
+                    })
+            })
+            .collect()
     }
 
     fn leaves_in(
@@ -851,17 +858,8 @@ impl PageCache {
         if level == 0 {
             leaf(&data)?;
         } else {
-            for c in 0..FANOUT {
-                let p = Ptr::read(&data, c as usize);
-                let child = index * FANOUT + c;
-                let child_cached = self.map.contains_key(&Key {
-                    tree,
-                    level: level - 1,
-                    index: child,
-                });
-                if p.page != 0 || child_cached {
-                    freed += self.walk_exclusive(tree, level - 1, child, p, release, leaf)?;
-                }
+            for (child, p) in self.children(tree, level, index, &data) {
+                freed += self.walk_exclusive(tree, level - 1, child, p, release, leaf)?;
             }
         }
         if release && page != 0 {

@@ -39,6 +39,9 @@ impl VerifyReport {
 impl Pool {
     /// Check everything. `progress(done, total)` is called as chunks are checked.
     pub fn verify(&self, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
+        // No GC while verifying: it would move chunks the first pass located. Writes may go
+        // on (a live pool): what they change is re-checked under the lock of the map walk.
+        let _gc = lock(&self.gc_lock);
         self.flush()?;
         let mut report = VerifyReport::default();
         let (total, next_id) = {
@@ -121,6 +124,9 @@ impl Pool {
         let mut counted_leaves: HashSet<u64> = HashSet::new();
         for (vol, name, blocks) in vols {
             let mut bad_blocks = Vec::new();
+            // Chunks the chunk-table pass did not see: written since (on a live pool), or
+            // missing. Decided below, under the same lock as this walk.
+            let mut unknown: Vec<(u64, u64)> = Vec::new();
             let leaves = blocks.div_ceil(MAP_PAGE_ENTRIES as u64);
             let walked =
                 st.md
@@ -131,7 +137,9 @@ impl Pool {
                             let b = li * MAP_PAGE_ENTRIES as u64 + i as u64;
                             let known =
                                 id < next_id && exists[(id / 64) as usize] & (1 << (id % 64)) != 0;
-                            if !known || bad.contains(&id) {
+                            if !known {
+                                unknown.push((b, id));
+                            } else if bad.contains(&id) {
                                 bad_blocks.push(b);
                             }
                             if let Some(c) = counted.get_mut(id as usize).filter(|_| first_visit) {
@@ -140,6 +148,13 @@ impl Pool {
                         });
                         Ok(true)
                     });
+            for (b, id) in unknown {
+                let md = &mut st.md;
+                if !matches!(md.chunks.get(&mut md.cache, id), Ok(Some(e)) if e.refs > 0) {
+                    bad_blocks.push(b);
+                }
+            }
+            bad_blocks.sort_unstable();
             if let Err(e) = walked {
                 report.bad_volumes.push(name.clone());
                 report
@@ -187,8 +202,19 @@ impl Pool {
             for (id, (&c, &s)) in counted.iter().zip(stored_refs.iter()).enumerate() {
                 let known = exists[id / 64] & (1 << (id % 64)) != 0;
                 if known && c != s {
-                    wrong += 1;
-                    first.get_or_insert((id, c, s));
+                    // The count read in the first pass may be older than the maps walked
+                    // now (a live pool): compare with the count as it is under this lock.
+                    let md = &mut st.md;
+                    let now = md
+                        .chunks
+                        .get(&mut md.cache, id as u64)
+                        .ok()
+                        .flatten()
+                        .map_or(0, |e| e.refs);
+                    if now != c {
+                        wrong += 1;
+                        first.get_or_insert((id, c, now));
+                    }
                 }
             }
             if let Some((id, c, s)) = first {
