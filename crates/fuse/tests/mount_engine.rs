@@ -100,3 +100,52 @@ fn engine_backed_round_trip_dedup_and_reopen() {
     );
     pool.close().expect("close");
 }
+
+#[test]
+fn engine_snapshots_show_read_only_under_snapshots() {
+    if !common::fuse_usable() {
+        return;
+    }
+    let pool_dir = tempfile::tempdir().expect("temp dir");
+    Pool::init_path(pool_dir.path(), &InitOptions::default()).expect("init pool");
+    let pool = open(pool_dir.path());
+    pool.create_volume("vm", 4 * MIB).expect("create volume");
+    let old = pseudo_random(5, 4 * MIB as usize);
+    pool.volume("vm")
+        .and_then(|h| h.write_at(0, &old, false))
+        .expect("write");
+    let mnt = tempfile::tempdir().expect("mount dir");
+    let cat: Arc<dyn Catalog> = pool.clone();
+    let m = condense_fuse::spawn(cat, mnt.path(), MountOptions::default()).expect("mount");
+    // Taken while mounted: it shows up, and keeps the old content after the volume changes.
+    pool.create_snapshot("vm", "before").expect("snapshot");
+    let new = pseudo_random(6, MIB as usize);
+    let vol = fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.path().join("volumes/vm"))
+        .expect("open volume");
+    vol.write_all_at(&new, MIB).expect("overwrite");
+    vol.sync_all().expect("fsync");
+    let names: Vec<String> = fs::read_dir(mnt.path().join("snapshots"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["vm@before".to_string()]);
+    let snap = mnt.path().join("snapshots/vm@before");
+    assert!(
+        fs::read(&snap).expect("read snapshot") == old,
+        "snapshot content changed"
+    );
+    let now = fs::read(mnt.path().join("volumes/vm")).expect("read volume");
+    assert!(now[MIB as usize..2 * MIB as usize] == new[..]);
+    let err = fs::OpenOptions::new()
+        .write(true)
+        .open(&snap)
+        .expect_err("a snapshot opened for writing");
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EROFS) | Some(libc::EACCES)),
+        "{err}"
+    );
+    drop(vol);
+    drop(m);
+}
