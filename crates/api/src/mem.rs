@@ -29,6 +29,18 @@ struct MemVolumeState {
     order: u64,
 }
 
+impl MemVolumeState {
+    /// Bytes in blocks that hold data.
+    fn written_bytes(&self, block_size: u32) -> u64 {
+        let data = self
+            .blocks
+            .values()
+            .filter(|b| matches!(b, MemBlock::Data(_)))
+            .count() as u64;
+        data * u64::from(block_size)
+    }
+}
+
 type Volumes = Arc<Mutex<HashMap<String, Arc<Mutex<MemVolumeState>>>>>;
 
 /// One in-memory volume.
@@ -273,15 +285,10 @@ impl Catalog for MemCatalog {
             .filter(|(name, _)| split_snapshot_name(name).is_none())
             .map(|(name, s)| {
                 let s = lock(s);
-                let data = s
-                    .blocks
-                    .values()
-                    .filter(|b| matches!(b, MemBlock::Data(_)))
-                    .count() as u64;
                 VolumeInfo {
                     name: name.clone(),
                     size_bytes: s.size,
-                    written_bytes: data * u64::from(self.block_size),
+                    written_bytes: s.written_bytes(self.block_size),
                 }
             })
             .collect();
@@ -393,17 +400,12 @@ impl Catalog for MemCatalog {
             .filter_map(|(name, s)| {
                 let (volume, snapshot) = split_snapshot_name(name)?;
                 let s = lock(s);
-                let data = s
-                    .blocks
-                    .values()
-                    .filter(|b| matches!(b, MemBlock::Data(_)))
-                    .count() as u64;
                 let info = SnapshotInfo {
                     volume: volume.to_string(),
                     snapshot: snapshot.to_string(),
                     created_unix: 0,
                     size_bytes: s.size,
-                    written_bytes: data * u64::from(self.block_size),
+                    written_bytes: s.written_bytes(self.block_size),
                 };
                 Some((volume.to_string(), s.order, info))
             })

@@ -105,6 +105,9 @@ impl Default for OpenOptions {
     }
 }
 
+/// A change to the metadata made inside a checkpoint ([`Pool::checkpoint_with`]).
+pub(crate) type MetadataChange<'a> = dyn FnMut(&mut Metadata) -> Result<()> + 'a;
+
 /// Re-check free disk space after this many bytes written.
 const SPACE_CHECK_BYTES: u64 = 16 << 20;
 
@@ -971,7 +974,7 @@ impl Pool {
     /// Write a checkpoint of the whole state and start a new journal generation. The caller
     /// holds `sync_lock`.
     pub(crate) fn checkpoint_locked(&self, sync: &MutexGuard<'_, ()>) -> Result<()> {
-        self.checkpoint_with(sync, &|_| Ok(()), &mut |_| Ok(()))
+        self.checkpoint_with(sync, &|_| Ok(()), None)
     }
 
     /// A checkpoint that also makes a change no journal record describes (snapshots,
@@ -984,7 +987,7 @@ impl Pool {
         &self,
         _sync: &MutexGuard<'_, ()>,
         check: &dyn Fn(&Metadata) -> Result<()>,
-        change: &mut dyn FnMut(&mut Metadata) -> Result<()>,
+        change: Option<&mut MetadataChange<'_>>,
     ) -> Result<()> {
         let (body, old_gen, new_journal_file, files, target, freed) = {
             let mut st = lock(&self.state);
@@ -998,10 +1001,12 @@ impl Pool {
             let prepared = (|| {
                 let (mut pages, mut freed) = st.md.cache.prepare_checkpoint()?;
                 st.md.cache.write_pages(&mut pages)?;
-                change(&mut st.md)?;
-                let (mut more, freed_more) = st.md.cache.prepare_checkpoint()?;
-                st.md.cache.write_pages(&mut more)?;
-                freed.extend(freed_more);
+                if let Some(change) = change {
+                    change(&mut st.md)?;
+                    let (mut more, freed_more) = st.md.cache.prepare_checkpoint()?;
+                    st.md.cache.write_pages(&mut more)?;
+                    freed.extend(freed_more);
+                }
                 Ok::<_, Error>(freed)
             })();
             let freed = match prepared {

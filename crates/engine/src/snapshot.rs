@@ -39,14 +39,6 @@ pub struct SnapshotEntry {
     pub zero_blocks: u64,
 }
 
-/// A run of blocks that did or did not change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BlockRun {
-    pub first: u64,
-    pub count: u64,
-    pub changed: bool,
-}
-
 /// Names (the part after `@`) of volume `vol`'s snapshots, oldest first.
 pub(crate) fn snapshot_names_of(md: &Metadata, vol: u32) -> Vec<String> {
     let mut snaps: Vec<(u64, u32, &str)> = md
@@ -112,12 +104,12 @@ impl Pool {
                 }
                 Ok(())
             },
-            &mut |md| {
+            Some(&mut |md| {
                 let src = volume_id(md, volume)?;
                 let id = self.add_tree_copy(md, src, &full, Some(src))?;
                 md.names.insert(full.clone(), id);
                 Ok(())
-            },
+            }),
         )
     }
 
@@ -136,11 +128,11 @@ impl Pool {
                 }
                 Ok(())
             },
-            &mut |md| {
+            Some(&mut |md| {
                 let src = id_of(md, source)?;
                 made = Some(self.add_tree_copy(md, src, new, None)?);
                 Ok(())
-            },
+            }),
         )?;
         // Visible only now that it is durable: a write to it can never reach a journal
         // whose checkpoint does not know the volume.
@@ -203,7 +195,7 @@ impl Pool {
                 }
                 Ok(())
             },
-            &mut |md| {
+            Some(&mut |md| {
                 let vol = volume_id(md, volume)?;
                 let snap = snapshot_id(md, &full)?;
                 md.release_volume_tree(vol)?;
@@ -218,7 +210,7 @@ impl Pool {
                     v.counts = counts;
                 }
                 Ok(())
-            },
+            }),
         )
     }
 
@@ -278,20 +270,28 @@ impl Pool {
         Ok(bytes)
     }
 
-    /// Which blocks of `[first, first + count)` differ between `from` and `to` (volumes or
-    /// snapshots): runs in order covering the range. Past a version's end its blocks are
-    /// unmapped.
-    pub fn diff_blocks(
+    /// Which bytes of `[offset, offset + len)` differ between `from` and `to` (volumes or
+    /// snapshots), block by block: runs in order covering the range, clipped to it. Past a
+    /// version's end its blocks are unmapped.
+    pub fn diff_bytes(
         &self,
         from: &str,
         to: &str,
-        first: u64,
-        count: u64,
-    ) -> Result<Vec<BlockRun>> {
-        let mut out: Vec<BlockRun> = Vec::new();
-        let end = first
-            .checked_add(count)
-            .ok_or_else(|| Error::Invalid("range past 2^64 blocks".into()))?;
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<condense_api::Change>> {
+        let bs = u64::from(self.block_size());
+        let end_byte = offset
+            .checked_add(len)
+            .ok_or_else(|| Error::Invalid("range past 2^64 bytes".into()))?;
+        let first = offset / bs;
+        let end = end_byte.div_ceil(bs);
+        let mut out: Vec<condense_api::Change> = Vec::new();
+        // Blocks [lo, hi), clipped to the byte range.
+        let mut push = |lo: u64, hi: u64, changed: bool| {
+            let (a, b) = ((lo * bs).max(offset), (hi * bs).min(end_byte));
+            condense_api::push_change(&mut out, a, b.saturating_sub(a), changed);
+        };
         // In windows of leaves, so the state lock is never held for a whole large volume.
         const WINDOW: u64 = 256;
         let mut leaf = first / PER;
@@ -318,13 +318,13 @@ impl Pool {
                     _ => false,
                 };
                 if same {
-                    push_run(&mut out, lo, hi - lo, false);
+                    push(lo, hi, false);
                 } else {
                     let ea = leaf_entries(md, a, l, la.is_some())?;
                     let eb = leaf_entries(md, b, l, lb.is_some())?;
                     for blk in lo..hi {
                         let k = (blk - l * PER) as usize;
-                        push_run(&mut out, blk, 1, ea[k] != eb[k]);
+                        push(blk, blk + 1, ea[k] != eb[k]);
                     }
                 }
                 l += 1;
@@ -336,27 +336,6 @@ impl Pool {
 }
 
 impl Pool {
-    /// [`Pool::diff_blocks`] in bytes: `[offset, offset + len)`, runs clipped to the range.
-    pub fn diff_bytes(
-        &self,
-        from: &str,
-        to: &str,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<condense_api::Change>> {
-        let bs = u64::from(self.block_size());
-        let end = offset.saturating_add(len);
-        let first = offset / bs;
-        let runs = self.diff_blocks(from, to, first, end.div_ceil(bs).saturating_sub(first))?;
-        let mut out = Vec::with_capacity(runs.len());
-        for r in runs {
-            let lo = (r.first * bs).max(offset);
-            let hi = ((r.first + r.count) * bs).min(end);
-            condense_api::push_change(&mut out, lo, hi.saturating_sub(lo), r.changed);
-        }
-        Ok(out)
-    }
-
     /// The size of a volume or snapshot by name.
     pub fn volume_size_any(&self, name: &str) -> Result<u64> {
         let st = lock(&self.state);
@@ -379,21 +358,4 @@ fn leaf_entries(md: &mut Metadata, tree: u64, l: u64, present: bool) -> Result<V
         })?;
     }
     Ok(e)
-}
-
-fn push_run(out: &mut Vec<BlockRun>, first: u64, count: u64, changed: bool) {
-    if count == 0 {
-        return;
-    }
-    if let Some(last) = out.last_mut() {
-        if last.changed == changed && last.first + last.count == first {
-            last.count += count;
-            return;
-        }
-    }
-    out.push(BlockRun {
-        first,
-        count,
-        changed,
-    });
 }

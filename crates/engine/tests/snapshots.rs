@@ -41,6 +41,14 @@ fn write_unique(pool: &Pool, vol: &str, seed: u64, first: u64, count: u64) {
     h.write_at(first * BS as u64, &data, false).expect("write");
 }
 
+fn read_block(pool: &Pool, vol: &str, block: u64) -> Vec<u8> {
+    let mut buf = vec![0u8; BS];
+    pool.volume(vol)
+        .and_then(|h| h.read_at(block * BS as u64, &mut buf))
+        .expect("read");
+    buf
+}
+
 #[test]
 fn freeable_bytes_are_exactly_what_deleting_the_snapshot_frees() {
     let pool = pool();
@@ -107,19 +115,13 @@ fn hundred_clones_share_one_copy() {
         write_unique(&pool, &format!("vm{i}"), 100 + i, i, 1);
     }
     for i in [0u64, 57, 99] {
-        let mut buf = vec![0u8; BS];
-        pool.volume(&format!("vm{i}"))
-            .and_then(|h| h.read_at(i * BS as u64, &mut buf))
-            .expect("read");
-        assert_eq!(buf, unique_block(100 + i, i));
-        pool.volume("golden@v1")
-            .and_then(|h| h.read_at(i * BS as u64, &mut buf))
-            .expect("read");
-        assert_eq!(buf, unique_block(3, i));
-        pool.volume(&format!("vm{}", (i + 1) % 100))
-            .and_then(|h| h.read_at(i * BS as u64, &mut buf))
-            .expect("read");
-        assert_eq!(buf, unique_block(3, i));
+        assert_eq!(
+            read_block(&pool, &format!("vm{i}"), i),
+            unique_block(100 + i, i)
+        );
+        assert_eq!(read_block(&pool, "golden@v1", i), unique_block(3, i));
+        let other = format!("vm{}", (i + 1) % 100);
+        assert_eq!(read_block(&pool, &other, i), unique_block(3, i));
     }
     let r = pool.verify(&|_, _| {}).expect("verify");
     assert!(r.is_clean(), "{r:?}");
