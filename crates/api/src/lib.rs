@@ -16,6 +16,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod mem;
+pub mod size;
 
 use std::sync::Arc;
 

@@ -5,6 +5,7 @@
 
 use anyhow::{bail, Context, Result};
 use condense_api::Catalog;
+use condense_estimate::probe::{parse_image_info, ImageInfo};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -49,32 +50,6 @@ fn nbd_uri(name: &str, socket: &Path) -> String {
     format!("nbd+unix:///{escaped}?socket={}", socket.display())
 }
 
-/// What `qemu-img info` says about an image.
-#[derive(Debug, PartialEq, Eq)]
-pub struct ImageInfo {
-    pub format: String,
-    pub virtual_size: u64,
-}
-
-/// Parse `qemu-img info --output=json`.
-pub fn parse_image_info(json: &[u8]) -> Result<ImageInfo> {
-    let v: serde_json::Value =
-        serde_json::from_slice(json).context("qemu-img info printed invalid JSON")?;
-    let virtual_size = v
-        .get("virtual-size")
-        .and_then(serde_json::Value::as_u64)
-        .context("qemu-img info gave no virtual-size")?;
-    let format = v
-        .get("format")
-        .and_then(serde_json::Value::as_str)
-        .context("qemu-img info gave no format")?
-        .to_string();
-    Ok(ImageInfo {
-        format,
-        virtual_size,
-    })
-}
-
 fn qemu_img() -> Command {
     Command::new(std::env::var_os("CONDENSE_QEMU_IMG").unwrap_or_else(|| "qemu-img".into()))
 }
@@ -93,7 +68,7 @@ fn image_info(image: &Path) -> Result<ImageInfo> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    parse_image_info(&out.stdout)
+    Ok(parse_image_info(&out.stdout)?)
 }
 
 /// Run `qemu-img convert ARGS`; with `progress`, show its progress as a bar.

@@ -1,30 +1,10 @@
-//! `condense estimate IMAGE...`: how much a pool would save on these images, without a pool.
-//!
-//! Reads every image as the guest sees it (raw directly with holes skipped; qcow2, vmdk, vdi,
-//! vhdx through `qemu-img map` + `qemu-nbd`), cuts it into chunks (fixed blocks as a pool
-//! stores them, or CDC for comparison), and reduces each chunk with the engine's own
-//! functions, so that the projection is what `condense import` would store. Bytes on disk come
-//! from `condense_engine::projection`. Writes nothing. Output and JSON schema:
-//! docs/ESTIMATE.md.
+//! `condense estimate IMAGE...`: the options, and printing what the `condense-estimate`
+//! library projects (docs/ESTIMATE.md).
 
-mod analysis;
-mod figures;
-mod nbd_client;
-mod source;
-
-use crate::size::human;
-use analysis::{Analysis, Chunking, Cut, Cutter, Sampling};
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use condense_engine::Compression;
-use figures::ChunkingFigures;
-use serde::Serialize;
-use std::fmt::Write as _;
+use condense_estimate::Chunking;
 use std::path::PathBuf;
-use std::sync::mpsc;
-use std::time::Instant;
-
-/// Bytes read at a time (a multiple of every fixed chunk size).
-const PIECE: usize = 8 << 20;
 
 #[derive(clap::Args)]
 pub struct EstimateArgs {
@@ -43,7 +23,7 @@ pub struct EstimateArgs {
     pub chunking: Vec<Chunking>,
     /// Share of unique chunks to compress when measuring compression, e.g. 10%. Default: every
     /// unique chunk with LZ4, 10% with zstd.
-    #[arg(long, value_parser = parse_percent)]
+    #[arg(long, value_parser = condense_estimate::parse_percent)]
     pub sample: Option<f64>,
     /// Codec of the projected pool, as `condense init --compression`: lz4, zstd, zstd:LEVEL or
     /// none. The other codecs are reported too.
@@ -51,350 +31,24 @@ pub struct EstimateArgs {
     pub compression: Compression,
 }
 
-fn parse_percent(s: &str) -> Result<f64, String> {
-    let t = s.trim().trim_end_matches('%');
-    match t.parse::<f64>() {
-        Ok(p) if p > 0.0 && p <= 100.0 => Ok(p),
-        _ => Err(format!(
-            "invalid sample {s:?}: give a percentage above 0 and at most 100, like 10%"
-        )),
-    }
-}
-
-/// One piece of guest data on its way from the reader thread.
-struct Piece {
-    image: usize,
-    offset: u64,
-    data: Vec<u8>,
-    extent_end: bool,
-}
-
-#[derive(Serialize)]
-struct Report {
-    schema: &'static str,
-    compression: String,
-    /// The first chunking's figures, repeated at the top for scripts.
-    chunking: String,
-    total: figures::Figures,
-    images: Vec<figures::ImageFigures>,
-    sharing: figures::Sharing,
-    chunkings: Vec<ChunkingFigures>,
-    read_bytes: u64,
-    elapsed_seconds: f64,
-    read_bytes_per_second: f64,
-}
-
 pub fn run(args: &EstimateArgs) -> Result<()> {
-    let mut chunkings: Vec<Chunking> = Vec::new();
-    for c in &args.chunking {
-        if !chunkings.contains(c) {
-            chunkings.push(*c);
-        }
-    }
-    if chunkings.is_empty() {
-        chunkings.push(Chunking::Fixed(4096));
-    }
-    let bp = |p: f64| (p * 100.0).round().clamp(1.0, 10_000.0) as u32;
-    let zstd_level = match args.compression {
-        Compression::Zstd(l) => l,
-        _ => 3,
+    let options = condense_estimate::Options {
+        images: args.images.clone(),
+        chunking: args.chunking.clone(),
+        sample: args.sample,
+        compression: args.compression,
     };
-    let sampling = Sampling {
-        lz4_bp: args.sample.map_or(10_000, bp),
-        zstd_bp: args.sample.map_or(1_000, bp),
-        zstd_level,
-    };
-    let align = chunkings
-        .iter()
-        .filter_map(|c| match c {
-            Chunking::Fixed(b) => Some(u64::from(*b)),
-            Chunking::Cdc(_) => None,
-        })
-        .max()
-        .unwrap_or(4096);
-
-    let images: Vec<source::Image> = args
-        .images
-        .iter()
-        .map(|p| source::open(p, align))
-        .collect::<Result<_>>()?;
-    let names = display_names(&images);
-    let total_data: u64 = images.iter().map(|i| i.data_bytes()).sum();
-    let mut analyses: Vec<Analysis> = chunkings
-        .iter()
-        .map(|&c| Analysis::new(c, images.len(), sampling))
-        .collect();
-
-    let started = Instant::now();
-    let progress = crate::report::bar(total_data, "estimating");
-    let read = std::thread::scope(|scope| -> Result<u64> {
-        let (full_tx, full_rx) = mpsc::sync_channel::<Piece>(2);
-        let (empty_tx, empty_rx) = mpsc::channel::<Vec<u8>>();
-        for _ in 0..5 {
-            let _ = empty_tx.send(Vec::with_capacity(PIECE));
-        }
-        let images = &images;
-        let reader = scope.spawn(move || -> Result<()> {
-            for (idx, img) in images.iter().enumerate() {
-                if img.extents.is_empty() {
-                    continue;
-                }
-                let mut r = source::Reader::open(img)?;
-                for &(start, len) in &img.extents {
-                    let end = start + len;
-                    let mut pos = start;
-                    while pos < end {
-                        let n = (PIECE as u64).min(end - pos);
-                        let Ok(mut buf) = empty_rx.recv() else {
-                            return Ok(());
-                        };
-                        buf.resize(n as usize, 0);
-                        r.read_at(pos, &mut buf)
-                            .with_context(|| format!("reading image {}", img.path.display()))?;
-                        let piece = Piece {
-                            image: idx,
-                            offset: pos,
-                            data: buf,
-                            extent_end: pos + n == end,
-                        };
-                        if full_tx.send(piece).is_err() {
-                            return Ok(());
-                        }
-                        pos += n;
-                    }
-                }
-            }
-            Ok(())
-        });
-        // Cut and fingerprint piece n while piece n-1 is deduplicated and compressed.
-        let mut cutters: Vec<Cutter> = chunkings.iter().map(|&c| Cutter::new(c)).collect();
-        let mut prev: Option<(Piece, Vec<Cut>)> = None;
-        let mut read = 0u64;
-        let mut commit = |prev: &Option<(Piece, Vec<Cut>)>| {
-            if let Some((p, cuts)) = prev {
-                for (a, cut) in analyses.iter_mut().zip(cuts) {
-                    a.commit(cut, &p.data);
-                }
-            }
-        };
-        for p in full_rx {
-            let (cuts, ()) = rayon::join(
-                || {
-                    cutters
-                        .iter_mut()
-                        .map(|c| c.cut(p.image, p.offset, &p.data, p.extent_end))
-                        .collect::<Vec<Cut>>()
-                },
-                || commit(&prev),
-            );
-            if let Some((done, _)) = prev.take() {
-                read += done.data.len() as u64;
-                progress.set_position(read);
-                let _ = empty_tx.send(done.data);
-            }
-            prev = Some((p, cuts));
-        }
-        commit(&prev);
-        if let Some((done, _)) = prev {
-            read += done.data.len() as u64;
-        }
-        match reader.join() {
-            Ok(r) => r?,
-            Err(_) => bail!("the image reader thread failed"),
-        }
-        Ok(read)
+    let bar = crate::report::bar(0, "estimating");
+    let report = condense_estimate::run(&options, &|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
     });
-    progress.finish_and_clear();
-    let read = read?;
-    let elapsed = started.elapsed().as_secs_f64();
-    if let Some(a) = analyses.iter().find(|a| a.overflow) {
-        bail!(
-            "with {} these images hold more than 2^32 unique chunks, more than one pool can; estimate fewer images or use a larger chunk size",
-            a.chunking.label()
-        );
-    }
-
-    let results: Vec<ChunkingFigures> = analyses
-        .iter()
-        .map(|a| figures::build(a, &images, &names, args.compression))
-        .collect();
-    let first = results.first().context("no chunking to report")?.clone();
-    let report = Report {
-        schema: "condense.estimate/1",
-        compression: crate::report::compression_name(args.compression),
-        chunking: first.chunking,
-        total: first.total,
-        images: first.images,
-        sharing: first.sharing,
-        chunkings: results,
-        read_bytes: read,
-        elapsed_seconds: (elapsed * 1000.0).round() / 1000.0,
-        read_bytes_per_second: (read as f64 / elapsed.max(1e-9)).round(),
-    };
+    bar.finish_and_clear();
+    let report = report?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", text(&report));
+        print!("{}", report.text());
     }
     Ok(())
-}
-
-/// Image names for tables: file names, or the paths as given where file names repeat.
-fn display_names(images: &[source::Image]) -> Vec<String> {
-    let file_names: Vec<String> = images
-        .iter()
-        .map(|i| {
-            i.path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| i.name.clone())
-        })
-        .collect();
-    file_names
-        .iter()
-        .zip(images)
-        .map(|(n, i)| {
-            if file_names.iter().filter(|m| *m == n).count() > 1 {
-                i.path.display().to_string()
-            } else {
-                n.clone()
-            }
-        })
-        .collect()
-}
-
-fn text(r: &Report) -> String {
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "read {} of data from {} image(s) in {:.1} s ({}/s); projected pool: {} compression",
-        human(r.read_bytes),
-        r.images.len(),
-        r.elapsed_seconds,
-        human(r.read_bytes_per_second as u64),
-        r.compression
-    );
-    for c in &r.chunkings {
-        let t = &c.total;
-        let _ = writeln!(o, "\n== chunking {} ==", c.chunking);
-        let rows: Vec<(&str, String)> = vec![
-            ("logical size", human(t.logical_bytes)),
-            ("allocated (read)", human(t.allocated_bytes)),
-            (
-                "zero chunks",
-                format!("{} ({})", t.zero_chunks, human(t.zero_bytes)),
-            ),
-            (
-                "non-zero data",
-                format!("{} in {} chunks", human(t.nonzero_bytes), t.nonzero_chunks),
-            ),
-            (
-                "unique / duplicate chunks",
-                format!(
-                    "{} ({}) / {}",
-                    t.unique_chunks,
-                    human(t.unique_bytes),
-                    t.duplicate_chunks
-                ),
-            ),
-            ("dedup saving", format!("{:.1} %", t.dedup_saving_percent)),
-        ];
-        for (k, v) in rows {
-            let _ = writeln!(o, "  {k:<28} {v}");
-        }
-        for cf in &t.codecs {
-            let _ = writeln!(
-                o,
-                "  {:<28} {:.1} % compression -> {} physical, {:.1} % saved{}",
-                format!("with {}", cf.codec),
-                cf.compression_saving_percent,
-                human(cf.projected_physical_bytes),
-                cf.projected_saving_percent,
-                if cf.sampled_percent < 100.0 {
-                    format!(" (sampled {:.0} %)", cf.sampled_percent)
-                } else {
-                    String::new()
-                }
-            );
-        }
-        let _ = writeln!(
-            o,
-            "  {:<28} {} ({} data + {} metadata), {:.1} % saved",
-            "projected physical",
-            human(t.projected_physical_bytes),
-            human(t.projected_data_bytes),
-            human(t.projected_metadata_bytes),
-            t.projected_saving_percent
-        );
-        let _ = writeln!(
-            o,
-            "  {:<28} {} ({:.1} bytes per unique chunk)",
-            "RAM for index and maps",
-            human(t.index_ram_bytes),
-            t.ram_bytes_per_unique_chunk
-        );
-        let w = c
-            .images
-            .iter()
-            .map(|i| i.name.len())
-            .max()
-            .unwrap_or(5)
-            .max(5);
-        let _ = writeln!(
-            o,
-            "\n  {:<w$} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10}",
-            "image",
-            "logical",
-            "allocated",
-            "non-zero",
-            "unique",
-            "dedup",
-            "alone",
-            "saved",
-            "in set"
-        );
-        for i in &c.images {
-            let f = &i.figures;
-            let _ = writeln!(
-                o,
-                "  {:<w$} {:>10} {:>10} {:>10} {:>10} {:>6.1}% {:>10} {:>6.1}% {:>10}",
-                i.name,
-                human(f.logical_bytes),
-                human(f.allocated_bytes),
-                human(f.nonzero_bytes),
-                human(f.unique_bytes),
-                f.dedup_saving_percent,
-                human(f.projected_physical_bytes),
-                f.projected_saving_percent,
-                human(i.shared_physical_bytes)
-            );
-        }
-        if c.images.len() > 1 {
-            let _ = writeln!(
-                o,
-                "\n  sharing: % of the row image's non-zero data also found in the column image (diagonal: within itself)"
-            );
-            let cw = 7;
-            let labels: Vec<String> = c
-                .images
-                .iter()
-                .enumerate()
-                .map(|(i, img)| format!("[{}] {}", i + 1, img.name))
-                .collect();
-            let w = labels.iter().map(String::len).max().unwrap_or(0);
-            let mut head = format!("  {:<w$}", "");
-            for j in 0..c.images.len() {
-                let _ = write!(head, " {:>cw$}", format!("[{}]", j + 1));
-            }
-            let _ = writeln!(o, "{head}");
-            for (a, row) in c.sharing.percent.iter().enumerate() {
-                let mut line = format!("  {:<w$}", labels[a]);
-                for p in row {
-                    let _ = write!(line, " {:>cw$.1}", p);
-                }
-                let _ = writeln!(o, "{line}");
-            }
-        }
-    }
-    o
 }

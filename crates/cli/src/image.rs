@@ -13,6 +13,8 @@ use anyhow::{bail, Context, Result};
 use condense_api::ExtentKind;
 use condense_engine::reduction::is_zero;
 use condense_engine::{Pool, VolumeHandle};
+use condense_estimate::probe::converted_format;
+pub use condense_estimate::probe::is_raw;
 use indicatif::ProgressBar;
 use std::fs::File;
 use std::io::Read;
@@ -23,33 +25,6 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 const PIECE: u64 = 8 << 20;
-
-/// True unless the file starts with the magic of an image format qemu-img converts
-/// (qcow2, vmdk, vdi, vhdx, vpc): those go through `qemu-img convert`.
-pub fn is_raw(path: &Path) -> Result<bool> {
-    let f = File::open(path).with_context(|| format!("cannot open image {}", path.display()))?;
-    let mut head = [0u8; 72];
-    let n = f.read_at(&mut head, 0).unwrap_or(0);
-    Ok(converted_format(&head[..n]).is_none())
-}
-
-/// The format qemu-img converts whose magic `head` (the first bytes of an image) starts with.
-fn converted_format(h: &[u8]) -> Option<&'static str> {
-    let vdi = h.len() >= 68 && u32::from_le_bytes([h[64], h[65], h[66], h[67]]) == 0xbeda_107f;
-    if h.starts_with(b"QFI\xfb") {
-        Some("qcow2")
-    } else if h.starts_with(b"KDMV") || h.starts_with(b"# Disk DescriptorFile") {
-        Some("vmdk")
-    } else if h.starts_with(b"vhdxfile") {
-        Some("vhdx")
-    } else if h.starts_with(b"conectix") {
-        Some("vpc")
-    } else if vdi {
-        Some("vdi")
-    } else {
-        None
-    }
-}
 
 /// The image format an output file name asks for.
 pub fn format_from_extension(path: &Path) -> String {

@@ -8,11 +8,7 @@ use serde_json::{json, Value};
 use std::fmt::Write;
 
 pub fn compression_name(c: Compression) -> String {
-    match c {
-        Compression::None => "none".into(),
-        Compression::Lz4 => "lz4".into(),
-        Compression::Zstd(l) => format!("zstd:{l}"),
-    }
+    c.to_string()
 }
 
 /// A progress bar on stderr with bytes/s and ETA (hidden when stderr is not a terminal).

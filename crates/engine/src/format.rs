@@ -214,6 +214,17 @@ pub enum Compression {
     Zstd(i8),
 }
 
+/// `none`, `lz4`, `zstd:LEVEL`: as `condense init --compression` takes it.
+impl std::fmt::Display for Compression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Compression::None => f.write_str("none"),
+            Compression::Lz4 => f.write_str("lz4"),
+            Compression::Zstd(l) => write!(f, "zstd:{l}"),
+        }
+    }
+}
+
 /// When writes are acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WritePolicy {

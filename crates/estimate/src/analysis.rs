@@ -40,7 +40,7 @@ impl Chunking {
         let (kind, size) = s.split_once(':').ok_or_else(|| {
             format!("chunking {s:?}: write fixed:SIZE (4K-64K) or cdc:AVG (1K-1M), like fixed:4K")
         })?;
-        let size = crate::size::parse_size(size)?;
+        let size = condense_api::size::parse_size(size)?;
         match kind {
             "fixed" => {
                 if !(4096..=65536).contains(&size) || !size.is_power_of_two() {

@@ -2,7 +2,7 @@
 //! just enough to read a guest disk that `qemu-nbd -r` exports on a Unix socket.
 //! Several reads are kept in flight at once; replies may come back in any order.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! The fio jobs of `condense bench`, run against a Condense volume (ioengine=nbd) or a plain
 //! file, and the figures read from `fio --output-format=json`.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;

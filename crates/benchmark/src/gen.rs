@@ -13,7 +13,7 @@
 //! Content blocks are 60 % text-like (compresses ~2–3:1 with LZ4) and 40 % random (already
 //! compressed files). Everything is derived from fixed seeds, so a run is repeatable.
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

@@ -7,7 +7,7 @@
 //! no image-format parsers of its own.
 
 use super::nbd_client::NbdClient;
-use anyhow::{bail, Context, Result};
+use crate::error::{bail, Context, Result};
 use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
@@ -164,7 +164,7 @@ pub fn open(path: &Path, align: u64) -> Result<Image> {
         );
     }
     let file_bytes = meta.blocks() * 512;
-    if crate::image::is_raw(path)? {
+    if crate::probe::is_raw(path)? {
         let mut f =
             File::open(path).with_context(|| format!("cannot open image {}", path.display()))?;
         let (size, ranges) = if block_device {
@@ -187,7 +187,7 @@ pub fn open(path: &Path, align: u64) -> Result<Image> {
             extents,
         });
     }
-    let info = crate::convert::parse_image_info(&run_qemu_img(
+    let info = crate::probe::parse_image_info(&run_qemu_img(
         &["info".as_ref(), "--output=json".as_ref(), path.as_os_str()],
         &format!("read {}", path.display()),
     )?)
