@@ -8,18 +8,20 @@
 #![deny(clippy::unwrap_used)]
 
 mod bench;
+mod config;
 mod control;
 mod convert;
 mod estimate;
 mod image;
 mod mount;
+mod notify;
 mod report;
 mod serve;
 mod size;
 mod snapshot;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
 use control::Ctx;
 use std::io::IsTerminal;
@@ -306,7 +308,15 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("CONDENSE_LOG"))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    // `serve`/`mount --config FILE`: the file's options join the command line first.
+    let argv = match config::expand(&Cli::command(), std::env::args_os().collect()) {
+        Ok(argv) => argv,
+        Err(e) => {
+            eprintln!("condense: error: {e:#}");
+            std::process::exit(1);
+        }
+    };
+    let cli = Cli::parse_from(argv);
     match run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {

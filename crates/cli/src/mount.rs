@@ -30,6 +30,8 @@ pub struct MountArgs {
     pub read_only: bool,
     #[command(flatten)]
     pub cache: crate::MetadataCacheArg,
+    #[command(flatten)]
+    pub config: crate::config::ConfigArg,
 }
 
 /// How often the foreground loop checks whether the mount was ended by `umount`.
@@ -86,12 +88,14 @@ pub fn run(catalog: Arc<dyn Catalog>, args: &MountArgs) -> Result<()> {
          SIGTERM or `umount {shown}`",
         if args.read_only { " read-only" } else { "" }
     );
+    crate::notify::ready(&format!("mounted at {shown}"));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the signal watcher")?;
 
     if wait_signal_or_end(&rt, &mounted) {
+        crate::notify::stopping(&format!("unmounting {shown}"));
         eprintln!("condense mount: unmounting {shown}");
         let unmounter = mounted.unmounter();
         match unmounter.unmount() {

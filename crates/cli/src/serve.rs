@@ -28,6 +28,8 @@ pub struct ServeArgs {
     pub read_only: bool,
     #[command(flatten)]
     pub cache: crate::MetadataCacheArg,
+    #[command(flatten)]
+    pub config: crate::config::ConfigArg,
 }
 
 impl ServeArgs {
@@ -106,8 +108,11 @@ pub fn run(catalog: Arc<dyn Catalog>, args: &ServeArgs) -> Result<()> {
         );
     }
     eprintln!("condense serve: export names are volume names; stop with Ctrl-C or SIGTERM");
+    // The pool is open and every listener is bound: connections queue from here on.
+    crate::notify::ready(&format!("serving {exports} volume(s)"));
     rt.block_on(server.run(async {
         stop_signal().await;
+        crate::notify::stopping("stopping: finishing requests in flight, then flushing");
         eprintln!("condense serve: stopping: finishing requests in flight, then flushing");
     }))
     .context("NBD server failed")?;
@@ -152,6 +157,7 @@ mod tests {
             socket: None,
             read_only: false,
             cache: Default::default(),
+            config: Default::default(),
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Tcp(DEFAULT_LISTEN.parse()?)]);
         let a = ServeArgs {
@@ -159,6 +165,7 @@ mod tests {
             socket: Some("/tmp/x.sock".into()),
             read_only: false,
             cache: Default::default(),
+            config: Default::default(),
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Unix("/tmp/x.sock".into())]);
         let a = ServeArgs {
@@ -166,6 +173,7 @@ mod tests {
             socket: Some("/tmp/x.sock".into()),
             read_only: false,
             cache: Default::default(),
+            config: Default::default(),
         };
         assert_eq!(a.endpoints()?.len(), 2);
         let a = ServeArgs {
@@ -173,6 +181,7 @@ mod tests {
             socket: None,
             read_only: false,
             cache: Default::default(),
+            config: Default::default(),
         };
         assert!(a.endpoints().is_err());
         Ok(())
