@@ -19,7 +19,7 @@ use std::time::Duration;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct MountArgs {
-    /// An existing empty directory to mount on.
+    /// An existing empty directory to mount on (or `mountpoint = "DIR"` in the --config file).
     pub mountpoint: PathBuf,
     /// Let other users use the mount (for a non-root user this needs `user_allow_other` in
     /// /etc/fuse.conf).
