@@ -54,6 +54,16 @@ impl std::fmt::Debug for UserKey {
 }
 
 impl UserKey {
+    /// A raw 256-bit key.
+    pub fn key(bytes: [u8; 32]) -> UserKey {
+        UserKey::Key(Zeroizing::new(bytes))
+    }
+
+    /// A passphrase (stretched with argon2id).
+    pub fn passphrase(p: &[u8]) -> UserKey {
+        UserKey::Passphrase(Zeroizing::new(p.to_vec()))
+    }
+
     /// A key file's contents: 32 raw bytes, or 64 hex digits (surrounding white space ignored).
     pub fn from_key_file_bytes(bytes: &[u8]) -> Result<UserKey> {
         if bytes.len() == 32 {
