@@ -299,10 +299,7 @@ fn open_pool_with(path: &Path, read_only: bool, cache: &MetadataCacheArg) -> Res
     let mut opened = Pool::open_path(path, opts.clone());
     if matches!(opened, Err(condense_engine::Error::KeyRequired(_))) && opts.key.is_none() {
         // An encrypted pool and no key option: ask the terminal, if there is one.
-        if let Some(key) = keys::prompt(
-            &format!("Passphrase of pool {}", path.display()),
-            false,
-        )? {
+        if let Some(key) = keys::prompt(&format!("Passphrase of pool {}", path.display()), false)? {
             opts.key = Some(key);
             opened = Pool::open_path(path, opts);
         }

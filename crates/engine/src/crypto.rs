@@ -123,11 +123,19 @@ const ARGON2_P: u32 = 1;
 fn kek(user: &UserKey, source: &KeySource, pool: &str) -> Result<Zeroizing<[u8; 32]>> {
     match (user, source) {
         (UserKey::Key(k), KeySource::KeyFile) => Ok(k.clone()),
-        (UserKey::Passphrase(p), KeySource::Passphrase { m_kib, t, p: lanes, salt }) => {
-            let params = argon2::Params::new(*m_kib, *t, *lanes, Some(32)).map_err(|e| {
-                Error::corrupt("superblock", format!("argon2id parameters: {e}"))
-            })?;
-            let a = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+        (
+            UserKey::Passphrase(p),
+            KeySource::Passphrase {
+                m_kib,
+                t,
+                p: lanes,
+                salt,
+            },
+        ) => {
+            let params = argon2::Params::new(*m_kib, *t, *lanes, Some(32))
+                .map_err(|e| Error::corrupt("superblock", format!("argon2id parameters: {e}")))?;
+            let a =
+                argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
             let mut out = Zeroizing::new([0u8; 32]);
             a.hash_password_into(p, salt, &mut out[..])
                 .map_err(|e| Error::Invalid(format!("deriving a key from the passphrase: {e}")))?;

@@ -120,7 +120,9 @@ impl From<Error> for condense_api::VolumeError {
             Error::NoSpace(m) => V::NoSpace(m),
             Error::ReadOnly | Error::SnapshotReadOnly(_) => V::ReadOnly,
             Error::Busy(m) => V::Busy(m),
-            e @ (Error::Checksum { .. } | Error::Corrupt { .. } | Error::Auth { .. }) => V::Corrupt(e.to_string()),
+            e @ (Error::Checksum { .. } | Error::Corrupt { .. } | Error::Auth { .. }) => {
+                V::Corrupt(e.to_string())
+            }
             e => V::Io(e.to_string()),
         }
     }

@@ -381,10 +381,7 @@ fn decode_key_section(buf: &[u8]) -> Result<KeyWrap> {
     let all = buf.get(..SUPERBLOCK_ENCRYPTED_BYTES).ok_or_else(|| {
         Error::corrupt(
             WHAT,
-            format!(
-                "{} bytes, expected {SUPERBLOCK_ENCRYPTED_BYTES}",
-                buf.len()
-            ),
+            format!("{} bytes, expected {SUPERBLOCK_ENCRYPTED_BYTES}", buf.len()),
         )
     })?;
     let n = SUPERBLOCK_ENCRYPTED_BYTES - 4;
@@ -556,7 +553,10 @@ pub fn open_record<'a>(
     if expected.is_some_and(|e| *e != fp) {
         return Err(Error::Auth {
             what: what(),
-            detail: format!("the record in segment {} at offset {} holds another chunk's data", loc.segment, loc.offset),
+            detail: format!(
+                "the record in segment {} at offset {} holds another chunk's data",
+                loc.segment, loc.offset
+            ),
         });
     }
     Ok(std::borrow::Cow::Owned(plain))

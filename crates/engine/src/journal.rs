@@ -240,9 +240,12 @@ fn parse_batch(
     let opened;
     let payload = match crypto {
         Some(c) => {
-            match c.open(Kind::JournalBatch, &batch_ctx(gen, seq, h.count), payload, || {
-                format!("journal batch {seq} at offset {pos}")
-            }) {
+            match c.open(
+                Kind::JournalBatch,
+                &batch_ctx(gen, seq, h.count),
+                payload,
+                || format!("journal batch {seq} at offset {pos}"),
+            ) {
                 Ok(p) => opened = p,
                 Err(e) => return Some(Err(e)),
             }

@@ -1222,8 +1222,12 @@ fn read_checked(
             found,
         });
     }
-    decode_page(p.codec, opened.as_deref().unwrap_or(&buf), stride(tree, level))
-        .ok_or_else(|| Error::corrupt(what(), "the stored page does not decode"))
+    decode_page(
+        p.codec,
+        opened.as_deref().unwrap_or(&buf),
+        stride(tree, level),
+    )
+    .ok_or_else(|| Error::corrupt(what(), "the stored page does not decode"))
 }
 
 fn tree_name(tree: TreeId) -> String {

@@ -869,9 +869,10 @@ impl Pool {
         let store = |i: usize, fp: Option<&Fingerprint>| -> Result<(ChunkCodec, Vec<u8>)> {
             let (codec, payload) = reduction::compress(comp, &data[i * bs..(i + 1) * bs]);
             match (crypto, fp) {
-                (Some(c), Some(fp)) => {
-                    Ok((codec, c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?))
-                }
+                (Some(c), Some(fp)) => Ok((
+                    codec,
+                    c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?,
+                )),
                 _ => Ok((codec, payload)),
             }
         };
@@ -1298,6 +1299,8 @@ impl Pool {
         if let Err(e) = &result {
             if e.is_damage() {
                 self.read_errors.fetch_add(1, Ordering::Relaxed);
+                // The client only sees EIO: the log says what and where.
+                tracing::error!("read failed: {e}");
             }
         }
         result

@@ -115,8 +115,11 @@ fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
     // and the maps are two levels deep.
     let spread: u64 = if rng.chance(60) { 509 } else { 1 };
     Pool::init(&SimHandle(disk.clone()), &init).map_err(|e| format!("init: {e}"))?;
-    let pool = Pool::open(Arc::new(SimHandle(disk.clone())), opts(tiny_cache, encrypted))
-        .map_err(|e| format!("open: {e}"))?;
+    let pool = Pool::open(
+        Arc::new(SimHandle(disk.clone())),
+        opts(tiny_cache, encrypted),
+    )
+    .map_err(|e| format!("open: {e}"))?;
     for v in VOLUMES {
         pool.create_volume(v, BLOCKS * spread * BS as u64)
             .map_err(|e| format!("create: {e}"))?;
@@ -340,8 +343,11 @@ fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
     drop(pool);
 
     let crashed = disk.crash(&mut rng);
-    let pool = Pool::open(Arc::new(SimHandle(crashed.clone())), opts(tiny_cache, encrypted))
-        .map_err(|e| format!("recovery failed: {e}"))?;
+    let pool = Pool::open(
+        Arc::new(SimHandle(crashed.clone())),
+        opts(tiny_cache, encrypted),
+    )
+    .map_err(|e| format!("recovery failed: {e}"))?;
     let tmp_exists = pool.volume("tmp").is_ok();
     if !tmp_may_exist.contains(&tmp_exists) {
         return Err(format!(

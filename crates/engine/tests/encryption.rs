@@ -63,7 +63,10 @@ fn files(dir: &Path) -> R<BTreeMap<String, Vec<u8>>> {
     let mut m = BTreeMap::new();
     for e in std::fs::read_dir(dir)? {
         let e = e?;
-        m.insert(e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path())?);
+        m.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            std::fs::read(e.path())?,
+        );
     }
     Ok(m)
 }
@@ -92,7 +95,8 @@ fn fill(pool: &Pool) -> R {
     v.write_at(1 << 20, &data, false)?;
     pool.flush()?;
     pool.create_volume("junk", 4 << 20)?;
-    pool.volume("junk")?.write_at(0, &data[..4096 * 64], false)?;
+    pool.volume("junk")?
+        .write_at(0, &data[..4096 * 64], false)?;
     pool.delete_volume("junk")?;
     pool.gc(1)?;
     Ok(())
@@ -108,11 +112,15 @@ fn known_plaintext_is_nowhere_in_an_encrypted_pool() -> R {
         let pool = open(dir, k, false)?;
         fill(&pool)?;
         // Journal only (not yet checkpointed): a write after the GC checkpoint.
-        pool.volume("secret")?.write_at(2 << 20, &pattern(), false)?;
+        pool.volume("secret")?
+            .write_at(2 << 20, &pattern(), false)?;
         pool.flush()?;
         let found = holding(dir, MARK)?;
         if dir == &plain {
-            assert!(!found.is_empty(), "the check must find plaintext in a plain pool");
+            assert!(
+                !found.is_empty(),
+                "the check must find plaintext in a plain pool"
+            );
         } else {
             assert!(found.is_empty(), "plaintext in {found:?}");
         }
@@ -254,7 +262,10 @@ fn a_changed_byte_in_a_segment_is_an_authentication_error_naming_volume_and_bloc
     );
     let report = pool.verify(&|_, _| {})?;
     assert_eq!(report.bad_blocks.get("vm"), Some(&vec![5]), "{report:?}");
-    assert!(report.bad_chunks[0].1.contains("authentication failed"), "{report:?}");
+    assert!(
+        report.bad_chunks[0].1.contains("authentication failed"),
+        "{report:?}"
+    );
     // Other blocks still read.
     pool.volume("vm")?.read_at(0, &mut buf[..4096])?;
     Ok(())
@@ -277,7 +288,10 @@ fn a_changed_metadata_page_is_an_error_naming_its_offset() -> R {
     let err = pool.volume("vm")?.read_at(0, &mut buf).err();
     let msg = err.as_ref().map(|e| e.to_string()).unwrap_or_default();
     assert!(matches!(err, Some(Error::Auth { .. })), "{err:?}");
-    assert!(msg.contains("meta.dat") && msg.contains("byte 4096"), "{msg}");
+    assert!(
+        msg.contains("meta.dat") && msg.contains("byte 4096"),
+        "{msg}"
+    );
     Ok(())
 }
 
