@@ -7,9 +7,9 @@
 #   pattern nowhere (while serving, after a clean stop = checkpoint, after gc), and the same
 #   grep on the plain pool does find it (so the check works) -> a missing key and a wrong key
 #   (volume list, serve) fail with a clear error and change no file (sha256 of the directory)
-#   -> a passphrase pool (argon2id) opens with its passphrase only -> a flipped byte in a
-#   segment: the NBD read fails (EIO), the server log and `condense verify` name the volume
-#   and block with an authentication error.
+#   -> a passphrase pool (argon2id) opens with its passphrase only -> a flipped byte in each
+#   chunk record: the NBD read fails (EIO), the server log and `condense verify` name the volume
+#   and block with an authentication error (so does `condense export`).
 #
 #   bash tests/encryption/run.sh              # builds target/release/condense first
 #   CONDENSE=/path/to/condense bash tests/encryption/run.sh
@@ -173,14 +173,23 @@ check "passphrase pool: create a volume with the passphrase" \
 refuse "passphrase pool: a wrong passphrase is refused" "the key does not open pool" \
     "$CONDENSE" --pool "$W/pp" --passphrase-file "$W/wrongpass" volume list
 
-# A flipped byte in a segment: an authentication error naming volume and block.
-seg=$(ls "$ENC"/seg-*.dat | head -1)
-size=$(stat -c %s "$seg")
-python3 - "$seg" $((size / 2)) <<'EOF'
-import sys
-p, at = sys.argv[1], int(sys.argv[2])
-with open(p, "r+b") as f:
-    f.seek(at); b = f.read(1); f.seek(at); f.write(bytes([b[0] ^ 0x20]))
+# A flipped byte in the payload of every chunk record (headers are in the clear: walk them),
+# so whichever block a reader meets first is damaged.
+python3 - "$ENC" <<'EOF'
+import glob, struct, sys
+n = 0
+for seg in sorted(glob.glob(sys.argv[1] + "/seg-*.dat")):
+    b = bytearray(open(seg, "rb").read())
+    at = 64                                   # segment header
+    while at + 32 <= len(b):
+        length = struct.unpack_from("<I", b, at + 24)[0] & 0xFFFFFF
+        if at + 32 + length > len(b):
+            break                             # a torn tail
+        b[at + 32 + length // 2] ^= 0x20      # the middle of the sealed payload
+        at += 32 + length
+        n += 1
+    open(seg, "wb").write(b)
+print(f"flipped a byte in {n} records")
 EOF
 start_server "$ENC" "${K[@]}"
 if nbdcopy "$URI/vm" "$W/back2.raw" >"$W/out" 2>&1; then
