@@ -8,6 +8,8 @@ set -euo pipefail
 images=${1:?usage: corpus-import.sh IMAGES_DIR [WORK_DIR] [COMPRESSION]}
 work=${2:-/work/corpus-bench}
 comp=${3:-lz4}
+# ENCRYPT=1 (with $CONDENSE_KEY_FILE or $CONDENSE_PASSPHRASE_FILE set): an encrypted pool.
+encrypt=(); [ "${ENCRYPT:-0}" = 1 ] && encrypt=(--encrypt)
 here=$(cd "$(dirname "$0")/.." && pwd)
 condense=${CONDENSE:-$here/target/release/condense}
 [ -x "$condense" ] || (cd "$here" && cargo build --release -p condense)
@@ -23,7 +25,7 @@ cp_s=$(echo "$(date +%s.%N) - $start" | bc)
 rm -rf "$work/cp"
 
 export CONDENSE_POOL=$work/pool
-"$condense" init --compression "$comp" >/dev/null
+"$condense" init --compression "$comp" "${encrypt[@]}" >/dev/null
 sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
 start=$(date +%s.%N)
 peak=0

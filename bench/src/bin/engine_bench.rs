@@ -15,6 +15,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use condense_engine::{Compression, InitOptions, OpenOptions, Pool, VolumeHandle, WritePolicy};
 use std::fs::File;
+use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,6 +38,9 @@ struct Args {
     /// Drop the page cache before read jobs (root only).
     #[arg(long)]
     cold: bool,
+    /// Encrypt the pool at rest (AES-256-GCM, a random key for this run).
+    #[arg(long)]
+    encrypt: bool,
 }
 
 const WRITE: usize = 1 << 20;
@@ -220,15 +224,29 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&a.dir)?;
     let pool_dir = a.dir.join("pool");
     let plain = a.dir.join("plain.img");
+    let key = if a.encrypt {
+        let mut k = [0u8; 32];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut k)?;
+        Some(condense_engine::UserKey::key(k))
+    } else {
+        None
+    };
     Pool::init_path(
         &pool_dir,
         &InitOptions {
             compression,
             write_policy: WritePolicy::Async,
+            encryption: key.clone(),
             ..Default::default()
         },
     )?;
-    let pool = Pool::open_path(&pool_dir, OpenOptions::default())?;
+    let pool = Pool::open_path(
+        &pool_dir,
+        OpenOptions {
+            key,
+            ..Default::default()
+        },
+    )?;
     let rss0 = rss_bytes();
     let mut rows = Vec::new();
 

@@ -13,6 +13,7 @@ mod control;
 mod convert;
 mod estimate;
 mod image;
+mod keys;
 mod mount;
 mod notify;
 mod report;
@@ -50,6 +51,8 @@ struct Cli {
         default_value = "condense-pool"
     )]
     pool: PathBuf,
+    #[command(flatten)]
+    keys: keys::KeyArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -115,6 +118,11 @@ struct InitArgs {
     segment_size: u64,
     #[command(flatten)]
     cache: MetadataCacheArg,
+    /// Encrypt everything the pool stores (AES-256-GCM) under a key from --key-file, or a
+    /// passphrase from --passphrase-file or the terminal. Every later command that opens the
+    /// pool needs the same key or passphrase; without it the data is lost (docs/ENCRYPTION.md).
+    #[arg(long)]
+    encrypt: bool,
 }
 
 /// `--metadata-cache SIZE`, on `init` (stored in the pool) and on the commands that open the
@@ -284,13 +292,21 @@ pub(crate) fn open_pool(path: &Path, read_only: bool) -> Result<Arc<Pool>> {
 
 /// [`open_pool`] with the pool's settings for this open overridden by command-line options.
 fn open_pool_with(path: &Path, read_only: bool, cache: &MetadataCacheArg) -> Result<Arc<Pool>> {
-    let opts = OpenOptions {
+    let mut opts = OpenOptions {
         read_only,
         metadata_cache_bytes: cache.metadata_cache,
+        key: keys::user_key()?,
         ..Default::default()
     };
-    let pool = Pool::open_path(path, opts)
-        .with_context(|| format!("cannot open pool {}", path.display()))?;
+    let mut opened = Pool::open_path(path, opts.clone());
+    if matches!(opened, Err(condense_engine::Error::KeyRequired(_))) && opts.key.is_none() {
+        // An encrypted pool and no key option: ask the terminal, if there is one.
+        if let Some(key) = keys::prompt(&format!("Passphrase of pool {}", path.display()), false)? {
+            opts.key = Some(key);
+            opened = Pool::open_path(path, opts);
+        }
+    }
+    let pool = opened.with_context(|| format!("cannot open pool {}", path.display()))?;
     let r = pool.replay_report();
     if r.torn_bytes > 0 || r.batches > 0 {
         eprintln!(
@@ -317,6 +333,7 @@ fn main() {
         }
     };
     let cli = Cli::parse_from(argv);
+    keys::set(&cli.keys);
     match run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
@@ -345,18 +362,39 @@ fn run(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Init(a) => {
             let dir = a.dir.unwrap_or(cli.pool);
+            let encryption = match (a.encrypt, keys::user_key()?) {
+                (false, None) => None,
+                (false, Some(_)) => bail!(
+                    "a key was given (--key-file, --passphrase-file, $CONDENSE_KEY_FILE or $CONDENSE_PASSPHRASE_FILE) but not --encrypt: add --encrypt to create an encrypted pool, or drop the key option"
+                ),
+                (true, Some(k)) => Some(k),
+                (true, None) => Some(
+                    keys::prompt("Passphrase for the new pool", true)?.context(
+                        "--encrypt needs a key: --key-file FILE (32 random bytes: `head -c 32 /dev/urandom > FILE`), --passphrase-file FILE, or a terminal to type a passphrase on",
+                    )?,
+                ),
+            };
+            let encrypted = encryption.is_some();
             let opts = InitOptions {
                 block_size: u32::try_from(a.block_size).context("block size too large")?,
                 compression: a.compression,
                 write_policy: a.write_policy,
                 segment_bytes_target: a.segment_size,
                 metadata_cache_bytes: a.cache.metadata_cache,
+                encryption: encryption.clone(),
             };
             Pool::init_path(&dir, &opts)
                 .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
-            let pool = open_pool(&dir, false)?;
+            let pool = Pool::open_path(
+                &dir,
+                OpenOptions {
+                    key: encryption,
+                    ..Default::default()
+                },
+            )
+            .with_context(|| format!("cannot open the new pool {}", dir.display()))?;
             println!(
-                "created pool {} (block size {}, compression {}, writes {})",
+                "created pool {} (block size {}, compression {}, writes {}{})",
                 dir.display(),
                 size::human(a.block_size),
                 report::compression_name(a.compression),
@@ -364,6 +402,11 @@ fn run(cli: Cli) -> Result<i32> {
                     "sync"
                 } else {
                     "async (durable at each flush)"
+                },
+                if encrypted {
+                    ", encrypted: keep the key, without it the data is lost"
+                } else {
+                    ""
                 }
             );
             pool.close()?;

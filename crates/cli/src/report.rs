@@ -345,6 +345,11 @@ impl StatusWriter {
     pub fn start(pool: &std::sync::Arc<Pool>, dir: &std::path::Path) -> StatusWriter {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
+        // An encrypted pool keeps its volume names off the disk: no status file (`stats`
+        // still answers through the control socket).
+        if pool.superblock().is_encrypted() {
+            flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         let weak = std::sync::Arc::downgrade(pool);
         let path = dir.join(STATUS_FILE);
         let out = path.clone();

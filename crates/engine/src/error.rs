@@ -36,6 +36,12 @@ pub enum Error {
     },
     #[error("damaged {what}: {detail}")]
     Corrupt { what: String, detail: String },
+    #[error("authentication failed for {what}: {detail}")]
+    Auth { what: String, detail: String },
+    #[error("pool {0} is encrypted: give its key with --key-file FILE or --passphrase-file FILE (or set CONDENSE_KEY_FILE / CONDENSE_PASSPHRASE_FILE)")]
+    KeyRequired(String),
+    #[error("{0}")]
+    WrongKey(String),
     #[error("{0} is not a Condense pool (no superblock); create one with `condense init`")]
     NotAPool(PathBuf),
     #[error("pool {0} is in use by another process (a `condense serve` or `condense mount`?); stop it first")]
@@ -84,7 +90,10 @@ impl Error {
 
     /// True for errors caused by the disk or by damaged bytes (as opposed to bad arguments).
     pub fn is_damage(&self) -> bool {
-        matches!(self, Error::Checksum { .. } | Error::Corrupt { .. })
+        matches!(
+            self,
+            Error::Checksum { .. } | Error::Corrupt { .. } | Error::Auth { .. }
+        )
     }
 }
 
@@ -111,7 +120,9 @@ impl From<Error> for condense_api::VolumeError {
             Error::NoSpace(m) => V::NoSpace(m),
             Error::ReadOnly | Error::SnapshotReadOnly(_) => V::ReadOnly,
             Error::Busy(m) => V::Busy(m),
-            e @ (Error::Checksum { .. } | Error::Corrupt { .. }) => V::Corrupt(e.to_string()),
+            e @ (Error::Checksum { .. } | Error::Corrupt { .. } | Error::Auth { .. }) => {
+                V::Corrupt(e.to_string())
+            }
             e => V::Io(e.to_string()),
         }
     }

@@ -4,6 +4,7 @@
 //! (or lives inside one that does) and carries a CRC-32C. Decoders never panic on bad bytes:
 //! they return [`Error::Corrupt`] or [`Error::Checksum`].
 
+use crate::crypto::{Crypto, KeySource, KeyWrap, Kind};
 use crate::error::{Error, Result};
 
 /// Format version written by this build, for every structure.
@@ -26,6 +27,12 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"CNDSCKPT";
 pub const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"JBAT");
 
 pub const SUPERBLOCK_BYTES: usize = 128;
+/// The superblock of an encrypted pool: the 128 bytes above (version
+/// [`SUPERBLOCK_VERSION_ENCRYPTED`]) and the key section.
+pub const SUPERBLOCK_ENCRYPTED_BYTES: usize = 256;
+/// Superblock version of an encrypted pool: format 2 plus encryption. Builds without
+/// encryption refuse it ("unsupported format version 3") instead of misreading the pool.
+pub const SUPERBLOCK_VERSION_ENCRYPTED: u32 = 3;
 pub const SEGMENT_HEADER_BYTES: usize = 64;
 pub const RECORD_HEADER_BYTES: usize = 32;
 pub const JOURNAL_HEADER_BYTES: usize = 64;
@@ -246,13 +253,22 @@ pub struct Superblock {
     pub segment_bytes_target: u64,
     /// Metadata page-cache budget chosen at init (0: the default).
     pub metadata_cache_bytes: u64,
+    /// How the data key is wrapped, for an encrypted pool. Then `key` is not stored (zeros
+    /// on disk); in memory it holds the fingerprint key derived from the data key.
+    pub encryption: Option<KeyWrap>,
 }
 
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(SUPERBLOCK_BYTES);
         b.extend_from_slice(&SUPERBLOCK_MAGIC);
-        put_u32(&mut b, FORMAT_VERSION);
+        put_u32(
+            &mut b,
+            match self.encryption {
+                Some(_) => SUPERBLOCK_VERSION_ENCRYPTED,
+                None => FORMAT_VERSION,
+            },
+        );
         put_u32(&mut b, self.block_size);
         let (codec, level) = match self.compression {
             Compression::None => (0u8, 0i8),
@@ -269,12 +285,34 @@ impl Superblock {
         b.push(0);
         put_u32(&mut b, 0);
         b.extend_from_slice(&self.uuid);
-        b.extend_from_slice(&self.key);
+        match self.encryption {
+            Some(_) => b.extend_from_slice(&[0u8; 32]),
+            None => b.extend_from_slice(&self.key),
+        }
         put_u64(&mut b, self.segment_bytes_target);
         put_u64(&mut b, self.metadata_cache_bytes);
         b.resize(SUPERBLOCK_BYTES - 4, 0);
         let c = crc(&[&b]);
         put_u32(&mut b, c);
+        if let Some(w) = &self.encryption {
+            let (source, m, t, p, salt) = match w.source {
+                KeySource::KeyFile => (1u8, 0, 0, 0, [0u8; 16]),
+                KeySource::Passphrase { m_kib, t, p, salt } => (2, m_kib, t, p, salt),
+            };
+            b.push(source);
+            b.push(1); // cipher: AES-256-GCM
+            put_u16(&mut b, 0);
+            put_u32(&mut b, w.epoch);
+            put_u32(&mut b, m);
+            put_u32(&mut b, t);
+            put_u32(&mut b, p);
+            b.extend_from_slice(&salt);
+            b.extend_from_slice(&w.nonce);
+            b.extend_from_slice(&w.wrapped);
+            b.resize(SUPERBLOCK_ENCRYPTED_BYTES - 4, 0);
+            let c = crc(&[&b]);
+            put_u32(&mut b, c);
+        }
         b
     }
 
@@ -288,7 +326,10 @@ impl Superblock {
         }
         let mut r = Reader::new(buf, WHAT);
         check_magic(r.bytes(8)?, &SUPERBLOCK_MAGIC, WHAT)?;
-        check_version(r.u32()?, WHAT)?;
+        let version = r.u32()?;
+        if version != SUPERBLOCK_VERSION_ENCRYPTED {
+            check_version(version, WHAT)?;
+        }
         let stored = u32::from_le_bytes(
             buf[SUPERBLOCK_BYTES - 4..SUPERBLOCK_BYTES]
                 .try_into()
@@ -327,6 +368,11 @@ impl Superblock {
                 format!("segment size {segment_bytes_target}"),
             ));
         }
+        let encryption = if version == SUPERBLOCK_VERSION_ENCRYPTED {
+            Some(decode_key_section(buf)?)
+        } else {
+            None
+        };
         Ok(Superblock {
             block_size,
             compression,
@@ -335,7 +381,52 @@ impl Superblock {
             key,
             segment_bytes_target,
             metadata_cache_bytes,
+            encryption,
         })
+    }
+}
+
+/// The key section (bytes 128..256) of an encrypted pool's superblock.
+fn decode_key_section(buf: &[u8]) -> Result<KeyWrap> {
+    const WHAT: &str = "superblock key section";
+    let all = buf.get(..SUPERBLOCK_ENCRYPTED_BYTES).ok_or_else(|| {
+        Error::corrupt(
+            WHAT,
+            format!("{} bytes, expected {SUPERBLOCK_ENCRYPTED_BYTES}", buf.len()),
+        )
+    })?;
+    let n = SUPERBLOCK_ENCRYPTED_BYTES - 4;
+    let stored = u32::from_le_bytes([all[n], all[n + 1], all[n + 2], all[n + 3]]);
+    check_crc(stored, crc(&[&all[..n]]), WHAT)?;
+    let mut r = Reader::new(&all[SUPERBLOCK_BYTES..], WHAT);
+    let source = r.u8()?;
+    let cipher = r.u8()?;
+    let _ = r.u16()?;
+    let epoch = r.u32()?;
+    let (m_kib, t, p) = (r.u32()?, r.u32()?, r.u32()?);
+    let salt = r.array()?;
+    let nonce = r.array()?;
+    let wrapped = r.array()?;
+    if cipher != 1 {
+        return Err(Error::corrupt(WHAT, format!("unknown cipher {cipher}")));
+    }
+    let source = match source {
+        1 => KeySource::KeyFile,
+        2 => KeySource::Passphrase { m_kib, t, p, salt },
+        s => return Err(Error::corrupt(WHAT, format!("unknown key source {s}"))),
+    };
+    Ok(KeyWrap {
+        source,
+        nonce,
+        wrapped,
+        epoch,
+    })
+}
+
+impl Superblock {
+    /// True for a pool encrypted at rest.
+    pub fn is_encrypted(&self) -> bool {
+        self.encryption.is_some()
     }
 }
 
@@ -434,6 +525,52 @@ pub fn decode_record<'a>(
         ));
     }
     Ok((fp, &buf[RECORD_HEADER_BYTES..total]))
+}
+
+/// The associated data of a sealed chunk payload: the fingerprint and codec of its record.
+pub fn chunk_ctx(fp: &Fingerprint, codec: ChunkCodec) -> [u8; 17] {
+    let mut c = [0u8; 17];
+    c[..16].copy_from_slice(fp);
+    c[16] = codec as u8;
+    c
+}
+
+/// Check one record read from `loc` and return its payload as compressed, opened first in an
+/// encrypted pool (`crypto`): the tag is checked before the CRC, so changed bytes are an
+/// authentication error, and the record's fingerprint must be `expected` (the chunk table's,
+/// when known), so a record swapped in from elsewhere fails too. `what` names the block.
+pub fn open_record<'a>(
+    buf: &'a [u8],
+    id: u64,
+    loc: &Location,
+    crypto: Option<&Crypto>,
+    expected: Option<&Fingerprint>,
+    what: impl Fn() -> String,
+) -> Result<std::borrow::Cow<'a, [u8]>> {
+    let Some(c) = crypto else {
+        return decode_record(buf, id, loc).map(|(_, p)| std::borrow::Cow::Borrowed(p));
+    };
+    let total = loc.record_bytes() as usize;
+    let (Some(header), Some(sealed)) = (
+        buf.get(..RECORD_HEADER_BYTES),
+        buf.get(RECORD_HEADER_BYTES..total),
+    ) else {
+        return Err(Error::corrupt(what(), "record truncated"));
+    };
+    let mut fp: Fingerprint = [0u8; 16];
+    fp.copy_from_slice(&header[8..24]);
+    let plain = c.open(Kind::Chunk, &chunk_ctx(&fp, loc.codec), sealed, &what)?;
+    decode_record(buf, id, loc)?;
+    if expected.is_some_and(|e| *e != fp) {
+        return Err(Error::Auth {
+            what: what(),
+            detail: format!(
+                "the record in segment {} at offset {} holds another chunk's data",
+                loc.segment, loc.offset
+            ),
+        });
+    }
+    Ok(std::borrow::Cow::Owned(plain))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -789,7 +926,17 @@ pub struct Root {
 pub const ROOT_SNAPSHOT_EXT_MAGIC: u32 = u32::from_le_bytes(*b"SNAP");
 pub const ROOT_SNAPSHOT_EXT_VERSION: u32 = 1;
 
-pub fn encode_root(root: &Root, uuid: &[u8; 16]) -> Result<Vec<u8>> {
+/// The associated data of a sealed root body: what the header says about it.
+fn root_ctx(raw_len: u32, journal_gen: u64, next_seq: u64) -> [u8; 20] {
+    let mut c = [0u8; 20];
+    c[..4].copy_from_slice(&raw_len.to_le_bytes());
+    c[4..12].copy_from_slice(&journal_gen.to_le_bytes());
+    c[12..].copy_from_slice(&next_seq.to_le_bytes());
+    c
+}
+
+/// Encode a checkpoint root; in an encrypted pool (`crypto`) its body is sealed.
+pub fn encode_root(root: &Root, uuid: &[u8; 16], crypto: Option<&Crypto>) -> Result<Vec<u8>> {
     let mut b = Vec::new();
     put_u32(&mut b, root.next_vol);
     put_u32(&mut b, root.volumes.len() as u32);
@@ -858,6 +1005,14 @@ pub fn encode_root(root: &Root, uuid: &[u8; 16]) -> Result<Vec<u8>> {
     let raw_len = u32::try_from(b.len()).map_err(|_| {
         Error::Invalid("checkpoint root over 4 GiB (too many metadata records)".into())
     })?;
+    let body = match crypto {
+        Some(c) => c.sealed(
+            Kind::Root,
+            &root_ctx(raw_len, root.journal_gen, root.next_seq),
+            &body,
+        )?,
+        None => body,
+    };
     let mut out = Vec::with_capacity(ROOT_HEADER_BYTES + body.len());
     out.extend_from_slice(&CHECKPOINT_MAGIC);
     put_u32(&mut out, FORMAT_VERSION);
@@ -874,7 +1029,8 @@ pub fn encode_root(root: &Root, uuid: &[u8; 16]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-pub fn decode_root(buf: &[u8], uuid: &[u8; 16]) -> Result<Root> {
+/// Decode a checkpoint root; in an encrypted pool (`crypto`) its body is opened first.
+pub fn decode_root(buf: &[u8], uuid: &[u8; 16], crypto: Option<&Crypto>) -> Result<Root> {
     const WHAT: &str = "checkpoint root";
     if buf.len() < ROOT_HEADER_BYTES {
         return Err(Error::corrupt(WHAT, format!("only {} bytes", buf.len())));
@@ -900,6 +1056,19 @@ pub fn decode_root(buf: &[u8], uuid: &[u8; 16]) -> Result<Root> {
         .get(ROOT_HEADER_BYTES..ROOT_HEADER_BYTES + body_len)
         .ok_or_else(|| Error::corrupt(WHAT, "body truncated"))?;
     check_crc(body_crc, crc(&[body]), WHAT)?;
+    let opened;
+    let body = match crypto {
+        Some(c) => {
+            opened = c.open(
+                Kind::Root,
+                &root_ctx(raw_len as u32, journal_gen, next_seq),
+                body,
+                || format!("the checkpoint root (file {CHECKPOINT_NAME}, {body_len} bytes at offset {ROOT_HEADER_BYTES})"),
+            )?;
+            &opened[..]
+        }
+        None => body,
+    };
     let raw = zstd::bulk::decompress(body, raw_len)
         .map_err(|e| Error::corrupt(WHAT, format!("body does not decompress: {e}")))?;
     let mut r = Reader::new(&raw, WHAT);
@@ -1046,11 +1215,43 @@ mod tests {
             key: [9; 32],
             segment_bytes_target: 1 << 26,
             metadata_cache_bytes: 1 << 20,
+            encryption: None,
         };
         let mut b = sb.encode();
         assert_eq!(b.len(), SUPERBLOCK_BYTES);
         assert_eq!(Superblock::decode(&b)?, sb);
         b[20] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&b),
+            Err(Error::Checksum { .. })
+        ));
+        // Encrypted: 256 bytes, version 3, the fingerprint key not stored.
+        let enc = Superblock {
+            encryption: Some(KeyWrap {
+                source: KeySource::Passphrase {
+                    m_kib: 8,
+                    t: 1,
+                    p: 1,
+                    salt: [4; 16],
+                },
+                nonce: [5; 12],
+                wrapped: [6; 48],
+                epoch: 77,
+            }),
+            ..sb
+        };
+        let mut b = enc.encode();
+        assert_eq!(b.len(), SUPERBLOCK_ENCRYPTED_BYTES);
+        assert_eq!(b[8], 3);
+        assert!(b[40..72].iter().all(|&x| x == 0));
+        assert_eq!(
+            Superblock::decode(&b)?,
+            Superblock {
+                key: [0; 32],
+                ..enc
+            }
+        );
+        b[200] ^= 1;
         assert!(matches!(
             Superblock::decode(&b),
             Err(Error::Checksum { .. })

@@ -15,7 +15,7 @@
 
 use crate::chunk_table::ChunkEntry;
 use crate::error::{Error, Result};
-use crate::format::{decode_record, JournalRecord, CHUNKS_PER_PAGE, SEGMENT_HEADER_BYTES};
+use crate::format::{open_record, JournalRecord, CHUNKS_PER_PAGE, SEGMENT_HEADER_BYTES};
 use crate::io::File;
 use crate::page_cache::CHUNK_TREE;
 use crate::pool::{lock, Pool};
@@ -116,7 +116,7 @@ impl Pool {
                         continue; // found only chunks of victims
                     };
                     let buf = if e.refs > 0 {
-                        Some(read_record(&*file, *id, e)?)
+                        Some(read_record(&*file, *id, e, self.crypto.as_deref())?)
                     } else {
                         None
                     };
@@ -164,7 +164,7 @@ impl Pool {
             // Referenced again since the scan (deduplicated against): read it now.
             let buf = match buf {
                 Some(b) => b,
-                None => read_record(&*file, id, &now)?,
+                None => read_record(&*file, id, &now, self.crypto.as_deref())?,
             };
             let new = st.segments.append_raw(&*self.dir, &buf, &now.loc)?;
             records.push(JournalRecord::Relocate { id, loc: new });
@@ -179,7 +179,12 @@ impl Pool {
 }
 
 /// Read chunk `id`'s record from its (sealed) segment and check it.
-fn read_record(file: &dyn File, id: u64, e: &ChunkEntry) -> Result<Vec<u8>> {
+fn read_record(
+    file: &dyn File,
+    id: u64,
+    e: &ChunkEntry,
+    crypto: Option<&crate::crypto::Crypto>,
+) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; e.loc.record_bytes() as usize];
     file.read_at(&mut buf, u64::from(e.loc.offset))
         .map_err(|err| {
@@ -188,7 +193,12 @@ fn read_record(file: &dyn File, id: u64, e: &ChunkEntry) -> Result<Vec<u8>> {
                 err,
             )
         })?;
-    decode_record(&buf, id, &e.loc)?;
+    open_record(&buf, id, &e.loc, crypto, Some(&e.fp), || {
+        format!(
+            "chunk {id} in segment {} at offset {}",
+            e.loc.segment, e.loc.offset
+        )
+    })?;
     Ok(buf)
 }
 

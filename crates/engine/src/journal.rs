@@ -9,7 +9,11 @@
 //!   On replay the first batch that is short, fails its CRC or is out of sequence ends the
 //!   journal (a torn tail from a crash); if a valid batch follows it, that is damage, not a
 //!   crash, and opening fails rather than silently dropping acknowledged changes.
+//! - In an encrypted pool a batch's payload is sealed ([`crate::crypto`]) with its generation,
+//!   sequence number and record count as associated data; a batch whose CRC holds but whose
+//!   tag does not is tampering, and replay fails with an authentication error.
 
+use crate::crypto::{Crypto, Kind};
 use crate::error::{Error, Result};
 use crate::format::{
     batch_valid, decode_batch_header, decode_journal_header, encode_batch, encode_journal_header,
@@ -26,6 +30,8 @@ pub struct Journal {
     buf: Vec<u8>,
     count: u32,
     next_seq: u64,
+    /// Seals batches in an encrypted pool.
+    crypto: Option<Arc<Crypto>>,
 }
 
 /// What replay found.
@@ -39,7 +45,13 @@ pub struct ReplayReport {
 
 impl Journal {
     /// Create generation `gen` (header written, not synced).
-    pub fn create(dir: &dyn Dir, gen: u64, uuid: &[u8; 16], next_seq: u64) -> Result<Journal> {
+    pub fn create(
+        dir: &dyn Dir,
+        gen: u64,
+        uuid: &[u8; 16],
+        next_seq: u64,
+        crypto: Option<Arc<Crypto>>,
+    ) -> Result<Journal> {
         let name = journal_name(gen);
         let file = dir
             .open(&name, true)
@@ -55,6 +67,7 @@ impl Journal {
             buf: Vec::new(),
             count: 0,
             next_seq,
+            crypto,
         })
     }
 
@@ -67,6 +80,7 @@ impl Journal {
         uuid: &[u8; 16],
         first_seq: u64,
         read_only: bool,
+        crypto: Option<Arc<Crypto>>,
         mut apply: impl FnMut(Vec<JournalRecord>) -> Result<bool>,
     ) -> Result<(Journal, ReplayReport)> {
         let name = journal_name(gen);
@@ -95,10 +109,17 @@ impl Journal {
         let mut report = ReplayReport::default();
         let mut unreadable = false;
         loop {
-            let Some((records, next)) = parse_batch(&data, pos, seq) else {
+            let Some(parsed) = parse_batch(&data, pos, seq, gen, crypto.as_deref()) else {
                 unreadable = pos < data.len();
                 break;
             };
+            let (records, next) = parsed.map_err(|e| match e {
+                Error::Auth { detail, .. } => Error::Auth {
+                    what: format!("journal {name} batch {seq} at offset {pos}"),
+                    detail,
+                },
+                e => e,
+            })?;
             let n = records.len() as u64;
             if !apply(records)? {
                 // Refers to data a crash lost: never acknowledged, and neither is anything after.
@@ -111,7 +132,7 @@ impl Journal {
         }
         // After unreadable bytes there must not be a later valid batch: that would be damage.
         if let Some(at) = unreadable
-            .then(|| find_later_batch(&data, pos + 1, seq))
+            .then(|| find_later_batch(&data, pos + 1, seq, gen, crypto.as_deref()))
             .flatten()
         {
             return Err(Error::corrupt(
@@ -133,6 +154,7 @@ impl Journal {
                 buf: Vec::new(),
                 count: 0,
                 next_seq: seq,
+                crypto,
             },
             report,
         ))
@@ -163,7 +185,19 @@ impl Journal {
         if self.count == 0 {
             return Ok(());
         }
-        let batch = encode_batch(self.next_seq, self.count, &self.buf);
+        let sealed;
+        let payload = match &self.crypto {
+            Some(c) => {
+                sealed = c.sealed(
+                    Kind::JournalBatch,
+                    &batch_ctx(self.gen, self.next_seq, self.count),
+                    &self.buf,
+                )?;
+                &sealed
+            }
+            None => &self.buf,
+        };
+        let batch = encode_batch(self.next_seq, self.count, payload);
         self.file
             .write_at(&batch, self.len)
             .map_err(|e| Error::io(format!("writing journal {}", journal_name(self.gen)), e))?;
@@ -175,8 +209,27 @@ impl Journal {
     }
 }
 
-/// Parse the batch at `pos` if it is whole, valid and numbered `seq`.
-fn parse_batch(data: &[u8], pos: usize, seq: u64) -> Option<(Vec<JournalRecord>, usize)> {
+/// The associated data of a sealed batch payload.
+fn batch_ctx(gen: u64, seq: u64, count: u32) -> [u8; 20] {
+    let mut c = [0u8; 20];
+    c[..8].copy_from_slice(&gen.to_le_bytes());
+    c[8..16].copy_from_slice(&seq.to_le_bytes());
+    c[16..].copy_from_slice(&count.to_le_bytes());
+    c
+}
+
+/// A parsed batch: its records and where the next batch starts.
+type Parsed = (Vec<JournalRecord>, usize);
+
+/// Parse the batch at `pos` if it is whole, valid and numbered `seq`: `None` if it is not a
+/// batch (a torn tail), an error if its CRC holds but it does not authenticate.
+fn parse_batch(
+    data: &[u8],
+    pos: usize,
+    seq: u64,
+    gen: u64,
+    crypto: Option<&Crypto>,
+) -> Option<Result<Parsed>> {
     let header = data.get(pos..pos + BATCH_HEADER_BYTES)?;
     let h = decode_batch_header(header)?;
     let end = pos + BATCH_HEADER_BYTES + h.payload_len as usize;
@@ -184,20 +237,42 @@ fn parse_batch(data: &[u8], pos: usize, seq: u64) -> Option<(Vec<JournalRecord>,
     if h.seq != seq || !batch_valid(header, &h, payload) {
         return None;
     }
+    let opened;
+    let payload = match crypto {
+        Some(c) => {
+            match c.open(
+                Kind::JournalBatch,
+                &batch_ctx(gen, seq, h.count),
+                payload,
+                || format!("journal batch {seq} at offset {pos}"),
+            ) {
+                Ok(p) => opened = p,
+                Err(e) => return Some(Err(e)),
+            }
+            &opened[..]
+        }
+        None => payload,
+    };
     let mut r = Reader::new(payload, "journal batch");
     let mut records = Vec::with_capacity(h.count as usize);
     for _ in 0..h.count {
         records.push(JournalRecord::decode(&mut r).ok()?);
     }
-    (r.remaining() == 0).then_some((records, end))
+    (r.remaining() == 0).then_some(Ok((records, end)))
 }
 
 /// The offset of a whole, valid batch numbered after `seq`, searching from `from`.
-fn find_later_batch(data: &[u8], from: usize, seq: u64) -> Option<usize> {
+fn find_later_batch(
+    data: &[u8],
+    from: usize,
+    seq: u64,
+    gen: u64,
+    crypto: Option<&Crypto>,
+) -> Option<usize> {
     let magic = crate::format::BATCH_MAGIC.to_le_bytes();
     (from..data.len().saturating_sub(BATCH_HEADER_BYTES)).find(|&p| {
         data[p..p + 4] == magic
             && decode_batch_header(&data[p..])
-                .is_some_and(|h| h.seq > seq && parse_batch(data, p, h.seq).is_some())
+                .is_some_and(|h| h.seq > seq && parse_batch(data, p, h.seq, gen, crypto).is_some())
     })
 }

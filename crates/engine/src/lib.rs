@@ -5,6 +5,7 @@
 //! Modules, one per concept:
 //! - [`io`]: the narrow I/O seam (real directory, and [`sim`], the crash simulator)
 //! - [`format`]: every on-disk encoding
+//! - [`crypto`]: encryption at rest (keys, the AEAD, the nonce scheme)
 //! - [`reduction`]: zero detection, fingerprints, compression
 //! - [`segment`]: append-only chunk containers
 //! - [`page_cache`], [`page_alloc`]: paged copy-on-write trees of metadata pages behind one
@@ -20,6 +21,7 @@
 
 pub mod block_map;
 pub mod chunk_table;
+pub mod crypto;
 pub mod dedup_index;
 pub mod error;
 pub mod format;
@@ -39,6 +41,7 @@ pub mod stats;
 pub mod verify;
 pub mod volume;
 
+pub use crypto::UserKey;
 pub use error::{Error, Result};
 pub use format::{Compression, WritePolicy};
 pub use pool::{default_metadata_cache_bytes, InitOptions, OpenOptions, Pool, METADATA_CACHE_MIN};

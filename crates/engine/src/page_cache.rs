@@ -21,6 +21,8 @@
 //!   first. Callers evict only between metadata changes ([`PageCache::evict_to_budget`]), so
 //!   applying a change never writes pages.
 //! - Nothing in a page is trusted before its CRC matches the parent's pointer.
+//! - In an encrypted pool every stored page is sealed ([`crate::crypto`]) with its first
+//!   unit and kind as associated data, and is authenticated before anything else.
 //!
 //! Sharing (snapshots and clones). Two trees may name the same stored page: a clone copies
 //! the source's root pointer and counts one more reference on that page. `refs` holds the
@@ -36,6 +38,7 @@
 //! - A clone is made only of a tree with no dirty node (right after its pages were written),
 //!   so every page it shares is on disk and no longer "fresh" (never rewritten in place).
 
+use crate::crypto::{self, Crypto, Kind};
 use crate::error::{Error, Result};
 use crate::io::File;
 use crate::page_alloc::PageAlloc;
@@ -268,6 +271,8 @@ pub struct PageCache {
     pub alloc: PageAlloc,
     trees: BTreeMap<TreeId, TreeInfo>,
     pub counters: CacheCounters,
+    /// Seals and opens pages in an encrypted pool.
+    crypto: Option<Arc<Crypto>>,
 }
 
 fn crc(data: &[u8]) -> u32 {
@@ -295,7 +300,13 @@ impl PageCache {
             alloc,
             trees,
             counters: CacheCounters::default(),
+            crypto: None,
         }
+    }
+
+    /// Seal every page written from now on and open every page read (an encrypted pool).
+    pub fn set_crypto(&mut self, crypto: Arc<Crypto>) {
+        self.crypto = Some(crypto);
     }
 
     /// Count `bytes` of other metadata RAM (the dedup index) against the budget: pages get
@@ -433,11 +444,12 @@ impl PageCache {
         f: &mut LeafPageVisitor<'_>,
     ) -> Result<()> {
         let file = self.file.clone();
+        let crypto = self.crypto.clone();
         let mut g = |i: u64, src: LeafSrc<'_>| -> Result<bool> {
             match src {
                 LeafSrc::Cached(d, page, dirty) => f(i, if dirty { 0 } else { page }, d),
                 LeafSrc::Disk(p) => {
-                    let buf = read_checked(&*file, p, tree, 0, i)?;
+                    let buf = read_checked(&*file, crypto.as_deref(), p, tree, 0, i)?;
                     f(i, p.page, &buf)
                 }
             }
@@ -489,7 +501,7 @@ impl PageCache {
         }
         let data = match cached {
             Some(s) => self.node(s).data.clone(),
-            None => read_checked(&*self.file, ptr, tree, level, index)?,
+            None => read_checked(&*self.file, self.crypto.as_deref(), ptr, tree, level, index)?,
         };
         for (child, p) in self.children(tree, level, index, &data) {
             self.count_below(tree, level - 1, child, p, parents)?;
@@ -676,7 +688,7 @@ impl PageCache {
             }
         } else {
             self.counters.misses += 1;
-            let data = read_checked(&*self.file, ptr, tree, level, index)?;
+            let data = read_checked(&*self.file, self.crypto.as_deref(), ptr, tree, level, index)?;
             Node {
                 key,
                 data,
@@ -852,7 +864,7 @@ impl PageCache {
         }
         let data = match cached {
             Some(s) => self.node(s).data.clone(),
-            None => read_checked(&*self.file, ptr, tree, level, index)?,
+            None => read_checked(&*self.file, self.crypto.as_deref(), ptr, tree, level, index)?,
         };
         let mut freed = u64::from(units);
         if level == 0 {
@@ -927,17 +939,38 @@ impl PageCache {
             (n.key, n.page, n.units)
         };
         let (codec, mut stored) = encode_page(&self.node(slot).data, stride(key.tree, key.level));
-        let need = (stored.len() / UNIT) as u16;
+        // Sealed (encrypted pool): sealed length u16, then nonce, ciphertext of the stored form
+        // without its padding, tag; padded to whole units.
+        let plain_len = if codec == 0 {
+            PAGE_BYTES
+        } else {
+            2 + usize::from(u16::from_le_bytes([stored[0], stored[1]]))
+        };
+        let need = match &self.crypto {
+            Some(_) => (2 + plain_len + crypto::OVERHEAD).div_ceil(UNIT),
+            None => stored.len() / UNIT,
+        } as u16;
         // In place only if no root on disk can name the old run and the page still fits
         // (padded to the run, so the pointer's length and CRC cover the whole run);
         // otherwise a new run, and the old one is freed once the new copy is written.
         let (page, units) = match self.alloc.fresh_len(old_page) {
-            Some(n) if old_page != 0 && n >= need => {
-                stored.resize(usize::from(n) * UNIT, 0);
-                (old_page, n)
-            }
+            Some(n) if old_page != 0 && n >= need => (old_page, n),
             _ => (self.alloc.allocate(need), need),
         };
+        if let Some(c) = &self.crypto {
+            let mut sealed = vec![0u8; 2];
+            let ctx = page_ctx(page, key.tree, key.level);
+            if let Err(e) = c.seal(Kind::Page, &ctx, &stored[..plain_len], &mut sealed) {
+                if page != old_page {
+                    self.alloc.free(page, units);
+                }
+                return Err(e);
+            }
+            let len = (sealed.len() - 2) as u16;
+            sealed[..2].copy_from_slice(&len.to_le_bytes());
+            stored = sealed;
+        }
+        stored.resize(usize::from(units) * UNIT, 0);
         let sum = crc(&stored);
         match out {
             Some(out) => out.push((page, stored.into_boxed_slice())),
@@ -1142,7 +1175,24 @@ pub struct LeafPage {
 }
 
 /// Read the page `p` points to, check it against the pointer's CRC and decode it.
-fn read_checked(file: &dyn File, p: Ptr, tree: TreeId, level: u8, index: u64) -> Result<Box<[u8]>> {
+/// The associated data of a sealed page: where it is (its first unit in `meta.dat`) and what
+/// it is (chunk table or block map, level). Not the tree: a shared page serves several.
+fn page_ctx(page: u64, tree: TreeId, level: u8) -> [u8; 10] {
+    let mut c = [0u8; 10];
+    c[..8].copy_from_slice(&page.to_le_bytes());
+    c[8] = u8::from(tree == CHUNK_TREE);
+    c[9] = level;
+    c
+}
+
+fn read_checked(
+    file: &dyn File,
+    crypto: Option<&Crypto>,
+    p: Ptr,
+    tree: TreeId,
+    level: u8,
+    index: u64,
+) -> Result<Box<[u8]>> {
     let what = || {
         format!(
             "metadata page at byte {} of meta.dat ({} level {level} page {index})",
@@ -1153,6 +1203,17 @@ fn read_checked(file: &dyn File, p: Ptr, tree: TreeId, level: u8, index: u64) ->
     let mut buf = vec![0u8; usize::from(p.units) * UNIT];
     file.read_at(&mut buf, p.page * UNIT as u64)
         .map_err(|e| Error::io(what(), e))?;
+    // Encrypted: authenticate first, so changed bytes are reported as such.
+    let opened = match crypto {
+        Some(c) => {
+            let len = usize::from(u16::from_le_bytes([buf[0], buf[1]]));
+            let sealed = buf
+                .get(2..2 + len)
+                .ok_or_else(|| Error::corrupt(what(), "sealed length past the page"))?;
+            Some(c.open(Kind::Page, &page_ctx(p.page, tree, level), sealed, what)?)
+        }
+        None => None,
+    };
     let found = crc(&buf);
     if found != p.crc {
         return Err(Error::Checksum {
@@ -1161,8 +1222,12 @@ fn read_checked(file: &dyn File, p: Ptr, tree: TreeId, level: u8, index: u64) ->
             found,
         });
     }
-    decode_page(p.codec, &buf, stride(tree, level))
-        .ok_or_else(|| Error::corrupt(what(), "the stored page does not decode"))
+    decode_page(
+        p.codec,
+        opened.as_deref().unwrap_or(&buf),
+        stride(tree, level),
+    )
+    .ok_or_else(|| Error::corrupt(what(), "the stored page does not decode"))
 }
 
 fn tree_name(tree: TreeId) -> String {

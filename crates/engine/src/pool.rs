@@ -17,7 +17,12 @@
 //! the first batch whose data is missing, so a batch written before its data was synced can
 //! never surface garbage. A checkpoint writes only the dirty metadata pages (out of place) and
 //! a small root naming them; see docs/FORMAT.md.
+//!
+//! Encryption at rest ([`crate::crypto`]): opening an encrypted pool unwraps the data key
+//! before anything is written (a missing or wrong key changes no file), then a writable open
+//! makes the next nonce epoch durable in the superblock before anything is sealed.
 
+use crate::crypto::{self, Crypto, Kind, UserKey};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::io::{Dir, RealDir};
@@ -42,6 +47,8 @@ pub struct InitOptions {
     pub segment_bytes_target: u64,
     /// The metadata page-cache budget stored in the pool (`None`: [`default_metadata_cache_bytes`]).
     pub metadata_cache_bytes: Option<u64>,
+    /// Encrypt the pool at rest with a data key wrapped by this key (`None`: not encrypted).
+    pub encryption: Option<UserKey>,
 }
 
 /// The default metadata page-cache budget: 256 MiB or 5 % of RAM, whichever is smaller.
@@ -75,6 +82,7 @@ impl Default for InitOptions {
             write_policy: WritePolicy::Auto,
             segment_bytes_target: 64 << 20,
             metadata_cache_bytes: None,
+            encryption: None,
         }
     }
 }
@@ -91,6 +99,8 @@ pub struct OpenOptions {
     pub reserve_bytes: u64,
     /// Metadata page-cache budget for this open (`None`: the pool's stored setting).
     pub metadata_cache_bytes: Option<u64>,
+    /// The key of an encrypted pool (ignored by a pool that is not encrypted).
+    pub key: Option<UserKey>,
 }
 
 impl Default for OpenOptions {
@@ -101,6 +111,7 @@ impl Default for OpenOptions {
             journal_buffer_bytes: 1 << 20,
             reserve_bytes: 32 << 20,
             metadata_cache_bytes: None,
+            key: None,
         }
     }
 }
@@ -127,6 +138,8 @@ pub(crate) struct State {
 pub struct Pool {
     pub(crate) dir: Arc<dyn Dir>,
     pub(crate) sb: Superblock,
+    /// Seals and opens everything stored, in an encrypted pool.
+    pub(crate) crypto: Option<Arc<Crypto>>,
     pub(crate) sync_writes: bool,
     pub(crate) read_only: bool,
     pub(crate) opts: OpenOptions,
@@ -233,7 +246,7 @@ impl Pool {
                 "metadata cache must be at least {METADATA_CACHE_MIN} bytes"
             )));
         }
-        let sb = Superblock {
+        let mut sb = Superblock {
             block_size: opts.block_size,
             compression: opts.compression,
             write_policy: opts.write_policy,
@@ -241,8 +254,20 @@ impl Pool {
             key: random_bytes()?,
             segment_bytes_target: opts.segment_bytes_target,
             metadata_cache_bytes: opts.metadata_cache_bytes.unwrap_or(0),
+            encryption: None,
         };
-        let journal = Journal::create(dir, 1, &sb.uuid, 0)?;
+        // Encrypted: init seals under epoch 1; every writable open takes the next one.
+        let crypto = match &opts.encryption {
+            Some(user) => {
+                let (mut wrap, data_key) = crypto::new_data_key(user, &sb.uuid)?;
+                wrap.epoch = 1;
+                sb.encryption = Some(wrap);
+                sb.key = [0u8; 32];
+                Some(Arc::new(Crypto::new(&data_key, sb.uuid, Some(1))?))
+            }
+            None => None,
+        };
+        let journal = Journal::create(dir, 1, &sb.uuid, 0, crypto.clone())?;
         journal
             .file
             .sync()
@@ -267,7 +292,11 @@ impl Pool {
             bitmap: vec![u64::MAX],
             ..Default::default()
         };
-        write_file_atomically(dir, CHECKPOINT_NAME, &encode_root(&root, &sb.uuid)?)?;
+        write_file_atomically(
+            dir,
+            CHECKPOINT_NAME,
+            &encode_root(&root, &sb.uuid, crypto.as_deref())?,
+        )?;
         // The superblock goes last: a directory without one is not a pool, so a crash during
         // init leaves nothing that looks like a half-made pool.
         write_file_atomically(dir, SUPERBLOCK_NAME, &sb.encode())?;
@@ -306,7 +335,35 @@ impl Pool {
             }
             e => e,
         })?;
-        let sb = Superblock::decode(&sb_bytes)?;
+        let mut sb = Superblock::decode(&sb_bytes)?;
+        let crypto = match sb.encryption.clone() {
+            None => None,
+            Some(mut wrap) => {
+                let pool = dir.describe();
+                let user = opts
+                    .key
+                    .as_ref()
+                    .ok_or_else(|| Error::KeyRequired(pool.clone()))?;
+                let data_key = crypto::unwrap_data_key(user, &wrap, &sb.uuid, &pool)?;
+                sb.key = crypto::fingerprint_key(&data_key);
+                let epoch = if opts.read_only {
+                    None
+                } else {
+                    // The next epoch is durable before anything is sealed under it, so no
+                    // nonce of an earlier open (even one that crashed) is ever used again.
+                    wrap.epoch = wrap.epoch.checked_add(1).ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "pool {pool} has been opened for writing 2^32 times; its nonce \
+                             epochs are used up: export its volumes into a new pool"
+                        ))
+                    })?;
+                    sb.encryption = Some(wrap.clone());
+                    write_file_atomically(&*dir, SUPERBLOCK_NAME, &sb.encode())?;
+                    Some(wrap.epoch)
+                };
+                Some(Arc::new(Crypto::new(&data_key, sb.uuid, epoch)?))
+            }
+        };
         let sync_writes = match sb.write_policy {
             WritePolicy::Sync => true,
             WritePolicy::Async => false,
@@ -314,7 +371,11 @@ impl Pool {
             WritePolicy::Auto => dir.sync_dir().is_err(),
         };
 
-        let root = decode_root(&read_whole(&*dir, CHECKPOINT_NAME)?, &sb.uuid)?;
+        let root = decode_root(
+            &read_whole(&*dir, CHECKPOINT_NAME)?,
+            &sb.uuid,
+            crypto.as_deref(),
+        )?;
         let meta_file = dir
             .open(META_NAME, false)
             .map_err(|e| Error::io(format!("opening {META_NAME}"), e))?;
@@ -363,12 +424,15 @@ impl Pool {
                 )
             })
             .collect();
-        let cache = PageCache::new(
+        let mut cache = PageCache::new(
             meta_file,
             PageAlloc::from_bitmap(root.bitmap.clone()),
             trees,
             budget,
         );
+        if let Some(c) = &crypto {
+            cache.set_crypto(c.clone());
+        }
         let mut md = Metadata {
             block_size: sb.block_size,
             volumes: BTreeMap::new(),
@@ -416,8 +480,9 @@ impl Pool {
             &sb.uuid,
             root.next_seq,
             opts.read_only,
+            crypto.clone(),
             |records| {
-                if !batch_data_present(&segments, &records, block_size) {
+                if !batch_data_present(&segments, &records, block_size, crypto.as_deref()) {
                     return Ok(false);
                 }
                 for r in &records {
@@ -460,6 +525,7 @@ impl Pool {
         let pool = Arc::new_cyclic(|me| Pool {
             dir,
             sb,
+            crypto,
             sync_writes,
             read_only: opts.read_only,
             opts,
@@ -798,11 +864,23 @@ impl Pool {
         };
         // 3. Compress the new chunks, in parallel.
         let comp = self.sb.compression;
-        let compress = |&i: &usize| (i, reduction::compress(comp, &data[i * bs..(i + 1) * bs]));
+        let crypto = self.crypto.as_deref();
+        // Compressed, then sealed in an encrypted pool (bound to the fingerprint and codec).
+        let store = |i: usize, fp: Option<&Fingerprint>| -> Result<(ChunkCodec, Vec<u8>)> {
+            let (codec, payload) = reduction::compress(comp, &data[i * bs..(i + 1) * bs]);
+            match (crypto, fp) {
+                (Some(c), Some(fp)) => Ok((
+                    codec,
+                    c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?,
+                )),
+                _ => Ok((codec, payload)),
+            }
+        };
+        let compress = |&i: &usize| store(i, fps[i].as_ref()).map(|c| (i, c));
         let compressed_list: Vec<(usize, (ChunkCodec, Vec<u8>))> = if misses.len() >= 8 {
-            misses.par_iter().map(compress).collect()
+            misses.par_iter().map(compress).collect::<Result<_>>()?
         } else {
-            misses.iter().map(compress).collect()
+            misses.iter().map(compress).collect::<Result<_>>()?
         };
         let mut compressed: Vec<Option<(ChunkCodec, Vec<u8>)>> = vec![None; fps.len()];
         for (i, c) in compressed_list {
@@ -836,7 +914,13 @@ impl Pool {
             let (codec, payload) = match &compressed[i] {
                 Some((c, p)) => (*c, p),
                 None => {
-                    fresh = reduction::compress(comp, &data[i * bs..(i + 1) * bs]);
+                    fresh = match store(i, Some(fp)) {
+                        Ok(f) => f,
+                        Err(e) => {
+                            Self::unwind_ids(&mut st, first_new_id);
+                            return Err(e);
+                        }
+                    };
                     (fresh.0, &fresh.1)
                 }
             };
@@ -1017,8 +1101,18 @@ impl Pool {
                 }
             };
             st.md.checkpoints += 1;
-            let body = encode_root(&st.md.root(new_gen, next_seq), &self.sb.uuid)?;
-            let journal = Journal::create(&*self.dir, new_gen, &self.sb.uuid, next_seq)?;
+            let body = encode_root(
+                &st.md.root(new_gen, next_seq),
+                &self.sb.uuid,
+                self.crypto.as_deref(),
+            )?;
+            let journal = Journal::create(
+                &*self.dir,
+                new_gen,
+                &self.sb.uuid,
+                next_seq,
+                self.crypto.clone(),
+            )?;
             let file = journal.file.clone();
             let old = std::mem::replace(&mut st.journal, journal);
             let (files, _) = st.segments.take_dirty();
@@ -1099,14 +1193,14 @@ impl Pool {
                 }
                 let md = &mut st.md;
                 let loc = md.chunks.get(&mut md.cache, e).and_then(|c| {
-                    c.map(|c| c.loc).ok_or_else(|| {
+                    c.map(|c| (c.loc, c.fp)).ok_or_else(|| {
                         Error::corrupt(
                             format!("volume {name:?} block {}", first + i as u64),
                             format!("chunk {e} does not exist (damaged metadata)"),
                         )
                     })
                 });
-                let loc = match loc {
+                let (loc, fp) = match loc {
                     Ok(l) => l,
                     Err(err) => {
                         self.read_errors.fetch_add(1, Ordering::Relaxed);
@@ -1122,7 +1216,7 @@ impl Pool {
                         format!("segment {} of chunk {e} is missing", loc.segment),
                     )
                 })?;
-                wanted.push((i, e, loc, file));
+                wanted.push((i, e, loc, file, fp));
             }
             if let Err(e) = st.md.cache.evict_to_budget() {
                 st.poisoned = Some(e.to_string());
@@ -1180,7 +1274,7 @@ impl Pool {
             }
             let decode = |(i, dst): (usize, &mut [u8])| -> Result<()> {
                 let Some((g, k)) = slot[i] else { return Ok(()) };
-                let (_, id, loc, _) = &wanted[k];
+                let (_, id, loc, _, fp) = &wanted[k];
                 let (start, buf) = &bufs[g];
                 let at = (u64::from(loc.offset) - start) as usize;
                 let what = || {
@@ -1191,9 +1285,10 @@ impl Pool {
                         loc.offset
                     )
                 };
-                let (_, payload) = decode_record(&buf[at..], *id, loc)
-                    .map_err(|err| with_context(err, &what()))?;
-                reduction::decompress(loc.codec, payload, dst, what)
+                let payload =
+                    open_record(&buf[at..], *id, loc, self.crypto.as_deref(), Some(fp), what)
+                        .map_err(|err| with_context(err, &what()))?;
+                reduction::decompress(loc.codec, &payload, dst, what)
             };
             if parallel {
                 out.par_chunks_mut(bs).enumerate().try_for_each(decode)
@@ -1204,6 +1299,8 @@ impl Pool {
         if let Err(e) = &result {
             if e.is_damage() {
                 self.read_errors.fetch_add(1, Ordering::Relaxed);
+                // The client only sees EIO: the log says what and where.
+                tracing::error!("read failed: {e}");
             }
         }
         result
@@ -1277,6 +1374,10 @@ pub(crate) fn in_volume(e: Error, name: &str, blocks: &str) -> Error {
             what: format!("volume {name:?} {blocks}: {what}"),
             detail,
         },
+        Error::Auth { what, detail } => Error::Auth {
+            what: format!("volume {name:?} {blocks}: {what}"),
+            detail,
+        },
         e => e,
     }
 }
@@ -1294,14 +1395,27 @@ fn with_context(e: Error, what: &str) -> Error {
             what: what.to_string(),
             detail,
         },
+        Error::Auth { detail, .. } => Error::Auth {
+            what: what.to_string(),
+            detail,
+        },
         e => e,
     }
 }
 
 /// True if every chunk the batch introduces (or moves) is whole on disk.
-fn batch_data_present(segments: &Segments, records: &[JournalRecord], block_size: u32) -> bool {
+fn batch_data_present(
+    segments: &Segments,
+    records: &[JournalRecord],
+    block_size: u32,
+    crypto: Option<&Crypto>,
+) -> bool {
     records.iter().all(|r| match r {
         JournalRecord::NewChunk { id, loc, .. } | JournalRecord::Relocate { id, loc } => {
+            let fp = match r {
+                JournalRecord::NewChunk { fp, .. } => Some(fp),
+                _ => None,
+            };
             let Some(file) = segments.file(loc.segment) else {
                 return false;
             };
@@ -1309,11 +1423,11 @@ fn batch_data_present(segments: &Segments, records: &[JournalRecord], block_size
             if file.read_at(&mut buf, u64::from(loc.offset)).is_err() {
                 return false;
             }
-            let Ok((_, payload)) = decode_record(&buf, *id, loc) else {
+            let Ok(payload) = open_record(&buf, *id, loc, crypto, fp, String::new) else {
                 return false;
             };
             let mut out = vec![0u8; block_size as usize];
-            reduction::decompress(loc.codec, payload, &mut out, String::new).is_ok()
+            reduction::decompress(loc.codec, &payload, &mut out, String::new).is_ok()
         }
         _ => true,
     })

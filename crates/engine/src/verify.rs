@@ -8,7 +8,7 @@
 //! verify's memory stays bounded apart from one bit and one counter per chunk id.
 
 use crate::error::Result;
-use crate::format::{decode_record, CHUNKS_PER_PAGE, MAP_PAGE_ENTRIES};
+use crate::format::{open_record, CHUNKS_PER_PAGE, MAP_PAGE_ENTRIES};
 use crate::pool::{lock, Pool};
 use crate::reduction;
 use rayon::prelude::*;
@@ -251,13 +251,19 @@ impl Pool {
                 )),
             );
         }
-        let payload = match decode_record(&buf, id, &loc) {
-            Ok((_, p)) => p,
+        let what = || {
+            format!(
+                "chunk {id} in segment {} at offset {}",
+                loc.segment, loc.offset
+            )
+        };
+        let payload = match open_record(&buf, id, &loc, self.crypto.as_deref(), Some(&e.fp), what) {
+            Ok(p) => p,
             Err(err) => return (0, Some((id, err.to_string()))),
         };
         let mut out = vec![0u8; self.block_size() as usize];
         if let Err(err) =
-            reduction::decompress(loc.codec, payload, &mut out, || format!("chunk {id}"))
+            reduction::decompress(loc.codec, &payload, &mut out, || format!("chunk {id}"))
         {
             return (0, Some((id, err.to_string())));
         }

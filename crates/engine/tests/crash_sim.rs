@@ -13,7 +13,7 @@
 //! `CONDENSE_CRASH_SEED=S` replays one seed exactly.
 
 use condense_engine::sim::{SimDir, SimHandle, SimRng};
-use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
+use condense_engine::{Compression, InitOptions, OpenOptions, Pool, UserKey, WritePolicy};
 use std::sync::Arc;
 
 const BS: usize = 4096;
@@ -73,8 +73,14 @@ fn all_durable(model: &mut [Vec<BlockModel>]) {
     }
 }
 
-fn opts(tiny_cache: bool) -> OpenOptions {
+/// The key of the encrypted variant.
+fn key(encrypted: bool) -> Option<UserKey> {
+    encrypted.then(|| UserKey::key([0x5a; 32]))
+}
+
+fn opts(tiny_cache: bool, encrypted: bool) -> OpenOptions {
     OpenOptions {
+        key: key(encrypted),
         journal_bytes_max: 16 << 10,
         journal_buffer_bytes: 2048,
         // A cache of a few pages makes every write evict (and write) metadata pages.
@@ -83,7 +89,7 @@ fn opts(tiny_cache: bool) -> OpenOptions {
     }
 }
 
-fn run_seed(seed: u64) -> Result<(), String> {
+fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
     let mut rng = SimRng::new(seed);
     let disk = SimDir::new();
     let policy = if rng.chance(30) {
@@ -102,14 +108,18 @@ fn run_seed(seed: u64) -> Result<(), String> {
         write_policy: policy,
         segment_bytes_target: 1 << 16,
         metadata_cache_bytes: None,
+        encryption: key(encrypted),
     };
     let tiny_cache = rng.chance(70);
     // Model block b is volume block b * spread: spread out, every block has a leaf of its own
     // and the maps are two levels deep.
     let spread: u64 = if rng.chance(60) { 509 } else { 1 };
     Pool::init(&SimHandle(disk.clone()), &init).map_err(|e| format!("init: {e}"))?;
-    let pool = Pool::open(Arc::new(SimHandle(disk.clone())), opts(tiny_cache))
-        .map_err(|e| format!("open: {e}"))?;
+    let pool = Pool::open(
+        Arc::new(SimHandle(disk.clone())),
+        opts(tiny_cache, encrypted),
+    )
+    .map_err(|e| format!("open: {e}"))?;
     for v in VOLUMES {
         pool.create_volume(v, BLOCKS * spread * BS as u64)
             .map_err(|e| format!("create: {e}"))?;
@@ -333,8 +343,11 @@ fn run_seed(seed: u64) -> Result<(), String> {
     drop(pool);
 
     let crashed = disk.crash(&mut rng);
-    let pool = Pool::open(Arc::new(SimHandle(crashed.clone())), opts(tiny_cache))
-        .map_err(|e| format!("recovery failed: {e}"))?;
+    let pool = Pool::open(
+        Arc::new(SimHandle(crashed.clone())),
+        opts(tiny_cache, encrypted),
+    )
+    .map_err(|e| format!("recovery failed: {e}"))?;
     let tmp_exists = pool.volume("tmp").is_ok();
     if !tmp_may_exist.contains(&tmp_exists) {
         return Err(format!(
@@ -415,7 +428,7 @@ fn run_seed(seed: u64) -> Result<(), String> {
         .map_err(|e| format!("close after recovery: {e}"))?;
     drop(h);
     drop(pool);
-    let pool = Pool::open(Arc::new(SimHandle(crashed)), opts(tiny_cache))
+    let pool = Pool::open(Arc::new(SimHandle(crashed)), opts(tiny_cache, encrypted))
         .map_err(|e| format!("second reopen: {e}"))?;
     let mut buf = vec![0u8; BS];
     pool.volume(VOLUMES[0])
@@ -427,11 +440,15 @@ fn run_seed(seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-#[test]
-fn crash_points_keep_acknowledged_data() {
+fn crash_points(encrypted: bool) {
+    let test = if encrypted {
+        "crash_points_keep_acknowledged_data_encrypted"
+    } else {
+        "crash_points_keep_acknowledged_data"
+    };
     if let Ok(s) = std::env::var("CONDENSE_CRASH_SEED") {
         let seed: u64 = s.parse().unwrap_or(0);
-        if let Err(e) = run_seed(seed) {
+        if let Err(e) = run_seed(seed, encrypted) {
             panic!("crash seed {seed} failed: {e}");
         }
         return;
@@ -442,11 +459,23 @@ fn crash_points_keep_acknowledged_data() {
         .unwrap_or(2000);
     let mut failures = Vec::new();
     for seed in 0..seeds {
-        if let Err(e) = run_seed(seed) {
-            eprintln!("crash seed {seed} failed: {e}\n  replay: CONDENSE_CRASH_SEED={seed} cargo test -p condense-engine --test crash_sim");
+        if let Err(e) = run_seed(seed, encrypted) {
+            eprintln!("crash seed {seed} failed: {e}\n  replay: CONDENSE_CRASH_SEED={seed} cargo test -p condense-engine --test crash_sim {test}");
             failures.push(seed);
         }
     }
     println!("{} crash points checked, {} failed", seeds, failures.len());
     assert!(failures.is_empty(), "failing seeds: {failures:?}");
+}
+
+#[test]
+fn crash_points_keep_acknowledged_data() {
+    crash_points(false);
+}
+
+/// The same seeds on an encrypted pool: sealing, the epoch bump at every open and the
+/// authentication of every object read keep invariant 1.
+#[test]
+fn crash_points_keep_acknowledged_data_encrypted() {
+    crash_points(true);
 }

@@ -7,7 +7,7 @@ use condense_api::mem::MemCatalog;
 use condense_api::Catalog;
 use condense_engine::io::Dir;
 use condense_engine::sim::{SimDir, SimHandle};
-use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
+use condense_engine::{Compression, InitOptions, OpenOptions, Pool, UserKey, WritePolicy};
 use proptest::prelude::*;
 use std::sync::Arc;
 
@@ -146,8 +146,9 @@ fn same_outcome<A, B>(
     );
 }
 
-fn open(dir: &Arc<SimDir>) -> Arc<Pool> {
+fn open(dir: &Arc<SimDir>, key: &Option<UserKey>) -> Arc<Pool> {
     let opts = OpenOptions {
+        key: key.clone(),
         journal_bytes_max: 64 << 10,
         journal_buffer_bytes: 4096,
         // A cache of a few pages: every operation evicts and reloads metadata pages.
@@ -193,7 +194,7 @@ fn check_all(pool: &Pool, model: &MemCatalog) {
     }
 }
 
-fn run(ops: Vec<Op>, compression: Compression) {
+fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>) {
     let disk = SimDir::new();
     let init = InitOptions {
         block_size: BS as u32,
@@ -201,11 +202,12 @@ fn run(ops: Vec<Op>, compression: Compression) {
         write_policy: WritePolicy::Async,
         segment_bytes_target: 1 << 16,
         metadata_cache_bytes: None,
+        encryption: key.clone(),
     };
     if let Err(e) = Pool::init(&SimHandle(disk.clone()), &init) {
         panic!("init: {e}");
     }
-    let mut pool = open(&disk);
+    let mut pool = open(&disk, &key);
     let model = MemCatalog::new(BS as u32);
     // Start with every volume present, so most operations act on data.
     for (i, name) in NAMES.iter().enumerate() {
@@ -265,7 +267,7 @@ fn run(ops: Vec<Op>, compression: Compression) {
             Op::Reopen => {
                 assert!(pool.close().is_ok());
                 drop(pool);
-                pool = open(&disk);
+                pool = open(&disk, &key);
             }
             Op::Gc => {
                 if let Err(e) = pool.gc(1) {
@@ -317,7 +319,7 @@ fn run(ops: Vec<Op>, compression: Compression) {
     // Everything written survives a reopen, and verify finds nothing wrong.
     assert!(pool.close().is_ok());
     drop(pool);
-    let pool = open(&disk);
+    let pool = open(&disk, &key);
     check_all(&pool, &model);
     match pool.verify(&|_, _| {}) {
         Ok(r) => assert!(r.is_clean(), "verify: {r:?}"),
@@ -336,11 +338,17 @@ proptest! {
 
     #[test]
     fn engine_matches_model_lz4(ops in proptest::collection::vec(op(), 1..120)) {
-        run(ops, Compression::Lz4);
+        run(ops, Compression::Lz4, None);
     }
 
     #[test]
     fn engine_matches_model_zstd(ops in proptest::collection::vec(op(), 1..60)) {
-        run(ops, Compression::Zstd(3));
+        run(ops, Compression::Zstd(3), None);
+    }
+
+    /// The LZ4 run on an encrypted pool.
+    #[test]
+    fn engine_matches_model_encrypted(ops in proptest::collection::vec(op(), 1..120)) {
+        run(ops, Compression::Lz4, Some(UserKey::key([0xa5; 32])));
     }
 }

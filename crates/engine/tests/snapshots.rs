@@ -16,6 +16,7 @@ fn pool() -> Arc<Pool> {
         write_policy: WritePolicy::Async,
         segment_bytes_target: 1 << 20,
         metadata_cache_bytes: None,
+        encryption: None,
     };
     if let Err(e) = Pool::init(&SimHandle(disk.clone()), &init) {
         panic!("init: {e}");
