@@ -54,7 +54,9 @@ printf '%s\n' "basicConstraints=CA:FALSE" "extendedKeyUsage=serverAuth" \
     "subjectAltName=DNS:localhost,IP:127.0.0.1" >server.ext
 openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -days 2 \
     -out server-cert.pem -extfile server.ext 2>/dev/null
-mkdir -p client && cp ca-cert.pem client/
+# fio's libnbd refuses local files named in a URI (tls-certificates=), so the TLS runs find
+# the CA where libnbd looks by default: $HOME/.pki/libnbd/ca-cert.pem.
+mkdir -p client/.pki/libnbd && cp ca-cert.pem client/.pki/libnbd/
 
 echo "== setup: $SIZE of random data in a volume"
 fio --name=fill --filename="$W/src.raw" --size="$SIZE" --rw=write --bs=1M --ioengine=psync \
@@ -66,9 +68,9 @@ bytes=$(stat -c %s "$W/src.raw")
     --tls-cert server-cert.pem --tls-key server-key.pem >"$W/serve.log" 2>&1 &
 SERVER_PID=$!
 URI_PLAIN=nbd://127.0.0.1:$PORT/bench
-URI_TLS="nbds://localhost:$PORT/bench?tls-certificates=$W/client"
+URI_TLS="nbds://localhost:$PORT/bench"
 for _ in $(seq 1 100); do nbdinfo "$URI_PLAIN" >/dev/null 2>&1 && break; sleep 0.1; done
-nbdinfo "$URI_TLS" | grep -q "with TLS" || { echo "TLS client cannot connect"; exit 1; }
+HOME=$W/client nbdinfo "$URI_TLS" | grep -q "with TLS" || { echo "TLS client cannot connect"; exit 1; }
 nbdcopy --flush "$W/src.raw" "$URI_PLAIN"
 rm -f "$W/src.raw"
 
@@ -76,9 +78,9 @@ rm -f "$W/src.raw"
 run() {
     local transport=$1 name=$2 round=$3
     shift 3
-    local uri=$URI_PLAIN
-    [ "$transport" = tls ] && uri=$URI_TLS
-    fio --name="$name" --ioengine=nbd --uri="$uri" --size="$bytes" --time_based=1 \
+    local uri=$URI_PLAIN home=$HOME
+    [ "$transport" = tls ] && uri=$URI_TLS home=$W/client
+    HOME=$home fio --name="$name" --ioengine=nbd --uri="$uri" --size="$bytes" --time_based=1 \
         --runtime="$RUNTIME" --ramp_time="$RAMP" --randrepeat=0 --refill_buffers=1 \
         --output-format=json --output="$W/$transport-$name-$round.json" "$@" >/dev/null 2>&1 ||
         { echo "fio $name over $transport failed"; tail -5 "$W/$transport-$name-$round.json"; return 1; }
