@@ -6,8 +6,9 @@
 # fuse3: fusermount3 for the FUSE mount; xfsprogs, e2fsprogs: mkfs on a loop device over FUSE
 # bc, time, jq: benchmark scripts
 # systemd: systemd-analyze verify on the unit files; python3: the fake sd_notify listener (tests/service)
+# openssl: certificates for the NBD-over-TLS test (tests/tls) and bench (bench/nbd/tls-bench.sh)
 set -euo pipefail
-packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq systemd python3)
+packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq systemd python3 openssl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -486,9 +486,13 @@ fn run(cli: Cli) -> Result<i32> {
         Command::Mount(a) => daemon(&cli.pool, a.read_only, &a.cache, |pool| {
             mount::run(pool, &a)
         })?,
-        Command::Serve(a) => daemon(&cli.pool, a.read_only, &a.cache, |pool| {
-            serve::run(pool, &a)
-        })?,
+        Command::Serve(a) => {
+            // Bad certificate files are reported before the pool is opened.
+            a.tls.load()?;
+            daemon(&cli.pool, a.read_only, &a.cache, |pool| {
+                serve::run(pool, &a)
+            })?
+        }
         Command::Bench(a) => bench::run(&cli.pool, &a)?,
         Command::Estimate(a) => estimate::run(&a)?,
         Command::DebugMap { name } => {

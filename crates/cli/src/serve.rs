@@ -2,11 +2,13 @@
 //!
 //! The NBD protocol lives in `condense-nbd`; this module only turns arguments into endpoints,
 //! runs the server on a tokio runtime, and on a signal shuts it down cleanly: stop accepting,
-//! answer every request in flight, close the connections, flush the pool.
+//! answer every request in flight, close the connections, flush the pool. With `--tls-cert`
+//! and `--tls-key` it serves NBD over TLS (`docs/TLS.md`); [`TlsArgs::load`] checks the
+//! certificate files before the pool is opened.
 
 use anyhow::{bail, Context, Result};
 use condense_api::Catalog;
-use condense_nbd::{Endpoint, Server, ServerConfig, ServerHandle};
+use condense_nbd::{Endpoint, ExportRules, Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
 use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +19,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     /// TCP address to listen on (HOST:PORT). Default 127.0.0.1:10809, unless only --socket is
-    /// given. Use 0.0.0.0:10809 or [::]:10809 to serve other hosts (there is no TLS).
+    /// given. Use 0.0.0.0:10809 or [::]:10809 to serve other hosts; without --tls-cert the
+    /// traffic is plaintext and unauthenticated, so serve other hosts with TLS (and
+    /// --tls-client-ca to admit only your clients).
     #[arg(long, value_name = "HOST:PORT")]
     pub listen: Option<String>,
     /// Also (or only) listen on this Unix socket: nbd+unix:///NAME?socket=PATH.
@@ -30,6 +34,68 @@ pub struct ServeArgs {
     pub cache: crate::MetadataCacheArg,
     #[command(flatten)]
     pub config: crate::config::ConfigArg,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// `--tls`: whether clients must start TLS.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsModeArg {
+    /// Clients must send NBD_OPT_STARTTLS first; before it every option is refused with
+    /// NBD_REP_ERR_TLS_REQD, and no export is listed or served.
+    Require,
+    /// Clients choose: TLS for those that ask for it, plaintext for the others.
+    Allow,
+}
+
+/// NBD over TLS (STARTTLS). See docs/TLS.md for making certificates and connecting clients.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// Serve NBD over TLS with this certificate (PEM: the server certificate first, then any
+    /// intermediate CAs). Its subject alternative names must match the host name or address
+    /// clients connect to: qemu and libnbd check them. Clients then use nbds:// URIs or qemu's
+    /// tls-creds-x509.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, RSA or EC). Keep it readable by the server
+    /// only.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Admit only clients whose certificate is signed by this CA (PEM). Clients without a
+    /// certificate, or with one from another CA, fail the TLS handshake and see nothing.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Whether clients must use TLS: `require` (the default once --tls-cert is given) or
+    /// `allow` (plaintext clients too; not with --tls-client-ca).
+    #[arg(long, value_enum, value_name = "MODE", requires = "tls_cert")]
+    pub tls: Option<TlsModeArg>,
+    /// Restrict a client to some exports: CLIENT=EXPORT[,EXPORT...], CLIENT being the subject
+    /// CN or a DNS name of its certificate (needs --tls-client-ca). Repeatable. Once given, a
+    /// client sees only the exports of the rules naming it, and a client no rule names sees
+    /// those of the `*=...` rule, or none. EXPORT `*` is every export; a volume brings its
+    /// snapshots (VOLUME@SNAP). Other exports are neither listed nor opened.
+    #[arg(long, value_name = "CLIENT=EXPORTS", requires = "tls_client_ca")]
+    pub allow_export: Vec<String>,
+}
+
+impl TlsArgs {
+    /// The TLS settings, with every file read and checked; `None` without --tls-cert.
+    pub fn load(&self) -> Result<Option<Arc<TlsConfig>>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let mode = match self.tls.unwrap_or(TlsModeArg::Require) {
+            TlsModeArg::Require => TlsMode::Require,
+            TlsModeArg::Allow => TlsMode::Allow,
+        };
+        let mut rules = ExportRules::default();
+        for r in &self.allow_export {
+            rules.add(r).context("bad --allow-export")?;
+        }
+        let config = TlsConfig::from_files(cert, key, self.tls_client_ca.as_deref(), mode, rules)
+            .context("cannot set up TLS (check --tls-cert, --tls-key, --tls-client-ca)")?;
+        Ok(Some(Arc::new(config)))
+    }
 }
 
 impl ServeArgs {
@@ -89,8 +155,10 @@ async fn stop_signal() {
 /// Serve every volume of the pool until SIGINT or SIGTERM, then shut down cleanly and flush.
 pub fn run(catalog: Arc<dyn Catalog>, args: &ServeArgs) -> Result<()> {
     let endpoints = args.endpoints()?;
+    let tls = args.tls.load()?;
     let config = ServerConfig {
         read_only: args.read_only,
+        tls: tls.clone(),
         ..ServerConfig::default()
     };
     let exports = catalog
@@ -105,6 +173,20 @@ pub fn run(catalog: Arc<dyn Catalog>, args: &ServeArgs) -> Result<()> {
         eprintln!(
             "condense serve: {exports} volume(s) at {e}{}",
             if args.read_only { " (read-only)" } else { "" }
+        );
+    }
+    if let Some(t) = &tls {
+        eprintln!(
+            "condense serve: TLS {}{}; clients connect to nbds://HOST:PORT/NAME",
+            match t.mode {
+                TlsMode::Require => "required",
+                TlsMode::Allow => "offered (plaintext allowed)",
+            },
+            if t.client_auth() {
+                ", client certificates from --tls-client-ca only"
+            } else {
+                ""
+            }
         );
     }
     eprintln!("condense serve: export names are volume names; stop with Ctrl-C or SIGTERM");
@@ -158,6 +240,7 @@ mod tests {
             read_only: false,
             cache: Default::default(),
             config: Default::default(),
+            tls: Default::default(),
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Tcp(DEFAULT_LISTEN.parse()?)]);
         let a = ServeArgs {
@@ -166,6 +249,7 @@ mod tests {
             read_only: false,
             cache: Default::default(),
             config: Default::default(),
+            tls: Default::default(),
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Unix("/tmp/x.sock".into())]);
         let a = ServeArgs {
@@ -174,6 +258,7 @@ mod tests {
             read_only: false,
             cache: Default::default(),
             config: Default::default(),
+            tls: Default::default(),
         };
         assert_eq!(a.endpoints()?.len(), 2);
         let a = ServeArgs {
@@ -182,6 +267,7 @@ mod tests {
             read_only: false,
             cache: Default::default(),
             config: Default::default(),
+            tls: Default::default(),
         };
         assert!(a.endpoints().is_err());
         Ok(())

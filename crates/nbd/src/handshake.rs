@@ -1,8 +1,17 @@
 //! The fixed newstyle handshake: greeting, client flags, and option haggling up to
-//! `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME` (transmission) or `NBD_OPT_ABORT` (end).
+//! `NBD_OPT_GO` / `NBD_OPT_EXPORT_NAME` (transmission), `NBD_OPT_STARTTLS` (the caller runs
+//! the TLS handshake, then haggles again over TLS) or `NBD_OPT_ABORT` (end).
+//!
+//! TLS rules ([`Security`]): without TLS settings STARTTLS is `NBD_REP_ERR_UNSUP`. Under
+//! `require`, before TLS every option but STARTTLS and ABORT is answered
+//! `NBD_REP_ERR_TLS_REQD` (its data read and ignored) and `NBD_OPT_EXPORT_NAME` closes the
+//! connection. Once TLS is active, STARTTLS is `NBD_REP_ERR_INVALID`, and nothing negotiated
+//! before it carries over. Exports a connection's [`Access`] does not allow are neither listed
+//! nor opened: they are answered exactly like exports that do not exist.
 
 use crate::proto::*;
 use crate::server::{blocking, Shared};
+use crate::tls::{Access, TlsMode};
 use crate::wire::{self, ClientOption, GoRequest, MetaContext, MetaRequest, Negotiated};
 use condense_api::Volume;
 use std::sync::Arc;
@@ -28,6 +37,8 @@ pub struct Export {
 /// How the handshake ended.
 pub enum Outcome {
     Transmission(Export),
+    /// STARTTLS was acknowledged: the next bytes on the connection are a TLS handshake.
+    StartTls,
     /// The client aborted, sent something unanswerable, went away, or the server is shutting
     /// down: close the connection.
     Close(&'static str),
@@ -40,11 +51,30 @@ pub enum HandshakeError {
     Io(#[from] std::io::Error),
 }
 
+/// Where a connection stands with TLS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Security {
+    /// The server has no TLS settings.
+    NoTls,
+    /// TLS is offered in this mode and not started yet.
+    Plain(TlsMode),
+    /// TLS is active.
+    Tls,
+}
+
+/// What the option haggling of one connection starts from.
+pub struct Session {
+    pub security: Security,
+    /// The exports this connection may list and open.
+    pub access: Access,
+    /// The client asked for no zero padding after NBD_OPT_EXPORT_NAME (greeting flag).
+    pub no_zeroes: bool,
+}
+
 /// State carried across options.
-#[derive(Default)]
-struct Haggle {
+struct Haggle<'a> {
+    session: &'a Session,
     structured: bool,
-    no_zeroes: bool,
     /// What the last successful NBD_OPT_SET_META_CONTEXT selected, if anything.
     meta: Option<MetaSelection>,
 }
@@ -102,12 +132,12 @@ async fn error_reply<S: AsyncWrite + Unpin>(
     reply(stream, option, error, message.as_bytes()).await
 }
 
-/// Run the handshake on a fresh connection.
-pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
+/// Send the greeting and read the client flags on a fresh connection. `Ok(None)`: close
+/// (shutdown, or flags this server does not know); `Ok(Some(no_zeroes))`: options come next.
+pub async fn greet<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    shared: &Arc<Shared>,
     shutdown: &mut watch::Receiver<bool>,
-) -> Result<Outcome, HandshakeError> {
+) -> Result<Option<bool>, HandshakeError> {
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&INIT_MAGIC.to_be_bytes());
     greeting.extend_from_slice(&OPTS_MAGIC.to_be_bytes());
@@ -117,15 +147,27 @@ pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
 
     let mut flags = [0u8; 4];
     if !read_or_shutdown(stream, &mut flags, shutdown).await? {
-        return Ok(Outcome::Close("shutdown"));
+        return Ok(None);
     }
     let client_flags = u32::from_be_bytes(flags);
     if client_flags & !CLIENT_FLAGS_KNOWN != 0 {
-        return Ok(Outcome::Close("client sent unknown client flags"));
+        tracing::debug!(client_flags, "client sent unknown client flags");
+        return Ok(None);
     }
+    Ok(Some(client_flags & FLAG_C_NO_ZEROES != 0))
+}
+
+/// Haggle options until the client picks an export, starts TLS, or leaves.
+pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    shared: &Arc<Shared>,
+    shutdown: &mut watch::Receiver<bool>,
+    session: &Session,
+) -> Result<Outcome, HandshakeError> {
     let mut state = Haggle {
-        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
-        ..Haggle::default()
+        session,
+        structured: false,
+        meta: None,
     };
 
     for _ in 0..OPTIONS_PER_CONNECTION_MAX {
@@ -168,6 +210,25 @@ pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
             }
             return Ok(Outcome::Close("shutdown"));
         }
+        if session.security == Security::Plain(TlsMode::Require)
+            && option != OPT_STARTTLS
+            && option != OPT_ABORT
+        {
+            if option == OPT_EXPORT_NAME {
+                // EXPORT_NAME cannot be refused: FORCEDTLS hangs up.
+                return Ok(Outcome::Close("NBD_OPT_EXPORT_NAME before STARTTLS"));
+            }
+            error_reply(
+                stream,
+                option,
+                REP_ERR_TLS_REQD,
+                "this server requires TLS: send NBD_OPT_STARTTLS first \
+                 (nbds:// URIs, qemu tls-creds-x509)",
+            )
+            .await?;
+            stream.flush().await?;
+            continue;
+        }
         let parsed = match wire::parse_option(option, &data) {
             Ok(p) => p,
             Err(e) => {
@@ -196,7 +257,7 @@ pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
 async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     shared: &Arc<Shared>,
-    state: &mut Haggle,
+    state: &mut Haggle<'_>,
     option: u32,
     parsed: ClientOption,
 ) -> Result<Option<Outcome>, HandshakeError> {
@@ -209,8 +270,8 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
         ClientOption::List => {
             match shared.visible_exports().await {
                 Ok(names) => {
-                    for name in names {
-                        reply(stream, option, REP_SERVER, &wire::rep_server(&name)).await?;
+                    for name in names.iter().filter(|n| state.session.access.allows(n)) {
+                        reply(stream, option, REP_SERVER, &wire::rep_server(name)).await?;
                     }
                     reply(stream, option, REP_ACK, &[]).await?;
                 }
@@ -220,10 +281,26 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
             }
             Ok(None)
         }
-        ClientOption::StartTls => {
-            error_reply(stream, option, REP_ERR_UNSUP, "TLS is not supported").await?;
-            Ok(None)
-        }
+        ClientOption::StartTls => match state.session.security {
+            Security::NoTls => {
+                error_reply(
+                    stream,
+                    option,
+                    REP_ERR_UNSUP,
+                    "TLS is not configured on this server (serve with --tls-cert and --tls-key)",
+                )
+                .await?;
+                Ok(None)
+            }
+            Security::Plain(_) => {
+                reply(stream, option, REP_ACK, &[]).await?;
+                Ok(Some(Outcome::StartTls))
+            }
+            Security::Tls => {
+                error_reply(stream, option, REP_ERR_INVALID, "TLS is already active").await?;
+                Ok(None)
+            }
+        },
         ClientOption::StructuredReply => {
             if state.structured {
                 error_reply(
@@ -253,7 +330,7 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
         }
         ClientOption::Go(req) => info_or_go(stream, shared, state, option, req, true).await,
         ClientOption::ExportName(name) => {
-            let Ok(volume) = shared.open_export(&name).await else {
+            let Ok(volume) = open_export(shared, state, &name).await else {
                 return Ok(Some(Outcome::Close(
                     "NBD_OPT_EXPORT_NAME of an unknown export",
                 )));
@@ -262,7 +339,7 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
             let mut out = Vec::with_capacity(134);
             out.extend_from_slice(&export.negotiated.size.to_be_bytes());
             out.extend_from_slice(&export.transmission_flags.to_be_bytes());
-            if !state.no_zeroes {
+            if !state.session.no_zeroes {
                 out.extend_from_slice(&[0u8; 124]);
             }
             stream.write_all(&out).await?;
@@ -281,7 +358,25 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-fn make_export(shared: &Shared, state: &Haggle, volume: Arc<dyn Volume>) -> Export {
+/// Open an export this connection may see; one it may not is as unknown as a missing one.
+async fn open_export(
+    shared: &Arc<Shared>,
+    state: &Haggle<'_>,
+    name: &str,
+) -> Result<Arc<dyn Volume>, condense_api::VolumeError> {
+    let access = &state.session.access;
+    let not_found = || condense_api::VolumeError::NotFound(name.to_string());
+    if !name.is_empty() && !access.allows(name) {
+        return Err(not_found());
+    }
+    let volume = shared.open_export(name).await?;
+    if !access.allows(volume.name()) {
+        return Err(not_found());
+    }
+    Ok(volume)
+}
+
+fn make_export(shared: &Shared, state: &Haggle<'_>, volume: Arc<dyn Volume>) -> Export {
     let read_only = shared.config.read_only || volume.is_read_only();
     let mut flags = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_CACHE;
     if read_only {
@@ -326,12 +421,12 @@ fn preferred_block_size(volume: &dyn Volume) -> u32 {
 async fn info_or_go<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     shared: &Arc<Shared>,
-    state: &mut Haggle,
+    state: &mut Haggle<'_>,
     option: u32,
     req: GoRequest,
     go: bool,
 ) -> Result<Option<Outcome>, HandshakeError> {
-    let volume = match shared.open_export(&req.name).await {
+    let volume = match open_export(shared, state, &req.name).await {
         Ok(v) => v,
         Err(e) => {
             error_reply(stream, option, REP_ERR_UNKNOWN, &e.to_string()).await?;
@@ -374,7 +469,7 @@ async fn info_or_go<S: AsyncRead + AsyncWrite + Unpin>(
 async fn meta_context<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     shared: &Arc<Shared>,
-    state: &mut Haggle,
+    state: &mut Haggle<'_>,
     option: u32,
     req: MetaRequest,
     list: bool,
@@ -393,7 +488,7 @@ async fn meta_context<S: AsyncRead + AsyncWrite + Unpin>(
         .await?;
         return Ok(());
     }
-    let volume = match shared.open_export(&req.export).await {
+    let volume = match open_export(shared, state, &req.export).await {
         Ok(v) => v,
         Err(e) => {
             error_reply(stream, option, REP_ERR_UNKNOWN, &e.to_string()).await?;

@@ -12,6 +12,9 @@
 //! reply is sent when it completes, out of order. Extended headers
 //! (`NBD_OPT_EXTENDED_HEADERS`) are not offered.
 //!
+//! NBD over TLS: with [`ServerConfig::tls`] set, clients upgrade with `NBD_OPT_STARTTLS`
+//! (forced or optional, client certificates, per-client exports): see the [`tls`] module.
+//!
 //! Snapshot exports: [`Volume::is_read_only`] is true for them, so the server advertises
 //! `NBD_FLAG_READ_ONLY`, neither TRIM nor WRITE_ZEROES, and refuses WRITE, TRIM and
 //! WRITE_ZEROES with `EPERM`. They serve READ and `base:allocation`, and offer no dirty bitmaps.
@@ -83,11 +86,13 @@ pub mod fuzz;
 mod handshake;
 pub mod proto;
 mod server;
+pub mod tls;
 mod transmission;
 pub mod wire;
 mod workers;
 
 pub use server::{is_exportable, serve_stream, Endpoint, Server, ServerConfig, ServerHandle};
+pub use tls::{ExportRules, TlsConfig, TlsError, TlsMode};
 pub use transmission::End;
 
 /// What can go wrong starting or stopping a server (per-connection failures only end that

@@ -1,7 +1,8 @@
 //! Listeners, connections and shutdown.
 
 use crate::buffers::BufPool;
-use crate::handshake::{self, Outcome};
+use crate::handshake::{self, Outcome, Security, Session};
+use crate::tls::{Access, TlsConfig};
 use crate::transmission::{self, End};
 use crate::workers::Workers;
 use crate::NbdError;
@@ -45,6 +46,8 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Threads that run Volume API calls for all connections.
     pub worker_threads: usize,
+    /// NBD over TLS (STARTTLS); `None` serves plaintext only and refuses STARTTLS.
+    pub tls: Option<Arc<TlsConfig>>,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +58,7 @@ impl Default for ServerConfig {
             inflight_bytes_max: 128 * 1024 * 1024,
             drain_timeout: Duration::from_secs(30),
             worker_threads: 4,
+            tls: None,
         }
     }
 }
@@ -400,20 +404,78 @@ async fn accept_loop<A: Acceptor>(
     }
 }
 
-/// Serve one connection from greeting to close.
+/// How long a client may take over its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serve one connection from greeting to close: plaintext, or upgraded to TLS by STARTTLS
+/// (then everything after it, transmission included, is encrypted).
 pub async fn connection<S: Stream>(
     mut stream: S,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
 ) -> End {
-    let export = match handshake::negotiate(&mut stream, &shared, &mut stop).await {
-        Ok(Outcome::Transmission(export)) => export,
-        Ok(Outcome::Close(why)) => {
-            tracing::debug!(why, "handshake ended");
-            return End::Closed;
-        }
+    let no_zeroes = match handshake::greet(&mut stream, &mut stop).await {
+        Ok(Some(no_zeroes)) => no_zeroes,
+        Ok(None) => return End::Closed,
         Err(e) => return End::Io(e.to_string()),
     };
+    let tls = shared.config.tls.clone();
+    let session = Session {
+        security: tls
+            .as_ref()
+            .map_or(Security::NoTls, |t| Security::Plain(t.mode)),
+        access: Access::All,
+        no_zeroes,
+    };
+    match handshake::negotiate(&mut stream, &shared, &mut stop, &session).await {
+        Ok(Outcome::Transmission(export)) => transmit(stream, export, &shared, stop).await,
+        Ok(Outcome::Close(why)) => {
+            tracing::debug!(why, "handshake ended");
+            End::Closed
+        }
+        Err(e) => End::Io(e.to_string()),
+        Ok(Outcome::StartTls) => {
+            let Some(tls) = tls else {
+                return End::ProtocolViolation("STARTTLS without TLS settings".to_string());
+            };
+            let accepted = tokio::select! {
+                r = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream)) => r,
+                _ = stop.changed() => return End::Shutdown,
+            };
+            let (mut stream, names, access) = match accepted {
+                Ok(Ok(accepted)) => accepted,
+                Ok(Err(e)) => {
+                    tracing::info!("TLS handshake failed: {e}");
+                    return End::Io(format!("TLS handshake: {e}"));
+                }
+                Err(_) => return End::Io("TLS handshake timed out".to_string()),
+            };
+            tracing::debug!(?names, ?access, "TLS established");
+            let session = Session {
+                security: Security::Tls,
+                access,
+                no_zeroes,
+            };
+            match handshake::negotiate(&mut stream, &shared, &mut stop, &session).await {
+                Ok(Outcome::Transmission(export)) => transmit(stream, export, &shared, stop).await,
+                Ok(Outcome::StartTls) => End::ProtocolViolation("STARTTLS twice".to_string()),
+                Ok(Outcome::Close(why)) => {
+                    tracing::debug!(why, "handshake over TLS ended");
+                    End::Closed
+                }
+                Err(e) => End::Io(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Run the transmission phase on a negotiated connection, plaintext or TLS.
+async fn transmit<S: Stream>(
+    stream: S,
+    export: handshake::Export,
+    shared: &Arc<Shared>,
+    stop: watch::Receiver<bool>,
+) -> End {
     tracing::debug!(export = export.volume.name(), "transmission");
     let (r, w) = tokio::io::split(stream);
     transmission::serve(

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# NBD over TLS vs plaintext: fio (nbd ioengine, libnbd URIs) against one `condense serve
+# --tls allow`, so both go to the same server, pool and volume; only the transport differs.
+# Jobs alternate plaintext/TLS (the order swapped every round) and each figure is the median
+# of ROUNDS runs, so drift on a shared machine hits both sides alike. Goal (issue 12): TLS at
+# most 15 % slower, i.e. a TLS/plain ratio of at least 0.85 for throughput and IOPS.
+#
+#   bash bench/nbd/tls-bench.sh                         # 512 MiB, 10 s per run, 3 rounds
+#   SIZE=1G RUNTIME=20 ROUNDS=5 bash bench/nbd/tls-bench.sh
+#   CONDENSE=target/release/condense BENCH_DIR=/mnt/disk bash bench/nbd/tls-bench.sh
+#
+# Certificates are made with openssl (ECDSA P-256; TLS 1.3 with AES-GCM is what libnbd's
+# GnuTLS and rustls agree on). Needs: fio, openssl, libnbd-bin, python3. Prints figures;
+# asserts nothing.
+
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+SIZE=${SIZE:-512M}
+RUNTIME=${RUNTIME:-10}
+RAMP=${RAMP:-2}
+ROUNDS=${ROUNDS:-3}
+if [ -z "${CONDENSE:-}" ]; then
+    (cd "$ROOT" && cargo build --release -p condense)
+    CONDENSE=${CARGO_TARGET_DIR:-$ROOT/target}/release/condense
+fi
+for tool in fio openssl nbdcopy nbdinfo python3; do
+    command -v "$tool" >/dev/null || { echo "missing $tool (scripts/install-deps.sh)"; exit 1; }
+done
+fio --enghelp 2>/dev/null | grep -qw nbd || { echo "this fio has no nbd ioengine"; exit 1; }
+
+BASE=${BENCH_DIR:-$ROOT/target/bench-nbd}
+mkdir -p "$BASE"
+W=$(mktemp -d "$BASE/tls.XXXXXX")
+POOL=$W/pool
+PORT=$((20000 + RANDOM % 20000))
+SERVER_PID=
+cleanup() {
+    if [ -n "$SERVER_PID" ]; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+    fi
+    rm -rf "$W"
+}
+trap cleanup EXIT
+
+# A CA and a server certificate for localhost; the client directory holds the CA only.
+cd "$W"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -keyout ca-key.pem -out ca-cert.pem -subj "/CN=bench CA" \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout server-key.pem \
+    -out server.csr -subj "/CN=localhost" 2>/dev/null
+printf '%s\n' "basicConstraints=CA:FALSE" "extendedKeyUsage=serverAuth" \
+    "subjectAltName=DNS:localhost,IP:127.0.0.1" >server.ext
+openssl x509 -req -in server.csr -CA ca-cert.pem -CAkey ca-key.pem -CAcreateserial -days 2 \
+    -out server-cert.pem -extfile server.ext 2>/dev/null
+# fio's libnbd refuses local files named in a URI (tls-certificates=), so the TLS runs find
+# the CA where libnbd looks by default: $HOME/.pki/libnbd/ca-cert.pem.
+mkdir -p client/.pki/libnbd && cp ca-cert.pem client/.pki/libnbd/
+
+echo "== setup: $SIZE of random data in a volume"
+fio --name=fill --filename="$W/src.raw" --size="$SIZE" --rw=write --bs=1M --ioengine=psync \
+    --refill_buffers=1 --output=/dev/null
+bytes=$(stat -c %s "$W/src.raw")
+"$CONDENSE" --pool "$POOL" init >/dev/null
+"$CONDENSE" --pool "$POOL" volume create bench --size "$bytes" >/dev/null
+"$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" --tls allow \
+    --tls-cert server-cert.pem --tls-key server-key.pem >"$W/serve.log" 2>&1 &
+SERVER_PID=$!
+URI_PLAIN=nbd://127.0.0.1:$PORT/bench
+URI_TLS="nbds://localhost:$PORT/bench"
+for _ in $(seq 1 100); do nbdinfo "$URI_PLAIN" >/dev/null 2>&1 && break; sleep 0.1; done
+HOME=$W/client nbdinfo "$URI_TLS" | grep -q "with TLS" || { echo "TLS client cannot connect"; exit 1; }
+nbdcopy --flush "$W/src.raw" "$URI_PLAIN"
+rm -f "$W/src.raw"
+
+# run TRANSPORT NAME ROUND FIO-ARGS...
+run() {
+    local transport=$1 name=$2 round=$3
+    shift 3
+    local uri=$URI_PLAIN home=$HOME
+    [ "$transport" = tls ] && uri=$URI_TLS home=$W/client
+    HOME=$home fio --name="$name" --ioengine=nbd --uri="$uri" --size="$bytes" --time_based=1 \
+        --runtime="$RUNTIME" --ramp_time="$RAMP" --randrepeat=0 --refill_buffers=1 \
+        --output-format=json --output="$W/$transport-$name-$round.json" "$@" >/dev/null 2>&1 ||
+        { echo "fio $name over $transport failed"; tail -5 "$W/$transport-$name-$round.json"; return 1; }
+}
+
+jobs=(
+    "seqread1m|--rw=read --bs=1M --iodepth=4"
+    "seqwrite1m|--rw=write --bs=1M --iodepth=4"
+    "randread4k|--rw=randread --bs=4k --iodepth=32"
+    "randwrite4k|--rw=randwrite --bs=4k --iodepth=32"
+)
+for round in $(seq 1 "$ROUNDS"); do
+    order="plain tls"
+    [ $((round % 2)) = 0 ] && order="tls plain"
+    for j in "${jobs[@]}"; do
+        name=${j%%|*}
+        read -r -a args <<<"${j#*|}"
+        for transport in $order; do
+            echo "== round $round: $name over $transport"
+            run "$transport" "$name" "$round" "${args[@]}"
+        done
+    done
+done
+
+python3 - "$W" "$SIZE" "$RUNTIME" "$ROUNDS" <<'EOF'
+import json, os, statistics, sys
+w, size, runtime, rounds = sys.argv[1:5]
+rounds = int(rounds)
+
+def value(transport, name, rw, key):
+    out = []
+    for r in range(1, rounds + 1):
+        with open(os.path.join(w, f"{transport}-{name}-{r}.json")) as f:
+            out.append(json.load(f)["jobs"][0][rw][key])
+    return statistics.median(out)
+
+rows = [
+    ("seq read 1M qd4 (MiB/s)", "seqread1m", "read", "bw_bytes", 2**20),
+    ("seq write 1M qd4 (MiB/s)", "seqwrite1m", "write", "bw_bytes", 2**20),
+    ("rand read 4K qd32 (IOPS)", "randread4k", "read", "iops", 1),
+    ("rand write 4K qd32 (IOPS)", "randwrite4k", "write", "iops", 1),
+]
+print()
+print(f"NBD plaintext vs TLS, one connection, {size} volume, {runtime} s per run, "
+      f"median of {rounds} alternated rounds")
+hdr = f"{'job':<28}{'plaintext':>12}{'TLS':>12}{'TLS/plain':>12}{'goal >=0.85':>13}"
+print(hdr)
+print("-" * len(hdr))
+for label, name, rw, key, div in rows:
+    p = value("plain", name, rw, key) / div
+    t = value("tls", name, rw, key) / div
+    r = t / p if p else float("nan")
+    print(f"{label:<28}{p:>12.0f}{t:>12.0f}{r:>11.2f}x{'met' if r >= 0.85 else 'MISSED':>13}")
+EOF
