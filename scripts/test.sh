@@ -18,7 +18,7 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --release -- -D warnings
 step "cargo build --release" cargo build --workspace --release --all-targets
 step "cargo test (unit, property, crash simulation, CLI end to end)" cargo test --workspace --release
-export CONDENSE="$PWD/target/release/condense"
+export CONDENSE="${CARGO_TARGET_DIR:-$PWD/target}/release/condense"
 for t in tests/*/run.sh; do
   [ -x "$t" ] || continue
   step "$t" "$t"
