@@ -155,7 +155,13 @@ impl Dir for RealDir {
     fn total_bytes(&self) -> io::Result<u64> {
         let mut total = 0;
         for e in fs::read_dir(&self.path)? {
-            let m = e?.metadata()?;
+            // A file renamed or removed between the listing and its stat (a temporary file
+            // being renamed into place, a segment GC just deleted) no longer counts.
+            let m = match e?.metadata() {
+                Ok(m) => m,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+                Err(err) => return Err(err),
+            };
             if m.is_file() {
                 total += m.len();
             }
