@@ -15,11 +15,13 @@
 //! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush
 //! - [`volume`]: the Volume API over a pool
 //! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
+//! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
 
 #![deny(clippy::unwrap_used)]
 
 pub mod block_map;
 pub mod chunk_table;
+pub mod counters;
 pub mod dedup_index;
 pub mod error;
 pub mod format;
@@ -39,6 +41,7 @@ pub mod stats;
 pub mod verify;
 pub mod volume;
 
+pub use counters::CounterValues;
 pub use error::{Error, Result};
 pub use format::{Compression, WritePolicy};
 pub use pool::{default_metadata_cache_bytes, InitOptions, OpenOptions, Pool, METADATA_CACHE_MIN};
