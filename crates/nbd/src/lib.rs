@@ -81,12 +81,14 @@ mod buffers;
 #[doc(hidden)]
 pub mod fuzz;
 mod handshake;
+mod metrics;
 pub mod proto;
 mod server;
 mod transmission;
 pub mod wire;
 mod workers;
 
+pub use metrics::NbdMetrics;
 pub use server::{is_exportable, serve_stream, Endpoint, Server, ServerConfig, ServerHandle};
 pub use transmission::End;
 

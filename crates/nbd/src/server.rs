@@ -2,6 +2,7 @@
 
 use crate::buffers::BufPool;
 use crate::handshake::{self, Outcome};
+use crate::metrics::NbdMetrics;
 use crate::transmission::{self, End};
 use crate::workers::Workers;
 use crate::NbdError;
@@ -65,6 +66,7 @@ pub struct Shared {
     pub config: ServerConfig,
     pub workers: Workers,
     pub buffers: Arc<BufPool>,
+    pub metrics: Arc<NbdMetrics>,
 }
 
 impl Shared {
@@ -75,6 +77,7 @@ impl Shared {
             config,
             workers,
             buffers: Arc::new(BufPool::default()),
+            metrics: Arc::new(NbdMetrics::default()),
         })
     }
 }
@@ -231,6 +234,12 @@ impl Server {
     /// The endpoints actually bound.
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.endpoints
+    }
+
+    /// The server's counters (requests, bytes, latency, clients), to register with a
+    /// metrics endpoint.
+    pub fn metrics(&self) -> Arc<NbdMetrics> {
+        self.shared.metrics.clone()
     }
 
     /// Serve until `shutdown` completes; then stop accepting, answer every request in flight,
@@ -406,6 +415,7 @@ pub async fn connection<S: Stream>(
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
 ) -> End {
+    let _client = shared.metrics.client();
     let export = match handshake::negotiate(&mut stream, &shared, &mut stop).await {
         Ok(Outcome::Transmission(export)) => export,
         Ok(Outcome::Close(why)) => {
@@ -422,6 +432,7 @@ pub async fn connection<S: Stream>(
         export,
         &shared.workers,
         &shared.buffers,
+        &shared.metrics,
         shared.config.inflight_bytes_max,
         stop,
     )
