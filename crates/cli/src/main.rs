@@ -12,6 +12,7 @@ mod control;
 mod convert;
 mod estimate;
 mod image;
+mod metrics;
 mod mount;
 mod report;
 mod serve;

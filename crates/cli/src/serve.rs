@@ -6,6 +6,7 @@
 
 use anyhow::{bail, Context, Result};
 use condense_api::Catalog;
+use condense_engine::Pool;
 use condense_nbd::{Endpoint, Server, ServerConfig, ServerHandle};
 use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,12 @@ pub struct ServeArgs {
     pub read_only: bool,
     #[command(flatten)]
     pub cache: crate::MetadataCacheArg,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (requests, bytes and latency per
+    /// NBD command, connected clients, savings, dead bytes, GC, journal and checkpoint
+    /// timings; docs/METRICS.md). Off by default; use a loopback address unless the network
+    /// in between is trusted (there is no authentication).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
 }
 
 impl ServeArgs {
@@ -85,7 +92,9 @@ async fn stop_signal() {
 }
 
 /// Serve every volume of the pool until SIGINT or SIGTERM, then shut down cleanly and flush.
-pub fn run(catalog: Arc<dyn Catalog>, args: &ServeArgs) -> Result<()> {
+pub fn run(pool: Arc<Pool>, args: &ServeArgs) -> Result<()> {
+    let metrics = crate::metrics::Endpoint::start(args.metrics_listen.as_deref(), &pool, "serve")?;
+    let catalog: Arc<dyn Catalog> = pool;
     let endpoints = args.endpoints()?;
     let config = ServerConfig {
         read_only: args.read_only,
@@ -98,6 +107,9 @@ pub fn run(catalog: Arc<dyn Catalog>, args: &ServeArgs) -> Result<()> {
         .filter(|v| condense_nbd::is_exportable(&v.name))
         .count();
     let server = Server::bind(catalog, config, &endpoints)?;
+    if let Some(m) = &metrics {
+        m.register(server.metrics());
+    }
     let rt = runtime()?;
     for e in server.endpoints() {
         eprintln!(
@@ -152,6 +164,7 @@ mod tests {
             socket: None,
             read_only: false,
             cache: Default::default(),
+            metrics_listen: None,
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Tcp(DEFAULT_LISTEN.parse()?)]);
         let a = ServeArgs {
@@ -159,6 +172,7 @@ mod tests {
             socket: Some("/tmp/x.sock".into()),
             read_only: false,
             cache: Default::default(),
+            metrics_listen: None,
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Unix("/tmp/x.sock".into())]);
         let a = ServeArgs {
@@ -166,6 +180,7 @@ mod tests {
             socket: Some("/tmp/x.sock".into()),
             read_only: false,
             cache: Default::default(),
+            metrics_listen: None,
         };
         assert_eq!(a.endpoints()?.len(), 2);
         let a = ServeArgs {
@@ -173,6 +188,7 @@ mod tests {
             socket: None,
             read_only: false,
             cache: Default::default(),
+            metrics_listen: None,
         };
         assert!(a.endpoints().is_err());
         Ok(())
