@@ -5,8 +5,9 @@
 # libnbd-bin: nbdinfo, nbdcopy; nbdkit: the protocol baseline in benchmarks; fio: I/O tests
 # fuse3: fusermount3 for the FUSE mount; xfsprogs, e2fsprogs: mkfs on a loop device over FUSE
 # bc, time, jq: benchmark scripts
+# prometheus (the server and promtool), curl: tests/metrics (scrape, promtool check metrics, queries)
 set -euo pipefail
-packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq)
+packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq prometheus curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
