@@ -136,6 +136,13 @@ check "savings ratio, dead bytes, journal, checkpoint and GC metrics are exposed
         grep -q \"^\$m \" '$W/after' || { echo \"missing \$m\"; exit 1; }
     done"
 check "promtool check metrics passes on the scrape" bash -c "promtool check metrics <'$W/after'"
+# documented NAME: whether docs/METRICS.md has a row for the metric.
+documented() { grep -q "^| \`$1[\`{]" "$ROOT/docs/METRICS.md"; }
+# undocumented SCRAPE: the families of a saved scrape docs/METRICS.md does not list.
+undocumented() {
+    awk '/^# TYPE/ { print $3 }' "$W/$1" | while read -r m; do documented "$m" || echo "$m"; done
+}
+expect "every metric of the serve scrape is in docs/METRICS.md" "$(undocumented after | xargs)" ""
 
 # A client that stays connected shows in condense_nbd_clients_connected.
 qemu-io -f raw -c "sleep 4000" "$URI/vm" >/dev/null 2>&1 &
@@ -195,6 +202,23 @@ check "qemu-io writes 2 MiB more" qemu-io -f raw -c "write -P 0xcd 16M 2M" "$URI
 expect "Prometheus answers the moved counter: 14 MiB" "$(wait_promql "$W_BYTES" 14680064)" 14680064
 expect "Prometheus answers the pool's written bytes" \
     "$(wait_promql condense_pool_written_bytes 10485760)" 10485760
+# Every query of the Grafana dashboard is valid PromQL for this Prometheus (Grafana's
+# variables replaced by plain values) and names only documented metrics.
+DASH=$ROOT/dist/grafana/condense.json
+dash_ok=1
+: >"$W/out"
+while IFS= read -r q; do
+    q=${q//\$__rate_interval/1m}
+    q=${q//\$job/.*}
+    status=$(curl -s -G "$PROM/api/v1/query" --data-urlencode "query=$q" | jq -r .status)
+    [ "$status" = success ] || { echo "query refused: $q" >>"$W/out"; dash_ok=0; }
+done < <(jq -r '.panels[].targets[]?.expr' "$DASH")
+for m in $(jq -r '.panels[].targets[]?.expr' "$DASH" | grep -o 'condense_[a-z_]*' |
+           sed -E 's/_(bucket|sum|count)$//' | sort -u); do
+    documented "$m" || { echo "undocumented: $m" >>"$W/out"; dash_ok=0; }
+done
+if [ "$dash_ok" = 1 ]; then ok "Grafana dashboard queries parse in Prometheus and use documented metrics"
+else fail "Grafana dashboard queries parse in Prometheus and use documented metrics"; fi
 kill -TERM "$PROM_PID" 2>/dev/null; wait "$PROM_PID" 2>/dev/null; PROM_PID=
 
 kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
@@ -250,6 +274,7 @@ if [ -n "$read_bytes" ] && [ "$read_bytes" -ge 2097152 ]; then ok "FUSE read byt
 else echo "read bytes: '$read_bytes'" >"$W/out"; fail "FUSE read bytes cover the 2 MiB read"; fi
 expect "pool written bytes include the new MiB" "$(value mount_after condense_pool_written_bytes)" 11534336
 check "promtool check metrics passes on the mount's scrape" bash -c "promtool check metrics <'$W/mount_after'"
+expect "every metric of the mount's scrape is in docs/METRICS.md" "$(undocumented mount_after | xargs)" ""
 kill -TERM "$MOUNT_PID"; wait "$MOUNT_PID" 2>/dev/null; MOUNT_PID=
 check "verify clean after everything" c verify
 finish
