@@ -7,8 +7,9 @@
 # bc, time, jq: benchmark scripts
 # systemd: systemd-analyze verify on the unit files; python3: the fake sd_notify listener (tests/service)
 # openssl: certificates for the NBD-over-TLS test (tests/tls) and bench (bench/nbd/tls-bench.sh)
+# prometheus (the server and promtool), curl: tests/metrics (scrape, promtool check metrics, queries)
 set -euo pipefail
-packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq systemd python3 openssl)
+packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq systemd python3 openssl prometheus curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -14,6 +14,7 @@ mod convert;
 mod estimate;
 mod image;
 mod keys;
+mod metrics;
 mod mount;
 mod notify;
 mod report;

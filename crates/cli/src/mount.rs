@@ -12,6 +12,7 @@
 
 use anyhow::{Context, Result};
 use condense_api::Catalog;
+use condense_engine::Pool;
 use condense_fuse::{FuseError, MountOptions, Mounted};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +33,12 @@ pub struct MountArgs {
     pub cache: crate::MetadataCacheArg,
     #[command(flatten)]
     pub config: crate::config::ConfigArg,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (reads and writes with their
+    /// bytes and latency, savings, dead bytes, GC, journal and checkpoint timings;
+    /// docs/METRICS.md). Off by default; use a loopback address unless the network in between
+    /// is trusted (there is no authentication).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
 }
 
 /// How often the foreground loop checks whether the mount was ended by `umount`.
@@ -69,7 +76,10 @@ fn wait_signal_or_end(rt: &tokio::runtime::Runtime, mounted: &Mounted) -> bool {
 
 /// Mount the pool at `args.mountpoint` and serve it until SIGINT/SIGTERM or an external
 /// unmount; then unmount, write every pending change and flush the pool.
-pub fn run(catalog: Arc<dyn Catalog>, args: &MountArgs) -> Result<()> {
+pub fn run(pool: Arc<Pool>, args: &MountArgs) -> Result<()> {
+    // Listen first: a taken address fails before anything is mounted.
+    let metrics = crate::metrics::Endpoint::start(args.metrics_listen.as_deref(), &pool, "mount")?;
+    let catalog: Arc<dyn Catalog> = pool;
     let opts = MountOptions {
         allow_other: args.allow_other,
         read_only: args.read_only,
@@ -82,6 +92,9 @@ pub fn run(catalog: Arc<dyn Catalog>, args: &MountArgs) -> Result<()> {
             args.mountpoint.display()
         )
     })?;
+    if let Some(m) = &metrics {
+        m.register(mounted.metrics());
+    }
     let shown = mounted.mountpoint().display().to_string();
     eprintln!(
         "condense mount: mounted at {shown}{} (volumes/ and files/); stop with Ctrl-C, \

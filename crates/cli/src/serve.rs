@@ -8,6 +8,7 @@
 
 use anyhow::{bail, Context, Result};
 use condense_api::Catalog;
+use condense_engine::Pool;
 use condense_nbd::{Endpoint, ExportRules, Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
 use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
@@ -36,6 +37,12 @@ pub struct ServeArgs {
     pub config: crate::config::ConfigArg,
     #[command(flatten)]
     pub tls: TlsArgs,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics (requests, bytes and latency per
+    /// NBD command, connected clients, savings, dead bytes, GC, journal and checkpoint
+    /// timings; docs/METRICS.md). Off by default; use a loopback address unless the network
+    /// in between is trusted (there is no authentication).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
 }
 
 /// `--tls`: whether clients must start TLS.
@@ -153,9 +160,11 @@ async fn stop_signal() {
 }
 
 /// Serve every volume of the pool until SIGINT or SIGTERM, then shut down cleanly and flush.
-pub fn run(catalog: Arc<dyn Catalog>, args: &ServeArgs) -> Result<()> {
+pub fn run(pool: Arc<Pool>, args: &ServeArgs) -> Result<()> {
     let endpoints = args.endpoints()?;
     let tls = args.tls.load()?;
+    let metrics = crate::metrics::Endpoint::start(args.metrics_listen.as_deref(), &pool, "serve")?;
+    let catalog: Arc<dyn Catalog> = pool;
     let config = ServerConfig {
         read_only: args.read_only,
         tls: tls.clone(),
@@ -168,6 +177,9 @@ pub fn run(catalog: Arc<dyn Catalog>, args: &ServeArgs) -> Result<()> {
         .filter(|v| condense_nbd::is_exportable(&v.name))
         .count();
     let server = Server::bind(catalog, config, &endpoints)?;
+    if let Some(m) = &metrics {
+        m.register(server.metrics());
+    }
     let rt = runtime()?;
     for e in server.endpoints() {
         eprintln!(
@@ -241,6 +253,7 @@ mod tests {
             cache: Default::default(),
             config: Default::default(),
             tls: Default::default(),
+            metrics_listen: None,
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Tcp(DEFAULT_LISTEN.parse()?)]);
         let a = ServeArgs {
@@ -250,6 +263,7 @@ mod tests {
             cache: Default::default(),
             config: Default::default(),
             tls: Default::default(),
+            metrics_listen: None,
         };
         assert_eq!(a.endpoints()?, vec![Endpoint::Unix("/tmp/x.sock".into())]);
         let a = ServeArgs {
@@ -259,6 +273,7 @@ mod tests {
             cache: Default::default(),
             config: Default::default(),
             tls: Default::default(),
+            metrics_listen: None,
         };
         assert_eq!(a.endpoints()?.len(), 2);
         let a = ServeArgs {
@@ -268,6 +283,7 @@ mod tests {
             cache: Default::default(),
             config: Default::default(),
             tls: Default::default(),
+            metrics_listen: None,
         };
         assert!(a.endpoints().is_err());
         Ok(())

@@ -14,12 +14,14 @@
 //! deduplicated against it meanwhile). Flushes are not blocked (only one GC runs at a time).
 
 use crate::chunk_table::ChunkEntry;
+use crate::counters::{add, nanos};
 use crate::error::{Error, Result};
 use crate::format::{open_record, JournalRecord, CHUNKS_PER_PAGE, SEGMENT_HEADER_BYTES};
 use crate::io::File;
 use crate::page_cache::CHUNK_TREE;
 use crate::pool::{lock, Pool};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// Chunk-table pages scanned per hold of the state lock.
@@ -59,6 +61,29 @@ impl Pool {
     /// Compact every sealed segment whose dead share is at least `min_dead_percent`.
     pub fn gc(&self, min_dead_percent: u8) -> Result<GcReport> {
         let _one_gc = lock(&self.gc_lock);
+        let c = &self.counters;
+        let started = std::time::Instant::now();
+        c.gc_scanned_chunk_ids.store(0, Relaxed);
+        c.gc_chunk_ids.store(0, Relaxed);
+        c.gc_running.store(1, Relaxed);
+        let r = self.gc_locked(min_dead_percent);
+        c.gc_running.store(0, Relaxed);
+        add(&c.gc_runs, 1);
+        add(&c.gc_nanos, nanos(started.elapsed()));
+        if let Ok(report) = &r {
+            add(&c.gc_chunks_moved, report.chunks_moved);
+            add(&c.gc_chunks_dropped, report.chunks_dropped);
+            add(&c.gc_segments_removed, report.segments_removed);
+            add(
+                &c.gc_reclaimed_bytes,
+                report.bytes_before.saturating_sub(report.bytes_after),
+            );
+        }
+        r
+    }
+
+    /// [`Pool::gc`], the caller holding `gc_lock`.
+    fn gc_locked(&self, min_dead_percent: u8) -> Result<GcReport> {
         self.flush()?;
         let mut report = GcReport::default();
         let (victims, next_id) = {
@@ -85,6 +110,7 @@ impl Pool {
             return Ok(report);
         }
         let per = CHUNKS_PER_PAGE as u64;
+        self.counters.gc_chunk_ids.store(next_id, Relaxed);
         let mut page = 0u64;
         while page * per < next_id {
             // 1. Chunks of victim segments in a window of the chunk table.
@@ -108,6 +134,9 @@ impl Pool {
                 )?;
             }
             page += SCAN_PAGES;
+            self.counters
+                .gc_scanned_chunk_ids
+                .store((page * per).min(next_id), Relaxed);
             // 2. Read and check the live ones without the state lock; 3. commit in batches.
             for batch in found.chunks(COPY_BATCH) {
                 let mut copies = Vec::with_capacity(batch.len());

@@ -16,11 +16,13 @@
 //! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush
 //! - [`volume`]: the Volume API over a pool
 //! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
+//! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
 
 #![deny(clippy::unwrap_used)]
 
 pub mod block_map;
 pub mod chunk_table;
+pub mod counters;
 pub mod crypto;
 pub mod dedup_index;
 pub mod error;
@@ -41,6 +43,7 @@ pub mod stats;
 pub mod verify;
 pub mod volume;
 
+pub use counters::CounterValues;
 pub use crypto::UserKey;
 pub use error::{Error, Result};
 pub use format::{Compression, WritePolicy};

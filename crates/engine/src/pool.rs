@@ -152,6 +152,8 @@ pub struct Pool {
     pub(crate) writers: Mutex<HashMap<u32, usize>>,
     pub(crate) me: Weak<Pool>,
     pub(crate) read_errors: AtomicU64,
+    /// Activity counters for monitoring ([`Pool::counters`]).
+    pub(crate) counters: crate::counters::Counters,
     pub(crate) replay: ReplayReport,
     _lock_file: Option<std::fs::File>,
 }
@@ -536,6 +538,7 @@ impl Pool {
             writers: Mutex::new(HashMap::new()),
             me: me.clone(),
             read_errors: AtomicU64::new(0),
+            counters: Default::default(),
             replay,
             _lock_file: lock_file,
         });
@@ -808,6 +811,7 @@ impl Pool {
             st.journal.append(r);
         }
         st.appended += records.len() as u64;
+        crate::counters::add(&self.counters.journal_records, records.len() as u64);
         let appended = st.appended;
         let index_bytes = st.md.index.ram_bytes();
         st.md.cache.set_reserved_bytes(index_bytes);
@@ -1035,6 +1039,7 @@ impl Pool {
             let (files, dir_changed) = st.segments.take_dirty();
             (files, dir_changed, st.journal.file.clone(), st.appended)
         };
+        let started = std::time::Instant::now();
         let synced = (|| {
             sync_segments(&files)?;
             if dir_changed {
@@ -1042,10 +1047,23 @@ impl Pool {
                     .sync_dir()
                     .map_err(|e| Error::io("syncing the pool directory", e))?;
             }
+            let journal_started = std::time::Instant::now();
             journal
                 .sync()
-                .map_err(|e| Error::io("syncing the journal", e))
+                .map_err(|e| Error::io("syncing the journal", e))?;
+            let c = &self.counters;
+            crate::counters::add(&c.journal_syncs, 1);
+            crate::counters::add(
+                &c.journal_sync_nanos,
+                crate::counters::nanos(journal_started.elapsed()),
+            );
+            Ok(())
         })();
+        crate::counters::add(&self.counters.flushes, 1);
+        crate::counters::add(
+            &self.counters.flush_nanos,
+            crate::counters::nanos(started.elapsed()),
+        );
         let st = self.settle_sync(synced, target)?;
         let big = st.journal.file_bytes() > self.opts.journal_bytes_max;
         drop(st);
@@ -1073,6 +1091,7 @@ impl Pool {
         check: &dyn Fn(&Metadata) -> Result<()>,
         change: Option<&mut MetadataChange<'_>>,
     ) -> Result<()> {
+        let started = std::time::Instant::now();
         let (body, old_gen, new_journal_file, files, target, freed) = {
             let mut st = lock(&self.state);
             self.writable(&st)?;
@@ -1140,6 +1159,12 @@ impl Pool {
         // free tail of meta.dat is given back to the file system.
         st.md.cache.alloc.release(freed);
         st.md.cache.trim_file()?;
+        let took = crate::counters::nanos(started.elapsed());
+        let c = &self.counters;
+        crate::counters::add(&c.checkpoints, 1);
+        crate::counters::add(&c.checkpoint_nanos, took);
+        c.checkpoint_last_nanos
+            .store(took, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -14,6 +14,7 @@
 //! first.
 
 use crate::format::{file_volume_name, Kind, Timestamp, NAME_BYTES_MAX};
+use crate::metrics::Op;
 use crate::seek::{seek, Whence};
 use crate::tree::{errno_of, AttrChange, Released, Tree, FIRST_INO, TREE_INO_MAX, TREE_ROOT};
 use crate::FuseError;
@@ -150,6 +151,8 @@ pub struct Inner {
     uid: u32,
     gid: u32,
     started: SystemTime,
+    /// Reads and writes counted for monitoring.
+    pub metrics: Arc<crate::metrics::FuseMetrics>,
     tree: Mutex<Tree>,
     files: Mutex<HashMap<u64, Arc<FileData>>>,
     vols: Mutex<VolTable>,
@@ -192,6 +195,7 @@ impl Inner {
             uid,
             gid,
             started: SystemTime::now(),
+            metrics: Default::default(),
             tree: Mutex::new(tree),
             files: Mutex::new(HashMap::new()),
             vols: Mutex::new(VolTable {
@@ -1132,6 +1136,7 @@ impl Filesystem for Fs {
         reply: ReplyData,
     ) {
         let inner = &self.0;
+        let started = std::time::Instant::now();
         let r = match target(ino.0) {
             Target::Volume => inner.volume(ino.0).and_then(|(_, vol, _)| {
                 let vsize = vol.size();
@@ -1147,6 +1152,8 @@ impl Filesystem for Fs {
             Target::Tree => inner.file_read(ino.0, offset, size),
             _ => Err(Errno::EISDIR),
         };
+        let bytes = r.as_ref().ok().map(|b| b.len() as u64);
+        inner.metrics.done(Op::Read, bytes, started.elapsed());
         match r {
             Ok(buf) => reply.data(&buf),
             Err(e) => reply.error(e),
@@ -1166,6 +1173,7 @@ impl Filesystem for Fs {
         reply: ReplyWrite,
     ) {
         let inner = &self.0;
+        let started = std::time::Instant::now();
         let fua = flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0;
         let r = match target(ino.0) {
             Target::Volume => inner.writable().and_then(|()| {
@@ -1179,6 +1187,8 @@ impl Filesystem for Fs {
             Target::Tree => inner.file_write(ino.0, offset, data, fua),
             _ => Err(Errno::EISDIR),
         };
+        let bytes = r.as_ref().ok().map(|&n| u64::from(n));
+        inner.metrics.done(Op::Write, bytes, started.elapsed());
         match r {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),

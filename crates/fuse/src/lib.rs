@@ -40,6 +40,7 @@
 
 pub mod format;
 mod fs;
+mod metrics;
 mod seek;
 pub mod tree;
 
@@ -50,6 +51,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 pub use format::FormatError;
+pub use metrics::FuseMetrics;
 
 /// How to mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,6 +254,12 @@ impl Mounted {
     /// Write every pending change of the file tree and flush the pool, leaving it mounted.
     pub fn sync(&self) -> Result<(), FuseError> {
         self.fs.sync()
+    }
+
+    /// The mount's counters (reads, writes, bytes, latency), to register with a metrics
+    /// endpoint.
+    pub fn metrics(&self) -> Arc<FuseMetrics> {
+        self.fs.metrics.clone()
     }
 }
 

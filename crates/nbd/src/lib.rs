@@ -84,6 +84,7 @@ mod buffers;
 #[doc(hidden)]
 pub mod fuzz;
 mod handshake;
+mod metrics;
 pub mod proto;
 mod server;
 pub mod tls;
@@ -91,6 +92,7 @@ mod transmission;
 pub mod wire;
 mod workers;
 
+pub use metrics::NbdMetrics;
 pub use server::{is_exportable, serve_stream, Endpoint, Server, ServerConfig, ServerHandle};
 pub use tls::{ExportRules, TlsConfig, TlsError, TlsMode};
 pub use transmission::End;

@@ -2,6 +2,7 @@
 
 use crate::buffers::BufPool;
 use crate::handshake::{self, Outcome, Security, Session};
+use crate::metrics::NbdMetrics;
 use crate::tls::{Access, TlsConfig};
 use crate::transmission::{self, End};
 use crate::workers::Workers;
@@ -69,6 +70,7 @@ pub struct Shared {
     pub config: ServerConfig,
     pub workers: Workers,
     pub buffers: Arc<BufPool>,
+    pub metrics: Arc<NbdMetrics>,
 }
 
 impl Shared {
@@ -79,6 +81,7 @@ impl Shared {
             config,
             workers,
             buffers: Arc::new(BufPool::default()),
+            metrics: Arc::new(NbdMetrics::default()),
         })
     }
 }
@@ -235,6 +238,12 @@ impl Server {
     /// The endpoints actually bound.
     pub fn endpoints(&self) -> &[Endpoint] {
         &self.endpoints
+    }
+
+    /// The server's counters (requests, bytes, latency, clients), to register with a
+    /// metrics endpoint.
+    pub fn metrics(&self) -> Arc<NbdMetrics> {
+        self.shared.metrics.clone()
     }
 
     /// Serve until `shutdown` completes; then stop accepting, answer every request in flight,
@@ -414,6 +423,7 @@ pub async fn connection<S: Stream>(
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
 ) -> End {
+    let _client = shared.metrics.client();
     let no_zeroes = match handshake::greet(&mut stream, &mut stop).await {
         Ok(Some(no_zeroes)) => no_zeroes,
         Ok(None) => return End::Closed,
@@ -484,6 +494,7 @@ async fn transmit<S: Stream>(
         export,
         &shared.workers,
         &shared.buffers,
+        &shared.metrics,
         shared.config.inflight_bytes_max,
         stop,
     )

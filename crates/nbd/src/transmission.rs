@@ -8,11 +8,14 @@
 
 use crate::buffers::{Buf, BufPool};
 use crate::handshake::Export;
+use crate::metrics::NbdMetrics;
 use crate::proto::*;
 use crate::wire::{self, Command, MetaContext, RequestHeader, Verdict};
 use crate::workers::Workers;
 use condense_api::Volume;
+use std::cell::Cell;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -68,15 +71,20 @@ struct Job {
     buffers: Arc<BufPool>,
     /// The selected metadata contexts, for BLOCK_STATUS.
     contexts: Arc<[(u32, MetaContext)]>,
+    metrics: Arc<NbdMetrics>,
+    /// When the request's header was read.
+    started: Instant,
 }
 
 /// Run the transmission phase until the client disconnects or shutdown is signalled.
+#[allow(clippy::too_many_arguments)] // each is a separate piece of the server's shared state
 pub async fn serve<R, W>(
     reader: R,
     writer: W,
     export: Export,
     workers: &Workers,
     buffers: &Arc<BufPool>,
+    metrics: &Arc<NbdMetrics>,
     inflight_bytes_max: usize,
     mut shutdown: watch::Receiver<bool>,
 ) -> End
@@ -131,6 +139,7 @@ where
                 message,
             } => {
                 tracing::debug!(?header, error, message, "request refused");
+                metrics.request_refused();
                 if let Err(e) = discard(&mut reader, skip).await {
                     break End::Io(e.to_string());
                 }
@@ -152,6 +161,7 @@ where
             }
             Verdict::Run(Command::Disc) => break End::Disconnect,
             Verdict::Run(command) => {
+                let started = Instant::now();
                 let cost = match command {
                     Command::Read { len, .. } | Command::Write { len, .. } => {
                         1 + len / BUDGET_UNIT_BYTES as u32
@@ -179,6 +189,8 @@ where
                     payload,
                     buffers: buffers.clone(),
                     contexts: export.contexts.clone(),
+                    metrics: metrics.clone(),
+                    started,
                 };
                 // Small reads are answered on this task: a cached block costs a few
                 // microseconds, less than waking a worker thread and back.
@@ -222,11 +234,16 @@ where
 /// Reads up to this size run on the connection's task instead of a worker thread.
 const INLINE_READ_BYTES_MAX: usize = 16 * 1024;
 
-/// Run one request's volume call; a panic becomes an EIO reply instead of a lost request.
+/// Run one request's volume call and count it; a panic becomes an EIO reply instead of a
+/// lost request.
 fn run_job(job: Job) -> Vec<Part> {
     let cookie = job.cookie;
     let structured = job.structured;
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(job))).unwrap_or_else(|_| {
+    let (metrics, command, started) = (job.metrics.clone(), job.command, job.started);
+    let failed = Cell::new(false);
+    let parts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(job, &failed)));
+    metrics.request_done(&command, started.elapsed(), failed.get() || parts.is_err());
+    parts.unwrap_or_else(|_| {
         tracing::error!(cookie, "volume call panicked");
         let h = RequestHeader {
             flags: 0,
@@ -293,8 +310,9 @@ fn ok_reply(cookie: u64) -> Vec<Part> {
     vec![Part::Head(out)]
 }
 
-/// Run one request against the volume and build its reply. Blocking.
-fn execute(job: Job) -> Vec<Part> {
+/// Run one request against the volume and build its reply; `failed` is set when the reply
+/// is an error. Blocking.
+fn execute(job: Job, failed: &Cell<bool>) -> Vec<Part> {
     let Job {
         volume,
         cookie,
@@ -303,6 +321,7 @@ fn execute(job: Job) -> Vec<Part> {
         payload,
         buffers,
         contexts,
+        ..
     } = job;
     let v = volume.as_ref();
     let header = RequestHeader {
@@ -314,6 +333,7 @@ fn execute(job: Job) -> Vec<Part> {
     };
     let fail = |e: condense_api::VolumeError| {
         tracing::debug!(cookie, error = %e, "request failed");
+        failed.set(true);
         vec![Part::Head(error_reply(
             &header,
             structured,

@@ -1,0 +1,309 @@
+//! `--metrics-listen HOST:PORT` on `serve` and `mount`: a Prometheus endpoint
+//! (`http://HOST:PORT/metrics`) for the daemon's pool and frontend.
+//!
+//! Owns: the daemon's [`Registry`] and its [`MetricsServer`], and the collector that turns
+//! the engine's figures into metrics at scrape time: space from [`Pool::stats`] (counters,
+//! no map walk; the pool directory's size as `du -sb` measures it), activity from
+//! [`Pool::counters`]. The frontends (`condense-nbd`, `condense-fuse`) register their own
+//! counters. Every metric is listed in docs/METRICS.md.
+//! Invariant: the collector holds the pool weakly, so the endpoint never keeps a closed pool
+//! alive; after the pool is gone, a scrape shows the frontend's metrics only.
+
+use anyhow::{Context, Result};
+use condense_engine::Pool;
+use condense_metrics::{Collect, Encoder, Kind, MetricsServer, Registry};
+use std::sync::{Arc, Weak};
+
+/// A running endpoint.
+pub struct Endpoint {
+    registry: Arc<Registry>,
+    server: MetricsServer,
+}
+
+impl Endpoint {
+    /// If `addr` is given, listen on it and serve the pool's metrics; `who` names the command
+    /// in messages ("serve", "mount").
+    pub fn start(addr: Option<&str>, pool: &Arc<Pool>, who: &str) -> Result<Option<Endpoint>> {
+        let Some(addr) = addr else {
+            return Ok(None);
+        };
+        let registry = Arc::new(Registry::default());
+        registry.register(Arc::new(PoolCollector(Arc::downgrade(pool))));
+        let server = MetricsServer::start(addr, registry.clone())
+            .with_context(|| format!("--metrics-listen {addr:?}"))?;
+        let ep = Endpoint { registry, server };
+        eprintln!(
+            "condense {who}: Prometheus metrics at http://{}/metrics",
+            ep.addr()
+        );
+        Ok(Some(ep))
+    }
+
+    /// Add a frontend's metrics to every scrape from now on.
+    pub fn register(&self, c: Arc<dyn Collect>) {
+        self.registry.register(c);
+    }
+
+    /// The address bound.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.server.local_addr()
+    }
+}
+
+/// The engine's figures, read at scrape time.
+struct PoolCollector(Weak<Pool>);
+
+impl Collect for PoolCollector {
+    fn collect(&self, e: &mut Encoder) {
+        if e.family(
+            "condense_build_info",
+            "Always 1; the version label says which Condense answers.",
+            Kind::Gauge,
+        ) {
+            e.sample(
+                "condense_build_info",
+                &[("version", env!("CARGO_PKG_VERSION"))],
+                1.0,
+            );
+        }
+        let Some(pool) = self.0.upgrade() else {
+            return;
+        };
+        collect_pool(&pool, e);
+    }
+}
+
+fn collect_pool(pool: &Pool, e: &mut Encoder) {
+    let seconds = |d: std::time::Duration| d.as_secs_f64();
+    let c = pool.counters();
+    e.counter(
+        "condense_journal_records_total",
+        "Metadata records appended to the journal.",
+        c.journal_records,
+    );
+    if e.family(
+        "condense_flush_duration_seconds",
+        "Flushes that made writes durable (segments, directory and journal synced) and their \
+         total time.",
+        Kind::Summary,
+    ) {
+        e.summary(
+            "condense_flush_duration_seconds",
+            &[],
+            seconds(c.flush_time),
+            c.flushes,
+        );
+    }
+    if e.family(
+        "condense_journal_sync_duration_seconds",
+        "Journal fsyncs made by flushes and their total time.",
+        Kind::Summary,
+    ) {
+        e.summary(
+            "condense_journal_sync_duration_seconds",
+            &[],
+            seconds(c.journal_sync_time),
+            c.journal_syncs,
+        );
+    }
+    if e.family(
+        "condense_checkpoint_duration_seconds",
+        "Checkpoints written and their total time.",
+        Kind::Summary,
+    ) {
+        e.summary(
+            "condense_checkpoint_duration_seconds",
+            &[],
+            seconds(c.checkpoint_time),
+            c.checkpoints,
+        );
+    }
+    e.gauge(
+        "condense_checkpoint_last_duration_seconds",
+        "How long the last checkpoint took.",
+        seconds(c.checkpoint_last_time),
+    );
+    if e.family(
+        "condense_gc_duration_seconds",
+        "Garbage collections run (_count) and their total time.",
+        Kind::Summary,
+    ) {
+        e.summary(
+            "condense_gc_duration_seconds",
+            &[],
+            seconds(c.gc_time),
+            c.gc_runs,
+        );
+    }
+    e.gauge(
+        "condense_gc_running",
+        "1 while a garbage collection runs, else 0.",
+        if c.gc_running { 1.0 } else { 0.0 },
+    );
+    let progress = if c.gc_chunk_ids > 0 {
+        c.gc_scanned_chunk_ids as f64 / c.gc_chunk_ids as f64
+    } else if c.gc_running {
+        0.0
+    } else {
+        1.0
+    };
+    e.gauge(
+        "condense_gc_progress_ratio",
+        "Share of the chunk table the current (or last) garbage collection has scanned, 0 to 1.",
+        progress,
+    );
+    e.counter(
+        "condense_gc_reclaimed_bytes_total",
+        "Segment bytes given back to the file system by garbage collection.",
+        c.gc_reclaimed_bytes,
+    );
+    e.counter(
+        "condense_gc_chunks_moved_total",
+        "Live chunks copied out of compacted segments.",
+        c.gc_chunks_moved,
+    );
+    e.counter(
+        "condense_gc_chunks_dropped_total",
+        "Unreferenced chunks dropped by garbage collection.",
+        c.gc_chunks_dropped,
+    );
+    e.counter(
+        "condense_gc_segments_removed_total",
+        "Segments deleted by garbage collection.",
+        c.gc_segments_removed,
+    );
+
+    let s = match pool.stats() {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::warn!("metrics: cannot read the pool's statistics: {err}");
+            return;
+        }
+    };
+    let gauges: [(&str, &str, f64); 14] = [
+        ("condense_pool_block_size_bytes", "The pool's block size.", f64::from(s.block_size)),
+        ("condense_pool_logical_bytes", "Sum of the volumes' sizes (what clients see).", s.logical_bytes as f64),
+        ("condense_pool_written_bytes", "Bytes of volume blocks that hold data (not zero, not unmapped).", s.written_bytes as f64),
+        ("condense_pool_zero_bytes", "Bytes of volume blocks written as zeros (stored as nothing).", s.zero_bytes as f64),
+        ("condense_pool_physical_bytes", "Bytes the pool directory takes on disk (data and metadata, as du -sb).", s.physical_bytes as f64),
+        ("condense_pool_saved_bytes", "written_bytes minus physical_bytes (0 if negative).", s.written_bytes.saturating_sub(s.physical_bytes) as f64),
+        ("condense_pool_savings_ratio", "1 - physical_bytes / written_bytes (0 when nothing is written; negative while metadata outweighs savings).", s.saving_percent / 100.0),
+        ("condense_pool_dedup_savings_ratio", "1 - unique chunk bytes / written_bytes.", s.dedup_saving_percent / 100.0),
+        ("condense_pool_compression_savings_ratio", "1 - stored payload bytes / unique chunk bytes.", s.compression_saving_percent / 100.0),
+        ("condense_pool_data_bytes", "Bytes of segment files (chunk records, live and dead).", s.data_bytes as f64),
+        ("condense_pool_metadata_bytes", "Bytes of everything else in the pool directory (metadata pages, journal, checkpoint).", s.metadata_bytes as f64),
+        ("condense_pool_dead_bytes", "Segment bytes no block refers to any more (what garbage collection can reclaim).", s.dead_bytes as f64),
+        ("condense_pool_unique_chunks", "Chunks stored once each (after deduplication).", s.unique_chunks as f64),
+        ("condense_pool_index_ram_bytes", "RAM held by the dedup index and the metadata page cache.", s.index_ram_bytes as f64),
+    ];
+    for (name, help, v) in gauges {
+        e.gauge(name, help, v);
+    }
+    e.gauge(
+        "condense_pool_segments",
+        "Segment files.",
+        s.segments as f64,
+    );
+    e.counter(
+        "condense_pool_read_errors_total",
+        "Reads that failed a checksum or could not read their bytes (the client got an I/O error).",
+        s.read_errors,
+    );
+    e.counter(
+        "condense_metadata_cache_hits_total",
+        "Metadata page lookups answered from the page cache.",
+        s.metadata_cache_hits,
+    );
+    e.counter(
+        "condense_metadata_cache_misses_total",
+        "Metadata page lookups that read meta.dat.",
+        s.metadata_cache_misses,
+    );
+    // One sample per volume the clients see: hidden volumes (file contents under the FUSE
+    // files/ tree) and snapshots are left out, so the label set stays as small as the
+    // administrator's list of volumes.
+    let volumes: Vec<_> = s
+        .volumes
+        .iter()
+        .filter(|v| !v.name.starts_with('.'))
+        .collect();
+    type Field = fn(&condense_engine::VolumeStats) -> u64;
+    let per_volume: [(&str, &str, Field); 3] = [
+        ("condense_volume_logical_bytes", "A volume's size.", |v| {
+            v.logical_bytes
+        }),
+        (
+            "condense_volume_written_bytes",
+            "Bytes of a volume's blocks that hold data.",
+            |v| v.written_bytes,
+        ),
+        (
+            "condense_volume_physical_bytes",
+            "A volume's share of the stored chunk bytes, in proportion to its data blocks.",
+            |v| v.physical_bytes,
+        ),
+    ];
+    for (name, help, get) in per_volume {
+        if e.family(name, help, Kind::Gauge) {
+            for v in &volumes {
+                e.sample(name, &[("volume", &v.name)], get(v) as f64);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn scrape(addr: std::net::SocketAddr) -> Result<String> {
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn pool_figures_follow_writes_and_flushes() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("pool");
+        Pool::init_path(&path, &Default::default())?;
+        let pool = Pool::open_path(&path, Default::default())?;
+        pool.create_volume("vm", 8 << 20)?;
+        pool.create_volume(".hidden", 1 << 20)?;
+        let ep =
+            Endpoint::start(Some("127.0.0.1:0"), &pool, "test")?.context("an address was given")?;
+        let before = scrape(ep.addr())?;
+        assert_eq!(value(&before, "condense_pool_written_bytes"), Some(0.0));
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+        pool.volume("vm")?.write_at(0, &data, false)?;
+        pool.flush()?;
+        let after = scrape(ep.addr())?;
+        assert_eq!(
+            value(&after, "condense_pool_written_bytes"),
+            Some(1048576.0)
+        );
+        assert_eq!(
+            value(&after, "condense_volume_written_bytes{volume=\"vm\"}"),
+            Some(1048576.0)
+        );
+        assert!(!after.contains(".hidden"), "hidden volumes stay out");
+        let flushes = |t: &str| value(t, "condense_flush_duration_seconds_count");
+        assert_eq!(flushes(&after), flushes(&before).map(|f| f + 1.0));
+        let saved = value(&after, "condense_pool_savings_ratio").context("ratio")?;
+        assert!(saved > 0.5, "a repetitive MiB compresses: {saved}");
+        drop(pool);
+        // The pool gone, the endpoint still answers without its figures.
+        let gone = scrape(ep.addr())?;
+        assert!(gone.contains("condense_build_info"), "{gone}");
+        assert!(!gone.contains("condense_pool_"), "{gone}");
+        Ok(())
+    }
+}
