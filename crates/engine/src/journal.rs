@@ -8,7 +8,10 @@
 //! - A batch is written whole at the end of the file and only becomes durable with `sync`.
 //!   On replay the first batch that is short, fails its CRC or is out of sequence ends the
 //!   journal (a torn tail from a crash); if a valid batch follows it, that is damage, not a
-//!   crash, and opening fails rather than silently dropping acknowledged changes.
+//!   crash, and opening fails rather than silently dropping acknowledged changes. Only
+//!   `condense repair` ([`crate::repair`]) replays past damage (salvage mode): it skips the
+//!   damaged bytes, records them in [`ReplayReport::damaged`], and hands the later batches to
+//!   `apply` marked as following damage.
 
 use crate::error::{Error, Result};
 use crate::format::{
@@ -35,6 +38,26 @@ pub struct ReplayReport {
     pub records: u64,
     /// Bytes past the last valid batch (a torn tail), dropped.
     pub torn_bytes: u64,
+    /// Salvage mode only: the damaged stretches skipped, in journal order.
+    pub damaged: Vec<DamagedStretch>,
+    /// Salvage mode only: what applying the batches after damage skipped.
+    pub salvage: crate::repair::Salvage,
+}
+
+/// Bytes of a journal that hold no valid batch, with a valid batch after them.
+#[derive(Clone, Debug, Default)]
+pub struct DamagedStretch {
+    /// The journal file.
+    pub file: String,
+    /// Where the damage starts and how many bytes until the next valid batch.
+    pub offset: u64,
+    pub bytes: u64,
+    /// Sequence numbers of the batches lost: `first_seq..next_seq`.
+    pub first_seq: u64,
+    pub next_seq: u64,
+    /// What could be decoded from the damaged bytes without their checksum (best effort:
+    /// the bytes failed their check, so this says what the lost batches probably changed).
+    pub records: Vec<JournalRecord>,
 }
 
 impl Journal {
@@ -60,14 +83,18 @@ impl Journal {
 
     /// Open generation `gen` and hand every valid batch to `apply` in order. `apply` returns
     /// false if the batch refers to data that is not on disk (its writes were never
-    /// acknowledged), which ends the journal there like a torn tail.
+    /// acknowledged), which ends the journal there like a torn tail. With `salvage` (only
+    /// for `condense repair`, on a read-only open), damage followed by a valid batch is
+    /// skipped and recorded instead of failing, and `apply` gets `true` as its second
+    /// argument for every batch after the first damage.
     pub fn replay(
         dir: &dyn Dir,
         gen: u64,
         uuid: &[u8; 16],
         first_seq: u64,
         read_only: bool,
-        mut apply: impl FnMut(Vec<JournalRecord>) -> Result<bool>,
+        salvage: bool,
+        mut apply: impl FnMut(Vec<JournalRecord>, bool) -> Result<bool>,
     ) -> Result<(Journal, ReplayReport)> {
         let name = journal_name(gen);
         let file = dir.open(&name, false).map_err(|e| {
@@ -94,13 +121,32 @@ impl Journal {
         let mut seq = first_seq;
         let mut report = ReplayReport::default();
         let mut unreadable = false;
+        let mut after_damage = false;
         loop {
             let Some((records, next)) = parse_batch(&data, pos, seq) else {
                 unreadable = pos < data.len();
-                break;
+                let later = if salvage && unreadable {
+                    find_later_batch(&data, pos + 1, seq)
+                } else {
+                    None
+                };
+                let Some(at) = later else { break };
+                let next_seq = decode_batch_header(&data[at..]).map_or(seq + 1, |h| h.seq);
+                report.damaged.push(DamagedStretch {
+                    file: name.clone(),
+                    offset: pos as u64,
+                    bytes: (at - pos) as u64,
+                    first_seq: seq,
+                    next_seq,
+                    records: decode_damaged(&data[pos..at]),
+                });
+                after_damage = true;
+                pos = at;
+                seq = next_seq;
+                continue;
             };
             let n = records.len() as u64;
-            if !apply(records)? {
+            if !apply(records, after_damage)? {
                 // Refers to data a crash lost: never acknowledged, and neither is anything after.
                 break;
             }
@@ -116,11 +162,11 @@ impl Journal {
         {
             return Err(Error::corrupt(
                 format!("journal {name}"),
-                format!("batch {seq} at offset {pos} is damaged but a later batch follows at offset {at}; the pool cannot be recovered automatically"),
+                format!("batch {seq} at offset {pos} is damaged but a later batch follows at offset {at}, so this is damage, not a crash, and opening would drop acknowledged changes; stop every user of the pool, run `condense repair --dry-run` to see what would be lost, then `condense repair` to salvage the rest (it keeps a copy of the damaged files)"),
             ));
         }
         report.torn_bytes = flen - pos as u64;
-        if report.torn_bytes > 0 && !read_only {
+        if report.torn_bytes > 0 && !read_only && !salvage {
             file.set_len(pos as u64)
                 .and_then(|_| file.sync())
                 .map_err(|e| Error::io(format!("truncating the torn tail of journal {name}"), e))?;
@@ -190,6 +236,29 @@ fn parse_batch(data: &[u8], pos: usize, seq: u64) -> Option<(Vec<JournalRecord>,
         records.push(JournalRecord::decode(&mut r).ok()?);
     }
     (r.remaining() == 0).then_some((records, end))
+}
+
+/// Best-effort decode of damaged journal bytes: batch headers and records are read without
+/// checking the batch checksum, stopping at the first thing that does not decode.
+fn decode_damaged(data: &[u8]) -> Vec<JournalRecord> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while let Some(h) = data.get(pos..).and_then(decode_batch_header) {
+        let start = pos + BATCH_HEADER_BYTES;
+        let end = (start + h.payload_len as usize).min(data.len());
+        let Some(payload) = data.get(start..end) else {
+            break;
+        };
+        let mut r = Reader::new(payload, "damaged journal batch");
+        for _ in 0..h.count {
+            match JournalRecord::decode(&mut r) {
+                Ok(rec) => out.push(rec),
+                Err(_) => return out,
+            }
+        }
+        pos = end;
+    }
+    out
 }
 
 /// The offset of a whole, valid batch numbered after `seq`, searching from `from`.

@@ -91,6 +91,9 @@ pub struct OpenOptions {
     pub reserve_bytes: u64,
     /// Metadata page-cache budget for this open (`None`: the pool's stored setting).
     pub metadata_cache_bytes: Option<u64>,
+    /// Replay past journal damage instead of failing (read-only opens only; for
+    /// [`crate::repair`], which then writes a consistent state).
+    pub salvage_journal: bool,
 }
 
 impl Default for OpenOptions {
@@ -101,6 +104,7 @@ impl Default for OpenOptions {
             journal_buffer_bytes: 1 << 20,
             reserve_bytes: 32 << 20,
             metadata_cache_bytes: None,
+            salvage_journal: false,
         }
     }
 }
@@ -295,11 +299,16 @@ impl Pool {
         Pool::open_with_lock(dir, opts, None)
     }
 
-    fn open_with_lock(
+    pub(crate) fn open_with_lock(
         dir: Arc<dyn Dir>,
         opts: OpenOptions,
         lock_file: Option<std::fs::File>,
     ) -> Result<Arc<Pool>> {
+        if opts.salvage_journal && !opts.read_only {
+            return Err(Error::Invalid(
+                "replaying past journal damage needs a read-only open".into(),
+            ));
+        }
         let sb_bytes = read_whole(&*dir, SUPERBLOCK_NAME).map_err(|e| match e {
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 Error::NotAPool(dir.describe().into())
@@ -410,15 +419,28 @@ impl Pool {
         }
 
         let block_size = sb.block_size;
-        let (journal, replay) = Journal::replay(
+        let mut salvage = crate::repair::Salvage::default();
+        let (journal, mut replay) = Journal::replay(
             &*dir,
             root.journal_gen,
             &sb.uuid,
             root.next_seq,
             opts.read_only,
-            |records| {
-                if !batch_data_present(&segments, &records, block_size) {
+            opts.salvage_journal,
+            |records, after_damage| {
+                if !after_damage && !batch_data_present(&segments, &records, block_size) {
                     return Ok(false);
+                }
+                if opts.salvage_journal {
+                    let s = &mut salvage;
+                    crate::repair::apply_after_damage(
+                        &mut md,
+                        &segments,
+                        records,
+                        after_damage,
+                        s,
+                    )?;
+                    return Ok(true);
                 }
                 for r in &records {
                     md.apply(r)?;
@@ -427,6 +449,7 @@ impl Pool {
                 Ok(true)
             },
         )?;
+        replay.salvage = salvage;
         let state = State {
             md,
             segments,
@@ -1299,7 +1322,11 @@ fn with_context(e: Error, what: &str) -> Error {
 }
 
 /// True if every chunk the batch introduces (or moves) is whole on disk.
-fn batch_data_present(segments: &Segments, records: &[JournalRecord], block_size: u32) -> bool {
+pub(crate) fn batch_data_present(
+    segments: &Segments,
+    records: &[JournalRecord],
+    block_size: u32,
+) -> bool {
     records.iter().all(|r| match r {
         JournalRecord::NewChunk { id, loc, .. } | JournalRecord::Relocate { id, loc } => {
             let Some(file) = segments.file(loc.segment) else {
@@ -1319,7 +1346,7 @@ fn batch_data_present(segments: &Segments, records: &[JournalRecord], block_size
     })
 }
 
-fn read_whole(dir: &dyn Dir, name: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_whole(dir: &dyn Dir, name: &str) -> Result<Vec<u8>> {
     let f = dir
         .open(name, false)
         .map_err(|e| Error::io(format!("opening {name}"), e))?;
