@@ -8,7 +8,8 @@ use condense_engine::repair::RepairReport;
 use std::path::Path;
 
 /// The long help of `condense repair`.
-pub(crate) const LONG_ABOUT: &str = "Salvage a pool whose journal is damaged in the middle (opening fails with \"run \
+pub(crate) const LONG_ABOUT: &str =
+    "Salvage a pool whose journal is damaged in the middle (opening fails with \"run \
 `condense repair`\") or whose checkpoint has an unreadable block-map or chunk-table page \
 (reads and `condense verify` fail). Everything valid is kept; the report names what was lost: \
 volume (or VOLUME@SNAPSHOT), block and byte ranges, and why. Reference counts and free metadata \

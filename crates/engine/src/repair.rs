@@ -866,9 +866,17 @@ fn write_new_state(
 /// diagnosis; the pool's pages must be written (after a checkpoint or close).
 pub fn map_page_offset(pool: &Pool, volume: &str, block: u64) -> Result<Option<u64>> {
     let vol = pool.volume_id(volume)?;
+    page_offset(pool, u64::from(vol), block / PER)
+}
+
+/// [`map_page_offset`] for the chunk-table page holding chunk `id`.
+pub fn chunk_page_offset(pool: &Pool, id: u64) -> Result<Option<u64>> {
+    page_offset(pool, CHUNK_TREE, crate::chunk_table::page_of(id))
+}
+
+fn page_offset(pool: &Pool, tree: u64, leaf: u64) -> Result<Option<u64>> {
     let mut st = lock(&pool.state);
-    let li = block / PER;
-    let pages = st.md.cache.leaf_pages(u64::from(vol), li, li + 1)?;
+    let pages = st.md.cache.leaf_pages(tree, leaf, leaf + 1)?;
     Ok(pages
         .first()
         .filter(|p| p.page != 0)
