@@ -748,10 +748,12 @@ fn rebuild(
                     if id >= CHUNK_ID_LIMIT || (id < next_id && is_in(&inserted, id)) {
                         continue;
                     }
-                    match (id < next_id)
-                        .then(|| locate(old, salvage, segments, id))
-                        .unwrap_or_else(|| Err("is past the last chunk id".into()))
-                    {
+                    let located = if id < next_id {
+                        locate(old, salvage, segments, id)
+                    } else {
+                        Err("is past the last chunk id".into())
+                    };
+                    match located {
                         Ok((loc, fp)) => {
                             new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
                             inserted[(id / 64) as usize] |= 1 << (id % 64);
