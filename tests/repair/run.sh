@@ -149,6 +149,9 @@ c repair --dry-run >"$W/out" 2>&1
 if grep -q "no damage found" "$W/out"; then ok "a second dry run finds nothing to repair"; else fail "a second dry run finds nothing to repair" "$W/out"; fi
 
 start_server || fail "server starts on the repaired pool"
+if c repair --dry-run >"$W/out" 2>&1; then
+    fail "repair refuses while serve holds the pool" "$W/out"
+elif grep -q "in use" "$W/out"; then ok "repair refuses while serve holds the pool"; else fail "repair refuses while serve holds the pool (message)" "$W/out"; fi
 check "the volume equals the reference (qemu-img compare over NBD)" qemu-img compare -f raw -F raw ref.raw "$URI/vm"
 check "qemu-img convert of the volume over NBD" qemu-img convert -f raw -O raw "$URI/vm" now.raw
 check "cmp: outside the lost ranges every byte is what was written" cmp ref.raw now.raw
