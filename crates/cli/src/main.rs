@@ -17,6 +17,7 @@ mod keys;
 mod metrics;
 mod mount;
 mod notify;
+mod repair;
 mod report;
 mod serve;
 mod size;
@@ -88,6 +89,10 @@ enum Command {
     Gc(GcArgs),
     /// Read and check every chunk and every block map; report damaged volumes and blocks.
     Verify(VerifyArgs),
+    /// Salvage a pool with a damaged journal or checkpoint page: keep everything valid, report
+    /// what was lost, leave the pool consistent (docs/REPAIR.md). Pool must not be in use.
+    #[command(long_about = repair::LONG_ABOUT)]
+    Repair(repair::RepairArgs),
     /// Project how much a pool would save on disk images (dedup, compression, RAM), without
     /// a pool and without writing anything (docs/ESTIMATE.md).
     Estimate(estimate::EstimateArgs),
@@ -495,6 +500,7 @@ fn run(cli: Cli) -> Result<i32> {
             })?
         }
         Command::Bench(a) => bench::run(&cli.pool, &a)?,
+        Command::Repair(a) => return repair::run(&cli.pool, &a),
         Command::Estimate(a) => estimate::run(&a)?,
         Command::DebugMap { name } => {
             let pool = open_pool(&cli.pool, true)?;

@@ -8,7 +8,10 @@
 //! - A batch is written whole at the end of the file and only becomes durable with `sync`.
 //!   On replay the first batch that is short, fails its CRC or is out of sequence ends the
 //!   journal (a torn tail from a crash); if a valid batch follows it, that is damage, not a
-//!   crash, and opening fails rather than silently dropping acknowledged changes.
+//!   crash, and opening fails rather than silently dropping acknowledged changes. Only
+//!   `condense repair` ([`crate::repair`]) replays past damage (salvage mode): it skips the
+//!   damaged bytes, records them in [`ReplayReport::damaged`], and hands the later batches to
+//!   `apply` marked as following damage.
 //! - In an encrypted pool a batch's payload is sealed ([`crate::crypto`]) with its generation,
 //!   sequence number and record count as associated data; a batch whose CRC holds but whose
 //!   tag does not is tampering, and replay fails with an authentication error.
@@ -21,6 +24,17 @@ use crate::format::{
 };
 use crate::io::{Dir, File};
 use std::sync::Arc;
+
+/// How [`Journal::replay`] treats the journal file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayMode {
+    /// A writable open: a torn tail is cut off the file.
+    Writable,
+    /// A read-only open: nothing is written.
+    ReadOnly,
+    /// `condense repair` (read-only): damage followed by a valid batch is skipped and recorded.
+    Salvage,
+}
 
 pub struct Journal {
     pub gen: u64,
@@ -41,6 +55,26 @@ pub struct ReplayReport {
     pub records: u64,
     /// Bytes past the last valid batch (a torn tail), dropped.
     pub torn_bytes: u64,
+    /// Salvage mode only: the damaged stretches skipped, in journal order.
+    pub damaged: Vec<DamagedStretch>,
+    /// Salvage mode only: what applying the batches after damage skipped.
+    pub salvage: crate::repair::Salvage,
+}
+
+/// Bytes of a journal that hold no valid batch, with a valid batch after them.
+#[derive(Clone, Debug, Default)]
+pub struct DamagedStretch {
+    /// The journal file.
+    pub file: String,
+    /// Where the damage starts and how many bytes until the next valid batch.
+    pub offset: u64,
+    pub bytes: u64,
+    /// Sequence numbers of the batches lost: `first_seq..next_seq`.
+    pub first_seq: u64,
+    pub next_seq: u64,
+    /// What could be decoded from the damaged bytes without their checksum (best effort:
+    /// the bytes failed their check, so this says what the lost batches probably changed).
+    pub records: Vec<JournalRecord>,
 }
 
 impl Journal {
@@ -73,15 +107,18 @@ impl Journal {
 
     /// Open generation `gen` and hand every valid batch to `apply` in order. `apply` returns
     /// false if the batch refers to data that is not on disk (its writes were never
-    /// acknowledged), which ends the journal there like a torn tail.
+    /// acknowledged), which ends the journal there like a torn tail. With [`ReplayMode::Salvage`] (only
+    /// for `condense repair`, on a read-only open), damage followed by a valid batch is
+    /// skipped and recorded instead of failing, and `apply` gets `true` as its second
+    /// argument for every batch after the first damage.
     pub fn replay(
         dir: &dyn Dir,
         gen: u64,
         uuid: &[u8; 16],
         first_seq: u64,
-        read_only: bool,
+        mode: ReplayMode,
         crypto: Option<Arc<Crypto>>,
-        mut apply: impl FnMut(Vec<JournalRecord>) -> Result<bool>,
+        mut apply: impl FnMut(Vec<JournalRecord>, bool) -> Result<bool>,
     ) -> Result<(Journal, ReplayReport)> {
         let name = journal_name(gen);
         let file = dir.open(&name, false).map_err(|e| {
@@ -108,10 +145,29 @@ impl Journal {
         let mut seq = first_seq;
         let mut report = ReplayReport::default();
         let mut unreadable = false;
+        let mut after_damage = false;
         loop {
             let Some(parsed) = parse_batch(&data, pos, seq, gen, crypto.as_deref()) else {
                 unreadable = pos < data.len();
-                break;
+                let later = if mode == ReplayMode::Salvage && unreadable {
+                    find_later_batch(&data, pos + 1, seq, gen, crypto.as_deref())
+                } else {
+                    None
+                };
+                let Some(at) = later else { break };
+                let next_seq = decode_batch_header(&data[at..]).map_or(seq + 1, |h| h.seq);
+                report.damaged.push(DamagedStretch {
+                    file: name.clone(),
+                    offset: pos as u64,
+                    bytes: (at - pos) as u64,
+                    first_seq: seq,
+                    next_seq,
+                    records: decode_damaged(&data[pos..at], gen, crypto.as_deref()),
+                });
+                after_damage = true;
+                pos = at;
+                seq = next_seq;
+                continue;
             };
             let (records, next) = parsed.map_err(|e| match e {
                 Error::Auth { detail, .. } => Error::Auth {
@@ -121,7 +177,7 @@ impl Journal {
                 e => e,
             })?;
             let n = records.len() as u64;
-            if !apply(records)? {
+            if !apply(records, after_damage)? {
                 // Refers to data a crash lost: never acknowledged, and neither is anything after.
                 break;
             }
@@ -137,11 +193,11 @@ impl Journal {
         {
             return Err(Error::corrupt(
                 format!("journal {name}"),
-                format!("batch {seq} at offset {pos} is damaged but a later batch follows at offset {at}; the pool cannot be recovered automatically"),
+                format!("batch {seq} at offset {pos} is damaged but a later batch follows at offset {at}, so this is damage, not a crash, and opening would drop acknowledged changes; stop every user of the pool, run `condense repair --dry-run` to see what would be lost, then `condense repair` to salvage the rest (it keeps a copy of the damaged files)"),
             ));
         }
         report.torn_bytes = flen - pos as u64;
-        if report.torn_bytes > 0 && !read_only {
+        if report.torn_bytes > 0 && mode == ReplayMode::Writable {
             file.set_len(pos as u64)
                 .and_then(|_| file.sync())
                 .map_err(|e| Error::io(format!("truncating the torn tail of journal {name}"), e))?;
@@ -259,6 +315,47 @@ fn parse_batch(
         records.push(JournalRecord::decode(&mut r).ok()?);
     }
     (r.remaining() == 0).then_some(Ok((records, end)))
+}
+
+/// Best-effort decode of damaged journal bytes: batch headers and records are read without
+/// checking the batch checksum, stopping at the first thing that does not decode. In an
+/// encrypted pool a batch's records are readable only if its payload still authenticates
+/// (damage elsewhere, e.g. in its header); otherwise nothing more is decoded.
+fn decode_damaged(data: &[u8], gen: u64, crypto: Option<&Crypto>) -> Vec<JournalRecord> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while let Some(h) = data.get(pos..).and_then(decode_batch_header) {
+        let start = pos + BATCH_HEADER_BYTES;
+        let end = (start + h.payload_len as usize).min(data.len());
+        let Some(payload) = data.get(start..end) else {
+            break;
+        };
+        let opened;
+        let payload = match crypto {
+            Some(c) => {
+                match c.open(
+                    Kind::JournalBatch,
+                    &batch_ctx(gen, h.seq, h.count),
+                    payload,
+                    String::new,
+                ) {
+                    Ok(p) => opened = p,
+                    Err(_) => return out,
+                }
+                &opened[..]
+            }
+            None => payload,
+        };
+        let mut r = Reader::new(payload, "damaged journal batch");
+        for _ in 0..h.count {
+            match JournalRecord::decode(&mut r) {
+                Ok(rec) => out.push(rec),
+                Err(_) => return out,
+            }
+        }
+        pos = end;
+    }
+    out
 }
 
 /// The offset of a whole, valid batch numbered after `seq`, searching from `from`.

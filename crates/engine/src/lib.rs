@@ -36,6 +36,7 @@ pub mod page_cache;
 pub mod pool;
 pub mod projection;
 pub mod reduction;
+pub mod repair;
 pub mod segment;
 pub mod sim;
 pub mod snapshot;

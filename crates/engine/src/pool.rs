@@ -26,7 +26,7 @@ use crate::crypto::{self, Crypto, Kind, UserKey};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::io::{Dir, RealDir};
-use crate::journal::{Journal, ReplayReport};
+use crate::journal::{Journal, ReplayMode, ReplayReport};
 use crate::metadata::{Metadata, VolumeState};
 use crate::page_alloc::PageAlloc;
 use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE};
@@ -101,6 +101,9 @@ pub struct OpenOptions {
     pub metadata_cache_bytes: Option<u64>,
     /// The key of an encrypted pool (ignored by a pool that is not encrypted).
     pub key: Option<UserKey>,
+    /// Replay past journal damage instead of failing (read-only opens only; for
+    /// [`crate::repair`], which then writes a consistent state).
+    pub salvage_journal: bool,
 }
 
 impl Default for OpenOptions {
@@ -112,6 +115,7 @@ impl Default for OpenOptions {
             reserve_bytes: 32 << 20,
             metadata_cache_bytes: None,
             key: None,
+            salvage_journal: false,
         }
     }
 }
@@ -326,11 +330,16 @@ impl Pool {
         Pool::open_with_lock(dir, opts, None)
     }
 
-    fn open_with_lock(
+    pub(crate) fn open_with_lock(
         dir: Arc<dyn Dir>,
         opts: OpenOptions,
         lock_file: Option<std::fs::File>,
     ) -> Result<Arc<Pool>> {
+        if opts.salvage_journal && !opts.read_only {
+            return Err(Error::Invalid(
+                "replaying past journal damage needs a read-only open".into(),
+            ));
+        }
         let sb_bytes = read_whole(&*dir, SUPERBLOCK_NAME).map_err(|e| match e {
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 Error::NotAPool(dir.describe().into())
@@ -338,34 +347,7 @@ impl Pool {
             e => e,
         })?;
         let mut sb = Superblock::decode(&sb_bytes)?;
-        let crypto = match sb.encryption.clone() {
-            None => None,
-            Some(mut wrap) => {
-                let pool = dir.describe();
-                let user = opts
-                    .key
-                    .as_ref()
-                    .ok_or_else(|| Error::KeyRequired(pool.clone()))?;
-                let data_key = crypto::unwrap_data_key(user, &wrap, &sb.uuid, &pool)?;
-                sb.key = crypto::fingerprint_key(&data_key);
-                let epoch = if opts.read_only {
-                    None
-                } else {
-                    // The next epoch is durable before anything is sealed under it, so no
-                    // nonce of an earlier open (even one that crashed) is ever used again.
-                    wrap.epoch = wrap.epoch.checked_add(1).ok_or_else(|| {
-                        Error::Invalid(format!(
-                            "pool {pool} has been opened for writing 2^32 times; its nonce \
-                             epochs are used up: export its volumes into a new pool"
-                        ))
-                    })?;
-                    sb.encryption = Some(wrap.clone());
-                    write_file_atomically(&*dir, SUPERBLOCK_NAME, &sb.encode())?;
-                    Some(wrap.epoch)
-                };
-                Some(Arc::new(Crypto::new(&data_key, sb.uuid, epoch)?))
-            }
-        };
+        let crypto = pool_crypto(&*dir, &mut sb, opts.key.as_ref(), !opts.read_only)?;
         let sync_writes = match sb.write_policy {
             WritePolicy::Sync => true,
             WritePolicy::Async => false,
@@ -476,16 +458,35 @@ impl Pool {
         }
 
         let block_size = sb.block_size;
-        let (journal, replay) = Journal::replay(
+        let mut salvage = crate::repair::Salvage::default();
+        let (journal, mut replay) = Journal::replay(
             &*dir,
             root.journal_gen,
             &sb.uuid,
             root.next_seq,
-            opts.read_only,
+            match (opts.salvage_journal, opts.read_only) {
+                (true, _) => ReplayMode::Salvage,
+                (false, true) => ReplayMode::ReadOnly,
+                (false, false) => ReplayMode::Writable,
+            },
             crypto.clone(),
-            |records| {
-                if !batch_data_present(&segments, &records, block_size, crypto.as_deref()) {
+            |records, after_damage| {
+                if !after_damage
+                    && !batch_data_present(&segments, &records, block_size, crypto.as_deref())
+                {
                     return Ok(false);
+                }
+                if opts.salvage_journal {
+                    let s = &mut salvage;
+                    crate::repair::apply_after_damage(
+                        &mut md,
+                        &segments,
+                        crypto.as_deref(),
+                        records,
+                        after_damage,
+                        s,
+                    )?;
+                    return Ok(true);
                 }
                 for r in &records {
                     md.apply(r)?;
@@ -494,6 +495,7 @@ impl Pool {
                 Ok(true)
             },
         )?;
+        replay.salvage = salvage;
         let state = State {
             md,
             segments,
@@ -1428,8 +1430,41 @@ fn with_context(e: Error, what: &str) -> Error {
     }
 }
 
+/// The encryption context of an encrypted pool (`None` for a plain one): unwraps the data key
+/// with `key` and sets the fingerprint key in `sb`. With `seal`, first makes the next nonce
+/// epoch durable in the superblock (so no nonce of an earlier open, even one that crashed, is
+/// ever used again); without it the context can open but not seal.
+pub(crate) fn pool_crypto(
+    dir: &dyn Dir,
+    sb: &mut Superblock,
+    key: Option<&UserKey>,
+    seal: bool,
+) -> Result<Option<Arc<Crypto>>> {
+    let Some(mut wrap) = sb.encryption.clone() else {
+        return Ok(None);
+    };
+    let pool = dir.describe();
+    let user = key.ok_or_else(|| Error::KeyRequired(pool.clone()))?;
+    let data_key = crypto::unwrap_data_key(user, &wrap, &sb.uuid, &pool)?;
+    sb.key = crypto::fingerprint_key(&data_key);
+    let epoch = if seal {
+        wrap.epoch = wrap.epoch.checked_add(1).ok_or_else(|| {
+            Error::Invalid(format!(
+                "pool {pool} has been opened for writing 2^32 times; its nonce \
+                 epochs are used up: export its volumes into a new pool"
+            ))
+        })?;
+        sb.encryption = Some(wrap.clone());
+        write_file_atomically(dir, SUPERBLOCK_NAME, &sb.encode())?;
+        Some(wrap.epoch)
+    } else {
+        None
+    };
+    Ok(Some(Arc::new(Crypto::new(&data_key, sb.uuid, epoch)?)))
+}
+
 /// True if every chunk the batch introduces (or moves) is whole on disk.
-fn batch_data_present(
+pub(crate) fn batch_data_present(
     segments: &Segments,
     records: &[JournalRecord],
     block_size: u32,
@@ -1458,7 +1493,7 @@ fn batch_data_present(
     })
 }
 
-fn read_whole(dir: &dyn Dir, name: &str) -> Result<Vec<u8>> {
+pub(crate) fn read_whole(dir: &dyn Dir, name: &str) -> Result<Vec<u8>> {
     let f = dir
         .open(name, false)
         .map_err(|e| Error::io(format!("opening {name}"), e))?;

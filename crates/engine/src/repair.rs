@@ -1,0 +1,962 @@
+//! `condense repair`: salvage a pool whose journal is damaged in the middle or whose
+//! checkpoint has an unreadable block-map or chunk-table page, and leave it consistent.
+//!
+//! Owns: the salvage rules for journal batches after damage ([`apply_after_damage`]), the
+//! rebuild of every block map and of the chunk table from what is readable, the report of
+//! what was lost (volume, blocks, why), and the backup of the damaged files.
+//!
+//! How it works (docs/REPAIR.md has the administrator's version):
+//! 1. Take the pool's lock (a running `serve`/`mount` makes repair refuse) and, unless this is
+//!    a dry run, copy `superblock`, `checkpoint`, `meta.dat` and the journals into
+//!    `POOL/repair-<UTC time>/` before anything is written.
+//! 2. Open the pool read-only with the journal replayed in salvage mode: damaged stretches
+//!    are skipped and every batch is applied by [`apply_after_damage`], which sets map entries
+//!    without touching reference counts and remembers where the batches put chunks.
+//! 3. Build fresh metadata next to the old: every volume and snapshot's map is walked leaf by
+//!    leaf; an unreadable map page loses its blocks; every chunk a map names is taken from the
+//!    batches, else the old chunk table, else found by scanning the segments for a valid record
+//!    with its id (a chunk id's content never changes, so any valid copy is right). Reference
+//!    counts, live bytes and free metadata space are recomputed from the maps; chunks nothing
+//!    names are dropped (their bytes are dead space for `condense gc`).
+//! 4. Write the new pages into space the old checkpoint does not use, then a new root and an
+//!    empty journal: the switch is the atomic replacement of the root, so a crash during
+//!    repair leaves the old (damaged) pool or the repaired one.
+//!
+//! Invariants: nothing is written in a dry run; nothing is written before the backup exists;
+//! every block not reported lost reads what it read before the damage (or what a valid batch
+//! after the damage wrote); snapshots lose their sharing with their volume (each gets its own
+//! map pages) but keep their content.
+
+use crate::block_map;
+use crate::chunk_table::ChunkTable;
+use crate::crypto::{Crypto, UserKey};
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::io::{Dir, RealDir};
+use crate::journal::{DamagedStretch, Journal};
+use crate::metadata::Metadata;
+use crate::page_alloc::PageAlloc;
+use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE, FANOUT};
+use crate::pool::{
+    batch_data_present, lock, pool_crypto, read_whole, write_file_atomically, OpenOptions, Pool,
+};
+use crate::segment::Segments;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const PER: u64 = MAP_PAGE_ENTRIES as u64;
+
+/// What replaying the journal in salvage mode set aside for the rebuild.
+#[derive(Clone, Debug, Default)]
+pub struct Salvage {
+    /// Where batches put chunks (new or relocated): id → location and fingerprint if given.
+    chunks: HashMap<u64, (Location, Option<Fingerprint>)>,
+    /// Blocks written by batches after the first damage: volume → (first, end) ranges.
+    written_after: BTreeMap<u32, Vec<(u64, u64)>>,
+    /// Changes that could not be applied, in words.
+    pub skipped: Vec<String>,
+}
+
+/// Apply one journal batch in salvage mode. Safe rule: a batch after damage may name chunks
+/// and volumes the damaged batches made, so nothing here trusts reference counts or chunk
+/// existence. Map entries are set as written (chunks are resolved, or the block reported
+/// lost, by the rebuild); chunk locations are kept aside if their data is on disk; chunk
+/// drops are ignored (the rebuild drops what nothing names); a change to a volume that does
+/// not exist, or that no longer fits it, is skipped and reported.
+pub(crate) fn apply_after_damage(
+    md: &mut Metadata,
+    segments: &Segments,
+    crypto: Option<&Crypto>,
+    records: Vec<JournalRecord>,
+    after_damage: bool,
+    s: &mut Salvage,
+) -> Result<()> {
+    for r in records {
+        match r {
+            JournalRecord::NewChunk { id, loc, fp } => {
+                let rec = [JournalRecord::NewChunk { id, loc, fp }];
+                if batch_data_present(segments, &rec, md.block_size, crypto) {
+                    s.chunks.insert(id, (loc, Some(fp)));
+                }
+            }
+            JournalRecord::Relocate { id, loc } => {
+                let rec = [JournalRecord::Relocate { id, loc }];
+                if batch_data_present(segments, &rec, md.block_size, crypto) {
+                    let fp = s.chunks.get(&id).and_then(|c| c.1);
+                    s.chunks.insert(id, (loc, fp));
+                }
+            }
+            JournalRecord::DropChunk { .. } => {}
+            JournalRecord::MapRun {
+                vol,
+                start,
+                entries,
+            } => {
+                let end = start + entries.len() as u64;
+                if fits(md, vol, start, end, &mut s.skipped) {
+                    for (i, e) in entries.into_iter().enumerate() {
+                        set_raw(md, vol, start + i as u64, e, &mut s.skipped);
+                    }
+                    if after_damage {
+                        s.written_after.entry(vol).or_default().push((start, end));
+                    }
+                }
+            }
+            JournalRecord::MapFill {
+                vol,
+                start,
+                count,
+                entry,
+            } => {
+                let end = start.saturating_add(count);
+                if fits(md, vol, start, end, &mut s.skipped) {
+                    if entry == ENTRY_UNMAPPED {
+                        match block_map::mapped(&mut md.cache, u64::from(vol), start, end) {
+                            Ok(m) => {
+                                for (b, _) in m {
+                                    set_raw(md, vol, b, ENTRY_UNMAPPED, &mut s.skipped);
+                                }
+                            }
+                            Err(e) => s.skipped.push(format!(
+                                "trimming blocks {start}..{end} of volume id {vol}: {e}"
+                            )),
+                        }
+                    } else {
+                        for b in start..end {
+                            set_raw(md, vol, b, entry, &mut s.skipped);
+                        }
+                    }
+                    if after_damage {
+                        s.written_after.entry(vol).or_default().push((start, end));
+                    }
+                }
+            }
+            JournalRecord::VolumeCreate { vol, size, name } => {
+                if md.volumes.contains_key(&vol) || md.names.contains_key(&name) {
+                    s.skipped.push(format!(
+                        "creation of volume {name:?} (id {vol}): the id or name is taken"
+                    ));
+                } else {
+                    md.apply(&JournalRecord::VolumeCreate { vol, size, name })?;
+                }
+            }
+            JournalRecord::VolumeResize { vol, size } => {
+                let bs = u64::from(md.block_size);
+                let Some(old) = md.volumes.get(&vol).map(|v| v.size) else {
+                    s.skipped
+                        .push(format!("resize of volume id {vol}, which does not exist"));
+                    continue;
+                };
+                if size < old {
+                    if let Ok(cut) =
+                        block_map::mapped(&mut md.cache, u64::from(vol), size / bs, old / bs)
+                    {
+                        for (b, _) in cut {
+                            set_raw(md, vol, b, ENTRY_UNMAPPED, &mut s.skipped);
+                        }
+                    }
+                } else if let Err(e) = md
+                    .cache
+                    .grow_tree(u64::from(vol), block_map::leaves_for(size / bs))
+                {
+                    s.skipped
+                        .push(format!("growing volume id {vol} to {size} bytes: {e}"));
+                    continue;
+                }
+                if let Some(v) = md.volumes.get_mut(&vol) {
+                    v.size = size;
+                }
+            }
+            JournalRecord::VolumeDelete { vol } => {
+                if let Some(v) = md.volumes.remove(&vol) {
+                    md.names.remove(&v.name);
+                    // Pages are not reused by the rebuild, so a damaged one does not matter.
+                    let _ = md.cache.release_tree(u64::from(vol), &mut |_| Ok(()));
+                }
+            }
+            r @ JournalRecord::MetaPut { .. } => md.apply(&r)?,
+        }
+        md.cache.take_unshared_leaves();
+    }
+    md.cache.evict_to_budget()
+}
+
+/// True if volume `vol` exists and holds blocks `[start, end)`; otherwise notes the skip.
+fn fits(md: &Metadata, vol: u32, start: u64, end: u64, skipped: &mut Vec<String>) -> bool {
+    let bs = u64::from(md.block_size);
+    match md.volumes.get(&vol) {
+        Some(v) if end.saturating_mul(bs) <= v.size => true,
+        Some(v) => {
+            skipped.push(format!(
+                "write to blocks {start}..{end} of volume {:?}: past its end",
+                v.name
+            ));
+            false
+        }
+        None => {
+            skipped.push(format!(
+                "write to blocks {start}..{end} of volume id {vol}, which does not exist (made in a damaged part of the journal?)"
+            ));
+            false
+        }
+    }
+}
+
+/// Set a map entry without reference counting (the rebuild recounts).
+fn set_raw(md: &mut Metadata, vol: u32, block: u64, e: u64, skipped: &mut Vec<String>) {
+    let Some(v) = md.volumes.get_mut(&vol) else {
+        return;
+    };
+    if let Err(err) = block_map::set(&mut md.cache, u64::from(vol), &mut v.counts, block, e) {
+        skipped.push(format!("block {block} of volume {:?}: {err}", v.name));
+    }
+}
+
+/// Blocks of one volume or snapshot that repair could not salvage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LostRange {
+    /// The volume, or `VOLUME@SNAPSHOT` for a snapshot.
+    pub volume: String,
+    pub first_block: u64,
+    pub blocks: u64,
+    /// Why, and what the blocks read now.
+    pub reason: String,
+}
+
+/// What repair found and did.
+#[derive(Clone, Debug, Default)]
+pub struct RepairReport {
+    pub dry_run: bool,
+    pub block_size: u32,
+    /// Where the damaged files were copied (not in a dry run, nor when nothing was damaged).
+    pub backup: Option<PathBuf>,
+    /// Valid journal batches and records salvaged.
+    pub journal_batches: u64,
+    pub journal_records: u64,
+    /// Damaged stretches of the journal that were skipped.
+    pub damaged_journal: Vec<DamagedStretch>,
+    /// Blocks lost, by volume, sorted.
+    pub lost: Vec<LostRange>,
+    /// Other things lost or skipped, in words.
+    pub notes: Vec<String>,
+    pub volumes: u64,
+    /// Chunks the repaired pool holds; of them, found by scanning segments.
+    pub chunks_kept: u64,
+    pub chunks_from_segments: u64,
+    /// Chunks the old table counted live that nothing names any more (now dead space).
+    pub chunks_dropped: u64,
+    pub unreadable_map_pages: u64,
+    pub unreadable_chunk_pages: u64,
+}
+
+impl RepairReport {
+    /// True if repair found something to repair.
+    pub fn found_damage(&self) -> bool {
+        !self.damaged_journal.is_empty()
+            || !self.lost.is_empty()
+            || !self.notes.is_empty()
+            || self.unreadable_map_pages > 0
+            || self.unreadable_chunk_pages > 0
+    }
+
+    /// Blocks lost in all.
+    pub fn lost_blocks(&self) -> u64 {
+        self.lost.iter().map(|l| l.blocks).sum()
+    }
+}
+
+/// Repair the pool in directory `path` (see the module documentation). With `dry_run`
+/// nothing is written: the report says what a repair would salvage and lose.
+/// Repair the pool at `path` (`key`: the key of an encrypted pool). In an encrypted pool a
+/// repair (not a dry run) takes a new nonce epoch, as a writable open does, and seals the new
+/// pages, root and journal under it.
+pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<RepairReport> {
+    let dir = RealDir::new(path);
+    if !dir
+        .exists(SUPERBLOCK_NAME)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
+    {
+        return Err(Error::NotAPool(path.to_path_buf()));
+    }
+    let lock_file = dir
+        .lock(LOCK_NAME)
+        .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
+        .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
+    let mut sb = Superblock::decode(&read_whole(&dir, SUPERBLOCK_NAME)?)?;
+    let reader = pool_crypto(&dir, &mut sb.clone(), key.as_ref(), false)?;
+    let old_root = decode_root(
+        &read_whole(&dir, CHECKPOINT_NAME)?,
+        &sb.uuid,
+        reader.as_deref(),
+    )
+    .map_err(|e| {
+        Error::corrupt(
+            format!("checkpoint root of {}", path.display()),
+            format!("{e}; Condense keeps one root, which names every map and the chunk table, so repair cannot rebuild the pool: restore it from a backup"),
+        )
+    })?;
+    let backup = if dry_run { None } else { Some(back_up(path)?) };
+    // What the rebuilt metadata is sealed with: a new epoch, durable before any seal (after
+    // the backup, which keeps the superblock as it was).
+    let sealer = if dry_run {
+        reader
+    } else {
+        pool_crypto(&dir, &mut sb, key.as_ref(), true)?
+    };
+    let opts = OpenOptions {
+        read_only: true,
+        salvage_journal: true,
+        key,
+        ..Default::default()
+    };
+    let pool = Pool::open_with_lock(Arc::new(RealDir::new(path)), opts, Some(lock_file))?;
+    let mut report = RepairReport {
+        dry_run,
+        block_size: sb.block_size,
+        backup: backup.clone(),
+        ..Default::default()
+    };
+    let replay = pool.replay_report();
+    report.journal_batches = replay.batches;
+    report.journal_records = replay.records;
+    report.damaged_journal = replay.damaged.clone();
+    let salvage = replay.salvage.clone();
+    report.notes.extend(salvage.skipped.iter().cloned());
+
+    let mut st = lock(&pool.state);
+    let st = &mut *st;
+    let next_seq = st.journal.next_seq();
+    let mut new = fresh_metadata(&st.md, &old_root, dry_run, sealer.clone());
+    let mut lost = Lost::default();
+    journal_losses(
+        &st.md,
+        &salvage,
+        &report.damaged_journal,
+        &mut lost,
+        &mut report.notes,
+    );
+    rebuild(
+        &mut st.md,
+        &st.segments,
+        &salvage,
+        &mut new,
+        &mut lost,
+        &mut report,
+    )?;
+    report.lost = lost.ranges(&st.md);
+    report.volumes = new.volumes.len() as u64;
+    report.chunks_kept = new.chunks.live_chunks;
+    report.chunks_dropped = st
+        .md
+        .chunks
+        .live_chunks
+        .saturating_sub(new.chunks.live_chunks);
+
+    if dry_run {
+        return Ok(report);
+    }
+    if !report.found_damage() {
+        // Nothing to repair: leave the pool as it was and drop the unneeded backup.
+        if let Some(b) = &backup {
+            let _ = std::fs::remove_dir_all(b);
+        }
+        report.backup = None;
+        return Ok(report);
+    }
+    write_new_state(&dir, &sb, &old_root, &mut new, next_seq, sealer)?;
+    Ok(report)
+}
+
+/// Copy the metadata files into `POOL/repair-<UTC time>/` and sync them.
+fn back_up(path: &Path) -> Result<PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut to = path.join(format!("repair-{}", utc_stamp(secs)));
+    let mut n = 1;
+    while to.exists() {
+        n += 1;
+        to = path.join(format!("repair-{}-{n}", utc_stamp(secs)));
+    }
+    std::fs::create_dir(&to).map_err(|e| Error::io(format!("creating {}", to.display()), e))?;
+    let entries =
+        std::fs::read_dir(path).map_err(|e| Error::io(format!("listing {}", path.display()), e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(format!("listing {}", path.display()), e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let wanted = [
+            SUPERBLOCK_NAME,
+            CHECKPOINT_NAME,
+            CHECKPOINT_TMP_NAME,
+            META_NAME,
+        ]
+        .contains(&name.as_str())
+            || name.starts_with(JOURNAL_PREFIX);
+        if !wanted {
+            continue;
+        }
+        let dst = to.join(&name);
+        std::fs::copy(entry.path(), &dst)
+            .and_then(|_| std::fs::File::open(&dst)?.sync_all())
+            .map_err(|e| {
+                Error::io(
+                    format!(
+                        "backing up {name} to {} (nothing was changed)",
+                        to.display()
+                    ),
+                    e,
+                )
+            })?;
+    }
+    std::fs::File::open(&to)
+        .and_then(|d| d.sync_all())
+        .and_then(|_| std::fs::File::open(path)?.sync_all())
+        .map_err(|e| Error::io(format!("syncing {}", to.display()), e))?;
+    Ok(to)
+}
+
+/// `YYYYMMDDTHHMMSSZ` for seconds since the Unix epoch.
+fn utc_stamp(secs: u64) -> String {
+    let days = (secs / 86400) as i64;
+    let rem = secs % 86400;
+    // Civil date from days since 1970-01-01 (proleptic Gregorian calendar).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Empty metadata for the rebuild, on the same `meta.dat`: its allocator starts from the old
+/// root's bitmap, so no page the old root names is overwritten before the new root is durable.
+fn fresh_metadata(
+    old: &Metadata,
+    old_root: &Root,
+    dry_run: bool,
+    crypto: Option<Arc<Crypto>>,
+) -> Metadata {
+    let mut trees = BTreeMap::new();
+    trees.insert(
+        CHUNK_TREE,
+        TreeInfo {
+            height: 1,
+            root: Ptr::NULL,
+        },
+    );
+    let mut cache = PageCache::new(
+        old.cache.file().clone(),
+        PageAlloc::from_bitmap(old_root.bitmap.clone()),
+        trees,
+        old.cache.budget_bytes(),
+    );
+    if dry_run {
+        cache.set_read_only();
+    }
+    if let Some(c) = crypto {
+        cache.set_crypto(c);
+    }
+    Metadata {
+        block_size: old.block_size,
+        volumes: BTreeMap::new(),
+        names: HashMap::new(),
+        next_vol: old.next_vol,
+        cache,
+        chunks: ChunkTable {
+            next_id: old.chunks.next_id,
+            ..Default::default()
+        },
+        index: Default::default(),
+        index_ready: false,
+        meta: old.meta.clone(),
+        meta_bytes_written_before: old.meta_bytes_written(),
+        checkpoints: old.checkpoints,
+    }
+}
+
+/// Lost blocks as they are found: (volume id, reason) → blocks.
+#[derive(Default)]
+struct Lost {
+    blocks: BTreeMap<(u32, String), Vec<(u64, u64)>>,
+}
+
+impl Lost {
+    fn add(&mut self, vol: u32, first: u64, end: u64, reason: &str) {
+        if first < end {
+            self.blocks
+                .entry((vol, reason.to_string()))
+                .or_default()
+                .push((first, end));
+        }
+    }
+
+    /// Merged ranges, named, sorted by volume name and block.
+    fn ranges(self, md: &Metadata) -> Vec<LostRange> {
+        let mut out = Vec::new();
+        for ((vol, reason), mut r) in self.blocks {
+            let name = md
+                .volumes
+                .get(&vol)
+                .map_or_else(|| format!("volume id {vol}"), |v| v.name.clone());
+            for (first, end) in merge(&mut r) {
+                out.push(LostRange {
+                    volume: name.clone(),
+                    first_block: first,
+                    blocks: end - first,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.volume, a.first_block).cmp(&(&b.volume, b.first_block)));
+        out
+    }
+}
+
+/// Sort and merge overlapping or touching ranges.
+fn merge(r: &mut [(u64, u64)]) -> Vec<(u64, u64)> {
+    r.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &(s, e) in r.iter() {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// `[s, e)` minus the sorted, merged `cut`.
+fn subtract(s: u64, e: u64, cut: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = s;
+    for &(cs, ce) in cut {
+        if ce <= at || cs >= e {
+            continue;
+        }
+        if cs > at {
+            out.push((at, cs));
+        }
+        at = at.max(ce);
+    }
+    if at < e {
+        out.push((at, e));
+    }
+    out
+}
+
+/// What the damaged journal stretches changed and no later batch wrote again.
+fn journal_losses(
+    md: &Metadata,
+    salvage: &Salvage,
+    damaged: &[DamagedStretch],
+    lost: &mut Lost,
+    notes: &mut Vec<String>,
+) {
+    let mut after: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
+    for (vol, r) in &salvage.written_after {
+        after.insert(*vol, merge(&mut r.clone()));
+    }
+    let bs = u64::from(md.block_size);
+    for d in damaged {
+        let reason = format!(
+            "written by damaged journal batch(es) {}..{} ({} bytes at offset {} of {}); the blocks keep their content from before that write",
+            d.first_seq, d.next_seq, d.bytes, d.offset, d.file
+        );
+        if d.records.is_empty() {
+            notes.push(format!(
+                "journal batch(es) {}..{} in {} (offset {}, {} bytes) could not be decoded: the blocks they wrote are unknown and keep older content; compare the volumes with a backup",
+                d.first_seq, d.next_seq, d.file, d.offset, d.bytes
+            ));
+        }
+        for r in &d.records {
+            let (vol, start, end) = match r {
+                JournalRecord::MapRun {
+                    vol,
+                    start,
+                    entries,
+                } => (*vol, *start, start + entries.len() as u64),
+                JournalRecord::MapFill {
+                    vol, start, count, ..
+                } => (*vol, *start, start.saturating_add(*count)),
+                JournalRecord::VolumeCreate { vol, name, .. } => {
+                    notes.push(format!(
+                        "volume {name:?} (id {vol}) was created in a damaged journal batch{}",
+                        if md.volumes.contains_key(vol) {
+                            ""
+                        } else {
+                            " and is lost with every write to it"
+                        }
+                    ));
+                    continue;
+                }
+                JournalRecord::VolumeDelete { vol } => {
+                    notes.push(format!(
+                        "volume id {vol} was deleted in a damaged journal batch; it is kept"
+                    ));
+                    continue;
+                }
+                JournalRecord::VolumeResize { vol, size } => {
+                    notes.push(format!(
+                        "volume id {vol} was resized to {size} bytes in a damaged journal batch; that resize is lost"
+                    ));
+                    continue;
+                }
+                _ => continue,
+            };
+            let Some(v) = md.volumes.get(&vol) else {
+                continue;
+            };
+            let end = end.min(v.size / bs);
+            let cut = after.get(&vol).map_or(&[][..], |c| &c[..]);
+            for (s, e) in subtract(start, end, cut) {
+                lost.add(vol, s, e, &reason);
+            }
+        }
+    }
+}
+
+/// Where chunk `id` is, if it can be found: the batches, then the old chunk table.
+fn locate(
+    old: &mut Metadata,
+    salvage: &Salvage,
+    segments: &Segments,
+    id: u64,
+) -> std::result::Result<(Location, Fingerprint), String> {
+    if let Some((loc, fp)) = salvage.chunks.get(&id) {
+        if let Some(fp) = fp.or_else(|| record_fp(segments, id, loc)) {
+            return Ok((*loc, fp));
+        }
+    }
+    match old.chunks.get(&mut old.cache, id) {
+        Ok(Some(e)) => Ok((e.loc, e.fp)),
+        Ok(None) => Err("is not in the chunk table".into()),
+        Err(e) => Err(format!("is on an unreadable chunk-table page ({e})")),
+    }
+}
+
+/// The fingerprint in chunk `id`'s record at `loc`, if the record is valid.
+fn record_fp(segments: &Segments, id: u64, loc: &Location) -> Option<Fingerprint> {
+    let file = segments.file(loc.segment)?;
+    let mut buf = vec![0u8; loc.record_bytes() as usize];
+    file.read_at(&mut buf, u64::from(loc.offset)).ok()?;
+    decode_record(&buf, id, loc).ok().map(|(fp, _)| fp)
+}
+
+/// Scan every segment for valid records of the chunks in `wanted`; stops reading a segment
+/// at the first record that does not check (record boundaries are unknown past it).
+fn scan_segments(
+    segments: &Segments,
+    wanted: &HashMap<u64, String>,
+) -> HashMap<u64, (Location, Fingerprint)> {
+    let mut found = HashMap::new();
+    let ids: Vec<(u32, u64)> = segments.ids().collect();
+    for (seg, len) in ids {
+        let Some(file) = segments.file(seg) else {
+            continue;
+        };
+        let mut data = vec![0u8; len as usize];
+        if file.read_at(&mut data, 0).is_err() {
+            continue;
+        }
+        let mut pos = SEGMENT_HEADER_BYTES;
+        while let Some(h) = data.get(pos..pos + RECORD_HEADER_BYTES) {
+            let word = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+            let id = u64::from(word(4)) | u64::from(word(28)) << 32;
+            let len_codec = word(24);
+            let Some(codec) = ChunkCodec::from_u8((len_codec >> 24) as u8) else {
+                break;
+            };
+            let loc = Location {
+                segment: seg,
+                offset: pos as u32,
+                stored_len: len_codec & 0x00ff_ffff,
+                codec,
+            };
+            let Ok((fp, _)) = decode_record(&data[pos..], id, &loc) else {
+                break;
+            };
+            if wanted.contains_key(&id) {
+                found.insert(id, (loc, fp));
+            }
+            pos += loc.record_bytes() as usize;
+        }
+    }
+    found
+}
+
+/// Rebuild every map and the chunk table into `new` from what is readable in `old`.
+fn rebuild(
+    old: &mut Metadata,
+    segments: &Segments,
+    salvage: &Salvage,
+    new: &mut Metadata,
+    lost: &mut Lost,
+    report: &mut RepairReport,
+) -> Result<()> {
+    let bs = u64::from(old.block_size);
+    // Chunk-table pages that cannot be read, for the report.
+    let table_pages = old.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
+    for p in 0..table_pages {
+        if old.cache.leaf(CHUNK_TREE, p).is_err() {
+            report.unreadable_chunk_pages += 1;
+        }
+        if p % 256 == 255 {
+            old.cache.evict_to_budget()?;
+        }
+    }
+    let next_id = old
+        .chunks
+        .next_id
+        .max(salvage.chunks.keys().max().map_or(0, |m| m + 1));
+    new.chunks.next_id = next_id;
+    let mut inserted = Inserted::new(next_id);
+    // Blocks whose chunk could not be located yet: (volume, block, chunk id).
+    let mut pending: Vec<(u32, u64, u64)> = Vec::new();
+    let mut why: HashMap<u64, String> = HashMap::new();
+    let vols: Vec<u32> = old.volumes.keys().copied().collect();
+    for vol in vols {
+        let Some(v) = old.volumes.get(&vol) else {
+            continue;
+        };
+        let (name, size, snapshot_of, created) = (v.name.clone(), v.size, v.snapshot_of, v.created);
+        new.apply(&JournalRecord::VolumeCreate {
+            vol,
+            size,
+            name: name.clone(),
+        })?;
+        if let Some(nv) = new.volumes.get_mut(&vol) {
+            nv.snapshot_of = snapshot_of;
+            nv.created = created;
+        }
+        let blocks = size / bs;
+        let leaves = blocks.div_ceil(PER);
+        let tree = u64::from(vol);
+        let mut group = 0;
+        while group * FANOUT < leaves {
+            let (from, to) = (group * FANOUT, ((group + 1) * FANOUT).min(leaves));
+            group += 1;
+            let present = match old.cache.present_leaves(tree, from, to) {
+                Ok(p) => p,
+                Err(e) => {
+                    report.unreadable_map_pages += 1;
+                    let reason =
+                        format!("block-map page unreadable ({e}); the blocks now read as zeros");
+                    lost.add(vol, from * PER, (to * PER).min(blocks), &reason);
+                    continue;
+                }
+            };
+            for li in present {
+                let mut entries = vec![ENTRY_UNMAPPED; MAP_PAGE_ENTRIES];
+                match old.cache.leaf(tree, li) {
+                    Ok(Some(leaf)) => block_map::leaf_entries_all(leaf, &mut entries),
+                    Ok(None) => continue,
+                    Err(e) => {
+                        report.unreadable_map_pages += 1;
+                        let reason = format!(
+                            "block-map page unreadable ({e}); the blocks now read as zeros"
+                        );
+                        lost.add(vol, li * PER, ((li + 1) * PER).min(blocks), &reason);
+                        continue;
+                    }
+                }
+                let first = li * PER;
+                entries.truncate(blocks.saturating_sub(first).min(PER) as usize);
+                for (i, e) in entries.iter_mut().enumerate() {
+                    let id = *e;
+                    if id >= CHUNK_ID_LIMIT || inserted.contains(id) {
+                        continue;
+                    }
+                    let located = if id < next_id {
+                        locate(old, salvage, segments, id)
+                    } else {
+                        Err("is past the last chunk id".into())
+                    };
+                    match located {
+                        Ok((loc, fp)) => {
+                            new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
+                            inserted.add(id);
+                        }
+                        Err(w) => {
+                            why.entry(id).or_insert(w);
+                            pending.push((vol, first + i as u64, id));
+                            *e = ENTRY_UNMAPPED;
+                        }
+                    }
+                }
+                new.apply(&JournalRecord::MapRun {
+                    vol,
+                    start: first,
+                    entries,
+                })?;
+                old.cache.evict_to_budget()?;
+                new.cache.evict_to_budget()?;
+            }
+        }
+    }
+    // Chunks no map entry could locate: look for their records in the segments.
+    if !pending.is_empty() {
+        let found = scan_segments(segments, &why);
+        for (vol, block, id) in pending {
+            match found.get(&id) {
+                Some(&(loc, fp)) => {
+                    if !inserted.contains(id) {
+                        new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
+                        report.chunks_from_segments += 1;
+                        inserted.add(id);
+                    }
+                    new.apply(&JournalRecord::MapRun {
+                        vol,
+                        start: block,
+                        entries: vec![id],
+                    })?;
+                }
+                None => {
+                    let w = why.get(&id).map_or("is missing", |w| w.as_str());
+                    let reason = format!(
+                        "its chunk {w} and no valid copy is in the segments; the blocks now read as zeros"
+                    );
+                    lost.add(vol, block, block + 1, &reason);
+                }
+            }
+            new.cache.evict_to_budget()?;
+        }
+    }
+    Ok(())
+}
+
+/// The chunk ids the rebuild has put in the new chunk table: a bitmap below the last id the
+/// old table or the batches knew, a set above it (chunks created in damaged batches and
+/// found in the segments).
+struct Inserted {
+    bits: Vec<u64>,
+    beyond: std::collections::HashSet<u64>,
+}
+
+impl Inserted {
+    fn new(next_id: u64) -> Inserted {
+        Inserted {
+            bits: vec![0u64; next_id.div_ceil(64) as usize],
+            beyond: Default::default(),
+        }
+    }
+    fn contains(&self, id: u64) -> bool {
+        match self.bits.get((id / 64) as usize) {
+            Some(w) => w & (1 << (id % 64)) != 0,
+            None => self.beyond.contains(&id),
+        }
+    }
+    fn add(&mut self, id: u64) {
+        match self.bits.get_mut((id / 64) as usize) {
+            Some(w) => *w |= 1 << (id % 64),
+            None => {
+                self.beyond.insert(id);
+            }
+        }
+    }
+}
+
+/// Write the rebuilt metadata: pages, then a fresh journal, then the root (the switch), then
+/// remove the old journals.
+fn write_new_state(
+    dir: &dyn Dir,
+    sb: &Superblock,
+    old_root: &Root,
+    new: &mut Metadata,
+    next_seq: u64,
+    crypto: Option<Arc<Crypto>>,
+) -> Result<()> {
+    let (mut pages, _) = new.cache.prepare_checkpoint()?;
+    new.cache.write_pages(&mut pages)?;
+    let gen = old_root.journal_gen + 1;
+    new.checkpoints += 1;
+    let mut root = new.root(gen, next_seq);
+    // Units in use: what this rebuild wrote (the old root's pages become free).
+    let mut bits: Vec<u64> = root
+        .bitmap
+        .iter()
+        .enumerate()
+        .map(|(i, w)| w & !old_root.bitmap.get(i).copied().unwrap_or(0))
+        .collect();
+    for s in 0..crate::page_alloc::HEADER_UNITS {
+        let w = (s / 64) as usize;
+        if w >= bits.len() {
+            bits.resize(w + 1, 0);
+        }
+        bits[w] |= 1 << (s % 64);
+    }
+    root.bitmap = bits;
+    root.shared_pages.clear();
+    let body = encode_root(&root, &sb.uuid, crypto.as_deref())?;
+    let journal = Journal::create(dir, gen, &sb.uuid, next_seq, crypto)?;
+    journal
+        .file
+        .sync()
+        .map_err(|e| Error::io("syncing the new journal", e))?;
+    new.cache
+        .file()
+        .sync()
+        .map_err(|e| Error::io(format!("syncing {META_NAME}"), e))?;
+    dir.sync_dir()
+        .map_err(|e| Error::io("syncing the pool directory", e))?;
+    write_file_atomically(dir, CHECKPOINT_NAME, &body)?;
+    for name in dir
+        .list(JOURNAL_PREFIX)
+        .map_err(|e| Error::io("listing journals", e))?
+    {
+        if parse_journal_name(&name).is_some_and(|g| g != gen) {
+            dir.remove(&name)
+                .map_err(|e| Error::io(format!("removing the old journal {name}"), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Where the block-map page holding `block` of `volume` is stored: its byte offset in
+/// `meta.dat` (`None` if the page was never written). For tests that damage a page and for
+/// diagnosis; the pool's pages must be written (after a checkpoint or close).
+pub fn map_page_offset(pool: &Pool, volume: &str, block: u64) -> Result<Option<u64>> {
+    let vol = pool.volume_id(volume)?;
+    page_offset(pool, u64::from(vol), block / PER)
+}
+
+/// [`map_page_offset`] for the chunk-table page holding chunk `id`.
+pub fn chunk_page_offset(pool: &Pool, id: u64) -> Result<Option<u64>> {
+    page_offset(pool, CHUNK_TREE, crate::chunk_table::page_of(id))
+}
+
+fn page_offset(pool: &Pool, tree: u64, leaf: u64) -> Result<Option<u64>> {
+    let mut st = lock(&pool.state);
+    let pages = st.md.cache.leaf_pages(tree, leaf, leaf + 1)?;
+    Ok(pages
+        .first()
+        .filter(|p| p.page != 0)
+        .map(|p| p.page * crate::page_cache::UNIT as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_and_subtract() {
+        assert_eq!(merge(&mut [(5, 7), (0, 2), (2, 3)]), vec![(0, 3), (5, 7)]);
+        assert_eq!(subtract(0, 10, &[(2, 4), (6, 12)]), vec![(0, 2), (4, 6)]);
+        assert_eq!(subtract(3, 5, &[(0, 10)]), vec![]);
+    }
+
+    #[test]
+    fn utc_stamp_is_a_calendar_date() {
+        assert_eq!(utc_stamp(0), "19700101T000000Z");
+        assert_eq!(utc_stamp(1_700_000_000), "20231114T221320Z");
+    }
+}
