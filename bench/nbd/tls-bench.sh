@@ -74,16 +74,25 @@ HOME=$W/client nbdinfo "$URI_TLS" | grep -q "with TLS" || { echo "TLS client can
 nbdcopy --flush "$W/src.raw" "$URI_PLAIN"
 rm -f "$W/src.raw"
 
+# The server's CPU time so far (user + system, in clock ticks): on a 2-core machine the client
+# (GnuTLS in libnbd) competes for the same cores, so the server's CPU per GiB moved is the
+# figure that carries over to a server whose clients run on other hosts.
+server_cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVER_PID/stat"; }
+TICKS=$(getconf CLK_TCK)
+
 # run TRANSPORT NAME ROUND FIO-ARGS...
 run() {
     local transport=$1 name=$2 round=$3
     shift 3
     local uri=$URI_PLAIN home=$HOME
     [ "$transport" = tls ] && uri=$URI_TLS home=$W/client
+    local before
+    before=$(server_cpu_ticks)
     HOME=$home fio --name="$name" --ioengine=nbd --uri="$uri" --size="$bytes" --time_based=1 \
         --runtime="$RUNTIME" --ramp_time="$RAMP" --randrepeat=0 --refill_buffers=1 \
         --output-format=json --output="$W/$transport-$name-$round.json" "$@" >/dev/null 2>&1 ||
         { echo "fio $name over $transport failed"; tail -5 "$W/$transport-$name-$round.json"; return 1; }
+    echo $(($(server_cpu_ticks) - before)) >"$W/$transport-$name-$round.cpu"
 }
 
 jobs=(
@@ -105,16 +114,27 @@ for round in $(seq 1 "$ROUNDS"); do
     done
 done
 
-python3 - "$W" "$SIZE" "$RUNTIME" "$ROUNDS" <<'EOF'
+python3 - "$W" "$SIZE" "$RUNTIME" "$ROUNDS" "$RAMP" "$TICKS" <<'EOF'
 import json, os, statistics, sys
-w, size, runtime, rounds = sys.argv[1:5]
-rounds = int(rounds)
+w, size, runtime, rounds, ramp, ticks = sys.argv[1:7]
+rounds, seconds, ticks = int(rounds), float(runtime) + float(ramp), int(ticks)
 
 def value(transport, name, rw, key):
     out = []
     for r in range(1, rounds + 1):
         with open(os.path.join(w, f"{transport}-{name}-{r}.json")) as f:
             out.append(json.load(f)["jobs"][0][rw][key])
+    return statistics.median(out)
+
+def cpu_per_gib(transport, name, rw):
+    """Server CPU seconds per GiB moved: CPU over the run (ramp included) / (bandwidth × time)."""
+    out = []
+    for r in range(1, rounds + 1):
+        with open(os.path.join(w, f"{transport}-{name}-{r}.json")) as f:
+            bw = json.load(f)["jobs"][0][rw]["bw_bytes"]
+        with open(os.path.join(w, f"{transport}-{name}-{r}.cpu")) as f:
+            cpu = int(f.read()) / ticks
+        out.append(cpu / (bw * seconds / 2**30) if bw else float("nan"))
     return statistics.median(out)
 
 rows = [
@@ -134,4 +154,13 @@ for label, name, rw, key, div in rows:
     t = value("tls", name, rw, key) / div
     r = t / p if p else float("nan")
     print(f"{label:<28}{p:>12.0f}{t:>12.0f}{r:>11.2f}x{'met' if r >= 0.85 else 'MISSED':>13}")
+print()
+print("server CPU seconds per GiB moved (client excluded)")
+hdr = f"{'job':<28}{'plaintext':>12}{'TLS':>12}{'TLS/plain':>12}"
+print(hdr)
+print("-" * len(hdr))
+for label, name, rw, key, div in rows:
+    p = cpu_per_gib("plain", name, rw)
+    t = cpu_per_gib("tls", name, rw)
+    print(f"{label.split(' (')[0]:<28}{p:>12.2f}{t:>12.2f}{t / p if p else float('nan'):>11.2f}x")
 EOF
