@@ -19,13 +19,8 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-if [ -z "${CONDENSE:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
-    CONDENSE=$ROOT/target/release/condense
-fi
-for tool in qemu-io nbdcopy nbdinfo python3 sha256sum; do
-    command -v "$tool" >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
-done
+. "$ROOT/tests/lib.sh"
+need_tools qemu-io nbdcopy nbdinfo python3 sha256sum
 
 W=$(mktemp -d /tmp/condense-crypt-e2e.XXXXXX)
 ENC=$W/enc
@@ -33,8 +28,6 @@ PLAIN=$W/plain
 PORT=$((20000 + RANDOM % 20000))
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
-passed=0
-failed=0
 
 cleanup() {
     if [ -n "$SERVER_PID" ]; then
@@ -48,25 +41,6 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -f "$W/out" ]; then tail -20 "$W/out" | sed 's/^/    | /'; fi
-}
-# check NAME CMD...: pass if CMD exits 0 (its output goes to $W/out).
-check() {
-    local name=$1; shift
-    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name"; fi
-}
-# refuse NAME PATTERN CMD...: pass if CMD fails and its output matches PATTERN.
-refuse() {
-    local name=$1 pattern=$2; shift 2
-    if "$@" >"$W/out" 2>&1; then fail "$name (it succeeded)"
-    elif grep -q -- "$pattern" "$W/out"; then ok "$name"
-    else fail "$name (no \"$pattern\" in the error)"; fi
-}
 
 start_server() { # POOL [key options...]
     local pool=$1; shift
@@ -216,5 +190,4 @@ refuse "condense export names the volume and block of the authentication error" 
     'authentication failed for volume "vm" block' \
     "$CONDENSE" --pool "$ENC" "${K[@]}" export vm "$W/export.raw"
 
-echo "$passed passed, $failed failed"
-[ "$failed" = 0 ]
+summary

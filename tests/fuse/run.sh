@@ -15,34 +15,9 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-if [ -z "${CONDENSE:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
-    CONDENSE=$ROOT/target/release/condense
-fi
+. "$ROOT/tests/lib.sh"
 
-passed=0
-failed=0
-skipped=0
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -n "${2:-}" ] && [ -f "$2" ]; then tail -25 "$2" | sed 's/^/    | /'; fi
-}
-skip() {
-    if [ "${CI:-}" = true ]; then
-        fail "$1 (cannot run here: $2; CI must run it)"
-    else
-        skipped=$((skipped + 1))
-        echo "skip - $1: $2"
-    fi
-}
-finish() {
-    echo
-    echo "$passed passed, $failed failed, $skipped skipped"
-    [ "$failed" -eq 0 ]
-    exit $?
-}
+finish() { summary; exit $?; }
 
 if ! "$CONDENSE" mount --help >/dev/null 2>&1; then
     fail "$CONDENSE has no 'mount' command (crates/cli/src/main.rs must add 'mod mount;')"
@@ -92,12 +67,6 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-
-check() { # NAME CMD...: pass if CMD exits 0 (its output in $W/out)
-    local name=$1
-    shift
-    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name" "$W/out"; fi
-}
 
 condense() { "$CONDENSE" --pool "$POOL" "$@"; }
 

@@ -20,13 +20,8 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-if [ -z "${CONDENSE:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
-    CONDENSE=$ROOT/target/release/condense
-fi
-for tool in qemu-io qemu-img nbdcopy nbdinfo curl jq python3 promtool prometheus; do
-    command -v "$tool" >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
-done
+. "$ROOT/tests/lib.sh"
+need_tools qemu-io qemu-img nbdcopy nbdinfo curl jq python3 promtool prometheus
 
 W=$(mktemp -d /tmp/condense-metrics-e2e.XXXXXX)
 POOL=$W/pool
@@ -40,9 +35,6 @@ SERVER_PID=
 PROM_PID=
 MOUNT_PID=
 HOLDER_PID=
-passed=0
-failed=0
-skipped=0
 
 cleanup() {
     for p in $HOLDER_PID $PROM_PID $SERVER_PID $MOUNT_PID; do
@@ -58,31 +50,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -f "$W/out" ]; then tail -20 "$W/out" | sed 's/^/    | /'; fi
-}
-skip() {
-    if [ "${CI:-}" = true ]; then
-        fail "$1 (cannot run here: $2; CI must run it)"
-    else
-        skipped=$((skipped + 1))
-        echo "skip - $1: $2"
-    fi
-}
-finish() {
-    echo
-    echo "$passed passed, $failed failed, $skipped skipped"
-    [ "$failed" -eq 0 ]
-    exit $?
-}
-# check NAME CMD...: pass if CMD exits 0 (its output goes to $W/out).
-check() {
-    local name=$1; shift
-    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name"; fi
-}
+finish() { summary; exit $?; }
 # expect NAME ACTUAL WANTED: pass if the two strings are equal.
 expect() {
     if [ "$2" = "$3" ]; then ok "$1"; else echo "got '$2', want '$3'" >"$W/out"; fail "$1"; fi

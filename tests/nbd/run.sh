@@ -13,13 +13,8 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-if [ -z "${CONDENSE:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
-    CONDENSE=$ROOT/target/release/condense
-fi
-for tool in qemu-img qemu-io nbdinfo nbdcopy fio; do
-    command -v "$tool" >/dev/null || { echo "missing $tool: apt-get install qemu-utils libnbd-bin fio"; exit 1; }
-done
+. "$ROOT/tests/lib.sh"
+need_tools qemu-img qemu-io nbdinfo nbdcopy fio
 
 if ! "$CONDENSE" serve --help >/dev/null 2>&1; then
     echo "FAIL - $CONDENSE has no 'serve' command (crates/cli/src/main.rs must add 'mod serve;')"
@@ -33,9 +28,6 @@ PORT=$((20000 + RANDOM % 20000))
 URI=nbd://127.0.0.1:$PORT
 SOCK=$W/nbd.sock
 SERVER_PID=
-passed=0
-failed=0
-skipped=0
 
 cleanup() {
     if [ -n "$SERVER_PID" ]; then
@@ -49,20 +41,6 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-skip() { skipped=$((skipped + 1)); echo "skip - $1"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -n "${2:-}" ] && [ -f "$2" ]; then tail -25 "$2" | sed 's/^/    | /'; fi
-}
-# check NAME CMD...: run CMD with its output in $W/out; pass if it exits 0.
-check() {
-    local name=$1
-    shift
-    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name" "$W/out"; fi
-}
 
 condense() { "$CONDENSE" --pool "$POOL" "$@"; }
 
@@ -301,11 +279,10 @@ if "$CONDENSE" export --help 2>/dev/null | grep -q -- "--format"; then
     check "imported volume is identical over NBD" qemu-img compare -f qcow2 -F raw src.qcow2 "$URI/imported"
     stop_server >/dev/null 2>&1
 else
-    skip "condense import/export of qcow2/vmdk/vdi (export has no --format yet)"
+    echo "# not tested: condense import/export of qcow2/vmdk/vdi (export has no --format yet)"
 fi
 
 # The pool is consistent after all of it.
 check "condense verify finds no damage" condense verify
 
-echo "$passed passed, $failed failed, $skipped skipped"
-[ "$failed" -eq 0 ]
+summary

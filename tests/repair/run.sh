@@ -20,13 +20,8 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-if [ -z "${CONDENSE:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
-    CONDENSE=${CARGO_TARGET_DIR:-$ROOT/target}/release/condense
-fi
-for tool in qemu-img qemu-io nbdinfo fio jq od; do
-    command -v "$tool" >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
-done
+. "$ROOT/tests/lib.sh"
+need_tools qemu-img qemu-io nbdinfo fio jq od
 
 W=$(mktemp -d /tmp/condense-repair-e2e.XXXXXX)
 POOL=$W/pool
@@ -34,8 +29,6 @@ PORT=$((20000 + RANDOM % 20000))
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 FIO_PID=
-passed=0
-failed=0
 
 cleanup() {
     [ -n "$FIO_PID" ] && kill "$FIO_PID" 2>/dev/null
@@ -51,17 +44,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -n "${2:-}" ] && [ -f "$2" ]; then tail -20 "$2" | sed 's/^/    | /'; fi
-}
-# check NAME CMD...: pass if CMD exits 0 (its output goes to $W/out).
-check() {
-    local name=$1; shift
-    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name" "$W/out"; fi
-}
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
 
 start_server() {
@@ -234,6 +216,4 @@ if [ -n "$read_kib" ] && [ "$read_kib" != "io=0B" ]; then ok "verify_only read b
 stop_server
 check "verify clean after the crash" c verify
 
-echo
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

@@ -21,34 +21,9 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-if [ -z "${CONDENSE:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
-    CONDENSE=${CARGO_TARGET_DIR:-$ROOT/target}/release/condense
-fi
+. "$ROOT/tests/lib.sh"
 
-passed=0
-failed=0
-skipped=0
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -n "${2:-}" ] && [ -f "$2" ]; then tail -25 "$2" | sed 's/^/    | /'; fi
-}
-skip() {
-    if [ "${CI:-}" = true ]; then
-        fail "$1 (cannot run here: $2; CI must run it)"
-    else
-        skipped=$((skipped + 1))
-        echo "skip - $1: $2"
-    fi
-}
-finish() {
-    echo
-    echo "$passed passed, $failed failed, $skipped skipped"
-    [ "$failed" -eq 0 ]
-    exit $?
-}
+finish() { summary; exit $?; }
 
 for tool in systemd-analyze nbdinfo qemu-io python3 cmp; do
     command -v "$tool" >/dev/null || { fail "missing $tool (scripts/install-deps.sh)"; finish; }
@@ -77,12 +52,6 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-
-# check NAME CMD...: pass if CMD exits 0 (its output goes to $W/out).
-check() {
-    local name=$1; shift
-    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name" "$W/out"; fi
-}
 
 # A fake service manager: receives sd_notify datagrams on ADDR (a path, or @name for an
 # abstract socket) and appends each to LOG; on READY=1 it runs HOOK at once (before

@@ -18,13 +18,8 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-if [ -z "${CONDENSE:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
-    CONDENSE=$ROOT/target/release/condense
-fi
-for tool in qemu-img qemu-io nbdinfo jq; do
-    command -v "$tool" >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
-done
+. "$ROOT/tests/lib.sh"
+need_tools qemu-img qemu-io nbdinfo jq
 
 W=$(mktemp -d /tmp/condense-snap-e2e.XXXXXX)
 POOL=$W/pool
@@ -32,8 +27,6 @@ PORT=$((20000 + RANDOM % 20000))
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 HOLDER_PID=
-passed=0
-failed=0
 
 cleanup() {
     exec 7>&- 2>/dev/null
@@ -50,17 +43,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -f "$W/out" ]; then tail -20 "$W/out" | sed 's/^/    | /'; fi
-}
-# check NAME CMD...: pass if CMD exits 0 (its output goes to $W/out).
-check() {
-    local name=$1; shift
-    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name"; fi
-}
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
 
 start_server() {
@@ -199,6 +181,4 @@ check "vm still reads its content" bash -c "qemu-img convert -f raw -O raw '$URI
 
 stop_server
 check "verify clean with no daemon" c verify
-echo
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

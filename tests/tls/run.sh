@@ -18,20 +18,13 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-if [ -z "${CONDENSE:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
-    CONDENSE=${CARGO_TARGET_DIR:-$ROOT/target}/release/condense
-fi
-for tool in openssl qemu-img nbdinfo nbdcopy; do
-    command -v "$tool" >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
-done
+. "$ROOT/tests/lib.sh"
+need_tools openssl qemu-img nbdinfo nbdcopy
 
 W=$(mktemp -d /tmp/condense-tls-e2e.XXXXXX)
 POOL=$W/pool
 PORT=$((20000 + RANDOM % 20000))
 SERVER_PID=
-passed=0
-failed=0
 
 cleanup() {
     if [ -n "$SERVER_PID" ]; then
@@ -46,17 +39,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -f "$W/out" ]; then tail -20 "$W/out" | sed 's/^/    | /'; fi
-}
-# check NAME CMD...: pass if CMD exits 0 (its output goes to $W/out).
-check() {
-    local name=$1; shift
-    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name"; fi
-}
 # refused NAME CMD...: pass if CMD fails (its output goes to $W/out).
 refused() {
     local name=$1; shift
@@ -241,6 +223,4 @@ bad_start "--allow-export without --tls-client-ca is refused" "tls-client-ca" \
     "${TLS[@]}" --allow-export alice=vm1
 
 check "verify clean after the TLS sessions" c verify
-echo
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

@@ -1,0 +1,80 @@
+# The harness every tests/*/run.sh sources: the binary under test, result counters and the
+# checks that print "ok - NAME" / "FAIL - NAME" / "skip - NAME: WHY".
+#
+#   ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+#   . "$ROOT/tests/lib.sh"
+#   need_tools qemu-img nbdinfo      # a missing tool is an error naming scripts/install-deps.sh
+#   W=$(mktemp -d ...)               # work directory: check/refuse keep the last output in $W/out
+#   check "NAME" cmd args...         # pass if cmd exits 0
+#   refuse "NAME" PATTERN cmd...     # pass if cmd fails and its output matches PATTERN
+#   summary                          # "N passed, M failed, K skipped"; non-zero if anything failed
+#
+# skip: a test that cannot run on this machine (no root, no /dev/fuse) says why; under CI
+# (CI=true) a skip is a failure, because CI must run everything.
+# shellcheck shell=bash
+
+passed=0
+failed=0
+skipped=0
+
+# The binary under test: $CONDENSE, else built here (honouring CARGO_TARGET_DIR).
+if [ -z "${CONDENSE:-}" ]; then
+    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
+    CONDENSE=${CARGO_TARGET_DIR:-$ROOT/target}/release/condense
+fi
+
+# need_tools TOOL...: exit with an error naming the first missing tool.
+need_tools() {
+    local t
+    for t in "$@"; do
+        command -v "$t" >/dev/null || { echo "missing $t: run scripts/install-deps.sh"; exit 1; }
+    done
+}
+
+ok() { passed=$((passed + 1)); echo "ok - $1"; }
+
+# fail NAME [LOG]: the tail of LOG (default: the last check's output, $W/out) is shown.
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL - $1"
+    local log=${2:-${W:-/nonexistent}/out}
+    if [ -f "$log" ]; then tail -20 "$log" | sed 's/^/    | /'; fi
+}
+
+# skip NAME WHY
+skip() {
+    if [ "${CI:-}" = true ]; then
+        fail "$1 (cannot run here: $2; CI must run it)"
+    else
+        skipped=$((skipped + 1))
+        echo "skip - $1: $2"
+    fi
+}
+
+# check NAME CMD...: pass if CMD exits 0 (its output goes to $W/out).
+check() {
+    local name=$1
+    shift
+    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name" "$W/out"; fi
+}
+
+# refuse NAME PATTERN CMD...: pass if CMD fails and its output matches PATTERN (grep; an empty
+# PATTERN accepts any failure).
+refuse() {
+    local name=$1 pattern=$2
+    shift 2
+    if "$@" >"$W/out" 2>&1; then
+        fail "$name (it succeeded)"
+    elif [ -z "$pattern" ] || grep -q -- "$pattern" "$W/out"; then
+        ok "$name"
+    else
+        fail "$name (no \"$pattern\" in the error)" "$W/out"
+    fi
+}
+
+# summary: print the counts; the return status is non-zero if anything failed.
+summary() {
+    echo
+    echo "$passed passed, $failed failed, $skipped skipped"
+    [ "$failed" -eq 0 ]
+}
