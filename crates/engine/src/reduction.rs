@@ -31,7 +31,7 @@ pub fn compress(compression: Compression, block: &[u8]) -> (ChunkCodec, Vec<u8>)
     let limit = block.len() - block.len() / 8;
     let attempt = match compression {
         Compression::None => None,
-        Compression::Lz4 => Some((ChunkCodec::Lz4, lz4_flex::block::compress(block))),
+        Compression::Lz4 => lz4_into_scratch(block, limit).map(|c| (ChunkCodec::Lz4, c)),
         Compression::Zstd(level) => zstd::bulk::compress(block, i32::from(level))
             .ok()
             .map(|c| (ChunkCodec::Zstd, c)),
@@ -40,6 +40,27 @@ pub fn compress(compression: Compression, block: &[u8]) -> (ChunkCodec, Vec<u8>)
         Some((codec, c)) if c.len() <= limit => (codec, c),
         _ => (ChunkCodec::Raw, block.to_vec()),
     }
+}
+
+thread_local! {
+    /// LZ4's worst-case output buffer, kept per thread: `lz4_flex::block::compress` allocates
+    /// and zeroes a fresh one for every block, which cost as much as a fifth of the LZ4 time.
+    static LZ4_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// LZ4 of `block`, if it fits in `limit` bytes (only those bytes are copied out).
+fn lz4_into_scratch(block: &[u8], limit: usize) -> Option<Vec<u8>> {
+    LZ4_SCRATCH.with(|scratch| {
+        let mut out = scratch.borrow_mut();
+        let need = lz4_flex::block::get_maximum_output_size(block.len());
+        if out.len() < need {
+            out.resize(need, 0);
+        }
+        match lz4_flex::block::compress_into(block, &mut out) {
+            Ok(n) if n <= limit => Some(out[..n].to_vec()),
+            _ => None,
+        }
+    })
 }
 
 /// Decode a stored payload into `out` (exactly one block).
