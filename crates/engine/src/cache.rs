@@ -52,7 +52,7 @@ const SLOT_SLACK: u64 = 64;
 /// The smallest cache: this many slots.
 pub const CACHE_SLOTS_MIN: u64 = 16;
 /// Promotions waiting for the writer; more are skipped.
-const QUEUE_MAX: usize = 1024;
+const QUEUE_MAX: usize = 4096;
 /// Share of the slots for the small (probationary) FIFO, in percent.
 const SMALL_PERCENT: u64 = 10;
 
@@ -818,7 +818,7 @@ impl Shared {
                 }
             };
             let mut batch = vec![first];
-            while batch.len() < 64 {
+            while batch.len() < 256 {
                 match rx.try_recv() {
                     Ok(j) => batch.push(j),
                     Err(_) => break,
