@@ -62,6 +62,8 @@ value() { awk -v s="$2" '$1 == s { print $2 }' "$W/$1"; }
 
 c init >"$W/out" 2>&1 || { fail "condense init"; finish; }
 c volume create vm --size 64M >"$W/out" 2>&1 || { fail "volume create"; finish; }
+# A cache tier, so that its metrics are scraped (and checked against docs/METRICS.md) too.
+c cache attach "$W/fast" --size 16M >"$W/out" 2>&1 || { fail "cache attach"; finish; }
 head -c 8388608 /dev/urandom >"$W/random.raw"
 
 "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" --metrics-listen "127.0.0.1:$MPORT" \
@@ -111,6 +113,7 @@ undocumented() {
     awk '/^# TYPE/ { print $3 }' "$W/$1" | while read -r m; do documented "$m" || echo "$m"; done
 }
 expect "every metric of the serve scrape is in docs/METRICS.md" "$(undocumented after | xargs)" ""
+expect "the cache tier's metrics are scraped" "$(grep -c '^condense_cache_\(hits_total\|used_bytes\|size_bytes\) ' "$W/after")" "3"
 
 # A client that stays connected shows in condense_nbd_clients_connected.
 qemu-io -f raw -c "sleep 4000" "$URI/vm" >/dev/null 2>&1 &
