@@ -48,6 +48,7 @@
 # fio (with the nbd engine), libnbd-bin (nbdcopy, nbdinfo), jq, python3. Prints figures;
 # asserts nothing. Results (tables, TSV, SVG) are left in BENCH_DIR/results-TIMESTAMP/.
 
+# shellcheck disable=SC2317 # the parts are called as "part_$part", cleanup from the EXIT trap
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -433,7 +434,7 @@ part_randwrite() {
 
 # clones: CLONES clones of one snapshot, each read in turn; the cache should hold one copy.
 part_clones() {
-    local i line first=
+    local i line
     use_cache writethrough || { echo "clones: $(cat "$W/why-writethrough")" | tee "$OUT/clones.txt"; return 0; }
     start_serve
     c snapshot create file golden >/dev/null
