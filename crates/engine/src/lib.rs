@@ -16,11 +16,13 @@
 //! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush
 //! - [`volume`]: the Volume API over a pool
 //! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
+//! - [`cache`]: the cache tier (chunk records on a fast directory, S3-FIFO, persistent)
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
 
 #![deny(clippy::unwrap_used)]
 
 pub mod block_map;
+pub mod cache;
 pub mod chunk_table;
 pub mod counters;
 pub mod crypto;
@@ -44,10 +46,13 @@ pub mod stats;
 pub mod verify;
 pub mod volume;
 
+pub use cache::{CacheConf, CacheMode, CacheStats};
 pub use counters::CounterValues;
 pub use crypto::UserKey;
 pub use error::{Error, Result};
 pub use format::{Compression, WritePolicy};
-pub use pool::{default_metadata_cache_bytes, InitOptions, OpenOptions, Pool, METADATA_CACHE_MIN};
+pub use pool::{
+    default_metadata_cache_bytes, CacheDir, InitOptions, OpenOptions, Pool, METADATA_CACHE_MIN,
+};
 pub use stats::{PoolStats, VolumeStats};
 pub use volume::VolumeHandle;

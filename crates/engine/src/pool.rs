@@ -22,6 +22,7 @@
 //! before anything is written (a missing or wrong key changes no file), then a writable open
 //! makes the next nonce epoch durable in the superblock before anything is sealed.
 
+use crate::cache::{CacheConf, CacheMode, CacheStats, ChunkCache, CACHE_CONF_NAME};
 use crate::crypto::{self, Crypto, Kind, UserKey};
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -36,7 +37,7 @@ use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 
 /// Settings fixed when a pool is created.
 #[derive(Clone, Debug)]
@@ -104,6 +105,20 @@ pub struct OpenOptions {
     /// Replay past journal damage instead of failing (read-only opens only; for
     /// [`crate::repair`], which then writes a consistent state).
     pub salvage_journal: bool,
+    /// The directory of an attached cache tier, given explicitly (the crash simulator,
+    /// tests); `None`: the path stored in the pool's `cache.conf`. Used only when the pool
+    /// has a cache attached.
+    pub cache_dir: Option<CacheDir>,
+}
+
+/// The directory of a cache tier (a newtype so that [`OpenOptions`] stays `Debug`).
+#[derive(Clone)]
+pub struct CacheDir(pub Arc<dyn Dir>);
+
+impl std::fmt::Debug for CacheDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CacheDir({})", self.0.describe())
+    }
 }
 
 impl Default for OpenOptions {
@@ -116,6 +131,7 @@ impl Default for OpenOptions {
             metadata_cache_bytes: None,
             key: None,
             salvage_journal: false,
+            cache_dir: None,
         }
     }
 }
@@ -159,6 +175,8 @@ pub struct Pool {
     /// Activity counters for monitoring ([`Pool::counters`]).
     pub(crate) counters: crate::counters::Counters,
     pub(crate) replay: ReplayReport,
+    /// The attached cache tier, if any ([`crate::cache`]).
+    pub(crate) cache: RwLock<Option<Arc<ChunkCache>>>,
     _lock_file: Option<std::fs::File>,
 }
 
@@ -322,6 +340,10 @@ impl Pool {
             .lock(LOCK_NAME)
             .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
             .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
+        let mut opts = opts;
+        if opts.cache_dir.is_none() && !opts.read_only {
+            opts.cache_dir = stored_cache_dir(&dir);
+        }
         Pool::open_with_lock(Arc::new(dir), opts, Some(lock))
     }
 
@@ -542,8 +564,12 @@ impl Pool {
             read_errors: AtomicU64::new(0),
             counters: Default::default(),
             replay,
+            cache: RwLock::new(None),
             _lock_file: lock_file,
         });
+        if !pool.read_only {
+            pool.open_attached_cache();
+        }
         Ok(pool)
     }
 
@@ -580,7 +606,138 @@ impl Pool {
         }
         self.flush()?;
         let guard = lock(&self.sync_lock);
-        self.checkpoint_locked(&guard)
+        self.checkpoint_locked(&guard)?;
+        drop(guard);
+        if let Some(c) = self.cache() {
+            if let Err(e) = c.close() {
+                tracing::warn!("closing the cache tier: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Cache tier.
+
+    /// The attached cache, if any.
+    pub(crate) fn cache(&self) -> Option<Arc<ChunkCache>> {
+        self.cache.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// What `cache.conf` says, if a cache is attached.
+    pub fn cache_conf(&self) -> Result<Option<CacheConf>> {
+        read_cache_conf(&*self.dir)
+    }
+
+    /// Open the cache named by `cache.conf` (in `opts.cache_dir`); a cache that cannot be
+    /// opened is a warning, never a failure (writethrough: it holds nothing the pool lacks).
+    fn open_attached_cache(&self) {
+        let conf = match read_cache_conf(&*self.dir) {
+            Ok(Some(c)) => c,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!("{e}; running without the cache tier");
+                return;
+            }
+        };
+        let Some(dir) = self.opts.cache_dir.clone() else {
+            tracing::warn!(
+                "the cache directory {} is missing or unreadable; running without the cache tier \
+                 (`condense cache detach` forgets it)",
+                conf.path
+            );
+            return;
+        };
+        match ChunkCache::open(
+            dir.0,
+            conf.size_bytes,
+            conf.mode,
+            self.sb.uuid,
+            self.sb.block_size,
+        ) {
+            Ok(c) => *self.cache.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(c)),
+            Err(e) => tracing::warn!(
+                "opening the cache tier in {}: {e}; running without it",
+                conf.path
+            ),
+        }
+    }
+
+    /// Attach a cache tier in `dir` (at `path`, stored in `cache.conf` so later opens use it).
+    pub fn attach_cache(&self, dir: Arc<dyn Dir>, conf: CacheConf) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        if conf.mode == CacheMode::WriteBack {
+            return Err(Error::Invalid(
+                "cache mode writeback is not implemented yet in this version; use --mode writethrough".into(),
+            ));
+        }
+        let mut slot = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        if slot.is_some() || read_cache_conf(&*self.dir)?.is_some() {
+            return Err(Error::Invalid(format!(
+                "pool {} already has a cache attached; detach it first (`condense cache detach`)",
+                self.dir.describe()
+            )));
+        }
+        let cache = ChunkCache::open(
+            dir,
+            conf.size_bytes,
+            conf.mode,
+            self.sb.uuid,
+            self.sb.block_size,
+        )?;
+        write_file_atomically(&*self.dir, CACHE_CONF_NAME, conf.encode().as_bytes())?;
+        *slot = Some(Arc::new(cache));
+        Ok(())
+    }
+
+    /// Detach the cache tier: reads go to the segments only, and `cache.conf` is removed.
+    /// Its files stay in the cache directory (delete them freely). Without `force`, an index
+    /// that cannot be written at close is an error (the cache stays attached).
+    pub fn detach_cache(&self, force: bool) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let mut slot = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() && read_cache_conf(&*self.dir).ok().flatten().is_none() {
+            return Err(Error::Invalid(format!(
+                "pool {} has no cache attached",
+                self.dir.describe()
+            )));
+        }
+        if let Some(c) = slot.as_ref() {
+            if let Err(e) = c.close() {
+                if !force {
+                    return Err(e);
+                }
+                tracing::warn!("closing the cache tier: {e}");
+            }
+        }
+        *slot = None;
+        self.dir
+            .remove(CACHE_CONF_NAME)
+            .or_else(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .and_then(|_| self.dir.sync_dir())
+            .map_err(|e| Error::io(format!("removing {CACHE_CONF_NAME}"), e))
+    }
+
+    /// The cache tier's counters, if one is attached and open.
+    pub fn cache_stats(&self) -> Option<CacheStats> {
+        self.cache().map(|c| c.stats())
+    }
+
+    /// Wait until the cache's queued promotions are written (tests; `cache stats`).
+    pub fn cache_drain(&self) {
+        if let Some(c) = self.cache() {
+            c.drain();
+        }
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1250,31 +1407,43 @@ impl Pool {
                 return Err(e);
             }
         }
-        // Coalesce records that are adjacent in one segment into one read.
+        // The cache tier first: a hit is the record exactly as the segment holds it.
+        let cache = self.cache();
+        let mut cached: Vec<Option<Vec<u8>>> = vec![None; wanted.len()];
+        if let Some(c) = &cache {
+            for (k, w) in wanted.iter().enumerate() {
+                cached[k] = c.lookup(w.1, &w.4, &w.2);
+            }
+        }
+        let missed: Vec<usize> = (0..wanted.len()).filter(|&k| cached[k].is_none()).collect();
+        // Coalesce missed records that are adjacent in one segment into one read; a group
+        // is a range of `missed`.
         let mut groups: Vec<(usize, usize)> = Vec::new();
-        for (k, w) in wanted.iter().enumerate() {
+        for (m, &k) in missed.iter().enumerate() {
+            let w = &wanted[k];
             match groups.last_mut() {
-                Some((s, e))
+                Some((_, e))
                     if {
-                        let prev = &wanted[*e - 1].2;
+                        let prev = &wanted[missed[*e - 1]].2;
                         prev.segment == w.2.segment
                             && u64::from(prev.offset) + prev.record_bytes() == u64::from(w.2.offset)
                     } =>
                 {
-                    *e = k + 1
+                    *e = m + 1
                 }
-                _ => groups.push((k, k + 1)),
+                _ => groups.push((m, m + 1)),
             }
         }
         // Read each group with one call, then check and decode every block (in parallel for
         // large reads).
         let read_group = |&(s, e): &(usize, usize)| -> Result<(u64, Vec<u8>)> {
-            let first_loc = &wanted[s].2;
-            let last_loc = &wanted[e - 1].2;
+            let first = &wanted[missed[s]];
+            let first_loc = &first.2;
+            let last_loc = &wanted[missed[e - 1]].2;
             let start = u64::from(first_loc.offset);
             let len = (u64::from(last_loc.offset) + last_loc.record_bytes() - start) as usize;
             let mut buf = vec![0u8; len];
-            wanted[s].3.read_at(&mut buf, start).map_err(|err| {
+            first.3.read_at(&mut buf, start).map_err(|err| {
                 Error::io(
                     format!(
                         "reading segment {} at offset {start} for volume {name:?}",
@@ -1292,18 +1461,30 @@ impl Pool {
             groups.iter().map(read_group).collect()
         };
         let result = bufs.and_then(|bufs| {
-            // For each block of `out`: (group, wanted index), or None for zeros.
-            let mut slot: Vec<Option<(usize, usize)>> = vec![None; n];
+            // For each block of `out`: (group or None for a cache hit, wanted index), or
+            // None for zeros.
+            let mut slot: Vec<Option<(Option<usize>, usize)>> = vec![None; n];
             for (g, &(s, e)) in groups.iter().enumerate() {
-                for k in s..e {
-                    slot[wanted[k].0] = Some((g, k));
+                for &k in &missed[s..e] {
+                    slot[wanted[k].0] = Some((Some(g), k));
+                }
+            }
+            for (k, c) in cached.iter().enumerate() {
+                if c.is_some() {
+                    slot[wanted[k].0] = Some((None, k));
                 }
             }
             let decode = |(i, dst): (usize, &mut [u8])| -> Result<()> {
                 let Some((g, k)) = slot[i] else { return Ok(()) };
                 let (_, id, loc, _, fp) = &wanted[k];
-                let (start, buf) = &bufs[g];
-                let at = (u64::from(loc.offset) - start) as usize;
+                let record: &[u8] = match (g, &cached[k]) {
+                    (Some(g), _) => {
+                        let (start, buf) = &bufs[g];
+                        &buf[(u64::from(loc.offset) - start) as usize..]
+                    }
+                    (None, Some(c)) => c,
+                    (None, None) => return Ok(()),
+                };
                 let what = || {
                     format!(
                         "volume {name:?} block {} (chunk {id}, segment {}, offset {})",
@@ -1312,10 +1493,15 @@ impl Pool {
                         loc.offset
                     )
                 };
-                let payload =
-                    open_record(&buf[at..], *id, loc, self.crypto.as_deref(), Some(fp), what)
-                        .map_err(|err| with_context(err, &what()))?;
-                reduction::decompress(loc.codec, &payload, dst, what)
+                let payload = open_record(record, *id, loc, self.crypto.as_deref(), Some(fp), what)
+                    .map_err(|err| with_context(err, &what()))?;
+                reduction::decompress(loc.codec, &payload, dst, what)?;
+                if let (Some(c), Some(_)) = (&cache, g) {
+                    if let Some(r) = record.get(..loc.record_bytes() as usize) {
+                        c.offer(*id, fp, r);
+                    }
+                }
+                Ok(())
             };
             if parallel {
                 out.par_chunks_mut(bs).enumerate().try_for_each(decode)
@@ -1323,6 +1509,10 @@ impl Pool {
                 out.chunks_mut(bs).enumerate().try_for_each(decode)
             }
         });
+        if let Some(c) = &cache {
+            let hits = (wanted.len() - missed.len()) as u64;
+            c.count(hits, missed.len() as u64, bs as u64);
+        }
         if let Err(e) = &result {
             if e.is_damage() {
                 self.read_errors.fetch_add(1, Ordering::Relaxed);
@@ -1491,6 +1681,25 @@ pub(crate) fn batch_data_present(
         }
         _ => true,
     })
+}
+
+/// What the pool's `cache.conf` says (`None`: no cache attached).
+pub(crate) fn read_cache_conf(dir: &dyn Dir) -> Result<Option<CacheConf>> {
+    if !dir
+        .exists(CACHE_CONF_NAME)
+        .map_err(|e| Error::io(format!("reading {CACHE_CONF_NAME}"), e))?
+    {
+        return Ok(None);
+    }
+    CacheConf::decode(&read_whole(dir, CACHE_CONF_NAME)?).map(Some)
+}
+
+/// The cache directory `cache.conf` names, if it is a readable directory.
+fn stored_cache_dir(dir: &RealDir) -> Option<CacheDir> {
+    let conf = read_cache_conf(dir).ok().flatten()?;
+    let path = std::path::Path::new(&conf.path);
+    std::fs::read_dir(path).ok()?;
+    Some(CacheDir(Arc::new(RealDir::new(path))))
 }
 
 pub(crate) fn read_whole(dir: &dyn Dir, name: &str) -> Result<Vec<u8>> {

@@ -13,7 +13,10 @@
 //! `CONDENSE_CRASH_SEED=S` replays one seed exactly.
 
 use condense_engine::sim::{SimDir, SimHandle, SimRng};
-use condense_engine::{Compression, InitOptions, OpenOptions, Pool, UserKey, WritePolicy};
+use condense_engine::{
+    CacheConf, CacheDir, CacheMode, Compression, InitOptions, OpenOptions, Pool, UserKey,
+    WritePolicy,
+};
 use std::sync::Arc;
 
 const BS: usize = 4096;
@@ -78,9 +81,16 @@ fn key(encrypted: bool) -> Option<UserKey> {
     encrypted.then(|| UserKey::key([0x5a; 32]))
 }
 
-fn opts(tiny_cache: bool, encrypted: bool) -> OpenOptions {
+/// A cache tier of 24 slots (the cached variant): most reads evict, so crash points hit
+/// cache writes, index appends and compactions.
+const TINY_CACHE_BYTES: u64 = 4096 + 24 * 4224;
+
+fn opts(tiny_cache: bool, encrypted: bool, cache: &Option<Arc<SimDir>>) -> OpenOptions {
     OpenOptions {
         key: key(encrypted),
+        cache_dir: cache
+            .as_ref()
+            .map(|c| CacheDir(Arc::new(SimHandle(c.clone())))),
         journal_bytes_max: 16 << 10,
         journal_buffer_bytes: 2048,
         // A cache of a few pages makes every write evict (and write) metadata pages.
@@ -89,9 +99,10 @@ fn opts(tiny_cache: bool, encrypted: bool) -> OpenOptions {
     }
 }
 
-fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
+fn run_seed(seed: u64, encrypted: bool, cached: bool) -> Result<(), String> {
     let mut rng = SimRng::new(seed);
     let disk = SimDir::new();
+    let cache_disk = cached.then(SimDir::new);
     let policy = if rng.chance(30) {
         WritePolicy::Sync
     } else {
@@ -117,9 +128,18 @@ fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
     Pool::init(&SimHandle(disk.clone()), &init).map_err(|e| format!("init: {e}"))?;
     let pool = Pool::open(
         Arc::new(SimHandle(disk.clone())),
-        opts(tiny_cache, encrypted),
+        opts(tiny_cache, encrypted, &cache_disk),
     )
     .map_err(|e| format!("open: {e}"))?;
+    if let Some(c) = &cache_disk {
+        let conf = CacheConf {
+            path: "sim-cache".into(),
+            size_bytes: TINY_CACHE_BYTES,
+            mode: CacheMode::WriteThrough,
+        };
+        pool.attach_cache(Arc::new(SimHandle(c.clone())), conf)
+            .map_err(|e| format!("attach cache: {e}"))?;
+    }
     for v in VOLUMES {
         pool.create_volume(v, BLOCKS * spread * BS as u64)
             .map_err(|e| format!("create: {e}"))?;
@@ -158,6 +178,10 @@ fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
         if step == warm {
             if let Some(n) = stop_at {
                 disk.stop_after(n);
+                if let Some(c) = &cache_disk {
+                    // The cache device fails at its own point (and, after the pool's, too).
+                    c.stop_after(rng.below(2 * n + 1));
+                }
             }
         }
         let v = rng.below(VOLUMES.len() as u64) as usize;
@@ -343,9 +367,10 @@ fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
     drop(pool);
 
     let crashed = disk.crash(&mut rng);
+    let crashed_cache = cache_disk.as_ref().map(|c| c.crash(&mut rng));
     let pool = Pool::open(
         Arc::new(SimHandle(crashed.clone())),
-        opts(tiny_cache, encrypted),
+        opts(tiny_cache, encrypted, &crashed_cache),
     )
     .map_err(|e| format!("recovery failed: {e}"))?;
     let tmp_exists = pool.volume("tmp").is_ok();
@@ -364,8 +389,9 @@ fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
             return Err("volume tmp holds data it was never given".into());
         }
     }
-    // Snapshots and clones read exactly as their volume did when they were made.
-    for f in &frozen {
+    // Snapshots and clones read exactly as their volume did when they were made (twice
+    // with a cache: the second pass is served from it).
+    for f in frozen.iter().chain(if cached { &frozen[..] } else { &[] }) {
         let exists = pool.volume(&f.name).is_ok();
         if !f.may_exist.contains(&exists) {
             return Err(format!(
@@ -390,7 +416,11 @@ fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
             }
         }
     }
-    for (vi, v) in VOLUMES.iter().enumerate() {
+    for (vi, v) in VOLUMES
+        .iter()
+        .enumerate()
+        .chain(VOLUMES.iter().enumerate().filter(|_| cached))
+    {
         let h = pool
             .volume(v)
             .map_err(|e| format!("volume {v} lost: {e}"))?;
@@ -428,8 +458,11 @@ fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
         .map_err(|e| format!("close after recovery: {e}"))?;
     drop(h);
     drop(pool);
-    let pool = Pool::open(Arc::new(SimHandle(crashed)), opts(tiny_cache, encrypted))
-        .map_err(|e| format!("second reopen: {e}"))?;
+    let pool = Pool::open(
+        Arc::new(SimHandle(crashed)),
+        opts(tiny_cache, encrypted, &crashed_cache),
+    )
+    .map_err(|e| format!("second reopen: {e}"))?;
     let mut buf = vec![0u8; BS];
     pool.volume(VOLUMES[0])
         .and_then(|h| h.read_at(0, &mut buf))
@@ -440,15 +473,15 @@ fn run_seed(seed: u64, encrypted: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn crash_points(encrypted: bool) {
-    let test = if encrypted {
-        "crash_points_keep_acknowledged_data_encrypted"
-    } else {
-        "crash_points_keep_acknowledged_data"
+fn crash_points(encrypted: bool, cached: bool) {
+    let test = match (encrypted, cached) {
+        (true, false) => "crash_points_keep_acknowledged_data_encrypted",
+        (false, false) => "crash_points_keep_acknowledged_data",
+        (_, true) => "crash_points_keep_acknowledged_data_cached",
     };
     if let Ok(s) = std::env::var("CONDENSE_CRASH_SEED") {
         let seed: u64 = s.parse().unwrap_or(0);
-        if let Err(e) = run_seed(seed, encrypted) {
+        if let Err(e) = run_seed(seed, encrypted, cached) {
             panic!("crash seed {seed} failed: {e}");
         }
         return;
@@ -459,7 +492,7 @@ fn crash_points(encrypted: bool) {
         .unwrap_or(2000);
     let mut failures = Vec::new();
     for seed in 0..seeds {
-        if let Err(e) = run_seed(seed, encrypted) {
+        if let Err(e) = run_seed(seed, encrypted, cached) {
             eprintln!("crash seed {seed} failed: {e}\n  replay: CONDENSE_CRASH_SEED={seed} cargo test -p condense-engine --test crash_sim {test}");
             failures.push(seed);
         }
@@ -470,12 +503,19 @@ fn crash_points(encrypted: bool) {
 
 #[test]
 fn crash_points_keep_acknowledged_data() {
-    crash_points(false);
+    crash_points(false, false);
+}
+
+/// The same seeds with a tiny cache tier in its own simulated directory, which fails and
+/// crashes at its own points: a cache left in any state never serves wrong data.
+#[test]
+fn crash_points_keep_acknowledged_data_cached() {
+    crash_points(false, true);
 }
 
 /// The same seeds on an encrypted pool: sealing, the epoch bump at every open and the
 /// authentication of every object read keep invariant 1.
 #[test]
 fn crash_points_keep_acknowledged_data_encrypted() {
-    crash_points(true);
+    crash_points(true, false);
 }

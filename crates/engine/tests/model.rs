@@ -7,7 +7,10 @@ use condense_api::mem::MemCatalog;
 use condense_api::Catalog;
 use condense_engine::io::Dir;
 use condense_engine::sim::{SimDir, SimHandle};
-use condense_engine::{Compression, InitOptions, OpenOptions, Pool, UserKey, WritePolicy};
+use condense_engine::{
+    CacheConf, CacheDir, CacheMode, Compression, InitOptions, OpenOptions, Pool, UserKey,
+    WritePolicy,
+};
 use proptest::prelude::*;
 use std::sync::Arc;
 
@@ -146,9 +149,12 @@ fn same_outcome<A, B>(
     );
 }
 
-fn open(dir: &Arc<SimDir>, key: &Option<UserKey>) -> Arc<Pool> {
+fn open(dir: &Arc<SimDir>, key: &Option<UserKey>, cache: &Option<Arc<SimDir>>) -> Arc<Pool> {
     let opts = OpenOptions {
         key: key.clone(),
+        cache_dir: cache
+            .as_ref()
+            .map(|c| CacheDir(Arc::new(SimHandle(c.clone())))),
         journal_bytes_max: 64 << 10,
         journal_buffer_bytes: 4096,
         // A cache of a few pages: every operation evicts and reloads metadata pages.
@@ -194,8 +200,12 @@ fn check_all(pool: &Pool, model: &MemCatalog) {
     }
 }
 
-fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>) {
+/// A cache of 24 slots (in its own simulated directory): most reads evict.
+const TINY_CACHE_BYTES: u64 = 4096 + 24 * 4224;
+
+fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, cached: bool) {
     let disk = SimDir::new();
+    let cache = cached.then(SimDir::new);
     let init = InitOptions {
         block_size: BS as u32,
         compression,
@@ -207,7 +217,17 @@ fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>) {
     if let Err(e) = Pool::init(&SimHandle(disk.clone()), &init) {
         panic!("init: {e}");
     }
-    let mut pool = open(&disk, &key);
+    let mut pool = open(&disk, &key, &cache);
+    if let Some(c) = &cache {
+        let conf = CacheConf {
+            path: "sim-cache".into(),
+            size_bytes: TINY_CACHE_BYTES,
+            mode: CacheMode::WriteThrough,
+        };
+        if let Err(e) = pool.attach_cache(Arc::new(SimHandle(c.clone())), conf) {
+            panic!("attach cache: {e}");
+        }
+    }
     let model = MemCatalog::new(BS as u32);
     // Start with every volume present, so most operations act on data.
     for (i, name) in NAMES.iter().enumerate() {
@@ -267,7 +287,7 @@ fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>) {
             Op::Reopen => {
                 assert!(pool.close().is_ok());
                 drop(pool);
-                pool = open(&disk, &key);
+                pool = open(&disk, &key, &cache);
             }
             Op::Gc => {
                 if let Err(e) = pool.gc(1) {
@@ -319,7 +339,7 @@ fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>) {
     // Everything written survives a reopen, and verify finds nothing wrong.
     assert!(pool.close().is_ok());
     drop(pool);
-    let pool = open(&disk, &key);
+    let pool = open(&disk, &key, &cache);
     check_all(&pool, &model);
     match pool.verify(&|_, _| {}) {
         Ok(r) => assert!(r.is_clean(), "verify: {r:?}"),
@@ -338,17 +358,30 @@ proptest! {
 
     #[test]
     fn engine_matches_model_lz4(ops in proptest::collection::vec(op(), 1..120)) {
-        run(ops, Compression::Lz4, None);
+        run(ops, Compression::Lz4, None, false);
     }
 
     #[test]
     fn engine_matches_model_zstd(ops in proptest::collection::vec(op(), 1..60)) {
-        run(ops, Compression::Zstd(3), None);
+        run(ops, Compression::Zstd(3), None, false);
     }
 
     /// The LZ4 run on an encrypted pool.
     #[test]
     fn engine_matches_model_encrypted(ops in proptest::collection::vec(op(), 1..120)) {
-        run(ops, Compression::Lz4, Some(UserKey::key([0xa5; 32])));
+        run(ops, Compression::Lz4, Some(UserKey::key([0xa5; 32])), false);
+    }
+
+    /// The LZ4 run with a tiny cache tier attached (in its own simulated directory): reads
+    /// go through it, reopens find it warm, GC moves records under it.
+    #[test]
+    fn engine_matches_model_cached(ops in proptest::collection::vec(op(), 1..120)) {
+        run(ops, Compression::Lz4, None, true);
+    }
+
+    /// The cached run on an encrypted pool (the cache holds sealed records).
+    #[test]
+    fn engine_matches_model_cached_encrypted(ops in proptest::collection::vec(op(), 1..120)) {
+        run(ops, Compression::Lz4, Some(UserKey::key([0xa5; 32])), true);
     }
 }
