@@ -398,7 +398,7 @@ part_zipf() {
             read -r bi bh bu <<<"${b:-- - -}"
             printf '%6s %12s %12s %8s %14s\n' "$i" "${a:--}" "$bi" "$bh" "$bu"
         done
-        [ -f "$W/why-writethrough" ] && cat "$W/why-writethrough"
+        if [ -f "$W/why-writethrough" ]; then cat "$W/why-writethrough"; fi
     } | tee "$OUT/zipf.txt"
 }
 
@@ -428,7 +428,7 @@ part_randwrite() {
         awk '$1 == "none" {n = $2} $1 == "writeback" {w = $2}
              END {if (n > 0 && w > 0) printf "  writeback / none = %.1fx (goal >= 20x: %s)\n", w / n, (w / n >= 20 ? "met" : "MISSED")}' \
             "$OUT/randwrite.tsv"
-        [ -f "$W/why-writeback" ] && cat "$W/why-writeback"
+        if [ -f "$W/why-writeback" ]; then cat "$W/why-writeback"; fi
     } | tee "$OUT/randwrite.txt"
 }
 
@@ -502,8 +502,8 @@ done
 
 echo
 for f in warmup zipf randwrite clones scan; do
-    [ -f "$OUT/$f.txt" ] && { cat "$OUT/$f.txt"; echo; }
+    if [ -f "$OUT/$f.txt" ]; then cat "$OUT/$f.txt"; echo; fi
 done
 echo "results: $OUT"
-[ -f "$OUT/warmup.svg" ] && echo "chart: $OUT/warmup.svg"
+if [ -f "$OUT/warmup.svg" ]; then echo "chart: $OUT/warmup.svg"; fi
 exit 0
