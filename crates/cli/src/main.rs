@@ -8,6 +8,7 @@
 #![deny(clippy::unwrap_used)]
 
 mod bench;
+mod cache;
 mod config;
 mod control;
 mod convert;
@@ -40,8 +41,8 @@ use std::sync::Arc;
 written is checked for zeros, fingerprinted (BLAKE3), deduplicated across all volumes of the pool, \
 and compressed (LZ4 by default). Volumes are imported from and exported to disk images, and served \
 to VMs over NBD or FUSE.\n\nThe pool is ./condense-pool unless --pool or $CONDENSE_POOL says otherwise.\n\n\
-While `serve` or `mount` holds the pool, `volume`, `snapshot`, `diff`, `stats`, `gc` and `verify` \
-act on the live pool through its control socket (POOL/control.sock, usable by the pool's owner and \
+While `serve` or `mount` holds the pool, `volume`, `snapshot`, `diff`, `stats`, `gc`, `verify` and \
+`cache` act on the live pool through its control socket (POOL/control.sock, usable by the pool's owner and \
 root); otherwise they open the pool themselves. Either way they print the same and exit the same."
 )]
 struct Cli {
@@ -87,6 +88,10 @@ enum Command {
     Stats(StatsArgs),
     /// Reclaim the space of chunks no block refers to any more.
     Gc(GcArgs),
+    /// A cache of hot chunks on a fast directory in front of the pool: attach, detach, stats
+    /// (docs/CACHE.md).
+    #[command(subcommand)]
+    Cache(cache::CacheCommand),
     /// Read and check every chunk and every block map; report damaged volumes and blocks.
     Verify(VerifyArgs),
     /// Salvage a pool with a damaged journal or checkpoint page: keep everything valid, report
@@ -123,12 +128,21 @@ struct InitArgs {
     #[arg(long, default_value = "64M", value_parser = size::parse_size, hide = true)]
     segment_size: u64,
     #[command(flatten)]
-    cache: MetadataCacheArg,
+    metadata_cache: MetadataCacheArg,
     /// Encrypt everything the pool stores (AES-256-GCM) under a key from --key-file, or a
     /// passphrase from --passphrase-file or the terminal. Every later command that opens the
     /// pool needs the same key or passphrase; without it the data is lost (docs/ENCRYPTION.md).
     #[arg(long)]
     encrypt: bool,
+    /// Attach a cache tier in this directory on a fast device (see `condense cache attach`).
+    #[arg(long, value_name = "DIR", requires = "cache_size")]
+    cache: Option<PathBuf>,
+    /// Size of the cache tier given with --cache.
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size, requires = "cache")]
+    cache_size: Option<u64>,
+    /// Mode of the cache tier given with --cache (writethrough; writeback is not implemented yet).
+    #[arg(long, value_name = "MODE", default_value = "writethrough", value_parser = cache::parse_mode)]
+    cache_mode: condense_engine::CacheMode,
 }
 
 /// `--metadata-cache SIZE`, on `init` (stored in the pool) and on the commands that open the
@@ -360,6 +374,7 @@ impl Command {
                 | Command::Stats(_)
                 | Command::Gc(_)
                 | Command::Verify(_)
+                | Command::Cache(_)
         )
     }
 }
@@ -386,7 +401,7 @@ fn run(cli: Cli) -> Result<i32> {
                 compression: a.compression,
                 write_policy: a.write_policy,
                 segment_bytes_target: a.segment_size,
-                metadata_cache_bytes: a.cache.metadata_cache,
+                metadata_cache_bytes: a.metadata_cache.metadata_cache,
                 encryption: encryption.clone(),
             };
             Pool::init_path(&dir, &opts)
@@ -415,6 +430,20 @@ fn run(cli: Cli) -> Result<i32> {
                     ""
                 }
             );
+            if let (Some(cache_dir), Some(size)) = (a.cache, a.cache_size) {
+                let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+                let mut ctx = Ctx::held(&dir, pool.clone(), &mut out, &mut err);
+                let cache_dir = std::path::absolute(&cache_dir)
+                    .with_context(|| format!("cannot resolve {}", cache_dir.display()))?;
+                cache::run(
+                    &mut ctx,
+                    cache::CacheCommand::Attach {
+                        dir: cache_dir,
+                        size,
+                        mode: a.cache_mode,
+                    },
+                )?;
+            }
             pool.close()?;
         }
         Command::Import(a) if a.file.as_os_str() == "-" => {
@@ -521,7 +550,8 @@ fn run(cli: Cli) -> Result<i32> {
         | Command::Diff(_)
         | Command::Stats(_)
         | Command::Gc(_)
-        | Command::Verify(_)) => {
+        | Command::Verify(_)
+        | Command::Cache(_)) => {
             // Through the daemon that holds the pool, if one does; else directly.
             if let Some(code) = control::forward(&cli.pool)? {
                 return Ok(code);
@@ -600,7 +630,7 @@ fn control_request(argv: Vec<String>, ctx: &mut Ctx) -> i32 {
         ))
     } else if !cli.command.routed() {
         Err(anyhow::anyhow!(
-            "only volume, snapshot, diff, stats, gc and verify run through the control socket"
+            "only volume, snapshot, diff, stats, gc, verify and cache run through the control socket"
         ))
     } else {
         ctx.path = cli.pool.clone();
@@ -618,14 +648,17 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Stats(a) => stats_command(ctx, &a),
         Command::Gc(a) => gc_command(ctx, &a),
         Command::Verify(a) => verify_command(ctx, &a),
+        Command::Cache(c) => cache::run(ctx, c),
         _ => bail!("this command cannot run through the control socket"),
     }
 }
 
 fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
+    let mut cache_stats = None;
     let stats = match ctx.pool(true) {
         Ok(pool) => {
             let s = pool.stats().context("cannot read pool statistics")?;
+            cache_stats = pool.cache_stats();
             ctx.done(&pool)?;
             s
         }
@@ -655,17 +688,18 @@ fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
         }
     }
     if a.json {
-        writeln!(
-            ctx.out,
-            "{}",
-            serde_json::to_string_pretty(&report::stats_json(&stats, a.name.as_deref()))?
-        )?;
+        let mut v = report::stats_json(&stats, a.name.as_deref());
+        cache::add_to_json(&mut v, cache_stats.as_ref());
+        writeln!(ctx.out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         write!(
             ctx.out,
             "{}",
             report::stats_table(&stats, a.name.as_deref(), a.verbose)
         )?;
+        if let (Some(c), None) = (&cache_stats, &a.name) {
+            write!(ctx.out, "\n{}", cache::stats_text(c))?;
+        }
     }
     Ok(0)
 }

@@ -73,6 +73,42 @@ impl Collect for PoolCollector {
     }
 }
 
+/// The cache tier's figures (only while a cache is attached; counters since it was attached).
+fn collect_cache(c: &condense_engine::CacheStats, e: &mut Encoder) {
+    let counters: [(&str, &str, u64); 7] = [
+        ("condense_cache_hits_total", "Chunk reads served from the cache tier.", c.hits),
+        ("condense_cache_misses_total", "Chunk reads served from the segments while a cache tier was attached.", c.misses),
+        ("condense_cache_hit_bytes_total", "Block bytes served from the cache tier.", c.hit_bytes),
+        ("condense_cache_miss_bytes_total", "Block bytes read from the segments while a cache tier was attached.", c.miss_bytes),
+        ("condense_cache_promotions_total", "Chunk records admitted into the cache tier.", c.promotions),
+        ("condense_cache_demotions_total", "Chunk records evicted from the cache tier.", c.demotions),
+        ("condense_cache_corrupt_entries_total", "Cache entries that failed their checks (dropped; the chunk was read from the segments).", c.corrupt),
+    ];
+    for (name, help, v) in counters {
+        e.counter(name, help, v);
+    }
+    let gauges: [(&str, &str, u64); 3] = [
+        (
+            "condense_cache_size_bytes",
+            "Configured size of the cache tier.",
+            c.size_bytes,
+        ),
+        (
+            "condense_cache_used_bytes",
+            "Bytes of cache slots in use.",
+            c.used_bytes,
+        ),
+        (
+            "condense_cache_dirty_bytes",
+            "Bytes in the cache not yet in the pool (0 in writethrough mode).",
+            c.dirty_bytes,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        e.gauge(name, help, v as f64);
+    }
+}
+
 fn collect_pool(pool: &Pool, e: &mut Encoder) {
     let seconds = |d: std::time::Duration| d.as_secs_f64();
     let c = pool.counters();
@@ -172,6 +208,9 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
         "Segments deleted by garbage collection.",
         c.gc_segments_removed,
     );
+    if let Some(cs) = pool.cache_stats() {
+        collect_cache(&cs, e);
+    }
 
     let s = match pool.stats() {
         Ok(s) => s,

@@ -315,6 +315,84 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// What an index log holds.
+struct ParsedIndex {
+    /// slot -> (id, fingerprint, record length, checksum).
+    slots: HashMap<u32, (u64, Fingerprint, u32, u32)>,
+    counters: [u64; N_COUNTERS],
+    /// Bytes of the header and the whole records before the first bad one (a torn tail).
+    good_len: u64,
+    records: u64,
+}
+
+fn parse_index(buf: &[u8], slots: u32) -> ParsedIndex {
+    let mut p = ParsedIndex {
+        slots: HashMap::new(),
+        counters: [0; N_COUNTERS],
+        good_len: CACHE_INDEX_HEADER_BYTES as u64,
+        records: 0,
+    };
+    let body = buf.get(CACHE_INDEX_HEADER_BYTES..).unwrap_or_default();
+    for r in body.chunks_exact(CACHE_INDEX_RECORD_BYTES) {
+        if u32_at(r, 0) != crc(&r[4..]) {
+            break; // a torn tail
+        }
+        let b = &r[8..];
+        match r[4] {
+            KIND_INSERT => {
+                let slot = u32_at(b, 0);
+                if slot < slots {
+                    let mut fp = [0u8; 16];
+                    fp.copy_from_slice(&b[16..32]);
+                    p.slots
+                        .insert(slot, (u64_at(b, 8), fp, u32_at(b, 4), u32_at(b, 32)));
+                }
+            }
+            KIND_REMOVE => {
+                p.slots.remove(&u32_at(b, 0));
+            }
+            KIND_COUNTERS => {
+                for (i, c) in p.counters.iter_mut().enumerate() {
+                    *c = u64_at(b, i * 8);
+                }
+            }
+            _ => break,
+        }
+        p.good_len += CACHE_INDEX_RECORD_BYTES as u64;
+        p.records += 1;
+    }
+    p
+}
+
+/// The figures of a cache that is not open (a read-only open of its pool): read from its
+/// index without changing anything. Zero counts when the directory or index is unreadable.
+pub fn peek_stats(dir: Option<&dyn Dir>, conf: &CacheConf, block_size: u32) -> CacheStats {
+    let slot_bytes = slot_bytes_for(block_size);
+    let slots = (conf.size_bytes.saturating_sub(CACHE_DATA_HEADER_BYTES) / slot_bytes) as u32;
+    let parsed = dir.and_then(|d| {
+        let f = d.open(CACHE_INDEX_NAME, false).ok()?;
+        let len = f.len().ok()?;
+        let mut buf = vec![0u8; len as usize];
+        f.read_at(&mut buf, 0).ok()?;
+        (buf.get(..8) == Some(&CACHE_INDEX_MAGIC[..])).then(|| parse_index(&buf, slots))
+    });
+    let (c, used) = parsed.map_or(([0; N_COUNTERS], 0), |p| (p.counters, p.slots.len() as u64));
+    CacheStats {
+        hits: c[C_HITS],
+        hit_bytes: c[C_HIT_BYTES],
+        misses: c[C_MISSES],
+        miss_bytes: c[C_MISS_BYTES],
+        promotions: c[C_PROMOTIONS],
+        demotions: c[C_DEMOTIONS],
+        corrupt: c[C_CORRUPT],
+        used_bytes: used * slot_bytes,
+        dirty_bytes: 0,
+        size_bytes: conf.size_bytes,
+        mode: conf.mode.as_str().to_string(),
+        dir: conf.path.clone(),
+    }
+}
+
 impl ChunkCache {
     /// Open (or create, or reset when it belongs to another pool or another size) the cache in
     /// `dir` for a pool with `uuid` and `block_size`.
@@ -364,38 +442,11 @@ impl ChunkCache {
             index
                 .read_at(&mut buf, 0)
                 .map_err(|e| io("reading cache.idx", e))?;
-            // slot -> (id, fp, len, crc), in log order.
-            let mut slots_map: HashMap<u32, (u64, Fingerprint, u32, u32)> = HashMap::new();
-            for r in buf[CACHE_INDEX_HEADER_BYTES..].chunks_exact(CACHE_INDEX_RECORD_BYTES) {
-                if u32_at(r, 0) != crc(&r[4..]) {
-                    break; // a torn tail
-                }
-                let body = &r[8..];
-                match r[4] {
-                    KIND_INSERT => {
-                        let slot = u32_at(body, 0);
-                        if slot < slots {
-                            let mut fp = [0u8; 16];
-                            fp.copy_from_slice(&body[16..32]);
-                            slots_map.insert(
-                                slot,
-                                (u64_at(body, 8), fp, u32_at(body, 4), u32_at(body, 32)),
-                            );
-                        }
-                    }
-                    KIND_REMOVE => {
-                        slots_map.remove(&u32_at(body, 0));
-                    }
-                    KIND_COUNTERS => {
-                        for (i, c) in counters.iter_mut().enumerate() {
-                            *c = u64_at(body, i * 8);
-                        }
-                    }
-                    _ => break,
-                }
-                good_len += CACHE_INDEX_RECORD_BYTES as u64;
-                records += 1;
-            }
+            let parsed = parse_index(&buf, slots);
+            counters = parsed.counters;
+            good_len = parsed.good_len;
+            records = parsed.records;
+            let slots_map = parsed.slots;
             let mut slots_sorted: Vec<_> = slots_map.into_iter().collect();
             slots_sorted.sort_by_key(|(s, _)| *s);
             for (slot, (id, fp, len, c)) in slots_sorted {

@@ -341,7 +341,7 @@ impl Pool {
             .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
             .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
         let mut opts = opts;
-        if opts.cache_dir.is_none() && !opts.read_only {
+        if opts.cache_dir.is_none() {
             opts.cache_dir = stored_cache_dir(&dir);
         }
         Pool::open_with_lock(Arc::new(dir), opts, Some(lock))
@@ -728,9 +728,15 @@ impl Pool {
             .map_err(|e| Error::io(format!("removing {CACHE_CONF_NAME}"), e))
     }
 
-    /// The cache tier's counters, if one is attached and open.
+    /// The cache tier's counters and figures, if one is attached (read from its index when
+    /// it is not open: a read-only open, or a cache directory that could not be opened).
     pub fn cache_stats(&self) -> Option<CacheStats> {
-        self.cache().map(|c| c.stats())
+        if let Some(c) = self.cache() {
+            return Some(c.stats());
+        }
+        let conf = read_cache_conf(&*self.dir).ok().flatten()?;
+        let dir = self.opts.cache_dir.as_ref().map(|d| &*d.0);
+        Some(crate::cache::peek_stats(dir, &conf, self.sb.block_size))
     }
 
     /// Wait until the cache's queued promotions are written (tests; `cache stats`).

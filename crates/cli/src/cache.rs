@@ -1,0 +1,184 @@
+//! `condense cache attach | detach | stats`: the cache tier on a fast directory
+//! (docs/CACHE.md). Parses, calls the engine, prints; the work is in `condense_engine::cache`.
+
+use crate::control::Ctx;
+use crate::size;
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use condense_engine::io::RealDir;
+use condense_engine::{CacheConf, CacheMode, CacheStats};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Subcommand)]
+pub enum CacheCommand {
+    /// Keep a cache of hot chunks in DIR (on a fast device) in front of the pool. Persistent:
+    /// every later open of the pool uses it. Chunks are cached once for every volume, clone and
+    /// snapshot that shares them.
+    Attach {
+        /// A directory on the fast device (created if missing; give an absolute path when a
+        /// `serve` or `mount` holds the pool).
+        dir: PathBuf,
+        /// How much of DIR the cache may take (K/M/G/T suffixes).
+        #[arg(long, value_parser = size::parse_size)]
+        size: u64,
+        /// writethrough: writes go to the pool, the cache holds copies of chunks read (losing
+        /// the cache device loses nothing). writeback is not implemented yet in this version.
+        #[arg(long, default_value = "writethrough", value_parser = parse_mode)]
+        mode: CacheMode,
+    },
+    /// Stop using the cache; its files stay in its directory (remove them freely).
+    Detach {
+        /// Detach even if the cache's index cannot be written at close (a failed device).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Hits, misses, promotions, evictions, corrupt entries, space used (since attach).
+    Stats {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn parse_mode(s: &str) -> Result<CacheMode, String> {
+    match CacheMode::parse(s) {
+        Ok(CacheMode::WriteBack) => Err(
+            "cache mode writeback is not implemented yet in this version; use writethrough".into(),
+        ),
+        Ok(m) => Ok(m),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+pub fn run(ctx: &mut Ctx, cmd: CacheCommand) -> Result<i32> {
+    match cmd {
+        CacheCommand::Attach { dir, size, mode } => {
+            if ctx.in_daemon() && dir.is_relative() {
+                bail!(
+                    "the cache directory {} is relative and the pool is held by a running daemon: give an absolute path",
+                    dir.display()
+                );
+            }
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
+            let abs = dir
+                .canonicalize()
+                .with_context(|| format!("cannot resolve {}", dir.display()))?;
+            let path = abs
+                .to_str()
+                .with_context(|| format!("the cache path {} is not UTF-8", abs.display()))?
+                .to_string();
+            let pool = ctx.pool(false)?;
+            pool.attach_cache(
+                Arc::new(RealDir::new(&abs)),
+                CacheConf {
+                    path: path.clone(),
+                    size_bytes: size,
+                    mode,
+                },
+            )
+            .with_context(|| format!("cannot attach a cache in {path}"))?;
+            writeln!(
+                ctx.out,
+                "attached a {} {} cache in {path} to pool {}",
+                size::human(size),
+                mode.as_str(),
+                ctx.path.display()
+            )?;
+            ctx.done(&pool)?;
+        }
+        CacheCommand::Detach { force } => {
+            let pool = ctx.pool(false)?;
+            let conf = pool.cache_conf().ok().flatten();
+            pool.detach_cache(force).with_context(|| {
+                format!("cannot detach the cache of pool {}", ctx.path.display())
+            })?;
+            match conf {
+                Some(c) => writeln!(
+                    ctx.out,
+                    "detached the cache in {}; its files (cache.dat, cache.idx) may be removed",
+                    c.path
+                )?,
+                None => writeln!(ctx.out, "detached the cache")?,
+            }
+            ctx.done(&pool)?;
+        }
+        CacheCommand::Stats { json } => {
+            let pool = ctx.pool(true)?;
+            // Promotions still queued are counted already; let them land in used bytes.
+            pool.cache_drain();
+            let s = pool.cache_stats();
+            ctx.done(&pool)?;
+            let Some(s) = s else {
+                bail!(
+                    "pool {} has no cache attached (attach one with `condense cache attach DIR --size SIZE`)",
+                    ctx.path.display()
+                );
+            };
+            if json {
+                writeln!(
+                    ctx.out,
+                    "{}",
+                    serde_json::to_string_pretty(&stats_json(&s))?
+                )?;
+            } else {
+                write!(ctx.out, "{}", stats_text(&s))?;
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// The cache's figures under the keys `cache stats --json` and `stats --json` share.
+pub fn stats_json(s: &CacheStats) -> Value {
+    json!({
+        "cache_dir": s.dir,
+        "cache_mode": s.mode,
+        "cache_size_bytes": s.size_bytes,
+        "cache_used_bytes": s.used_bytes,
+        "cache_dirty_bytes": s.dirty_bytes,
+        "cache_hits": s.hits,
+        "cache_misses": s.misses,
+        "cache_hit_bytes": s.hit_bytes,
+        "cache_miss_bytes": s.miss_bytes,
+        "cache_promotions": s.promotions,
+        "cache_demotions": s.demotions,
+        "cache_corrupt_entries": s.corrupt,
+    })
+}
+
+/// Add the cache keys to a `stats --json` object (nothing when no cache is attached).
+pub fn add_to_json(v: &mut Value, s: Option<&CacheStats>) {
+    if let (Some(s), Some(obj)) = (s, v.as_object_mut()) {
+        if let Value::Object(c) = stats_json(s) {
+            obj.extend(c);
+        }
+    }
+}
+
+pub fn stats_text(s: &CacheStats) -> String {
+    let reads = s.hits + s.misses;
+    let ratio = if reads > 0 {
+        format!("{:.1} %", 100.0 * s.hits as f64 / reads as f64)
+    } else {
+        "-".into()
+    };
+    format!(
+        "cache\n  dir         {}\n  mode        {}\n  size        {}\n  used        {}\n  dirty       {}\n  \
+         hits        {} ({}), hit ratio {ratio}\n  misses      {} ({})\n  promotions  {}\n  \
+         demotions   {}\n  corrupt     {} entries detected (dropped, read from the pool)\n",
+        s.dir,
+        s.mode,
+        size::human(s.size_bytes),
+        size::human(s.used_bytes),
+        size::human(s.dirty_bytes),
+        s.hits,
+        size::human(s.hit_bytes),
+        s.misses,
+        size::human(s.miss_bytes),
+        s.promotions,
+        s.demotions,
+        s.corrupt
+    )
+}
