@@ -14,13 +14,8 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-if [ -z "${CONDENSE:-}" ]; then
-    (cd "$ROOT" && cargo build --release -p condense) || { echo "build failed"; exit 1; }
-    CONDENSE=${CARGO_TARGET_DIR:-$ROOT/target}/release/condense
-fi
-for tool in qemu-img nbdcopy nbdinfo jq python3; do
-    command -v "$tool" >/dev/null || { echo "missing $tool: run scripts/install-deps.sh"; exit 1; }
-done
+. "$ROOT/tests/lib.sh"
+need_tools qemu-img nbdcopy nbdinfo jq python3
 
 W=$(mktemp -d /tmp/condense-cache-e2e.XXXXXX)
 POOL=$W/pool
@@ -28,8 +23,6 @@ FAST=$W/fast
 PORT=$((20000 + RANDOM % 20000))
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
-passed=0
-failed=0
 
 cleanup() {
     if [ -n "$SERVER_PID" ]; then
@@ -44,17 +37,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ok() { passed=$((passed + 1)); echo "ok - $1"; }
-fail() {
-    failed=$((failed + 1))
-    echo "FAIL - $1"
-    if [ -f "$W/out" ]; then tail -20 "$W/out" | sed 's/^/    | /'; fi
-}
-# check NAME CMD...: pass if CMD exits 0 (its output goes to $W/out).
-check() {
-    local name=$1; shift
-    if "$@" >"$W/out" 2>&1; then ok "$name"; else fail "$name"; fi
-}
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
 # stat KEY: one figure of `cache stats --json`.
 stat() { c cache stats --json | jq -r ".$1"; }
@@ -159,6 +141,4 @@ start_server
 check "lost cache directory: reads correct" read_all
 stop_server
 check "lost cache directory: verify clean" c verify
-echo
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary
