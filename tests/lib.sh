@@ -72,6 +72,40 @@ refuse() {
     fi
 }
 
+# stop_pids PID...: SIGTERM each running one (empty arguments are skipped) and reap it.
+stop_pids() {
+    local p
+    for p in "$@"; do
+        [ -n "$p" ] || continue
+        kill -TERM "$p" 2>/dev/null
+        wait "$p" 2>/dev/null
+    done
+}
+
+# remove_work_dir: delete $W, or keep it (and say where) when something failed and KEEP=1.
+remove_work_dir() {
+    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
+        echo "work files kept in $W"
+    else
+        rm -rf "$W"
+    fi
+}
+
+# wait_ready PID LOG CMD...: poll CMD (quietly) for up to 10 s until it succeeds; fails early
+# if process PID has ended, and then shows the tail of LOG.
+wait_ready() {
+    local pid=$1 log=$2
+    shift 2
+    for _ in $(seq 1 100); do
+        "$@" >/dev/null 2>&1 && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "server did not start:"
+    tail -20 "$log"
+    return 1
+}
+
 # summary: print the counts; the return status is non-zero if anything failed.
 summary() {
     echo

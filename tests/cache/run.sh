@@ -25,15 +25,8 @@ URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 
 cleanup() {
-    if [ -n "$SERVER_PID" ]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
-    fi
-    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
-        echo "work files kept in $W"
-    else
-        rm -rf "$W"
-    fi
+    stop_pids "$SERVER_PID"
+    remove_work_dir
 }
 trap cleanup EXIT
 
@@ -45,12 +38,10 @@ start_server() {
     rm -f "$W/server.log"
     "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
     SERVER_PID=$!
-    for _ in $(seq 1 100); do
-        [ -S "$POOL/control.sock" ] && nbdinfo --size "$URI/vm" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "server did not start:"; cat "$W/server.log"; exit 1
+    wait_ready "$SERVER_PID" "$W/server.log" serving_vm || exit 1
 }
+# The server answers for vm and its control socket is up.
+serving_vm() { [ -S "$POOL/control.sock" ] && nbdinfo --size "$URI/vm"; }
 stop_server() {
     kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
 }
@@ -107,13 +98,13 @@ h3=$(stat cache_hits)
 check "counters survive a clean stop ($h3 hits)" test "$h3" -ge "$h2"
 start_server
 check "after restart: reads correct" read_all
-h4=$(stat cache_hits); hb4=$(stat cache_hit_bytes)
+hb4=$(stat cache_hit_bytes)
 check "after restart: still warm" test $((hb4 - hb2)) -ge $((mb1 * 9 / 10))
 
 sleep 1.5 # let the counters reach the index, as a running daemon does every second
 kill9_server
 start_server
-h5=$(stat cache_hits); hb5=$(stat cache_hit_bytes)
+hb5=$(stat cache_hit_bytes)
 check "after kill -9: reads correct" read_all
 hb6=$(stat cache_hit_bytes)
 check "after kill -9: still warm" test $((hb6 - hb5)) -ge $((mb1 * 9 / 10))

@@ -30,15 +30,8 @@ URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 
 cleanup() {
-    if [ -n "$SERVER_PID" ]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
-    fi
-    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
-        echo "work files kept in $W"
-    else
-        rm -rf "$W"
-    fi
+    stop_pids "$SERVER_PID"
+    remove_work_dir
 }
 trap cleanup EXIT
 
@@ -47,11 +40,7 @@ start_server() { # POOL [key options...]
     rm -f "$W/server.log"
     "$CONDENSE" --pool "$pool" "$@" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
     SERVER_PID=$!
-    for _ in $(seq 1 100); do
-        nbdinfo --size "$URI/vm" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "server did not start:"; cat "$W/server.log"; exit 1
+    wait_ready "$SERVER_PID" "$W/server.log" nbdinfo --size "$URI/vm" || exit 1
 }
 stop_server() {
     kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=

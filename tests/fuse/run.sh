@@ -55,16 +55,9 @@ unmount_mnt() {
 cleanup() {
     for m in "${INNER_MOUNTS[@]}"; do umount "$m" 2>/dev/null; done
     for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null; done
-    if [ -n "$MOUNT_PID" ]; then
-        kill -TERM "$MOUNT_PID" 2>/dev/null
-        wait "$MOUNT_PID" 2>/dev/null
-    fi
+    stop_pids "$MOUNT_PID"
     unmount_mnt
-    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
-        echo "work files kept in $W"
-    else
-        rm -rf "$W"
-    fi
+    remove_work_dir
 }
 trap cleanup EXIT
 

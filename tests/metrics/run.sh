@@ -37,16 +37,9 @@ MOUNT_PID=
 HOLDER_PID=
 
 cleanup() {
-    for p in $HOLDER_PID $PROM_PID $SERVER_PID $MOUNT_PID; do
-        kill -TERM "$p" 2>/dev/null
-        wait "$p" 2>/dev/null
-    done
+    stop_pids "$HOLDER_PID" "$PROM_PID" "$SERVER_PID" "$MOUNT_PID"
     if grep -q " $MNT " /proc/mounts 2>/dev/null; then umount -l "$MNT" 2>/dev/null; fi
-    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
-        echo "work files kept in $W"
-    else
-        rm -rf "$W"
-    fi
+    remove_work_dir
 }
 trap cleanup EXIT
 

@@ -30,15 +30,8 @@ SOCK=$W/nbd.sock
 SERVER_PID=
 
 cleanup() {
-    if [ -n "$SERVER_PID" ]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
-    fi
-    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
-        echo "work files kept in $W"
-    else
-        rm -rf "$W"
-    fi
+    stop_pids "$SERVER_PID"
+    remove_work_dir
 }
 trap cleanup EXIT
 
@@ -48,14 +41,7 @@ start_server() {
     # Not through the condense() function: $! must be the server itself, not a subshell.
     "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" --socket "$SOCK" "$@" >>"$W/serve.log" 2>&1 &
     SERVER_PID=$!
-    for _ in $(seq 1 100); do
-        if nbdinfo --list "$URI" >/dev/null 2>&1; then return 0; fi
-        if ! kill -0 "$SERVER_PID" 2>/dev/null; then break; fi
-        sleep 0.1
-    done
-    echo "server did not start:"
-    tail -20 "$W/serve.log"
-    return 1
+    wait_ready "$SERVER_PID" "$W/serve.log" nbdinfo --list "$URI"
 }
 
 # SIGTERM, and the exit status of the server.

@@ -32,15 +32,8 @@ FIO_PID=
 
 cleanup() {
     [ -n "$FIO_PID" ] && kill "$FIO_PID" 2>/dev/null
-    if [ -n "$SERVER_PID" ]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
-    fi
-    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
-        echo "work files kept in $W"
-    else
-        rm -rf "$W"
-    fi
+    stop_pids "$SERVER_PID"
+    remove_work_dir
 }
 trap cleanup EXIT
 
@@ -49,12 +42,7 @@ c() { "$CONDENSE" --pool "$POOL" "$@"; }
 start_server() {
     "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >>"$W/serve.log" 2>&1 &
     SERVER_PID=$!
-    for _ in $(seq 1 100); do
-        nbdinfo --list "$URI" >/dev/null 2>&1 && return 0
-        kill -0 "$SERVER_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "server did not start:"; tail -20 "$W/serve.log"; return 1
+    wait_ready "$SERVER_PID" "$W/serve.log" nbdinfo --list "$URI"
 }
 stop_server() { kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=; }
 crash_server() { kill -KILL "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=; }
@@ -65,7 +53,6 @@ echo "condense: $CONDENSE; work dir $W; port $PORT"
 
 # ---------------------------------------------------------------------------------------
 # Repair of a journal damaged in the middle.
-MiB=1048576
 c init --write-policy async >"$W/out" 2>&1 || { fail "condense init" "$W/out"; echo "$passed passed, $failed failed"; exit 1; }
 c volume create vm --size 16M >/dev/null || fail "volume create vm"
 start_server || exit 1

@@ -40,16 +40,12 @@ LISTENER_PID=
 mkdir -p "$MNT"
 
 cleanup() {
-    [ -n "$SERVER_PID" ] && { kill -TERM "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; }
+    stop_pids "$SERVER_PID"
     [ -n "$LISTENER_PID" ] && kill "$LISTENER_PID" 2>/dev/null
     if grep -q " $MNT " /proc/mounts 2>/dev/null; then
         umount "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null
     fi
-    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
-        echo "work files kept in $W"
-    else
-        rm -rf "$W"
-    fi
+    remove_work_dir
 }
 trap cleanup EXIT
 

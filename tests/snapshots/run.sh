@@ -31,15 +31,8 @@ HOLDER_PID=
 cleanup() {
     exec 7>&- 2>/dev/null
     [ -n "$HOLDER_PID" ] && kill "$HOLDER_PID" 2>/dev/null
-    if [ -n "$SERVER_PID" ]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
-    fi
-    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
-        echo "work files kept in $W"
-    else
-        rm -rf "$W"
-    fi
+    stop_pids "$SERVER_PID"
+    remove_work_dir
 }
 trap cleanup EXIT
 
@@ -49,12 +42,10 @@ start_server() {
     rm -f "$W/server.log"
     "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
     SERVER_PID=$!
-    for _ in $(seq 1 100); do
-        [ -S "$POOL/control.sock" ] && nbdinfo --size "$URI/vm" >/dev/null 2>&1 && return 0
-        sleep 0.1
-    done
-    echo "server did not start:"; cat "$W/server.log"; exit 1
+    wait_ready "$SERVER_PID" "$W/server.log" serving_vm || exit 1
 }
+# The server answers for vm and its control socket is up.
+serving_vm() { [ -S "$POOL/control.sock" ] && nbdinfo --size "$URI/vm"; }
 stop_server() {
     kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
 }

@@ -27,15 +27,8 @@ PORT=$((20000 + RANDOM % 20000))
 SERVER_PID=
 
 cleanup() {
-    if [ -n "$SERVER_PID" ]; then
-        kill -TERM "$SERVER_PID" 2>/dev/null
-        wait "$SERVER_PID" 2>/dev/null
-    fi
-    if [ "$failed" -gt 0 ] && [ "${KEEP:-0}" = 1 ]; then
-        echo "work files kept in $W"
-    else
-        rm -rf "$W"
-    fi
+    stop_pids "$SERVER_PID"
+    remove_work_dir
 }
 trap cleanup EXIT
 
@@ -104,12 +97,7 @@ start_server() {
     rm -f "$W/server.log"
     "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" "$@" >"$W/server.log" 2>&1 &
     SERVER_PID=$!
-    for _ in $(seq 1 100); do
-        grep -q "stop with Ctrl-C" "$W/server.log" 2>/dev/null && return 0
-        kill -0 "$SERVER_PID" 2>/dev/null || break
-        sleep 0.1
-    done
-    echo "server did not start:"; cat "$W/server.log"; exit 1
+    wait_ready "$SERVER_PID" "$W/server.log" grep -q "stop with Ctrl-C" "$W/server.log" || exit 1
 }
 stop_server() {
     kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
