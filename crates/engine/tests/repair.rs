@@ -147,6 +147,14 @@ fn journal_path(dir: &Path) -> std::path::PathBuf {
     j.remove(0)
 }
 
+/// Flip a byte inside the metadata page stored at byte `at` of `meta.dat`.
+fn damage_meta_page(dir: &Path, at: u64) {
+    let meta = dir.join("meta.dat");
+    let mut m = std::fs::read(&meta).expect("read meta");
+    m[at as usize + 8] ^= 0xff;
+    std::fs::write(&meta, &m).expect("damage");
+}
+
 /// The pool's metadata files, to check a dry run changes nothing.
 fn metadata_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     std::fs::read_dir(dir)
@@ -296,10 +304,7 @@ fn damaged_block_map_page_loses_its_blocks_in_every_volume_that_shares_it() {
         Some(at)
     );
     drop(pool);
-    let meta = dir.join("meta.dat");
-    let mut m = std::fs::read(&meta).expect("read meta");
-    m[at as usize + 8] ^= 0xff;
-    std::fs::write(&meta, &m).expect("damage");
+    damage_meta_page(dir, at);
 
     // Opening works (the page is read on demand) but reading it fails.
     {
@@ -370,10 +375,7 @@ fn damaged_chunk_table_page_is_rebuilt_from_the_segments() {
         .expect("locate")
         .expect("written page");
     drop(pool);
-    let meta = dir.join("meta.dat");
-    let mut m = std::fs::read(&meta).expect("read meta");
-    m[at as usize + 8] ^= 0xff;
-    std::fs::write(&meta, &m).expect("damage");
+    damage_meta_page(dir, at);
     {
         let pool = open(dir);
         let mut buf = vec![0u8; BS];
