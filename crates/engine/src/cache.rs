@@ -69,7 +69,8 @@ const KIND_COUNTERS: u8 = 3;
 pub enum CacheMode {
     /// Writes go to the pool; the cache holds copies of chunks read (nothing is lost with it).
     WriteThrough,
-    /// Writes land in the cache first (not implemented in this version).
+    /// Writes land in the cache first: new segments and the journal are kept in the cache
+    /// directory and destaged to the pool's in whole segments ([`crate::destage`]).
     WriteBack,
 }
 
@@ -154,10 +155,14 @@ pub struct CacheStats {
     pub demotions: u64,
     /// Entries whose bytes failed their checks (dropped, read from the segments instead).
     pub corrupt: u64,
-    /// Bytes of the slots in use, and the configured size.
+    /// Bytes in use (slots, and in writeback mode staged segments), and the configured size.
     pub used_bytes: u64,
+    /// Writeback: bytes of segments not yet destaged to the pool directory.
     pub dirty_bytes: u64,
     pub size_bytes: u64,
+    /// Writeback: segments destaged since the pool was opened, and their bytes.
+    pub destaged_segments: u64,
+    pub destaged_bytes: u64,
     pub mode: String,
     pub dir: String,
 }
@@ -260,6 +265,21 @@ fn plock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn crc(b: &[u8]) -> u32 {
     crc32c::crc32c(b)
+}
+
+/// How a writeback cache of `size_bytes` is shared: (bytes for chunk slots, most bytes of
+/// staged segments). A quarter is for staged writes, the rest caches reads.
+pub fn writeback_split(size_bytes: u64) -> (u64, u64) {
+    let staging = size_bytes / 4;
+    (size_bytes - staging, staging)
+}
+
+/// The bytes of chunk slots a cache of this configuration has.
+pub fn slot_budget(conf: &CacheConf) -> u64 {
+    match conf.mode {
+        CacheMode::WriteThrough => conf.size_bytes,
+        CacheMode::WriteBack => writeback_split(conf.size_bytes).0,
+    }
 }
 
 /// Bytes of one slot: the largest record of a block (raw payload, sealing overhead).
@@ -372,7 +392,7 @@ fn parse_index(buf: &[u8], slots: u32) -> ParsedIndex {
 /// index without changing anything. Zero counts when the directory or index is unreadable.
 pub fn peek_stats(dir: Option<&dyn Dir>, conf: &CacheConf, block_size: u32) -> CacheStats {
     let slot_bytes = slot_bytes_for(block_size);
-    let slots = (conf.size_bytes.saturating_sub(CACHE_DATA_HEADER_BYTES) / slot_bytes) as u32;
+    let slots = (slot_budget(conf).saturating_sub(CACHE_DATA_HEADER_BYTES) / slot_bytes) as u32;
     let parsed = dir.and_then(|d| {
         let f = d.open(CACHE_INDEX_NAME, false).ok()?;
         let len = f.len().ok()?;
@@ -392,6 +412,8 @@ pub fn peek_stats(dir: Option<&dyn Dir>, conf: &CacheConf, block_size: u32) -> C
         used_bytes: used * slot_bytes,
         dirty_bytes: 0,
         size_bytes: conf.size_bytes,
+        destaged_segments: 0,
+        destaged_bytes: 0,
         mode: conf.mode.as_str().to_string(),
         dir: conf.path.clone(),
     }
@@ -407,11 +429,6 @@ impl ChunkCache {
         uuid: [u8; 16],
         block_size: u32,
     ) -> Result<ChunkCache> {
-        if mode == CacheMode::WriteBack {
-            return Err(Error::Invalid(
-                "cache mode writeback is not implemented yet in this version; use --mode writethrough".into(),
-            ));
-        }
         let slot_bytes = slot_bytes_for(block_size);
         let slots = size_bytes.saturating_sub(CACHE_DATA_HEADER_BYTES) / slot_bytes;
         if slots < CACHE_SLOTS_MIN {
@@ -662,6 +679,8 @@ impl ChunkCache {
             used_bytes: used,
             dirty_bytes: 0,
             size_bytes: s.size_bytes,
+            destaged_segments: 0,
+            destaged_bytes: 0,
             mode: s.mode.as_str().to_string(),
             dir: s.dir.describe(),
         }

@@ -32,6 +32,9 @@ pub(crate) struct Counters {
     pub gc_chunks_dropped: AtomicU64,
     pub gc_segments_removed: AtomicU64,
     pub gc_reclaimed_bytes: AtomicU64,
+    /// Segments copied from a writeback cache to the pool directory, and their bytes.
+    pub destaged_segments: AtomicU64,
+    pub destaged_bytes: AtomicU64,
 }
 
 pub(crate) fn nanos(d: Duration) -> u64 {

@@ -159,15 +159,17 @@ impl Pool {
         self.checkpoint_locked(&guard)?;
         let mut st = lock(&self.state);
         for id in victims.keys() {
-            self.dir
-                .remove(&crate::format::segment_name(*id))
-                .map_err(|e| Error::io(format!("removing segment {id}"), e))?;
-            st.segments.forget(*id);
+            st.segments.remove(&*self.dir, *id)?;
             report.segments_removed += 1;
         }
         self.dir
             .sync_dir()
             .map_err(|e| Error::io("syncing the pool directory", e))?;
+        if let Some(staging) = st.segments.staging() {
+            staging
+                .sync_dir()
+                .map_err(|e| Error::io("syncing the cache directory", e))?;
+        }
         report.bytes_after = st.segments.total_bytes();
         Ok(report)
     }

@@ -27,6 +27,7 @@ pub mod chunk_table;
 pub mod counters;
 pub mod crypto;
 pub mod dedup_index;
+pub mod destage;
 pub mod error;
 pub mod format;
 pub mod gc;

@@ -22,7 +22,9 @@
 //! before anything is written (a missing or wrong key changes no file), then a writable open
 //! makes the next nonce epoch durable in the superblock before anything is sealed.
 
-use crate::cache::{CacheConf, CacheMode, CacheStats, ChunkCache, CACHE_CONF_NAME};
+use crate::cache::{
+    slot_budget, writeback_split, CacheConf, CacheMode, CacheStats, ChunkCache, CACHE_CONF_NAME,
+};
 use crate::crypto::{self, Crypto, Kind, UserKey};
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -109,6 +111,13 @@ pub struct OpenOptions {
     /// tests); `None`: the path stored in the pool's `cache.conf`. Used only when the pool
     /// has a cache attached.
     pub cache_dir: Option<CacheDir>,
+    /// Open a pool whose writeback cache directory is lost, without it (`condense cache
+    /// detach --force`): segments it staged are missing and a journal it held is replaced by
+    /// an empty one.
+    pub without_writeback_cache: bool,
+    /// With a writeback cache, destage sealed segments in a background thread (the crash
+    /// simulator turns this off and calls [`Pool::destage_one`] itself, to stay deterministic).
+    pub destage_in_background: bool,
 }
 
 /// The directory of a cache tier (a newtype so that [`OpenOptions`] stays `Debug`).
@@ -132,6 +141,8 @@ impl Default for OpenOptions {
             key: None,
             salvage_journal: false,
             cache_dir: None,
+            without_writeback_cache: false,
+            destage_in_background: true,
         }
     }
 }
@@ -147,6 +158,8 @@ pub(crate) struct State {
     pub md: Metadata,
     pub segments: Segments,
     pub journal: Journal,
+    /// The directory the journal is in: the pool's, or a writeback cache's.
+    pub journal_dir: Arc<dyn Dir>,
     /// Records appended so far / made durable so far (counts, for group commit).
     pub appended: u64,
     pub durable: u64,
@@ -177,6 +190,8 @@ pub struct Pool {
     pub(crate) replay: ReplayReport,
     /// The attached cache tier, if any ([`crate::cache`]).
     pub(crate) cache: RwLock<Option<Arc<ChunkCache>>>,
+    /// The background destage thread of a writeback cache ([`crate::destage`]).
+    pub(crate) destager: Mutex<Option<crate::destage::Destager>>,
     _lock_file: Option<std::fs::File>,
 }
 
@@ -377,6 +392,21 @@ impl Pool {
             WritePolicy::Auto => dir.sync_dir().is_err(),
         };
 
+        // A writeback cache holds segments and the journal: its directory is part of the pool.
+        let conf = read_cache_conf(&*dir);
+        let staging: Option<Arc<dyn Dir>> = match &conf {
+            Ok(Some(c)) if c.mode == CacheMode::WriteBack => match &opts.cache_dir {
+                Some(d) if !opts.without_writeback_cache => Some(d.0.clone()),
+                _ if opts.without_writeback_cache => None,
+                _ => return Err(Error::WritebackCacheMissing(c.path.clone())),
+            },
+            _ => None,
+        };
+        let staging_max = match (&conf, opts.read_only) {
+            (Ok(Some(c)), false) if staging.is_some() => writeback_split(c.size_bytes).1,
+            _ => 0,
+        };
+
         let root = decode_root(
             &read_whole(&*dir, CHECKPOINT_NAME)?,
             &sb.uuid,
@@ -392,20 +422,29 @@ impl Pool {
         decode_meta_header(&header, &sb.uuid)?;
 
         let mut segments = Segments::new(sb.segment_bytes_target, sb.uuid);
-        for name in dir
-            .list(SEGMENT_PREFIX)
-            .map_err(|e| Error::io("listing segments", e))?
-        {
-            let Some(id) = parse_segment_name(&name) else {
-                continue;
-            };
-            let file = dir
-                .open(&name, false)
-                .map_err(|e| Error::io(format!("opening {name}"), e))?;
-            let len = file
-                .len()
-                .map_err(|e| Error::io(format!("reading {name}"), e))?;
-            segments.add_existing(id, file, len);
+        // A segment in both directories was destaged (the pool's copy is complete and
+        // durable before the staged one is removed): the pool's copy is used.
+        let mut both = Vec::new();
+        for (d, staged) in std::iter::once((&dir, false)).chain(staging.iter().map(|s| (s, true))) {
+            for name in d
+                .list(SEGMENT_PREFIX)
+                .map_err(|e| Error::io(format!("listing segments in {}", d.describe()), e))?
+            {
+                let Some(id) = parse_segment_name(&name) else {
+                    continue;
+                };
+                if staged && segments.file(id).is_some() {
+                    both.push(name);
+                    continue;
+                }
+                let file = d
+                    .open(&name, false)
+                    .map_err(|e| Error::io(format!("opening {name} in {}", d.describe()), e))?;
+                let len = file
+                    .len()
+                    .map_err(|e| Error::io(format!("reading {name} in {}", d.describe()), e))?;
+                segments.add_existing(id, file, len, staged);
+            }
         }
 
         let budget = opts
@@ -481,8 +520,40 @@ impl Pool {
 
         let block_size = sb.block_size;
         let mut salvage = crate::repair::Salvage::default();
+        let jname = journal_name(root.journal_gen);
+        let journal_dir = match &staging {
+            Some(s)
+                if s.exists(&jname)
+                    .map_err(|e| Error::io("looking for the journal", e))? =>
+            {
+                s.clone()
+            }
+            _ => dir.clone(),
+        };
+        if opts.without_writeback_cache
+            && !opts.read_only
+            && !journal_dir
+                .exists(&jname)
+                .map_err(|e| Error::io("looking for the journal", e))?
+        {
+            // It was on the lost cache device: the changes since the checkpoint are gone.
+            tracing::warn!(
+                "journal {jname} was in the lost writeback cache; starting an empty one"
+            );
+            Journal::create(
+                &*journal_dir,
+                root.journal_gen,
+                &sb.uuid,
+                root.next_seq,
+                crypto.clone(),
+            )?
+            .file
+            .sync()
+            .and_then(|_| journal_dir.sync_dir())
+            .map_err(|e| Error::io(format!("creating {jname}"), e))?;
+        }
         let (journal, mut replay) = Journal::replay(
-            &*dir,
+            &*journal_dir,
             root.journal_gen,
             &sb.uuid,
             root.next_seq,
@@ -518,10 +589,12 @@ impl Pool {
             },
         )?;
         replay.salvage = salvage;
+        segments.set_staging(staging.clone(), staging_max);
         let state = State {
             md,
             segments,
             journal,
+            journal_dir,
             appended: 0,
             durable: 0,
             poisoned: None,
@@ -529,14 +602,32 @@ impl Pool {
         };
 
         if !opts.read_only {
-            // Leftovers of interrupted checkpoints: other journal generations, a temp file.
+            // Leftovers of interrupted checkpoints: other journal generations, a temp file;
+            // of interrupted destages: a partial copy, or a staged copy already destaged.
+            for d in std::iter::once(&dir).chain(staging.iter()) {
+                for name in d
+                    .list(JOURNAL_PREFIX)
+                    .map_err(|e| Error::io("listing journals", e))?
+                {
+                    if parse_journal_name(&name).is_some_and(|g| g != state.journal.gen) {
+                        d.remove(&name)
+                            .map_err(|e| Error::io(format!("removing {name}"), e))?;
+                    }
+                }
+            }
             for name in dir
-                .list(JOURNAL_PREFIX)
-                .map_err(|e| Error::io("listing journals", e))?
+                .list(SEGMENT_PREFIX)
+                .map_err(|e| Error::io("listing segments", e))?
             {
-                if parse_journal_name(&name).is_some_and(|g| g != state.journal.gen) {
+                if name.ends_with(crate::destage::PARTIAL_SUFFIX) {
                     dir.remove(&name)
                         .map_err(|e| Error::io(format!("removing {name}"), e))?;
+                }
+            }
+            if let Some(s) = &staging {
+                for name in &both {
+                    s.remove(name)
+                        .map_err(|e| Error::io(format!("removing destaged {name}"), e))?;
                 }
             }
             if dir
@@ -565,10 +656,14 @@ impl Pool {
             counters: Default::default(),
             replay,
             cache: RwLock::new(None),
+            destager: Mutex::new(None),
             _lock_file: lock_file,
         });
         if !pool.read_only {
             pool.open_attached_cache();
+            if staging.is_some() && pool.opts.destage_in_background {
+                pool.start_destager();
+            }
         }
         Ok(pool)
     }
@@ -604,6 +699,7 @@ impl Pool {
         if self.read_only {
             return Ok(());
         }
+        self.stop_destager();
         self.flush()?;
         let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
@@ -650,7 +746,7 @@ impl Pool {
         };
         match ChunkCache::open(
             dir.0,
-            conf.size_bytes,
+            slot_budget(&conf),
             conf.mode,
             self.sb.uuid,
             self.sb.block_size,
@@ -664,48 +760,110 @@ impl Pool {
     }
 
     /// Attach a cache tier in `dir` (at `path`, stored in `cache.conf` so later opens use it).
+    /// In writeback mode, new segments and the journal move to `dir` too (the journal at a
+    /// checkpoint made here), and a background thread destages sealed segments.
     pub fn attach_cache(&self, dir: Arc<dyn Dir>, conf: CacheConf) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        if conf.mode == CacheMode::WriteBack {
-            return Err(Error::Invalid(
-                "cache mode writeback is not implemented yet in this version; use --mode writethrough".into(),
-            ));
+        let writeback = conf.mode == CacheMode::WriteBack;
+        {
+            let mut slot = self.cache.write().unwrap_or_else(|e| e.into_inner());
+            if slot.is_some() || read_cache_conf(&*self.dir)?.is_some() {
+                return Err(Error::Invalid(format!(
+                    "pool {} already has a cache attached; detach it first (`condense cache detach`)",
+                    self.dir.describe()
+                )));
+            }
+            if writeback {
+                // Pool files left by an earlier writeback attachment would be taken for this
+                // pool's at the next open.
+                for prefix in [SEGMENT_PREFIX, JOURNAL_PREFIX] {
+                    let found = dir
+                        .list(prefix)
+                        .map_err(|e| Error::io(format!("listing {}", dir.describe()), e))?;
+                    if let Some(name) = found.first() {
+                        return Err(Error::Invalid(format!(
+                            "cache directory {} holds pool files ({name}) of an earlier writeback cache; \
+                             give an empty directory, or remove them if no pool needs them",
+                            dir.describe()
+                        )));
+                    }
+                }
+            }
+            let cache = ChunkCache::open(
+                dir.clone(),
+                slot_budget(&conf),
+                conf.mode,
+                self.sb.uuid,
+                self.sb.block_size,
+            )?;
+            // cache.conf is durable before anything is staged, so every open finds the stage.
+            write_file_atomically(&*self.dir, CACHE_CONF_NAME, conf.encode().as_bytes())?;
+            *slot = Some(Arc::new(cache));
         }
-        let mut slot = self.cache.write().unwrap_or_else(|e| e.into_inner());
-        if slot.is_some() || read_cache_conf(&*self.dir)?.is_some() {
-            return Err(Error::Invalid(format!(
-                "pool {} already has a cache attached; detach it first (`condense cache detach`)",
-                self.dir.describe()
-            )));
+        if writeback {
+            let guard = lock(&self.sync_lock);
+            lock(&self.state)
+                .segments
+                .set_staging(Some(dir), writeback_split(conf.size_bytes).1);
+            self.checkpoint_locked(&guard)?;
+            drop(guard);
+            if self.opts.destage_in_background {
+                self.start_destager();
+            }
         }
-        let cache = ChunkCache::open(
-            dir,
-            conf.size_bytes,
-            conf.mode,
-            self.sb.uuid,
-            self.sb.block_size,
-        )?;
-        write_file_atomically(&*self.dir, CACHE_CONF_NAME, conf.encode().as_bytes())?;
-        *slot = Some(Arc::new(cache));
         Ok(())
     }
 
     /// Detach the cache tier: reads go to the segments only, and `cache.conf` is removed.
     /// Its files stay in the cache directory (delete them freely). Without `force`, an index
     /// that cannot be written at close is an error (the cache stays attached).
+    ///
+    /// A writeback cache is emptied first: new segments go to the pool directory, every
+    /// staged segment is destaged, and a checkpoint moves the journal back; only then is
+    /// `cache.conf` removed (a crash before that leaves the cache attached and whole).
     pub fn detach_cache(&self, force: bool) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let mut slot = self.cache.write().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() && read_cache_conf(&*self.dir).ok().flatten().is_none() {
+        if self.cache().is_none() && read_cache_conf(&*self.dir).ok().flatten().is_none() {
             return Err(Error::Invalid(format!(
                 "pool {} has no cache attached",
                 self.dir.describe()
             )));
         }
+        self.stop_destager();
+        let staging = lock(&self.state).segments.staging().cloned();
+        if let Some(staging) = staging {
+            let guard = lock(&self.sync_lock);
+            {
+                let mut st = lock(&self.state);
+                self.writable(&st)?;
+                st.segments.set_staging(Some(staging.clone()), 0);
+                if st
+                    .segments
+                    .open_id()
+                    .is_some_and(|id| st.segments.is_staged(id))
+                {
+                    st.segments.seal_open();
+                }
+            }
+            drop(guard);
+            self.flush()?;
+            while self.destage_one()? {}
+            let guard = lock(&self.sync_lock);
+            let left = lock(&self.state).segments.staged_count();
+            if left > 0 {
+                return Err(Error::Invalid(format!(
+                    "{left} segments are still staged in the cache (a destage is running?); retry"
+                )));
+            }
+            // The new journal generation is created in the pool directory.
+            self.checkpoint_locked(&guard)?;
+            lock(&self.state).segments.set_staging(None, 0);
+        }
+        let mut slot = self.cache.write().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = slot.as_ref() {
             if let Err(e) = c.close() {
                 if !force {
@@ -731,12 +889,27 @@ impl Pool {
     /// The cache tier's counters and figures, if one is attached (read from its index when
     /// it is not open: a read-only open, or a cache directory that could not be opened).
     pub fn cache_stats(&self) -> Option<CacheStats> {
-        if let Some(c) = self.cache() {
-            return Some(c.stats());
+        let mut s = match self.cache() {
+            Some(c) => c.stats(),
+            None => {
+                let conf = read_cache_conf(&*self.dir).ok().flatten()?;
+                let dir = self.opts.cache_dir.as_ref().map(|d| &*d.0);
+                crate::cache::peek_stats(dir, &conf, self.sb.block_size)
+            }
+        };
+        // A writeback cache's dirty bytes are the segments not yet destaged.
+        let st = lock(&self.state);
+        s.dirty_bytes = st.segments.staged_bytes();
+        s.used_bytes += s.dirty_bytes;
+        if st.segments.staging().is_some() {
+            s.size_bytes = read_cache_conf(&*self.dir)
+                .ok()
+                .flatten()
+                .map_or(s.size_bytes, |c| c.size_bytes);
         }
-        let conf = read_cache_conf(&*self.dir).ok().flatten()?;
-        let dir = self.opts.cache_dir.as_ref().map(|d| &*d.0);
-        Some(crate::cache::peek_stats(dir, &conf, self.sb.block_size))
+        s.destaged_segments = self.counters.destaged_segments.load(Ordering::Relaxed);
+        s.destaged_bytes = self.counters.destaged_bytes.load(Ordering::Relaxed);
+        Some(s)
     }
 
     /// Wait until the cache's queued promotions are written (tests; `cache stats`).
@@ -1201,9 +1374,16 @@ impl Pool {
                 return Ok(());
             }
             st.journal.seal()?;
-            let (files, dir_changed) = st.segments.take_dirty();
-            (files, dir_changed, st.journal.file.clone(), st.appended)
+            let dirty = st.segments.take_dirty();
+            let staging = st.segments.staging().cloned().filter(|_| dirty.staging_dir);
+            (
+                (dirty.files, staging),
+                dirty.pool_dir,
+                st.journal.file.clone(),
+                st.appended,
+            )
         };
+        let (files, staging) = files;
         let started = std::time::Instant::now();
         let synced = (|| {
             sync_segments(&files)?;
@@ -1211,6 +1391,10 @@ impl Pool {
                 self.dir
                     .sync_dir()
                     .map_err(|e| Error::io("syncing the pool directory", e))?;
+            }
+            if let Some(s) = staging {
+                s.sync_dir()
+                    .map_err(|e| Error::io("syncing the cache directory", e))?;
             }
             let journal_started = std::time::Instant::now();
             journal
@@ -1257,7 +1441,7 @@ impl Pool {
         change: Option<&mut MetadataChange<'_>>,
     ) -> Result<()> {
         let started = std::time::Instant::now();
-        let (body, old_gen, new_journal_file, files, target, freed) = {
+        let (body, (old_gen, old_dir), new_journal_file, (files, dirs), target, freed) = {
             let mut st = lock(&self.state);
             self.writable(&st)?;
             check(&st.md)?;
@@ -1290,8 +1474,15 @@ impl Pool {
                 &self.sb.uuid,
                 self.crypto.as_deref(),
             )?;
+            // With a writeback cache the journal lives in its directory (fast fsyncs).
+            let journal_dir = st
+                .segments
+                .staging()
+                .filter(|_| st.segments.stages_new())
+                .cloned()
+                .unwrap_or_else(|| self.dir.clone());
             let journal = Journal::create(
-                &*self.dir,
+                &*journal_dir,
                 new_gen,
                 &self.sb.uuid,
                 next_seq,
@@ -1299,8 +1490,20 @@ impl Pool {
             )?;
             let file = journal.file.clone();
             let old = std::mem::replace(&mut st.journal, journal);
-            let (files, _) = st.segments.take_dirty();
-            (body, old.gen, file, files, st.appended, freed)
+            let old_dir = std::mem::replace(&mut st.journal_dir, journal_dir.clone());
+            let dirty = st.segments.take_dirty();
+            let mut dirs = vec![self.dir.clone()];
+            if let Some(s) = st.segments.staging() {
+                dirs.push(s.clone());
+            }
+            (
+                body,
+                (old.gen, old_dir),
+                file,
+                (dirty.files, dirs),
+                st.appended,
+                freed,
+            )
         };
         let meta_file = lock(&self.state).md.cache.file().clone();
         let done = (|| {
@@ -1311,11 +1514,12 @@ impl Pool {
             new_journal_file
                 .sync()
                 .map_err(|e| Error::io("syncing the new journal", e))?;
-            self.dir
-                .sync_dir()
-                .map_err(|e| Error::io("syncing the pool directory", e))?;
+            for d in &dirs {
+                d.sync_dir()
+                    .map_err(|e| Error::io(format!("syncing {}", d.describe()), e))?;
+            }
             write_file_atomically(&*self.dir, CHECKPOINT_NAME, &body)?;
-            self.dir
+            old_dir
                 .remove(&journal_name(old_gen))
                 .map_err(|e| Error::io("removing the old journal", e))
         })();

@@ -9,6 +9,12 @@
 //!   ([`Segments::write_pending`]); a location is handed out only for bytes that will be
 //!   written before the state lock is released.
 //! - A segment is reported dirty until the next flush syncs it.
+//! - With a writeback cache tier, a segment lives in one of two directories: the pool's, or
+//!   the cache's *staging* directory (fast device) until [`crate::destage`] has copied it to
+//!   the pool's. New segments are staged while the staged bytes are under `staging_max`;
+//!   past it they go straight to the pool directory. Only sealed segments are destaged, and
+//!   a destaged copy replaces the staged one under the same id, byte for byte, so every
+//!   chunk location stays valid.
 
 use crate::error::{Error, Result};
 use crate::format::{
@@ -23,6 +29,15 @@ pub struct SegmentFile {
     pub file: Arc<dyn File>,
     /// Bytes in the file (including any torn tail found at open).
     pub len: u64,
+    /// In the staging directory (not yet destaged to the pool's).
+    pub staged: bool,
+}
+
+/// Files written since the last flush, and which directories had names created since.
+pub struct Dirty {
+    pub files: Vec<Arc<dyn File>>,
+    pub pool_dir: bool,
+    pub staging_dir: bool,
 }
 
 pub struct Segments {
@@ -34,8 +49,14 @@ pub struct Segments {
     pending_at: u64,
     dirty: BTreeSet<u32>,
     names_changed: bool,
+    staging_names_changed: bool,
     target_bytes: u64,
     uuid: [u8; 16],
+    /// The writeback cache's directory, where new segments are staged (`None`: no staging).
+    staging: Option<Arc<dyn Dir>>,
+    staging_max: u64,
+    /// The segment a destage is copying now.
+    destaging: Option<u32>,
 }
 
 impl Segments {
@@ -48,15 +69,89 @@ impl Segments {
             pending_at: 0,
             dirty: BTreeSet::new(),
             names_changed: false,
+            staging_names_changed: false,
             target_bytes,
             uuid,
+            staging: None,
+            staging_max: 0,
+            destaging: None,
         }
     }
 
-    /// Register an existing segment found in the pool directory.
-    pub fn add_existing(&mut self, id: u32, file: Arc<dyn File>, len: u64) {
-        self.files.insert(id, SegmentFile { file, len });
+    /// Register an existing segment found in the pool directory (or, `staged`, in the
+    /// staging directory).
+    pub fn add_existing(&mut self, id: u32, file: Arc<dyn File>, len: u64, staged: bool) {
+        self.files.insert(id, SegmentFile { file, len, staged });
         self.next_id = self.next_id.max(id + 1);
+    }
+
+    /// Stage new segments in `dir` while fewer than `max` bytes are staged (`max` 0: create
+    /// them in the pool directory from now on, while staged ones wait to be destaged; `None`
+    /// only once nothing is staged).
+    pub fn set_staging(&mut self, dir: Option<Arc<dyn Dir>>, max: u64) {
+        self.staging = dir;
+        self.staging_max = max;
+    }
+
+    pub fn staging(&self) -> Option<&Arc<dyn Dir>> {
+        self.staging.as_ref()
+    }
+
+    /// New segments (and the journal) go to the staging directory.
+    pub fn stages_new(&self) -> bool {
+        self.staging.is_some() && self.staging_max > 0
+    }
+
+    /// Seal the open segment (the next record starts a new one). Call with nothing pending.
+    pub fn seal_open(&mut self) {
+        debug_assert!(self.pending.is_empty());
+        self.open = None;
+    }
+
+    /// Bytes of the segments not yet destaged (the writeback cache's dirty bytes).
+    pub fn staged_bytes(&self) -> u64 {
+        self.files
+            .values()
+            .filter(|s| s.staged)
+            .map(|s| s.len)
+            .sum()
+    }
+
+    pub fn staged_count(&self) -> usize {
+        self.files.values().filter(|s| s.staged).count()
+    }
+
+    pub fn is_staged(&self, id: u32) -> bool {
+        self.files.get(&id).is_some_and(|s| s.staged)
+    }
+
+    /// The oldest sealed staged segment to destage (marked as being destaged): its id, file
+    /// and length. `None` if a destage is running or nothing sealed is staged.
+    pub fn start_destage(&mut self) -> Option<(u32, Arc<dyn File>, u64)> {
+        if self.destaging.is_some() {
+            return None;
+        }
+        let (&id, s) = self
+            .files
+            .iter()
+            .find(|(&id, s)| s.staged && Some(id) != self.open)?;
+        self.destaging = Some(id);
+        Some((id, s.file.clone(), s.len))
+    }
+
+    /// A destage of `id` ended: with `Some(file)` the segment now lives in the pool
+    /// directory as `file`. Returns false if the segment was removed meanwhile (GC).
+    pub fn end_destage(&mut self, id: u32, file: Option<Arc<dyn File>>) -> bool {
+        self.destaging = None;
+        let Some(s) = self.files.get_mut(&id) else {
+            return false;
+        };
+        if let Some(file) = file {
+            s.file = file;
+            s.staged = false;
+            self.dirty.remove(&id);
+        }
+        true
     }
 
     pub fn file(&self, id: u32) -> Option<Arc<dyn File>> {
@@ -124,9 +219,18 @@ impl Segments {
     fn start_segment(&mut self, dir: &dyn Dir) -> Result<u32> {
         let id = self.next_id;
         let name = segment_name(id);
+        let staging = self
+            .staging
+            .clone()
+            .filter(|_| self.staged_bytes() < self.staging_max);
+        let staged = staging.is_some();
+        let dir: &dyn Dir = match &staging {
+            Some(d) => &**d,
+            None => dir,
+        };
         let file = dir
             .open(&name, true)
-            .map_err(|e| Error::io(format!("creating segment {name}"), e))?;
+            .map_err(|e| Error::io(format!("creating segment {name} in {}", dir.describe()), e))?;
         let header = encode_segment_header(id, &self.uuid);
         file.write_at(&header, 0)
             .map_err(|e| Error::io(format!("writing segment {name}"), e))?;
@@ -136,12 +240,17 @@ impl Segments {
             SegmentFile {
                 file,
                 len: header.len() as u64,
+                staged,
             },
         );
         self.open = Some(id);
         self.pending_at = header.len() as u64;
         self.dirty.insert(id);
-        self.names_changed = true;
+        if staged {
+            self.staging_names_changed = true;
+        } else {
+            self.names_changed = true;
+        }
         Ok(id)
     }
 
@@ -185,18 +294,44 @@ impl Segments {
     }
 
     /// Segment files written since the last call, and whether names were created since.
-    pub fn take_dirty(&mut self) -> (Vec<Arc<dyn File>>, bool) {
+    pub fn take_dirty(&mut self) -> Dirty {
         let files = std::mem::take(&mut self.dirty)
             .into_iter()
             .filter_map(|id| self.file(id))
             .collect();
-        (files, std::mem::take(&mut self.names_changed))
+        Dirty {
+            files,
+            pool_dir: std::mem::take(&mut self.names_changed),
+            staging_dir: std::mem::take(&mut self.staging_names_changed),
+        }
     }
 
-    /// Forget a deleted segment.
-    pub fn forget(&mut self, id: u32) {
+    /// Delete segment `id`'s file (from the pool directory `dir` or the staging directory)
+    /// and forget it. The caller syncs the directory.
+    pub fn remove(&mut self, dir: &dyn Dir, id: u32) -> Result<()> {
+        let name = segment_name(id);
+        let staged = self.is_staged(id);
+        let dir: &dyn Dir = match (&self.staging, staged) {
+            (Some(d), true) => &**d,
+            _ => dir,
+        };
+        if staged && self.staging.is_none() {
+            return Err(Error::Invalid(format!(
+                "segment {name} is staged but no staging directory is set"
+            )));
+        }
+        dir.remove(&name).map_err(|e| {
+            Error::io(
+                format!("removing segment {name} from {}", dir.describe()),
+                e,
+            )
+        })?;
         self.files.remove(&id);
         self.dirty.remove(&id);
+        if staged {
+            self.staging_names_changed = true;
+        }
+        Ok(())
     }
 
     pub fn len_of(&self, id: u32) -> u64 {
