@@ -2,7 +2,8 @@
 //!
 //! Definitions (also in docs/STATS.md):
 //! - `written_bytes`: blocks holding data (not zero, not unmapped) × block size.
-//! - `physical_bytes`: every file of the pool directory (data and metadata), as `du -sb`.
+//! - `physical_bytes`: every file of the pool directory (data and metadata), as `du -sb`, plus
+//!   the segments and journal a writeback cache holds for the pool.
 //! - `saving_percent` = 100 × (1 − physical_bytes / written_bytes).
 //! - `dedup_saving_percent` = 100 × (1 − unique_chunks × block size / written_bytes).
 //! - `compression_saving_percent` = 100 × (1 − stored payload bytes / (unique_chunks × block size)).
@@ -13,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::format::{CHUNK_ID_LIMIT, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::pool::{lock, Pool};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 #[derive(Clone, Debug, Default)]
 pub struct VolumeStats {
@@ -137,6 +139,18 @@ impl Pool {
             .total_bytes()
             .map_err(|e| Error::io("measuring the pool directory", e))?;
         let st = lock(&self.state);
+        // A writeback cache holds part of the pool: its staged segments and the journal.
+        let physical = physical
+            + st.segments.staged_bytes()
+            + if st
+                .segments
+                .staging()
+                .is_some_and(|d| Arc::ptr_eq(d, &st.journal_dir))
+            {
+                st.journal.file_bytes()
+            } else {
+                0
+            };
         let md = &st.md;
         let bs = u64::from(self.block_size());
         let mut s = PoolStats {

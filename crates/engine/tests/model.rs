@@ -203,9 +203,9 @@ fn check_all(pool: &Pool, model: &MemCatalog) {
 /// A cache of 24 slots (in its own simulated directory): most reads evict.
 const TINY_CACHE_BYTES: u64 = 4096 + 24 * 4224;
 
-fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, cached: bool) {
+fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, mode: Option<CacheMode>) {
     let disk = SimDir::new();
-    let cache = cached.then(SimDir::new);
+    let cache = mode.map(|_| SimDir::new());
     let init = InitOptions {
         block_size: BS as u32,
         compression,
@@ -222,7 +222,7 @@ fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, cached: boo
         let conf = CacheConf {
             path: "sim-cache".into(),
             size_bytes: TINY_CACHE_BYTES,
-            mode: CacheMode::WriteThrough,
+            mode: mode.unwrap_or(CacheMode::WriteThrough),
         };
         if let Err(e) = pool.attach_cache(Arc::new(SimHandle(c.clone())), conf) {
             panic!("attach cache: {e}");
@@ -349,8 +349,30 @@ fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, cached: boo
         Ok(s) => s,
         Err(e) => panic!("stats: {e}"),
     };
-    let sim = SimHandle(disk);
-    assert_eq!(stats.physical_bytes, sim.total_bytes().unwrap_or(0));
+    let sim = SimHandle(disk.clone());
+    // A writeback cache's segments and journal are part of the pool.
+    let in_cache: u64 = cache.as_ref().map_or(0, |c| {
+        let h = SimHandle(c.clone());
+        [h.list("seg-"), h.list("journal-")]
+            .into_iter()
+            .flat_map(|n| n.unwrap_or_default())
+            .filter_map(|n| c.file_len(&n))
+            .sum()
+    });
+    assert_eq!(
+        stats.physical_bytes,
+        sim.total_bytes().unwrap_or(0) + in_cache
+    );
+    if mode == Some(CacheMode::WriteBack) {
+        // Detaching destages everything; the pool then needs nothing from the cache directory.
+        if let Err(e) = pool.detach_cache(false) {
+            panic!("detach: {e}");
+        }
+        assert!(pool.close().is_ok());
+        drop(pool);
+        let pool = open(&disk, &key, &None);
+        check_all(&pool, &model);
+    }
 }
 
 proptest! {
@@ -358,30 +380,37 @@ proptest! {
 
     #[test]
     fn engine_matches_model_lz4(ops in proptest::collection::vec(op(), 1..120)) {
-        run(ops, Compression::Lz4, None, false);
+        run(ops, Compression::Lz4, None, None);
     }
 
     #[test]
     fn engine_matches_model_zstd(ops in proptest::collection::vec(op(), 1..60)) {
-        run(ops, Compression::Zstd(3), None, false);
+        run(ops, Compression::Zstd(3), None, None);
     }
 
     /// The LZ4 run on an encrypted pool.
     #[test]
     fn engine_matches_model_encrypted(ops in proptest::collection::vec(op(), 1..120)) {
-        run(ops, Compression::Lz4, Some(UserKey::key([0xa5; 32])), false);
+        run(ops, Compression::Lz4, Some(UserKey::key([0xa5; 32])), None);
     }
 
     /// The LZ4 run with a tiny cache tier attached (in its own simulated directory): reads
     /// go through it, reopens find it warm, GC moves records under it.
     #[test]
     fn engine_matches_model_cached(ops in proptest::collection::vec(op(), 1..120)) {
-        run(ops, Compression::Lz4, None, true);
+        run(ops, Compression::Lz4, None, Some(CacheMode::WriteThrough));
     }
 
     /// The cached run on an encrypted pool (the cache holds sealed records).
     #[test]
     fn engine_matches_model_cached_encrypted(ops in proptest::collection::vec(op(), 1..120)) {
-        run(ops, Compression::Lz4, Some(UserKey::key([0xa5; 32])), true);
+        run(ops, Compression::Lz4, Some(UserKey::key([0xa5; 32])), Some(CacheMode::WriteThrough));
+    }
+
+    /// A writeback cache: segments and the journal staged in the cache directory, destaged by
+    /// the background thread while the operations run; at the end a detach destages the rest.
+    #[test]
+    fn engine_matches_model_writeback(ops in proptest::collection::vec(op(), 1..120)) {
+        run(ops, Compression::Lz4, None, Some(CacheMode::WriteBack));
     }
 }
