@@ -24,13 +24,21 @@ pub enum CacheCommand {
         #[arg(long, value_parser = size::parse_size)]
         size: u64,
         /// writethrough: writes go to the pool, the cache holds copies of chunks read (losing
-        /// the cache device loses nothing). writeback is not implemented yet in this version.
+        /// the cache device loses nothing). writeback: writes land in DIR first (new segments
+        /// and the journal: a flush syncs only the fast device) and are copied to the pool in
+        /// whole segments in the background; a quarter of --size holds writes not yet copied,
+        /// the rest caches reads. Losing the cache device in writeback mode loses the writes
+        /// not yet copied (docs/CACHE.md).
         #[arg(long, default_value = "writethrough", value_parser = parse_mode)]
         mode: CacheMode,
     },
-    /// Stop using the cache; its files stay in its directory (remove them freely).
+    /// Stop using the cache; its files stay in its directory (remove them freely). A writeback
+    /// cache is emptied first: every write it holds is copied to the pool (as long as writing
+    /// its dirty bytes to the pool's device takes).
     Detach {
-        /// Detach even if the cache's index cannot be written at close (a failed device).
+        /// Detach even if the cache's index cannot be written at close (a failed device), and
+        /// even if a writeback cache's directory is lost: the writes it held are lost then
+        /// (`condense verify` names the blocks affected).
         #[arg(long)]
         force: bool,
     },
@@ -42,13 +50,17 @@ pub enum CacheCommand {
 }
 
 pub fn parse_mode(s: &str) -> Result<CacheMode, String> {
-    match CacheMode::parse(s) {
-        Ok(CacheMode::WriteBack) => Err(
-            "cache mode writeback is not implemented yet in this version; use writethrough".into(),
-        ),
-        Ok(m) => Ok(m),
-        Err(e) => Err(e.to_string()),
-    }
+    CacheMode::parse(s).map_err(|e| e.to_string())
+}
+
+/// Whether opening the pool failed because its writeback cache directory is missing.
+fn writeback_cache_missing(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<condense_engine::Error>(),
+            Some(condense_engine::Error::WritebackCacheMissing(_))
+        )
+    })
 }
 
 pub fn run(ctx: &mut Ctx, cmd: CacheCommand) -> Result<i32> {
@@ -89,8 +101,27 @@ pub fn run(ctx: &mut Ctx, cmd: CacheCommand) -> Result<i32> {
             ctx.done(&pool)?;
         }
         CacheCommand::Detach { force } => {
-            let pool = ctx.pool(false)?;
+            let pool = match ctx.pool(false) {
+                Err(e) if force && writeback_cache_missing(&e) => {
+                    writeln!(
+                        ctx.err,
+                        "condense: warning: the writeback cache of pool {} is lost; detaching it \
+                         loses the writes it held that were not yet copied to the pool",
+                        ctx.path.display()
+                    )?;
+                    crate::open_pool_without_writeback_cache(&ctx.path)?
+                }
+                r => r?,
+            };
             let conf = pool.cache_conf().ok().flatten();
+            let dirty = pool.cache_stats().map_or(0, |s| s.dirty_bytes);
+            if dirty > 0 {
+                writeln!(
+                    ctx.out,
+                    "copying {} of writes from the writeback cache to the pool...",
+                    size::human(dirty)
+                )?;
+            }
             pool.detach_cache(force).with_context(|| {
                 format!("cannot detach the cache of pool {}", ctx.path.display())
             })?;
@@ -145,6 +176,8 @@ pub fn stats_json(s: &CacheStats) -> Value {
         "cache_promotions": s.promotions,
         "cache_demotions": s.demotions,
         "cache_corrupt_entries": s.corrupt,
+        "cache_destaged_segments": s.destaged_segments,
+        "cache_destaged_bytes": s.destaged_bytes,
     })
 }
 
@@ -167,7 +200,8 @@ pub fn stats_text(s: &CacheStats) -> String {
     format!(
         "cache\n  dir         {}\n  mode        {}\n  size        {}\n  used        {}\n  dirty       {}\n  \
          hits        {} ({}), hit ratio {ratio}\n  misses      {} ({})\n  promotions  {}\n  \
-         demotions   {}\n  corrupt     {} entries detected (dropped, read from the pool)\n",
+         demotions   {}\n  corrupt     {} entries detected (dropped, read from the pool)\n  \
+         destaged    {} segments ({}) copied to the pool since it was opened\n",
         s.dir,
         s.mode,
         size::human(s.size_bytes),
@@ -179,6 +213,8 @@ pub fn stats_text(s: &CacheStats) -> String {
         size::human(s.miss_bytes),
         s.promotions,
         s.demotions,
-        s.corrupt
+        s.corrupt,
+        s.destaged_segments,
+        size::human(s.destaged_bytes)
     )
 }

@@ -140,7 +140,7 @@ struct InitArgs {
     /// Size of the cache tier given with --cache.
     #[arg(long, value_name = "SIZE", value_parser = size::parse_size, requires = "cache")]
     cache_size: Option<u64>,
-    /// Mode of the cache tier given with --cache (writethrough; writeback is not implemented yet).
+    /// Mode of the cache tier given with --cache: writethrough or writeback (see `condense cache attach --help`).
     #[arg(long, value_name = "MODE", default_value = "writethrough", value_parser = cache::parse_mode)]
     cache_mode: condense_engine::CacheMode,
 }
@@ -310,14 +310,33 @@ pub(crate) fn open_pool(path: &Path, read_only: bool) -> Result<Arc<Pool>> {
     open_pool_with(path, read_only, &MetadataCacheArg::default())
 }
 
+/// [`open_pool`] for a pool whose writeback cache directory is lost (`cache detach --force`).
+pub(crate) fn open_pool_without_writeback_cache(path: &Path) -> Result<Arc<Pool>> {
+    open_pool_opts(
+        path,
+        OpenOptions {
+            without_writeback_cache: true,
+            key: keys::user_key()?,
+            ..Default::default()
+        },
+    )
+}
+
 /// [`open_pool`] with the pool's settings for this open overridden by command-line options.
 fn open_pool_with(path: &Path, read_only: bool, cache: &MetadataCacheArg) -> Result<Arc<Pool>> {
-    let mut opts = OpenOptions {
-        read_only,
-        metadata_cache_bytes: cache.metadata_cache,
-        key: keys::user_key()?,
-        ..Default::default()
-    };
+    open_pool_opts(
+        path,
+        OpenOptions {
+            read_only,
+            metadata_cache_bytes: cache.metadata_cache,
+            key: keys::user_key()?,
+            ..Default::default()
+        },
+    )
+}
+
+fn open_pool_opts(path: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
+    let mut opts = opts;
     let mut opened = Pool::open_path(path, opts.clone());
     if matches!(opened, Err(condense_engine::Error::KeyRequired(_))) && opts.key.is_none() {
         // An encrypted pool and no key option: ask the terminal, if there is one.
