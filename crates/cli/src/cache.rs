@@ -53,6 +53,70 @@ pub fn parse_mode(s: &str) -> Result<CacheMode, String> {
     CacheMode::parse(s).map_err(|e| e.to_string())
 }
 
+/// `--cache DIR --cache-size SIZE [--cache-mode MODE]` on `init`, `serve` and `mount`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CacheTierArg {
+    /// Attach a cache tier in this directory on a fast device, kept for later opens (see
+    /// `condense cache attach`); nothing changes if the pool already uses this directory.
+    #[arg(long, value_name = "DIR", requires = "cache_size")]
+    pub cache: Option<PathBuf>,
+    /// Size of the cache tier given with --cache.
+    #[arg(long, value_name = "SIZE", value_parser = size::parse_size, requires = "cache")]
+    pub cache_size: Option<u64>,
+    /// Mode of the cache tier given with --cache: writethrough or writeback (see `condense
+    /// cache attach --help`).
+    #[arg(long, value_name = "MODE", default_value = "writethrough", value_parser = parse_mode)]
+    pub cache_mode: CacheMode,
+}
+
+/// Attach the cache tier named by `--cache` (if given) unless the pool already has it; a
+/// pool with another cache attached is an error (detach it first).
+pub fn attach_given(
+    pool: &Arc<condense_engine::Pool>,
+    path: &std::path::Path,
+    tier: &CacheTierArg,
+) -> Result<()> {
+    let (Some(dir), Some(size)) = (&tier.cache, tier.cache_size) else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
+    let abs = dir
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", dir.display()))?;
+    if let Some(conf) = pool.cache_conf().ok().flatten() {
+        if std::path::Path::new(&conf.path) == abs {
+            if conf.size_bytes != size || conf.mode != tier.cache_mode {
+                eprintln!(
+                    "condense: warning: pool {} keeps its cache in {} as attached ({} {}); to change its size or mode, `condense cache detach` and attach again",
+                    path.display(),
+                    conf.path,
+                    size::human(conf.size_bytes),
+                    conf.mode.as_str()
+                );
+            }
+            return Ok(());
+        }
+        bail!(
+            "pool {} already has a cache in {}; detach it first (`condense cache detach`) to use {}",
+            path.display(),
+            conf.path,
+            abs.display()
+        );
+    }
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    let mut ctx = Ctx::held(path, pool.clone(), &mut out, &mut err);
+    run(
+        &mut ctx,
+        CacheCommand::Attach {
+            dir: abs,
+            size,
+            mode: tier.cache_mode,
+        },
+    )?;
+    Ok(())
+}
+
 /// Whether opening the pool failed because its writeback cache directory is missing.
 fn writeback_cache_missing(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {

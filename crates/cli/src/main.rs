@@ -134,15 +134,8 @@ struct InitArgs {
     /// pool needs the same key or passphrase; without it the data is lost (docs/ENCRYPTION.md).
     #[arg(long)]
     encrypt: bool,
-    /// Attach a cache tier in this directory on a fast device (see `condense cache attach`).
-    #[arg(long, value_name = "DIR", requires = "cache_size")]
-    cache: Option<PathBuf>,
-    /// Size of the cache tier given with --cache.
-    #[arg(long, value_name = "SIZE", value_parser = size::parse_size, requires = "cache")]
-    cache_size: Option<u64>,
-    /// Mode of the cache tier given with --cache: writethrough or writeback (see `condense cache attach --help`).
-    #[arg(long, value_name = "MODE", default_value = "writethrough", value_parser = cache::parse_mode)]
-    cache_mode: condense_engine::CacheMode,
+    #[command(flatten)]
+    tier: cache::CacheTierArg,
 }
 
 /// `--metadata-cache SIZE`, on `init` (stored in the pool) and on the commands that open the
@@ -449,20 +442,7 @@ fn run(cli: Cli) -> Result<i32> {
                     ""
                 }
             );
-            if let (Some(cache_dir), Some(size)) = (a.cache, a.cache_size) {
-                let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-                let mut ctx = Ctx::held(&dir, pool.clone(), &mut out, &mut err);
-                let cache_dir = std::path::absolute(&cache_dir)
-                    .with_context(|| format!("cannot resolve {}", cache_dir.display()))?;
-                cache::run(
-                    &mut ctx,
-                    cache::CacheCommand::Attach {
-                        dir: cache_dir,
-                        size,
-                        mode: a.cache_mode,
-                    },
-                )?;
-            }
+            cache::attach_given(&pool, &dir, &a.tier)?;
             pool.close()?;
         }
         Command::Import(a) if a.file.as_os_str() == "-" => {
@@ -537,13 +517,13 @@ fn run(cli: Cli) -> Result<i32> {
                 pool.close()?;
             }
         }
-        Command::Mount(a) => daemon(&cli.pool, a.read_only, &a.cache, |pool| {
+        Command::Mount(a) => daemon(&cli.pool, a.read_only, &a.cache, &a.tier, |pool| {
             mount::run(pool, &a)
         })?,
         Command::Serve(a) => {
             // Bad certificate files are reported before the pool is opened.
             a.tls.load()?;
-            daemon(&cli.pool, a.read_only, &a.cache, |pool| {
+            daemon(&cli.pool, a.read_only, &a.cache, &a.tier, |pool| {
                 serve::run(pool, &a)
             })?
         }
@@ -589,9 +569,13 @@ fn daemon(
     path: &Path,
     read_only: bool,
     cache: &MetadataCacheArg,
+    tier: &cache::CacheTierArg,
     run: impl FnOnce(Arc<Pool>) -> Result<()>,
 ) -> Result<()> {
     let pool = open_pool_with(path, read_only, cache)?;
+    if !read_only {
+        cache::attach_given(&pool, path, tier)?;
+    }
     let gc = (!read_only).then(|| {
         condense_engine::gc::BackgroundGc::start(
             &pool,

@@ -32,6 +32,8 @@ pub struct MountArgs {
     #[command(flatten)]
     pub cache: crate::MetadataCacheArg,
     #[command(flatten)]
+    pub tier: crate::cache::CacheTierArg,
+    #[command(flatten)]
     pub config: crate::config::ConfigArg,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (reads and writes with their
     /// bytes and latency, savings, dead bytes, GC, journal and checkpoint timings;

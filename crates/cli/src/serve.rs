@@ -34,6 +34,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub cache: crate::MetadataCacheArg,
     #[command(flatten)]
+    pub tier: crate::cache::CacheTierArg,
+    #[command(flatten)]
     pub config: crate::config::ConfigArg,
     #[command(flatten)]
     pub tls: TlsArgs,
@@ -251,6 +253,11 @@ mod tests {
             socket: None,
             read_only: false,
             cache: Default::default(),
+            tier: crate::cache::CacheTierArg {
+                cache: None,
+                cache_size: None,
+                cache_mode: condense_engine::CacheMode::WriteThrough,
+            },
             config: Default::default(),
             tls: Default::default(),
             metrics_listen: None,
@@ -261,6 +268,11 @@ mod tests {
             socket: Some("/tmp/x.sock".into()),
             read_only: false,
             cache: Default::default(),
+            tier: crate::cache::CacheTierArg {
+                cache: None,
+                cache_size: None,
+                cache_mode: condense_engine::CacheMode::WriteThrough,
+            },
             config: Default::default(),
             tls: Default::default(),
             metrics_listen: None,
@@ -271,6 +283,11 @@ mod tests {
             socket: Some("/tmp/x.sock".into()),
             read_only: false,
             cache: Default::default(),
+            tier: crate::cache::CacheTierArg {
+                cache: None,
+                cache_size: None,
+                cache_mode: condense_engine::CacheMode::WriteThrough,
+            },
             config: Default::default(),
             tls: Default::default(),
             metrics_listen: None,
@@ -281,6 +298,11 @@ mod tests {
             socket: None,
             read_only: false,
             cache: Default::default(),
+            tier: crate::cache::CacheTierArg {
+                cache: None,
+                cache_size: None,
+                cache_mode: condense_engine::CacheMode::WriteThrough,
+            },
             config: Default::default(),
             tls: Default::default(),
             metrics_listen: None,
