@@ -242,6 +242,8 @@ pub fn stats_json(s: &CacheStats) -> Value {
         "cache_corrupt_entries": s.corrupt,
         "cache_destaged_segments": s.destaged_segments,
         "cache_destaged_bytes": s.destaged_bytes,
+        "cache_meta_hits": s.meta_hits,
+        "cache_meta_misses": s.meta_misses,
     })
 }
 
@@ -265,7 +267,8 @@ pub fn stats_text(s: &CacheStats) -> String {
         "cache\n  dir         {}\n  mode        {}\n  size        {}\n  used        {}\n  dirty       {}\n  \
          hits        {} ({}), hit ratio {ratio}\n  misses      {} ({})\n  promotions  {}\n  \
          demotions   {}\n  corrupt     {} entries detected (dropped, read from the pool)\n  \
-         destaged    {} segments ({}) copied to the pool since it was opened\n",
+         destaged    {} segments ({}) copied to the pool since it was opened\n  \
+         metadata    {} page faults served from the cache, {} read from the pool since it was opened\n",
         s.dir,
         s.mode,
         size::human(s.size_bytes),
@@ -279,6 +282,8 @@ pub fn stats_text(s: &CacheStats) -> String {
         s.demotions,
         s.corrupt,
         s.destaged_segments,
-        size::human(s.destaged_bytes)
+        size::human(s.destaged_bytes),
+        s.meta_hits,
+        s.meta_misses
     )
 }

@@ -163,6 +163,10 @@ pub struct CacheStats {
     /// Writeback: segments destaged since the pool was opened, and their bytes.
     pub destaged_segments: u64,
     pub destaged_bytes: u64,
+    /// Metadata page faults (pages not in RAM) served from the cache / read from meta.dat,
+    /// since the pool was opened.
+    pub meta_hits: u64,
+    pub meta_misses: u64,
     pub mode: String,
     pub dir: String,
 }
@@ -244,6 +248,26 @@ struct Shared {
     counters: [AtomicU64; N_COUNTERS],
     queued: AtomicUsize,
     uuid: [u8; 16],
+    /// Metadata page faults served from the cache / from meta.dat (since open).
+    page_hits: AtomicU64,
+    page_misses: AtomicU64,
+}
+
+/// Metadata pages share the cache's id space with chunks: chunk ids stay below
+/// [`crate::format::CHUNK_ID_LIMIT`], page keys have the top bit set.
+const PAGE_KEY_BIT: u64 = 1 << 63;
+
+fn page_key(page: u64) -> u64 {
+    PAGE_KEY_BIT | page
+}
+
+/// What stands for a page's fingerprint in its entry: its CRC and length in units.
+fn page_fp(crc32: u32, units: u16) -> Fingerprint {
+    let mut fp = [0u8; 16];
+    fp[..4].copy_from_slice(&crc32.to_le_bytes());
+    fp[4..6].copy_from_slice(&units.to_le_bytes());
+    fp[15] = b'P';
+    fp
 }
 
 struct IndexFile {
@@ -414,6 +438,8 @@ pub fn peek_stats(dir: Option<&dyn Dir>, conf: &CacheConf, block_size: u32) -> C
         size_bytes: conf.size_bytes,
         destaged_segments: 0,
         destaged_bytes: 0,
+        meta_hits: 0,
+        meta_misses: 0,
         mode: conf.mode.as_str().to_string(),
         dir: conf.path.clone(),
     }
@@ -528,6 +554,8 @@ impl ChunkCache {
             counters: counters.map(AtomicU64::new),
             queued: AtomicUsize::new(0),
             uuid,
+            page_hits: AtomicU64::new(0),
+            page_misses: AtomicU64::new(0),
         });
         let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE_MAX);
         let w = shared.clone();
@@ -544,6 +572,41 @@ impl ChunkCache {
 
     /// The record of chunk `id` if the cache holds it, checked (see the module invariants).
     pub fn lookup(&self, id: u64, fp: &Fingerprint, loc: &Location) -> Option<Vec<u8>> {
+        self.lookup_with(id, fp, loc.record_bytes(), |buf| {
+            decode_record(buf, id, loc).is_ok_and(|(f, _)| f == *fp)
+        })
+    }
+
+    /// The stored bytes of the metadata page at 64-byte unit `page` of meta.dat, if the cache
+    /// holds them for a page with this CRC and length (pages are copy-on-write: a unit reused
+    /// for another page has another CRC, so a stale entry is never served).
+    pub fn lookup_page(&self, page: u64, crc32: u32, units: u16) -> Option<Vec<u8>> {
+        let bytes = u64::from(units) * 64;
+        let got = self.lookup_with(page_key(page), &page_fp(crc32, units), bytes, |buf| {
+            crc(buf) == crc32
+        });
+        let c = if got.is_some() {
+            &self.shared.page_hits
+        } else {
+            &self.shared.page_misses
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        got
+    }
+
+    /// Offer a metadata page's stored bytes, just read from meta.dat and checked.
+    pub fn offer_page(&self, page: u64, crc32: u32, stored: &[u8]) {
+        let units = (stored.len() / 64) as u16;
+        self.offer(page_key(page), &page_fp(crc32, units), stored);
+    }
+
+    fn lookup_with(
+        &self,
+        id: u64,
+        fp: &Fingerprint,
+        want_len: u64,
+        check: impl FnOnce(&[u8]) -> bool,
+    ) -> Option<Vec<u8>> {
         let s = &self.shared;
         let (slot, gen, len, want_crc) = {
             let mut p = plock(&s.policy);
@@ -551,7 +614,7 @@ impl ChunkCache {
             if !e.ready {
                 return None;
             }
-            if e.fp != *fp || u64::from(e.len) != loc.record_bytes() {
+            if e.fp != *fp || u64::from(e.len) != want_len {
                 // The id now names another chunk: the entry is stale.
                 let slot = e.slot;
                 p.remove(id);
@@ -564,9 +627,7 @@ impl ChunkCache {
         };
         let mut buf = vec![0u8; len as usize];
         let read = s.data.read_at(&mut buf, s.slot_offset(slot));
-        let good = read.is_ok()
-            && crc(&buf) == want_crc
-            && decode_record(&buf, id, loc).is_ok_and(|(f, _)| f == *fp);
+        let good = read.is_ok() && crc(&buf) == want_crc && check(&buf);
         if good {
             return Some(buf);
         }
@@ -681,6 +742,8 @@ impl ChunkCache {
             size_bytes: s.size_bytes,
             destaged_segments: 0,
             destaged_bytes: 0,
+            meta_hits: s.page_hits.load(Ordering::Relaxed),
+            meta_misses: s.page_misses.load(Ordering::Relaxed),
             mode: s.mode.as_str().to_string(),
             dir: s.dir.describe(),
         }

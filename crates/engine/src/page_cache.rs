@@ -307,6 +307,8 @@ pub struct PageCache {
     pub counters: CacheCounters,
     /// Seals and opens pages in an encrypted pool.
     crypto: Option<Arc<Crypto>>,
+    /// The cache tier on a fast device: a second level for pages faulted in from meta.dat.
+    l2: Option<Arc<crate::cache::ChunkCache>>,
 }
 
 fn crc(data: &[u8]) -> u32 {
@@ -335,6 +337,7 @@ impl PageCache {
             trees,
             counters: CacheCounters::default(),
             crypto: None,
+            l2: None,
         }
     }
 
@@ -722,7 +725,18 @@ impl PageCache {
             }
         } else {
             self.counters.misses += 1;
-            let data = read_checked(&*self.file, self.crypto.as_deref(), ptr, tree, level, index)?;
+            let data = match &self.l2 {
+                Some(l2) => read_through(
+                    &*self.file,
+                    l2,
+                    self.crypto.as_deref(),
+                    ptr,
+                    tree,
+                    level,
+                    index,
+                )?,
+                None => read_checked(&*self.file, self.crypto.as_deref(), ptr, tree, level, index)?,
+            };
             Node {
                 key,
                 data,
@@ -1175,6 +1189,11 @@ impl PageCache {
         Ok(())
     }
 
+    /// Use (or, `None`, stop using) the cache tier as a second level for page faults.
+    pub fn set_l2(&mut self, l2: Option<Arc<crate::cache::ChunkCache>>) {
+        self.l2 = l2;
+    }
+
     pub fn file(&self) -> &Arc<dyn File> {
         &self.file
     }
@@ -1219,6 +1238,45 @@ fn page_ctx(page: u64, tree: TreeId, level: u8) -> [u8; 10] {
     c
 }
 
+/// [`read_checked`] through the cache tier: the page's stored bytes from the cache if it holds
+/// them (the cache checks them against the pointer's CRC, and [`open_stored`] does again),
+/// else from meta.dat, offered to the cache once they pass every check.
+fn read_through(
+    file: &dyn File,
+    l2: &crate::cache::ChunkCache,
+    crypto: Option<&Crypto>,
+    p: Ptr,
+    tree: TreeId,
+    level: u8,
+    index: u64,
+) -> Result<Box<[u8]>> {
+    if let Some(stored) = l2.lookup_page(p.page, p.crc, p.units) {
+        if let Ok(page) = open_stored(&stored, crypto, p, tree, level, index) {
+            return Ok(page);
+        }
+    }
+    let stored = read_stored(file, p, tree, level, index)?;
+    let page = open_stored(&stored, crypto, p, tree, level, index)?;
+    l2.offer_page(p.page, p.crc, &stored);
+    Ok(page)
+}
+
+fn page_what(p: Ptr, tree: TreeId, level: u8, index: u64) -> String {
+    format!(
+        "metadata page at byte {} of meta.dat ({} level {level} page {index})",
+        p.page * UNIT as u64,
+        tree_name(tree)
+    )
+}
+
+/// The page's stored bytes, as meta.dat holds them.
+fn read_stored(file: &dyn File, p: Ptr, tree: TreeId, level: u8, index: u64) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; usize::from(p.units) * UNIT];
+    file.read_at(&mut buf, p.page * UNIT as u64)
+        .map_err(|e| Error::io(page_what(p, tree, level, index), e))?;
+    Ok(buf)
+}
+
 fn read_checked(
     file: &dyn File,
     crypto: Option<&Crypto>,
@@ -1227,16 +1285,20 @@ fn read_checked(
     level: u8,
     index: u64,
 ) -> Result<Box<[u8]>> {
-    let what = || {
-        format!(
-            "metadata page at byte {} of meta.dat ({} level {level} page {index})",
-            p.page * UNIT as u64,
-            tree_name(tree)
-        )
-    };
-    let mut buf = vec![0u8; usize::from(p.units) * UNIT];
-    file.read_at(&mut buf, p.page * UNIT as u64)
-        .map_err(|e| Error::io(what(), e))?;
+    let buf = read_stored(file, p, tree, level, index)?;
+    open_stored(&buf, crypto, p, tree, level, index)
+}
+
+/// Check (authenticate, CRC) and decode a page's stored bytes.
+fn open_stored(
+    buf: &[u8],
+    crypto: Option<&Crypto>,
+    p: Ptr,
+    tree: TreeId,
+    level: u8,
+    index: u64,
+) -> Result<Box<[u8]>> {
+    let what = || page_what(p, tree, level, index);
     // Encrypted: authenticate first, so changed bytes are reported as such.
     let opened = match crypto {
         Some(c) => {
@@ -1248,7 +1310,7 @@ fn read_checked(
         }
         None => None,
     };
-    let found = crc(&buf);
+    let found = crc(buf);
     if found != p.crc {
         return Err(Error::Checksum {
             what: what(),
@@ -1258,7 +1320,7 @@ fn read_checked(
     }
     decode_page(
         p.codec,
-        opened.as_deref().unwrap_or(&buf),
+        opened.as_deref().unwrap_or(buf),
         stride(tree, level),
     )
     .ok_or_else(|| Error::corrupt(what(), "the stored page does not decode"))

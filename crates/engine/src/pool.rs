@@ -751,7 +751,11 @@ impl Pool {
             self.sb.uuid,
             self.sb.block_size,
         ) {
-            Ok(c) => *self.cache.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(c)),
+            Ok(c) => {
+                let c = Arc::new(c);
+                *self.cache.write().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
+                lock(&self.state).md.cache.set_l2(Some(c));
+            }
             Err(e) => tracing::warn!(
                 "opening the cache tier in {}: {e}; running without it",
                 conf.path
@@ -802,6 +806,8 @@ impl Pool {
             write_file_atomically(&*self.dir, CACHE_CONF_NAME, conf.encode().as_bytes())?;
             *slot = Some(Arc::new(cache));
         }
+        // (Not under the cache's lock: a read holds the state lock while it looks up the cache.)
+        lock(&self.state).md.cache.set_l2(self.cache());
         if writeback {
             let guard = lock(&self.sync_lock);
             lock(&self.state)
@@ -863,6 +869,7 @@ impl Pool {
             self.checkpoint_locked(&guard)?;
             lock(&self.state).segments.set_staging(None, 0);
         }
+        lock(&self.state).md.cache.set_l2(None);
         let mut slot = self.cache.write().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = slot.as_ref() {
             if let Err(e) = c.close() {

@@ -231,3 +231,90 @@ fn detach_and_a_lost_cache_directory_lose_nothing() {
     assert!(pool.cache_stats().is_none(), "detach is persistent");
     read_check(&pool, "a", 5, 16);
 }
+
+/// Metadata pages faulted in from meta.dat are cached too: with a metadata page cache in RAM
+/// of two pages, a reopened pool reads its block-map pages from the cache tier, and a page
+/// whose cached bytes are damaged is read from meta.dat instead.
+#[test]
+fn metadata_pages_are_served_from_the_cache_after_a_reopen() {
+    let d = Disks {
+        pool: SimDir::new(),
+        cache: SimDir::new(),
+    };
+    let init = InitOptions {
+        write_policy: WritePolicy::Async,
+        ..Default::default()
+    };
+    Pool::init(&SimHandle(d.pool.clone()), &init).expect("init");
+    let open_small = |d: &Disks| {
+        let opts = OpenOptions {
+            cache_dir: Some(CacheDir(Arc::new(SimHandle(d.cache.clone())))),
+            metadata_cache_bytes: Some(2 * 4096),
+            ..Default::default()
+        };
+        Pool::open(Arc::new(SimHandle(d.pool.clone())), opts).expect("open")
+    };
+    let pool = open_small(&d);
+    pool.attach_cache(
+        Arc::new(SimHandle(d.cache.clone())),
+        CacheConf {
+            path: "sim".into(),
+            size_bytes: 4096 + 2048 * SLOT,
+            mode: CacheMode::WriteThrough,
+        },
+    )
+    .expect("attach");
+    // One block every 509: every block has a block-map leaf of its own.
+    let spread = 509u64;
+    let blocks = 40u64;
+    pool.create_volume("a", blocks * spread * BS as u64)
+        .expect("create");
+    let h = pool.volume("a").expect("volume");
+    for b in 0..blocks {
+        h.write_at(b * spread * BS as u64, &block(b + 1), false)
+            .expect("write");
+    }
+    drop(h);
+    pool.close().expect("close");
+    drop(pool);
+
+    let read_all = |pool: &Pool| {
+        let h = pool.volume("a").expect("volume");
+        for b in 0..blocks {
+            let mut buf = vec![0u8; BS];
+            h.read_at(b * spread * BS as u64, &mut buf).expect("read");
+            assert!(buf == block(b + 1), "block {b} reads wrong data");
+        }
+        pool.cache_drain();
+    };
+    let pool = open_small(&d);
+    read_all(&pool);
+    let first = pool.cache_stats().expect("stats");
+    assert!(first.meta_misses >= blocks, "page faults went to meta.dat: {first:?}");
+    pool.close().expect("close");
+    drop(pool);
+
+    let pool = open_small(&d);
+    read_all(&pool);
+    let second = pool.cache_stats().expect("stats");
+    assert!(
+        second.meta_hits >= blocks,
+        "a reopened pool faults its pages in from the cache: {second:?}"
+    );
+    pool.close().expect("close");
+    drop(pool);
+
+    // Damage every slot: the pages (and chunks) are read from the pool, correctly.
+    let len = d.cache.file_len("cache.dat").expect("cache.dat");
+    let mut rng = SimRng::new(7);
+    for off in (4096..len).step_by(SLOT as usize) {
+        d.cache
+            .flip_bit("cache.dat", off + rng.below(32), 3)
+            .expect("flip");
+    }
+    let pool = open_small(&d);
+    read_all(&pool);
+    let third = pool.cache_stats().expect("stats");
+    assert_eq!(third.meta_hits, 0, "no damaged page is served: {third:?}");
+    assert!(third.corrupt > first.corrupt, "damage is counted: {third:?}");
+}
