@@ -62,6 +62,8 @@ fio_job() { # FILE EXTRA-LINES...: a fio job file for the nbd engine on volume v
 # Pool files (segments, journal) in the cache directory.
 staged_files() { find "$FAST" -maxdepth 1 \( -name 'seg-*' -o -name 'journal-*' \) | wc -l; }
 
+CONDENSE=$(realpath "$CONDENSE")
+cd "$W" || exit 1 # fio leaves its verify state files in the working directory
 "$CONDENSE" init "$POOL" --segment-size 4M >/dev/null || { echo "init failed"; exit 1; }
 check "create a 128M volume" c volume create vm --size 128M
 check "attach a 256M writeback cache" c cache attach "$FAST" --size 256M --mode writeback
