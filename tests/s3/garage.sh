@@ -16,8 +16,8 @@
 # test that kills node 1 must point its client at another node.
 #
 # Layout of DIR: nodeN/{garage.toml,meta,data,log,pid}, rpc_secret, admin_token, ports.
-# Ports: 12 consecutive free ones from a base chosen at start (GARAGE_PORT_BASE to force one);
-# node N uses base+4(N-1) + 0 S3, +1 RPC, +2 admin, +3 K2V. The binary: $GARAGE, else `garage`
+# Ports: 9 consecutive free ones from a base chosen at start (GARAGE_PORT_BASE to force one);
+# node N uses base+3(N-1) + 0 S3, +1 RPC, +2 admin. The binary: $GARAGE, else `garage`
 # on PATH (scripts/install-garage.sh puts the pinned version in ~/.cargo/bin).
 set -euo pipefail
 
@@ -64,24 +64,24 @@ pick_port_base() {
     local base p busy
     # Start somewhere pseudo-random so that parallel clusters rarely race for the same range.
     for _ in $(seq 1 50); do
-        base=$((20000 + (RANDOM % 2000) * 12))
+        base=$((20000 + (RANDOM % 2000) * 9))
         busy=0
-        for p in $(seq "$base" $((base + 4 * NODES - 1))); do
+        for p in $(seq "$base" $((base + 3 * NODES - 1))); do
             if port_busy "$p"; then busy=1; break; fi
         done
         [ "$busy" = 0 ] && { echo "$base"; return; }
     done
-    die "no free range of $((4 * NODES)) ports found on 127.0.0.1"
+    die "no free range of $((3 * NODES)) ports found on 127.0.0.1"
 }
 
-s3_port() { echo $(($(cat "$1/ports") + 4 * ($2 - 1))); }
+s3_port() { echo $(($(cat "$1/ports") + 3 * ($2 - 1))); }
 
 # write_config DIR N BASE [PEERS]: PEERS, a TOML list of "id@addr", lets a restarted node find
 # the others (Garage saves its peer list only now and then: a cluster stopped within a minute of
 # its start would otherwise come back as three strangers, 503 on every request).
 write_config() {
     local dir=$1 n=$2 base=$3 peers=${4:-} p
-    p=$((base + 4 * (n - 1)))
+    p=$((base + 3 * (n - 1)))
     mkdir -p "$dir/node$n/meta" "$dir/node$n/data"
     cat >"$dir/node$n/garage.toml" <<EOF
 # node $n of the test cluster made by tests/s3/garage.sh
@@ -99,9 +99,6 @@ bootstrap_peers = [$peers]
 api_bind_addr = "127.0.0.1:$p"
 s3_region = "$REGION"
 root_domain = ".s3.garage.localhost"
-
-[k2v_api]
-api_bind_addr = "127.0.0.1:$((p + 3))"
 
 [admin]
 api_bind_addr = "127.0.0.1:$((p + 2))"
@@ -195,6 +192,8 @@ cmd_start() {
     secret=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
     for n in $(seq 1 $NODES); do write_config "$dir" "$n" "$base"; done
     echo "$base" >"$dir/ports"
+    # A start that fails half-way leaves no node running behind it.
+    trap 'echo "garage.sh: start failed: stopping the nodes (files left in $D)" >&2; cmd_stop "$D" >/dev/null 2>&1 || true' EXIT
     for n in $(seq 1 $NODES); do start_node "$dir" "$n"; done
     sleep 0.5
     check_started "$dir" $(seq 1 $NODES)
@@ -240,6 +239,7 @@ export GARAGE_S3_ENDPOINTS="$endpoints"
 EOF
     )
     wait_s3 "$dir"
+    trap - EXIT
     say "3 nodes up in $dir (S3: $endpoints; bucket $BUCKET); credentials in $dir/credentials.env"
 }
 
