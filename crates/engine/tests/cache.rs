@@ -27,8 +27,14 @@ struct Disks {
 }
 
 fn open(d: &Disks) -> Arc<Pool> {
+    open_with(d, None)
+}
+
+/// Open with a metadata page cache in RAM of `metadata_cache_bytes` (`None`: the default).
+fn open_with(d: &Disks, metadata_cache_bytes: Option<u64>) -> Arc<Pool> {
     let opts = OpenOptions {
         cache_dir: Some(CacheDir(Arc::new(SimHandle(d.cache.clone())))),
+        metadata_cache_bytes,
         ..Default::default()
     };
     Pool::open(Arc::new(SimHandle(d.pool.clone())), opts).expect("open")
@@ -36,6 +42,10 @@ fn open(d: &Disks) -> Arc<Pool> {
 
 /// A pool with a cache of `slots` slots attached and a volume "a" of `blocks` blocks.
 fn setup(slots: u64, blocks: u64) -> (Disks, Arc<Pool>) {
+    setup_with(slots, blocks, None)
+}
+
+fn setup_with(slots: u64, blocks: u64, metadata_cache_bytes: Option<u64>) -> (Disks, Arc<Pool>) {
     let d = Disks {
         pool: SimDir::new(),
         cache: SimDir::new(),
@@ -45,7 +55,7 @@ fn setup(slots: u64, blocks: u64) -> (Disks, Arc<Pool>) {
         ..Default::default()
     };
     Pool::init(&SimHandle(d.pool.clone()), &init).expect("init");
-    let pool = open(&d);
+    let pool = open_with(&d, metadata_cache_bytes);
     pool.attach_cache(
         Arc::new(SimHandle(d.cache.clone())),
         CacheConf {
@@ -237,38 +247,11 @@ fn detach_and_a_lost_cache_directory_lose_nothing() {
 /// whose cached bytes are damaged is read from meta.dat instead.
 #[test]
 fn metadata_pages_are_served_from_the_cache_after_a_reopen() {
-    let d = Disks {
-        pool: SimDir::new(),
-        cache: SimDir::new(),
-    };
-    let init = InitOptions {
-        write_policy: WritePolicy::Async,
-        ..Default::default()
-    };
-    Pool::init(&SimHandle(d.pool.clone()), &init).expect("init");
-    let open_small = |d: &Disks| {
-        let opts = OpenOptions {
-            cache_dir: Some(CacheDir(Arc::new(SimHandle(d.cache.clone())))),
-            metadata_cache_bytes: Some(2 * 4096),
-            ..Default::default()
-        };
-        Pool::open(Arc::new(SimHandle(d.pool.clone())), opts).expect("open")
-    };
-    let pool = open_small(&d);
-    pool.attach_cache(
-        Arc::new(SimHandle(d.cache.clone())),
-        CacheConf {
-            path: "sim".into(),
-            size_bytes: 4096 + 2048 * SLOT,
-            mode: CacheMode::WriteThrough,
-        },
-    )
-    .expect("attach");
     // One block every 509: every block has a block-map leaf of its own.
     let spread = 509u64;
     let blocks = 40u64;
-    pool.create_volume("a", blocks * spread * BS as u64)
-        .expect("create");
+    let (d, pool) = setup_with(2048, blocks * spread, Some(2 * 4096));
+    let open_small = |d: &Disks| open_with(d, Some(2 * 4096));
     let h = pool.volume("a").expect("volume");
     for b in 0..blocks {
         h.write_at(b * spread * BS as u64, &block(b + 1), false)
@@ -290,7 +273,10 @@ fn metadata_pages_are_served_from_the_cache_after_a_reopen() {
     let pool = open_small(&d);
     read_all(&pool);
     let first = pool.cache_stats().expect("stats");
-    assert!(first.meta_misses >= blocks, "page faults went to meta.dat: {first:?}");
+    assert!(
+        first.meta_misses >= blocks,
+        "page faults went to meta.dat: {first:?}"
+    );
     pool.close().expect("close");
     drop(pool);
 
@@ -316,5 +302,8 @@ fn metadata_pages_are_served_from_the_cache_after_a_reopen() {
     read_all(&pool);
     let third = pool.cache_stats().expect("stats");
     assert_eq!(third.meta_hits, 0, "no damaged page is served: {third:?}");
-    assert!(third.corrupt > first.corrupt, "damage is counted: {third:?}");
+    assert!(
+        third.corrupt > first.corrupt,
+        "damage is counted: {third:?}"
+    );
 }
