@@ -53,7 +53,8 @@ mkcert() {
         -out "$4.csr" -subj "/CN=$2" 2>>"$W/openssl.log"
     {
         echo "basicConstraints=CA:FALSE"
-        echo "keyUsage=critical,digitalSignature"
+        # qemu (crypto/tlscredsx509.c) refuses a critical keyUsage without keyEncipherment.
+        echo "keyUsage=critical,digitalSignature,keyEncipherment"
         echo "extendedKeyUsage=$3"
         [ -n "${5:-}" ] && echo "subjectAltName=$5"
     } >"$4.ext"
