@@ -146,3 +146,85 @@ fn s3_unreachable_store_fails_in_bounded_time_with_a_clear_error() {
     assert!(msg.contains("check the endpoint"), "{msg}");
     assert!(took < Duration::from_secs(20), "took {took:?}");
 }
+
+/// Sends a signal to processes, and SIGCONT to them again when dropped (even on a panic).
+struct Frozen(Vec<String>);
+
+impl Frozen {
+    fn signal(pids: &[String], sig: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .args(pids)
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{sig} {pids:?}");
+    }
+    fn new(pids: Vec<String>) -> Frozen {
+        Frozen::signal(&pids, "STOP");
+        Frozen(pids)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        Frozen::signal(&self.0, "CONT");
+    }
+}
+
+/// A store that hangs (every node SIGSTOPped: connections are accepted by the kernel, nothing
+/// answers) fails a GET within the backend's timeouts (`object_store`'s defaults hang 180 s),
+/// and the backend works again once the store answers. tests/s3/run.sh passes the Garage
+/// nodes' PIDs in CONDENSE_S3_FREEZE_PIDS.
+#[test]
+fn s3_frozen_store_fails_in_bounded_time() {
+    let pids = std::env::var("CONDENSE_S3_FREEZE_PIDS").unwrap_or_default();
+    let pids: Vec<String> = pids.split_whitespace().map(String::from).collect();
+    if std::env::var("CONDENSE_S3_TEST").as_deref() != Ok("1") || pids.is_empty() {
+        println!(
+            "skip - s3_frozen_store_fails_in_bounded_time: needs CONDENSE_S3_TEST=1 and \
+             CONDENSE_S3_FREEZE_PIDS (tests/s3/run.sh)"
+        );
+        return;
+    }
+    let bucket = std::env::var("CONDENSE_S3_BUCKET").expect("CONDENSE_S3_BUCKET");
+    let prefix = format!("condense-frozen-{}", std::process::id());
+    let mut config = S3Config::from_env(&bucket, &prefix).expect("S3 configuration");
+    config.timeouts.request = Duration::from_secs(2);
+    config.timeouts.connect = Duration::from_secs(1);
+    config.timeouts.retry_total = Duration::from_secs(4);
+    let bound = Duration::from_secs(15); // retry_total + one request + backoff, with slack
+    let b = S3Backend::open(&config).expect("open");
+    let data = conformance::pattern(4096, 9);
+    b.put("x", &data).expect("put");
+    let (r, took) = {
+        let _frozen = Frozen::new(pids);
+        let began = Instant::now();
+        (b.get("x"), began.elapsed())
+    };
+    println!(
+        "frozen store: GET failed after {:.1} s: {r:?}",
+        took.as_secs_f64()
+    );
+    assert!(matches!(r, Err(Error::Unreachable { .. })), "{r:?}");
+    assert!(took < bound, "took {took:?}");
+    // Thawed: the same backend works again (the nodes may need a moment).
+    let began = Instant::now();
+    loop {
+        match b.get("x") {
+            Ok(got) => {
+                assert!(got == data);
+                break;
+            }
+            Err(e) if began.elapsed() < Duration::from_secs(60) => {
+                println!("after thaw: {e}");
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("the store did not come back: {e}"),
+        }
+    }
+    println!(
+        "after thaw: GET ok in {:.1} s",
+        began.elapsed().as_secs_f64()
+    );
+    b.delete("x").expect("delete");
+}
