@@ -61,12 +61,12 @@ conformance_lines
 if ! grep -q '^conformance s3' "$W/out"; then fail "the S3 conformance suite ran (no figures in its output)"; fi
 
 # A hung store (every node SIGSTOPped): a GET fails within the backend's timeouts, then works.
-pids=$(cat "$G"/node*/pid)
+mapfile -t pids < <(cat "$G"/node*/pid)
 timed "frozen store: GET fails in bounded time, works after SIGCONT" \
-    env CONDENSE_S3_TEST=1 CONDENSE_S3_FREEZE_PIDS="$pids" cargo test --release -p condense-remote \
+    env CONDENSE_S3_TEST=1 CONDENSE_S3_FREEZE_PIDS="${pids[*]}" cargo test --release -p condense-remote \
     --test conformance -- --nocapture --exact s3_frozen_store_fails_in_bounded_time
 grep -E '^(frozen store|after thaw: GET)' "$W/out" | sed 's/^/    /'
-kill -CONT $pids 2>/dev/null # in case the test died before it thawed them
+kill -CONT "${pids[@]}" 2>/dev/null # in case the test died before it thawed them
 
 timed "node 2 killed" "$GARAGE_SH" kill "$G" 2
 timed "S3 conformance with node 2 down" \
