@@ -1,0 +1,217 @@
+//! The one conformance suite every [`ObjectBackend`] must pass (the crate's invariants, in
+//! lib.rs). Test support, not API: `cargo test -p condense-remote` runs it against a
+//! [`crate::LocalBackend`] always and against S3 when `CONDENSE_S3_TEST=1`
+//! (tests/conformance.rs, tests/s3/run.sh).
+//!
+//! Everything it writes is under `conformance/RUN/` (RUN unique per call) and removed at the
+//! end, so runs can share a bucket. A failed check panics with what differed.
+
+#![doc(hidden)]
+#![allow(clippy::unwrap_used)] // test support: a failed expectation is the report
+
+use crate::{Error, ObjectBackend};
+use std::time::{Duration, Instant};
+
+/// What a run did, for the test's output.
+#[derive(Debug, Clone, Copy)]
+pub struct Report {
+    pub elapsed: Duration,
+    pub stats_delta: crate::BackendStats,
+}
+
+/// `len` bytes of a xorshift stream: incompressible, different per `seed`.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn is_past_end(r: crate::Result<Vec<u8>>) -> bool {
+    matches!(r, Err(Error::RangePastEnd { .. }))
+}
+
+/// Run every check against `b`. Panics on the first failure.
+pub fn run(b: &dyn ObjectBackend) -> Report {
+    let began = Instant::now();
+    let before = b.stats();
+    let root = format!("conformance/{}", crate::nonce());
+    let n = |s: &str| format!("{root}/{s}");
+
+    // Round trips: 0 B, 1 B, 4 KiB, 33 MiB (bigger than one 32 MiB segment).
+    for (i, len) in [0usize, 1, 4096, 33 << 20].into_iter().enumerate() {
+        let name = n(&format!("size/{len}"));
+        let data = pattern(len, i as u64 + 1);
+        b.put(&name, &data).unwrap();
+        assert_eq!(b.head(&name).unwrap(), Some(len as u64), "head {name}");
+        let got = b.get(&name).unwrap();
+        assert!(
+            got == data,
+            "get {name}: {} bytes back, not the {len} put",
+            got.len()
+        );
+    }
+
+    // Ranges: start, middle, end, whole; past the end fails, never a short read.
+    let big = n(&format!("size/{}", 33 << 20));
+    let data = pattern(33 << 20, 4);
+    let size = data.len() as u64;
+    for (start, len) in [
+        (0u64, 4096u64),
+        (size / 2 - 1000, 70_000),
+        (size - 4096, 4096),
+        (size - 1, 1),
+        (0, size),
+    ] {
+        let got = b.get_range(&big, start, len).unwrap();
+        assert!(
+            got == data[start as usize..(start + len) as usize],
+            "get_range {start}+{len} of {big}"
+        );
+    }
+    assert!(
+        is_past_end(b.get_range(&big, size - 10, 11)),
+        "range over the end"
+    );
+    assert!(is_past_end(b.get_range(&big, size, 1)), "range at the end");
+    assert!(
+        is_past_end(b.get_range(&big, size + 100, 5)),
+        "range after the end"
+    );
+    assert!(
+        is_past_end(b.get_range(&big, 1, u64::MAX)),
+        "overflowing range"
+    );
+    let one = n("size/1");
+    assert_eq!(b.get_range(&one, 0, 1).unwrap(), pattern(1, 2));
+    assert!(
+        is_past_end(b.get_range(&one, 0, 2)),
+        "2 bytes of a 1-byte object"
+    );
+    assert!(
+        b.get_range(&one, 1, 0).unwrap().is_empty(),
+        "empty range at the end"
+    );
+
+    // Missing objects.
+    let missing = n("missing/object");
+    assert_eq!(b.head(&missing).unwrap(), None);
+    assert!(b.get(&missing).unwrap_err().is_not_found(), "get missing");
+    assert!(
+        b.get_range(&missing, 0, 1).unwrap_err().is_not_found(),
+        "range of missing"
+    );
+
+    // Invalid names are refused before any request.
+    for bad in ["", "/x", "x//y", "x/.tmp", "a b"] {
+        assert!(
+            matches!(b.put(bad, b"x"), Err(Error::InvalidName { .. })),
+            "name {bad:?} accepted"
+        );
+    }
+
+    // Lists: by path prefix, sorted, other prefixes not listed; names with slashes.
+    let listed = [
+        ("p/a", 1usize),
+        ("p/b/c", 2),
+        ("p/b/d/e", 3),
+        ("pq/x", 4),
+        ("q", 5),
+    ];
+    for (name, len) in listed {
+        b.put(&n(name), &pattern(len, len as u64)).unwrap();
+    }
+    let names = |prefix: &str| -> Vec<(String, u64)> {
+        b.list(&n(prefix))
+            .unwrap()
+            .into_iter()
+            .map(|(name, size)| {
+                (
+                    name.strip_prefix(&format!("{root}/")).unwrap().to_string(),
+                    size,
+                )
+            })
+            .collect()
+    };
+    let want = |v: &[(&str, u64)]| -> Vec<(String, u64)> {
+        v.iter().map(|(s, l)| (s.to_string(), *l)).collect()
+    };
+    assert_eq!(
+        names("p"),
+        want(&[("p/a", 1), ("p/b/c", 2), ("p/b/d/e", 3)])
+    );
+    assert_eq!(names("p/b"), want(&[("p/b/c", 2), ("p/b/d/e", 3)]));
+    assert_eq!(names("pq"), want(&[("pq/x", 4)]));
+    assert_eq!(names("nothing"), want(&[]));
+    assert_eq!(b.get(&n("p/b/d/e")).unwrap(), pattern(3, 3));
+    let all = b.list(&root).unwrap();
+    assert_eq!(
+        all.len(),
+        4 + listed.len(),
+        "list of the run's root: {all:?}"
+    );
+    assert!(all.windows(2).all(|w| w[0].0 < w[1].0), "list is sorted");
+
+    // Overwrite replaces (whole: never a mix).
+    let ow = n("overwrite");
+    b.put(&ow, &pattern(10_000, 7)).unwrap();
+    b.put(&ow, &pattern(3000, 8)).unwrap();
+    assert_eq!(b.get(&ow).unwrap(), pattern(3000, 8));
+    assert_eq!(b.head(&ow).unwrap(), Some(3000));
+
+    // Delete, then NotFound; deleting a missing object is Ok.
+    b.delete(&ow).unwrap();
+    assert!(b.get(&ow).unwrap_err().is_not_found(), "get after delete");
+    assert_eq!(b.head(&ow).unwrap(), None);
+    b.delete(&ow).unwrap();
+    b.delete(&missing).unwrap();
+
+    // put_if_absent: true, then false, and the first bytes stay.
+    let once = n("lease/once");
+    assert!(
+        b.put_if_absent(&once, b"first").unwrap(),
+        "put_if_absent on absent"
+    );
+    assert!(
+        !b.put_if_absent(&once, b"second").unwrap(),
+        "put_if_absent on present"
+    );
+    assert_eq!(b.get(&once).unwrap(), b"first");
+    b.delete(&once).unwrap();
+    assert!(
+        b.put_if_absent(&once, b"third").unwrap(),
+        "put_if_absent after delete"
+    );
+    assert_eq!(b.get(&once).unwrap(), b"third");
+
+    // Clean up: the run leaves nothing behind.
+    for (name, _) in b.list(&root).unwrap() {
+        b.delete(&name).unwrap();
+    }
+    assert_eq!(b.list(&root).unwrap(), vec![], "objects left after cleanup");
+
+    let after = b.stats();
+    assert!(after.put_requests > before.put_requests, "puts are counted");
+    assert!(
+        after.get_bytes >= before.get_bytes + (66 << 20),
+        "get bytes are counted"
+    );
+    Report {
+        elapsed: began.elapsed(),
+        stats_delta: crate::BackendStats {
+            put_requests: after.put_requests - before.put_requests,
+            put_bytes: after.put_bytes - before.put_bytes,
+            get_requests: after.get_requests - before.get_requests,
+            get_bytes: after.get_bytes - before.get_bytes,
+            head_requests: after.head_requests - before.head_requests,
+            list_requests: after.list_requests - before.list_requests,
+            delete_requests: after.delete_requests - before.delete_requests,
+        },
+    }
+}
