@@ -8,8 +8,8 @@
 #   kill -9 of serve -> restart: the first job's data verifies, the volume reads whole ->
 #   detach through the control socket destages everything (no pool file left in the cache
 #   directory) -> verify clean, the pool opens without the cache -> a lost writeback cache:
-#   opening is refused with what to do, `cache detach --force` opens without it and
-#   `condense verify` names the chunks lost.
+#   opening is refused with what to do, `cache detach --force` opens without it,
+#   `condense verify` names the chunks lost and `condense repair` reports the blocks lost.
 #
 #   bash tests/writeback/run.sh              # builds target/release/condense first
 #   CONDENSE=/path/to/condense bash tests/writeback/run.sh
@@ -124,5 +124,19 @@ refuse "lost cache: opening is refused" "cache directory .* is missing" c volume
 refuse "lost cache: detach without --force is refused" "detach --force" c cache detach
 check "lost cache: detach --force opens the pool without it" c cache detach --force
 refuse "lost cache: verify names the chunks lost" "segment [0-9]* is missing" c verify
+c repair >"$W/repair.out" 2>&1
+check "lost cache: repair reports the lost volume's blocks" grep -q '"lost" blocks [0-9]*-[0-9]* .*segment [0-9]*, which is missing' "$W/repair.out"
+check "lost cache: verify clean after repair" c verify
+# Each block of "lost" reads its data (destaged before the loss) or zeros (reported lost).
+check "lost cache: the volume reads without an error" c export lost "$W/lost.raw"
+check "lost cache: lost blocks are zeros, the rest intact" python3 -c '
+import sys
+got, want = (open(f, "rb").read() for f in sys.argv[1:3])
+blocks = [(got[i:i + 4096], want[i:i + 4096]) for i in range(0, len(want), 4096)]
+bad = [i for i, (g, w) in enumerate(blocks) if g != w and g != bytes(4096)]
+zeros = sum(g != w for g, w in blocks)
+print(zeros, "blocks zero,", len(bad), "wrong")
+sys.exit(1 if bad or zeros == 0 else 0)
+' "$W/lost.raw" "$W/unique.raw"
 check "lost cache: the other volume still verifies whole" bash -c "'$CONDENSE' --pool '$POOL' export vm '$W/export2.raw' && cmp -s '$W/export2.raw' '$W/before-detach.raw'"
 summary

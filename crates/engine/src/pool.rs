@@ -1912,7 +1912,7 @@ pub(crate) fn read_cache_conf(dir: &dyn Dir) -> Result<Option<CacheConf>> {
 }
 
 /// The cache directory `cache.conf` names, if it is a readable directory.
-fn stored_cache_dir(dir: &RealDir) -> Option<CacheDir> {
+pub(crate) fn stored_cache_dir(dir: &RealDir) -> Option<CacheDir> {
     let conf = read_cache_conf(dir).ok().flatten()?;
     let path = std::path::Path::new(&conf.path);
     std::fs::read_dir(path).ok()?;

@@ -14,8 +14,11 @@
 //!    without touching reference counts and remembers where the batches put chunks.
 //! 3. Build fresh metadata next to the old: every volume and snapshot's map is walked leaf by
 //!    leaf; an unreadable map page loses its blocks; every chunk a map names is taken from the
-//!    batches, else the old chunk table, else found by scanning the segments for a valid record
-//!    with its id (a chunk id's content never changes, so any valid copy is right). Reference
+//!    batches, else the old chunk table (if the segment it names exists), else found by
+//!    scanning the segments for a valid record with its id and, when the old chunk table knows
+//!    it, its fingerprint (ids a crash took back are handed out again, so a record with the
+//!    id may hold other data; a missing segment, e.g. a lost writeback cache, loses its
+//!    blocks). Reference
 //!    counts, live bytes and free metadata space are recomputed from the maps; chunks nothing
 //!    names are dropped (their bytes are dead space for `condense gc`).
 //! 4. Write the new pages into space the old checkpoint does not use, then a new root and an
@@ -304,10 +307,16 @@ pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<Repair
     } else {
         pool_crypto(&dir, &mut sb, key.as_ref(), true)?
     };
+    // A writeback cache holds segments and maybe the journal: read them there. If its
+    // directory is lost (or was given up with `cache detach --force`), its segments are
+    // missing and the blocks whose chunks were in them are reported lost.
+    let cache_dir = crate::pool::stored_cache_dir(&dir);
     let opts = OpenOptions {
         read_only: true,
         salvage_journal: true,
         key,
+        without_writeback_cache: cache_dir.is_none(),
+        cache_dir,
         ..Default::default()
     };
     let pool = Pool::open_with_lock(Arc::new(RealDir::new(path)), opts, Some(lock_file))?;
@@ -631,16 +640,23 @@ fn locate(
     salvage: &Salvage,
     segments: &Segments,
     id: u64,
-) -> std::result::Result<(Location, Fingerprint), String> {
+) -> std::result::Result<(Location, Fingerprint), (String, Option<Fingerprint>)> {
     if let Some((loc, fp)) = salvage.chunks.get(&id) {
         if let Some(fp) = fp.or_else(|| record_fp(segments, id, loc)) {
             return Ok((*loc, fp));
         }
     }
     match old.chunks.get(&mut old.cache, id) {
+        Ok(Some(e)) if segments.file(e.loc.segment).is_none() => Err((
+            format!(
+                "was in segment {}, which is missing (a lost writeback cache?)",
+                e.loc.segment
+            ),
+            Some(e.fp),
+        )),
         Ok(Some(e)) => Ok((e.loc, e.fp)),
-        Ok(None) => Err("is not in the chunk table".into()),
-        Err(e) => Err(format!("is on an unreadable chunk-table page ({e})")),
+        Ok(None) => Err(("is not in the chunk table".into(), None)),
+        Err(e) => Err((format!("is on an unreadable chunk-table page ({e})"), None)),
     }
 }
 
@@ -653,10 +669,13 @@ fn record_fp(segments: &Segments, id: u64, loc: &Location) -> Option<Fingerprint
 }
 
 /// Scan every segment for valid records of the chunks in `wanted`; stops reading a segment
-/// at the first record that does not check (record boundaries are unknown past it).
+/// at the first record that does not check (record boundaries are unknown past it). Where
+/// `expect` knows a chunk's fingerprint, only a record with it counts: a write a crash took
+/// back leaves a record whose id was handed out again to other data.
 fn scan_segments(
     segments: &Segments,
     wanted: &HashMap<u64, String>,
+    expect: &HashMap<u64, Fingerprint>,
 ) -> HashMap<u64, (Location, Fingerprint)> {
     let mut found = HashMap::new();
     let ids: Vec<(u32, u64)> = segments.ids().collect();
@@ -685,7 +704,7 @@ fn scan_segments(
             let Ok((fp, _)) = decode_record(&data[pos..], id, &loc) else {
                 break;
             };
-            if wanted.contains_key(&id) {
+            if wanted.contains_key(&id) && expect.get(&id).is_none_or(|e| *e == fp) {
                 found.insert(id, (loc, fp));
             }
             pos += loc.record_bytes() as usize;
@@ -723,6 +742,7 @@ fn rebuild(
     // Blocks whose chunk could not be located yet: (volume, block, chunk id).
     let mut pending: Vec<(u32, u64, u64)> = Vec::new();
     let mut why: HashMap<u64, String> = HashMap::new();
+    let mut expect: HashMap<u64, Fingerprint> = HashMap::new();
     let vols: Vec<u32> = old.volumes.keys().copied().collect();
     for vol in vols {
         let Some(v) = old.volumes.get(&vol) else {
@@ -779,15 +799,18 @@ fn rebuild(
                     let located = if id < next_id {
                         locate(old, salvage, segments, id)
                     } else {
-                        Err("is past the last chunk id".into())
+                        Err(("is past the last chunk id".into(), None))
                     };
                     match located {
                         Ok((loc, fp)) => {
                             new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
                             inserted.add(id);
                         }
-                        Err(w) => {
+                        Err((w, fp)) => {
                             why.entry(id).or_insert(w);
+                            if let Some(fp) = fp {
+                                expect.insert(id, fp);
+                            }
                             pending.push((vol, first + i as u64, id));
                             *e = ENTRY_UNMAPPED;
                         }
@@ -805,7 +828,7 @@ fn rebuild(
     }
     // Chunks no map entry could locate: look for their records in the segments.
     if !pending.is_empty() {
-        let found = scan_segments(segments, &why);
+        let found = scan_segments(segments, &why, &expect);
         for (vol, block, id) in pending {
             match found.get(&id) {
                 Some(&(loc, fp)) => {
