@@ -136,7 +136,8 @@ impl Pool {
 }
 
 /// The background destage thread: destages while there is something sealed to destage,
-/// then checks again every 100 ms. Stops when dropped or when the pool is gone.
+/// then checks again every 100 ms (5 s after an error). Stops at once when dropped, or when
+/// the pool is gone.
 pub struct Destager {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -161,10 +162,9 @@ impl Destager {
                         }
                     };
                     drop(pool);
-                    let mut slept = Duration::ZERO;
-                    while slept < pause && !flag.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(100));
-                        slept += Duration::from_millis(100);
+                    // Woken early by Destager::drop (unpark), so stopping never waits.
+                    if !pause.is_zero() && !flag.load(Ordering::Relaxed) {
+                        std::thread::park_timeout(pause);
                     }
                 }
             });
@@ -187,6 +187,7 @@ impl Drop for Destager {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             // Never join from the thread itself (it may hold the pool's last reference).
             if t.thread().id() != std::thread::current().id() {
                 let _ = t.join();

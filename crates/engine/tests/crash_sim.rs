@@ -99,6 +99,8 @@ fn opts(tiny_cache: bool, encrypted: bool, cache: &Option<Arc<SimDir>>) -> OpenO
         journal_buffer_bytes: 2048,
         // A cache of a few pages makes every write evict (and write) metadata pages.
         metadata_cache_bytes: tiny_cache.then_some(2 * 4096),
+        // Destaged at seeded points instead (run_seed), so that every seed replays exactly.
+        destage_in_background: false,
         ..Default::default()
     }
 }
