@@ -301,7 +301,11 @@ fn metadata_pages_are_served_from_the_cache_after_a_reopen() {
     let pool = open_small(&d);
     read_all(&pool);
     let third = pool.cache_stats().expect("stats");
-    assert_eq!(third.meta_hits, 0, "no damaged page is served: {third:?}");
+    // (A page faulted twice in this pass may hit the fresh entry its first miss wrote.)
+    assert!(
+        third.meta_misses >= blocks,
+        "damaged pages are read from meta.dat: {third:?}"
+    );
     assert!(
         third.corrupt > first.corrupt,
         "damage is counted: {third:?}"
