@@ -38,7 +38,8 @@ pub enum CacheCommand {
     Detach {
         /// Detach even if the cache's index cannot be written at close (a failed device), and
         /// even if a writeback cache's directory is lost: the writes it held are lost then
-        /// (`condense verify` names the blocks affected).
+        /// (`condense verify` names the chunks lost; `condense repair` reports the blocks and
+        /// makes them read as zeros).
         #[arg(long)]
         force: bool,
     },

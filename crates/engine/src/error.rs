@@ -44,7 +44,7 @@ pub enum Error {
     WrongKey(String),
     #[error("{0} is not a Condense pool (no superblock); create one with `condense init`")]
     NotAPool(PathBuf),
-    #[error("the pool's writeback cache directory {0} is missing or unreadable: it holds writes not yet destaged to the pool's own directory. Make it available at that path again (mount the cache device), or, if the device is lost, run `condense cache detach --force` to open the pool without it (the writes it held are lost; `condense verify` then names the blocks affected)")]
+    #[error("the pool's writeback cache directory {0} is missing or unreadable: it holds writes not yet destaged to the pool's own directory. Make it available at that path again (mount the cache device), or, if the device is lost, run `condense cache detach --force` to open the pool without it (the writes it held are lost; `condense repair` then reports the blocks affected)")]
     WritebackCacheMissing(String),
     #[error("pool {0} is in use by another process (a `condense serve` or `condense mount`?); stop it first")]
     Locked(PathBuf),
