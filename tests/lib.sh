@@ -106,6 +106,20 @@ wait_ready() {
     return 1
 }
 
+# The `condense serve` of a script whose volume is vm: on $POOL at 127.0.0.1:$PORT, its log in
+# $W/server.log, its PID in SERVER_PID (the script's cleanup runs stop_pids "$SERVER_PID").
+# serve_vm: start it; ready once vm answers over NBD and the control socket is up.
+serve_vm() {
+    rm -f "$W/server.log"
+    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
+    SERVER_PID=$!
+    wait_ready "$SERVER_PID" "$W/server.log" serving_vm || exit 1
+}
+serving_vm() { [ -S "$POOL/control.sock" ] && nbdinfo --size "nbd://127.0.0.1:$PORT/vm"; }
+# stop_server / kill9_server: end it with SIGTERM / SIGKILL and reap it.
+stop_server() { kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=; }
+kill9_server() { kill -KILL "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=; }
+
 # summary: print the counts; the return status is non-zero if anything failed.
 summary() {
     echo

@@ -34,20 +34,6 @@ c() { "$CONDENSE" --pool "$POOL" "$@"; }
 # stat KEY: one figure of `cache stats --json`.
 stat() { c cache stats --json | jq -r ".$1"; }
 
-start_server() {
-    rm -f "$W/server.log"
-    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
-    SERVER_PID=$!
-    wait_ready "$SERVER_PID" "$W/server.log" serving_vm || exit 1
-}
-# The server answers for vm and its control socket is up.
-serving_vm() { [ -S "$POOL/control.sock" ] && nbdinfo --size "$URI/vm"; }
-stop_server() {
-    kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
-}
-kill9_server() {
-    kill -KILL "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
-}
 # read_all: copy the whole volume over NBD and compare it with the image.
 read_all() {
     rm -f "$W/copy.raw"
@@ -80,7 +66,7 @@ check "attach a 64M writethrough cache" c cache attach "$FAST" --size 64M
 refuse "a second cache is refused" "already has a cache attached" c cache attach "$W/other" --size 64M --mode writeback
 check "cache.conf is in the pool" test -f "$POOL/cache.conf"
 
-start_server
+serve_vm
 check "first pass reads the image" read_all
 m1=$(stat cache_misses); h1=$(stat cache_hits)
 check "first pass: misses, no hits ($m1 misses)" test "$m1" -gt 0 -a "$h1" -eq 0
@@ -95,14 +81,14 @@ check "stats --json has the cache keys" jq -e 'has("cache_hit_bytes") and has("c
 stop_server
 h3=$(stat cache_hits)
 check "counters survive a clean stop ($h3 hits)" test "$h3" -ge "$h2"
-start_server
+serve_vm
 check "after restart: reads correct" read_all
 hb4=$(stat cache_hit_bytes)
 check "after restart: still warm" test $((hb4 - hb2)) -ge $((mb1 * 9 / 10))
 
 sleep 1.5 # let the counters reach the index, as a running daemon does every second
 kill9_server
-start_server
+serve_vm
 hb5=$(stat cache_hit_bytes)
 check "after kill -9: reads correct" read_all
 hb6=$(stat cache_hit_bytes)
@@ -111,7 +97,7 @@ check "after kill -9: still warm" test $((hb6 - hb5)) -ge $((mb1 * 9 / 10))
 stop_server
 # Overwrite 1 MiB of slots (past the 4 KiB header) with random bytes.
 dd if=/dev/urandom of="$FAST/cache.dat" bs=4096 seek=2 count=256 conv=notrunc status=none
-start_server
+serve_vm
 check "corrupt cache: qemu-img compare against the image" qemu-img compare -f raw -F raw "$IMG" "$URI/vm"
 check "corrupt cache: nbdcopy reads the image" read_all
 corrupt=$(stat cache_corrupt_entries)
@@ -127,7 +113,7 @@ check "verify clean" c verify
 # A cache directory that disappeared: the pool serves without it.
 check "re-attach" c cache attach "$FAST" --size 64M
 rm -rf "$FAST"
-start_server
+serve_vm
 check "lost cache directory: reads correct" read_all
 stop_server
 check "lost cache directory: verify clean" c verify

@@ -42,9 +42,6 @@ start_server() { # POOL [key options...]
     SERVER_PID=$!
     wait_ready "$SERVER_PID" "$W/server.log" nbdinfo --size "$URI/vm" || exit 1
 }
-stop_server() {
-    kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
-}
 # Files of POOL that hold the marker (0 lines = none), by grep over every file.
 hits() { grep -rlaF -- "$MARK" "$1" 2>/dev/null | wc -l; }
 tree_sum() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum; find . -printf '%p %s %T@\n' | sort); }

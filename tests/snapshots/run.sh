@@ -38,17 +38,6 @@ trap cleanup EXIT
 
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
 
-start_server() {
-    rm -f "$W/server.log"
-    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
-    SERVER_PID=$!
-    wait_ready "$SERVER_PID" "$W/server.log" serving_vm || exit 1
-}
-# The server answers for vm and its control socket is up.
-serving_vm() { [ -S "$POOL/control.sock" ] && nbdinfo --size "$URI/vm"; }
-stop_server() {
-    kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=
-}
 
 # A 32 MiB image: mixed data, a duplicated region and holes (a VM disk in miniature).
 IMG=$W/disk.raw
@@ -68,7 +57,7 @@ cp "$IMG" "$W/orig.raw"
 
 "$CONDENSE" init "$POOL" >/dev/null || { echo "init failed"; exit 1; }
 check "import the image" c import "$IMG" --name vm
-start_server
+serve_vm
 
 check "snapshot create through the control socket" c snapshot create vm base
 if grep -q "in use" "$W/out"; then fail "snapshot create went around the daemon"; fi
@@ -143,7 +132,7 @@ check "after rollback vm is the original image" qemu-img compare -f raw -F raw "
 check "write after rollback" qemu-io -f raw "$URI/vm" -c 'write -P 0x11 2M 8k' -c flush
 check "snapshot create vm later" c snapshot create vm later
 stop_server
-start_server
+serve_vm
 check "after restart vm@base is still the original image" \
     qemu-img compare -f raw -F raw "$URI/vm@base" "$W/orig.raw"
 check "after restart c1 still reads its own content" \

@@ -38,15 +38,6 @@ trap cleanup EXIT
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
 # stat KEY: one figure of `cache stats --json`.
 stat() { c cache stats --json | jq -r ".$1"; }
-start_server() {
-    rm -f "$W/server.log"
-    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
-    SERVER_PID=$!
-    wait_ready "$SERVER_PID" "$W/server.log" serving_vm || exit 1
-}
-serving_vm() { [ -S "$POOL/control.sock" ] && nbdinfo --size "$URI/vm"; }
-stop_server() { kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=; }
-kill9_server() { kill -KILL "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=; }
 fio_job() { # FILE EXTRA-LINES...: a fio job file for the nbd engine on volume vm
     local file=$1
     shift
@@ -70,7 +61,7 @@ check "attach a 256M writeback cache" c cache attach "$FAST" --size 256M --mode 
 check "cache stats: mode writeback" bash -c "'$CONDENSE' --pool '$POOL' cache stats --json | jq -e '.cache_mode == \"writeback\"'"
 check "the journal moved to the cache directory" bash -c "ls '$FAST' | grep -q '^journal-' && ! ls '$POOL' | grep -q '^journal-'"
 
-start_server
+serve_vm
 # Phase A: 48 MiB of random 4K writes, verified, ending with a flush.
 fio_job "$W/a.fio" "rw=randwrite" "iodepth=16" "size=48M" "verify=crc32c" "verify_fatal=1" \
     "do_verify=1" "end_fsync=1" "[a]"
@@ -94,7 +85,7 @@ wait "$fio_pid" 2>/dev/null
 check "dirty bytes in the cache when serve was killed ($dirty)" test "$dirty" -gt 0
 check "pool files in the cache directory after kill -9 ($(staged_files))" test "$(staged_files)" -gt 0
 
-start_server
+serve_vm
 fio_job "$W/v.fio" "rw=randwrite" "iodepth=16" "size=48M" "verify=crc32c" "verify_fatal=1" \
     "verify_only=1" "[a]"
 check "after kill -9 + restart, flushed data verifies" fio --output="$W/fioV.log" "$W/v.fio"
