@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the Debian packages Condense and its tests use, if any is missing.
 #   scripts/install-deps.sh          # everything (build, real clients for the tests)
+#   scripts/install-deps.sh PKG...   # only these (other scripts' own needs)
 # qemu-utils: qemu-img, qemu-io, qemu-nbd (image import/export, NBD tests)
 # libnbd-bin: nbdinfo, nbdcopy; nbdkit: the protocol baseline in benchmarks; fio: I/O tests
 # fuse3: fusermount3 for the FUSE mount; xfsprogs, e2fsprogs: mkfs on a loop device over FUSE
@@ -9,7 +10,8 @@
 # openssl: certificates for the NBD-over-TLS test (tests/tls) and bench (bench/nbd/tls-bench.sh)
 # prometheus (the server and promtool), curl: tests/metrics (scrape, promtool check metrics, queries)
 set -euo pipefail
-packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq systemd python3 openssl prometheus curl)
+packages=("$@")
+[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq systemd python3 openssl prometheus curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

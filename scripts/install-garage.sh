@@ -19,17 +19,7 @@ if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -qwF "$GARAGE_VERSION"; 
     exit 0
 fi
 
-packages=(build-essential pkg-config)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing: ${missing[*]}"
-    SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
-    $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
-fi
+"$(dirname "$0")/install-deps.sh" build-essential pkg-config
 
 command -v cargo >/dev/null || { echo "cargo is missing: install a Rust toolchain first"; exit 1; }
 echo "building garage $GARAGE_VERSION (about 10 min on 2 cores)"
