@@ -1372,7 +1372,7 @@ impl Pool {
             return Ok(());
         }
         let guard = lock(&self.sync_lock);
-        let (files, dir_changed, journal, target) = {
+        let (dirty, staging, journal, target) = {
             let mut st = lock(&self.state);
             if let Some(p) = &st.poisoned {
                 return Err(Error::Poisoned(p.clone()));
@@ -1383,18 +1383,12 @@ impl Pool {
             st.journal.seal()?;
             let dirty = st.segments.take_dirty();
             let staging = st.segments.staging().cloned().filter(|_| dirty.staging_dir);
-            (
-                (dirty.files, staging),
-                dirty.pool_dir,
-                st.journal.file.clone(),
-                st.appended,
-            )
+            (dirty, staging, st.journal.file.clone(), st.appended)
         };
-        let (files, staging) = files;
         let started = std::time::Instant::now();
         let synced = (|| {
-            sync_segments(&files)?;
-            if dir_changed {
+            sync_segments(&dirty.files)?;
+            if dirty.pool_dir {
                 self.dir
                     .sync_dir()
                     .map_err(|e| Error::io("syncing the pool directory", e))?;
