@@ -18,6 +18,7 @@ mod keys;
 mod metrics;
 mod mount;
 mod notify;
+mod remote;
 mod repair;
 mod report;
 mod serve;
@@ -62,8 +63,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create a pool.
+    /// Create a pool: in a local directory, or in an S3-compatible object store
+    /// (`condense init s3://BUCKET/PREFIX --cache DIR --cache-size SIZE`, docs/S3.md).
     Init(InitArgs),
+    /// Use a pool of an object store on this host: a new host, a disaster reopen from the
+    /// bucket alone, moving a pool, or (--read-only) a reader beside the writer. Creates the
+    /// local directory DIR; then use --pool DIR.
+    Connect(remote::ConnectArgs),
     /// Create, list, inspect, resize, clone, roll back and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
@@ -112,8 +118,12 @@ enum Command {
 
 #[derive(Args)]
 struct InitArgs {
-    /// Where to create the pool (default: --pool, $CONDENSE_POOL or ./condense-pool).
+    /// Where to create the pool (default: --pool, $CONDENSE_POOL or ./condense-pool), or
+    /// s3://BUCKET/PREFIX for a pool in an object store (with --cache DIR --cache-size SIZE:
+    /// DIR becomes its local directory, the --pool of every later command).
     dir: Option<PathBuf>,
+    #[command(flatten)]
+    remote: remote::RemoteArgs,
     /// Block size: the unit of deduplication, 4K to 64K, a power of two.
     #[arg(long, default_value = "4K", value_parser = size::parse_size)]
     block_size: u64,
@@ -416,6 +426,19 @@ fn run(cli: Cli) -> Result<i32> {
                 metadata_cache_bytes: a.metadata_cache.metadata_cache,
                 encryption: encryption.clone(),
             };
+            if let Some(url) = dir
+                .to_str()
+                .filter(|d| condense_engine::remote::is_remote_url(d))
+            {
+                remote::init(
+                    url,
+                    &a.remote,
+                    a.tier.cache.as_deref(),
+                    a.tier.cache_size,
+                    &opts,
+                )?;
+                return Ok(0);
+            }
             Pool::init_path(&dir, &opts)
                 .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
             let pool = Pool::open_path(
@@ -527,6 +550,7 @@ fn run(cli: Cli) -> Result<i32> {
                 serve::run(pool, &a)
             })?
         }
+        Command::Connect(a) => remote::connect(&a)?,
         Command::Bench(a) => bench::run(&cli.pool, &a)?,
         Command::Repair(a) => return repair::run(&cli.pool, &a),
         Command::Estimate(a) => estimate::run(&a)?,
@@ -573,7 +597,13 @@ fn daemon(
     run: impl FnOnce(Arc<Pool>) -> Result<()>,
 ) -> Result<()> {
     let pool = open_pool_with(path, read_only, cache)?;
-    if !read_only {
+    if !read_only && pool.is_read_only() {
+        bail!(
+            "{} was connected read-only (`condense connect --read-only`): add --read-only",
+            path.display()
+        );
+    }
+    if !read_only && pool.dir().remote().is_none() {
         cache::attach_given(&pool, path, tier)?;
     }
     let gc = (!read_only).then(|| {

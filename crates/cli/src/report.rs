@@ -68,7 +68,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
             j
         })
         .collect();
-    json!({
+    let mut j = json!({
         "schema": "condense.stats/2",
         "block_size": s.block_size,
         "logical_bytes": s.logical_bytes,
@@ -97,7 +97,68 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         "read_errors": s.read_errors,
         "volumes": volumes,
         "snapshots": snapshots,
-    })
+    });
+    if let Some(r) = &s.remote {
+        let fields = json!({
+            "remote_url": r.url,
+            "remote_durability": r.durability,
+            "remote_health": r.health,
+            "remote_objects": r.objects,
+            "remote_bytes": r.bytes,
+            "remote_pending_bytes": r.pending_bytes,
+            "remote_last_upload_age_seconds": r.last_upload_age_seconds,
+            "remote_puts": r.requests.put_requests,
+            "remote_put_bytes": r.requests.put_bytes,
+            "remote_gets": r.requests.get_requests,
+            "remote_get_bytes": r.requests.get_bytes,
+            "remote_heads": r.requests.head_requests,
+            "remote_lists": r.requests.list_requests,
+            "remote_deletes": r.requests.delete_requests,
+            "remote_conditional_put": r.conditional_put_honoured,
+        });
+        if let (Some(o), Some(f)) = (j.as_object_mut(), fields.as_object()) {
+            o.extend(f.clone());
+        }
+    }
+    j
+}
+
+/// The bucket side of an S3 pool, for `stats`.
+fn remote_lines(o: &mut String, r: &condense_engine::remote::RemoteStatus) {
+    let rows: Vec<(&str, String)> = vec![
+        ("object store", r.url.clone()),
+        ("health", r.health.clone()),
+        (
+            "durability",
+            match r.durability.as_str() {
+                "remote" => "remote (a flush returns once the store has it)".to_string(),
+                _ => "local (a flush returns once the local journal has it; uploaded in the background)".to_string(),
+            },
+        ),
+        ("objects", format!("{} ({})", r.objects, human(r.bytes))),
+        ("not yet uploaded", human(r.pending_bytes)),
+        (
+            "last checkpoint upload",
+            r.last_upload_age_seconds
+                .map_or_else(|| "none since open".to_string(), |s| format!("{s} s ago")),
+        ),
+        (
+            "requests since open",
+            format!(
+                "{} PUT ({}), {} GET ({}), {} HEAD, {} LIST, {} DELETE",
+                r.requests.put_requests,
+                human(r.requests.put_bytes),
+                r.requests.get_requests,
+                human(r.requests.get_bytes),
+                r.requests.head_requests,
+                r.requests.list_requests,
+                r.requests.delete_requests
+            ),
+        ),
+    ];
+    for (k, v) in rows {
+        let _ = writeln!(o, "  {k:<28} {v}");
+    }
 }
 
 pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
@@ -170,6 +231,9 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
             human(u64::from(s.block_size))
         );
         let _ = writeln!(o, "  {:<28} {}", "read errors (checksum)", s.read_errors);
+    }
+    if let Some(r) = &s.remote {
+        remote_lines(&mut o, r);
     }
     let _ = writeln!(o);
     let _ = writeln!(
@@ -449,6 +513,7 @@ pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), Strin
         checkpoints: u(&v, "checkpoints"),
         read_errors: u(&v, "read_errors"),
         volumes,
+        remote: None,
     };
     Ok((stats, age, u(&v, "pid")))
 }

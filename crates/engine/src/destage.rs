@@ -34,6 +34,12 @@ pub const PARTIAL_SUFFIX: &str = ".partial";
 /// Bytes per read and write while copying.
 const COPY_BYTES: usize = 8 << 20;
 
+/// How long a checkpoint of an S3 pool waits for its segments to be uploaded.
+const UPLOAD_WAIT: Duration = Duration::from_secs(600);
+
+/// An S3 pool with changes checkpoints (uploads its metadata) at least this often.
+pub const REMOTE_CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
+
 impl Pool {
     /// Destage the oldest sealed staged segment, if there is one (see the module docs).
     /// Returns whether a segment was destaged.
@@ -89,6 +95,49 @@ impl Pool {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Destage every sealed staged segment with an id up to `last` (an S3 pool's checkpoint,
+    /// before its root names them), waiting for a destage the background thread is running.
+    pub(crate) fn upload_staged_through(&self, last: u32) -> Result<()> {
+        let deadline = std::time::Instant::now() + UPLOAD_WAIT;
+        loop {
+            if lock(&self.state).segments.sealed_staged_through(last) == 0 {
+                return Ok(());
+            }
+            if self.destage_one()? {
+                continue;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(Error::Busy(format!(
+                    "segments staged in the local directory were not uploaded to {} within {} s;                      the checkpoint is retried later",
+                    self.dir.describe(),
+                    UPLOAD_WAIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// An S3 pool checkpoints at least every [`REMOTE_CHECKPOINT_EVERY`] while records are
+    /// appended, so the bucket alone is never far behind (`local` durability), and the
+    /// write-ahead objects stay few (`remote`). Called by the destage thread.
+    fn remote_tick(&self) -> Result<()> {
+        let Some(r) = self.dir.remote() else {
+            return Ok(());
+        };
+        let due = r
+            .since_last_upload()
+            .is_none_or(|t| t >= REMOTE_CHECKPOINT_EVERY);
+        let changed = {
+            let st = lock(&self.state);
+            st.appended > st.checkpointed
+        };
+        if due && changed {
+            let guard = lock(&self.sync_lock);
+            self.checkpoint_locked(&guard)?;
+        }
+        Ok(())
     }
 
     /// Steps 1 and 2: a durable copy of `len` bytes of `from` under `name` in the pool dir.
@@ -153,7 +202,7 @@ impl Destager {
             .spawn(move || {
                 while !flag.load(Ordering::Relaxed) {
                     let Some(pool) = weak.upgrade() else { return };
-                    let pause = match pool.destage_one() {
+                    let mut pause = match pool.destage_one() {
                         Ok(true) => Duration::ZERO,
                         Ok(false) => Duration::from_millis(100),
                         Err(e) => {
@@ -161,6 +210,12 @@ impl Destager {
                             Duration::from_secs(5)
                         }
                     };
+                    if !pause.is_zero() {
+                        if let Err(e) = pool.remote_tick() {
+                            tracing::warn!("checkpointing to {}: {e}", pool.dir.describe());
+                            pause = Duration::from_secs(5);
+                        }
+                    }
                     drop(pool);
                     // Woken early by Destager::drop (unpark), so stopping never waits.
                     if !pause.is_zero() && !flag.load(Ordering::Relaxed) {

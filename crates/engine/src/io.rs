@@ -52,6 +52,10 @@ pub trait Dir: Send + Sync {
     fn available_bytes(&self) -> io::Result<u64>;
     /// Where this directory is, for messages.
     fn describe(&self) -> String;
+    /// The bucket behind this directory, if it is an S3 pool's ([`crate::remote`]).
+    fn remote(&self) -> Option<&crate::remote::RemoteDir> {
+        None
+    }
 }
 
 /// A real directory on a local file system.

@@ -18,6 +18,8 @@
 //! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
 //! - [`cache`]: the cache tier (chunk records on a fast directory, S3-FIFO, persistent)
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
+//! - [`destage`]: moving sealed segments from a writeback cache to the pool directory
+//! - [`remote`]: pools on S3-compatible object storage (the bucket as the pool directory)
 
 #![deny(clippy::unwrap_used)]
 
@@ -39,6 +41,7 @@ pub mod page_cache;
 pub mod pool;
 pub mod projection;
 pub mod reduction;
+pub mod remote;
 pub mod repair;
 pub mod segment;
 pub mod sim;

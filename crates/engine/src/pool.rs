@@ -165,6 +165,9 @@ pub(crate) struct State {
     pub durable: u64,
     pub poisoned: Option<String>,
     pub written_since_space_check: u64,
+    /// `appended` when the last checkpoint was prepared (an S3 pool checkpoints on a timer
+    /// only if records were appended since).
+    pub checkpointed: u64,
 }
 
 /// An open pool. Always held in an `Arc` (volumes keep a reference to it).
@@ -345,6 +348,9 @@ impl Pool {
     /// Open the pool in directory `path`, taking its lock.
     pub fn open_path(path: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
         let dir = RealDir::new(path);
+        if crate::remote::is_local_dir(path) {
+            return Pool::open_remote(path, opts);
+        }
         if !dir
             .exists(SUPERBLOCK_NAME)
             .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
@@ -360,6 +366,21 @@ impl Pool {
             opts.cache_dir = stored_cache_dir(&dir);
         }
         Pool::open_with_lock(Arc::new(dir), opts, Some(lock))
+    }
+
+    /// Open the S3 pool whose local directory is `path` (docs/S3.md): its lock file, the
+    /// lease, the bucket as the pool directory and `path` as its writeback cache.
+    fn open_remote(path: &Path, mut opts: OpenOptions) -> Result<Arc<Pool>> {
+        let local = RealDir::new(path);
+        let lock = local
+            .lock(LOCK_NAME)
+            .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
+            .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
+        let opened = crate::remote::open_local(path, opts.read_only)?;
+        opts.read_only = opened.read_only;
+        opts.cache_dir = Some(CacheDir(opened.cache_dir));
+        opts.without_writeback_cache = false;
+        Pool::open_with_lock(opened.dir, opts, Some(lock))
     }
 
     /// Open the pool in `dir` (no lock file: for the simulator and tests).
@@ -521,6 +542,9 @@ impl Pool {
         let block_size = sb.block_size;
         let mut salvage = crate::repair::Salvage::default();
         let jname = journal_name(root.journal_gen);
+        if let (Some(_), Some(s)) = (dir.remote(), &staging) {
+            local_journal(&*dir, &**s, &root, &sb, crypto.clone())?;
+        }
         let journal_dir = match &staging {
             Some(s)
                 if s.exists(&jname)
@@ -599,6 +623,7 @@ impl Pool {
             durable: 0,
             poisoned: None,
             written_since_space_check: SPACE_CHECK_BYTES,
+            checkpointed: 0,
         };
 
         if !opts.read_only {
@@ -832,6 +857,12 @@ impl Pool {
     pub fn detach_cache(&self, force: bool) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly);
+        }
+        if let Some(r) = self.dir.remote() {
+            return Err(Error::Invalid(format!(
+                "pool {} is in an object store: its cache is its local directory (the journal and                  segments not yet uploaded live there) and cannot be detached",
+                r.describe()
+            )));
         }
         if self.cache().is_none() && read_cache_conf(&*self.dir).ok().flatten().is_none() {
             return Err(Error::Invalid(format!(
@@ -1470,6 +1501,19 @@ impl Pool {
                 }
             };
             st.md.checkpoints += 1;
+            st.checkpointed = st.appended;
+            // An S3 pool with `local` durability: the root goes to the bucket only after every
+            // segment it can name (the open one is sealed here), so the bucket alone is whole.
+            let upload_through = match self.dir.remote() {
+                Some(r) if r.durability() == crate::remote::Durability::Local => {
+                    if st.segments.open_id().is_some() {
+                        st.segments.write_pending()?;
+                        st.segments.seal_open();
+                    }
+                    st.segments.last_id()
+                }
+                _ => None,
+            };
             let body = encode_root(
                 &st.md.root(new_gen, next_seq),
                 &self.sb.uuid,
@@ -1498,7 +1542,7 @@ impl Pool {
                 dirs.push(s.clone());
             }
             (
-                body,
+                (body, upload_through),
                 (old.gen, old_dir),
                 file,
                 (dirty.files, dirs),
@@ -1506,6 +1550,7 @@ impl Pool {
                 freed,
             )
         };
+        let (body, upload_through) = body;
         let meta_file = lock(&self.state).md.cache.file().clone();
         let done = (|| {
             sync_segments(&files)?;
@@ -1518,6 +1563,9 @@ impl Pool {
             for d in &dirs {
                 d.sync_dir()
                     .map_err(|e| Error::io(format!("syncing {}", d.describe()), e))?;
+            }
+            if let Some(last) = upload_through {
+                self.upload_staged_through(last)?;
             }
             write_file_atomically(&*self.dir, CHECKPOINT_NAME, &body)?;
             old_dir
@@ -1892,6 +1940,45 @@ pub(crate) fn batch_data_present(
         }
         _ => true,
     })
+}
+
+/// An S3 pool keeps its journal in the local directory `local`. If it is not there: the
+/// bucket's copy (the empty first generation `init` wrote), else, on a new host or after a
+/// lost local disk with `local` durability, an empty journal: the pool is as of the last
+/// checkpoint uploaded.
+fn local_journal(
+    bucket: &dyn Dir,
+    local: &dyn Dir,
+    root: &Root,
+    sb: &Superblock,
+    crypto: Option<Arc<Crypto>>,
+) -> Result<()> {
+    let jname = journal_name(root.journal_gen);
+    let io = |e| {
+        Error::io(
+            format!("restoring journal {jname} in {}", local.describe()),
+            e,
+        )
+    };
+    if local.exists(&jname).map_err(io)? {
+        return Ok(());
+    }
+    if bucket.exists(&jname).map_err(io)? {
+        let bytes = read_whole(bucket, &jname)?;
+        let f = local.open(&jname, true).map_err(io)?;
+        f.write_at(&bytes, 0).and_then(|_| f.sync()).map_err(io)?;
+    } else {
+        tracing::warn!(
+            "journal {jname} is not in {}: the pool opens as of its last checkpoint in {}",
+            local.describe(),
+            bucket.describe()
+        );
+        Journal::create(local, root.journal_gen, &sb.uuid, root.next_seq, crypto)?
+            .file
+            .sync()
+            .map_err(io)?;
+    }
+    local.sync_dir().map_err(io)
 }
 
 /// What the pool's `cache.conf` says (`None`: no cache attached).

@@ -121,6 +121,20 @@ impl Segments {
         self.files.values().filter(|s| s.staged).count()
     }
 
+    /// Staged segments other than the open one with ids up to `max_id` (what a destage
+    /// can still take).
+    pub fn sealed_staged_through(&self, max_id: u32) -> usize {
+        self.files
+            .range(..=max_id)
+            .filter(|(&id, s)| s.staged && Some(id) != self.open)
+            .count()
+    }
+
+    /// The highest segment id handed out so far.
+    pub fn last_id(&self) -> Option<u32> {
+        self.next_id.checked_sub(1)
+    }
+
     pub fn is_staged(&self, id: u32) -> bool {
         self.files.get(&id).is_some_and(|s| s.staged)
     }
@@ -222,7 +236,8 @@ impl Segments {
         let staging = self
             .staging
             .clone()
-            .filter(|_| self.staged_bytes() < self.staging_max);
+            // A bucket takes whole objects only: an S3 pool stages every segment.
+            .filter(|_| self.staged_bytes() < self.staging_max || dir.remote().is_some());
         let staged = staging.is_some();
         let dir: &dyn Dir = match &staging {
             Some(d) => &**d,

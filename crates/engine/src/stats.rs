@@ -67,6 +67,8 @@ pub struct PoolStats {
     /// Snapshots, by name. Their physical shares and the volumes' add up to the pool's live
     /// chunk bytes.
     pub snapshots: Vec<VolumeStats>,
+    /// The bucket side of a pool in an object store (`None`: a local pool).
+    pub remote: Option<crate::remote::RemoteStatus>,
 }
 
 pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {
@@ -134,11 +136,24 @@ impl Pool {
 
     /// Pool and per-volume figures, from counters (no map is walked).
     pub fn stats(&self) -> Result<PoolStats> {
-        let physical = self
-            .dir()
-            .total_bytes()
-            .map_err(|e| Error::io("measuring the pool directory", e))?;
+        // An S3 pool: one LIST gives the objects and the bytes the bucket holds.
+        let mut remote = self.dir().remote().map(|r| r.status());
+        let physical = match &remote {
+            Some(r) => r.bytes,
+            None => self
+                .dir()
+                .total_bytes()
+                .map_err(|e| Error::io("measuring the pool directory", e))?,
+        };
         let st = lock(&self.state);
+        if let Some(r) = &mut remote {
+            r.pending_bytes = st.segments.staged_bytes()
+                + if r.durability == "local" {
+                    st.journal.file_bytes()
+                } else {
+                    0
+                };
+        }
         // A writeback cache holds part of the pool: its staged segments and the journal.
         let physical = physical
             + st.segments.staged_bytes()
@@ -231,6 +246,7 @@ impl Pool {
         s.metadata_page_bytes_live = md.cache.alloc.used_units() * crate::page_cache::UNIT as u64;
         s.checkpoints = md.checkpoints;
         s.read_errors = self.read_errors.load(std::sync::atomic::Ordering::Relaxed);
+        s.remote = remote;
         Ok(s)
     }
 }

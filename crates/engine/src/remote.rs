@@ -1,0 +1,1586 @@
+//! Pools on S3-compatible object storage (docs/S3.md).
+//!
+//! Owns: how a pool's files map to objects of a bucket ([`RemoteDir`]), the write-ahead
+//! objects of `--durability remote` ([`WalDir`]), the one-writer lease ([`Lease`]) and the
+//! pool's *local directory* (`remote.conf`, written by [`init`] and [`connect`]).
+//!
+//! A pool on S3 is a writeback-cache pool whose pool directory is a bucket. Its local
+//! directory is the cache directory: the cache tier's slots, the journal, the open segment and
+//! sealed segments not yet uploaded ("staged"), the lock file and the control socket, plus
+//! `pool/` (a mirror of `meta.dat` and the local `cache.conf`). The engine sees the bucket
+//! through the [`Dir`] seam; the mapping is:
+//!
+//! | pool file | in the bucket (`PREFIX/...`) |
+//! |---|---|
+//! | `superblock`, `checkpoint` | one object each, replaced whole by a PUT (the engine writes them to a `.tmp` name and renames: the rename is the PUT) |
+//! | `seg-N.dat` | one immutable object, uploaded whole by the destager (the rename of `seg-N.dat.partial` is the PUT) |
+//! | `meta.dat` | `meta/XXXXXXXX`, fixed extents of [`META_EXTENT_BYTES`]; a sync uploads the extents written since the last one |
+//! | `journal-G.wal` | only at `init` (the empty first generation); afterwards the journal lives in the local directory |
+//! | `cache.conf` | not in the bucket: each host has its own cache (`pool/cache.conf`) |
+//!
+//! Invariants:
+//! - **A checkpoint root in the bucket names only objects already in the bucket.** The pages
+//!   are uploaded (the `meta.dat` sync) before the root (the checkpoint rename), and with
+//!   `local` durability every staged segment is uploaded before a checkpoint starts
+//!   ([`crate::pool::Pool`]'s checkpoint calls [`crate::pool::Pool::upload_staged`]).
+//! - **Replacing a `meta.dat` extent never changes a page the bucket's root names.** The page
+//!   allocator never overwrites a unit the last durable root references
+//!   ([`crate::page_alloc`]), so each extent object, old or new, holds those units intact.
+//! - **The local mirror of `meta.dat` is trusted only if it matches the bucket's root**:
+//!   `pool/meta.synced` holds a hash of the last root this host uploaded or downloaded; any
+//!   other root in the bucket (another host wrote since) makes the open fetch every extent.
+//! - **Only the lease holder writes** (best effort on stores without conditional PUT, such as
+//!   Garage 2.5.0: see [`Lease`]). Every PUT and DELETE of a [`RemoteDir`] or [`WalDir`] is
+//!   refused once the lease is lost, and a read-only open never writes to the bucket.
+//! - With `--durability remote`, a sync of the journal or of a staged segment returns only
+//!   after a write-ahead object (`wal/SEQ`) holding the bytes written since the previous sync
+//!   is in the bucket; an open whose local directory lacks those files rebuilds them from
+//!   the `wal/` objects, in sequence order ([`WalDir::recover`]).
+
+use crate::cache::{CacheConf, CacheMode};
+use crate::error::{Error, Result};
+use crate::format::{CHECKPOINT_NAME, META_NAME};
+use crate::io::{Dir, File, RealDir};
+use condense_remote::{BackendStats, ObjectBackend};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The local directory's description of its pool in the bucket.
+pub const REMOTE_CONF_NAME: &str = "remote.conf";
+/// The subdirectory of the local directory for the `meta.dat` mirror and `cache.conf`.
+pub const LOCAL_SUBDIR: &str = "pool";
+/// Bytes of one `meta.dat` extent object.
+pub const META_EXTENT_BYTES: u64 = 256 << 10;
+/// Segment reads fetch aligned blocks of this many bytes (one GET), kept in a small LRU.
+const READ_BLOCK_BYTES: u64 = 4 << 20;
+/// Blocks kept by the read LRU (64 MiB).
+const READ_BLOCKS_KEPT: usize = 16;
+/// Uploads and downloads of extents run this many at a time.
+const PARALLEL_REQUESTS: usize = 8;
+const META_SYNCED_NAME: &str = "meta.synced";
+const CONF_FIRST_LINE: &str = "condense-remote 1";
+const LEASE_NAME: &str = "lease";
+const LEASE_FIRST_LINE: &str = "condense-lease 1";
+/// A lease not renewed for this long is free to take.
+pub const LEASE_SECONDS: u64 = 30;
+/// The holder renews its lease this often.
+const LEASE_RENEW: Duration = Duration::from_secs(10);
+/// After writing the lease, wait this long and read it back (stores without conditional PUT).
+const LEASE_SETTLE: Duration = Duration::from_millis(500);
+const WAL_PREFIX: &str = "wal";
+const WAL_MAGIC: [u8; 8] = *b"CNDSWAL1";
+
+/// What a flush of an S3 pool promises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// A flush returns when the local directory's journal is synced; data and metadata are
+    /// uploaded in the background (segments as they fill, checkpoints every 60 s).
+    Local,
+    /// A flush returns when the store has acknowledged a write-ahead object of it.
+    Remote,
+}
+
+impl Durability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Local => "local",
+            Durability::Remote => "remote",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Durability> {
+        match s {
+            "local" => Some(Durability::Local),
+            "remote" => Some(Durability::Remote),
+            _ => None,
+        }
+    }
+}
+
+/// `remote.conf`: where the pool is and how this host uses it. Holds no secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteConf {
+    /// `s3://BUCKET[/PREFIX]`, or `file:///DIR` (a directory as the object store: tests).
+    pub url: String,
+    /// S3 endpoint (`None`: `$AWS_ENDPOINT_URL`, else AWS).
+    pub endpoint: Option<String>,
+    /// S3 region (`None`: `$AWS_REGION`, else us-east-1).
+    pub region: Option<String>,
+    /// A file of `KEY=VALUE` lines with the credentials (`None`: the environment).
+    pub credentials: Option<PathBuf>,
+    pub durability: Durability,
+    /// This host only reads the pool (no lease; never writes to the bucket).
+    pub read_only: bool,
+}
+
+impl RemoteConf {
+    pub fn encode(&self) -> String {
+        let mut s = format!("{CONF_FIRST_LINE}\nurl={}\n", self.url);
+        if let Some(e) = &self.endpoint {
+            s += &format!("endpoint={e}\n");
+        }
+        if let Some(r) = &self.region {
+            s += &format!("region={r}\n");
+        }
+        if let Some(c) = &self.credentials {
+            s += &format!("credentials={}\n", c.display());
+        }
+        s += &format!(
+            "durability={}\nread_only={}\n",
+            self.durability.as_str(),
+            self.read_only
+        );
+        s
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<RemoteConf> {
+        let bad = |d: String| Error::corrupt(REMOTE_CONF_NAME, d);
+        let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8 text".into()))?;
+        let mut lines = text.lines();
+        if lines.next() != Some(CONF_FIRST_LINE) {
+            return Err(bad(format!("first line is not {CONF_FIRST_LINE:?}")));
+        }
+        let mut conf = RemoteConf {
+            url: String::new(),
+            endpoint: None,
+            region: None,
+            credentials: None,
+            durability: Durability::Local,
+            read_only: false,
+        };
+        for l in lines {
+            match l.split_once('=') {
+                Some(("url", v)) => conf.url = v.to_string(),
+                Some(("endpoint", v)) => conf.endpoint = Some(v.to_string()),
+                Some(("region", v)) => conf.region = Some(v.to_string()),
+                Some(("credentials", v)) => conf.credentials = Some(PathBuf::from(v)),
+                Some(("durability", v)) => {
+                    conf.durability = Durability::parse(v)
+                        .ok_or_else(|| bad(format!("durability {v:?} is not local or remote")))?
+                }
+                Some(("read_only", v)) => conf.read_only = v == "true",
+                _ => {}
+            }
+        }
+        if conf.url.is_empty() {
+            return Err(bad("no url= line".into()));
+        }
+        Ok(conf)
+    }
+
+    /// Connect to the store this configuration names.
+    pub fn backend(&self) -> Result<Arc<dyn ObjectBackend>> {
+        if let Some(path) = self.url.strip_prefix("file://") {
+            return condense_remote::LocalBackend::open(path)
+                .map(|b| Arc::new(b) as Arc<dyn ObjectBackend>)
+                .map_err(|e| remote_error(&self.url, e));
+        }
+        let (bucket, prefix) = parse_s3_url(&self.url)?;
+        let vars = match &self.credentials {
+            Some(f) => read_credentials(f)?,
+            None => HashMap::new(),
+        };
+        let var = |k: &str| {
+            vars.get(k)
+                .cloned()
+                .or_else(|| std::env::var(k).ok())
+                .filter(|v| !v.is_empty())
+        };
+        let required = |k: &str| {
+            var(k).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{k} is not set: export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give \
+                     --credentials FILE (lines of KEY=VALUE); never put them on the command line"
+                ))
+            })
+        };
+        let config = condense_remote::S3Config {
+            bucket,
+            prefix,
+            endpoint: self.endpoint.clone().or_else(|| var("AWS_ENDPOINT_URL")),
+            region: self
+                .region
+                .clone()
+                .or_else(|| var("AWS_REGION"))
+                .unwrap_or_else(|| "us-east-1".into()),
+            access_key_id: required("AWS_ACCESS_KEY_ID")?,
+            secret_access_key: required("AWS_SECRET_ACCESS_KEY")?,
+            allow_http: var("AWS_ALLOW_HTTP")
+                .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1"),
+            timeouts: Default::default(),
+        };
+        condense_remote::S3Backend::open(&config)
+            .map(|b| Arc::new(b) as Arc<dyn ObjectBackend>)
+            .map_err(|e| remote_error(&self.url, e))
+    }
+}
+
+/// True if `spec` names a pool in an object store (`s3://...`, or `file://...` for tests).
+pub fn is_remote_url(spec: &str) -> bool {
+    spec.starts_with("s3://") || spec.starts_with("file://")
+}
+
+/// `s3://BUCKET[/PREFIX]` → (bucket, prefix).
+pub fn parse_s3_url(url: &str) -> Result<(String, String)> {
+    let rest = url.strip_prefix("s3://").ok_or_else(|| {
+        Error::Invalid(format!("{url:?} is not an S3 URL: give s3://BUCKET/PREFIX"))
+    })?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{url:?} names no bucket: give s3://BUCKET/PREFIX"
+        )));
+    }
+    Ok((bucket.to_string(), prefix.trim_end_matches('/').to_string()))
+}
+
+/// `KEY=VALUE` lines (`export ` and quotes allowed, `#` comments), as `credentials.env` files
+/// are written.
+fn read_credentials(path: &Path) -> Result<HashMap<String, String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io(format!("reading credentials file {}", path.display()), e))?;
+    let mut vars = HashMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        if line.starts_with('#') {
+            continue;
+        }
+        if let Some((k, v)) = line.split_once('=') {
+            let v = v.trim().trim_matches('"').trim_matches('\'');
+            vars.insert(k.trim().to_string(), v.to_string());
+        }
+    }
+    Ok(vars)
+}
+
+fn remote_error(store: &str, e: condense_remote::Error) -> Error {
+    Error::io(
+        format!("object store {store}"),
+        io::Error::other(e.to_string()),
+    )
+}
+
+fn to_io(e: condense_remote::Error) -> io::Error {
+    let kind = if e.is_not_found() {
+        io::ErrorKind::NotFound
+    } else {
+        io::ErrorKind::Other
+    };
+    io::Error::new(kind, e.to_string())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Health and counters shared by the directory, its files, the WAL and the lease.
+
+/// What `stats` shows about the bucket side of a pool.
+#[derive(Clone, Debug, Default)]
+pub struct RemoteStatus {
+    pub url: String,
+    pub durability: String,
+    /// `ok`, `degraded: ERROR (N s ago)`, `lease lost`, or `read-only`.
+    pub health: String,
+    pub objects: u64,
+    pub bytes: u64,
+    pub requests: BackendStats,
+    /// Staged segments not yet uploaded, and the local journal (local durability).
+    pub pending_bytes: u64,
+    /// Seconds since the last checkpoint was uploaded (`None`: none since open).
+    pub last_upload_age_seconds: Option<u64>,
+    pub conditional_put_honoured: bool,
+}
+
+struct Shared {
+    store: Arc<dyn ObjectBackend>,
+    url: String,
+    read_only: bool,
+    lease_lost: AtomicBool,
+    /// The last failed request, and when; cleared by the next success.
+    last_error: Mutex<Option<(Instant, String)>>,
+    last_upload: Mutex<Option<Instant>>,
+    blocks: Mutex<ReadBlocks>,
+}
+
+impl Shared {
+    fn note<T>(&self, r: condense_remote::Result<T>) -> io::Result<T> {
+        match r {
+            Ok(v) => {
+                let mut e = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                if e.is_some() {
+                    tracing::info!("object store {} answers again", self.url);
+                    *e = None;
+                }
+                Ok(v)
+            }
+            Err(err) if err.is_not_found() => Err(to_io(err)),
+            Err(err) => {
+                let msg = err.to_string();
+                tracing::warn!("object store {}: {msg}", self.url);
+                let mut e = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                if e.is_none() {
+                    *e = Some((Instant::now(), msg));
+                } else if let Some((_, m)) = e.as_mut() {
+                    *m = msg;
+                }
+                Err(to_io(err))
+            }
+        }
+    }
+
+    fn may_write(&self, what: &str) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{what}: this host opened {} read-only", self.url),
+            ));
+        }
+        if self.lease_lost.load(Ordering::Relaxed) {
+            return Err(io::Error::other(format!(
+                "{what}: the lease of {} was taken by another host; this host no longer writes the pool",
+                self.url
+            )));
+        }
+        Ok(())
+    }
+
+    fn put(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.may_write(&format!("uploading {name}"))?;
+        self.blocks_forget(name);
+        self.note(self.store.put(name, bytes))
+    }
+
+    fn delete(&self, name: &str) -> io::Result<()> {
+        self.may_write(&format!("deleting {name}"))?;
+        self.blocks_forget(name);
+        self.note(self.store.delete(name))
+    }
+
+    fn blocks_forget(&self, name: &str) {
+        self.blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(name);
+    }
+
+    /// `len` bytes at `offset` of object `name` (of `size` bytes), through the block LRU.
+    fn read(&self, name: &str, size: u64, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if offset + buf.len() as u64 > size {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("read past the end of {name} in {}", self.url),
+            ));
+        }
+        let mut at = 0usize;
+        while at < buf.len() {
+            let pos = offset + at as u64;
+            let b = pos / READ_BLOCK_BYTES;
+            let start = b * READ_BLOCK_BYTES;
+            let cached = self
+                .blocks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(name, b);
+            let block = match cached {
+                Some(x) => x,
+                None => {
+                    let len = READ_BLOCK_BYTES.min(size - start);
+                    let got = Arc::new(self.note(self.store.get_range(name, start, len))?);
+                    self.blocks
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .put(name, b, got.clone());
+                    got
+                }
+            };
+            let from = (pos - start) as usize;
+            let n = (block.len() - from).min(buf.len() - at);
+            buf[at..at + n].copy_from_slice(&block[from..from + n]);
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+/// The most recently used blocks of objects read.
+#[derive(Default)]
+struct ReadBlocks {
+    map: HashMap<(String, u64), Arc<Vec<u8>>>,
+    order: VecDeque<(String, u64)>,
+}
+
+impl ReadBlocks {
+    fn get(&mut self, name: &str, b: u64) -> Option<Arc<Vec<u8>>> {
+        let key = (name.to_string(), b);
+        let v = self.map.get(&key)?.clone();
+        self.order.retain(|k| k != &key);
+        self.order.push_back(key);
+        Some(v)
+    }
+    fn put(&mut self, name: &str, b: u64, v: Arc<Vec<u8>>) {
+        let key = (name.to_string(), b);
+        if self.map.insert(key.clone(), v).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > READ_BLOCKS_KEPT {
+            if let Some(k) = self.order.pop_front() {
+                self.map.remove(&k);
+            }
+        }
+    }
+    fn forget(&mut self, name: &str) {
+        self.map.retain(|k, _| k.0 != name);
+        self.order.retain(|k| k.0 != name);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bucket as the pool directory.
+
+/// The pool directory of an S3 pool (see the module docs for the mapping).
+pub struct RemoteDir {
+    shared: Arc<Shared>,
+    /// `LOCAL/pool/`: the `meta.dat` mirror, `meta.synced`, `cache.conf`.
+    local: RealDir,
+    durability: Durability,
+    meta: Mutex<Option<Arc<MetaFile>>>,
+    /// Files being written whole (`.tmp`, `.partial`, new files), by name, for `rename`.
+    writing: Mutex<HashMap<String, Weak<BufFile>>>,
+    _lease: Option<Lease>,
+}
+
+/// Names kept in the local subdirectory, never uploaded.
+fn is_local_name(name: &str) -> bool {
+    name == crate::cache::CACHE_CONF_NAME
+        || name == "cache.conf.tmp"
+        || name == crate::format::LOCK_NAME
+}
+
+impl RemoteDir {
+    fn describe_url(&self) -> &str {
+        &self.shared.url
+    }
+
+    /// The meta.dat mirror is current if it matches the root in the bucket; otherwise fetch
+    /// every extent.
+    fn sync_meta_mirror(&self) -> Result<()> {
+        let root = match self.shared.store.get(CHECKPOINT_NAME) {
+            Ok(r) => r,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(remote_error(&self.shared.url, e)),
+        };
+        let tag = blake3::hash(&root).to_hex().to_string();
+        let local_tag =
+            std::fs::read_to_string(self.local.path().join(META_SYNCED_NAME)).unwrap_or_default();
+        let mirror = self.local.path().join(META_NAME);
+        if local_tag.trim() == tag && mirror.exists() {
+            return Ok(());
+        }
+        let extents = self
+            .shared
+            .store
+            .list("meta")
+            .map_err(|e| remote_error(&self.shared.url, e))?;
+        tracing::info!(
+            "fetching the metadata of {} ({} extents)",
+            self.shared.url,
+            extents.len()
+        );
+        let file = self
+            .local
+            .open(META_NAME, true)
+            .and_then(|f| f.set_len(0).map(|_| f))
+            .map_err(|e| Error::io(format!("creating {}", mirror.display()), e))?;
+        let mut jobs = Vec::new();
+        for (name, _) in &extents {
+            let Some(n) = name
+                .strip_prefix("meta/")
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            else {
+                continue;
+            };
+            jobs.push((name.clone(), n));
+        }
+        let failed = Mutex::new(None);
+        for batch in jobs.chunks(PARALLEL_REQUESTS) {
+            std::thread::scope(|s| {
+                for (name, n) in batch {
+                    let (file, failed, shared) = (&file, &failed, &self.shared);
+                    s.spawn(move || {
+                        let r = shared
+                            .note(shared.store.get(name))
+                            .and_then(|bytes| file.write_at(&bytes, n * META_EXTENT_BYTES));
+                        if let Err(e) = r {
+                            *failed.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some(Error::io(format!("fetching {name}"), e));
+                        }
+                    });
+                }
+            });
+            if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                return Err(e);
+            }
+        }
+        file.sync()
+            .map_err(|e| Error::io(format!("syncing {}", mirror.display()), e))?;
+        self.write_meta_synced(&root)
+    }
+
+    fn write_meta_synced(&self, root: &[u8]) -> Result<()> {
+        let tag = blake3::hash(root).to_hex().to_string();
+        crate::pool::write_file_atomically(&self.local, META_SYNCED_NAME, tag.as_bytes())
+    }
+
+    fn meta_file(&self, create: bool) -> io::Result<Arc<MetaFile>> {
+        let mut slot = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = &*slot {
+            return Ok(m.clone());
+        }
+        let local = self.local.open(META_NAME, create)?;
+        let m = Arc::new(MetaFile {
+            local,
+            dirty: Mutex::new(BTreeSet::new()),
+            shared: self.shared.clone(),
+        });
+        *slot = Some(m.clone());
+        Ok(m)
+    }
+
+    /// The pool's durability setting on this host.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// Time since this open uploaded a checkpoint root (`None`: none yet).
+    pub fn since_last_upload(&self) -> Option<Duration> {
+        self.shared
+            .last_upload
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|t| t.elapsed())
+    }
+
+    /// Mark that a checkpoint root was uploaded now.
+    fn uploaded(&self) {
+        *self
+            .shared
+            .last_upload
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// The bucket side of the pool for `stats` (one LIST).
+    pub fn status(&self) -> RemoteStatus {
+        let (objects, bytes) = match self.shared.store.list("") {
+            Ok(l) => (l.len() as u64, l.iter().map(|(_, s)| s).sum()),
+            Err(_) => (0, 0),
+        };
+        let health = if self.shared.lease_lost.load(Ordering::Relaxed) {
+            "lease lost".to_string()
+        } else if let Some((since, msg)) = &*self
+            .shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            format!("degraded for {} s: {msg}", since.elapsed().as_secs())
+        } else if self.shared.read_only {
+            "ok (read-only)".to_string()
+        } else {
+            "ok".to_string()
+        };
+        RemoteStatus {
+            url: self.shared.url.clone(),
+            durability: self.durability.as_str().to_string(),
+            health,
+            objects,
+            bytes,
+            requests: self.shared.store.stats(),
+            pending_bytes: 0,
+            last_upload_age_seconds: self
+                .shared
+                .last_upload
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .map(|t| t.elapsed().as_secs()),
+            conditional_put_honoured: self.shared.store.conditional_put_honoured(),
+        }
+    }
+}
+
+impl Dir for RemoteDir {
+    fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
+        if is_local_name(name) {
+            return self.local.open(name, create);
+        }
+        if name == META_NAME {
+            return Ok(self.meta_file(create)? as Arc<dyn File>);
+        }
+        if create {
+            self.shared.may_write(&format!("creating {name}"))?;
+            let f = Arc::new(BufFile {
+                shared: self.shared.clone(),
+                name: name.to_string(),
+                state: Mutex::new(BufState::Writing(Vec::new())),
+            });
+            self.writing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name.to_string(), Arc::downgrade(&f));
+            return Ok(f);
+        }
+        match self.shared.note(self.shared.store.head(name))? {
+            Some(len) => Ok(Arc::new(ObjFile {
+                shared: self.shared.clone(),
+                name: name.to_string(),
+                len,
+            })),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no object {name} in {}", self.describe_url()),
+            )),
+        }
+    }
+
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        if is_local_name(name) || name == META_NAME {
+            return self.local.exists(name);
+        }
+        Ok(self.shared.note(self.shared.store.head(name))?.is_some())
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        if is_local_name(name) {
+            return self.local.remove(name);
+        }
+        self.writing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        self.shared.delete(name)
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        if is_local_name(from) && is_local_name(to) {
+            return self.local.rename(from, to);
+        }
+        let file = self
+            .writing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(from)
+            .and_then(|w| w.upgrade())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "renaming {from} to {to} in {}: only a file being written can be renamed",
+                        self.describe_url()
+                    ),
+                )
+            })?;
+        let bytes = file.store_as(to)?;
+        if to == CHECKPOINT_NAME {
+            self.uploaded();
+            self.write_meta_synced(&bytes)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
+        let all = self.shared.note(self.shared.store.list(""))?;
+        Ok(all
+            .into_iter()
+            .map(|(n, _)| n)
+            .filter(|n| !n.contains('/') && n.starts_with(prefix) && n != LEASE_NAME)
+            .collect())
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        // Every PUT is durable when acknowledged.
+        Ok(())
+    }
+
+    fn total_bytes(&self) -> io::Result<u64> {
+        let all = self.shared.note(self.shared.store.list(""))?;
+        Ok(all.iter().map(|(_, s)| s).sum())
+    }
+
+    fn available_bytes(&self) -> io::Result<u64> {
+        Ok(u64::MAX / 4)
+    }
+
+    fn describe(&self) -> String {
+        self.shared.url.clone()
+    }
+
+    fn remote(&self) -> Option<&RemoteDir> {
+        Some(self)
+    }
+}
+
+/// An object read in place (a destaged segment, the superblock, a checkpoint root).
+struct ObjFile {
+    shared: Arc<Shared>,
+    name: String,
+    len: u64,
+}
+
+fn read_only_object(name: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("object {name} is immutable"),
+    )
+}
+
+impl File for ObjFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.shared.read(&self.name, self.len, buf, offset)
+    }
+    fn write_at(&self, _: &[u8], _: u64) -> io::Result<()> {
+        Err(read_only_object(&self.name))
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.len)
+    }
+    fn set_len(&self, _: u64) -> io::Result<()> {
+        Err(read_only_object(&self.name))
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+enum BufState {
+    Writing(Vec<u8>),
+    /// Uploaded under this name, with this length; read in place from now on.
+    Stored(String, u64),
+}
+
+/// A file written whole in memory and uploaded by `sync` (its own name) or by `rename`.
+struct BufFile {
+    shared: Arc<Shared>,
+    name: String,
+    state: Mutex<BufState>,
+}
+
+impl BufFile {
+    /// Upload the buffer as `to`; the file reads that object from now on. Returns the bytes.
+    fn store_as(&self, to: &str) -> io::Result<Vec<u8>> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes = match &mut *st {
+            BufState::Writing(b) => std::mem::take(b),
+            BufState::Stored(n, _) => {
+                return Err(io::Error::other(format!(
+                    "{} was already uploaded as {n}",
+                    self.name
+                )))
+            }
+        };
+        if let Err(e) = self.shared.put(to, &bytes) {
+            *st = BufState::Writing(bytes);
+            return Err(e);
+        }
+        *st = BufState::Stored(to.to_string(), bytes.len() as u64);
+        Ok(bytes)
+    }
+
+    fn is_temporary(&self) -> bool {
+        self.name.ends_with(".tmp") || self.name.ends_with(crate::destage::PARTIAL_SUFFIX)
+    }
+}
+
+impl File for BufFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match &*st {
+            BufState::Writing(b) => {
+                let end = offset as usize + buf.len();
+                if end > b.len() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("read past the end of {}", self.name),
+                    ));
+                }
+                buf.copy_from_slice(&b[offset as usize..end]);
+                Ok(())
+            }
+            BufState::Stored(n, len) => {
+                let (n, len) = (n.clone(), *len);
+                drop(st);
+                self.shared.read(&n, len, buf, offset)
+            }
+        }
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let BufState::Writing(b) = &mut *st else {
+            return Err(read_only_object(&self.name));
+        };
+        let end = offset as usize + data.len();
+        if b.len() < end {
+            b.resize(end, 0);
+        }
+        b[offset as usize..end].copy_from_slice(data);
+        Ok(())
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(
+            match &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
+                BufState::Writing(b) => b.len() as u64,
+                BufState::Stored(_, len) => *len,
+            },
+        )
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let BufState::Writing(b) = &mut *st else {
+            return Err(read_only_object(&self.name));
+        };
+        b.resize(len as usize, 0);
+        Ok(())
+    }
+    fn sync(&self) -> io::Result<()> {
+        if self.is_temporary() {
+            // Made durable by the rename that follows (a PUT).
+            return Ok(());
+        }
+        let bytes = match &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
+            BufState::Writing(b) => b.clone(),
+            BufState::Stored(..) => return Ok(()),
+        };
+        self.shared.put(&self.name, &bytes)
+    }
+}
+
+/// `meta.dat`: a local mirror; a sync uploads the extents written since the last sync.
+struct MetaFile {
+    local: Arc<dyn File>,
+    dirty: Mutex<BTreeSet<u64>>,
+    shared: Arc<Shared>,
+}
+
+impl File for MetaFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.local.read_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.shared.may_write("writing meta.dat")?;
+        self.local.write_at(data, offset)?;
+        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        let last = (offset + data.len().max(1) as u64 - 1) / META_EXTENT_BYTES;
+        d.extend(offset / META_EXTENT_BYTES..=last);
+        Ok(())
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.local.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.local.set_len(len)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.local.sync()?;
+        let extents: Vec<u64> = self
+            .dirty
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        if extents.is_empty() {
+            return Ok(());
+        }
+        let file_len = self.local.len()?;
+        let failed: Mutex<Option<io::Error>> = Mutex::new(None);
+        let done: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+        for batch in extents.chunks(PARALLEL_REQUESTS) {
+            std::thread::scope(|s| {
+                for &e in batch {
+                    let (failed, done) = (&failed, &done);
+                    s.spawn(move || {
+                        let start = e * META_EXTENT_BYTES;
+                        let len = META_EXTENT_BYTES.min(file_len.saturating_sub(start));
+                        let mut buf = vec![0u8; len as usize];
+                        let r = self
+                            .local
+                            .read_at(&mut buf, start)
+                            .and_then(|_| self.shared.put(&format!("meta/{e:08x}"), &buf));
+                        match r {
+                            Ok(()) => done.lock().unwrap_or_else(|e| e.into_inner()).push(e),
+                            Err(err) => {
+                                *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(err)
+                            }
+                        }
+                    });
+                }
+            });
+        }
+        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        for e in done.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            d.remove(&e);
+        }
+        match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Write-ahead objects (`--durability remote`).
+
+/// The local directory of a `remote`-durability pool: a real directory whose journal and
+/// segment files also upload, at each sync, what was written to them since the last one.
+pub struct WalDir {
+    local: Arc<RealDir>,
+    log: Arc<WalLog>,
+}
+
+/// The write-ahead objects written so far, shared by a [`WalDir`] and its files.
+struct WalLog {
+    shared: Arc<Shared>,
+    next_seq: AtomicU64,
+    /// The write-ahead objects of each file, so that removing the file deletes them.
+    by_file: Mutex<HashMap<String, Vec<String>>>,
+}
+
+fn is_logged(name: &str) -> bool {
+    name.starts_with(crate::format::SEGMENT_PREFIX)
+        || name.starts_with(crate::format::JOURNAL_PREFIX)
+}
+
+impl WalLog {
+    fn append(&self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let obj = format!("{WAL_PREFIX}/{seq:016x}");
+        self.shared.put(&obj, &encode_wal(name, offset, data))?;
+        self.by_file
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .push(obj);
+        Ok(())
+    }
+}
+
+impl WalDir {
+    /// Rebuild the journal and staged segment files missing from the local directory from
+    /// the bucket's write-ahead objects (a new host, a lost local disk). Returns how many
+    /// files were rebuilt.
+    fn recover(&self) -> Result<usize> {
+        let url = &self.log.shared.url;
+        let store = &self.log.shared.store;
+        let objects = store.list(WAL_PREFIX).map_err(|e| remote_error(url, e))?;
+        let present: BTreeSet<String> = self
+            .local
+            .list("")
+            .map_err(|e| Error::io("listing the local directory", e))?
+            .into_iter()
+            .collect();
+        let mut rebuilt: HashMap<String, Arc<dyn File>> = HashMap::new();
+        let mut next = 0;
+        for (obj, _) in &objects {
+            let Some(seq) = obj
+                .strip_prefix("wal/")
+                .and_then(|s| u64::from_str_radix(s, 16).ok())
+            else {
+                continue;
+            };
+            next = next.max(seq + 1);
+            let bytes = store.get(obj).map_err(|e| remote_error(url, e))?;
+            let (name, offset, data) = decode_wal(&bytes)
+                .ok_or_else(|| Error::corrupt(format!("{url} {obj}"), "bad write-ahead object"))?;
+            self.log
+                .by_file
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(name.clone())
+                .or_default()
+                .push(obj.clone());
+            if present.contains(&name) {
+                continue;
+            }
+            let file = match rebuilt.get(&name) {
+                Some(f) => f.clone(),
+                None => {
+                    let f = self
+                        .local
+                        .open(&name, true)
+                        .and_then(|f| f.set_len(0).map(|_| f))
+                        .map_err(|e| Error::io(format!("rebuilding {name}"), e))?;
+                    rebuilt.insert(name.clone(), f.clone());
+                    f
+                }
+            };
+            file.write_at(data, offset)
+                .map_err(|e| Error::io(format!("rebuilding {name}"), e))?;
+        }
+        for (name, f) in &rebuilt {
+            f.sync()
+                .map_err(|e| Error::io(format!("syncing rebuilt {name}"), e))?;
+        }
+        self.local
+            .sync_dir()
+            .map_err(|e| Error::io("syncing the local directory", e))?;
+        self.log.next_seq.store(next, Ordering::Relaxed);
+        if !rebuilt.is_empty() {
+            let mut names: Vec<_> = rebuilt.keys().cloned().collect();
+            names.sort();
+            tracing::warn!(
+                "rebuilt {} files of the local directory from {url}'s write-ahead objects: {}",
+                names.len(),
+                names.join(", ")
+            );
+        }
+        Ok(rebuilt.len())
+    }
+}
+
+fn encode_wal(name: &str, offset: u64, data: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(32 + name.len() + data.len());
+    v.extend_from_slice(&WAL_MAGIC);
+    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    v.extend_from_slice(name.as_bytes());
+    v.extend_from_slice(&offset.to_le_bytes());
+    v.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    v.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+fn decode_wal(b: &[u8]) -> Option<(String, u64, &[u8])> {
+    if b.get(..8)? != WAL_MAGIC {
+        return None;
+    }
+    let nlen = u16::from_le_bytes(b.get(8..10)?.try_into().ok()?) as usize;
+    let name = std::str::from_utf8(b.get(10..10 + nlen)?).ok()?.to_string();
+    let at = 10 + nlen;
+    let offset = u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?);
+    let len = usize::try_from(u64::from_le_bytes(b.get(at + 8..at + 16)?.try_into().ok()?)).ok()?;
+    let crc = u32::from_le_bytes(b.get(at + 16..at + 20)?.try_into().ok()?);
+    let data = b.get(at + 20..at.checked_add(20)?.checked_add(len)?)?;
+    let safe = !name.is_empty() && !name.contains('/') && !name.starts_with('.');
+    (crc32c::crc32c(data) == crc && safe && is_logged(&name)).then_some((name, offset, data))
+}
+
+impl Dir for WalDir {
+    fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
+        let file = self.local.open(name, create)?;
+        if !is_logged(name) {
+            return Ok(file);
+        }
+        Ok(Arc::new(WalFile {
+            file,
+            name: name.to_string(),
+            dirty: Mutex::new(None),
+            log: self.log.clone(),
+        }))
+    }
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        self.local.exists(name)
+    }
+    fn remove(&self, name: &str) -> io::Result<()> {
+        self.local.remove(name)?;
+        let objs = self
+            .log
+            .by_file
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)
+            .unwrap_or_default();
+        for o in objs {
+            // Best effort: a write-ahead object left behind rebuilds a file the next open
+            // removes again (an old journal generation, a segment already uploaded).
+            if let Err(e) = self.log.shared.delete(&o) {
+                tracing::warn!("deleting {o}: {e}");
+            }
+        }
+        Ok(())
+    }
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        self.local.rename(from, to)
+    }
+    fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
+        self.local.list(prefix)
+    }
+    fn sync_dir(&self) -> io::Result<()> {
+        self.local.sync_dir()
+    }
+    fn total_bytes(&self) -> io::Result<u64> {
+        self.local.total_bytes()
+    }
+    fn available_bytes(&self) -> io::Result<u64> {
+        self.local.available_bytes()
+    }
+    fn describe(&self) -> String {
+        self.local.describe()
+    }
+}
+
+/// A journal or segment file of a [`WalDir`].
+struct WalFile {
+    file: Arc<dyn File>,
+    name: String,
+    /// Bytes written since the last sync: [start, end).
+    dirty: Mutex<Option<(u64, u64)>>,
+    log: Arc<WalLog>,
+}
+
+impl File for WalFile {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.file.read_at(buf, offset)
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_at(data, offset)?;
+        let end = offset + data.len() as u64;
+        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        *d = Some(match *d {
+            Some((s, e)) => (s.min(offset), e.max(end)),
+            None => (offset, end),
+        });
+        Ok(())
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync()?;
+        let range = *self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((start, end)) = range else {
+            return Ok(());
+        };
+        let end = end.min(self.file.len()?);
+        if end > start {
+            let mut buf = vec![0u8; (end - start) as usize];
+            self.file.read_at(&mut buf, start)?;
+            self.log.append(&self.name, start, &buf)?;
+        }
+        // Writes that raced with this sync extended the range; they are logged by the next.
+        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        if *d == range {
+            *d = None;
+        } else if let Some((s, e)) = *d {
+            *d = Some((s.max(end).min(e), e));
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lease.
+
+/// One writer per pool: the `lease` object names the host and process that writes the pool
+/// and until when; the holder renews it every 10 s and deletes it at a clean close.
+///
+/// On a store that honours conditional PUT the first writer of an absent lease wins
+/// exactly. Garage 2.5.0 does not (tests/s3/README.md): there the taker writes the lease,
+/// waits [`LEASE_SETTLE`], reads it back and holds it only if its nonce is there. That
+/// refuses every writer that comes after the lease is visible; two opens within one round
+/// trip could both win, and the renewal then finds a foreign nonce: that host stops
+/// writing (`health: lease lost`). A lease whose process is gone from this host (kill -9,
+/// a crash) is taken over at once; one of another host after it expires (30 s).
+pub struct Lease {
+    shared: Arc<Shared>,
+    nonce: String,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct LeaseBody {
+    host: String,
+    pid: u32,
+    nonce: String,
+    expires: u64,
+    renewed: u64,
+}
+
+impl LeaseBody {
+    fn encode(&self) -> Vec<u8> {
+        format!(
+            "{LEASE_FIRST_LINE}\nhost={}\npid={}\nnonce={}\nexpires_unix={}\nrenewed_unix={}\n",
+            self.host, self.pid, self.nonce, self.expires, self.renewed
+        )
+        .into_bytes()
+    }
+
+    fn decode(b: &[u8]) -> Option<LeaseBody> {
+        let text = std::str::from_utf8(b).ok()?;
+        let mut lines = text.lines();
+        if lines.next()? != LEASE_FIRST_LINE {
+            return None;
+        }
+        let mut l = LeaseBody {
+            host: String::new(),
+            pid: 0,
+            nonce: String::new(),
+            expires: 0,
+            renewed: 0,
+        };
+        for line in lines {
+            match line.split_once('=') {
+                Some(("host", v)) => l.host = v.to_string(),
+                Some(("pid", v)) => l.pid = v.parse().ok()?,
+                Some(("nonce", v)) => l.nonce = v.to_string(),
+                Some(("expires_unix", v)) => l.expires = v.parse().ok()?,
+                Some(("renewed_unix", v)) => l.renewed = v.parse().ok()?,
+                _ => {}
+            }
+        }
+        Some(l)
+    }
+
+    fn fresh(nonce: &str) -> LeaseBody {
+        let now = unix_now();
+        LeaseBody {
+            host: hostname(),
+            pid: std::process::id(),
+            nonce: nonce.to_string(),
+            expires: now + LEASE_SECONDS,
+            renewed: now,
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into())
+}
+
+fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks that the process exists; no memory involved.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+fn held_error(url: &str, l: &LeaseBody) -> Error {
+    let now = unix_now();
+    Error::Busy(format!(
+        "pool {url} is held by {} (pid {}), lease renewed {} s ago, expires in {} s: stop it \
+         there, or connect this host with `condense connect --read-only`; if {} is gone, the \
+         lease expires in {} s and this host can then take the pool",
+        l.host,
+        l.pid,
+        now.saturating_sub(l.renewed),
+        l.expires.saturating_sub(now),
+        l.host,
+        l.expires.saturating_sub(now),
+    ))
+}
+
+impl Lease {
+    fn acquire(shared: &Arc<Shared>) -> Result<Lease> {
+        let url = &shared.url;
+        let store = &shared.store;
+        let current = match store.get(LEASE_NAME) {
+            Ok(b) => LeaseBody::decode(&b),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(remote_error(url, e)),
+        };
+        if let Some(l) = &current {
+            let mine_and_dead = l.host == hostname() && !pid_alive(l.pid);
+            if l.expires > unix_now() && !mine_and_dead {
+                return Err(held_error(url, l));
+            }
+            tracing::warn!(
+                "taking over the lease of {url} from {} (pid {}): {}",
+                l.host,
+                l.pid,
+                if mine_and_dead {
+                    "that process is gone"
+                } else {
+                    "it expired"
+                }
+            );
+        }
+        let nonce = blake3::hash(
+            format!(
+                "{}{}{:?}",
+                hostname(),
+                std::process::id(),
+                SystemTime::now()
+            )
+            .as_bytes(),
+        )
+        .to_hex()[..32]
+            .to_string();
+        let body = LeaseBody::fresh(&nonce).encode();
+        if current.is_none() && store.conditional_put_honoured() {
+            if !store
+                .put_if_absent(LEASE_NAME, &body)
+                .map_err(|e| remote_error(url, e))?
+            {
+                return Err(Lease::held_now(shared));
+            }
+        } else {
+            store
+                .put(LEASE_NAME, &body)
+                .map_err(|e| remote_error(url, e))?;
+            std::thread::sleep(LEASE_SETTLE);
+            let back = store.get(LEASE_NAME).map_err(|e| remote_error(url, e))?;
+            match LeaseBody::decode(&back) {
+                Some(l) if l.nonce == nonce => {}
+                Some(l) => return Err(held_error(url, &l)),
+                None => return Err(Error::corrupt(format!("{url} lease"), "unreadable")),
+            }
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (stop, shared, nonce) = (stop.clone(), shared.clone(), nonce.clone());
+            std::thread::Builder::new()
+                .name("condense-lease".into())
+                .spawn(move || Lease::renew_loop(&shared, &nonce, &stop))
+                .map_err(|e| Error::io("starting the lease thread", e))?
+        };
+        Ok(Lease {
+            shared: shared.clone(),
+            nonce,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    fn held_now(shared: &Shared) -> Error {
+        match shared
+            .store
+            .get(LEASE_NAME)
+            .ok()
+            .and_then(|b| LeaseBody::decode(&b))
+        {
+            Some(l) => held_error(&shared.url, &l),
+            None => Error::Busy(format!("pool {} is held by another host", shared.url)),
+        }
+    }
+
+    fn renew_loop(shared: &Shared, nonce: &str, stop: &AtomicBool) {
+        loop {
+            std::thread::park_timeout(LEASE_RENEW);
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let current = shared.note(shared.store.get(LEASE_NAME));
+            match current.map(|b| LeaseBody::decode(&b)) {
+                Ok(Some(l)) if l.nonce != nonce => {
+                    shared.lease_lost.store(true, Ordering::Relaxed);
+                    tracing::error!(
+                        "the lease of {} was taken by {} (pid {}): this host stops writing the pool",
+                        shared.url,
+                        l.host,
+                        l.pid
+                    );
+                    return;
+                }
+                Err(e) if e.kind() != io::ErrorKind::NotFound => continue,
+                _ => {}
+            }
+            let _ = shared.note(
+                shared
+                    .store
+                    .put(LEASE_NAME, &LeaseBody::fresh(nonce).encode()),
+            );
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        if self.shared.lease_lost.load(Ordering::Relaxed) {
+            return;
+        }
+        let ours = self
+            .shared
+            .store
+            .get(LEASE_NAME)
+            .ok()
+            .and_then(|b| LeaseBody::decode(&b))
+            .is_some_and(|l| l.nonce == self.nonce);
+        if ours {
+            if let Err(e) = self.shared.store.delete(LEASE_NAME) {
+                tracing::warn!("releasing the lease of {}: {e}", self.shared.url);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The local directory: init, connect, open.
+
+/// Create the local directory `path` for the pool `conf` names, with a writeback cache of
+/// `cache_size` bytes. `path` must be missing or empty.
+fn prepare_local(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> {
+    if let Ok(mut entries) = std::fs::read_dir(path) {
+        if entries.next().is_some() {
+            return Err(Error::Invalid(format!(
+                "{} is not empty: give a new (or empty) directory for the pool's local files",
+                path.display()
+            )));
+        }
+    }
+    std::fs::create_dir_all(path.join(LOCAL_SUBDIR))
+        .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+    let abs = std::fs::canonicalize(path)
+        .map_err(|e| Error::io(format!("resolving {}", path.display()), e))?;
+    let cache = CacheConf {
+        path: abs.display().to_string(),
+        size_bytes: cache_size,
+        mode: CacheMode::WriteBack,
+    };
+    let sub = RealDir::new(&abs.join(LOCAL_SUBDIR));
+    crate::pool::write_file_atomically(
+        &sub,
+        crate::cache::CACHE_CONF_NAME,
+        cache.encode().as_bytes(),
+    )?;
+    crate::pool::write_file_atomically(
+        &RealDir::new(&abs),
+        REMOTE_CONF_NAME,
+        conf.encode().as_bytes(),
+    )
+}
+
+fn shared_for(conf: &RemoteConf, store: Arc<dyn ObjectBackend>, read_only: bool) -> Arc<Shared> {
+    Arc::new(Shared {
+        store,
+        url: conf.url.clone(),
+        read_only,
+        lease_lost: AtomicBool::new(false),
+        last_error: Mutex::new(None),
+        last_upload: Mutex::new(None),
+        blocks: Mutex::new(ReadBlocks::default()),
+    })
+}
+
+fn has_pool(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<bool> {
+    Ok(store
+        .head(crate::format::SUPERBLOCK_NAME)
+        .map_err(|e| remote_error(&conf.url, e))?
+        .is_some())
+}
+
+/// `condense init s3://...`: a new pool in the bucket, and its local directory `path`.
+pub fn init(
+    path: &Path,
+    conf: &RemoteConf,
+    cache_size: u64,
+    opts: &crate::pool::InitOptions,
+) -> Result<()> {
+    let store = conf.backend()?;
+    if has_pool(conf, &*store)? {
+        return Err(Error::Invalid(format!(
+            "{} already holds a Condense pool: to use it on this host, run `condense connect {} \
+             --cache DIR --cache-size SIZE`",
+            conf.url, conf.url
+        )));
+    }
+    prepare_local(path, conf, cache_size)?;
+    let dir = RemoteDir {
+        shared: shared_for(conf, store, false),
+        local: RealDir::new(&path.join(LOCAL_SUBDIR)),
+        durability: conf.durability,
+        meta: Mutex::new(None),
+        writing: Mutex::new(HashMap::new()),
+        _lease: None,
+    };
+    crate::pool::Pool::init(&dir, opts)
+}
+
+/// `condense connect s3://...`: the local directory `path` for a pool already in the bucket
+/// (a new host, a disaster reopen, a reader beside the writer).
+pub fn connect(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> {
+    let store = conf.backend()?;
+    if !has_pool(conf, &*store)? {
+        return Err(Error::Invalid(format!(
+            "{} holds no Condense pool: create one with `condense init {} --cache DIR --cache-size SIZE`",
+            conf.url, conf.url
+        )));
+    }
+    prepare_local(path, conf, cache_size)
+}
+
+/// True if `path` is the local directory of a pool in an object store.
+pub fn is_local_dir(path: &Path) -> bool {
+    path.join(REMOTE_CONF_NAME).is_file()
+}
+
+/// What [`crate::pool::Pool`] needs to open an S3 pool from its local directory.
+pub(crate) struct Opened {
+    pub dir: Arc<RemoteDir>,
+    /// The cache (and staging) directory: the local directory, as a [`WalDir`] with
+    /// `remote` durability.
+    pub cache_dir: Arc<dyn Dir>,
+    pub read_only: bool,
+}
+
+/// Open the bucket side of the pool whose local directory is `path`: take the lease (unless
+/// read-only), rebuild lost local files from write-ahead objects, bring the metadata mirror
+/// up to date.
+pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
+    let conf = RemoteConf::decode(&std::fs::read(path.join(REMOTE_CONF_NAME)).map_err(|e| {
+        Error::io(
+            format!("reading {}", path.join(REMOTE_CONF_NAME).display()),
+            e,
+        )
+    })?)?;
+    let read_only = read_only || conf.read_only;
+    let store = conf.backend()?;
+    if !has_pool(&conf, &*store)? {
+        return Err(Error::NotAPool(PathBuf::from(&conf.url)));
+    }
+    let shared = shared_for(&conf, store, read_only);
+    let lease = if read_only {
+        None
+    } else {
+        Some(Lease::acquire(&shared)?)
+    };
+    let local = Arc::new(RealDir::new(path));
+    let cache_dir: Arc<dyn Dir> = if !read_only && conf.durability == Durability::Remote {
+        let wal = WalDir {
+            local: local.clone(),
+            log: Arc::new(WalLog {
+                shared: shared.clone(),
+                next_seq: AtomicU64::new(0),
+                by_file: Mutex::new(HashMap::new()),
+            }),
+        };
+        wal.recover()?;
+        Arc::new(wal)
+    } else {
+        local
+    };
+    let dir = RemoteDir {
+        shared,
+        local: RealDir::new(&path.join(LOCAL_SUBDIR)),
+        durability: conf.durability,
+        meta: Mutex::new(None),
+        writing: Mutex::new(HashMap::new()),
+        _lease: lease,
+    };
+    dir.sync_meta_mirror()?;
+    Ok(Opened {
+        dir: Arc::new(dir),
+        cache_dir,
+        read_only,
+    })
+}
