@@ -1502,10 +1502,11 @@ impl Pool {
             };
             st.md.checkpoints += 1;
             st.checkpointed = st.appended;
-            // An S3 pool with `local` durability: the root goes to the bucket only after every
-            // segment it can name (the open one is sealed here), so the bucket alone is whole.
+            // An S3 pool: the root goes to the bucket only after every segment it can name
+            // (the open one is sealed here), so the bucket alone is whole without the
+            // write-ahead objects of `remote` durability (they are then deleted).
             let upload_through = match self.dir.remote() {
-                Some(r) if r.durability() == crate::remote::Durability::Local => {
+                Some(_) => {
                     if st.segments.open_id().is_some() {
                         st.segments.write_pending()?;
                         st.segments.seal_open();

@@ -20,9 +20,11 @@
 //!
 //! Invariants:
 //! - **A checkpoint root in the bucket names only objects already in the bucket.** The pages
-//!   are uploaded (the `meta.dat` sync) before the root (the checkpoint rename), and with
-//!   `local` durability every staged segment is uploaded before a checkpoint starts
-//!   ([`crate::pool::Pool`]'s checkpoint calls [`crate::pool::Pool::upload_staged`]).
+//!   are uploaded (the `meta.dat` sync) before the root (the checkpoint rename), and so is
+//!   every segment the root can name: a checkpoint seals the open segment and uploads every
+//!   staged one first (`Pool::upload_staged_through`). So the bucket alone is a whole pool
+//!   as of its last root, and the write-ahead objects of `remote` durability are needed only
+//!   for what came after it.
 //! - **Replacing a `meta.dat` extent never changes a page the bucket's root names.** The page
 //!   allocator never overwrites a unit the last durable root references
 //!   ([`crate::page_alloc`]), so each extent object, old or new, holds those units intact.
@@ -212,6 +214,7 @@ impl RemoteConf {
             allow_http: var("AWS_ALLOW_HTTP")
                 .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1"),
             timeouts: Default::default(),
+            probe_conditional_put: !self.read_only,
         };
         condense_remote::S3Backend::open(&config)
             .map(|b| Arc::new(b) as Arc<dyn ObjectBackend>)
@@ -944,6 +947,9 @@ impl File for MetaFile {
 pub struct WalDir {
     local: Arc<RealDir>,
     log: Arc<WalLog>,
+    /// Log each sync (`remote` durability). Off, the directory still rebuilds files from
+    /// write-ahead objects another open left, and deletes them with their files.
+    log_syncs: bool,
 }
 
 /// The write-ahead objects written so far, shared by a [`WalDir`] and its files.
@@ -1077,7 +1083,7 @@ fn decode_wal(b: &[u8]) -> Option<(String, u64, &[u8])> {
 impl Dir for WalDir {
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
         let file = self.local.open(name, create)?;
-        if !is_logged(name) {
+        if !self.log_syncs || !is_logged(name) {
             return Ok(file);
         }
         Ok(Arc::new(WalFile {
@@ -1270,6 +1276,22 @@ fn pid_alive(pid: u32) -> bool {
     rc == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// A holder on this host killed a moment ago (kill -9, then a restart) may take a few
+/// seconds to exit; wait for it that long.
+fn pid_alive_after_grace(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pid_alive(pid) {
+        if Instant::now() > deadline {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
 fn held_error(url: &str, l: &LeaseBody) -> Error {
     let now = unix_now();
     Error::Busy(format!(
@@ -1295,7 +1317,7 @@ impl Lease {
             Err(e) => return Err(remote_error(url, e)),
         };
         if let Some(l) = &current {
-            let mine_and_dead = l.host == hostname() && !pid_alive(l.pid);
+            let mine_and_dead = l.host == hostname() && !pid_alive_after_grace(l.pid);
             if l.expires > unix_now() && !mine_and_dead {
                 return Err(held_error(url, l));
             }
@@ -1555,7 +1577,12 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
         Some(Lease::acquire(&shared)?)
     };
     let local = Arc::new(RealDir::new(path));
-    let cache_dir: Arc<dyn Dir> = if !read_only && conf.durability == Durability::Remote {
+    // A writer's local directory (even opened read-only, e.g. by `export`) is rebuilt from
+    // the write-ahead objects in the bucket, whatever this host's durability (another host
+    // may have written them); a reader host's never is (they are the writer's).
+    let cache_dir: Arc<dyn Dir> = if conf.read_only {
+        local
+    } else {
         let wal = WalDir {
             local: local.clone(),
             log: Arc::new(WalLog {
@@ -1563,11 +1590,10 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
                 next_seq: AtomicU64::new(0),
                 by_file: Mutex::new(HashMap::new()),
             }),
+            log_syncs: conf.durability == Durability::Remote,
         };
         wal.recover()?;
         Arc::new(wal)
-    } else {
-        local
     };
     let dir = RemoteDir {
         shared,

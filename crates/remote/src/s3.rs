@@ -86,6 +86,9 @@ pub struct S3Config {
     /// Allow an `http://` endpoint (test clusters, a store on localhost).
     pub allow_http: bool,
     pub timeouts: Timeouts,
+    /// Probe at open whether the store honours conditional PUT (writes a scratch object).
+    /// Off for a read-only user of the bucket: `put_if_absent` is then taken as best effort.
+    pub probe_conditional_put: bool,
 }
 
 impl fmt::Debug for S3Config {
@@ -127,6 +130,7 @@ impl S3Config {
             allow_http: var("AWS_ALLOW_HTTP")
                 .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1"),
             timeouts: Timeouts::default(),
+            probe_conditional_put: true,
         })
     }
 
@@ -289,7 +293,9 @@ impl S3Backend {
             conditional: false,
             stats: Arc::new(Counters::default()),
         };
-        backend.conditional = backend.probe_conditional_put()?;
+        if config.probe_conditional_put {
+            backend.conditional = backend.probe_conditional_put()?;
+        }
         Ok(backend)
     }
 

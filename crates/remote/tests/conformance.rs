@@ -102,6 +102,7 @@ fn config(endpoint: &str) -> S3Config {
         secret_access_key: "secret".into(),
         allow_http: true,
         timeouts: Default::default(),
+        probe_conditional_put: true,
     }
 }
 
