@@ -99,14 +99,23 @@ impl Pool {
 
     /// Destage every sealed staged segment with an id up to `last` (an S3 pool's checkpoint,
     /// before its root names them), waiting for a destage the background thread is running.
-    pub(crate) fn upload_staged_through(&self, last: u32) -> Result<()> {
+    /// With `retry`, a store that does not answer is retried until the deadline (inside a
+    /// checkpoint, where failing poisons the pool); without, its error is returned at once.
+    pub(crate) fn upload_staged_through(&self, last: u32, retry: bool) -> Result<()> {
         let deadline = std::time::Instant::now() + UPLOAD_WAIT;
         loop {
             if lock(&self.state).segments.sealed_staged_through(last) == 0 {
                 return Ok(());
             }
-            if self.destage_one()? {
-                continue;
+            match self.destage_one() {
+                Ok(true) => continue,
+                Ok(false) => {}
+                // The store may come back: retry until the deadline.
+                Err(e) if retry && crate::remote::is_store_unavailable(&e) => {
+                    tracing::warn!("uploading staged segments: {e}; retrying");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
             }
             if std::time::Instant::now() > deadline {
                 return Err(Error::Busy(format!(
@@ -126,9 +135,7 @@ impl Pool {
         let Some(r) = self.dir.remote() else {
             return Ok(());
         };
-        let due = r
-            .since_last_upload()
-            .is_none_or(|t| t >= REMOTE_CHECKPOINT_EVERY);
+        let due = r.since_last_upload() >= REMOTE_CHECKPOINT_EVERY;
         let changed = {
             let st = lock(&self.state);
             st.appended > st.checkpointed

@@ -150,6 +150,9 @@ impl Default for OpenOptions {
 /// A change to the metadata made inside a checkpoint ([`Pool::checkpoint_with`]).
 pub(crate) type MetadataChange<'a> = dyn FnMut(&mut Metadata) -> Result<()> + 'a;
 
+/// How long a checkpoint of an S3 pool waits for a store that stopped answering half-way.
+const CHECKPOINT_STORE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Re-check free disk space after this many bytes written.
 const SPACE_CHECK_BYTES: u64 = 16 << 20;
 
@@ -1445,11 +1448,29 @@ impl Pool {
             &self.counters.flush_nanos,
             crate::counters::nanos(started.elapsed()),
         );
+        // An S3 pool with `remote` durability: every file was synced locally, only the upload
+        // of its write-ahead object failed. The flush fails (nothing is acknowledged) and
+        // the next one uploads what this one could not; the pool stays usable.
+        if let Err(e) = &synced {
+            if crate::remote::is_store_unavailable(e) {
+                return synced;
+            }
+        }
         let st = self.settle_sync(synced, target)?;
         let big = st.journal.file_bytes() > self.opts.journal_bytes_max;
         drop(st);
         if big {
-            self.checkpoint_locked(&guard)?;
+            match self.dir.remote() {
+                // An S3 pool's journal grows on the local disk while the store is away.
+                Some(r) if r.check_reachable().is_err() => {
+                    tracing::warn!(
+                        "journal past {} bytes: checkpointing once {} answers",
+                        self.opts.journal_bytes_max,
+                        r.describe()
+                    );
+                }
+                _ => self.checkpoint_locked(&guard)?,
+            }
         }
         Ok(())
     }
@@ -1473,6 +1494,19 @@ impl Pool {
         change: Option<&mut MetadataChange<'_>>,
     ) -> Result<()> {
         let started = std::time::Instant::now();
+        if let Some(r) = self.dir.remote() {
+            // Before anything changes: a checkpoint of an S3 pool that fails half-way poisons it.
+            r.check_reachable()?;
+            let last_sealed = {
+                let st = lock(&self.state);
+                st.segments
+                    .last_id()
+                    .filter(|&id| Some(id) != st.segments.open_id())
+            };
+            if let Some(last) = last_sealed {
+                self.upload_staged_through(last, false)?;
+            }
+        }
         let (body, (old_gen, old_dir), new_journal_file, (files, dirs), target, freed) = {
             let mut st = lock(&self.state);
             self.writable(&st)?;
@@ -1554,21 +1588,25 @@ impl Pool {
         let (body, upload_through) = body;
         let meta_file = lock(&self.state).md.cache.file().clone();
         let done = (|| {
-            sync_segments(&files)?;
-            meta_file
-                .sync()
-                .map_err(|e| Error::io(format!("syncing {META_NAME}"), e))?;
-            new_journal_file
-                .sync()
-                .map_err(|e| Error::io("syncing the new journal", e))?;
+            self.store_retry(|| sync_segments(&files))?;
+            self.store_retry(|| {
+                meta_file
+                    .sync()
+                    .map_err(|e| Error::io(format!("syncing {META_NAME}"), e))
+            })?;
+            self.store_retry(|| {
+                new_journal_file
+                    .sync()
+                    .map_err(|e| Error::io("syncing the new journal", e))
+            })?;
             for d in &dirs {
                 d.sync_dir()
                     .map_err(|e| Error::io(format!("syncing {}", d.describe()), e))?;
             }
             if let Some(last) = upload_through {
-                self.upload_staged_through(last)?;
+                self.upload_staged_through(last, true)?;
             }
-            write_file_atomically(&*self.dir, CHECKPOINT_NAME, &body)?;
+            self.store_retry(|| write_file_atomically(&*self.dir, CHECKPOINT_NAME, &body))?;
             old_dir
                 .remove(&journal_name(old_gen))
                 .map_err(|e| Error::io("removing the old journal", e))
@@ -1585,6 +1623,29 @@ impl Pool {
         c.checkpoint_last_nanos
             .store(took, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Run a step of a checkpoint. In an S3 pool, a store that stops answering half-way is
+    /// waited for (backing off, up to [`CHECKPOINT_STORE_WAIT`]) instead of poisoning the
+    /// pool at once: every step can be repeated (a PUT replaces, an extent stays dirty until
+    /// uploaded). Flushes wait meanwhile; writes go on.
+    fn store_retry<T>(&self, mut step: impl FnMut() -> Result<T>) -> Result<T> {
+        let deadline = std::time::Instant::now() + CHECKPOINT_STORE_WAIT;
+        let mut pause = std::time::Duration::from_millis(500);
+        loop {
+            match step() {
+                Err(e)
+                    if self.dir.remote().is_some()
+                        && crate::remote::is_store_unavailable(&e)
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tracing::warn!("checkpoint: {e}; retrying in {} ms", pause.as_millis());
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_secs(10));
+                }
+                r => return r,
+            }
+        }
     }
 
     /// After syncing: on success everything appended up to `target` is durable; on failure

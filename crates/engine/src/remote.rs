@@ -269,12 +269,32 @@ fn remote_error(store: &str, e: condense_remote::Error) -> Error {
 }
 
 fn to_io(e: condense_remote::Error) -> io::Error {
-    let kind = if e.is_not_found() {
-        io::ErrorKind::NotFound
-    } else {
-        io::ErrorKind::Other
-    };
-    io::Error::new(kind, e.to_string())
+    if e.is_not_found() {
+        return io::Error::new(io::ErrorKind::NotFound, e.to_string());
+    }
+    io::Error::other(StoreUnavailable(e.to_string()))
+}
+
+/// The object store did not take or give what was asked (unreachable, timed out, refused):
+/// the pool's state is unchanged and the request can be retried once the store answers.
+#[derive(Debug)]
+pub struct StoreUnavailable(pub String);
+
+impl std::fmt::Display for StoreUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StoreUnavailable {}
+
+/// True if `e` is (or wraps) a [`StoreUnavailable`]: a flush that failed so has changed
+/// nothing locally and must not poison the pool.
+pub fn is_store_unavailable(e: &Error) -> bool {
+    match e {
+        Error::Io { source, .. } => source.get_ref().is_some_and(|r| r.is::<StoreUnavailable>()),
+        _ => false,
+    }
 }
 
 fn unix_now() -> u64 {
@@ -456,6 +476,7 @@ pub struct RemoteDir {
     local: RealDir,
     durability: Durability,
     meta: Mutex<Option<Arc<MetaFile>>>,
+    opened: Instant,
     /// Files being written whole (`.tmp`, `.partial`, new files), by name, for `rename`.
     writing: Mutex<HashMap<String, Weak<BufFile>>>,
     _lease: Option<Lease>,
@@ -563,13 +584,40 @@ impl RemoteDir {
         self.durability
     }
 
-    /// Time since this open uploaded a checkpoint root (`None`: none yet).
-    pub fn since_last_upload(&self) -> Option<Duration> {
+    /// Fail at once, changing nothing, if the store's last request failed and it does not
+    /// answer now either (checked before a checkpoint starts: a checkpoint that fails
+    /// half-way must poison the pool, one that never starts need not).
+    pub fn check_reachable(&self) -> Result<()> {
+        let failing = self
+            .shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !failing {
+            return Ok(());
+        }
+        self.shared
+            .note(self.shared.store.head(crate::format::SUPERBLOCK_NAME))
+            .map(|_| ())
+            .map_err(|e| {
+                Error::io(
+                    format!(
+                        "checkpointing to {}: the store does not answer; the checkpoint runs once it does",
+                        self.shared.url
+                    ),
+                    e,
+                )
+            })
+    }
+
+    /// Time since this open uploaded a checkpoint root, or since the open.
+    pub fn since_last_upload(&self) -> Duration {
         self.shared
             .last_upload
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .map(|t| t.elapsed())
+            .map_or_else(|| self.opened.elapsed(), |t| t.elapsed())
     }
 
     /// Mark that a checkpoint root was uploaded now.
@@ -958,6 +1006,10 @@ struct WalLog {
     next_seq: AtomicU64,
     /// The write-ahead objects of each file, so that removing the file deletes them.
     by_file: Mutex<HashMap<String, Vec<String>>>,
+    /// Files synced locally whose bytes a failed upload left unlogged: every later sync of
+    /// any file logs them first (a flush that failed so is retried by the next flush, which
+    /// may not sync those segment files again), in order, before its own bytes.
+    unlogged: Mutex<Vec<Arc<WalFile>>>,
 }
 
 fn is_logged(name: &str) -> bool {
@@ -966,6 +1018,21 @@ fn is_logged(name: &str) -> bool {
 }
 
 impl WalLog {
+    /// Log what earlier failed syncs left unlogged.
+    fn retry_unlogged(&self) -> io::Result<()> {
+        let files = std::mem::take(&mut *self.unlogged.lock().unwrap_or_else(|e| e.into_inner()));
+        for (i, f) in files.iter().enumerate() {
+            if let Err(e) = f.log_dirty() {
+                self.unlogged
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(files[i..].iter().cloned());
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
     fn append(&self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let obj = format!("{WAL_PREFIX}/{seq:016x}");
@@ -1086,11 +1153,12 @@ impl Dir for WalDir {
         if !self.log_syncs || !is_logged(name) {
             return Ok(file);
         }
-        Ok(Arc::new(WalFile {
+        Ok(Arc::new_cyclic(|me| WalFile {
             file,
             name: name.to_string(),
             dirty: Mutex::new(None),
             log: self.log.clone(),
+            me: me.clone(),
         }))
     }
     fn exists(&self, name: &str) -> io::Result<bool> {
@@ -1141,6 +1209,31 @@ struct WalFile {
     /// Bytes written since the last sync: [start, end).
     dirty: Mutex<Option<(u64, u64)>>,
     log: Arc<WalLog>,
+    me: Weak<WalFile>,
+}
+
+impl WalFile {
+    /// Upload the bytes written since the last logged sync as one write-ahead object.
+    fn log_dirty(&self) -> io::Result<()> {
+        let range = *self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((start, end)) = range else {
+            return Ok(());
+        };
+        let end = end.min(self.file.len()?);
+        if end > start {
+            let mut buf = vec![0u8; (end - start) as usize];
+            self.file.read_at(&mut buf, start)?;
+            self.log.append(&self.name, start, &buf)?;
+        }
+        // Writes that raced with this sync extended the range; they are logged by the next.
+        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        if *d == range {
+            *d = None;
+        } else if let Some((s, e)) = *d {
+            *d = Some((s.max(end).min(e), e));
+        }
+        Ok(())
+    }
 }
 
 impl File for WalFile {
@@ -1165,24 +1258,16 @@ impl File for WalFile {
     }
     fn sync(&self) -> io::Result<()> {
         self.file.sync()?;
-        let range = *self.dirty.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((start, end)) = range else {
-            return Ok(());
-        };
-        let end = end.min(self.file.len()?);
-        if end > start {
-            let mut buf = vec![0u8; (end - start) as usize];
-            self.file.read_at(&mut buf, start)?;
-            self.log.append(&self.name, start, &buf)?;
+        let logged = self.log.retry_unlogged().and_then(|_| self.log_dirty());
+        if logged.is_err() {
+            if let Some(me) = self.me.upgrade() {
+                let mut u = self.log.unlogged.lock().unwrap_or_else(|e| e.into_inner());
+                if !u.iter().any(|f| Arc::ptr_eq(f, &me)) {
+                    u.push(me);
+                }
+            }
         }
-        // Writes that raced with this sync extended the range; they are logged by the next.
-        let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
-        if *d == range {
-            *d = None;
-        } else if let Some((s, e)) = *d {
-            *d = Some((s.max(end).min(e), e));
-        }
-        Ok(())
+        logged
     }
 }
 
@@ -1522,6 +1607,7 @@ pub fn init(
         local: RealDir::new(&path.join(LOCAL_SUBDIR)),
         durability: conf.durability,
         meta: Mutex::new(None),
+        opened: Instant::now(),
         writing: Mutex::new(HashMap::new()),
         _lease: None,
     };
@@ -1589,6 +1675,7 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
                 shared: shared.clone(),
                 next_seq: AtomicU64::new(0),
                 by_file: Mutex::new(HashMap::new()),
+                unlogged: Mutex::new(Vec::new()),
             }),
             log_syncs: conf.durability == Durability::Remote,
         };
@@ -1600,6 +1687,7 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
         local: RealDir::new(&path.join(LOCAL_SUBDIR)),
         durability: conf.durability,
         meta: Mutex::new(None),
+        opened: Instant::now(),
         writing: Mutex::new(HashMap::new()),
         _lease: lease,
     };
