@@ -225,3 +225,34 @@ fn the_lease_refuses_a_second_writer_and_a_reader_opens_beside_it() {
     // Host 1's metadata mirror is stale now: its next open fetches the bucket's.
     check(&open(&local).expect("host 1 again"), "a", 200, 64);
 }
+
+#[test]
+fn gc_reclaims_objects_and_another_host_reads_what_it_moved() {
+    let bucket = Bucket::new();
+    let local = new_pool(&bucket, Durability::Local);
+    let pool = open(&local).expect("open");
+    pool.create_volume("a", 1024 * BS as u64).expect("create");
+    pool.create_volume("b", 1024 * BS as u64).expect("create");
+    write(&pool, "a", 1, 1024);
+    write(&pool, "b", 5000, 1024);
+    pool.close().expect("upload");
+    // Overwriting "a" leaves its first segments mostly dead; "b" keeps live chunks among them.
+    write(&pool, "a", 9000, 1024);
+    pool.close().expect("upload");
+    let before = pool.stats().expect("stats").remote.expect("remote").bytes;
+    let report = pool.gc(30).expect("gc");
+    assert!(report.segments_removed > 0, "{report:?}");
+    pool.close().expect("upload");
+    let after = pool.stats().expect("stats").remote.expect("remote").bytes;
+    assert!(
+        after < before,
+        "the bucket holds {after} bytes after GC, {before} before"
+    );
+    drop(pool);
+    let host2 = bucket.local("host2");
+    remote::connect(&host2, &bucket.conf(Durability::Local, false), CACHE).expect("connect");
+    let pool = open(&host2).expect("open on host 2");
+    check(&pool, "a", 9000, 1024);
+    check(&pool, "b", 5000, 1024);
+    assert!(pool.verify(&|_, _| ()).expect("verify").is_clean());
+}
