@@ -362,8 +362,16 @@ fn open_pool_opts(path: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
 }
 
 fn main() {
+    // Warnings (a store that does not answer, a cache that cannot be opened) are shown
+    // unless CONDENSE_LOG says otherwise (e.g. CONDENSE_LOG=error, or =info for more).
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("CONDENSE_LOG"))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::builder()
+                .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+                .with_env_var("CONDENSE_LOG")
+                .from_env_lossy(),
+        )
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     // `serve`/`mount --config FILE`: the file's options join the command line first.
@@ -530,6 +538,7 @@ fn run(cli: Cli) -> Result<i32> {
             if format == "raw" {
                 let pool = open_pool(&cli.pool, true)?;
                 image::export_raw(&pool, &a.name, &a.file, a.force)?;
+                pool.close()?;
             } else {
                 if a.force && a.file.exists() {
                     std::fs::remove_file(&a.file)

@@ -687,11 +687,13 @@ impl Pool {
             destager: Mutex::new(None),
             _lock_file: lock_file,
         });
-        if !pool.read_only {
+        // An S3 pool's cache is its local directory, which a read-only open (export, a
+        // reader host) may use too: every read of the bucket costs a request.
+        if !pool.read_only || pool.dir.remote().is_some() {
             pool.open_attached_cache();
-            if staging.is_some() && pool.opts.destage_in_background {
-                pool.start_destager();
-            }
+        }
+        if !pool.read_only && staging.is_some() && pool.opts.destage_in_background {
+            pool.start_destager();
         }
         Ok(pool)
     }
@@ -725,6 +727,12 @@ impl Pool {
     /// Make everything durable and write a checkpoint, so the next open replays nothing.
     pub fn close(&self) -> Result<()> {
         if self.read_only {
+            // (Only an S3 pool opens its cache tier read-only: keep what it promoted.)
+            if let Some(c) = self.cache() {
+                if let Err(e) = c.close() {
+                    tracing::warn!("closing the cache tier: {e}");
+                }
+            }
             return Ok(());
         }
         self.stop_destager();
@@ -2031,7 +2039,7 @@ fn local_journal(
         f.write_at(&bytes, 0).and_then(|_| f.sync()).map_err(io)?;
     } else {
         tracing::warn!(
-            "journal {jname} is not in {}: the pool opens as of its last checkpoint in {}",
+            "journal {jname} is not in {} (a new host, or a lost local disk): the pool opens as              of its last checkpoint in {}: all of it after a clean stop; with local durability,              writes after that checkpoint are lost",
             local.describe(),
             bucket.describe()
         );

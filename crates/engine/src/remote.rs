@@ -57,10 +57,13 @@ pub const REMOTE_CONF_NAME: &str = "remote.conf";
 pub const LOCAL_SUBDIR: &str = "pool";
 /// Bytes of one `meta.dat` extent object.
 pub const META_EXTENT_BYTES: u64 = 256 << 10;
-/// Segment reads fetch aligned blocks of this many bytes (one GET), kept in a small LRU.
-const READ_BLOCK_BYTES: u64 = 4 << 20;
+/// Reads of an object fetch aligned blocks of this many bytes, kept in a small LRU: one block
+/// (one GET) for a read out of order, [`READ_AHEAD_BLOCKS`] in one GET for a read that
+/// continues the previous one (a request costs ~45-90 ms on Garage whatever its size).
+const READ_BLOCK_BYTES: u64 = 256 << 10;
+const READ_AHEAD_BLOCKS: u64 = 16;
 /// Blocks kept by the read LRU (64 MiB).
-const READ_BLOCKS_KEPT: usize = 16;
+const READ_BLOCKS_KEPT: usize = 256;
 /// Uploads and downloads of extents run this many at a time.
 const PARALLEL_REQUESTS: usize = 8;
 const META_SYNCED_NAME: &str = "meta.synced";
@@ -174,8 +177,9 @@ impl RemoteConf {
         Ok(conf)
     }
 
-    /// Connect to the store this configuration names.
-    pub fn backend(&self) -> Result<Arc<dyn ObjectBackend>> {
+    /// Connect to the store this configuration names; `writer`: this open may write the
+    /// bucket (a read-only open writes nothing, not even the conditional-put probe).
+    pub fn backend(&self, writer: bool) -> Result<Arc<dyn ObjectBackend>> {
         if let Some(path) = self.url.strip_prefix("file://") {
             return condense_remote::LocalBackend::open(path)
                 .map(|b| Arc::new(b) as Arc<dyn ObjectBackend>)
@@ -214,7 +218,7 @@ impl RemoteConf {
             allow_http: var("AWS_ALLOW_HTTP")
                 .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1"),
             timeouts: Default::default(),
-            probe_conditional_put: !self.read_only,
+            probe_conditional_put: writer && !self.read_only,
         };
         condense_remote::S3Backend::open(&config)
             .map(|b| Arc::new(b) as Arc<dyn ObjectBackend>)
@@ -408,21 +412,30 @@ impl Shared {
             let pos = offset + at as u64;
             let b = pos / READ_BLOCK_BYTES;
             let start = b * READ_BLOCK_BYTES;
-            let cached = self
-                .blocks
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(name, b);
+            let (cached, sequential) = {
+                let mut blocks = self.blocks.lock().unwrap_or_else(|e| e.into_inner());
+                let sequential = blocks.follows(name, b);
+                (blocks.get(name, b), sequential)
+            };
             let block = match cached {
                 Some(x) => x,
                 None => {
-                    let len = READ_BLOCK_BYTES.min(size - start);
-                    let got = Arc::new(self.note(self.store.get_range(name, start, len))?);
-                    self.blocks
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .put(name, b, got.clone());
-                    got
+                    let want = if sequential { READ_AHEAD_BLOCKS } else { 1 };
+                    let len = (want * READ_BLOCK_BYTES).min(size - start);
+                    let got = self.note(self.store.get_range(name, start, len))?;
+                    let mut blocks = self.blocks.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut first = None;
+                    for (i, piece) in got.chunks(READ_BLOCK_BYTES as usize).enumerate() {
+                        let piece = Arc::new(piece.to_vec());
+                        first.get_or_insert_with(|| piece.clone());
+                        blocks.put(name, b + i as u64, piece);
+                    }
+                    first.ok_or_else(|| {
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("empty range of {name} in {}", self.url),
+                        )
+                    })?
                 }
             };
             let from = (pos - start) as usize;
@@ -439,9 +452,21 @@ impl Shared {
 struct ReadBlocks {
     map: HashMap<(String, u64), Arc<Vec<u8>>>,
     order: VecDeque<(String, u64)>,
+    /// The block read last.
+    last: Option<(String, u64)>,
 }
 
 impl ReadBlocks {
+    /// Whether block `b` of `name` continues the last block read; remembers it as the last.
+    fn follows(&mut self, name: &str, b: u64) -> bool {
+        let seq = self
+            .last
+            .as_ref()
+            .is_some_and(|(n, l)| n == name && (*l == b || *l + 1 == b));
+        self.last = Some((name.to_string(), b));
+        seq
+    }
+
     fn get(&mut self, name: &str, b: u64) -> Option<Arc<Vec<u8>>> {
         let key = (name.to_string(), b);
         let v = self.map.get(&key)?.clone();
@@ -1593,7 +1618,7 @@ pub fn init(
     cache_size: u64,
     opts: &crate::pool::InitOptions,
 ) -> Result<()> {
-    let store = conf.backend()?;
+    let store = conf.backend(true)?;
     if has_pool(conf, &*store)? {
         return Err(Error::Invalid(format!(
             "{} already holds a Condense pool: to use it on this host, run `condense connect {} \
@@ -1617,7 +1642,7 @@ pub fn init(
 /// `condense connect s3://...`: the local directory `path` for a pool already in the bucket
 /// (a new host, a disaster reopen, a reader beside the writer).
 pub fn connect(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> {
-    let store = conf.backend()?;
+    let store = conf.backend(false)?;
     if !has_pool(conf, &*store)? {
         return Err(Error::Invalid(format!(
             "{} holds no Condense pool: create one with `condense init {} --cache DIR --cache-size SIZE`",
@@ -1652,7 +1677,7 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
         )
     })?)?;
     let read_only = read_only || conf.read_only;
-    let store = conf.backend()?;
+    let store = conf.backend(!read_only)?;
     if !has_pool(&conf, &*store)? {
         return Err(Error::NotAPool(PathBuf::from(&conf.url)));
     }
