@@ -144,17 +144,17 @@ requests() {
 }
 kinds=(PUT GET LIST HEAD DELETE POST)
 snapshot_requests() { local k; for k in "${kinds[@]}"; do echo "$k $(requests "$k")"; done; }
-# delta_requests BEFORE_FILE: "PUT n GET n ..." since BEFORE_FILE; sets req_total.
+# delta_requests BEFORE_FILE: sets req_line ("PUT n  GET n ...") and req_total, the requests
+# since BEFORE_FILE was written.
 delta_requests() {
-  local k before now out=""
-  req_total=0
+  local k before now
+  req_line="" req_total=0
   for k in "${kinds[@]}"; do
     before=$(awk -v k="$k" '$1 == k {print $2}' "$1")
     now=$(requests "$k")
-    out+="$k $((now - before))  "
+    req_line+="$k $((now - before))  "
     req_total=$((req_total + now - before))
   done
-  echo "$out"
 }
 
 # --- S3 pool --------------------------------------------------------------------------------------------
@@ -166,13 +166,13 @@ env -u CONDENSE_POOL "$condense" init "$s3_url" --cache "$s3_dir" --cache-size "
   --durability "$durability" --compression "$comp" >/dev/null
 import_all "$s3_dir"
 s3_s=$import_s s3_peak=$peak_mb
-s3_req=$(delta_requests "$work/req0"); s3_req_total=$req_total
+delta_requests "$work/req0"; s3_req=$req_line s3_req_total=$req_total
 "$condense" --pool "$s3_dir" stats --json >"$work/stats-s3.json"
 s3_remote_bytes=$(jq -r '.remote_bytes // empty' "$work/stats-s3.json")
 s3_objects=$(jq -r '.remote_objects // empty' "$work/stats-s3.json")
 s3_local=$(du -sb "$s3_dir" | cut -f1)
 s3_stats_req=$(jq -r '"PUT \(.remote_puts) GET \(.remote_gets)"' "$work/stats-s3.json")
-garage_bytes=$(du -sb "$work/garage"/node*/data | awk '{s += $1} END {print s}')
+garage_bytes=$(du -sb "$work/garage"/node*/data | awk '{s += $1} END {printf "%d", s}')
 echo "   stats --json (this process only): $(jq -c '{remote_durability, remote_objects, remote_bytes, remote_puts, remote_gets, remote_health}' "$work/stats-s3.json")"
 
 # --- cold export ------------------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ if [ "${COLD_EXPORT:-1}" = 1 ]; then
   start=$(now)
   "$condense" --pool "$work/s3-cold" export "$name" "$work/$name.out"
   cold_s=$(since "$start")
-  cold_req=$(delta_requests "$work/req1")
+  delta_requests "$work/req1"; cold_req=$req_line
   if cmp "$img" "$work/$name.out"; then same=identical; else same="DIFFERENT"; fi
   rm -f "$work/$name.out"
   written=$(jq -r --arg n "$name" '.volumes[] | select(.name == $n) | .written_bytes' "$work/stats-local.json")

@@ -8,8 +8,9 @@
 #      and a listing of the bucket show the objects.
 #   b. fio randwrite + verify over NBD (~30 s, rate-limited) with Garage node 2 killed 8 s in:
 #      fio ends without an error and verifies; the uploads go on (remote_bytes grows).
-#   c. every Garage node stopped while serving: writes + flushes through NBD end in bounded time
-#      (errors allowed), the server does not crash, stats answers; after the nodes restart, a
+#   c. every Garage node stopped while serving, for 45 s (longer than the lease): 96 MiB of writes
+#      + flushes through NBD end in bounded time (errors allowed), the server does not crash,
+#      stats answers (remote_health shown); after the nodes restart, a
 #      new fio write + verify passes within 60 s, the data written before the outage verifies
 #      (and what the outage job had acknowledged), remote_health is ok again.
 #   d. disaster reopen from the bucket alone: local durability (clean stop, local directory
@@ -19,6 +20,8 @@
 #   e. the lease: while a server holds the pool, a second local directory connected to the same
 #      bucket prefix cannot write ("held by"); `connect --read-only` beside it exports a volume
 #      byte-identical and refuses writes; the writer is unharmed.
+#   d3. durability local, kill -9 of serve after writes the bucket has not seen, local directory
+#      deleted, `connect` to a fresh one: everything up to the last upload is there, verify clean.
 #
 #   bash tests/s3/pool.sh                    # builds target/release/condense first
 #   CONDENSE=/path/to/condense bash tests/s3/pool.sh     # KEEP=1 keeps $W when a check failed
@@ -61,7 +64,7 @@ POOL=
 cluster=0
 began=$SECONDS
 CMD_TIMEOUT=${CMD_TIMEOUT:-300} # no single condense command may take longer
-CACHE_SIZE=1G
+CACHE_SIZE=1G # the least an S3 pool takes (a quarter holds segments not yet uploaded)
 
 cleanup() {
     stop_pids "$SERVER_PID"
@@ -117,10 +120,11 @@ stats_line() {
 # jq_true FILTER: stats --json satisfies FILTER.
 jq_true() { c stats --json | jq -e "$1" >/dev/null; }
 health_ok() { jq_true ".$K_HEALTH | tostring | startswith(\"ok\")"; }
-# same_export VOLUME FILE: VOLUME of $POOL exports byte-identical to FILE.
+# same_export VOLUME FILE [BYTES]: VOLUME of $POOL exports byte-identical to FILE (in its
+# first BYTES only, if given).
 same_export() {
     rm -f "$W/export.out"
-    c export "$1" "$W/export.out" && cmp "$2" "$W/export.out"
+    c export "$1" "$W/export.out" && cmp ${3:+-n "$3"} "$2" "$W/export.out"
     local rc=$?
     rm -f "$W/export.out"
     return $rc
@@ -283,7 +287,7 @@ timed "verify clean" c verify
 
 # --- b. fio verify over NBD, Garage node 2 killed mid-run ---------------------------------------------
 step "b. fio randwrite + verify over NBD, Garage node 2 killed 8 s in"
-check "create volume vm (256M)" c volume create vm --size 256M
+check "create volume vm (320M)" c volume create vm --size 320M
 serve_pool || fail "serve the S3 pool" "$W/server.log"
 JOB_B=("rw=randwrite" "bs=64k" "size=160M" "iodepth=8" "rate_iops=85" "fsync=64" "end_fsync=1"
     "verify=crc32c" "verify_fatal=1" "do_verify=1")
@@ -319,10 +323,13 @@ timed "b's data verifies after node 2 is back" fio --output="$W/fioBv.log" "$W/b
 
 # --- c. every node stopped, then restarted -------------------------------------------------------
 step "c. every Garage node stopped while serving, then restarted"
-OUTAGE_SECS=${OUTAGE_SECS:-20}
-JOB_C=("rw=randwrite" "bs=4k" "offset=176M" "size=16M" "iodepth=4" "fsync=16" "end_fsync=1"
+# Longer than the lease (30 s): the writer must take its own expired lease back afterwards.
+OUTAGE_SECS=${OUTAGE_SECS:-45}
+# 96 MiB with a flush every 16 writes: more than a 64 MiB segment, so one is sealed and its
+# upload fails until the store is back.
+JOB_C=("rw=randwrite" "bs=64k" "offset=160M" "size=96M" "iodepth=4" "fsync=16" "end_fsync=1"
     "verify=crc32c" "do_verify=0")
-JOB_D=("rw=randwrite" "bs=4k" "offset=208M" "size=16M" "iodepth=8" "end_fsync=1"
+JOB_D=("rw=randwrite" "bs=4k" "offset=272M" "size=16M" "iodepth=8" "end_fsync=1"
     "verify=crc32c" "verify_fatal=1" "do_verify=1")
 fio_job "$W/c.fio" c "${JOB_C[@]}"
 fio_verify_job "$W/c-verify.fio" c "${JOB_C[@]}"
@@ -426,7 +433,7 @@ head -c 1M /dev/urandom >"$W/small.raw"
 # second_writer DIR: connect DIR to pool-a and import into it (either may be the refusal).
 a3_connected=0
 second_writer() {
-    timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$(s3url pool-a)" --cache "$1" --cache-size 256M || return
+    timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$(s3url pool-a)" --cache "$1" --cache-size "$CACHE_SIZE" || return
     a3_connected=1
     timeout "$CMD_TIMEOUT" "$CONDENSE" --pool "$1" import "$W/small.raw" --name intruder
 }
@@ -438,7 +445,7 @@ if [ "$a3_connected" = 1 ]; then # connect itself did not refuse: serve must
         timeout 60 "$CONDENSE" --pool "$W/a3" serve --listen "127.0.0.1:$((PORT + 1))"
 fi
 timed "connect --read-only beside the writer" \
-    cond connect "$(s3url pool-a)" --cache "$W/a4" --cache-size 256M --read-only
+    cond connect "$(s3url pool-a)" --cache "$W/a4" --cache-size "$CACHE_SIZE" --read-only
 POOL=$W/a4 timed "the reader exports img identical" same_export img "$IMG"
 POOL=$W/a4 timed "the reader exports vm identical" same_export vm "$W/vm-before.raw"
 refuse "the reader refuses to write" "read.only" cond --pool "$W/a4" volume create y --size 1M
@@ -446,6 +453,20 @@ check "the writer still writes + verifies over NBD" fio --output="$W/fioD2.log" 
 check "the writer's $K_HEALTH is ok" health_ok
 note "stats (live): $(stats_line)"
 timed "clean stop of serve (exit 0)" stop_pool
+
+step "d3. disaster reopen, durability local, after kill -9: everything up to the last upload"
+serve_pool || fail "serve pool-a again" "$W/server.log"
+JOB_F=("rw=randwrite" "bs=4k" "offset=288M" "size=16M" "iodepth=8" "end_fsync=1" "verify=crc32c" "do_verify=0")
+fio_job "$W/f.fio" f "${JOB_F[@]}"
+check "fio randwrite 16M + flush over NBD (in the local journal only)" fio --output="$W/fioF.log" "$W/f.fio"
+check "kill -9 serve" kill9_server
+rm -rf "$POOL"
+POOL=$W/a5
+timed "connect to a fresh directory (waits out the dead writer's lease)" \
+    while_held 60 timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$(s3url pool-a)" \
+    --cache "$POOL" --cache-size "$CACHE_SIZE"
+timed "img exports identical" same_export img "$IMG"
+timed "vm exports as uploaded at the last clean stop (its first 272 MiB)" same_export vm "$W/vm-before.raw" $((272 * 1048576))
 timed "verify clean (pool-a)" c verify
 
 end_step
