@@ -186,9 +186,11 @@ fio_verify_job() {
 
 # serve_pool: `condense serve` on $POOL, ready once volume vm answers over NBD and the control
 # socket is up (an S3 pool's open takes the lease and reads the bucket: up to 60 s allowed).
+serve_n=0
 serve_pool() {
-    rm -f "$W/server.log"
-    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
+    serve_n=$((serve_n + 1))
+    SERVER_LOG=$W/server-$serve_n.log # one log per serve, kept with KEEP=1
+    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
     local t=$SECONDS
     while [ $((SECONDS - t)) -lt 60 ]; do
@@ -197,7 +199,7 @@ serve_pool() {
         sleep 0.2
     done
     echo "condense serve on $POOL did not come up (after $((SECONDS - t)) s):"
-    tail -20 "$W/server.log"
+    tail -20 "$SERVER_LOG"
     kill -KILL "$SERVER_PID" 2>/dev/null
     wait "$SERVER_PID" 2>/dev/null
     SERVER_PID=
@@ -214,7 +216,7 @@ stop_pool() {
     wait "$SERVER_PID"
     rc=$?
     SERVER_PID=
-    cat "$W/server.log"
+    cat "$SERVER_LOG"
     [ "$rc" = 0 ]
 }
 server_alive() { [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; }
@@ -288,7 +290,7 @@ timed "verify clean" c verify
 # --- b. fio verify over NBD, Garage node 2 killed mid-run ---------------------------------------------
 step "b. fio randwrite + verify over NBD, Garage node 2 killed 8 s in"
 check "create volume vm (320M)" c volume create vm --size 320M
-serve_pool || fail "serve the S3 pool" "$W/server.log"
+serve_pool || fail "serve the S3 pool" "$SERVER_LOG"
 JOB_B=("rw=randwrite" "bs=64k" "size=160M" "iodepth=8" "rate_iops=85" "fsync=64" "end_fsync=1"
     "verify=crc32c" "verify_fatal=1" "do_verify=1")
 fio_job "$W/b.fio" b "${JOB_B[@]}"
@@ -370,11 +372,21 @@ while [ $((SECONDS - t)) -lt 60 ]; do
 done
 check "$K_HEALTH ok again ($((SECONDS - t)) s after the checks above)" health_ok
 note "stats (live): $(stats_line)"
+note "the end of serve's log:"
+tail -5 "$SERVER_LOG" | cut -c1-400 | sed 's/^/    | /'
 
 # --- d. disaster reopen from the bucket alone -------------------------------------------------------
 step "d1. disaster reopen, durability local: clean stop, local directory deleted"
 timed "vm read whole over NBD" nbdcopy "$URI/vm" "$W/vm-before.raw"
+f0=$failed
 timed "clean stop of serve (exit 0)" stop_pool
+if [ "$failed" -gt "$f0" ]; then
+    # Its local directory may hold what the bucket lacks: reopen it, as the error says, and
+    # stop again, so that the steps below test what they are about.
+    note "(the clean stop failed: reopening the pool and stopping it again before the local directory goes)"
+    serve_pool || fail "serve pool-a again after the failed stop" "$SERVER_LOG"
+    timed "clean stop of serve after the reopen (exit 0)" stop_pool
+fi
 rm -rf "$W/a"
 POOL=$W/a2
 # Credentials from a file only (not from the environment) for this connect.
@@ -391,7 +403,7 @@ timed "init $(s3url pool-b) --durability remote" \
     cond init "$(s3url pool-b)" --cache "$POOL" --cache-size "$CACHE_SIZE" --durability remote
 check "create volume vm (64M)" c volume create vm --size 64M
 check "create volume known (64M)" c volume create known --size 64M
-serve_pool || fail "serve the remote-durability pool" "$W/server.log"
+serve_pool || fail "serve the remote-durability pool" "$SERVER_LOG"
 check "stats --json: durability remote" jq_true ".$K_DURABILITY == \"remote\""
 JOB_E=("rw=randwrite" "bs=4k" "size=16M" "iodepth=8" "fsync=64" "end_fsync=1" "verify=crc32c" "do_verify=0")
 fio_job "$W/e.fio" e "${JOB_E[@]}"
@@ -428,7 +440,7 @@ timed "verify clean" c verify
 # --- e. the lease ----------------------------------------------------------------------------------------
 step "e. the lease: a second writer refused, a reader beside the writer"
 POOL=$W/a2
-serve_pool || fail "serve pool-a again (the writer)" "$W/server.log"
+serve_pool || fail "serve pool-a again (the writer)" "$SERVER_LOG"
 head -c 1M /dev/urandom >"$W/small.raw"
 # second_writer DIR: connect DIR to pool-a and import into it (either may be the refusal).
 a3_connected=0
@@ -447,7 +459,6 @@ fi
 timed "connect --read-only beside the writer" \
     cond connect "$(s3url pool-a)" --cache "$W/a4" --cache-size "$CACHE_SIZE" --read-only
 POOL=$W/a4 timed "the reader exports img identical" same_export img "$IMG"
-POOL=$W/a4 timed "the reader exports vm identical" same_export vm "$W/vm-before.raw"
 refuse "the reader refuses to write" "read.only" cond --pool "$W/a4" volume create y --size 1M
 check "the writer still writes + verifies over NBD" fio --output="$W/fioD2.log" "$W/d.fio"
 check "the writer's $K_HEALTH is ok" health_ok
@@ -455,7 +466,7 @@ note "stats (live): $(stats_line)"
 timed "clean stop of serve (exit 0)" stop_pool
 
 step "d3. disaster reopen, durability local, after kill -9: everything up to the last upload"
-serve_pool || fail "serve pool-a again" "$W/server.log"
+serve_pool || fail "serve pool-a again" "$SERVER_LOG"
 JOB_F=("rw=randwrite" "bs=4k" "offset=288M" "size=16M" "iodepth=8" "end_fsync=1" "verify=crc32c" "do_verify=0")
 fio_job "$W/f.fio" f "${JOB_F[@]}"
 check "fio randwrite 16M + flush over NBD (in the local journal only)" fio --output="$W/fioF.log" "$W/f.fio"
