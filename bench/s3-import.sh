@@ -172,7 +172,7 @@ s3_remote_bytes=$(jq -r '.remote_bytes // empty' "$work/stats-s3.json")
 s3_objects=$(jq -r '.remote_objects // empty' "$work/stats-s3.json")
 s3_local=$(du -sb "$s3_dir" | cut -f1)
 s3_stats_req=$(jq -r '"PUT \(.remote_puts) GET \(.remote_gets)"' "$work/stats-s3.json")
-garage_bytes=$(du -sb "$work/garage"/node*/data | awk '{s += $1} END {printf "%d", s}')
+garage_bytes=$(du -cb "$work/garage"/node*/data | tail -1 | cut -f1)
 echo "   stats --json (this process only): $(jq -c '{remote_durability, remote_objects, remote_bytes, remote_puts, remote_gets, remote_health}' "$work/stats-s3.json")"
 
 # --- cold export ------------------------------------------------------------------------------------------
@@ -210,6 +210,13 @@ printf 's3: remote_bytes %s + local directory %s (cache, journal, staged, metada
 printf 's3: %s requests for the imports = %.1f per GB imported, %.1f per GB stored; stats --json of the last process: %s\n' \
   "$s3_req_total" "$(echo "$s3_req_total / $gb_in" | bc -l)" \
   "$(echo "$s3_req_total / ($s3_stored / 1000000000)" | bc -l)" "$s3_stats_req"
+echo "s3: requests by kind of object (all processes, imports and cold export; seg-N.dat -> seg):"
+cat "$work/garage"/node*/log | grep -F 'generic_server:' | grep -F ") " | grep -v 'list-type=2&max-keys=1$' |
+  awk -v b="/$bucket/$prefix/" '{m = $(NF - 1); p = $NF
+    if (index(p, b) == 1) { k = substr(p, length(b) + 1); sub(/[\/?].*/, "", k)
+      if (k ~ /^[.]/) k = "(.probe: conditional-put probe)"; else sub(/[-.].*/, "", k) }
+    else if (p ~ /list-type/) k = "(list)"; else if (p ~ /[?]delete/) k = "(multi-object delete)"; else k = p
+    n[m " " k]++} END {for (x in n) printf "   %6d %s\n", n[x], x}' | sort -rn
 printf 's3: Garage data directories hold %s bytes (3 replicas, Garage zstd level 1)\n' "$garage_bytes"
 printf 'wall time ratio s3 / local: %.2f\n' "$(echo "$s3_s / $local_s" | bc -l)"
 [ -z "$cold" ] || echo "$cold"
