@@ -224,7 +224,8 @@ s3_requests() { # KIND: PUT | GET (objects and lists) | HEAD | DELETE
 }
 s3_serve() { # DIR
   rm -f "$s3_sock"
-  s3c --pool "$1" serve --socket "$s3_sock" 2>> "$work/s3-serve.log" &
+  # Not through s3c: a function run with & is a subshell, and $! must be condense itself.
+  env -u CONDENSE_POOL "$condense" --pool "$1" serve --socket "$s3_sock" 2>> "$work/s3-serve.log" &
   s3_pid=$!
   for _ in $(seq 1200); do [ -S "$s3_sock" ] && return 0; kill -0 "$s3_pid" 2>/dev/null || break; sleep 0.1; done
   tail -20 "$work/s3-serve.log" >&2; die "condense serve of the S3 pool did not create $s3_sock"
