@@ -115,7 +115,7 @@ st() { c stats --json | jq -r ".$1"; }
 stats_line() {
     c stats --json | jq -r --arg d "$K_DURABILITY" --arg o "$K_OBJECTS" --arg b "$K_BYTES" \
         --arg p "$K_PUTS" --arg g "$K_GETS" --arg h "$K_HEALTH" \
-        '"durability \(.[$d]), \(.[$o]) objects, \(.[$b]) bytes, \(.[$p]) PUTs, \(.[$g]) GETs, health \(.[$h])"'
+        '"durability \(.[$d]), \(.[$o]) objects, \(.[$b]) bytes, \(.remote_pending_bytes) pending, \(.[$p]) PUTs, \(.[$g]) GETs, health \(.[$h])"'
 }
 # jq_true FILTER: stats --json satisfies FILTER.
 jq_true() { c stats --json | jq -e "$1" >/dev/null; }
