@@ -22,6 +22,14 @@
 #   CLONE=1            boot a clone instead: snapshot the imported volume as NAME@golden and
 #                      boot `condense volume clone NAME@golden NAME-clone` (what a VM host does
 #                      with a golden image); the clone's writes leave the golden image as it was
+#   S3=1               also boot from a pool on S3 (issue 11): a 3-node Garage cluster
+#                      (tests/s3/garage.sh, in WORK_DIR/garage) holds a second pool with the same
+#                      image; each run adds a boot with a cold cache (a fresh `condense connect`
+#                      directory: every chunk from the bucket) and a warm one (the same directory,
+#                      serve restarted), with the S3 requests each made (Garage's logs). The
+#                      pool's local directory is deleted after the import: the bucket alone.
+#   S3_CACHE_SIZE=SIZE --cache-size of the S3 pool's local directory (default 4G)
+#   S3_DURABILITY=D    local (default) | remote
 set -euo pipefail
 
 image=${1:-/work/corpus/images/dns1.raw}
@@ -74,12 +82,17 @@ fi
 
 # --- processes we start, and their cleanup ---------------------------------------------------
 qemu_pid= qemu_pidfile= server_pid= boot_s= boot_line=
+s3=${S3:-0} s3_pid='' garage_started=0
 cleanup() {
   stop_qemu
-  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    timeout 60 tail --pid="$server_pid" -f /dev/null 2>/dev/null || kill -KILL "$server_pid" 2>/dev/null || true
-  fi
+  local p
+  for p in "$server_pid" "$s3_pid"; do
+    if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then
+      kill -TERM "$p" 2>/dev/null || true
+      timeout 60 tail --pid="$p" -f /dev/null 2>/dev/null || kill -KILL "$p" 2>/dev/null || true
+    fi
+  done
+  if [ "$garage_started" = 1 ]; then "$here/tests/s3/garage.sh" stop "$work/garage" >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -150,6 +163,32 @@ if [ "${CLONE:-0}" = 1 ]; then
 fi
 "$condense" stats > "$work/stats-import.txt"
 
+# --- S3=1: the same image in a pool on a Garage cluster ---------------------------------------------
+if [ "$s3" = 1 ]; then
+  s3_cache_size=${S3_CACHE_SIZE:-4G}
+  s3_durability=${S3_DURABILITY:-local}
+  s3_sock=$work/s3.sock
+  # s3c ARGS...: condense for the S3 pool (--pool or connect name its directory, not $CONDENSE_POOL).
+  s3c() { env -u CONDENSE_POOL "$condense" "$@"; }
+  say "S3: a 3-node Garage cluster (RF 3) in $work/garage"
+  mkdir -p "$work/garage"
+  "$here/tests/s3/garage.sh" start "$work/garage" > "$work/garage-start.log" 2>&1 \
+    || { cat "$work/garage-start.log" >&2; die "tests/s3/garage.sh start failed (scripts/install-garage.sh installs garage)"; }
+  garage_started=1
+  # shellcheck disable=SC1091
+  . "$work/garage/credentials.env"
+  s3_url=s3://$CONDENSE_S3_BUCKET/boot-vm
+  say "S3: condense init $s3_url (--cache-size $s3_cache_size, --durability $s3_durability), importing $image"
+  s3c init "$s3_url" --cache "$work/s3-import" --cache-size "$s3_cache_size" --durability "$s3_durability" >/dev/null
+  s3c --pool "$work/s3-import" import "$image" --name "$name"
+  if [ "${CLONE:-0}" = 1 ]; then
+    s3c --pool "$work/s3-import" snapshot create "$name" golden
+    s3c --pool "$work/s3-import" volume clone "$name@golden" "$name-clone"
+  fi
+  s3c --pool "$work/s3-import" stats > "$work/stats-s3-import.txt"
+  rm -rf "$work/s3-import" # from here on the pool is the bucket alone
+fi
+
 say "cp --sparse=always $image $work/$name.raw (the baseline)"
 cp --sparse=always "$image" "$work/$name.raw"
 
@@ -179,8 +218,49 @@ boot_raw() {
   raw_times+=("$boot_s")
   printf '   run %d, raw file:          login prompt after %5.1f s  ("%s")\n' "$1" "$boot_s" "$boot_line"
 }
+# S3=1: S3 requests (Garage's logs: each request is logged once, by the node that took it).
+s3_requests() { # KIND: PUT | GET (objects and lists) | HEAD | DELETE
+  cat "$work/garage"/node*/log | grep -F 'generic_server:' | grep -c -e ") $1 /$CONDENSE_S3_BUCKET" || true
+}
+s3_serve() { # DIR
+  rm -f "$s3_sock"
+  # Not through s3c: a function run with & is a subshell, and $! must be condense itself.
+  env -u CONDENSE_POOL "$condense" --pool "$1" serve --socket "$s3_sock" 2>> "$work/s3-serve.log" &
+  s3_pid=$!
+  for _ in $(seq 1200); do [ -S "$s3_sock" ] && return 0; kill -0 "$s3_pid" 2>/dev/null || break; sleep 0.1; done
+  tail -20 "$work/s3-serve.log" >&2; die "condense serve of the S3 pool did not create $s3_sock"
+}
+s3_stop() { # clean close: what is not in the bucket yet is uploaded
+  kill -TERM "$s3_pid"
+  timeout 120 tail --pid="$s3_pid" -f /dev/null || die "the S3 pool's serve still running 120 s after SIGTERM"
+  local rc=0
+  wait "$s3_pid" || rc=$?
+  s3_pid=
+  [ "$rc" = 0 ] || { tail -20 "$work/s3-serve.log" >&2; die "the S3 pool's serve exited with status $rc"; }
+}
+s3_cold_times=() s3_warm_times=() s3_cpu=0 s3_dir=
+# boot_s3 RUN: a fresh connect directory; boot with the cache cold, then again warm.
+boot_s3() {
+  local temp before gets puts line
+  [ -z "$s3_dir" ] || rm -rf "$s3_dir"
+  s3_dir=$work/s3-cache-$1
+  s3c connect "$s3_url" --cache "$s3_dir" --cache-size "$s3_cache_size" --durability "$s3_durability" >/dev/null
+  for temp in cold warm; do
+    gets=$(s3_requests GET) puts=$(s3_requests PUT)
+    s3_serve "$s3_dir"
+    before=$(cpu_s "$s3_pid")
+    boot_vm "s3-$temp-$1" "nbd+unix:///$export_name?socket=$s3_sock" || die "boot from the S3 pool ($temp cache) failed"
+    s3_cpu=$(echo "$s3_cpu + $(cpu_s "$s3_pid") - $before" | bc)
+    s3_stop
+    gets=$(($(s3_requests GET) - gets)) puts=$(($(s3_requests PUT) - puts))
+    if [ "$temp" = cold ]; then s3_cold_times+=("$boot_s"); else s3_warm_times+=("$boot_s"); fi
+    line=$(printf '   run %d, S3 pool, %s cache: login prompt after %5.1f s  (%d GETs, %d PUTs from serve start to stop)' "$1" "$temp" "$boot_s" "$gets" "$puts")
+    echo "$line"; echo "$line" >> "$work/s3-boots.txt"
+  done
+}
 for i in $(seq "$runs"); do
   if [ $((i % 2)) = 1 ]; then boot_condense "$i"; boot_raw "$i"; else boot_raw "$i"; boot_condense "$i"; fi
+  if [ "$s3" = 1 ]; then boot_s3 "$i"; fi
 done
 rm -f "$work/$name.raw"
 
@@ -202,6 +282,17 @@ say "condense stats (after the boots: the VM wrote to the volume)"
 "$condense" stats
 say "condense verify"
 "$condense" verify && verify=clean || verify="FAILED (exit $?)"
+if [ "$s3" = 1 ]; then
+  say "S3 pool: condense stats (after import)"
+  cat "$work/stats-s3-import.txt"
+  say "S3 pool: condense stats (after the boots), then verify (from $s3_dir)"
+  s3c --pool "$s3_dir" stats
+  s3c --pool "$s3_dir" stats --json | jq -c '{remote_durability, remote_objects, remote_bytes, remote_puts, remote_gets, remote_health}' 2>/dev/null || true
+  start=$(date +%s.%N)
+  s3c --pool "$s3_dir" verify && s3_verify=clean || s3_verify="FAILED (exit $?)"
+  printf 'S3 pool verify: %s in %.1f s\n' "$s3_verify" "$(echo "$(date +%s.%N) - $start" | bc)"
+  [ "$s3_verify" = clean ] || verify="$verify; S3 pool: $s3_verify"
+fi
 
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
 list() { printf '%.1f ' "$@"; }
@@ -210,6 +301,15 @@ say "result: $name to login: prompt (TCG, $boot boot, -m $mem -smp $smp, $runs r
 printf 'Condense over NBD (unix socket): median %6.1f s   runs: %s\n' "$cm" "$(list "${condense_times[@]}")"
 printf 'raw file (cp --sparse=always):   median %6.1f s   runs: %s\n' "$rm_" "$(list "${raw_times[@]}")"
 printf 'ratio of medians Condense / raw: %.2f\n' "$(echo "$cm / $rm_" | bc -l)"
+if [ "$s3" = 1 ]; then
+  sc=$(median "${s3_cold_times[@]}") sw=$(median "${s3_warm_times[@]}")
+  printf 'S3 pool, cold cache (fresh connect): median %6.1f s   runs: %s\n' "$sc" "$(list "${s3_cold_times[@]}")"
+  printf 'S3 pool, warm cache (same dir):      median %6.1f s   runs: %s\n' "$sw" "$(list "${s3_warm_times[@]}")"
+  printf 'ratio of medians S3 cold / local Condense: %.2f, S3 warm / local Condense: %.2f\n' \
+    "$(echo "$sc / $cm" | bc -l)" "$(echo "$sw / $cm" | bc -l)"
+  printf 'S3 pool serve CPU during its boots: %.1f s in all; durability %s, --cache-size %s\n' "$s3_cpu" "$s3_durability" "$s3_cache_size"
+  cat "$work/s3-boots.txt"
+fi
 printf 'condense serve CPU during its boots: %.1f s in all\n' "$server_cpu"
 printf 'load average now: %s on %s CPUs (TCG times swing with other load on the machine)\n' "$(cut -d' ' -f1-3 /proc/loadavg)" "$(nproc)"
 printf 'condense verify after the boots: %s\n' "$verify"
