@@ -23,6 +23,8 @@ for t in tests/*/run.sh; do
   [ -x "$t" ] || continue
   step "$t" "$t"
 done
+# Pools on S3 on a 3-node Garage cluster (after tests/s3/run.sh, which installs Garage).
+step "tests/s3/pool.sh" tests/s3/pool.sh
 echo
 if [ $failed -gt 0 ]; then echo "failed: ${failures[*]}"; fi
 echo "$passed passed, $failed failed"
