@@ -134,16 +134,15 @@ fn a_pool_round_trips_through_the_bucket_and_a_new_host_reads_it() {
     assert_eq!(r.durability, "local");
 }
 
-#[test]
-fn disaster_with_local_durability_keeps_everything_up_to_the_last_upload() {
-    let bucket = Bucket::new();
-    let local = new_pool(&bucket, Durability::Local);
+/// A host writes tags 1.. and closes (everything uploaded), writes tags 1000.., flushes and
+/// is lost with its disk; a second host connects to the bucket alone and opens the pool.
+fn lose_a_host_after_a_flush(bucket: &Bucket, durability: Durability) -> Arc<Pool> {
+    let local = new_pool(bucket, durability);
     let pool = open(&local).expect("open");
     pool.create_volume("a", 512 * BS as u64).expect("create");
     write(&pool, "a", 1, 512);
     pool.close().expect("close");
     drop(pool);
-    // Flushed locally, never uploaded: a host lost with its disk loses it.
     let pool = open(&local).expect("reopen");
     write(&pool, "a", 1000, 512);
     pool.flush().expect("flush");
@@ -151,35 +150,30 @@ fn disaster_with_local_durability_keeps_everything_up_to_the_last_upload() {
     std::fs::remove_dir_all(&local).expect("lose the host");
     bucket.expire_lease();
     let host2 = bucket.local("host2");
-    remote::connect(&host2, &bucket.conf(Durability::Local, false), CACHE).expect("connect");
+    remote::connect(&host2, &bucket.conf(durability, false), CACHE).expect("connect");
     let pool = open(&host2).expect("disaster reopen");
-    check(&pool, "a", 1, 512);
     let report = pool.verify(&|_, _| ()).expect("verify");
     assert!(report.bad_chunks.is_empty(), "{:?}", report.bad_chunks);
+    pool
+}
+
+#[test]
+fn disaster_with_local_durability_keeps_everything_up_to_the_last_upload() {
+    let bucket = Bucket::new();
+    // The flushed writes were only in the lost local journal.
+    check(
+        &lose_a_host_after_a_flush(&bucket, Durability::Local),
+        "a",
+        1,
+        512,
+    );
 }
 
 #[test]
 fn disaster_with_remote_durability_keeps_every_flushed_write() {
     let bucket = Bucket::new();
-    let local = new_pool(&bucket, Durability::Remote);
-    let pool = open(&local).expect("open");
-    pool.create_volume("a", 512 * BS as u64).expect("create");
-    write(&pool, "a", 1, 512);
-    pool.close().expect("close");
-    drop(pool);
-    let pool = open(&local).expect("reopen");
-    write(&pool, "a", 1000, 512);
-    pool.flush().expect("flush");
-    // Acknowledged by the flush: it must survive the host.
-    drop(pool);
-    std::fs::remove_dir_all(&local).expect("lose the host");
-    bucket.expire_lease();
-    let host2 = bucket.local("host2");
-    remote::connect(&host2, &bucket.conf(Durability::Remote, false), CACHE).expect("connect");
-    let pool = open(&host2).expect("disaster reopen");
+    let pool = lose_a_host_after_a_flush(&bucket, Durability::Remote);
     check(&pool, "a", 1000, 512);
-    let report = pool.verify(&|_, _| ()).expect("verify");
-    assert!(report.bad_chunks.is_empty(), "{:?}", report.bad_chunks);
     // And it stays: the rebuilt host closes cleanly and a third host reads the same.
     pool.close().expect("close");
     drop(pool);
