@@ -119,7 +119,7 @@ impl Pool {
             }
             if std::time::Instant::now() > deadline {
                 return Err(Error::Busy(format!(
-                    "segments staged in the local directory were not uploaded to {} within {} s;                      the checkpoint is retried later",
+                    "segments staged in the local directory were not uploaded to {} within {} s; the checkpoint is retried later",
                     self.dir.describe(),
                     UPLOAD_WAIT.as_secs()
                 )));

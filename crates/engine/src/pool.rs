@@ -871,7 +871,7 @@ impl Pool {
         }
         if let Some(r) = self.dir.remote() {
             return Err(Error::Invalid(format!(
-                "pool {} is in an object store: its cache is its local directory (the journal and                  segments not yet uploaded live there) and cannot be detached",
+                "pool {} is in an object store: its cache is its local directory (the journal and segments not yet uploaded live there) and cannot be detached",
                 r.describe()
             )));
         }
@@ -2039,7 +2039,7 @@ fn local_journal(
         f.write_at(&bytes, 0).and_then(|_| f.sync()).map_err(io)?;
     } else {
         tracing::warn!(
-            "journal {jname} is not in {} (a new host, or a lost local disk): the pool opens as              of its last checkpoint in {}: all of it after a clean stop; with local durability,              writes after that checkpoint are lost",
+            "journal {jname} is not in {} (a new host, or a lost local disk): the pool opens as of its last checkpoint in {}: all of it after a clean stop; with local durability, writes after that checkpoint are lost",
             local.describe(),
             bucket.describe()
         );
