@@ -101,7 +101,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
     if let Some(r) = &s.remote {
         let fields = json!({
             "remote_url": r.url,
-            "remote_durability": r.durability,
+            "remote_durability": r.durability.as_str(),
             "remote_health": r.health,
             "remote_objects": r.objects,
             "remote_bytes": r.bytes,
@@ -125,14 +125,15 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
 
 /// The bucket side of an S3 pool, for `stats`.
 fn remote_lines(o: &mut String, r: &condense_engine::remote::RemoteStatus) {
+    use condense_engine::remote::Durability;
     let rows: Vec<(&str, String)> = vec![
         ("object store", r.url.clone()),
         ("health", r.health.clone()),
         (
             "durability",
-            match r.durability.as_str() {
-                "remote" => "remote (a flush returns once the store has it)".to_string(),
-                _ => "local (a flush returns once the local journal has it; uploaded in the background)".to_string(),
+            match r.durability {
+                Durability::Remote => "remote (a flush returns once the store has it)".to_string(),
+                Durability::Local => "local (a flush returns once the local journal has it; uploaded in the background)".to_string(),
             },
         ),
         ("objects", format!("{} ({})", r.objects, human(r.bytes))),

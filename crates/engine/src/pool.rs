@@ -1515,7 +1515,14 @@ impl Pool {
                 self.upload_staged_through(last, false)?;
             }
         }
-        let (body, (old_gen, old_dir), new_journal_file, (files, dirs), target, freed) = {
+        let (
+            (body, upload_through),
+            (old_gen, old_dir),
+            new_journal_file,
+            (files, dirs),
+            target,
+            freed,
+        ) = {
             let mut st = lock(&self.state);
             self.writable(&st)?;
             check(&st.md)?;
@@ -1593,7 +1600,6 @@ impl Pool {
                 freed,
             )
         };
-        let (body, upload_through) = body;
         let meta_file = lock(&self.state).md.cache.file().clone();
         let done = (|| {
             self.store_retry(|| sync_segments(&files))?;

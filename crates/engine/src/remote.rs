@@ -80,10 +80,11 @@ const WAL_PREFIX: &str = "wal";
 const WAL_MAGIC: [u8; 8] = *b"CNDSWAL1";
 
 /// What a flush of an S3 pool promises.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {
     /// A flush returns when the local directory's journal is synced; data and metadata are
     /// uploaded in the background (segments as they fill, checkpoints every 60 s).
+    #[default]
     Local,
     /// A flush returns when the store has acknowledged a write-ahead object of it.
     Remote,
@@ -314,7 +315,7 @@ fn unix_now() -> u64 {
 #[derive(Clone, Debug, Default)]
 pub struct RemoteStatus {
     pub url: String,
-    pub durability: String,
+    pub durability: Durability,
     /// `ok`, `degraded: ERROR (N s ago)`, `lease lost`, or `read-only`.
     pub health: String,
     pub objects: u64,
@@ -491,6 +492,24 @@ impl ReadBlocks {
     }
 }
 
+/// `f` on every item, [`PARALLEL_REQUESTS`] at a time (one request each); the results in
+/// the items' order.
+fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let mut out = Vec::with_capacity(items.len());
+    for batch in items.chunks(PARALLEL_REQUESTS) {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = batch.iter().map(|item| s.spawn(|| f(item))).collect();
+            for h in handles {
+                match h.join() {
+                    Ok(r) => out.push(r),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+        });
+    }
+    out
+}
+
 // ---------------------------------------------------------------------------------------------
 // The bucket as the pool directory.
 
@@ -502,6 +521,10 @@ pub struct RemoteDir {
     durability: Durability,
     meta: Mutex<Option<Arc<MetaFile>>>,
     opened: Instant,
+    /// Sizes of the objects the last `list` returned, taken by the next `open` of each (an
+    /// open lists the segments, then opens each one: no HEAD per segment). Forgotten when
+    /// this directory writes or removes the name.
+    listed: Mutex<HashMap<String, u64>>,
     /// Files being written whole (`.tmp`, `.partial`, new files), by name, for `rename`.
     writing: Mutex<HashMap<String, Weak<BufFile>>>,
     _lease: Option<Lease>,
@@ -515,6 +538,25 @@ fn is_local_name(name: &str) -> bool {
 }
 
 impl RemoteDir {
+    /// The bucket side of the pool whose local directory is `path`.
+    fn new(
+        shared: Arc<Shared>,
+        path: &Path,
+        durability: Durability,
+        lease: Option<Lease>,
+    ) -> RemoteDir {
+        RemoteDir {
+            shared,
+            local: RealDir::new(&path.join(LOCAL_SUBDIR)),
+            durability,
+            meta: Mutex::new(None),
+            opened: Instant::now(),
+            writing: Mutex::new(HashMap::new()),
+            listed: Mutex::new(HashMap::new()),
+            _lease: lease,
+        }
+    }
+
     fn describe_url(&self) -> &str {
         &self.shared.url
     }
@@ -559,26 +601,13 @@ impl RemoteDir {
             };
             jobs.push((name.clone(), n));
         }
-        let failed = Mutex::new(None);
-        for batch in jobs.chunks(PARALLEL_REQUESTS) {
-            std::thread::scope(|s| {
-                for (name, n) in batch {
-                    let (file, failed, shared) = (&file, &failed, &self.shared);
-                    s.spawn(move || {
-                        let r = shared
-                            .note(shared.store.get(name))
-                            .and_then(|bytes| file.write_at(&bytes, n * META_EXTENT_BYTES));
-                        if let Err(e) = r {
-                            *failed.lock().unwrap_or_else(|e| e.into_inner()) =
-                                Some(Error::io(format!("fetching {name}"), e));
-                        }
-                    });
-                }
-            });
-            if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                return Err(e);
-            }
-        }
+        let fetched = in_parallel(&jobs, |(name, n)| {
+            self.shared
+                .note(self.shared.store.get(name))
+                .and_then(|bytes| file.write_at(&bytes, n * META_EXTENT_BYTES))
+                .map_err(|e| Error::io(format!("fetching {name}"), e))
+        });
+        fetched.into_iter().collect::<Result<Vec<()>>>()?;
         file.sync()
             .map_err(|e| Error::io(format!("syncing {}", mirror.display()), e))?;
         self.write_meta_synced(&root)
@@ -676,7 +705,7 @@ impl RemoteDir {
         };
         RemoteStatus {
             url: self.shared.url.clone(),
-            durability: self.durability.as_str().to_string(),
+            durability: self.durability,
             health,
             objects,
             bytes,
@@ -701,6 +730,11 @@ impl Dir for RemoteDir {
         if name == META_NAME {
             return Ok(self.meta_file(create)? as Arc<dyn File>);
         }
+        let listed = self
+            .listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
         if create {
             self.shared.may_write(&format!("creating {name}"))?;
             let f = Arc::new(BufFile {
@@ -714,7 +748,11 @@ impl Dir for RemoteDir {
                 .insert(name.to_string(), Arc::downgrade(&f));
             return Ok(f);
         }
-        match self.shared.note(self.shared.store.head(name))? {
+        let size = match listed {
+            Some(len) => Some(len),
+            None => self.shared.note(self.shared.store.head(name))?,
+        };
+        match size {
             Some(len) => Ok(Arc::new(ObjFile {
                 shared: self.shared.clone(),
                 name: name.to_string(),
@@ -742,6 +780,10 @@ impl Dir for RemoteDir {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
         self.shared.delete(name)
     }
 
@@ -764,6 +806,10 @@ impl Dir for RemoteDir {
                     ),
                 )
             })?;
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(to);
         let bytes = file.store_as(to)?;
         if to == CHECKPOINT_NAME {
             self.uploaded();
@@ -775,11 +821,15 @@ impl Dir for RemoteDir {
 
     fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
         let all = self.shared.note(self.shared.store.list(""))?;
-        Ok(all
+        let found: Vec<(String, u64)> = all
             .into_iter()
-            .map(|(n, _)| n)
-            .filter(|n| !n.contains('/') && n.starts_with(prefix) && n != LEASE_NAME)
-            .collect())
+            .filter(|(n, _)| !n.contains('/') && n.starts_with(prefix) && n != LEASE_NAME)
+            .collect();
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(found.iter().cloned());
+        Ok(found.into_iter().map(|(n, _)| n).collect())
     }
 
     fn sync_dir(&self) -> io::Result<()> {
@@ -977,38 +1027,26 @@ impl File for MetaFile {
             return Ok(());
         }
         let file_len = self.local.len()?;
-        let failed: Mutex<Option<io::Error>> = Mutex::new(None);
-        let done: Mutex<Vec<u64>> = Mutex::new(Vec::new());
-        for batch in extents.chunks(PARALLEL_REQUESTS) {
-            std::thread::scope(|s| {
-                for &e in batch {
-                    let (failed, done) = (&failed, &done);
-                    s.spawn(move || {
-                        let start = e * META_EXTENT_BYTES;
-                        let len = META_EXTENT_BYTES.min(file_len.saturating_sub(start));
-                        let mut buf = vec![0u8; len as usize];
-                        let r = self
-                            .local
-                            .read_at(&mut buf, start)
-                            .and_then(|_| self.shared.put(&format!("meta/{e:08x}"), &buf));
-                        match r {
-                            Ok(()) => done.lock().unwrap_or_else(|e| e.into_inner()).push(e),
-                            Err(err) => {
-                                *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(err)
-                            }
-                        }
-                    });
-                }
-            });
-        }
+        let uploaded = in_parallel(&extents, |&e| {
+            let start = e * META_EXTENT_BYTES;
+            let len = META_EXTENT_BYTES.min(file_len.saturating_sub(start));
+            let mut buf = vec![0u8; len as usize];
+            self.local
+                .read_at(&mut buf, start)
+                .and_then(|_| self.shared.put(&format!("meta/{e:08x}"), &buf))
+        });
+        // An extent stays dirty until its upload succeeded.
         let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
-        for e in done.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            d.remove(&e);
+        let mut failed = None;
+        for (e, r) in extents.iter().zip(uploaded) {
+            match r {
+                Ok(()) => {
+                    d.remove(e);
+                }
+                Err(err) => failed = Some(err),
+            }
         }
-        match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        failed.map_or(Ok(()), Err)
     }
 }
 
@@ -1627,15 +1665,7 @@ pub fn init(
         )));
     }
     prepare_local(path, conf, cache_size)?;
-    let dir = RemoteDir {
-        shared: shared_for(conf, store, false),
-        local: RealDir::new(&path.join(LOCAL_SUBDIR)),
-        durability: conf.durability,
-        meta: Mutex::new(None),
-        opened: Instant::now(),
-        writing: Mutex::new(HashMap::new()),
-        _lease: None,
-    };
+    let dir = RemoteDir::new(shared_for(conf, store, false), path, conf.durability, None);
     crate::pool::Pool::init(&dir, opts)
 }
 
@@ -1707,15 +1737,7 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
         wal.recover()?;
         Arc::new(wal)
     };
-    let dir = RemoteDir {
-        shared,
-        local: RealDir::new(&path.join(LOCAL_SUBDIR)),
-        durability: conf.durability,
-        meta: Mutex::new(None),
-        opened: Instant::now(),
-        writing: Mutex::new(HashMap::new()),
-        _lease: lease,
-    };
+    let dir = RemoteDir::new(shared, path, conf.durability, lease);
     dir.sync_meta_mirror()?;
     Ok(Opened {
         dir: Arc::new(dir),

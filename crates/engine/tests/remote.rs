@@ -131,7 +131,7 @@ fn a_pool_round_trips_through_the_bucket_and_a_new_host_reads_it() {
     let s = pool.stats().expect("stats");
     let r = s.remote.expect("remote stats");
     assert!(r.objects as usize > segments, "{r:?}");
-    assert_eq!(r.durability, "local");
+    assert_eq!(r.durability, Durability::Local);
 }
 
 /// A host writes tags 1.. and closes (everything uploaded), writes tags 1000.., flushes and
