@@ -31,6 +31,24 @@ need_tools() {
     done
 }
 
+# free_port VAR: set VAR to a TCP port on 127.0.0.1 that nothing listens on, below the kernel's
+# ephemeral range (net.ipv4.ip_local_port_range starts at 32768), so that no outgoing connection
+# can take it between this pick and the test's listen. Never the same port twice in one script.
+PICKED_PORTS=" "
+free_port() {
+    local p
+    for _ in $(seq 1 200); do
+        p=$((10000 + RANDOM % 22000))
+        case "$PICKED_PORTS" in *" $p "*) continue ;; esac
+        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && continue
+        PICKED_PORTS="$PICKED_PORTS$p "
+        printf -v "$1" '%s' "$p"
+        return 0
+    done
+    echo "no free TCP port found on 127.0.0.1" >&2
+    exit 1
+}
+
 ok() { passed=$((passed + 1)); echo "ok - $1"; }
 
 # fail NAME [LOG]: the tail of LOG (default: the last check's output, $W/out) is shown.

@@ -20,7 +20,7 @@ need_tools qemu-img nbdcopy nbdinfo jq python3
 W=$(mktemp -d /tmp/condense-cache-e2e.XXXXXX)
 POOL=$W/pool
 FAST=$W/fast
-PORT=$((20000 + RANDOM % 20000))
+free_port PORT
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 

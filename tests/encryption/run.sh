@@ -25,7 +25,7 @@ need_tools qemu-io nbdcopy nbdinfo python3 sha256sum
 W=$(mktemp -d /tmp/condense-crypt-e2e.XXXXXX)
 ENC=$W/enc
 PLAIN=$W/plain
-PORT=$((20000 + RANDOM % 20000))
+free_port PORT
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 

@@ -26,9 +26,9 @@ need_tools qemu-io qemu-img nbdcopy nbdinfo curl jq python3 promtool prometheus
 W=$(mktemp -d /tmp/condense-metrics-e2e.XXXXXX)
 POOL=$W/pool
 MNT=$W/mnt
-PORT=$((20000 + RANDOM % 10000))
-MPORT=$((PORT + 10000))
-PPORT=$((PORT + 20000))
+free_port PORT
+free_port MPORT
+free_port PPORT
 URI=nbd://127.0.0.1:$PORT
 METRICS=http://127.0.0.1:$MPORT/metrics
 SERVER_PID=

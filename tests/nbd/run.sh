@@ -24,7 +24,7 @@ fi
 
 W=$(mktemp -d /tmp/condense-nbd-e2e.XXXXXX)
 POOL=$W/pool
-PORT=$((20000 + RANDOM % 20000))
+free_port PORT
 URI=nbd://127.0.0.1:$PORT
 SOCK=$W/nbd.sock
 SERVER_PID=

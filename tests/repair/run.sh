@@ -25,7 +25,7 @@ need_tools qemu-img qemu-io nbdinfo fio jq od
 
 W=$(mktemp -d /tmp/condense-repair-e2e.XXXXXX)
 POOL=$W/pool
-PORT=$((20000 + RANDOM % 20000))
+free_port PORT
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 FIO_PID=

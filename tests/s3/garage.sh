@@ -64,7 +64,7 @@ pick_port_base() {
     local base p busy
     # Start somewhere pseudo-random so that parallel clusters rarely race for the same range.
     for _ in $(seq 1 50); do
-        base=$((20000 + (RANDOM % 2000) * 9))
+        base=$((10000 + (RANDOM % 2000) * 9))
         busy=0
         for p in $(seq "$base" $((base + 3 * NODES - 1))); do
             if port_busy "$p"; then busy=1; break; fi

@@ -57,7 +57,8 @@ need_tools fio nbdcopy nbdinfo jq curl python3 cmp timeout
 
 W=$(mktemp -d /tmp/condense-s3-pool.XXXXXX)
 G=$W/garage
-PORT=$((20000 + RANDOM % 20000))
+free_port PORT
+free_port PORT2
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 POOL=
@@ -457,7 +458,7 @@ no_intruder() { ! c volume list | grep -qw intruder; }
 check "the writer has no volume 'intruder'" no_intruder
 if [ "$a3_connected" = 1 ]; then # connect itself did not refuse: serve must
     refuse "serve on the second directory is refused too" "held by" \
-        timeout 60 "$CONDENSE" --pool "$W/a3" serve --listen "127.0.0.1:$((PORT + 1))"
+        timeout 60 "$CONDENSE" --pool "$W/a3" serve --listen "127.0.0.1:$PORT2"
 fi
 timed "connect --read-only beside the writer" \
     cond connect "$(s3url pool-a)" --cache "$W/a4" --cache-size "$CACHE_SIZE" --read-only

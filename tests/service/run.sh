@@ -31,8 +31,8 @@ done
 
 W=$(mktemp -d /tmp/condense-service-e2e.XXXXXX)
 POOL=$W/pool
-PORT=$((20000 + RANDOM % 20000))
-PORT2=$((PORT + 1))
+free_port PORT
+free_port PORT2
 SOCK=$W/nbd.sock
 MNT=$W/mnt
 SERVER_PID=

@@ -23,7 +23,7 @@ need_tools qemu-img qemu-io nbdinfo jq
 
 W=$(mktemp -d /tmp/condense-snap-e2e.XXXXXX)
 POOL=$W/pool
-PORT=$((20000 + RANDOM % 20000))
+free_port PORT
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 HOLDER_PID=

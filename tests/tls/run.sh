@@ -23,7 +23,7 @@ need_tools openssl qemu-img nbdinfo nbdcopy
 
 W=$(mktemp -d /tmp/condense-tls-e2e.XXXXXX)
 POOL=$W/pool
-PORT=$((20000 + RANDOM % 20000))
+free_port PORT
 SERVER_PID=
 
 cleanup() {

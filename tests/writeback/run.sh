@@ -25,7 +25,7 @@ need_tools fio nbdcopy nbdinfo qemu-img jq
 W=$(mktemp -d /tmp/condense-writeback-e2e.XXXXXX)
 POOL=$W/pool
 FAST=$W/fast
-PORT=$((20000 + RANDOM % 20000))
+free_port PORT
 URI=nbd://127.0.0.1:$PORT
 SERVER_PID=
 
