@@ -11,6 +11,11 @@
 //! page cache) and compares full fingerprints, so dedup stays exact. A slot's position is a
 //! function of the bits it stores, so a shard grows (by 1.25×, at 90 % load) without reading
 //! any fingerprint back, and deletion shifts entries back (no tombstones).
+//! Each shard is a Robin Hood table (an entry never sits further from its home slot than
+//! the one it passed), so entries are kept in the order of their home slots and a lookup
+//! stops at the first entry whose home lies past its own: a miss, the common case when
+//! writing new data, reads a few slots even at 90 % load, where plain linear probing reads
+//! about fifty.
 //! Limits: pages past 2^28 − 1 (chunk ids past 2^35, 128 TiB of unique 4 KiB blocks) are not
 //! indexed: their chunks are stored but not deduplicated against.
 
@@ -54,15 +59,50 @@ impl Shard {
         u32::from(self.lo[i]) | (self.hi[i] >> PAGE_BITS) << 16
     }
 
-    fn put(&mut self, h: u32, page: u64) {
-        let cap = self.cap();
-        let mut i = self.home(h);
-        while self.hi[i] != 0 {
-            i = (i + 1) % cap;
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.cap() {
+            0
+        } else {
+            i + 1
         }
-        self.lo[i] = h as u16;
-        self.hi[i] = (h >> 16) << PAGE_BITS | (page as u32 + 1);
+    }
+
+    /// Robin Hood insertion: the entry being placed takes the slot of any resident closer
+    /// to its home than the entry is to its own, and the resident moves on.
+    fn put(&mut self, h: u32, page: u64) {
+        let mut lo = h as u16;
+        let mut hi = (h >> 16) << PAGE_BITS | (page as u32 + 1);
+        let mut i = self.home(h);
+        let mut dist = 0;
+        while self.hi[i] != 0 {
+            let d = self.distance(i);
+            if d < dist {
+                std::mem::swap(&mut lo, &mut self.lo[i]);
+                std::mem::swap(&mut hi, &mut self.hi[i]);
+                dist = d;
+            }
+            i = self.next(i);
+            dist += 1;
+        }
+        self.lo[i] = lo;
+        self.hi[i] = hi;
         self.len += 1;
+    }
+
+    /// The slots that may hold entries with hash `h`: from its home slot to the first empty
+    /// slot or entry with a later home.
+    fn probe(&self, h: u32) -> impl Iterator<Item = usize> + '_ {
+        let mut i = self.home(h);
+        let mut dist = 0;
+        std::iter::from_fn(move || {
+            if self.hi[i] == 0 || self.distance(i) < dist {
+                return None;
+            }
+            let at = i;
+            i = self.next(i);
+            dist += 1;
+            Some(at)
+        })
     }
 
     fn grow(&mut self) {
@@ -89,7 +129,11 @@ impl Shard {
     /// Distance of the entry at `i` from its home slot.
     fn distance(&self, i: usize) -> usize {
         let home = self.home(self.hash_at(i));
-        (i + self.cap() - home) % self.cap()
+        if i >= home {
+            i - home
+        } else {
+            i + self.cap() - home
+        }
     }
 }
 
@@ -152,16 +196,13 @@ impl DedupIndex {
         if shard.cap() == 0 {
             return;
         }
-        let cap = shard.cap();
-        let mut i = shard.home(h);
-        while shard.hi[i] != 0 {
+        for i in shard.probe(h) {
             if shard.hash_at(i) == h {
                 let page = u64::from(shard.hi[i] & ((1 << PAGE_BITS) - 1)) - 1;
                 if !out.contains(&page) {
                     out.push(page);
                 }
             }
-            i = (i + 1) % cap;
         }
     }
 
@@ -197,30 +238,22 @@ impl DedupIndex {
         if shard.cap() == 0 {
             return;
         }
-        let cap = shard.cap();
         let want = (h >> 16) << PAGE_BITS | (page as u32 + 1);
-        let mut i = shard.home(h);
-        loop {
-            if shard.hi[i] == 0 {
-                return;
-            }
-            if shard.lo[i] == h as u16 && shard.hi[i] == want {
-                break;
-            }
-            i = (i + 1) % cap;
-        }
-        // Backward-shift deletion: pull later entries of the run into the gap.
+        let Some(i) = shard
+            .probe(h)
+            .find(|&i| shard.lo[i] == h as u16 && shard.hi[i] == want)
+        else {
+            return;
+        };
+        // Backward-shift deletion: the entries after it that are not home move back one
+        // slot (which keeps the Robin Hood order).
         let mut gap = i;
-        let mut j = (i + 1) % cap;
-        while shard.hi[j] != 0 {
-            let d = shard.distance(j);
-            let dist_to_gap = (j + cap - gap) % cap;
-            if d >= dist_to_gap {
-                shard.lo[gap] = shard.lo[j];
-                shard.hi[gap] = shard.hi[j];
-                gap = j;
-            }
-            j = (j + 1) % cap;
+        let mut j = shard.next(i);
+        while shard.hi[j] != 0 && shard.distance(j) > 0 {
+            shard.lo[gap] = shard.lo[j];
+            shard.hi[gap] = shard.hi[j];
+            gap = j;
+            j = shard.next(j);
         }
         shard.lo[gap] = 0;
         shard.hi[gap] = 0;
@@ -307,8 +340,38 @@ mod tests {
         }
         // Removed chunks may only show up through a 32-bit collision with a neighbour.
         assert!(false_hits < 10, "{false_hits} removed chunks still indexed");
+        assert_robin_hood_order(&ix);
         let per = ix.ram_bytes() as f64 / ix.len() as f64;
         assert!(per < 20.0, "{per} bytes per entry");
+    }
+
+    /// Every occupied slot followed by an occupied one: the second is at most one slot
+    /// further from its home (what lets a lookup stop early).
+    fn assert_robin_hood_order(ix: &DedupIndex) {
+        for shard in &ix.shards {
+            for i in 0..shard.cap() {
+                let j = shard.next(i);
+                if shard.hi[i] != 0 && shard.hi[j] != 0 {
+                    assert!(shard.distance(j) <= shard.distance(i) + 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_miss_reads_few_slots_at_full_load() {
+        let mut ix = DedupIndex::default();
+        for i in 0..300_000u64 {
+            ix.insert(&fp(i), i / 128);
+        }
+        assert_robin_hood_order(&ix);
+        let (mut probes, misses) = (0usize, 20_000u64);
+        for i in 0..misses {
+            let (s, h) = split(&fp(1_000_000 + i));
+            probes += ix.shards[s].probe(h).count();
+        }
+        let mean = probes as f64 / misses as f64;
+        assert!(mean < 8.0, "a miss reads {mean} slots on average");
     }
 
     #[test]

@@ -482,14 +482,28 @@ pub fn encode_record(
     payload: &[u8],
 ) {
     let start = out.len();
-    put_u32(out, 0); // crc, filled below
-    put_u32(out, id as u32);
-    out.extend_from_slice(fp);
-    put_u32(out, payload.len() as u32 | (codec as u32) << 24);
-    put_u32(out, (id >> 32) as u32);
-    out.extend_from_slice(payload);
-    let c = crc(&[&out[start + 4..]]);
-    out[start..start + 4].copy_from_slice(&c.to_le_bytes());
+    out.resize(start + RECORD_HEADER_BYTES + payload.len(), 0);
+    encode_record_into(&mut out[start..], id, fp, codec, payload);
+}
+
+/// Write one chunk record into `out`, which is exactly `RECORD_HEADER_BYTES + payload.len()`
+/// bytes long.
+pub fn encode_record_into(
+    out: &mut [u8],
+    id: u64,
+    fp: &Fingerprint,
+    codec: ChunkCodec,
+    payload: &[u8],
+) {
+    debug_assert_eq!(out.len(), RECORD_HEADER_BYTES + payload.len());
+    let (head, body) = out.split_at_mut(RECORD_HEADER_BYTES);
+    head[4..8].copy_from_slice(&(id as u32).to_le_bytes());
+    head[8..24].copy_from_slice(fp);
+    head[24..28].copy_from_slice(&(payload.len() as u32 | (codec as u32) << 24).to_le_bytes());
+    head[28..32].copy_from_slice(&((id >> 32) as u32).to_le_bytes());
+    body.copy_from_slice(payload);
+    let c = crc(&[&head[4..], body]);
+    head[..4].copy_from_slice(&c.to_le_bytes());
 }
 
 /// Check one record read from `loc` and return (fingerprint, payload).

@@ -56,6 +56,110 @@ pub trait Dir: Send + Sync {
     fn remote(&self) -> Option<&crate::remote::RemoteDir> {
         None
     }
+    /// A second handle on an existing file for direct I/O (`O_DIRECT`: no page cache), if
+    /// this directory's file system offers it. Its `write_at` takes only buffers, lengths and
+    /// offsets aligned to [`DIRECT_IO_ALIGN`]; reads go through the file's ordinary handle.
+    fn open_direct(&self, _name: &str) -> io::Result<Option<Arc<dyn File>>> {
+        Ok(None)
+    }
+}
+
+/// Alignment of the buffers, lengths and offsets of direct I/O: a page, which covers the
+/// logical block size of every disk (512 or 4096 bytes).
+pub const DIRECT_IO_ALIGN: usize = 4096;
+
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct AlignedPage([u8; DIRECT_IO_ALIGN]);
+
+/// A growable byte buffer whose start is aligned to [`DIRECT_IO_ALIGN`], for direct I/O.
+pub struct AlignedBuf {
+    pages: Vec<AlignedPage>,
+    len: usize,
+}
+
+impl Default for AlignedBuf {
+    fn default() -> Self {
+        AlignedBuf::new()
+    }
+}
+
+impl AlignedBuf {
+    pub fn new() -> AlignedBuf {
+        AlignedBuf {
+            pages: Vec::new(),
+            len: 0,
+        }
+    }
+
+    fn all(&self) -> &[u8] {
+        // SAFETY: `pages` is a contiguous allocation of `pages.len()` plain byte arrays with
+        // no padding (size == alignment == DIRECT_IO_ALIGN), borrowed immutably with `self`.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.pages.as_ptr().cast::<u8>(),
+                self.pages.len() * DIRECT_IO_ALIGN,
+            )
+        }
+    }
+
+    fn all_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `all`, borrowed mutably with `self`.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.pages.as_mut_ptr().cast::<u8>(),
+                self.pages.len() * DIRECT_IO_ALIGN,
+            )
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.all()[..self.len]
+    }
+
+    /// Grow by `n` bytes and return them to be filled.
+    pub fn extend_by(&mut self, n: usize) -> &mut [u8] {
+        let start = self.len;
+        let end = start + n;
+        let pages = end.div_ceil(DIRECT_IO_ALIGN);
+        if pages > self.pages.len() {
+            self.pages.resize(pages, AlignedPage([0; DIRECT_IO_ALIGN]));
+        }
+        self.len = end;
+        &mut self.all_mut()[start..end]
+    }
+
+    pub fn extend_from_slice(&mut self, data: &[u8]) {
+        self.extend_by(data.len()).copy_from_slice(data);
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Drop the first `n` bytes (moving the rest to the front).
+    pub fn drain_front(&mut self, n: usize) {
+        let n = n.min(self.len);
+        let len = self.len;
+        self.all_mut().copy_within(n..len, 0);
+        self.len -= n;
+    }
+
+    /// The bytes padded with zeros to a whole number of aligned pages.
+    pub fn padded(&mut self) -> &[u8] {
+        let end = self.len.next_multiple_of(DIRECT_IO_ALIGN);
+        let len = self.len;
+        self.all_mut()[len..end].fill(0);
+        &self.all()[..end]
+    }
 }
 
 /// A real directory on a local file system.
@@ -64,6 +168,11 @@ pub struct RealDir {
 }
 
 struct RealFile {
+    file: fs::File,
+}
+
+/// A file opened with `O_DIRECT`, for aligned writes only.
+struct DirectFile {
     file: fs::File,
 }
 
@@ -121,7 +230,51 @@ impl File for RealFile {
     }
 }
 
+impl File for DirectFile {
+    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "a direct-I/O handle is for writes; read through the file's own handle",
+        ))
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let aligned = |n: usize| n.is_multiple_of(DIRECT_IO_ALIGN);
+        if !aligned(data.as_ptr() as usize) || !aligned(data.len()) || !aligned(offset as usize) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "direct write of {} bytes at offset {offset} is not aligned to {DIRECT_IO_ALIGN}",
+                    data.len()
+                ),
+            ));
+        }
+        self.file.write_all_at(data, offset)
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+}
+
 impl Dir for RealDir {
+    fn open_direct(&self, name: &str) -> io::Result<Option<Arc<dyn File>>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        match fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(self.path.join(name))
+        {
+            Ok(file) => Ok(Some(Arc::new(DirectFile { file }))),
+            // The file system does not do direct I/O (tmpfs before Linux 6.6, some FUSE ones).
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
         let file = fs::OpenOptions::new()
             .read(true)

@@ -36,6 +36,7 @@ use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE};
 use crate::reduction;
 use crate::segment::Segments;
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -191,6 +192,8 @@ pub struct Pool {
     pub(crate) writers: Mutex<HashMap<u32, usize>>,
     pub(crate) me: Weak<Pool>,
     pub(crate) read_errors: AtomicU64,
+    /// Writes between their hashing and their commit (see [`Pool::write_blocks`]).
+    writes_in_flight: std::sync::atomic::AtomicUsize,
     /// Activity counters for monitoring ([`Pool::counters`]).
     pub(crate) counters: crate::counters::Counters,
     pub(crate) replay: ReplayReport,
@@ -681,6 +684,7 @@ impl Pool {
             writers: Mutex::new(HashMap::new()),
             me: me.clone(),
             read_errors: AtomicU64::new(0),
+            writes_in_flight: Default::default(),
             counters: Default::default(),
             replay,
             cache: RwLock::new(None),
@@ -894,7 +898,7 @@ impl Pool {
                     .open_id()
                     .is_some_and(|id| st.segments.is_staged(id))
                 {
-                    st.segments.seal_open();
+                    st.segments.seal_open()?;
                 }
             }
             drop(guard);
@@ -1224,7 +1228,12 @@ impl Pool {
         let bs = self.sb.block_size as usize;
         debug_assert_eq!(data.len() % bs, 0);
         let key = self.sb.key;
-        // 1. Zero detection and fingerprints, in parallel for large writes.
+        // Hash and compress on every core only while this is the only write in flight: with
+        // more (an NBD client's queue, FUSE's threads) each write on its own thread keeps
+        // both cores busy without the cost of handing blocks between threads.
+        let in_flight = InFlight::enter(&self.writes_in_flight);
+        let spread = in_flight.alone();
+        // 1. Zero detection and fingerprints.
         let classify = |b: &[u8]| {
             if reduction::is_zero(b) {
                 None
@@ -1232,7 +1241,7 @@ impl Pool {
                 Some(reduction::fingerprint(&key, b))
             }
         };
-        let fps: Vec<Option<Fingerprint>> = if data.len() >= 16 * bs {
+        let fps: Vec<Option<Fingerprint>> = if spread && data.len() >= 16 * bs {
             data.par_chunks(bs).map(classify).collect()
         } else {
             data.chunks(bs).map(classify).collect()
@@ -1253,30 +1262,37 @@ impl Pool {
             }
             misses
         };
-        // 3. Compress the new chunks, in parallel.
+        // 3. Compress the new chunks.
         let comp = self.sb.compression;
         let crypto = self.crypto.as_deref();
-        // Compressed, then sealed in an encrypted pool (bound to the fingerprint and codec).
-        let store = |i: usize, fp: Option<&Fingerprint>| -> Result<(ChunkCodec, Vec<u8>)> {
-            let (codec, payload) = reduction::compress(comp, &data[i * bs..(i + 1) * bs]);
+        // Compressed (or the block itself), then sealed in an encrypted pool (bound to the
+        // fingerprint and codec).
+        let store = |i: usize, fp: Option<&Fingerprint>| -> Result<(ChunkCodec, Cow<'_, [u8]>)> {
+            let block = &data[i * bs..(i + 1) * bs];
+            let (codec, payload) = match reduction::try_compress(comp, block) {
+                Some((codec, c)) => (codec, Cow::Owned(c)),
+                None => (ChunkCodec::Raw, Cow::Borrowed(block)),
+            };
             match (crypto, fp) {
                 (Some(c), Some(fp)) => Ok((
                     codec,
-                    c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?,
+                    Cow::Owned(c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?),
                 )),
                 _ => Ok((codec, payload)),
             }
         };
         let compress = |&i: &usize| store(i, fps[i].as_ref()).map(|c| (i, c));
-        let compressed_list: Vec<(usize, (ChunkCodec, Vec<u8>))> = if misses.len() >= 8 {
-            misses.par_iter().map(compress).collect::<Result<_>>()?
-        } else {
-            misses.iter().map(compress).collect::<Result<_>>()?
-        };
-        let mut compressed: Vec<Option<(ChunkCodec, Vec<u8>)>> = vec![None; fps.len()];
+        let compressed_list: Vec<(usize, (ChunkCodec, Cow<'_, [u8]>))> =
+            if spread && misses.len() >= 8 {
+                misses.par_iter().map(compress).collect::<Result<_>>()?
+            } else {
+                misses.iter().map(compress).collect::<Result<_>>()?
+            };
+        let mut compressed: Vec<Option<(ChunkCodec, Cow<'_, [u8]>)>> = vec![None; fps.len()];
         for (i, c) in compressed_list {
             compressed[i] = Some(c);
         }
+        drop(in_flight);
         // 4. Commit: stage new records, write them, then apply and journal the changes.
         let mut st = lock(&self.state);
         self.writable(&st)?;
@@ -1303,7 +1319,7 @@ impl Pool {
             // A new chunk (compressed above, or now if the index changed since step 2).
             let fresh;
             let (codec, payload) = match &compressed[i] {
-                Some((c, p)) => (*c, p),
+                Some((c, p)) => (*c, &**p),
                 None => {
                     fresh = match store(i, Some(fp)) {
                         Ok(f) => f,
@@ -1312,7 +1328,7 @@ impl Pool {
                             return Err(e);
                         }
                     };
-                    (fresh.0, &fresh.1)
+                    (fresh.0, &*fresh.1)
                 }
             };
             let Some(id) = st.md.chunks.allocate_id() else {
@@ -1558,7 +1574,7 @@ impl Pool {
                 Some(_) => {
                     if st.segments.open_id().is_some() {
                         st.segments.write_pending()?;
-                        st.segments.seal_open();
+                        st.segments.seal_open()?;
                     }
                     st.segments.last_id()
                 }
@@ -1900,6 +1916,30 @@ impl std::hash::Hasher for FpHasher {
             b[..chunk.len()].copy_from_slice(chunk);
             self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(b);
         }
+    }
+}
+
+/// One write counted in [`Pool::writes_in_flight`] while it lives.
+struct InFlight<'a> {
+    count: &'a std::sync::atomic::AtomicUsize,
+    before: usize,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a std::sync::atomic::AtomicUsize) -> InFlight<'a> {
+        let before = count.fetch_add(1, Ordering::Relaxed);
+        InFlight { count, before }
+    }
+
+    /// No other write was in flight when this one started.
+    fn alone(&self) -> bool {
+        self.before == 0
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -28,6 +28,12 @@ pub fn fingerprint(key: &[u8; 32], block: &[u8]) -> Fingerprint {
 /// Compress one block under the pool's setting; returns the codec actually used and the bytes
 /// to store (raw when compression would save less than 1/8).
 pub fn compress(compression: Compression, block: &[u8]) -> (ChunkCodec, Vec<u8>) {
+    try_compress(compression, block).unwrap_or_else(|| (ChunkCodec::Raw, block.to_vec()))
+}
+
+/// The compressed form of one block, if it saves at least 1/8 (else the block is stored raw:
+/// callers then use the block itself, with no copy).
+pub fn try_compress(compression: Compression, block: &[u8]) -> Option<(ChunkCodec, Vec<u8>)> {
     let limit = block.len() - block.len() / 8;
     let attempt = match compression {
         Compression::None => None,
@@ -36,10 +42,7 @@ pub fn compress(compression: Compression, block: &[u8]) -> (ChunkCodec, Vec<u8>)
             .ok()
             .map(|c| (ChunkCodec::Zstd, c)),
     };
-    match attempt {
-        Some((codec, c)) if c.len() <= limit => (codec, c),
-        _ => (ChunkCodec::Raw, block.to_vec()),
-    }
+    attempt.filter(|(_, c)| c.len() <= limit)
 }
 
 thread_local! {

@@ -8,6 +8,13 @@
 //! - Records are staged in `pending` and written with one `write_at` per batch
 //!   ([`Segments::write_pending`]); a location is handed out only for bytes that will be
 //!   written before the state lock is released.
+//! - Batches of at least [`DIRECT_BATCH_BYTES`] go to the open segment with direct I/O when
+//!   the directory offers it: no copy into the page cache, which costs more CPU than hashing
+//!   (a fresh page-cache page per 4 KiB of a file that only grows). Direct writes are whole
+//!   aligned pages, so `pending` then starts at the page holding the end of what is written
+//!   (those bytes are written again, unchanged, with the next batch), and the file ends in
+//!   zeros up to the next page until the segment is sealed and cut to its length. Small
+//!   batches go through the page cache as before; the kernel keeps the two coherent.
 //! - A segment is reported dirty until the next flush syncs it.
 //! - With a writeback cache tier, a segment lives in one of two directories: the pool's, or
 //!   the cache's *staging* directory (fast device) until [`crate::destage`] has copied it to
@@ -18,10 +25,10 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    encode_record, encode_segment_header, segment_name, ChunkCodec, Fingerprint, Location,
+    encode_record_into, encode_segment_header, segment_name, ChunkCodec, Fingerprint, Location,
     SEGMENT_HEADER_BYTES,
 };
-use crate::io::{Dir, File};
+use crate::io::{AlignedBuf, Dir, File, DIRECT_IO_ALIGN};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -40,13 +47,25 @@ pub struct Dirty {
     pub staging_dir: bool,
 }
 
+/// Batches of at least this many bytes are written with direct I/O (see the module doc).
+pub const DIRECT_BATCH_BYTES: u64 = 128 * 1024;
+
 pub struct Segments {
     files: BTreeMap<u32, SegmentFile>,
     open: Option<u32>,
     next_id: u32,
-    pending: Vec<u8>,
-    /// Offset in the open segment where `pending` starts.
-    pending_at: u64,
+    /// Bytes from `pending_base` on: first what is already written of the page holding
+    /// `written` (only with a direct writer), then the records not yet written.
+    pending: AlignedBuf,
+    /// Offset in the open segment where `pending` starts (page-aligned with a direct writer,
+    /// else equal to `written`).
+    pending_base: u64,
+    /// Bytes of the open segment written to its file.
+    written: u64,
+    /// The open segment's direct-I/O handle, if its directory offers one.
+    writer: Option<Arc<dyn File>>,
+    /// Try direct I/O for new segments (off after a file system refused it).
+    direct: bool,
     dirty: BTreeSet<u32>,
     names_changed: bool,
     staging_names_changed: bool,
@@ -65,8 +84,11 @@ impl Segments {
             files: BTreeMap::new(),
             open: None,
             next_id: 0,
-            pending: Vec::new(),
-            pending_at: 0,
+            pending: AlignedBuf::new(),
+            pending_base: 0,
+            written: 0,
+            writer: None,
+            direct: true,
             dirty: BTreeSet::new(),
             names_changed: false,
             staging_names_changed: false,
@@ -103,9 +125,34 @@ impl Segments {
     }
 
     /// Seal the open segment (the next record starts a new one). Call with nothing pending.
-    pub fn seal_open(&mut self) {
-        debug_assert!(self.pending.is_empty());
-        self.open = None;
+    pub fn seal_open(&mut self) -> Result<()> {
+        debug_assert_eq!(self.pending_base + self.pending.len() as u64, self.written);
+        let Some(open) = self.open.take() else {
+            return Ok(());
+        };
+        self.pending.truncate(0);
+        // Direct writes padded the file to a whole page: cut it to the segment's length, so
+        // that a sealed segment is exactly its records.
+        if self.writer.take().is_some() {
+            if let Some(seg) = self.files.get(&open) {
+                let name = segment_name(open);
+                let len = seg
+                    .file
+                    .len()
+                    .map_err(|e| Error::io(format!("reading the length of segment {name}"), e))?;
+                if len > seg.len {
+                    seg.file.set_len(seg.len).map_err(|e| {
+                        Error::io(format!("cutting segment {name} to its length"), e)
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the next record goes in the open segment.
+    fn next_offset(&self) -> u64 {
+        self.pending_base + self.pending.len() as u64
     }
 
     /// Bytes of the segments not yet destaged (the writeback cache's dirty bytes).
@@ -197,8 +244,14 @@ impl Segments {
     ) -> Result<Location> {
         let record = crate::format::RECORD_HEADER_BYTES as u64 + payload.len() as u64;
         let seg = self.room_for(dir, record)?;
-        let offset = self.pending_at + self.pending.len() as u64;
-        encode_record(&mut self.pending, id, fp, codec, payload);
+        let offset = self.next_offset();
+        encode_record_into(
+            self.pending.extend_by(record as usize),
+            id,
+            fp,
+            codec,
+            payload,
+        );
         Ok(Location {
             segment: seg,
             offset: offset as u32,
@@ -210,7 +263,7 @@ impl Segments {
     /// Stage a record copied verbatim (GC relocation); returns its new location.
     pub fn append_raw(&mut self, dir: &dyn Dir, record: &[u8], old: &Location) -> Result<Location> {
         let seg = self.room_for(dir, record.len() as u64)?;
-        let offset = self.pending_at + self.pending.len() as u64;
+        let offset = self.next_offset();
         self.pending.extend_from_slice(record);
         Ok(Location {
             segment: seg,
@@ -221,11 +274,12 @@ impl Segments {
 
     fn room_for(&mut self, dir: &dyn Dir, record: u64) -> Result<u32> {
         if let Some(open) = self.open {
-            let end = self.pending_at + self.pending.len() as u64;
+            let end = self.next_offset();
             if end + record <= self.target_bytes || end == SEGMENT_HEADER_BYTES as u64 {
                 return Ok(open);
             }
             self.write_pending()?;
+            self.seal_open()?;
         }
         self.start_segment(dir)
     }
@@ -249,6 +303,20 @@ impl Segments {
         let header = encode_segment_header(id, &self.uuid);
         file.write_at(&header, 0)
             .map_err(|e| Error::io(format!("writing segment {name}"), e))?;
+        self.writer = if self.direct {
+            dir.open_direct(&name)
+                .map_err(|e| Error::io(format!("opening segment {name} for direct I/O"), e))?
+        } else {
+            None
+        };
+        self.pending.truncate(0);
+        if self.writer.is_some() {
+            self.pending.extend_from_slice(&header);
+            self.pending_base = 0;
+        } else {
+            self.pending_base = header.len() as u64;
+        }
+        self.written = header.len() as u64;
         self.next_id += 1;
         self.files.insert(
             id,
@@ -259,7 +327,6 @@ impl Segments {
             },
         );
         self.open = Some(id);
-        self.pending_at = header.len() as u64;
         self.dirty.insert(id);
         if staged {
             self.staging_names_changed = true;
@@ -272,7 +339,8 @@ impl Segments {
     /// Write staged records to the open segment (one call). On failure nothing staged is
     /// kept and the locations handed out since the last write must not be used.
     pub fn write_pending(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
+        let end = self.next_offset();
+        if end == self.written {
             return Ok(());
         }
         let Some(open) = self.open else {
@@ -280,21 +348,51 @@ impl Segments {
                 "records staged without an open segment".into(),
             ));
         };
-        let seg = self
-            .files
-            .get_mut(&open)
-            .ok_or_else(|| Error::Invalid(format!("open segment {open} missing")))?;
-        let r = seg.file.write_at(&self.pending, self.pending_at);
+        let Some(seg) = self.files.get_mut(&open) else {
+            return Err(Error::Invalid(format!("open segment {open} missing")));
+        };
+        let from = (self.written - self.pending_base) as usize;
+        let direct = self
+            .writer
+            .clone()
+            .filter(|_| end - self.written >= DIRECT_BATCH_BYTES);
+        let r = match direct {
+            None => seg
+                .file
+                .write_at(&self.pending.as_slice()[from..], self.written),
+            Some(w) => match w.write_at(self.pending.padded(), self.pending_base) {
+                // Opened with O_DIRECT but refused at the write: the page cache from now on.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::warn!(
+                        "segment {}: direct I/O refused ({e}), writing through the page cache",
+                        segment_name(open)
+                    );
+                    self.direct = false;
+                    self.writer = None;
+                    seg.file
+                        .write_at(&self.pending.as_slice()[from..], self.written)
+                }
+                r => r,
+            },
+        };
         match r {
             Ok(()) => {
-                self.pending_at += self.pending.len() as u64;
-                seg.len = self.pending_at;
-                self.pending.clear();
+                self.written = end;
+                seg.len = end;
                 self.dirty.insert(open);
+                // Keep the page holding the end for the next direct write (or nothing).
+                let keep_from = if self.writer.is_some() {
+                    end - end % DIRECT_IO_ALIGN as u64
+                } else {
+                    end
+                };
+                self.pending
+                    .drain_front((keep_from - self.pending_base) as usize);
+                self.pending_base = keep_from;
                 Ok(())
             }
             Err(e) => {
-                self.pending.clear();
+                self.discard_pending();
                 Err(Error::io(
                     format!("writing segment {}", segment_name(open)),
                     e,
@@ -305,7 +403,8 @@ impl Segments {
 
     /// Forget staged records (after a failed batch).
     pub fn discard_pending(&mut self) {
-        self.pending.clear();
+        self.pending
+            .truncate((self.written - self.pending_base) as usize);
     }
 
     /// Segment files written since the last call, and whether names were created since.
