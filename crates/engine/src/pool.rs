@@ -1246,8 +1246,11 @@ impl Pool {
         } else {
             data.chunks(bs).map(classify).collect()
         };
-        // 2. Which blocks are new chunks.
-        let misses: Vec<usize> = {
+        // 2. Which blocks are new chunks. A small write skips this and compresses its new
+        // chunks under the lock in step 4: one lock round trip instead of two.
+        let misses: Vec<usize> = if fps.len() <= SMALL_WRITE_BLOCKS {
+            Vec::new()
+        } else {
             let mut st = lock(&self.state);
             self.writable(&st)?;
             let mut seen: HashMap<Fingerprint, (), FpHash> =
@@ -1267,7 +1270,7 @@ impl Pool {
         let crypto = self.crypto.as_deref();
         // Compressed (or the block itself), then sealed in an encrypted pool (bound to the
         // fingerprint and codec).
-        let store = |i: usize, fp: Option<&Fingerprint>| -> Result<(ChunkCodec, Cow<'_, [u8]>)> {
+        let store = |i: usize, fp: Option<&Fingerprint>| -> Result<Stored<'_>> {
             let block = &data[i * bs..(i + 1) * bs];
             let (codec, payload) = match reduction::try_compress(comp, block) {
                 Some((codec, c)) => (codec, Cow::Owned(c)),
@@ -1282,13 +1285,12 @@ impl Pool {
             }
         };
         let compress = |&i: &usize| store(i, fps[i].as_ref()).map(|c| (i, c));
-        let compressed_list: Vec<(usize, (ChunkCodec, Cow<'_, [u8]>))> =
-            if spread && misses.len() >= 8 {
-                misses.par_iter().map(compress).collect::<Result<_>>()?
-            } else {
-                misses.iter().map(compress).collect::<Result<_>>()?
-            };
-        let mut compressed: Vec<Option<(ChunkCodec, Cow<'_, [u8]>)>> = vec![None; fps.len()];
+        let compressed_list: Vec<(usize, Stored<'_>)> = if spread && misses.len() >= 8 {
+            misses.par_iter().map(compress).collect::<Result<_>>()?
+        } else {
+            misses.iter().map(compress).collect::<Result<_>>()?
+        };
+        let mut compressed: Vec<Option<Stored<'_>>> = vec![None; fps.len()];
         for (i, c) in compressed_list {
             compressed[i] = Some(c);
         }
@@ -1348,9 +1350,45 @@ impl Pool {
             batch_new.insert(*fp, id);
             entries.push(id);
         }
-        if let Err(e) = st.segments.write_pending() {
-            Self::unwind_ids(&mut st, first_new_id);
-            return Err(e);
+        // 5. Write the new records, then apply and journal the changes. A large batch is
+        // written without the state lock (other writes look up, stage and commit meanwhile);
+        // a small one costs less than handing the lock back and forth.
+        let batch = if st.segments.unwritten_bytes() < OUT_OF_LOCK_BATCH_BYTES {
+            st.segments.write_pending().map(|()| None)
+        } else {
+            st.segments.take_batch()
+        };
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                Self::unwind_ids(&mut st, first_new_id);
+                return Err(e);
+            }
+        };
+        let ids_end = st.md.chunks.next_id;
+        if let Some(mut batch) = batch {
+            drop(st);
+            let written = batch.write();
+            st = lock(&self.state);
+            if let Err(failed) = st.segments.finish_batch(batch, written) {
+                if failed.rolled_back && st.md.chunks.next_id == ids_end {
+                    Self::unwind_ids(&mut st, first_new_id);
+                } else {
+                    // Chunks staged after these may already be in use: stop writing.
+                    st.poisoned = Some(failed.error.to_string());
+                }
+                return Err(failed.error);
+            }
+            self.writable(&st)?;
+            if let Err(e) =
+                st.md
+                    .writable_volume_for(vol, name, "write", first, (data.len() / bs) as u64)
+            {
+                // The volume was deleted or shrunk meanwhile: the new chunks are kept
+                // unreferenced (GC reclaims them).
+                self.commit(&mut st, records)?;
+                return Err(e);
+            }
         }
         records.push(JournalRecord::MapRun {
             vol,
@@ -1359,9 +1397,13 @@ impl Pool {
         });
         let committed = self.commit(&mut st, records);
         if committed.is_err() && st.poisoned.is_none() {
-            // Nothing was applied (the journal buffer could not be written out, or a page
-            // could not be read).
-            Self::unwind_ids(&mut st, first_new_id);
+            if st.md.chunks.next_id == ids_end {
+                // Nothing was applied (the journal buffer could not be written out, or a
+                // page could not be read).
+                Self::unwind_ids(&mut st, first_new_id);
+            } else {
+                st.poisoned = committed.as_ref().err().map(|e| e.to_string());
+            }
         }
         committed
     }
@@ -1918,6 +1960,15 @@ impl std::hash::Hasher for FpHasher {
         }
     }
 }
+
+/// A new chunk as stored: its codec and payload (the block itself when stored raw).
+type Stored<'a> = (ChunkCodec, Cow<'a, [u8]>);
+
+/// Writes of at most this many blocks compress their new chunks under the state lock.
+const SMALL_WRITE_BLOCKS: usize = 4;
+
+/// Batches of new records at least this large are written without the state lock.
+const OUT_OF_LOCK_BATCH_BYTES: u64 = crate::segment::DIRECT_BATCH_BYTES;
 
 /// One write counted in [`Pool::writes_in_flight`] while it lives.
 struct InFlight<'a> {

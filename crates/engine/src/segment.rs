@@ -5,9 +5,14 @@
 //! - Only the open segment is ever written; every other segment is sealed and immutable
 //!   (DESIGN.md invariant 4). Each pool open starts a new open segment, so a torn tail left by
 //!   a crash is never appended to.
-//! - Records are staged in `pending` and written with one `write_at` per batch
-//!   ([`Segments::write_pending`]); a location is handed out only for bytes that will be
-//!   written before the state lock is released.
+//! - Records are staged in `pending` and written with one `write_at` per batch. A batch is
+//!   either written under the state lock ([`Segments::write_pending`]) or handed off
+//!   ([`Segments::take_batch`]) to be written without it while other writes hash, look up and
+//!   stage theirs; its records are applied (and so readable) only after its write succeeded
+//!   ([`Segments::finish_batch`]). Batches are written in the order they were taken (the
+//!   [`WriteOrder`] tickets), because consecutive direct batches share a page.
+//! - A segment with batches in flight is not destaged, collected or cut to length until they
+//!   are finished.
 //! - Batches of at least [`DIRECT_BATCH_BYTES`] go to the open segment with direct I/O when
 //!   the directory offers it: no copy into the page cache, which costs more CPU than hashing
 //!   (a fresh page-cache page per 4 KiB of a file that only grows). Direct writes are whole
@@ -30,7 +35,102 @@ use crate::format::{
 };
 use crate::io::{AlignedBuf, Dir, File, DIRECT_IO_ALIGN};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// The order batches are written in: each batch taken gets the next ticket and writes only
+/// after the batch before it finished.
+#[derive(Default)]
+pub struct WriteOrder {
+    /// The ticket whose turn it is.
+    turn: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl WriteOrder {
+    fn wait_turn(&self, ticket: u64) {
+        let mut turn = crate::pool::lock(&self.turn);
+        while *turn != ticket {
+            turn = self.changed.wait(turn).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn done(&self, ticket: u64) {
+        *crate::pool::lock(&self.turn) = ticket + 1;
+        self.changed.notify_all();
+    }
+}
+
+/// Records of the open segment handed off to be written without the state lock.
+pub struct Batch {
+    seg: u32,
+    buf: AlignedBuf,
+    /// File offset of `buf[0]`.
+    at: u64,
+    /// Where the segment's written bytes ended before this batch (`buf` holds the page
+    /// around it again for a direct write).
+    start: u64,
+    file: Arc<dyn File>,
+    direct: Option<Arc<dyn File>>,
+    /// The file system refused direct I/O: written through the page cache.
+    fell_back: bool,
+    ticket: u64,
+    order: Arc<WriteOrder>,
+    turn_taken: bool,
+}
+
+impl Batch {
+    /// Where the segment's written bytes end after this batch.
+    pub fn end(&self) -> u64 {
+        self.at + self.buf.len() as u64
+    }
+
+    /// Write the batch, after every batch taken before it.
+    pub fn write(&mut self) -> std::io::Result<()> {
+        self.order.wait_turn(self.ticket);
+        let skip = (self.start - self.at) as usize;
+        let r = match self.direct.clone() {
+            None => self.file.write_at(&self.buf.as_slice()[skip..], self.start),
+            Some(w) => match w.write_at(self.buf.padded(), self.at) {
+                // Opened with O_DIRECT but refused at the write: through the page cache.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    tracing::warn!(
+                        "segment {}: direct I/O refused ({e}), writing through the page cache",
+                        segment_name(self.seg)
+                    );
+                    self.fell_back = true;
+                    self.file.write_at(&self.buf.as_slice()[skip..], self.start)
+                }
+                r => r,
+            },
+        };
+        self.order.done(self.ticket);
+        self.turn_taken = true;
+        r
+    }
+
+    /// The batch's buffer (the batch is done with).
+    fn buf_for_reuse(mut self) -> AlignedBuf {
+        std::mem::take(&mut self.buf)
+    }
+}
+
+impl Drop for Batch {
+    /// A batch dropped unwritten still passes its turn on.
+    fn drop(&mut self) {
+        if !self.turn_taken {
+            self.order.wait_turn(self.ticket);
+            self.order.done(self.ticket);
+        }
+    }
+}
+
+/// A batch whose write failed.
+pub struct BatchFailed {
+    pub error: Error,
+    /// The segment was put back as before the batch (nothing was staged after it): its
+    /// chunk ids may be given back. Otherwise the pool must stop writing.
+    pub rolled_back: bool,
+}
 
 pub struct SegmentFile {
     pub file: Arc<dyn File>,
@@ -66,6 +166,14 @@ pub struct Segments {
     writer: Option<Arc<dyn File>>,
     /// Try direct I/O for new segments (off after a file system refused it).
     direct: bool,
+    /// Batches taken and not yet finished, per segment.
+    in_flight: BTreeMap<u32, usize>,
+    /// Sealed segments to cut to their length once their batches are finished.
+    cut_when_written: BTreeSet<u32>,
+    order: Arc<WriteOrder>,
+    next_ticket: u64,
+    /// Buffers of finished batches, for the next ones.
+    spare: Vec<AlignedBuf>,
     dirty: BTreeSet<u32>,
     names_changed: bool,
     staging_names_changed: bool,
@@ -89,6 +197,11 @@ impl Segments {
             written: 0,
             writer: None,
             direct: true,
+            in_flight: BTreeMap::new(),
+            cut_when_written: BTreeSet::new(),
+            order: Arc::default(),
+            next_ticket: 0,
+            spare: Vec::new(),
             dirty: BTreeSet::new(),
             names_changed: false,
             staging_names_changed: false,
@@ -134,20 +247,40 @@ impl Segments {
         // Direct writes padded the file to a whole page: cut it to the segment's length, so
         // that a sealed segment is exactly its records.
         if self.writer.take().is_some() {
-            if let Some(seg) = self.files.get(&open) {
-                let name = segment_name(open);
-                let len = seg
-                    .file
-                    .len()
-                    .map_err(|e| Error::io(format!("reading the length of segment {name}"), e))?;
-                if len > seg.len {
-                    seg.file.set_len(seg.len).map_err(|e| {
-                        Error::io(format!("cutting segment {name} to its length"), e)
-                    })?;
-                }
+            if self.in_flight.contains_key(&open) {
+                self.cut_when_written.insert(open);
+            } else {
+                self.cut_to_length(open)?;
             }
         }
         Ok(())
+    }
+
+    fn cut_to_length(&self, id: u32) -> Result<()> {
+        let Some(seg) = self.files.get(&id) else {
+            return Ok(());
+        };
+        let name = segment_name(id);
+        let len = seg
+            .file
+            .len()
+            .map_err(|e| Error::io(format!("reading the length of segment {name}"), e))?;
+        if len > seg.len {
+            seg.file
+                .set_len(seg.len)
+                .map_err(|e| Error::io(format!("cutting segment {name} to its length"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Batches of segment `id` are being written.
+    pub fn is_writing(&self, id: u32) -> bool {
+        self.in_flight.contains_key(&id)
+    }
+
+    /// Bytes of records staged and not yet written or handed off.
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.next_offset() - self.written
     }
 
     /// Where the next record goes in the open segment.
@@ -192,10 +325,9 @@ impl Segments {
         if self.destaging.is_some() {
             return None;
         }
-        let (&id, s) = self
-            .files
-            .iter()
-            .find(|(&id, s)| s.staged && Some(id) != self.open)?;
+        let (&id, s) = self.files.iter().find(|(&id, s)| {
+            s.staged && Some(id) != self.open && !self.in_flight.contains_key(&id)
+        })?;
         self.destaging = Some(id);
         Some((id, s.file.clone(), s.len))
     }
@@ -336,12 +468,23 @@ impl Segments {
         Ok(id)
     }
 
-    /// Write staged records to the open segment (one call). On failure nothing staged is
-    /// kept and the locations handed out since the last write must not be used.
+    /// Write staged records to the open segment now (under the state lock). On failure
+    /// nothing staged is kept and the locations handed out since the last write must not be
+    /// used.
     pub fn write_pending(&mut self) -> Result<()> {
+        let Some(mut batch) = self.take_batch()? else {
+            return Ok(());
+        };
+        let r = batch.write();
+        self.finish_batch(batch, r).map_err(|f| f.error)
+    }
+
+    /// Hand the staged records off as a batch to write without the state lock; then call
+    /// [`Segments::finish_batch`] (under the lock again) before using their locations.
+    pub fn take_batch(&mut self) -> Result<Option<Batch>> {
         let end = self.next_offset();
         if end == self.written {
-            return Ok(());
+            return Ok(None);
         }
         let Some(open) = self.open else {
             return Err(Error::Invalid(
@@ -351,52 +494,101 @@ impl Segments {
         let Some(seg) = self.files.get_mut(&open) else {
             return Err(Error::Invalid(format!("open segment {open} missing")));
         };
-        let from = (self.written - self.pending_base) as usize;
         let direct = self
             .writer
             .clone()
             .filter(|_| end - self.written >= DIRECT_BATCH_BYTES);
-        let r = match direct {
-            None => seg
-                .file
-                .write_at(&self.pending.as_slice()[from..], self.written),
-            Some(w) => match w.write_at(self.pending.padded(), self.pending_base) {
-                // Opened with O_DIRECT but refused at the write: the page cache from now on.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    tracing::warn!(
-                        "segment {}: direct I/O refused ({e}), writing through the page cache",
-                        segment_name(open)
-                    );
-                    self.direct = false;
-                    self.writer = None;
-                    seg.file
-                        .write_at(&self.pending.as_slice()[from..], self.written)
-                }
-                r => r,
-            },
+        // The next batch starts with the page holding the end, for a direct write (or with
+        // nothing).
+        let keep_from = if self.writer.is_some() {
+            end - end % DIRECT_IO_ALIGN as u64
+        } else {
+            end
         };
-        match r {
+        let mut next = self.spare.pop().unwrap_or_default();
+        next.truncate(0);
+        next.extend_from_slice(
+            &self.pending.as_slice()[(keep_from - self.pending_base) as usize..],
+        );
+        let buf = std::mem::replace(&mut self.pending, next);
+        let batch = Batch {
+            seg: open,
+            buf,
+            at: self.pending_base,
+            start: self.written,
+            file: seg.file.clone(),
+            direct,
+            fell_back: false,
+            ticket: self.next_ticket,
+            order: self.order.clone(),
+            turn_taken: false,
+        };
+        self.next_ticket += 1;
+        self.pending_base = keep_from;
+        self.written = end;
+        seg.len = end;
+        *self.in_flight.entry(open).or_default() += 1;
+        Ok(Some(batch))
+    }
+
+    /// A batch from [`Segments::take_batch`] was written (`result`). On success its
+    /// records' locations may be used.
+    pub fn finish_batch(
+        &mut self,
+        batch: Batch,
+        result: std::io::Result<()>,
+    ) -> std::result::Result<(), BatchFailed> {
+        let id = batch.seg;
+        if let Some(n) = self.in_flight.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(&id);
+            }
+        }
+        if batch.fell_back {
+            self.direct = false;
+            if self.open == Some(id) {
+                self.writer = None;
+            }
+        }
+        let end = batch.end();
+        match result {
             Ok(()) => {
-                self.written = end;
-                seg.len = end;
-                self.dirty.insert(open);
-                // Keep the page holding the end for the next direct write (or nothing).
-                let keep_from = if self.writer.is_some() {
-                    end - end % DIRECT_IO_ALIGN as u64
-                } else {
-                    end
-                };
-                self.pending
-                    .drain_front((keep_from - self.pending_base) as usize);
-                self.pending_base = keep_from;
+                self.dirty.insert(id);
+                let written = !self.in_flight.contains_key(&id);
+                let mut buf = batch.buf_for_reuse();
+                if self.spare.len() < 2 {
+                    buf.truncate(0);
+                    self.spare.push(buf);
+                }
+                if written && self.cut_when_written.remove(&id) {
+                    self.cut_to_length(id).map_err(|error| BatchFailed {
+                        error,
+                        rolled_back: false,
+                    })?;
+                }
                 Ok(())
             }
             Err(e) => {
-                self.discard_pending();
-                Err(Error::io(
-                    format!("writing segment {}", segment_name(open)),
-                    e,
-                ))
+                let error = Error::io(format!("writing segment {}", segment_name(id)), e);
+                // Nothing staged or handed off after it: put the segment back as before.
+                let last =
+                    self.open == Some(id) && self.written == end && self.next_offset() == end;
+                if last {
+                    let (start, at) = (batch.start, batch.at);
+                    let mut buf = batch.buf_for_reuse();
+                    buf.truncate((start - at) as usize);
+                    self.pending = buf;
+                    self.pending_base = at;
+                    self.written = start;
+                    if let Some(seg) = self.files.get_mut(&id) {
+                        seg.len = start;
+                    }
+                }
+                Err(BatchFailed {
+                    error,
+                    rolled_back: last,
+                })
             }
         }
     }

@@ -66,23 +66,32 @@ impl VolumeHandle {
         }
     }
 
+    /// `len` bytes at `offset` are whole blocks (at least one).
+    fn whole_blocks(&self, offset: u64, len: usize) -> bool {
+        let bs = self.bs();
+        len > 0 && offset.is_multiple_of(bs) && (len as u64).is_multiple_of(bs)
+    }
+
     pub fn size(&self) -> Result<u64> {
         self.pool.volume_size(self.vol, &self.name)
     }
 
     /// Read `buf.len()` bytes at `offset` (any alignment).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let bs = self.bs();
+        if self.whole_blocks(offset, buf.len()) {
+            // read_blocks checks the range under the pool's lock (one lock taken, not two).
+            return self
+                .pool
+                .read_blocks(self.vol, &self.name, offset / bs, buf);
+        }
         self.range("read", offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
         }
-        let bs = self.bs();
         let first = offset / bs;
         let end = offset + buf.len() as u64;
         let last = end.div_ceil(bs);
-        if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
-            return self.pool.read_blocks(self.vol, &self.name, first, buf);
-        }
         let mut tmp = vec![0u8; ((last - first) * bs) as usize];
         self.pool
             .read_blocks(self.vol, &self.name, first, &mut tmp)?;
@@ -93,20 +102,22 @@ impl VolumeHandle {
 
     /// Write `data` at `offset` (any alignment); durable on return with `fua` or in sync mode.
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.range("write", offset, data.len() as u64)?;
-        if data.is_empty() {
-            return Ok(());
-        }
         let bs = self.bs();
-        let first = offset / bs;
-        let end = offset + data.len() as u64;
-        let last = end.div_ceil(bs);
-        let seq = if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
+        let seq = if self.whole_blocks(offset, data.len()) {
             // Whole blocks need no volume lock: concurrent writers hash and compress in
-            // parallel and commit under the pool's state lock. (A write overlapping another
-            // in flight may land before or after it, as on any disk.)
-            self.pool.write_blocks(self.vol, &self.name, first, data)?
+            // parallel and commit under the pool's state lock, which also checks the range.
+            // (A write overlapping another in flight may land before or after it, as on any
+            // disk.)
+            self.pool
+                .write_blocks(self.vol, &self.name, offset / bs, data)?
         } else {
+            self.range("write", offset, data.len() as u64)?;
+            if data.is_empty() {
+                return Ok(());
+            }
+            let first = offset / bs;
+            let end = offset + data.len() as u64;
+            let last = end.div_ceil(bs);
             // Partial blocks: read, patch and write under the volume's lock, so two writes
             // to different bytes of one block never lose each other.
             let lock = self.pool.volume_lock(self.vol);
