@@ -100,8 +100,12 @@ fn shutdown_answers_in_flight_requests_closes_and_flushes() -> TestResult {
     let mut c = Client::open(a, "vm1")?;
     let mut idle = Client::connect(a)?; // still negotiating
     let n = 40u64;
+    // 32 KiB writes: a worker thread runs them (writes up to 16 KiB run on the connection's
+    // task, which would still be busy with them at shutdown rather than have them in flight).
+    const LEN: u32 = 32 * 1024;
     for i in 0..n {
-        c.send_request(CMD_WRITE, 0, i, i * 4096, 4096, &pattern(i, 4096))?;
+        let at = i * u64::from(LEN);
+        c.send_request(CMD_WRITE, 0, i, at, LEN, &pattern(i, LEN as usize))?;
     }
     // Let the server read them all, then shut down while the slow writes are in flight.
     std::thread::sleep(Duration::from_millis(100));
@@ -122,9 +126,9 @@ fn shutdown_answers_in_flight_requests_closes_and_flushes() -> TestResult {
     // Every acknowledged write is in the volume.
     let v = inner.open("vm1")?;
     for i in 0..n {
-        let mut b = vec![0u8; 4096];
-        v.read(i * 4096, &mut b)?;
-        assert_eq!(b, pattern(i, 4096));
+        let mut b = vec![0u8; LEN as usize];
+        v.read(i * u64::from(LEN), &mut b)?;
+        assert_eq!(b, pattern(i, LEN as usize));
     }
     // Nobody listens any more.
     assert!(std::net::TcpStream::connect(a).is_err());
