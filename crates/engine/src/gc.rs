@@ -99,7 +99,12 @@ impl Pool {
                     let dead = len.saturating_sub(
                         SEGMENT_HEADER_BYTES as u64 + st.md.chunks.segment_live_bytes(id),
                     );
-                    Some(id) != open && dead > 0 && dead * 100 >= len * u64::from(min_dead_percent)
+                    // A sealed segment whose last batches are still being written has
+                    // records no chunk names yet: not a victim until they are committed.
+                    Some(id) != open
+                        && !st.segments.is_writing(id)
+                        && dead > 0
+                        && dead * 100 >= len * u64::from(min_dead_percent)
                 })
                 .filter_map(|(id, _)| st.segments.file(id).map(|f| (id, f)))
                 .collect();
