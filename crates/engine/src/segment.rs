@@ -644,3 +644,50 @@ impl Segments {
         self.files.get(&id).map_or(0, |s| s.len)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{SimDir, SimHandle};
+
+    fn record(segs: &mut Segments, dir: &dyn Dir, id: u64) -> Result<Location> {
+        segs.append(dir, id, &[id as u8; 16], ChunkCodec::Raw, &[id as u8; 4096])
+    }
+
+    /// GC and destage skip a segment while a batch taken from it is being written; it is
+    /// theirs again once the batch is finished.
+    #[test]
+    fn a_segment_with_a_batch_in_flight_is_neither_destaged_nor_collectable() -> Result<()> {
+        let pool = SimHandle(SimDir::new());
+        let staging: Arc<dyn Dir> = Arc::new(SimHandle(SimDir::new()));
+        // Room for two records a segment.
+        let mut segs = Segments::new(64 + 2 * (32 + 4096), [7; 16]);
+        segs.set_staging(Some(staging), 1 << 30);
+        let first = record(&mut segs, &pool, 0)?;
+        let mut batch = segs
+            .take_batch()?
+            .ok_or(Error::Invalid("no batch".into()))?;
+        // Fill the segment and start the next: the first is sealed with the batch in flight.
+        record(&mut segs, &pool, 1)?;
+        let next = {
+            // The sealing write waits for the batch before it: write that one first.
+            let written = batch.write();
+            let loc = record(&mut segs, &pool, 2)?;
+            assert!(segs.is_writing(first.segment));
+            assert_ne!(segs.open_id(), Some(first.segment));
+            assert!(
+                segs.start_destage().is_none(),
+                "destaged with a batch in flight"
+            );
+            segs.finish_batch(batch, written).map_err(|f| f.error)?;
+            loc
+        };
+        assert_ne!(next.segment, first.segment);
+        assert!(!segs.is_writing(first.segment));
+        let (id, _, _) = segs
+            .start_destage()
+            .ok_or(Error::Invalid("nothing to destage".into()))?;
+        assert_eq!(id, first.segment);
+        Ok(())
+    }
+}

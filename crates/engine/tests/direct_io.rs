@@ -159,3 +159,42 @@ fn a_writeback_cache_destages_while_batches_are_in_flight() -> TestResult {
     assert!(pool.verify(&|_, _| {})?.is_clean());
     Ok(())
 }
+
+/// GC collecting over and over while the writes overwrite their regions (a stress test: the
+/// window where a sealed segment still has a batch in flight is narrow; the unit test
+/// `segment::tests::a_segment_with_a_batch_in_flight_is_neither_destaged_nor_collectable`
+/// covers it exactly).
+#[test]
+fn gc_running_beside_the_writes_loses_nothing() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    init(tmp.path())?;
+    let pool = Pool::open_path(tmp.path(), OpenOptions::default())?;
+    pool.create_volume("v", (THREADS * REGION) as u64)?;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut collections = 0u32;
+    std::thread::scope(|s| {
+        let gc = s.spawn(|| {
+            let mut n = 0u32;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                // Every round overwrites the last: sealed segments fill with dead records,
+                // some of them sealed while their last batch is still being written.
+                if let Err(e) = pool.gc(1) {
+                    panic!("gc: {e}");
+                }
+                n += 1;
+            }
+            n
+        });
+        write_rounds(&pool);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        collections = gc.join().unwrap_or_else(|_| panic!("gc thread panicked"));
+    });
+    assert!(collections > 0);
+    check_data(&pool)?;
+    pool.close()?;
+    drop(pool);
+    let pool = Pool::open_path(tmp.path(), OpenOptions::default())?;
+    check_data(&pool)?;
+    assert!(pool.verify(&|_, _| {})?.is_clean());
+    Ok(())
+}
