@@ -57,11 +57,18 @@ pub trait Dir: Send + Sync {
         None
     }
     /// A second handle on an existing file for direct I/O (`O_DIRECT`: no page cache), if
-    /// this directory's file system offers it. Its `write_at` takes only buffers, lengths and
-    /// offsets aligned to [`DIRECT_IO_ALIGN`]; reads go through the file's ordinary handle.
-    fn open_direct(&self, _name: &str) -> io::Result<Option<Arc<dyn File>>> {
+    /// this directory's file system offers it; reads, lengths and syncs go through the
+    /// file's ordinary handle.
+    fn open_direct(&self, _name: &str) -> io::Result<Option<Arc<dyn DirectWriter>>> {
         Ok(None)
     }
+}
+
+/// Writes that bypass the page cache ([`Dir::open_direct`]).
+pub trait DirectWriter: Send + Sync {
+    /// Write all of `data` at `offset`; the buffer's address, its length and the offset are
+    /// multiples of [`DIRECT_IO_ALIGN`].
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
 }
 
 /// Alignment of the buffers, lengths and offsets of direct I/O: a page, which covers the
@@ -171,7 +178,7 @@ struct RealFile {
     file: fs::File,
 }
 
-/// A file opened with `O_DIRECT`, for aligned writes only.
+/// A file opened with `O_DIRECT`.
 struct DirectFile {
     file: fs::File,
 }
@@ -230,13 +237,7 @@ impl File for RealFile {
     }
 }
 
-impl File for DirectFile {
-    fn read_at(&self, _buf: &mut [u8], _offset: u64) -> io::Result<()> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "a direct-I/O handle is for writes; read through the file's own handle",
-        ))
-    }
+impl DirectWriter for DirectFile {
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         let aligned = |n: usize| n.is_multiple_of(DIRECT_IO_ALIGN);
         if !aligned(data.as_ptr() as usize) || !aligned(data.len()) || !aligned(offset as usize) {
@@ -250,19 +251,10 @@ impl File for DirectFile {
         }
         self.file.write_all_at(data, offset)
     }
-    fn len(&self) -> io::Result<u64> {
-        Ok(self.file.metadata()?.len())
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.file.set_len(len)
-    }
-    fn sync(&self) -> io::Result<()> {
-        self.file.sync_data()
-    }
 }
 
 impl Dir for RealDir {
-    fn open_direct(&self, name: &str) -> io::Result<Option<Arc<dyn File>>> {
+    fn open_direct(&self, name: &str) -> io::Result<Option<Arc<dyn DirectWriter>>> {
         use std::os::unix::fs::OpenOptionsExt;
         match fs::OpenOptions::new()
             .write(true)

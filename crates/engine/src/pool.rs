@@ -1295,7 +1295,7 @@ impl Pool {
             compressed[i] = Some(c);
         }
         drop(in_flight);
-        // 4. Commit: stage new records, write them, then apply and journal the changes.
+        // 4. Stage the new records.
         let mut st = lock(&self.state);
         self.writable(&st)?;
         st.md
@@ -1353,7 +1353,7 @@ impl Pool {
         // 5. Write the new records, then apply and journal the changes. A large batch is
         // written without the state lock (other writes look up, stage and commit meanwhile);
         // a small one costs less than handing the lock back and forth.
-        let batch = if st.segments.unwritten_bytes() < OUT_OF_LOCK_BATCH_BYTES {
+        let batch = if st.segments.unwritten_bytes() < crate::segment::DIRECT_BATCH_BYTES {
             st.segments.write_pending().map(|()| None)
         } else {
             st.segments.take_batch()
@@ -1371,12 +1371,13 @@ impl Pool {
             let written = batch.write();
             st = lock(&self.state);
             if let Err(failed) = st.segments.finish_batch(batch, written) {
-                if failed.rolled_back && st.md.chunks.next_id == ids_end {
-                    Self::unwind_ids(&mut st, first_new_id);
-                } else {
-                    // Chunks staged after these may already be in use: stop writing.
-                    st.poisoned = Some(failed.error.to_string());
-                }
+                Self::undo_batch(
+                    &mut st,
+                    failed.rolled_back,
+                    first_new_id,
+                    ids_end,
+                    &failed.error,
+                );
                 return Err(failed.error);
             }
             self.writable(&st)?;
@@ -1396,16 +1397,25 @@ impl Pool {
             entries,
         });
         let committed = self.commit(&mut st, records);
-        if committed.is_err() && st.poisoned.is_none() {
-            if st.md.chunks.next_id == ids_end {
-                // Nothing was applied (the journal buffer could not be written out, or a
-                // page could not be read).
-                Self::unwind_ids(&mut st, first_new_id);
-            } else {
-                st.poisoned = committed.as_ref().err().map(|e| e.to_string());
+        if let Err(e) = &committed {
+            // Unless the state is half-changed (poisoned already), nothing was applied: the
+            // journal buffer could not be written out, or a page could not be read.
+            if st.poisoned.is_none() {
+                Self::undo_batch(&mut st, true, first_new_id, ids_end, e);
             }
         }
         committed
+    }
+
+    /// A batch of new chunks (ids `first_new_id..ids_end`) failed before anything of it was
+    /// applied: give its ids back if its segment bytes were put back and nobody took ids
+    /// since; otherwise chunks staged after it may be in use, and the pool stops writing.
+    fn undo_batch(st: &mut State, rolled_back: bool, first_new_id: u64, ids_end: u64, e: &Error) {
+        if rolled_back && st.md.chunks.next_id == ids_end {
+            Self::unwind_ids(st, first_new_id);
+        } else {
+            st.poisoned = Some(e.to_string());
+        }
     }
 
     /// Give back ids allocated for a batch that failed before anything was applied.
@@ -1966,9 +1976,6 @@ type Stored<'a> = (ChunkCodec, Cow<'a, [u8]>);
 
 /// Writes of at most this many blocks compress their new chunks under the state lock.
 const SMALL_WRITE_BLOCKS: usize = 4;
-
-/// Batches of new records at least this large are written without the state lock.
-const OUT_OF_LOCK_BATCH_BYTES: u64 = crate::segment::DIRECT_BATCH_BYTES;
 
 /// One write counted in [`Pool::writes_in_flight`] while it lives.
 struct InFlight<'a> {

@@ -33,7 +33,7 @@ use crate::format::{
     encode_record_into, encode_segment_header, segment_name, ChunkCodec, Fingerprint, Location,
     SEGMENT_HEADER_BYTES,
 };
-use crate::io::{AlignedBuf, Dir, File, DIRECT_IO_ALIGN};
+use crate::io::{AlignedBuf, Dir, DirectWriter, File, DIRECT_IO_ALIGN};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -70,7 +70,7 @@ pub struct Batch {
     /// around it again for a direct write).
     start: u64,
     file: Arc<dyn File>,
-    direct: Option<Arc<dyn File>>,
+    direct: Option<Arc<dyn DirectWriter>>,
     /// The file system refused direct I/O: written through the page cache.
     fell_back: bool,
     ticket: u64,
@@ -87,9 +87,13 @@ impl Batch {
     /// Write the batch, after every batch taken before it.
     pub fn write(&mut self) -> std::io::Result<()> {
         self.order.wait_turn(self.ticket);
-        let skip = (self.start - self.at) as usize;
+        // Through the page cache: only the bytes after `start`.
+        let buffered = |b: &Batch| {
+            let skip = (b.start - b.at) as usize;
+            b.file.write_at(&b.buf.as_slice()[skip..], b.start)
+        };
         let r = match self.direct.clone() {
-            None => self.file.write_at(&self.buf.as_slice()[skip..], self.start),
+            None => buffered(self),
             Some(w) => match w.write_at(self.buf.padded(), self.at) {
                 // Opened with O_DIRECT but refused at the write: through the page cache.
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -98,7 +102,7 @@ impl Batch {
                         segment_name(self.seg)
                     );
                     self.fell_back = true;
-                    self.file.write_at(&self.buf.as_slice()[skip..], self.start)
+                    buffered(self)
                 }
                 r => r,
             },
@@ -154,16 +158,15 @@ pub struct Segments {
     files: BTreeMap<u32, SegmentFile>,
     open: Option<u32>,
     next_id: u32,
-    /// Bytes from `pending_base` on: first what is already written of the page holding
-    /// `written` (only with a direct writer), then the records not yet written.
+    /// Bytes from `pending_base` on: first what is already written (or handed off) of the
+    /// page holding the open segment's end (only with a direct writer), then the records
+    /// not yet written.
     pending: AlignedBuf,
     /// Offset in the open segment where `pending` starts (page-aligned with a direct writer,
-    /// else equal to `written`).
+    /// else the open segment's length).
     pending_base: u64,
-    /// Bytes of the open segment written to its file.
-    written: u64,
     /// The open segment's direct-I/O handle, if its directory offers one.
-    writer: Option<Arc<dyn File>>,
+    writer: Option<Arc<dyn DirectWriter>>,
     /// Try direct I/O for new segments (off after a file system refused it).
     direct: bool,
     /// Batches taken and not yet finished, per segment.
@@ -194,7 +197,6 @@ impl Segments {
             next_id: 0,
             pending: AlignedBuf::new(),
             pending_base: 0,
-            written: 0,
             writer: None,
             direct: true,
             in_flight: BTreeMap::new(),
@@ -239,11 +241,12 @@ impl Segments {
 
     /// Seal the open segment (the next record starts a new one). Call with nothing pending.
     pub fn seal_open(&mut self) -> Result<()> {
-        debug_assert_eq!(self.pending_base + self.pending.len() as u64, self.written);
+        debug_assert_eq!(self.next_offset(), self.written());
         let Some(open) = self.open.take() else {
             return Ok(());
         };
         self.pending.truncate(0);
+        self.pending_base = 0;
         // Direct writes padded the file to a whole page: cut it to the segment's length, so
         // that a sealed segment is exactly its records.
         if self.writer.take().is_some() {
@@ -280,7 +283,12 @@ impl Segments {
 
     /// Bytes of records staged and not yet written or handed off.
     pub fn unwritten_bytes(&self) -> u64 {
-        self.next_offset() - self.written
+        self.next_offset() - self.written()
+    }
+
+    /// Bytes of the open segment written to its file or handed off in a batch: its length.
+    fn written(&self) -> u64 {
+        self.open.map_or(0, |id| self.len_of(id))
     }
 
     /// Where the next record goes in the open segment.
@@ -448,7 +456,6 @@ impl Segments {
         } else {
             self.pending_base = header.len() as u64;
         }
-        self.written = header.len() as u64;
         self.next_id += 1;
         self.files.insert(
             id,
@@ -483,7 +490,8 @@ impl Segments {
     /// [`Segments::finish_batch`] (under the lock again) before using their locations.
     pub fn take_batch(&mut self) -> Result<Option<Batch>> {
         let end = self.next_offset();
-        if end == self.written {
+        let written = self.written();
+        if end == written {
             return Ok(None);
         }
         let Some(open) = self.open else {
@@ -497,7 +505,7 @@ impl Segments {
         let direct = self
             .writer
             .clone()
-            .filter(|_| end - self.written >= DIRECT_BATCH_BYTES);
+            .filter(|_| end - written >= DIRECT_BATCH_BYTES);
         // The next batch starts with the page holding the end, for a direct write (or with
         // nothing).
         let keep_from = if self.writer.is_some() {
@@ -515,7 +523,7 @@ impl Segments {
             seg: open,
             buf,
             at: self.pending_base,
-            start: self.written,
+            start: written,
             file: seg.file.clone(),
             direct,
             fell_back: false,
@@ -525,7 +533,6 @@ impl Segments {
         };
         self.next_ticket += 1;
         self.pending_base = keep_from;
-        self.written = end;
         seg.len = end;
         *self.in_flight.entry(open).or_default() += 1;
         Ok(Some(batch))
@@ -573,14 +580,13 @@ impl Segments {
                 let error = Error::io(format!("writing segment {}", segment_name(id)), e);
                 // Nothing staged or handed off after it: put the segment back as before.
                 let last =
-                    self.open == Some(id) && self.written == end && self.next_offset() == end;
+                    self.open == Some(id) && self.written() == end && self.next_offset() == end;
                 if last {
                     let (start, at) = (batch.start, batch.at);
                     let mut buf = batch.buf_for_reuse();
                     buf.truncate((start - at) as usize);
                     self.pending = buf;
                     self.pending_base = at;
-                    self.written = start;
                     if let Some(seg) = self.files.get_mut(&id) {
                         seg.len = start;
                     }
@@ -596,7 +602,7 @@ impl Segments {
     /// Forget staged records (after a failed batch).
     pub fn discard_pending(&mut self) {
         self.pending
-            .truncate((self.written - self.pending_base) as usize);
+            .truncate((self.written() - self.pending_base) as usize);
     }
 
     /// Segment files written since the last call, and whether names were created since.

@@ -98,31 +98,45 @@ fn check_sealed_segments_cut(dirs: &[&Path]) -> TestResult {
     Ok(())
 }
 
-fn init(dir: &Path) -> TestResult {
-    let opts = InitOptions {
+/// A new pool in `dir` with the volume "v" the threads write.
+fn new_pool(dir: &Path, opts: OpenOptions) -> Result<Arc<Pool>, Box<dyn std::error::Error>> {
+    let init = InitOptions {
         // Room for 256 records of 4128 bytes after the 64-byte header and 1000 bytes more:
         // a sealed segment ends inside a page.
         segment_bytes_target: (1 << 20) + 9256,
         ..Default::default()
     };
-    Pool::init_path(dir, &opts)?;
+    Pool::init_path(dir, &init)?;
+    let pool = Pool::open_path(dir, opts)?;
+    pool.create_volume("v", (THREADS * REGION) as u64)?;
+    Ok(pool)
+}
+
+/// Check the data, then close the pool.
+fn check_and_close(pool: Arc<Pool>) -> TestResult {
+    check_data(&pool)?;
+    pool.close()?;
     Ok(())
+}
+
+/// Reopen the pool in `dir` with `opts` and check the data again.
+fn reopen_and_check(
+    dir: &Path,
+    opts: OpenOptions,
+) -> Result<Arc<Pool>, Box<dyn std::error::Error>> {
+    let pool = Pool::open_path(dir, opts)?;
+    check_data(&pool)?;
+    Ok(pool)
 }
 
 #[test]
 fn concurrent_direct_and_page_cache_batches_all_land() -> TestResult {
     let tmp = tempfile::tempdir()?;
-    init(tmp.path())?;
-    let pool = Pool::open_path(tmp.path(), OpenOptions::default())?;
-    pool.create_volume("v", (THREADS * REGION) as u64)?;
+    let pool = new_pool(tmp.path(), OpenOptions::default())?;
     write_rounds(&pool);
-    check_data(&pool)?;
-    pool.flush()?;
-    pool.close()?;
-    drop(pool);
+    check_and_close(pool)?;
     check_sealed_segments_cut(&[tmp.path()])?;
-    let pool = Pool::open_path(tmp.path(), OpenOptions::default())?;
-    check_data(&pool)?;
+    let pool = reopen_and_check(tmp.path(), OpenOptions::default())?;
     assert!(pool.verify(&|_, _| {})?.is_clean());
     Ok(())
 }
@@ -131,12 +145,11 @@ fn concurrent_direct_and_page_cache_batches_all_land() -> TestResult {
 fn a_writeback_cache_destages_while_batches_are_in_flight() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let cache = tempfile::tempdir()?;
-    init(tmp.path())?;
     let opts = || OpenOptions {
         cache_dir: Some(CacheDir(Arc::new(RealDir::new(cache.path())))),
         ..Default::default()
     };
-    let pool = Pool::open_path(tmp.path(), opts())?;
+    let pool = new_pool(tmp.path(), opts())?;
     pool.attach_cache(
         Arc::new(RealDir::new(cache.path())),
         CacheConf {
@@ -145,15 +158,10 @@ fn a_writeback_cache_destages_while_batches_are_in_flight() -> TestResult {
             mode: CacheMode::WriteBack,
         },
     )?;
-    pool.create_volume("v", (THREADS * REGION) as u64)?;
     write_rounds(&pool);
-    check_data(&pool)?;
-    pool.flush()?;
-    pool.close()?;
-    drop(pool);
+    check_and_close(pool)?;
     check_sealed_segments_cut(&[tmp.path(), cache.path()])?;
-    let pool = Pool::open_path(tmp.path(), opts())?;
-    check_data(&pool)?;
+    let pool = reopen_and_check(tmp.path(), opts())?;
     pool.detach_cache(false)?;
     check_data(&pool)?;
     assert!(pool.verify(&|_, _| {})?.is_clean());
@@ -167,9 +175,7 @@ fn a_writeback_cache_destages_while_batches_are_in_flight() -> TestResult {
 #[test]
 fn gc_running_beside_the_writes_loses_nothing() -> TestResult {
     let tmp = tempfile::tempdir()?;
-    init(tmp.path())?;
-    let pool = Pool::open_path(tmp.path(), OpenOptions::default())?;
-    pool.create_volume("v", (THREADS * REGION) as u64)?;
+    let pool = new_pool(tmp.path(), OpenOptions::default())?;
     let done = std::sync::atomic::AtomicBool::new(false);
     let mut collections = 0u32;
     std::thread::scope(|s| {
@@ -190,11 +196,8 @@ fn gc_running_beside_the_writes_loses_nothing() -> TestResult {
         collections = gc.join().unwrap_or_else(|_| panic!("gc thread panicked"));
     });
     assert!(collections > 0);
-    check_data(&pool)?;
-    pool.close()?;
-    drop(pool);
-    let pool = Pool::open_path(tmp.path(), OpenOptions::default())?;
-    check_data(&pool)?;
+    check_and_close(pool)?;
+    let pool = reopen_and_check(tmp.path(), OpenOptions::default())?;
     assert!(pool.verify(&|_, _| {})?.is_clean());
     Ok(())
 }
