@@ -87,8 +87,9 @@ impl Pool {
         self.flush()?;
         let mut report = GcReport::default();
         let (victims, next_id) = {
-            let st = lock(&self.state);
+            let mut st = lock(&self.state);
             self.writable(&st)?;
+            st.segments.reap();
             report.bytes_before = st.segments.total_bytes();
             let open = st.segments.open_id();
             // Victims with their files: sealed, so they can be read without the lock.
@@ -209,8 +210,8 @@ impl Pool {
         if records.is_empty() {
             return Ok(());
         }
-        st.segments.write_pending()?;
-        self.commit(&mut st, records).map(drop)
+        self.commit(&mut st, records)?;
+        st.segments.write_full_batch()
     }
 }
 

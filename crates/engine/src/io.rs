@@ -160,11 +160,17 @@ impl AlignedBuf {
         self.len -= n;
     }
 
-    /// The bytes padded with zeros to a whole number of aligned pages.
-    pub fn padded(&mut self) -> &[u8] {
+    /// Fill the rest of the last page with zeros (for [`AlignedBuf::padded`]).
+    pub fn zero_padding(&mut self) {
         let end = self.len.next_multiple_of(DIRECT_IO_ALIGN);
         let len = self.len;
         self.all_mut()[len..end].fill(0);
+    }
+
+    /// The bytes and the rest of the last page: zeros after [`AlignedBuf::zero_padding`].
+    pub fn padded(&self) -> &[u8] {
+        let end = self.len.next_multiple_of(DIRECT_IO_ALIGN);
+        debug_assert!(self.all()[self.len..end].iter().all(|&b| b == 0));
         &self.all()[..end]
     }
 }

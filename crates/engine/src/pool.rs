@@ -979,8 +979,8 @@ impl Pool {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        if let Some(p) = &st.poisoned {
-            return Err(Error::Poisoned(p.clone()));
+        if let Some(p) = st.poisoned.as_deref().or(st.segments.write_failure()) {
+            return Err(Error::Poisoned(p.to_string()));
         }
         Ok(())
     }
@@ -1305,6 +1305,7 @@ impl Pool {
         let mut entries = Vec::with_capacity(fps.len());
         let mut batch_new: HashMap<Fingerprint, u64, FpHash> = HashMap::with_hasher(FpHash);
         let first_new_id = st.md.chunks.next_id;
+        let mark = st.segments.mark();
         for (i, fp) in fps.iter().enumerate() {
             let Some(fp) = fp else {
                 entries.push(ENTRY_ZERO);
@@ -1326,7 +1327,7 @@ impl Pool {
                     fresh = match store(i, Some(fp)) {
                         Ok(f) => f,
                         Err(e) => {
-                            Self::unwind_ids(&mut st, first_new_id);
+                            Self::unwind(&mut st, first_new_id, mark);
                             return Err(e);
                         }
                     };
@@ -1334,7 +1335,7 @@ impl Pool {
                 }
             };
             let Some(id) = st.md.chunks.allocate_id() else {
-                Self::unwind_ids(&mut st, first_new_id);
+                Self::unwind(&mut st, first_new_id, mark);
                 return Err(Error::NoSpace(
                     "allocating a chunk id (the pool holds 2^48 chunks)".into(),
                 ));
@@ -1342,7 +1343,7 @@ impl Pool {
             let loc = match st.segments.append(&*self.dir, id, fp, codec, payload) {
                 Ok(loc) => loc,
                 Err(e) => {
-                    Self::unwind_ids(&mut st, first_new_id);
+                    Self::unwind(&mut st, first_new_id, mark);
                     return Err(e);
                 }
             };
@@ -1350,78 +1351,33 @@ impl Pool {
             batch_new.insert(*fp, id);
             entries.push(id);
         }
-        // 5. Write the new records, then apply and journal the changes. A large batch is
-        // written without the state lock (other writes look up, stage and commit meanwhile);
-        // a small one costs less than handing the lock back and forth.
-        let batch = if st.segments.unwritten_bytes() < crate::segment::DIRECT_BATCH_BYTES {
-            st.segments.write_pending().map(|()| None)
-        } else {
-            st.segments.take_batch()
-        };
-        let batch = match batch {
-            Ok(b) => b,
-            Err(e) => {
-                Self::unwind_ids(&mut st, first_new_id);
-                return Err(e);
-            }
-        };
-        let ids_end = st.md.chunks.next_id;
-        if let Some(mut batch) = batch {
-            drop(st);
-            let written = batch.write();
-            st = lock(&self.state);
-            if let Err(failed) = st.segments.finish_batch(batch, written) {
-                Self::undo_batch(
-                    &mut st,
-                    failed.rolled_back,
-                    first_new_id,
-                    ids_end,
-                    &failed.error,
-                );
-                return Err(failed.error);
-            }
-            self.writable(&st)?;
-            if let Err(e) =
-                st.md
-                    .writable_volume_for(vol, name, "write", first, (data.len() / bs) as u64)
-            {
-                // The volume was deleted or shrunk meanwhile: the new chunks are kept
-                // unreferenced (GC reclaims them).
-                self.commit(&mut st, records)?;
-                return Err(e);
-            }
-        }
+        // 5. Apply and journal the changes. The new records are readable from memory until
+        // a batch's worth is staged and handed to be written (by the segment writer, in the
+        // background, where the directory offers direct I/O); a flush writes them all.
         records.push(JournalRecord::MapRun {
             vol,
             start: first,
             entries,
         });
         let committed = self.commit(&mut st, records);
-        if let Err(e) = &committed {
+        if committed.is_err() {
             // Unless the state is half-changed (poisoned already), nothing was applied: the
             // journal buffer could not be written out, or a page could not be read.
             if st.poisoned.is_none() {
-                Self::undo_batch(&mut st, true, first_new_id, ids_end, e);
+                Self::unwind(&mut st, first_new_id, mark);
             }
+            return committed;
         }
+        st.segments.write_full_batch()?;
         committed
     }
 
-    /// A batch of new chunks (ids `first_new_id..ids_end`) failed before anything of it was
-    /// applied: give its ids back if its segment bytes were put back and nobody took ids
-    /// since; otherwise chunks staged after it may be in use, and the pool stops writing.
-    fn undo_batch(st: &mut State, rolled_back: bool, first_new_id: u64, ids_end: u64, e: &Error) {
-        if rolled_back && st.md.chunks.next_id == ids_end {
-            Self::unwind_ids(st, first_new_id);
-        } else {
-            st.poisoned = Some(e.to_string());
-        }
-    }
-
-    /// Give back ids allocated for a batch that failed before anything was applied.
-    fn unwind_ids(st: &mut State, first: u64) {
-        st.segments.discard_pending();
-        st.md.chunks.unallocate_to(first);
+    /// Give back the ids and staged records of a write that failed before anything of it
+    /// was applied. Records of it that a full segment sent to be written stay there,
+    /// unreferenced (GC reclaims them).
+    fn unwind(st: &mut State, first_id: u64, mark: (Option<u32>, u64)) {
+        st.segments.discard_since(mark);
+        st.md.chunks.unallocate_to(first_id);
     }
 
     fn check_space(&self, st: &mut State, bytes: u64) -> Result<()> {
@@ -1484,14 +1440,20 @@ impl Pool {
         let guard = lock(&self.sync_lock);
         let (dirty, staging, journal, target) = {
             let mut st = lock(&self.state);
-            if let Some(p) = &st.poisoned {
-                return Err(Error::Poisoned(p.clone()));
-            }
+            self.writable(&st)?;
             if st.durable == st.appended {
                 return Ok(());
             }
+            // The journal records name chunks in the staged records: those are written
+            // first (and synced before the journal, below).
+            let dirty = match st.segments.take_dirty() {
+                Ok(d) => d,
+                Err(e) => {
+                    st.poisoned = Some(e.to_string());
+                    return Err(e);
+                }
+            };
             st.journal.seal()?;
-            let dirty = st.segments.take_dirty();
             let staging = st.segments.staging().cloned().filter(|_| dirty.staging_dir);
             (dirty, staging, st.journal.file.clone(), st.appended)
         };
@@ -1625,7 +1587,6 @@ impl Pool {
             let upload_through = match self.dir.remote() {
                 Some(_) => {
                     if st.segments.open_id().is_some() {
-                        st.segments.write_pending()?;
                         st.segments.seal_open()?;
                     }
                     st.segments.last_id()
@@ -1654,7 +1615,13 @@ impl Pool {
             let file = journal.file.clone();
             let old = std::mem::replace(&mut st.journal, journal);
             let old_dir = std::mem::replace(&mut st.journal_dir, journal_dir.clone());
-            let dirty = st.segments.take_dirty();
+            let dirty = match st.segments.take_dirty() {
+                Ok(d) => d,
+                Err(e) => {
+                    st.poisoned = Some(e.to_string());
+                    return Err(e);
+                }
+            };
             let mut dirs = vec![self.dir.clone()];
             if let Some(s) = st.segments.staging() {
                 dirs.push(s.clone());
@@ -1757,6 +1724,7 @@ impl Pool {
         let n = out.len() / bs;
         // Where each block's bytes are: (index in out, chunk id, location, file).
         let mut wanted = Vec::new();
+        let mut in_memory: Vec<Option<Vec<u8>>> = Vec::new();
         {
             let mut st = lock(&self.state);
             st.md.volume_for(vol, name, "read", first, n as u64)?;
@@ -1803,6 +1771,8 @@ impl Pool {
                         format!("segment {} of chunk {e} is missing", loc.segment),
                     )
                 })?;
+                // Staged or being written: not in the file yet.
+                in_memory.push(st.segments.in_memory(&loc));
                 wanted.push((i, e, loc, file, fp));
             }
             if let Err(e) = st.md.cache.evict_to_budget() {
@@ -1810,7 +1780,8 @@ impl Pool {
                 return Err(e);
             }
         }
-        // The cache tier first: a hit is the record exactly as the segment holds it.
+        // The cache tier first: a hit is the record exactly as the segment holds it. A miss
+        // is read from its segment, or from memory while it is staged or being written.
         let cache = self.cache();
         let mut cached: Vec<Option<Vec<u8>>> = vec![None; wanted.len()];
         if let Some(c) = &cache {
@@ -1818,7 +1789,10 @@ impl Pool {
                 cached[k] = c.lookup(w.1, &w.4, &w.2);
             }
         }
-        let missed: Vec<usize> = (0..wanted.len()).filter(|&k| cached[k].is_none()).collect();
+        let cache_misses = cached.iter().filter(|c| c.is_none()).count();
+        let missed: Vec<usize> = (0..wanted.len())
+            .filter(|&k| cached[k].is_none() && in_memory[k].is_none())
+            .collect();
         // Coalesce missed records that are adjacent in one segment into one read; a group
         // is a range of `missed`.
         let mut groups: Vec<(usize, usize)> = Vec::new();
@@ -1872,21 +1846,21 @@ impl Pool {
                     slot[wanted[k].0] = Some((Some(g), k));
                 }
             }
-            for (k, c) in cached.iter().enumerate() {
-                if c.is_some() {
+            for (k, (c, m)) in cached.iter().zip(&in_memory).enumerate() {
+                if c.is_some() || m.is_some() {
                     slot[wanted[k].0] = Some((None, k));
                 }
             }
             let decode = |(i, dst): (usize, &mut [u8])| -> Result<()> {
                 let Some((g, k)) = slot[i] else { return Ok(()) };
                 let (_, id, loc, _, fp) = &wanted[k];
-                let record: &[u8] = match (g, &cached[k]) {
-                    (Some(g), _) => {
+                let record: &[u8] = match (g, &cached[k], &in_memory[k]) {
+                    (Some(g), _, _) => {
                         let (start, buf) = &bufs[g];
                         &buf[(u64::from(loc.offset) - start) as usize..]
                     }
-                    (None, Some(c)) => c,
-                    (None, None) => return Ok(()),
+                    (None, Some(c), _) | (None, None, Some(c)) => c,
+                    (None, None, None) => return Ok(()),
                 };
                 let what = || {
                     format!(
@@ -1899,7 +1873,8 @@ impl Pool {
                 let payload = open_record(record, *id, loc, self.crypto.as_deref(), Some(fp), what)
                     .map_err(|err| with_context(err, &what()))?;
                 reduction::decompress(loc.codec, &payload, dst, what)?;
-                if let (Some(c), Some(_)) = (&cache, g) {
+                let from_segment = cached[k].is_none();
+                if let (Some(c), true) = (&cache, from_segment) {
                     if let Some(r) = record.get(..loc.record_bytes() as usize) {
                         c.offer(*id, fp, r);
                     }
@@ -1913,8 +1888,8 @@ impl Pool {
             }
         });
         if let Some(c) = &cache {
-            let hits = (wanted.len() - missed.len()) as u64;
-            c.count(hits, missed.len() as u64, bs as u64);
+            let hits = (wanted.len() - cache_misses) as u64;
+            c.count(hits, cache_misses as u64, bs as u64);
         }
         if let Err(e) = &result {
             if e.is_damage() {

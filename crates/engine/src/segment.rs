@@ -1,25 +1,29 @@
 //! The segment store: append-only files of chunk records.
 //!
-//! Owns: which segment files exist, their lengths, and the one open segment new records go to.
+//! Owns: which segment files exist, their lengths, the one open segment new records go to,
+//! and the records on their way to it (staged in memory or being written).
 //! Invariants:
 //! - Only the open segment is ever written; every other segment is sealed and immutable
 //!   (DESIGN.md invariant 4). Each pool open starts a new open segment, so a torn tail left by
 //!   a crash is never appended to.
-//! - Records are staged in `pending` and written with one `write_at` per batch. A batch is
-//!   either written under the state lock ([`Segments::write_pending`]) or handed off
-//!   ([`Segments::take_batch`]) to be written without it while other writes hash, look up and
-//!   stage theirs; its records are applied (and so readable) only after its write succeeded
-//!   ([`Segments::finish_batch`]). Batches are written in the order they were taken (the
-//!   [`WriteOrder`] tickets), because consecutive direct batches share a page.
-//! - A segment with batches in flight is not destaged, collected or cut to length until they
-//!   are finished.
+//! - Records are staged in `pending` and written a batch at a time: once a batch's worth
+//!   ([`DIRECT_BATCH_BYTES`]) is staged, at a flush, or when the segment is sealed. A record is
+//!   readable from the moment it is staged: [`Segments::in_memory`] serves it from `pending`
+//!   or from a batch not yet written, the file afterwards. Nothing a flush promises depends
+//!   on that: a flush writes and waits for every batch, then syncs ([`Segments::take_dirty`]).
+//! - Where the directory offers direct I/O, batches are written by one background thread
+//!   (the segment writer), in the order they were staged, while writers go on hashing and
+//!   staging (at most [`MAX_QUEUED_BYTES`] queued); elsewhere (the simulator, S3 staging
+//!   without direct I/O) under the state lock, at once. A failed batch write poisons the
+//!   pool: records of writes already acknowledged were in it.
+//! - A segment with batches not yet finished is not destaged, collected or cut to length.
 //! - Batches of at least [`DIRECT_BATCH_BYTES`] go to the open segment with direct I/O when
 //!   the directory offers it: no copy into the page cache, which costs more CPU than hashing
 //!   (a fresh page-cache page per 4 KiB of a file that only grows). Direct writes are whole
 //!   aligned pages, so `pending` then starts at the page holding the end of what is written
 //!   (those bytes are written again, unchanged, with the next batch), and the file ends in
 //!   zeros up to the next page until the segment is sealed and cut to its length. Small
-//!   batches go through the page cache as before; the kernel keeps the two coherent.
+//!   batches go through the page cache; the kernel keeps the two coherent.
 //! - A segment is reported dirty until the next flush syncs it.
 //! - With a writeback cache tier, a segment lives in one of two directories: the pool's, or
 //!   the cache's *staging* directory (fast device) until [`crate::destage`] has copied it to
@@ -34,35 +38,14 @@ use crate::format::{
     SEGMENT_HEADER_BYTES,
 };
 use crate::io::{AlignedBuf, Dir, DirectWriter, File, DIRECT_IO_ALIGN};
-use std::collections::{BTreeMap, BTreeSet};
+use crate::pool::lock;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// The order batches are written in: each batch taken gets the next ticket and writes only
-/// after the batch before it finished.
-#[derive(Default)]
-pub struct WriteOrder {
-    /// The ticket whose turn it is.
-    turn: Mutex<u64>,
-    changed: Condvar,
-}
-
-impl WriteOrder {
-    fn wait_turn(&self, ticket: u64) {
-        let mut turn = crate::pool::lock(&self.turn);
-        while *turn != ticket {
-            turn = self.changed.wait(turn).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    fn done(&self, ticket: u64) {
-        *crate::pool::lock(&self.turn) = ticket + 1;
-        self.changed.notify_all();
-    }
-}
-
-/// Records of the open segment handed off to be written without the state lock.
-pub struct Batch {
+/// Records of the open segment on their way to its file.
+struct Batch {
     seg: u32,
+    /// With a direct writer: zeros after the end up to the next page.
     buf: AlignedBuf,
     /// File offset of `buf[0]`.
     at: u64,
@@ -71,29 +54,28 @@ pub struct Batch {
     start: u64,
     file: Arc<dyn File>,
     direct: Option<Arc<dyn DirectWriter>>,
+}
+
+/// What became of a batch.
+struct Written {
+    seg: u32,
+    error: Option<String>,
     /// The file system refused direct I/O: written through the page cache.
     fell_back: bool,
-    ticket: u64,
-    order: Arc<WriteOrder>,
-    turn_taken: bool,
+    /// The batch's buffer, for the next ones.
+    buf: Option<AlignedBuf>,
 }
 
 impl Batch {
-    /// Where the segment's written bytes end after this batch.
-    pub fn end(&self) -> u64 {
-        self.at + self.buf.len() as u64
-    }
-
-    /// Write the batch, after every batch taken before it.
-    pub fn write(&mut self) -> std::io::Result<()> {
-        self.order.wait_turn(self.ticket);
+    fn write(self: &Arc<Self>) -> Written {
         // Through the page cache: only the bytes after `start`.
-        let buffered = |b: &Batch| {
-            let skip = (b.start - b.at) as usize;
-            b.file.write_at(&b.buf.as_slice()[skip..], b.start)
+        let buffered = || {
+            let skip = (self.start - self.at) as usize;
+            self.file.write_at(&self.buf.as_slice()[skip..], self.start)
         };
-        let r = match self.direct.clone() {
-            None => buffered(self),
+        let mut fell_back = false;
+        let r = match &self.direct {
+            None => buffered(),
             Some(w) => match w.write_at(self.buf.padded(), self.at) {
                 // Opened with O_DIRECT but refused at the write: through the page cache.
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
@@ -101,39 +83,154 @@ impl Batch {
                         "segment {}: direct I/O refused ({e}), writing through the page cache",
                         segment_name(self.seg)
                     );
-                    self.fell_back = true;
-                    buffered(self)
+                    fell_back = true;
+                    buffered()
                 }
                 r => r,
             },
         };
-        self.order.done(self.ticket);
-        self.turn_taken = true;
-        r
-    }
-
-    /// The batch's buffer (the batch is done with).
-    fn buf_for_reuse(mut self) -> AlignedBuf {
-        std::mem::take(&mut self.buf)
-    }
-}
-
-impl Drop for Batch {
-    /// A batch dropped unwritten still passes its turn on.
-    fn drop(&mut self) {
-        if !self.turn_taken {
-            self.order.wait_turn(self.ticket);
-            self.order.done(self.ticket);
+        Written {
+            seg: self.seg,
+            error: r
+                .err()
+                .map(|e| format!("writing segment {}: {e}", segment_name(self.seg))),
+            fell_back,
+            buf: None,
         }
     }
+
+    /// The `len` bytes at `offset` of segment `seg`, if this batch holds them.
+    fn holds(&self, seg: u32, offset: u64, len: u64) -> Option<&[u8]> {
+        let from = offset.checked_sub(self.at)?;
+        let bytes = self.buf.as_slice();
+        (seg == self.seg && from + len <= bytes.len() as u64)
+            .then(|| &bytes[from as usize..(from + len) as usize])
+    }
 }
 
-/// A batch whose write failed.
-pub struct BatchFailed {
-    pub error: Error,
-    /// The segment was put back as before the batch (nothing was staged after it): its
-    /// chunk ids may be given back. Otherwise the pool must stop writing.
-    pub rolled_back: bool,
+/// Most bytes of batches queued for the segment writer; staging more waits for it.
+pub const MAX_QUEUED_BYTES: u64 = 8 << 20;
+
+#[derive(Default)]
+struct Queue {
+    /// Oldest first; the front one is being written.
+    batches: VecDeque<Arc<Batch>>,
+    bytes: u64,
+    written: Vec<Written>,
+    stop: bool,
+    /// Tests: the writer takes no batch while held.
+    held: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn wait<'a>(&self, q: std::sync::MutexGuard<'a, Queue>) -> std::sync::MutexGuard<'a, Queue> {
+        self.changed.wait(q).unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The background thread that writes batches to segment files in the order they were
+/// queued. Dropping it writes what is queued, then ends the thread.
+struct SegmentWriter {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SegmentWriter {
+    fn start() -> Result<SegmentWriter> {
+        let shared = Arc::new(Shared::default());
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("condense-segw".into())
+            .spawn(move || SegmentWriter::run(&s))
+            .map_err(|e| Error::io("starting the segment writer thread", e))?;
+        Ok(SegmentWriter {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    fn run(shared: &Shared) {
+        loop {
+            let batch = {
+                let mut q = lock(&shared.queue);
+                loop {
+                    if let Some(b) = q.batches.front().filter(|_| !q.held) {
+                        break b.clone();
+                    }
+                    if q.stop && q.batches.is_empty() {
+                        return;
+                    }
+                    q = shared.wait(q);
+                }
+            };
+            let mut written = batch.write();
+            let mut q = lock(&shared.queue);
+            q.batches.pop_front();
+            q.bytes -= batch.buf.len() as u64;
+            written.buf = Arc::try_unwrap(batch).ok().map(|b| b.buf);
+            q.written.push(written);
+            shared.changed.notify_all();
+        }
+    }
+
+    /// Queue a batch, after waiting while [`MAX_QUEUED_BYTES`] are queued.
+    fn queue(&self, batch: Batch) {
+        let mut q = lock(&self.shared.queue);
+        while !q.batches.is_empty() && q.bytes + batch.buf.len() as u64 > MAX_QUEUED_BYTES {
+            q = self.shared.wait(q);
+        }
+        q.bytes += batch.buf.len() as u64;
+        q.batches.push_back(Arc::new(batch));
+        self.shared.changed.notify_all();
+    }
+
+    /// Wait until every queued batch is written.
+    fn wait_idle(&self) {
+        let mut q = lock(&self.shared.queue);
+        while !q.batches.is_empty() {
+            q = self.shared.wait(q);
+        }
+    }
+
+    fn take_written(&self) -> Vec<Written> {
+        std::mem::take(&mut lock(&self.shared.queue).written)
+    }
+
+    /// A copy of the `len` bytes at `offset` of segment `seg` if a queued batch holds them.
+    fn copy_queued(&self, seg: u32, offset: u64, len: u64) -> Option<Vec<u8>> {
+        let q = lock(&self.shared.queue);
+        q.batches
+            .iter()
+            .rev()
+            .find_map(|b| b.holds(seg, offset, len))
+            .map(<[u8]>::to_vec)
+    }
+
+    #[cfg(test)]
+    fn hold(&self, held: bool) {
+        lock(&self.shared.queue).held = held;
+        self.shared.changed.notify_all();
+    }
+}
+
+impl Drop for SegmentWriter {
+    fn drop(&mut self) {
+        {
+            let mut q = lock(&self.shared.queue);
+            q.stop = true;
+            q.held = false;
+        }
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 pub struct SegmentFile {
@@ -173,8 +270,10 @@ pub struct Segments {
     in_flight: BTreeMap<u32, usize>,
     /// Sealed segments to cut to their length once their batches are finished.
     cut_when_written: BTreeSet<u32>,
-    order: Arc<WriteOrder>,
-    next_ticket: u64,
+    /// Writes batches in the background (started with the first direct-I/O segment).
+    background: Option<SegmentWriter>,
+    /// The first batch write that failed: the pool must stop writing.
+    failed: Option<String>,
     /// Buffers of finished batches, for the next ones.
     spare: Vec<AlignedBuf>,
     dirty: BTreeSet<u32>,
@@ -201,8 +300,8 @@ impl Segments {
             direct: true,
             in_flight: BTreeMap::new(),
             cut_when_written: BTreeSet::new(),
-            order: Arc::default(),
-            next_ticket: 0,
+            background: None,
+            failed: None,
             spare: Vec::new(),
             dirty: BTreeSet::new(),
             names_changed: false,
@@ -239,8 +338,10 @@ impl Segments {
         self.staging.is_some() && self.staging_max > 0
     }
 
-    /// Seal the open segment (the next record starts a new one). Call with nothing pending.
+    /// Seal the open segment (the next record starts a new one), after handing what is
+    /// staged for it to be written.
     pub fn seal_open(&mut self) -> Result<()> {
+        self.write_pending()?;
         debug_assert_eq!(self.next_offset(), self.written());
         let Some(open) = self.open.take() else {
             return Ok(());
@@ -333,6 +434,7 @@ impl Segments {
         if self.destaging.is_some() {
             return None;
         }
+        self.reap();
         let (&id, s) = self.files.iter().find(|(&id, s)| {
             s.staged && Some(id) != self.open && !self.in_flight.contains_key(&id)
         })?;
@@ -418,7 +520,6 @@ impl Segments {
             if end + record <= self.target_bytes || end == SEGMENT_HEADER_BYTES as u64 {
                 return Ok(open);
             }
-            self.write_pending()?;
             self.seal_open()?;
         }
         self.start_segment(dir)
@@ -449,6 +550,9 @@ impl Segments {
         } else {
             None
         };
+        if self.writer.is_some() && self.background.is_none() {
+            self.background = Some(SegmentWriter::start()?);
+        }
         self.pending.truncate(0);
         if self.writer.is_some() {
             self.pending.extend_from_slice(&header);
@@ -475,20 +579,60 @@ impl Segments {
         Ok(id)
     }
 
-    /// Write staged records to the open segment now (under the state lock). On failure
-    /// nothing staged is kept and the locations handed out since the last write must not be
-    /// used.
+    /// Hand the staged records to be written: queued for the segment writer, or written now
+    /// (under the state lock) without one. An error means a batch failed to be written (now
+    /// or before): records of acknowledged writes may be lost, the pool must stop writing.
     pub fn write_pending(&mut self) -> Result<()> {
-        let Some(mut batch) = self.take_batch()? else {
-            return Ok(());
-        };
-        let r = batch.write();
-        self.finish_batch(batch, r).map_err(|f| f.error)
+        self.reap();
+        if let Some(batch) = self.take_batch()? {
+            match &self.background {
+                Some(w) => w.queue(batch),
+                None => {
+                    let batch = Arc::new(batch);
+                    let mut written = batch.write();
+                    written.buf = Arc::try_unwrap(batch).ok().map(|b| b.buf);
+                    self.finish(written);
+                }
+            }
+        }
+        self.check_written()
     }
 
-    /// Hand the staged records off as a batch to write without the state lock; then call
-    /// [`Segments::finish_batch`] (under the lock again) before using their locations.
-    pub fn take_batch(&mut self) -> Result<Option<Batch>> {
+    /// Write the staged records once a batch's worth is staged; otherwise they wait in
+    /// memory (readable there) for more.
+    pub fn write_full_batch(&mut self) -> Result<()> {
+        if self.unwritten_bytes() >= DIRECT_BATCH_BYTES {
+            self.write_pending()
+        } else {
+            self.check_written()
+        }
+    }
+
+    /// Write every staged record and wait until all are in their files.
+    pub fn write_all(&mut self) -> Result<()> {
+        self.write_pending()?;
+        if let Some(w) = &self.background {
+            w.wait_idle();
+        }
+        self.reap();
+        self.check_written()
+    }
+
+    /// The first batch write that failed, if one did.
+    pub fn write_failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    fn check_written(&self) -> Result<()> {
+        match &self.failed {
+            Some(f) => Err(Error::Poisoned(f.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Move the staged records into a batch to write (the next `pending` starts with the
+    /// page holding their end, for a direct write).
+    fn take_batch(&mut self) -> Result<Option<Batch>> {
         let end = self.next_offset();
         let written = self.written();
         if end == written {
@@ -506,8 +650,6 @@ impl Segments {
             .writer
             .clone()
             .filter(|_| end - written >= DIRECT_BATCH_BYTES);
-        // The next batch starts with the page holding the end, for a direct write (or with
-        // nothing).
         let keep_from = if self.writer.is_some() {
             end - end % DIRECT_IO_ALIGN as u64
         } else {
@@ -518,7 +660,10 @@ impl Segments {
         next.extend_from_slice(
             &self.pending.as_slice()[(keep_from - self.pending_base) as usize..],
         );
-        let buf = std::mem::replace(&mut self.pending, next);
+        let mut buf = std::mem::replace(&mut self.pending, next);
+        if direct.is_some() {
+            buf.zero_padding();
+        }
         let batch = Batch {
             seg: open,
             buf,
@@ -526,96 +671,107 @@ impl Segments {
             start: written,
             file: seg.file.clone(),
             direct,
-            fell_back: false,
-            ticket: self.next_ticket,
-            order: self.order.clone(),
-            turn_taken: false,
         };
-        self.next_ticket += 1;
         self.pending_base = keep_from;
         seg.len = end;
+        self.dirty.insert(open);
         *self.in_flight.entry(open).or_default() += 1;
         Ok(Some(batch))
     }
 
-    /// A batch from [`Segments::take_batch`] was written (`result`). On success its
-    /// records' locations may be used.
-    pub fn finish_batch(
-        &mut self,
-        batch: Batch,
-        result: std::io::Result<()>,
-    ) -> std::result::Result<(), BatchFailed> {
-        let id = batch.seg;
+    /// Account for the batches the segment writer finished.
+    pub fn reap(&mut self) {
+        let done = match &self.background {
+            Some(w) => w.take_written(),
+            None => return,
+        };
+        for w in done {
+            self.finish(w);
+        }
+    }
+
+    /// A batch was written (or failed).
+    fn finish(&mut self, w: Written) {
+        let id = w.seg;
         if let Some(n) = self.in_flight.get_mut(&id) {
             *n -= 1;
             if *n == 0 {
                 self.in_flight.remove(&id);
             }
         }
-        if batch.fell_back {
+        if w.fell_back {
             self.direct = false;
             if self.open == Some(id) {
                 self.writer = None;
             }
         }
-        let end = batch.end();
-        match result {
-            Ok(()) => {
-                self.dirty.insert(id);
-                let written = !self.in_flight.contains_key(&id);
-                let mut buf = batch.buf_for_reuse();
-                if self.spare.len() < 2 {
-                    buf.truncate(0);
-                    self.spare.push(buf);
-                }
-                if written && self.cut_when_written.remove(&id) {
-                    self.cut_to_length(id).map_err(|error| BatchFailed {
-                        error,
-                        rolled_back: false,
-                    })?;
-                }
-                Ok(())
+        if let Some(e) = w.error {
+            tracing::error!("{e}: the pool stops writing until it is reopened");
+            self.failed.get_or_insert(e);
+        }
+        if let Some(mut buf) = w.buf {
+            if self.spare.len() < 4 {
+                buf.truncate(0);
+                self.spare.push(buf);
             }
-            Err(e) => {
-                let error = Error::io(format!("writing segment {}", segment_name(id)), e);
-                // Nothing staged or handed off after it: put the segment back as before.
-                let last =
-                    self.open == Some(id) && self.written() == end && self.next_offset() == end;
-                if last {
-                    let (start, at) = (batch.start, batch.at);
-                    let mut buf = batch.buf_for_reuse();
-                    buf.truncate((start - at) as usize);
-                    self.pending = buf;
-                    self.pending_base = at;
-                    if let Some(seg) = self.files.get_mut(&id) {
-                        seg.len = start;
-                    }
-                }
-                Err(BatchFailed {
-                    error,
-                    rolled_back: last,
-                })
+        }
+        if !self.in_flight.contains_key(&id) && self.cut_when_written.remove(&id) {
+            if let Err(e) = self.cut_to_length(id) {
+                self.failed.get_or_insert(e.to_string());
             }
         }
     }
 
-    /// Forget staged records (after a failed batch).
-    pub fn discard_pending(&mut self) {
-        self.pending
-            .truncate((self.written() - self.pending_base) as usize);
+    /// A copy of the record at `loc` while it is staged or being written (not yet readable
+    /// from its file).
+    pub fn in_memory(&self, loc: &Location) -> Option<Vec<u8>> {
+        let offset = u64::from(loc.offset);
+        let len = loc.record_bytes();
+        if self.open == Some(loc.segment)
+            && offset >= self.pending_base
+            && offset + len <= self.next_offset()
+        {
+            let from = (offset - self.pending_base) as usize;
+            return Some(self.pending.as_slice()[from..from + len as usize].to_vec());
+        }
+        if !self.in_flight.contains_key(&loc.segment) {
+            return None;
+        }
+        self.background
+            .as_ref()?
+            .copy_queued(loc.segment, offset, len)
     }
 
-    /// Segment files written since the last call, and whether names were created since.
-    pub fn take_dirty(&mut self) -> Dirty {
+    /// Where staging stands now, to [`Segments::discard_since`] it.
+    pub fn mark(&self) -> (Option<u32>, u64) {
+        (self.open, self.next_offset())
+    }
+
+    /// Forget the records staged since `mark` (a write that failed before it was
+    /// committed). Records of it already handed to be written stay, unreferenced.
+    pub fn discard_since(&mut self, mark: (Option<u32>, u64)) {
+        let keep = if self.open == mark.0 {
+            mark.1.max(self.written())
+        } else {
+            self.written()
+        };
+        self.pending
+            .truncate(keep.saturating_sub(self.pending_base) as usize);
+    }
+
+    /// Segment files written since the last call, and whether names were created since,
+    /// once every staged record is written.
+    pub fn take_dirty(&mut self) -> Result<Dirty> {
+        self.write_all()?;
         let files = std::mem::take(&mut self.dirty)
             .into_iter()
             .filter_map(|id| self.file(id))
             .collect();
-        Dirty {
+        Ok(Dirty {
             files,
             pool_dir: std::mem::take(&mut self.names_changed),
             staging_dir: std::mem::take(&mut self.staging_names_changed),
-        }
+        })
     }
 
     /// Delete segment `id`'s file (from the pool directory `dir` or the staging directory)
@@ -660,8 +816,15 @@ mod tests {
         segs.append(dir, id, &[id as u8; 16], ChunkCodec::Raw, &[id as u8; 4096])
     }
 
-    /// GC and destage skip a segment while a batch taken from it is being written; it is
-    /// theirs again once the batch is finished.
+    fn held(segs: &Segments, on: bool) {
+        if let Some(w) = &segs.background {
+            w.hold(on);
+        }
+    }
+
+    /// While a batch waits for the segment writer: its records read from memory, its
+    /// segment is neither destaged nor collectable (even once sealed); once written, both
+    /// are the file's again.
     #[test]
     fn a_segment_with_a_batch_in_flight_is_neither_destaged_nor_collectable() -> Result<()> {
         let pool = SimHandle(SimDir::new());
@@ -669,27 +832,39 @@ mod tests {
         // Room for two records a segment.
         let mut segs = Segments::new(64 + 2 * (32 + 4096), [7; 16]);
         segs.set_staging(Some(staging), 1 << 30);
+        segs.background = Some(SegmentWriter::start()?);
+        held(&segs, true);
         let first = record(&mut segs, &pool, 0)?;
-        let mut batch = segs
-            .take_batch()?
-            .ok_or(Error::Invalid("no batch".into()))?;
-        // Fill the segment and start the next: the first is sealed with the batch in flight.
+        // Staged: read from `pending`.
+        let staged = segs
+            .in_memory(&first)
+            .ok_or(Error::Invalid("not staged".into()))?;
+        assert_eq!(&staged[staged.len() - 4096..], &[0u8; 4096][..]);
+        segs.write_pending()?;
+        // Queued, not written: read from the queue.
+        assert!(segs.is_writing(first.segment));
+        assert_eq!(segs.in_memory(&first).as_deref(), Some(&staged[..]));
+        // Fill the segment and start the next: the first is sealed with its batches queued.
         record(&mut segs, &pool, 1)?;
-        let next = {
-            // The sealing write waits for the batch before it: write that one first.
-            let written = batch.write();
-            let loc = record(&mut segs, &pool, 2)?;
-            assert!(segs.is_writing(first.segment));
-            assert_ne!(segs.open_id(), Some(first.segment));
-            assert!(
-                segs.start_destage().is_none(),
-                "destaged with a batch in flight"
-            );
-            segs.finish_batch(batch, written).map_err(|f| f.error)?;
-            loc
-        };
+        let next = record(&mut segs, &pool, 2)?;
         assert_ne!(next.segment, first.segment);
+        assert_ne!(segs.open_id(), Some(first.segment));
+        assert!(segs.is_writing(first.segment));
+        assert!(
+            segs.start_destage().is_none(),
+            "destaged with a batch in flight"
+        );
+        held(&segs, false);
+        segs.write_all()?;
         assert!(!segs.is_writing(first.segment));
+        assert_eq!(segs.in_memory(&first), None, "written: read from the file");
+        let file = segs
+            .file(first.segment)
+            .ok_or(Error::Invalid("gone".into()))?;
+        let mut on_disk = vec![0u8; staged.len()];
+        file.read_at(&mut on_disk, u64::from(first.offset))
+            .map_err(|e| Error::io("reading back", e))?;
+        assert_eq!(on_disk, staged);
         let (id, _, _) = segs
             .start_destage()
             .ok_or(Error::Invalid("nothing to destage".into()))?;

@@ -71,7 +71,9 @@ impl Pool {
                         for i in 0..CHUNKS_PER_PAGE {
                             if let Some(e) = crate::chunk_table::decode_slot(data, i) {
                                 let id = pi * per + i as u64;
-                                work.push((id, e, segments.file(e.loc.segment)));
+                                // Written since the flush above: maybe still in memory.
+                                let mem = segments.in_memory(&e.loc);
+                                work.push((id, e, segments.file(e.loc.segment), mem));
                             }
                         }
                         Ok(true)
@@ -84,7 +86,7 @@ impl Pool {
                     ));
                 }
             }
-            for (id, e, _) in &work {
+            for (id, e, _, _) in &work {
                 if let Some(w) = exists.get_mut((*id / 64) as usize) {
                     *w |= 1 << (id % 64);
                 }
@@ -94,8 +96,8 @@ impl Pool {
             }
             let results: Vec<(u64, Option<(u64, String)>)> = work
                 .par_iter()
-                .filter(|(_, e, _)| e.refs > 0)
-                .map(|(id, e, file)| self.check_chunk(*id, e, file.as_deref()))
+                .filter(|(_, e, _, _)| e.refs > 0)
+                .map(|(id, e, file, mem)| self.check_chunk(*id, e, file.as_deref(), mem.clone()))
                 .collect();
             for (bytes, b) in results {
                 report.chunks_checked += 1;
@@ -233,13 +235,21 @@ impl Pool {
         id: u64,
         e: &crate::chunk_table::ChunkEntry,
         file: Option<&dyn crate::io::File>,
+        in_memory: Option<Vec<u8>>,
     ) -> (u64, Option<(u64, String)>) {
         let loc = e.loc;
         let Some(file) = file else {
             return (0, Some((id, format!("segment {} is missing", loc.segment))));
         };
         let mut buf = vec![0u8; loc.record_bytes() as usize];
-        if let Err(err) = file.read_at(&mut buf, u64::from(loc.offset)) {
+        let read = match in_memory {
+            Some(m) => {
+                buf = m;
+                Ok(())
+            }
+            None => file.read_at(&mut buf, u64::from(loc.offset)),
+        };
+        if let Err(err) = read {
             return (
                 0,
                 Some((

@@ -1,9 +1,11 @@
-//! Large write batches go to the open segment with direct I/O and are written without the
-//! state lock; small ones through the page cache under it (engine::segment). On a real
-//! directory (the simulator has no direct I/O), with small segments so that segments are
-//! sealed while batches are still being written: every write lands, sealed segments are cut
-//! to their records (no page padding left), a reopen reads the same, verify is clean, and a
-//! writeback cache destages segments while batches are in flight without losing any.
+//! Large write batches go to the open segment with direct I/O, small ones through the page
+//! cache, all written by the segment writer thread while writers go on (engine::segment).
+//! On a real directory (the simulator has no direct I/O), with small segments so that
+//! segments are sealed while batches are still being written: every write reads back at
+//! once (from memory while staged or queued, from the file after), every write lands,
+//! sealed segments are cut to their records (no page padding left), a reopen reads the
+//! same, verify is clean, and a writeback cache destages segments while batches are in
+//! flight without losing any.
 
 use condense_engine::cache::{CacheConf, CacheMode};
 use condense_engine::io::RealDir;
@@ -28,9 +30,21 @@ fn data(t: usize, round: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Every thread rewrites its region each round: 256 KiB writes (direct, out of the lock)
-/// and, in every other round, the last 64 KiB again in 4 KiB writes (page cache) — the last
-/// round's data must be what is read.
+/// Write `piece` at `at` and read it back at once.
+fn write_and_read_back(vol: &condense_engine::VolumeHandle, at: u64, piece: &[u8], t: usize) {
+    if let Err(e) = vol.write_at(at, piece, false) {
+        panic!("write of thread {t} at {at}: {e}");
+    }
+    let mut back = vec![0u8; piece.len()];
+    if let Err(e) = vol.read_at(at, &mut back) {
+        panic!("read back of thread {t} at {at}: {e}");
+    }
+    assert!(back == piece, "thread {t} at {at}: read back other data");
+}
+
+/// Every thread rewrites its region each round: 256 KiB writes (direct) and, in every other
+/// round, the last 64 KiB again in 4 KiB writes (page cache), each read back at once — the
+/// last round's data must be what is read in the end.
 fn write_rounds(pool: &Arc<Pool>) {
     std::thread::scope(|s| {
         for t in 0..THREADS {
@@ -42,17 +56,13 @@ fn write_rounds(pool: &Arc<Pool>) {
                     let base = t * REGION;
                     for (i, piece) in d.chunks(256 << 10).enumerate() {
                         let at = (base + i * (256 << 10)) as u64;
-                        if let Err(e) = vol.write_at(at, piece, false) {
-                            panic!("write of thread {t} at {at}: {e}");
-                        }
+                        write_and_read_back(&vol, at, piece, t);
                     }
                     if round % 2 == 1 {
                         let tail = REGION - (64 << 10);
                         for (i, piece) in d[tail..].chunks(BS).enumerate() {
                             let at = (base + tail + i * BS) as u64;
-                            if let Err(e) = vol.write_at(at, piece, false) {
-                                panic!("small write of thread {t} at {at}: {e}");
-                            }
+                            write_and_read_back(&vol, at, piece, t);
                         }
                     }
                 }
