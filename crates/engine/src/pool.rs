@@ -1248,10 +1248,12 @@ impl Pool {
         };
         // 2. Which blocks are new chunks. A small write skips this and compresses its new
         // chunks under the lock in step 4: one lock round trip instead of two.
+        let mut ids_at_lookup = None;
         let misses: Vec<usize> = if fps.len() <= SMALL_WRITE_BLOCKS {
             Vec::new()
         } else {
             let mut st = lock(&self.state);
+            ids_at_lookup = Some(st.md.chunks.next_id);
             self.writable(&st)?;
             let mut seen: HashMap<Fingerprint, (), FpHash> =
                 HashMap::with_capacity_and_hasher(fps.len(), FpHash);
@@ -1306,6 +1308,9 @@ impl Pool {
         let mut batch_new: HashMap<Fingerprint, u64, FpHash> = HashMap::with_hasher(FpHash);
         let first_new_id = st.md.chunks.next_id;
         let mark = st.segments.mark();
+        // No chunk was added since step 2 (ids are taken and committed under one hold of the
+        // lock): its misses are misses still, and are not looked up again.
+        let misses_hold = ids_at_lookup == Some(first_new_id);
         for (i, fp) in fps.iter().enumerate() {
             let Some(fp) = fp else {
                 entries.push(ENTRY_ZERO);
@@ -1315,9 +1320,12 @@ impl Pool {
                 entries.push(id);
                 continue;
             }
-            if let Some(id) = st.md.find_duplicate(fp) {
-                entries.push(id);
-                continue;
+            let known_miss = misses_hold && compressed[i].is_some();
+            if !known_miss {
+                if let Some(id) = st.md.find_duplicate(fp) {
+                    entries.push(id);
+                    continue;
+                }
             }
             // A new chunk (compressed above, or now if the index changed since step 2).
             let fresh;
