@@ -120,6 +120,14 @@ impl AlignedBuf {
         }
     }
 
+    /// An empty buffer with room for `bytes` without moving.
+    pub fn with_capacity(bytes: usize) -> AlignedBuf {
+        AlignedBuf {
+            pages: Vec::with_capacity(bytes.div_ceil(DIRECT_IO_ALIGN)),
+            len: 0,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

@@ -111,6 +111,13 @@ impl Batch {
 /// Most bytes of batches queued for the segment writer; staging more waits for it.
 pub const MAX_QUEUED_BYTES: u64 = 8 << 20;
 
+/// Room a new batch buffer starts with: a 1 MiB write of records that do not compress, and
+/// the page before it, without growing (moving) the buffer.
+const BATCH_BUFFER_BYTES: usize = (1 << 20) + (1 << 18);
+
+/// Buffers of written batches kept for the next ones (as many as the queue can hold).
+const SPARE_BUFFERS: usize = 8;
+
 #[derive(Default)]
 struct Queue {
     /// Oldest first; the front one is being written.
@@ -655,7 +662,10 @@ impl Segments {
         } else {
             end
         };
-        let mut next = self.spare.pop().unwrap_or_default();
+        let mut next = self
+            .spare
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::with_capacity(BATCH_BUFFER_BYTES));
         next.truncate(0);
         next.extend_from_slice(
             &self.pending.as_slice()[(keep_from - self.pending_base) as usize..],
@@ -710,7 +720,7 @@ impl Segments {
             self.failed.get_or_insert(e);
         }
         if let Some(mut buf) = w.buf {
-            if self.spare.len() < 4 {
+            if self.spare.len() < SPARE_BUFFERS {
                 buf.truncate(0);
                 self.spare.push(buf);
             }
