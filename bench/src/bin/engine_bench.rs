@@ -307,9 +307,9 @@ fn read_jobs(
     plain: &Path,
     rows: &mut Vec<Row>,
 ) -> Result<()> {
-    let _ = write_plain(&plain, Kind::Compressible, size, &comp_base)?;
+    let _ = write_plain(plain, Kind::Compressible, size, comp_base)?;
     let vol = Arc::new(pool.volume("v-compressible")?);
-    let pf = Arc::new(File::open(&plain)?);
+    let pf = Arc::new(File::open(plain)?);
     drop_caches(a.cold);
     let v2 = vol.clone();
     let ours = seq_read(size, &move |o, b| Ok(v2.read_at(o, b)?))?;
