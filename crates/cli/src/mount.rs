@@ -30,10 +30,12 @@ pub struct MountArgs {
     #[arg(long)]
     pub read_only: bool,
     /// Let the kernel cache buffered writes to files/ (FUSE writeback cache). A write(2) then
-    /// returns once the data is in the page cache, and the kernel passes it on later in
-    /// requests of up to 1 MiB, so small buffered writes go much faster. In exchange, data
-    /// written to files/ reaches the pool only at writeback (within ~30 s), fsync, close or
-    /// unmount: a `condense snapshot create` taken meanwhile does not contain it. Durability
+    /// returns once the data is in the page cache, and the kernel passes it on later, in
+    /// requests of up to 1 MiB and several at once. Whether that is faster depends on the
+    /// machine: on the 2-core development VM it made buffered writes slower (docs/FUSE.md).
+    /// Data written to files/ then reaches the pool only at writeback (within ~30 s at most),
+    /// fsync, close or unmount: a `condense snapshot create` taken meanwhile does not contain
+    /// it. Durability
     /// is the same either way (only fsync promises it). volumes/ files bypass the page cache
     /// with this option (direct I/O: a volume keeps its size, and a write past its end fails
     /// at once), so buffered reads of them are not cached, and a `condense volume resize`
