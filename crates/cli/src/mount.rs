@@ -29,6 +29,20 @@ pub struct MountArgs {
     /// Refuse every change (EROFS).
     #[arg(long)]
     pub read_only: bool,
+    /// Let the kernel cache buffered writes to files/ (FUSE writeback cache). A write(2) then
+    /// returns once the data is in the page cache, and the kernel passes it on later, in
+    /// requests of up to 1 MiB and several at once. Whether that is faster depends on the
+    /// machine: on the 2-core development VM it made buffered writes slower (docs/FUSE.md).
+    /// Data written to files/ then reaches the pool only at writeback (within ~30 s at most),
+    /// fsync, close or unmount: a `condense snapshot create` taken meanwhile does not contain
+    /// it. Durability
+    /// is the same either way (only fsync promises it). volumes/ files bypass the page cache
+    /// with this option (direct I/O: a volume keeps its size, and a write past its end fails
+    /// at once), so buffered reads of them are not cached, and a `condense volume resize`
+    /// shows in volumes/ only once the kernel forgets the file. O_DIRECT I/O is not affected.
+    /// Off by default (docs/FUSE.md).
+    #[arg(long)]
+    pub writeback_cache: bool,
     #[command(flatten)]
     pub cache: crate::MetadataCacheArg,
     #[command(flatten)]
@@ -85,6 +99,7 @@ pub fn run(pool: Arc<Pool>, args: &MountArgs) -> Result<()> {
     let opts = MountOptions {
         allow_other: args.allow_other,
         read_only: args.read_only,
+        writeback_cache: args.writeback_cache,
         ..MountOptions::default()
     };
     let mounted = condense_fuse::spawn(catalog, &args.mountpoint, opts).with_context(|| {
@@ -99,9 +114,14 @@ pub fn run(pool: Arc<Pool>, args: &MountArgs) -> Result<()> {
     }
     let shown = mounted.mountpoint().display().to_string();
     eprintln!(
-        "condense mount: mounted at {shown}{} (volumes/ and files/); stop with Ctrl-C, \
+        "condense mount: mounted at {shown}{} (volumes/ and files/{}); stop with Ctrl-C, \
          SIGTERM or `umount {shown}`",
-        if args.read_only { " read-only" } else { "" }
+        if args.read_only { " read-only" } else { "" },
+        if args.writeback_cache && !args.read_only {
+            ", writeback cache for files/"
+        } else {
+            ""
+        }
     );
     crate::notify::ready(&format!("mounted at {shown}"));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -116,6 +136,10 @@ pub fn run(pool: Arc<Pool>, args: &MountArgs) -> Result<()> {
         match unmounter.unmount() {
             Ok(()) => {}
             Err(FuseError::Busy { .. }) => {
+                // The kernel's writeback cache, if on, is written back while still attached.
+                mounted
+                    .write_back()
+                    .context("cannot write back the mount's cache before detaching it")?;
                 unmounter
                     .unmount_lazy()
                     .with_context(|| format!("cannot detach {shown}"))?;

@@ -21,9 +21,9 @@ use crate::FuseError;
 use condense_api::{split_snapshot_name, Catalog, ExtentKind, Volume, VolumeError};
 use fuser::{
     BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
@@ -787,7 +787,12 @@ impl Inner {
 }
 
 /// The FUSE file system; cheap to clone handles onto one [`Inner`].
-pub struct Fs(pub Arc<Inner>);
+pub struct Fs {
+    pub inner: Arc<Inner>,
+    /// Ask for the kernel's writeback cache at INIT ([`crate::MountOptions::writeback_cache`]);
+    /// after INIT, whether the kernel granted it.
+    pub writeback_cache: bool,
+}
 
 fn entry_reply(reply: ReplyEntry, r: Result<FileAttr, Errno>) {
     match r {
@@ -832,7 +837,7 @@ impl Fs {
         mode: u32,
         link_target: &[u8],
     ) -> Result<FileAttr, Errno> {
-        let inner = &self.0;
+        let inner = &self.inner;
         if !matches!(target(parent), Target::Tree) {
             if name.len() > NAME_BYTES_MAX {
                 return Err(Errno::ENAMETOOLONG);
@@ -861,11 +866,25 @@ impl Filesystem for Fs {
         if let Err(nearest) = config.set_max_readahead(MAX_WRITE_BYTES) {
             let _ = config.set_max_readahead(nearest);
         }
+        if self.writeback_cache {
+            match config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
+                Ok(()) => tracing::info!("kernel writeback cache on (files/ only)"),
+                Err(_) => {
+                    tracing::warn!("the kernel has no FUSE writeback cache: mounting without it");
+                    self.writeback_cache = false;
+                }
+            }
+            // volumes/ files are opened in direct-I/O mode then (see `open`); this keeps
+            // mmap working on them (Linux 6.6 and later; refused with ENODEV before).
+            if self.writeback_cache {
+                let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+            }
+        }
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let name = name.as_bytes();
         let r = match target(parent.0) {
             Target::Root => match name {
@@ -888,7 +907,7 @@ impl Filesystem for Fs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.0.attr(ino.0) {
+        match self.inner.attr(ino.0) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
@@ -912,7 +931,7 @@ impl Filesystem for Fs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let r = (|| {
             inner.writable()?;
             match target(ino.0) {
@@ -970,7 +989,7 @@ impl Filesystem for Fs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let tree = lock(&self.0.tree);
+        let tree = lock(&self.inner.tree);
         match tree.node(ino.0) {
             Ok(n) if n.rec.kind == Kind::Symlink => reply.data(&n.rec.target),
             Ok(_) => reply.error(Errno::EINVAL),
@@ -1010,7 +1029,7 @@ impl Filesystem for Fs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let r = match target(parent.0) {
             Target::Tree => inner.writable().and_then(|()| {
                 let released = lock(&inner.tree).remove(parent.0, name.as_bytes(), false)?;
@@ -1023,7 +1042,7 @@ impl Filesystem for Fs {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let r = match target(parent.0) {
             Target::Tree => inner.writable().and_then(|()| {
                 let released = lock(&inner.tree).remove(parent.0, name.as_bytes(), true)?;
@@ -1064,7 +1083,7 @@ impl Filesystem for Fs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let r = (|| {
             inner.writable()?;
             if parent.0 == SNAPSHOTS_INO || newparent.0 == SNAPSHOTS_INO {
@@ -1094,7 +1113,7 @@ impl Filesystem for Fs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let wants_write = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         let r = (|| {
             if wants_write {
@@ -1103,23 +1122,34 @@ impl Filesystem for Fs {
             match target(ino.0) {
                 Target::Volume => {
                     let (name, vol, _) = inner.volume(ino.0)?;
-                    if wants_write && (vol.is_read_only() || is_snapshot(&name)) {
+                    let snapshot = is_snapshot(&name);
+                    if wants_write && (vol.is_read_only() || snapshot) {
                         return Err(Errno::EROFS);
                     }
-                    Ok(())
+                    // With the writeback cache the kernel would own a cached file's size:
+                    // a write past a volume's end would succeed into the cache (the file
+                    // growing past the volume) and fail only at writeback, and data written
+                    // would wait in the kernel, unseen by a snapshot taken through the
+                    // control socket. A volume's file bypasses the page cache instead.
+                    if self.writeback_cache && !snapshot {
+                        Ok(FopenFlags::FOPEN_DIRECT_IO)
+                    } else {
+                        Ok(FopenFlags::empty())
+                    }
                 }
                 Target::Tree => {
                     let mut tree = lock(&inner.tree);
                     if tree.node(ino.0)?.rec.kind != Kind::File {
                         return Err(Errno::EISDIR);
                     }
-                    tree.opened(ino.0)
+                    tree.opened(ino.0)?;
+                    Ok(FopenFlags::empty())
                 }
                 _ => Err(Errno::EISDIR),
             }
         })();
         match r {
-            Ok(()) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Ok(flags) => reply.opened(FileHandle(0), flags),
             Err(e) => reply.error(e),
         }
     }
@@ -1135,7 +1165,7 @@ impl Filesystem for Fs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let started = std::time::Instant::now();
         let r = match target(ino.0) {
             Target::Volume => inner.volume(ino.0).and_then(|(_, vol, _)| {
@@ -1172,7 +1202,7 @@ impl Filesystem for Fs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let started = std::time::Instant::now();
         let fua = flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0;
         let r = match target(ino.0) {
@@ -1216,7 +1246,7 @@ impl Filesystem for Fs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let r = match target(ino.0) {
             Target::Tree => (|| {
                 let released = lock(&inner.tree).closed(ino.0)?;
@@ -1236,7 +1266,7 @@ impl Filesystem for Fs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let r = match target(ino.0) {
             Target::Volume => inner.volume(ino.0).and_then(|(name, vol, _)| {
                 if inner.read_only || is_snapshot(&name) {
@@ -1261,7 +1291,7 @@ impl Filesystem for Fs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let entries: Result<Vec<(u64, FileType, Vec<u8>)>, Errno> = match target(ino.0) {
             Target::Root => Ok(vec![
                 (ROOT_INO, FileType::Directory, b".".to_vec()),
@@ -1339,14 +1369,14 @@ impl Filesystem for Fs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let persisted = lock(&inner.tree).persist_all();
         let r = persisted.and_then(|()| inner.flush_pool());
         empty_reply(reply, r);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let inner = &self.0;
+        let inner = &self.inner;
         match inner.catalog.usage() {
             Ok(u) => {
                 let bs = u64::from(u.block_size.max(512));
@@ -1383,7 +1413,7 @@ impl Filesystem for Fs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let r = self
             .create_node(req, parent.0, name, Kind::File, mode & !umask, b"")
             .and_then(|attr| {
@@ -1412,7 +1442,7 @@ impl Filesystem for Fs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let r = match target(ino.0) {
             Target::Volume => inner.writable().and_then(|()| {
                 if inner.is_snapshot_ino(ino.0) {
@@ -1448,7 +1478,7 @@ impl Filesystem for Fs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let inner = &self.0;
+        let inner = &self.inner;
         let r = (|| {
             let whence = Whence::from_raw(whence).ok_or(Errno::EINVAL)?;
             let offset = u64::try_from(offset).map_err(|_| Errno::ENXIO)?;

@@ -63,6 +63,14 @@ pub struct MountOptions {
     pub read_only: bool,
     /// Threads serving FUSE requests.
     pub threads: usize,
+    /// Ask the kernel for its writeback cache (`FUSE_WRITEBACK_CACHE`): buffered writes to
+    /// `files/` land in the page cache and reach the pool later, in requests of up to 1 MiB,
+    /// instead of one request per `write(2)`; the kernel then owns the size and mtime of the
+    /// files it caches, and written data reaches the pool at writeback, fsync, close or
+    /// unmount. `volumes/` files are opened in direct-I/O mode instead (no page cache), so that
+    /// a volume's size stays the pool's and every write reaches the pool before it returns.
+    /// Off by default; ignored on a read-only mount or a kernel without it. See `docs/FUSE.md`.
+    pub writeback_cache: bool,
 }
 
 impl Default for MountOptions {
@@ -71,6 +79,7 @@ impl Default for MountOptions {
             allow_other: false,
             read_only: false,
             threads: 4,
+            writeback_cache: false,
         }
     }
 }
@@ -108,6 +117,7 @@ pub struct Mounted {
     mountpoint: PathBuf,
     thread: Option<JoinHandle<io::Result<()>>>,
     fs: Arc<fs::Inner>,
+    writeback_cache: bool,
 }
 
 /// Unmounts a [`Mounted`] from any thread (a signal handler's thread, say).
@@ -180,12 +190,15 @@ pub fn spawn(
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = opts.threads > 1;
 
+    let writeback_cache = opts.writeback_cache && !opts.read_only;
+    let fs = fs::Fs {
+        inner: inner.clone(),
+        writeback_cache,
+    };
     let session =
-        fuser::Session::new(fs::Fs(inner.clone()), &mountpoint, &config).map_err(|source| {
-            FuseError::Mount {
-                path: mountpoint.clone(),
-                source,
-            }
+        fuser::Session::new(fs, &mountpoint, &config).map_err(|source| FuseError::Mount {
+            path: mountpoint.clone(),
+            source,
         })?;
     let thread = std::thread::Builder::new()
         .name("condense-fuse".to_string())
@@ -199,6 +212,7 @@ pub fn spawn(
         mountpoint,
         thread: Some(thread),
         fs: inner,
+        writeback_cache,
     })
 }
 
@@ -254,6 +268,19 @@ impl Mounted {
     /// Write every pending change of the file tree and flush the pool, leaving it mounted.
     pub fn sync(&self) -> Result<(), FuseError> {
         self.fs.sync()
+    }
+
+    /// With the writeback cache, have the kernel pass on every dirty page it holds for this
+    /// mount (`syncfs(2)` on it, served by the mount's own threads), then [`Mounted::sync`].
+    /// Call it before detaching a busy mount: once detached, what the kernel still caches
+    /// reaches the pool only when the files are closed. Without the writeback cache every
+    /// write reached the pool before it returned, and this is [`Mounted::sync`].
+    pub fn write_back(&self) -> Result<(), FuseError> {
+        if self.writeback_cache && !self.is_finished() {
+            let dir = std::fs::File::open(&self.mountpoint).map_err(FuseError::Os)?;
+            nix::unistd::syncfs(&dir).map_err(|e| FuseError::Os(e.into()))?;
+        }
+        self.sync()
     }
 
     /// The mount's counters (reads, writes, bytes, latency), to register with a metrics
