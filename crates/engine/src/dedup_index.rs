@@ -199,6 +199,27 @@ impl DedupIndex {
         ix
     }
 
+    /// Ask the CPU to load the slots a lookup or insert of `fp` starts at, so a loop over
+    /// many fingerprints can overlap their cache misses (a miss costs more than the probe).
+    pub fn prefetch(&self, fp: &Fingerprint) {
+        let (s, h) = split(fp);
+        let shard = &self.shards[s];
+        if shard.cap() == 0 {
+            return;
+        }
+        let slot: *const Slot = &shard.slots[shard.home(h)];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch is only a hint: it never faults and changes no memory; the
+        // pointer is to a live element anyway.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                slot.cast::<i8>(),
+            );
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = slot;
+    }
+
     /// Chunk-table pages that may hold a chunk with this fingerprint (most often none or one).
     pub fn candidates(&self, fp: &Fingerprint, out: &mut Vec<u64>) {
         let (s, h) = split(fp);

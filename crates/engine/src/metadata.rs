@@ -99,6 +99,13 @@ impl Metadata {
     /// A live chunk with fingerprint `fp` that may take another reference. Exact: the
     /// index only names pages, and the fingerprint is compared with the chunk table's.
     /// Unreadable pages count as misses (the index is advisory).
+    /// Warm the dedup index for a coming [`Metadata::find_duplicate`] or insert of `fp`.
+    pub(crate) fn prefetch_duplicate(&self, fp: &Fingerprint) {
+        if self.index_ready {
+            self.index.prefetch(fp);
+        }
+    }
+
     pub(crate) fn find_duplicate(&mut self, fp: &Fingerprint) -> Option<u64> {
         if !self.index_ready {
             if let Err(e) = self.rebuild_index() {

@@ -1259,6 +1259,9 @@ impl Pool {
                 HashMap::with_capacity_and_hasher(fps.len(), FpHash);
             let mut misses = Vec::new();
             for (i, fp) in fps.iter().enumerate() {
+                if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
+                    st.md.prefetch_duplicate(ahead);
+                }
                 let Some(fp) = fp.as_ref() else { continue };
                 let hit = st.md.find_duplicate(fp).is_some();
                 if !hit && seen.insert(*fp, ()).is_none() {
@@ -1305,13 +1308,18 @@ impl Pool {
         self.check_space(&mut st, data.len() as u64)?;
         let mut records = Vec::new();
         let mut entries = Vec::with_capacity(fps.len());
-        let mut batch_new: HashMap<Fingerprint, u64, FpHash> = HashMap::with_hasher(FpHash);
+        let mut batch_new: HashMap<Fingerprint, u64, FpHash> =
+            HashMap::with_capacity_and_hasher(fps.len(), FpHash);
         let first_new_id = st.md.chunks.next_id;
         let mark = st.segments.mark();
         // No chunk was added since step 2 (ids are taken and committed under one hold of the
         // lock): its misses are misses still, and are not looked up again.
         let misses_hold = ids_at_lookup == Some(first_new_id);
         for (i, fp) in fps.iter().enumerate() {
+            // Also for known misses: the commit below inserts them.
+            if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
+                st.md.prefetch_duplicate(ahead);
+            }
             let Some(fp) = fp else {
                 entries.push(ENTRY_ZERO);
                 continue;
@@ -1925,6 +1933,9 @@ impl Pool {
         r
     }
 }
+
+/// How many blocks ahead a write's loops over fingerprints prefetch the dedup index.
+const PREFETCH_AHEAD: usize = 8;
 
 /// Hashes a fingerprint by its first eight bytes: they are already uniformly random.
 #[derive(Clone, Copy, Default)]
