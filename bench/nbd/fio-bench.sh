@@ -106,7 +106,14 @@ run() {
     fio --name="$name" "${where[@]}" --size="$bytes" --time_based=1 --runtime="$RUNTIME" \
         --ramp_time="$RAMP" --randrepeat=0 --refill_buffers=1 --output-format=json \
         --output="$W/$target-$name.json" "$@" >/dev/null 2>&1 ||
-        { echo "fio $name on $target failed"; cat "$W/$target-$name.json" 2>/dev/null | tail -5; return 1; }
+        {
+            echo "fio $name on $target failed"
+            grep -h '"error"\|fio: ' "$W/$target-$name.json" 2>/dev/null | head -5
+            for log in "$POOL.serve.log" "$W/pool-old.serve.log"; do
+                [ -f "$log" ] && { echo "--- $log"; tail -5 "$log"; }
+            done
+            return 1
+        }
 }
 
 jobs=(
