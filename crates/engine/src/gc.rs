@@ -100,8 +100,8 @@ impl Pool {
                     let dead = len.saturating_sub(
                         SEGMENT_HEADER_BYTES as u64 + st.md.chunks.segment_live_bytes(id),
                     );
-                    // A sealed segment whose last batches are still being written has
-                    // records no chunk names yet: not a victim until they are committed.
+                    // A sealed segment whose last batches are still being written: its
+                    // records are not all in the file yet (victims are read from the file).
                     Some(id) != open
                         && !st.segments.is_writing(id)
                         && dead > 0

@@ -67,7 +67,7 @@ struct Written {
 }
 
 impl Batch {
-    fn write(self: &Arc<Self>) -> Written {
+    fn write(&self) -> Written {
         // Through the page cache: only the bytes after `start`.
         let buffered = || {
             let skip = (self.start - self.at) as usize;
@@ -122,11 +122,16 @@ const SPARE_BUFFERS: usize = 8;
 struct Queue {
     /// Oldest first; the front one is being written.
     batches: VecDeque<Arc<Batch>>,
-    bytes: u64,
     written: Vec<Written>,
     stop: bool,
     /// Tests: the writer takes no batch while held.
     held: bool,
+}
+
+impl Queue {
+    fn bytes(&self) -> u64 {
+        self.batches.iter().map(|b| b.buf.len() as u64).sum()
+    }
 }
 
 #[derive(Default)]
@@ -179,7 +184,6 @@ impl SegmentWriter {
             let mut written = batch.write();
             let mut q = lock(&shared.queue);
             q.batches.pop_front();
-            q.bytes -= batch.buf.len() as u64;
             written.buf = Arc::try_unwrap(batch).ok().map(|b| b.buf);
             q.written.push(written);
             shared.changed.notify_all();
@@ -189,10 +193,9 @@ impl SegmentWriter {
     /// Queue a batch, after waiting while [`MAX_QUEUED_BYTES`] are queued.
     fn queue(&self, batch: Batch) {
         let mut q = lock(&self.shared.queue);
-        while !q.batches.is_empty() && q.bytes + batch.buf.len() as u64 > MAX_QUEUED_BYTES {
+        while !q.batches.is_empty() && q.bytes() + batch.buf.len() as u64 > MAX_QUEUED_BYTES {
             q = self.shared.wait(q);
         }
-        q.bytes += batch.buf.len() as u64;
         q.batches.push_back(Arc::new(batch));
         self.shared.changed.notify_all();
     }
@@ -390,7 +393,7 @@ impl Segments {
     }
 
     /// Bytes of records staged and not yet written or handed off.
-    pub fn unwritten_bytes(&self) -> u64 {
+    fn unwritten_bytes(&self) -> u64 {
         self.next_offset() - self.written()
     }
 
@@ -595,9 +598,8 @@ impl Segments {
             match &self.background {
                 Some(w) => w.queue(batch),
                 None => {
-                    let batch = Arc::new(batch);
                     let mut written = batch.write();
-                    written.buf = Arc::try_unwrap(batch).ok().map(|b| b.buf);
+                    written.buf = Some(batch.buf);
                     self.finish(written);
                 }
             }

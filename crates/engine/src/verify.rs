@@ -97,7 +97,7 @@ impl Pool {
             let results: Vec<(u64, Option<(u64, String)>)> = work
                 .par_iter()
                 .filter(|(_, e, _, _)| e.refs > 0)
-                .map(|(id, e, file, mem)| self.check_chunk(*id, e, file.as_deref(), mem.clone()))
+                .map(|(id, e, file, mem)| self.check_chunk(*id, e, file.as_deref(), mem.as_deref()))
                 .collect();
             for (bytes, b) in results {
                 report.chunks_checked += 1;
@@ -235,7 +235,7 @@ impl Pool {
         id: u64,
         e: &crate::chunk_table::ChunkEntry,
         file: Option<&dyn crate::io::File>,
-        in_memory: Option<Vec<u8>>,
+        in_memory: Option<&[u8]>,
     ) -> (u64, Option<(u64, String)>) {
         let loc = e.loc;
         let Some(file) = file else {
@@ -244,7 +244,7 @@ impl Pool {
         let mut buf = vec![0u8; loc.record_bytes() as usize];
         let read = match in_memory {
             Some(m) => {
-                buf = m;
+                buf.copy_from_slice(m);
                 Ok(())
             }
             None => file.read_at(&mut buf, u64::from(loc.offset)),
