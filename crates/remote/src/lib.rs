@@ -30,6 +30,10 @@
 //!    best-effort check documented on [`S3Backend`] (Garage 2.5.0 is such a store).
 //! 7. No input from outside (a name, a config value, a store's answer) makes this crate panic:
 //!    errors name the operation, the object and what to do ([`Error`]).
+//! 8. After `delete` returned `Ok`, `get` and `head` of that name say not found, but `list`
+//!    may still name it for a moment on a replicated store (seen once in CI on a 3-node Garage
+//!    2.5.0 cluster: objects listed right after their deletes returned). The engine lists only
+//!    when it opens, repairs or attaches a pool and for `stats`, never to confirm a delete.
 
 #![deny(clippy::unwrap_used)]
 
