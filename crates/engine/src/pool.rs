@@ -1233,18 +1233,15 @@ impl Pool {
         // both cores busy without the cost of handing blocks between threads.
         let in_flight = InFlight::enter(&self.writes_in_flight);
         let spread = in_flight.alone();
-        // 1. Zero detection and fingerprints.
-        let classify = |b: &[u8]| {
-            if reduction::is_zero(b) {
-                None
-            } else {
-                Some(reduction::fingerprint(&key, b))
-            }
-        };
-        let fps: Vec<Option<Fingerprint>> = if spread && data.len() >= 16 * bs {
-            data.par_chunks(bs).map(classify).collect()
+        // 1. Zero detection and fingerprints (small blocks hashed 16 at a time).
+        let fps: Vec<Option<Fingerprint>> = if spread && data.len() >= 32 * bs {
+            let parts: Vec<Vec<Option<Fingerprint>>> = data
+                .par_chunks(16 * bs)
+                .map(|part| reduction::classify(&key, part, bs))
+                .collect();
+            parts.concat()
         } else {
-            data.chunks(bs).map(classify).collect()
+            reduction::classify(&key, data, bs)
         };
         // 2. Which blocks are new chunks. A small write skips this and compresses its new
         // chunks under the lock in step 4: one lock round trip instead of two.

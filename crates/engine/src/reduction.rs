@@ -25,6 +25,142 @@ pub fn fingerprint(key: &[u8; 32], block: &[u8]) -> Fingerprint {
     fp
 }
 
+/// Blocks hashed side by side by [`classify`]: AVX-512's 16 lanes (AVX2 uses 8 of them).
+const HASH_LANES: usize = 16;
+/// Chunks of a block [`classify`] hashes side by side: blocks of 4 and 8 KiB. BLAKE3 hashes
+/// the chunks of one larger block in parallel at full width by itself.
+const MAX_LANE_CHUNKS: usize = 8;
+
+/// For each block of `data` (whole blocks of `bs` bytes): `None` if it is all zeros, else its
+/// [`fingerprint`]. Equal to calling those two per block, but small blocks are hashed
+/// [`HASH_LANES`] at a time: one 4 KiB block is only 4 BLAKE3 chunks, so hashed alone it fills
+/// a quarter of an AVX-512 register and runs at half the speed of a long input (measured here:
+/// 2.4 against 4.7 GB/s per core).
+///
+/// This uses `blake3::platform`, the crate's undocumented SIMD entry point; the crate's version
+/// is pinned in Cargo.toml, and `classify_equals_fingerprint_per_block` checks every block size
+/// against [`blake3::keyed_hash`].
+pub fn classify(key: &[u8; 32], data: &[u8], bs: usize) -> Vec<Option<Fingerprint>> {
+    let chunks = bs / blake3::CHUNK_LEN;
+    let mut out: Vec<Option<Fingerprint>> = Vec::with_capacity(data.len() / bs);
+    if chunks > MAX_LANE_CHUNKS
+        || chunks < 2
+        || !chunks.is_power_of_two()
+        || bs % blake3::CHUNK_LEN != 0
+    {
+        out.extend(data.chunks_exact(bs).map(|b| {
+            if is_zero(b) {
+                None
+            } else {
+                Some(fingerprint(key, b))
+            }
+        }));
+        return out;
+    }
+    let mut lanes: Vec<(usize, &[u8])> = Vec::with_capacity(HASH_LANES);
+    for (i, b) in data.chunks_exact(bs).enumerate() {
+        if is_zero(b) {
+            out.push(None);
+            continue;
+        }
+        out.push(None); // filled in when its group of lanes is hashed
+        lanes.push((i, b));
+        if lanes.len() == HASH_LANES {
+            hash_lanes(key, &lanes, chunks, &mut out);
+            lanes.clear();
+        }
+    }
+    if !lanes.is_empty() {
+        hash_lanes(key, &lanes, chunks, &mut out);
+    }
+    out
+}
+
+/// BLAKE3's domain flags (from the BLAKE3 specification, section 2.1).
+const CHUNK_START: u8 = 1;
+const CHUNK_END: u8 = 1 << 1;
+const PARENT: u8 = 1 << 2;
+const ROOT: u8 = 1 << 3;
+const KEYED_HASH: u8 = 1 << 4;
+
+/// Keyed BLAKE3 of up to [`HASH_LANES`] blocks of `chunks` chunks each (a power of two, at
+/// most [`MAX_LANE_CHUNKS`]), written to `out[i]` for each `(i, block)`. Each tree level is
+/// one SIMD call over every block: first chunk `c` of every block (all at counter `c`), then
+/// the parents, pairwise, up to the roots.
+fn hash_lanes(
+    key: &[u8; 32],
+    lanes: &[(usize, &[u8])],
+    chunks: usize,
+    out: &mut [Option<Fingerprint>],
+) {
+    use blake3::platform::{words_from_le_bytes_32, Platform};
+    use blake3::{IncrementCounter, CHUNK_LEN, OUT_LEN};
+    debug_assert!(chunks.is_power_of_two() && chunks <= MAX_LANE_CHUNKS);
+    debug_assert!(lanes.len() <= HASH_LANES);
+    let platform = Platform::detect();
+    let key_words = words_from_le_bytes_32(key);
+    let n = lanes.len();
+    // Chaining values, lane-major: cvs[lane * chunks + node] (each level overwrites the front).
+    let mut cvs = [[0u8; OUT_LEN]; HASH_LANES * MAX_LANE_CHUNKS];
+    let mut hashed = [0u8; OUT_LEN * HASH_LANES * MAX_LANE_CHUNKS / 2];
+    for c in 0..chunks {
+        let mut inputs: [&[u8; CHUNK_LEN]; HASH_LANES] = [&[0; CHUNK_LEN]; HASH_LANES];
+        for (slot, (_, block)) in inputs.iter_mut().zip(lanes) {
+            let chunk = &block[c * CHUNK_LEN..(c + 1) * CHUNK_LEN];
+            // A block is `chunks` whole chunks, so the slice is exactly CHUNK_LEN long.
+            *slot = chunk.try_into().unwrap_or(&[0; CHUNK_LEN]);
+        }
+        let out = &mut hashed[..n * OUT_LEN];
+        platform.hash_many(
+            &inputs[..n],
+            &key_words,
+            c as u64,
+            IncrementCounter::No,
+            KEYED_HASH,
+            CHUNK_START,
+            CHUNK_END,
+            out,
+        );
+        for (lane, cv) in out.chunks_exact(OUT_LEN).enumerate() {
+            cvs[lane * chunks + c].copy_from_slice(cv);
+        }
+    }
+    let mut width = chunks;
+    while width > 1 {
+        let half = width / 2;
+        let mut parents = [[0u8; 2 * OUT_LEN]; HASH_LANES * MAX_LANE_CHUNKS / 2];
+        for lane in 0..n {
+            for p in 0..half {
+                let node = &mut parents[lane * half + p];
+                node[..OUT_LEN].copy_from_slice(&cvs[lane * chunks + 2 * p]);
+                node[OUT_LEN..].copy_from_slice(&cvs[lane * chunks + 2 * p + 1]);
+            }
+        }
+        let inputs: Vec<&[u8; 2 * OUT_LEN]> = parents[..n * half].iter().collect();
+        let flags = KEYED_HASH | PARENT | if half == 1 { ROOT } else { 0 };
+        let out = &mut hashed[..n * half * OUT_LEN];
+        platform.hash_many(
+            &inputs,
+            &key_words,
+            0,
+            IncrementCounter::No,
+            flags,
+            0,
+            0,
+            out,
+        );
+        for (k, cv) in out.chunks_exact(OUT_LEN).enumerate() {
+            cvs[(k / half) * chunks + k % half].copy_from_slice(cv);
+        }
+        width = half;
+    }
+    for (lane, &(i, _)) in lanes.iter().enumerate() {
+        let mut fp = [0u8; 16];
+        fp.copy_from_slice(&cvs[lane * chunks][..16]);
+        out[i] = Some(fp);
+    }
+}
+
 /// Compress one block under the pool's setting; returns the codec actually used and the bytes
 /// to store (raw when compression would save less than 1/8).
 pub fn compress(compression: Compression, block: &[u8]) -> (ChunkCodec, Vec<u8>) {
@@ -108,6 +244,28 @@ mod tests {
         b[4095] = 0;
         b[17] = 1;
         assert!(!is_zero(&b));
+    }
+
+    #[test]
+    fn classify_equals_fingerprint_per_block() {
+        let mut rng = crate::sim::SimRng::new(7);
+        let key: [u8; 32] = std::array::from_fn(|_| rng.next_u64() as u8);
+        for bs in [4096usize, 8192, 16384, 65536] {
+            // Counts around the lane width, with zero blocks mixed in at random.
+            for count in [1usize, 2, 15, 16, 17, 33, 40] {
+                let mut data: Vec<u8> = (0..bs * count).map(|_| rng.next_u64() as u8).collect();
+                for b in data.chunks_exact_mut(bs) {
+                    if rng.next_u64() % 4 == 0 {
+                        b.fill(0);
+                    }
+                }
+                let want: Vec<Option<Fingerprint>> = data
+                    .chunks_exact(bs)
+                    .map(|b| (!is_zero(b)).then(|| fingerprint(&key, b)))
+                    .collect();
+                assert_eq!(classify(&key, &data, bs), want, "bs {bs}, {count} blocks");
+            }
+        }
     }
 
     #[test]
