@@ -43,10 +43,9 @@ const MAX_LANE_CHUNKS: usize = 8;
 pub fn classify(key: &[u8; 32], data: &[u8], bs: usize) -> Vec<Option<Fingerprint>> {
     let chunks = bs / blake3::CHUNK_LEN;
     let mut out: Vec<Option<Fingerprint>> = Vec::with_capacity(data.len() / bs);
-    if chunks > MAX_LANE_CHUNKS
-        || chunks < 2
+    if !(2..=MAX_LANE_CHUNKS).contains(&chunks)
         || !chunks.is_power_of_two()
-        || bs % blake3::CHUNK_LEN != 0
+        || !bs.is_multiple_of(blake3::CHUNK_LEN)
     {
         out.extend(data.chunks_exact(bs).map(|b| {
             if is_zero(b) {
@@ -255,7 +254,7 @@ mod tests {
             for count in [1usize, 2, 15, 16, 17, 33, 40] {
                 let mut data: Vec<u8> = (0..bs * count).map(|_| rng.next_u64() as u8).collect();
                 for b in data.chunks_exact_mut(bs) {
-                    if rng.next_u64() % 4 == 0 {
+                    if rng.next_u64().is_multiple_of(4) {
                         b.fill(0);
                     }
                 }
