@@ -140,6 +140,9 @@ for j in "${jobs[@]}"; do
                 old) warm "$URI_OLD" ;;
             esac
         fi
+        # Start every job on a quiet disk: buffered writes of the previous job (the plain
+        # file's and nbdkit's) would otherwise be written back during this one's window.
+        sync
         run "$target" "$name" "${args[@]}"
     done
 done

@@ -247,7 +247,10 @@ pub struct BackgroundGc {
 
 impl BackgroundGc {
     /// Every `interval`, compact segments at least half dead if dead bytes are more than
-    /// `dead_percent` of all segment bytes and more than `dead_bytes_min`.
+    /// `dead_percent` of all segment bytes and more than `dead_bytes_min`. When a write finds
+    /// the disk low on space ([`Pool::take_space_low`]), within a tick (200 ms) and whatever
+    /// the share of dead bytes: a volume overwritten at disk speed makes gigabytes of dead
+    /// space between two periodic checks.
     pub fn start(
         pool: &std::sync::Arc<Pool>,
         interval: std::time::Duration,
@@ -263,13 +266,18 @@ impl BackgroundGc {
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 std::thread::sleep(tick);
                 waited += tick;
-                if waited < interval {
+                let Some(pool) = weak.upgrade() else { return };
+                let low = pool.take_space_low();
+                if waited < interval && !low {
                     continue;
                 }
                 waited = std::time::Duration::ZERO;
-                let Some(pool) = weak.upgrade() else { return };
                 let (ratio, dead) = pool.dead_space();
-                if ratio * 100.0 >= f64::from(dead_percent) && dead >= dead_bytes_min {
+                let due = ratio * 100.0 >= f64::from(dead_percent) && dead >= dead_bytes_min;
+                if due || (low && dead > 0) {
+                    if low {
+                        tracing::info!("background gc: the pool's disk is low on space, {dead} dead bytes to reclaim");
+                    }
                     match pool.gc(50) {
                         Ok(r) => tracing::info!(
                             "background gc: removed {} segments, moved {} chunks",

@@ -101,6 +101,9 @@ pub struct OpenOptions {
     pub journal_buffer_bytes: usize,
     /// Keep this much of the disk free for metadata; data writes fail with NoSpace below it.
     pub reserve_bytes: u64,
+    /// With less than this free beside `reserve_bytes`, writes ask the background GC to run
+    /// at once ([`Pool::take_space_low`]).
+    pub low_space_bytes: u64,
     /// Metadata page-cache budget for this open (`None`: the pool's stored setting).
     pub metadata_cache_bytes: Option<u64>,
     /// The key of an encrypted pool (ignored by a pool that is not encrypted).
@@ -138,6 +141,7 @@ impl Default for OpenOptions {
             journal_bytes_max: 64 << 20,
             journal_buffer_bytes: 1 << 20,
             reserve_bytes: 32 << 20,
+            low_space_bytes: 1 << 30,
             metadata_cache_bytes: None,
             key: None,
             salvage_journal: false,
@@ -194,6 +198,9 @@ pub struct Pool {
     pub(crate) read_errors: AtomicU64,
     /// Writes between their hashing and their commit (see [`Pool::write_blocks`]).
     writes_in_flight: std::sync::atomic::AtomicUsize,
+    /// Set by a write that found less than `low_space_bytes` free; taken by the
+    /// background GC ([`Pool::take_space_low`]).
+    space_low: std::sync::atomic::AtomicBool,
     /// Activity counters for monitoring ([`Pool::counters`]).
     pub(crate) counters: crate::counters::Counters,
     pub(crate) replay: ReplayReport,
@@ -685,6 +692,7 @@ impl Pool {
             me: me.clone(),
             read_errors: AtomicU64::new(0),
             writes_in_flight: Default::default(),
+            space_low: Default::default(),
             counters: Default::default(),
             replay,
             cache: RwLock::new(None),
@@ -1393,6 +1401,14 @@ impl Pool {
         st.md.chunks.unallocate_to(first_id);
     }
 
+    /// Whether a write found the disk low on space since the last call (and clear it):
+    /// less than [`OpenOptions::low_space_bytes`] free beside the reserve. Overwrites at disk
+    /// speed make dead space far faster than a periodic GC check notices.
+    pub fn take_space_low(&self) -> bool {
+        self.space_low
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn check_space(&self, st: &mut State, bytes: u64) -> Result<()> {
         st.written_since_space_check += bytes;
         if st.written_since_space_check < SPACE_CHECK_BYTES {
@@ -1402,6 +1418,10 @@ impl Pool {
             .dir
             .available_bytes()
             .map_err(|e| Error::io("checking free space", e))?;
+        if avail < self.opts.reserve_bytes + self.opts.low_space_bytes {
+            self.space_low
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         if avail < self.opts.reserve_bytes + bytes {
             return Err(Error::NoSpace(format!(
                 "writing {bytes} bytes: only {avail} bytes free on the pool's disk, {} kept for metadata",

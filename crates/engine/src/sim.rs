@@ -88,6 +88,8 @@ pub struct SimDir {
     calls: AtomicU64,
     /// Calls numbered at or above this fail (u64::MAX: never).
     stop_at: AtomicU64,
+    /// The disk's size for `available_bytes` (u64::MAX: 1 TiB always free).
+    capacity: AtomicU64,
 }
 
 struct SimFile {
@@ -109,7 +111,13 @@ impl SimDir {
             state: Mutex::new(DiskState::default()),
             calls: AtomicU64::new(0),
             stop_at: AtomicU64::new(u64::MAX),
+            capacity: AtomicU64::new(u64::MAX),
         })
+    }
+
+    /// Make the disk `bytes` large: `available_bytes` is then what the live files leave.
+    pub fn set_capacity(&self, bytes: u64) {
+        self.capacity.store(bytes, Ordering::SeqCst);
     }
 
     /// Fail every I/O call from the `n`th (counted from now) on.
@@ -183,6 +191,7 @@ impl SimDir {
             state: Mutex::new(new),
             calls: AtomicU64::new(0),
             stop_at: AtomicU64::new(u64::MAX),
+            capacity: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -330,7 +339,11 @@ impl Dir for SimHandle {
             .sum())
     }
     fn available_bytes(&self) -> io::Result<u64> {
-        Ok(1 << 40)
+        let capacity = self.0.capacity.load(Ordering::SeqCst);
+        if capacity == u64::MAX {
+            return Ok(1 << 40);
+        }
+        Ok(capacity.saturating_sub(self.total_bytes()?))
     }
     fn describe(&self) -> String {
         "simulated disk".to_string()
