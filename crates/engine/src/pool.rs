@@ -33,7 +33,7 @@ use crate::journal::{Journal, ReplayMode, ReplayReport};
 use crate::metadata::{Metadata, VolumeState};
 use crate::page_alloc::PageAlloc;
 use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE};
-use crate::reduction;
+use crate::reduction::{self, Compressor};
 use crate::segment::Segments;
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -1280,25 +1280,41 @@ impl Pool {
         let crypto = self.crypto.as_deref();
         // Compressed (or the block itself), then sealed in an encrypted pool (bound to the
         // fingerprint and codec).
-        let store = |i: usize, fp: Option<&Fingerprint>| -> Result<Stored<'_>> {
-            let block = &data[i * bs..(i + 1) * bs];
-            let (codec, payload) = match reduction::try_compress(comp, block) {
-                Some((codec, c)) => (codec, Cow::Owned(c)),
-                None => (ChunkCodec::Raw, Cow::Borrowed(block)),
+        let store =
+            |z: &mut Compressor, i: usize, fp: Option<&Fingerprint>| -> Result<Stored<'_>> {
+                let block = &data[i * bs..(i + 1) * bs];
+                let (codec, payload) = match z.try_compress(comp, block) {
+                    Some((codec, c)) => (codec, Cow::Owned(c)),
+                    None => (ChunkCodec::Raw, Cow::Borrowed(block)),
+                };
+                match (crypto, fp) {
+                    (Some(c), Some(fp)) => Ok((
+                        codec,
+                        Cow::Owned(c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?),
+                    )),
+                    _ => Ok((codec, payload)),
+                }
             };
-            match (crypto, fp) {
-                (Some(c), Some(fp)) => Ok((
-                    codec,
-                    Cow::Owned(c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?),
-                )),
-                _ => Ok((codec, payload)),
-            }
+        // In write order, a run of misses per compressor (it skips LZ4 in runs of noise).
+        let compress_run = |run: &[usize]| -> Result<Vec<(usize, Stored<'_>)>> {
+            let mut z = Compressor::default();
+            run.iter()
+                .map(|&i| store(&mut z, i, fps[i].as_ref()).map(|c| (i, c)))
+                .collect()
         };
-        let compress = |&i: &usize| store(i, fps[i].as_ref()).map(|c| (i, c));
-        let compressed_list: Vec<(usize, Stored<'_>)> = if spread && misses.len() >= 8 {
-            misses.par_iter().map(compress).collect::<Result<_>>()?
+        let compressed_list: Vec<(usize, Stored<'_>)> = if spread && misses.len() >= 16 {
+            // Four runs per core: long enough to skip noise, enough to share the cores.
+            let per = misses
+                .len()
+                .div_ceil(4 * rayon::current_num_threads())
+                .max(8);
+            let runs: Vec<Vec<(usize, Stored<'_>)>> = misses
+                .par_chunks(per)
+                .map(compress_run)
+                .collect::<Result<_>>()?;
+            runs.concat()
         } else {
-            misses.iter().map(compress).collect::<Result<_>>()?
+            compress_run(&misses)?
         };
         let mut compressed: Vec<Option<Stored<'_>>> = vec![None; fps.len()];
         for (i, c) in compressed_list {
@@ -1320,6 +1336,7 @@ impl Pool {
         // No chunk was added since step 2 (ids are taken and committed under one hold of the
         // lock): its misses are misses still, and are not looked up again.
         let misses_hold = ids_at_lookup == Some(first_new_id);
+        let mut small = Compressor::default();
         for (i, fp) in fps.iter().enumerate() {
             // Also for known misses: the commit below inserts them.
             if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
@@ -1345,7 +1362,7 @@ impl Pool {
             let (codec, payload) = match &compressed[i] {
                 Some((c, p)) => (*c, &**p),
                 None => {
-                    fresh = match store(i, Some(fp)) {
+                    fresh = match store(&mut small, i, Some(fp)) {
                         Ok(f) => f,
                         Err(e) => {
                             Self::unwind(&mut st, first_new_id, mark);

@@ -180,6 +180,69 @@ pub fn try_compress(compression: Compression, block: &[u8]) -> Option<(ChunkCode
     attempt.filter(|(_, c)| c.len() <= limit)
 }
 
+/// Incompressible blocks in a row after which [`Compressor`] stops trying every block.
+const SKIP_AFTER: u32 = 8;
+/// In such a run, one block in this many is still tried.
+const TRY_EVERY: u32 = 16;
+/// In such a run, a block is tried anyway if a sample of it (every 17th byte: a stride that
+/// is no multiple of a word, so it sees every byte of them) holds fewer distinct byte values
+/// than this. Random bytes give ~156 of 241 samples (rarely under 140); text, code and
+/// tables far fewer.
+const GUARD_DISTINCT: u32 = 130;
+
+/// [`try_compress`] over the new chunks of one write, in order, giving up early on
+/// incompressible data: after [`SKIP_AFTER`] incompressible blocks in a row it tries only
+/// one block in [`TRY_EVERY`], and those whose byte sample looks like anything but noise;
+/// any block that compresses makes it try every block again. (OpenZFS gives up on LZ4 early
+/// in a block; here it is the run of blocks: a 4 KiB block of noise already costs LZ4 ~0.9 µs,
+/// a quarter of all the write path's work.)
+///
+/// Simulated over the ten corpus images in 1 MiB writes: 67 % of the LZ4 calls on
+/// incompressible blocks skipped, 0.004 % of LZ4's savings lost. `condense estimate`
+/// tries every block, so it may project that much more savings than a write stores.
+#[derive(Default)]
+pub struct Compressor {
+    /// Incompressible blocks tried in a row.
+    run: u32,
+    /// Blocks skipped since the last one tried.
+    skipped: u32,
+}
+
+impl Compressor {
+    /// Like [`try_compress`], but may skip a block in a run of incompressible ones (`None`:
+    /// store it raw).
+    pub fn try_compress(
+        &mut self,
+        compression: Compression,
+        block: &[u8],
+    ) -> Option<(ChunkCodec, Vec<u8>)> {
+        if compression == Compression::None {
+            return None;
+        }
+        let tried = self.run < SKIP_AFTER
+            || self.skipped + 1 >= TRY_EVERY
+            || sampled_distinct_bytes(block) < GUARD_DISTINCT;
+        if !tried {
+            self.skipped += 1;
+            return None;
+        }
+        self.skipped = 0;
+        let got = try_compress(compression, block);
+        self.run = if got.is_some() { 0 } else { self.run + 1 };
+        got
+    }
+}
+
+/// How many distinct byte values every 17th byte of `block` holds (241 samples of 4 KiB).
+/// One byte per value, so the stores do not wait on each other as bits in a word would.
+fn sampled_distinct_bytes(block: &[u8]) -> u32 {
+    let mut seen = [0u8; 256];
+    for &b in block.iter().step_by(17) {
+        seen[usize::from(b)] = 1;
+    }
+    seen.iter().map(|&s| u32::from(s)).sum()
+}
+
 thread_local! {
     /// LZ4's worst-case output buffer, kept per thread: `lz4_flex::block::compress` allocates
     /// and zeroes a fresh one for every block, which cost as much as a fifth of the LZ4 time.
@@ -265,6 +328,44 @@ mod tests {
                 assert_eq!(classify(&key, &data, bs), want, "bs {bs}, {count} blocks");
             }
         }
+    }
+
+    #[test]
+    fn compressor_skips_runs_of_noise_but_not_what_compresses() {
+        let mut rng = crate::sim::SimRng::new(3);
+        let noise = |rng: &mut crate::sim::SimRng| -> Vec<u8> {
+            (0..4096).map(|_| rng.next_u64() as u8).collect()
+        };
+        let mut c = Compressor::default();
+        let mut tried = 0;
+        for _ in 0..160 {
+            let block = noise(&mut rng);
+            assert!(c.try_compress(Compression::Lz4, &block).is_none());
+            tried += usize::from(c.skipped == 0);
+        }
+        // The first SKIP_AFTER, then one in TRY_EVERY (a noise sample may pass the guard).
+        assert!(
+            (17..=24).contains(&tried),
+            "tried {tried} of 160 noise blocks"
+        );
+        // Deep in the run, half noise half zeros and text are still compressed (the byte
+        // sample guard), and after one that compresses every block is tried again.
+        let mut half = noise(&mut rng);
+        half[2048..].fill(0);
+        assert!(c.skipped > 0, "deep in a run of noise");
+        assert!(c.try_compress(Compression::Lz4, &half).is_some());
+        assert_eq!((c.run, c.skipped), (0, 0));
+        for _ in 0..SKIP_AFTER + 2 {
+            c.try_compress(Compression::Lz4, &noise(&mut rng));
+        }
+        assert!(c.skipped > 0, "deep in a run of noise again");
+        let text: Vec<u8> = (0..4096u32)
+            .map(|i| b"condense stores VM disks "[(i % 25) as usize])
+            .collect();
+        assert!(c.try_compress(Compression::Lz4, &text).is_some());
+        assert!(Compressor::default()
+            .try_compress(Compression::None, &text)
+            .is_none());
     }
 
     #[test]
