@@ -69,7 +69,13 @@ pub fn classify(key: &[u8; 32], data: &[u8], bs: usize) -> Vec<Option<Fingerprin
             lanes.clear();
         }
     }
-    if !lanes.is_empty() {
+    // Fewer blocks than a block has chunks: BLAKE3 alone hashes each block's chunks side by
+    // side, wider than the lanes would be.
+    if lanes.len() < chunks {
+        for &(i, b) in &lanes {
+            out[i] = Some(fingerprint(key, b));
+        }
+    } else if !lanes.is_empty() {
         hash_lanes(key, &lanes, chunks, &mut out);
     }
     out
