@@ -93,8 +93,10 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     // Pipelined clients send many requests per segment: read them from a buffer, not with
-    // two system calls each.
-    let mut reader = BufReader::with_capacity(256 * 1024, reader);
+    // two system calls each. Small (64 KiB, 15 small writes): the part of a large write's
+    // payload that arrives through the buffer is copied twice, the rest goes straight into
+    // the payload buffer (256 KiB cost 2 % of serve's CPU in copies under 1 MiB writes).
+    let mut reader = BufReader::with_capacity(64 * 1024, reader);
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     let writer_task = tokio::spawn(write_replies(writer, rx));
     // Every request holds part of the budget until its reply is written (or dropped), so
