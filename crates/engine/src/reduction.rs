@@ -111,9 +111,8 @@ fn hash_lanes(
     for c in 0..chunks {
         let mut inputs: [&[u8; CHUNK_LEN]; HASH_LANES] = [&[0; CHUNK_LEN]; HASH_LANES];
         for (slot, (_, block)) in inputs.iter_mut().zip(lanes) {
-            let chunk = &block[c * CHUNK_LEN..(c + 1) * CHUNK_LEN];
-            // A block is `chunks` whole chunks, so the slice is exactly CHUNK_LEN long.
-            *slot = chunk.try_into().unwrap_or(&[0; CHUNK_LEN]);
+            // A block is `chunks` whole chunks (checked by `classify`).
+            *slot = &block.as_chunks::<CHUNK_LEN>().0[c];
         }
         let out = &mut hashed[..n * OUT_LEN];
         platform.hash_many(
