@@ -140,11 +140,12 @@ fn hash_lanes(
                 node[OUT_LEN..].copy_from_slice(&cvs[lane * chunks + 2 * p + 1]);
             }
         }
-        let inputs: Vec<&[u8; 2 * OUT_LEN]> = parents[..n * half].iter().collect();
+        let inputs: [&[u8; 2 * OUT_LEN]; HASH_LANES * MAX_LANE_CHUNKS / 2] =
+            std::array::from_fn(|k| &parents[k]);
         let flags = KEYED_HASH | PARENT | if half == 1 { ROOT } else { 0 };
         let out = &mut hashed[..n * half * OUT_LEN];
         platform.hash_many(
-            &inputs,
+            &inputs[..n * half],
             &key_words,
             0,
             IncrementCounter::No,

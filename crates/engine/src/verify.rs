@@ -241,33 +241,33 @@ impl Pool {
         let Some(file) = file else {
             return (0, Some((id, format!("segment {} is missing", loc.segment))));
         };
-        let mut buf = vec![0u8; loc.record_bytes() as usize];
-        let read = match in_memory {
-            Some(m) => {
-                buf.copy_from_slice(m);
-                Ok(())
+        let mut read = vec![];
+        let buf: &[u8] = match in_memory {
+            Some(m) => m,
+            None => {
+                read.resize(loc.record_bytes() as usize, 0);
+                if let Err(err) = file.read_at(&mut read, u64::from(loc.offset)) {
+                    return (
+                        0,
+                        Some((
+                            id,
+                            format!(
+                                "cannot read segment {} at {}: {err}",
+                                loc.segment, loc.offset
+                            ),
+                        )),
+                    );
+                }
+                &read
             }
-            None => file.read_at(&mut buf, u64::from(loc.offset)),
         };
-        if let Err(err) = read {
-            return (
-                0,
-                Some((
-                    id,
-                    format!(
-                        "cannot read segment {} at {}: {err}",
-                        loc.segment, loc.offset
-                    ),
-                )),
-            );
-        }
         let what = || {
             format!(
                 "chunk {id} in segment {} at offset {}",
                 loc.segment, loc.offset
             )
         };
-        let payload = match open_record(&buf, id, &loc, self.crypto.as_deref(), Some(&e.fp), what) {
+        let payload = match open_record(buf, id, &loc, self.crypto.as_deref(), Some(&e.fp), what) {
             Ok(p) => p,
             Err(err) => return (0, Some((id, err.to_string()))),
         };
