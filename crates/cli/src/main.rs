@@ -615,6 +615,9 @@ fn daemon(
     if !read_only && pool.dir().remote().is_none() {
         cache::attach_given(&pool, path, tier)?;
     }
+    // Clients on this host and the server's own socket reads need the other cores more
+    // than one write does (Pool::set_spread_writes).
+    pool.set_spread_writes(false);
     let gc = (!read_only).then(|| {
         condense_engine::gc::BackgroundGc::start(
             &pool,
