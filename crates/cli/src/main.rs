@@ -556,6 +556,11 @@ fn run(cli: Cli) -> Result<i32> {
             // Bad certificate files are reported before the pool is opened.
             a.tls.load()?;
             daemon(&cli.pool, a.read_only, &a.cache, &a.tier, |pool| {
+                // The NBD client on this host and the connection copying the next request
+                // need the other core more than one write does (Pool::set_spread_writes).
+                // A FUSE mount keeps the default: there it made no difference measured
+                // (bench note of issue 13, fourth stop).
+                pool.set_spread_writes(false);
                 serve::run(pool, &a)
             })?
         }
@@ -615,9 +620,6 @@ fn daemon(
     if !read_only && pool.dir().remote().is_none() {
         cache::attach_given(&pool, path, tier)?;
     }
-    // Clients on this host and the server's own socket reads need the other cores more
-    // than one write does (Pool::set_spread_writes).
-    pool.set_spread_writes(false);
     let gc = (!read_only).then(|| {
         condense_engine::gc::BackgroundGc::start(
             &pool,

@@ -1424,11 +1424,12 @@ impl Pool {
 
     /// Whether a write that is the only one in flight spreads its hashing and compression
     /// over every core (on by default). Worth it for one stream of writes in this process
-    /// (`condense import`: 10.3–11.4 s against 12.0–13.2 s for the ten corpus images). A
-    /// server turns it off: its writes arrive while the connection copies the next request
-    /// from the socket and the client runs on the same cores, and the spread took their CPU
-    /// (rayon's idle workers spin between writes). Over NBD, 1 MiB writes went from ~960 to
-    /// ~1040 MiB/s at queue depth 4 and from 611 to 713 at depth 1 without it.
+    /// (`condense import`: 10.3–11.4 s against 12.0–13.2 s for the ten corpus images). The
+    /// NBD server turns it off: its writes
+    /// arrive while the connection copies the next request from the socket and the client
+    /// runs on the same cores, and the spread took their CPU (rayon's idle workers spin
+    /// between writes). Over NBD, 1 MiB writes went from ~960 to ~1040 MiB/s at queue depth
+    /// 4 and from 611 to 713 at depth 1 without it.
     pub fn set_spread_writes(&self, on: bool) {
         self.spread_writes.store(on, Ordering::Relaxed);
     }
