@@ -558,8 +558,8 @@ fn run(cli: Cli) -> Result<i32> {
             daemon(&cli.pool, a.read_only, &a.cache, &a.tier, |pool| {
                 // The NBD client on this host and the connection copying the next request
                 // need the other core more than one write does (Pool::set_spread_writes).
-                // A FUSE mount keeps the default: there it made no difference measured
-                // (bench note of issue 13, fourth stop).
+                // A FUSE mount keeps the default: it made no difference measured there
+                // (bench/README.md, fio-bench, fourth stop on issue 13).
                 pool.set_spread_writes(false);
                 serve::run(pool, &a)
             })?

@@ -1240,9 +1240,10 @@ impl Pool {
         let bs = self.sb.block_size as usize;
         debug_assert_eq!(data.len() % bs, 0);
         let key = self.sb.key;
-        // Hash and compress on every core only while this is the only write in flight: with
-        // more (an NBD client's queue, FUSE's threads) each write on its own thread keeps
-        // both cores busy without the cost of handing blocks between threads.
+        // Hash and compress on every core only while this is the only write in flight (and
+        // the pool is not behind the NBD server: `set_spread_writes`): with more (an NBD
+        // client's queue, FUSE's threads) each write on its own thread keeps both cores busy
+        // without the cost of handing blocks between threads.
         let in_flight = InFlight::enter(&self.writes_in_flight);
         let spread = in_flight.alone() && self.spread_writes.load(Ordering::Relaxed);
         // 1. Zero detection and fingerprints (small blocks hashed 16 at a time).
@@ -1425,11 +1426,10 @@ impl Pool {
     /// Whether a write that is the only one in flight spreads its hashing and compression
     /// over every core (on by default). Worth it for one stream of writes in this process
     /// (`condense import`: 10.3–11.4 s against 12.0–13.2 s for the ten corpus images). The
-    /// NBD server turns it off: its writes
-    /// arrive while the connection copies the next request from the socket and the client
-    /// runs on the same cores, and the spread took their CPU (rayon's idle workers spin
-    /// between writes). Over NBD, 1 MiB writes went from ~960 to ~1040 MiB/s at queue depth
-    /// 4 and from 611 to 713 at depth 1 without it.
+    /// NBD server turns it off: its writes arrive while the connection copies the next
+    /// request from the socket and the client runs on the same cores, and the spread took
+    /// their CPU (rayon's idle workers spin between writes). Over NBD, 1 MiB writes went
+    /// from ~960 to ~1040 MiB/s at queue depth 4 and from 611 to 713 at depth 1 without it.
     pub fn set_spread_writes(&self, on: bool) {
         self.spread_writes.store(on, Ordering::Relaxed);
     }
