@@ -71,11 +71,36 @@ fio --name=fill --filename="$PLAIN" --size="$SIZE" --rw=write --bs=1M --ioengine
 bytes=$(stat -c %s "$PLAIN")
 
 # start_condense BINARY POOL PORT: a pool with one volume "bench", served.
+condense_pids=()
 start_condense() {
     "$1" --pool "$2" init >/dev/null
     "$1" --pool "$2" volume create bench --size "$bytes" >/dev/null
     "$1" --pool "$2" serve --listen "127.0.0.1:$3" >"$2.serve.log" 2>&1 &
     pids+=($!)
+    condense_pids+=($!)
+}
+
+# quiesce: wait (at most 60 s) until every Condense server is idle: below 5 % of a core over
+# one second. After a write job a pool's background GC compacts what the overwrites left dead,
+# and it would otherwise run during the next target's job.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+quiesce() {
+    local waited=0 busy p i
+    local -a before
+    while [ "$waited" -lt 60 ]; do
+        before=()
+        for p in "${condense_pids[@]}"; do before+=("$(cpu_ticks "$p")"); done
+        sleep 1
+        waited=$((waited + 1))
+        busy=0
+        for i in "${!condense_pids[@]}"; do
+            if [ $(($(cpu_ticks "${condense_pids[$i]}") - before[i])) -ge 5 ]; then busy=1; fi
+        done
+        [ "$busy" = 0 ] && break
+    done
+    if [ "$waited" -gt 1 ]; then
+        echo "   (waited ${waited} s for the Condense servers to go idle)"
+    fi
 }
 start_condense "$CONDENSE" "$POOL" "$PORT_CONDENSE"
 nbdkit --foreground --port "$PORT_NBDKIT" --ipaddr 127.0.0.1 file "$PLAIN" >"$W/nbdkit.log" 2>&1 &
@@ -95,6 +120,7 @@ if [ -n "${CONDENSE_OLD:-}" ]; then
     wait_nbd "$URI_OLD"
     nbdcopy --flush "$PLAIN" "$URI_OLD"
 fi
+
 # warm URI: read a volume once before a read job. The plain file is in the page cache since
 # it was written; Condense writes large batches with direct I/O (bypassing the page cache).
 warm() { nbdcopy "$1" null:; }
@@ -149,8 +175,10 @@ for j in "${jobs[@]}"; do
             esac
         fi
         # Start every job on a quiet disk: buffered writes of the previous job (the plain
-        # file's and nbdkit's) would otherwise be written back during this one's window.
+        # file's and nbdkit's) would otherwise be written back during this one's window; and
+        # with idle servers (a pool's GC after the previous write job).
         sync
+        quiesce
         run "$target" "$name" "${args[@]}"
     done
 done
