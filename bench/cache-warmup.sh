@@ -168,7 +168,7 @@ fill_volume() {
 # so $! is the server). Waits until the NBD port and the control socket answer.
 start_serve() {
     PORT=$((PORT + 1)) # a fresh port: the last one may still be in TIME_WAIT
-    bash "$SLOWDEV" run "$SLOW" "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" \
+    bash "$SLOWDEV" run "$SLOW" "$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" \
         >>"$W/serve.log" 2>&1 &
     SERVER_PID=$!
     for _ in $(seq 1 300); do

@@ -40,7 +40,7 @@ trap cleanup EXIT
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
 serve() {
     PORT=$((PORT + 1)) # a fresh port: the last one may still be in TIME_WAIT
-    c serve --listen "127.0.0.1:$PORT" >"$W/serve.log" 2>&1 &
+    c serve --insecure-listen "127.0.0.1:$PORT" >"$W/serve.log" 2>&1 &
     spid=$!
     for _ in $(seq 1 200); do
         [ -S "$POOL/control.sock" ] && nbdinfo --list "nbd://127.0.0.1:$PORT" >/dev/null 2>&1 && return

@@ -8,10 +8,12 @@
 # bc, time, jq: benchmark scripts
 # systemd: systemd-analyze verify on the unit files; python3: the fake sd_notify listener (tests/service)
 # openssl: certificates for the NBD-over-TLS test (tests/tls) and bench (bench/nbd/tls-bench.sh)
+# libssl-dev (with pkg-config): OpenSSL for TLS-PSK (crates/nbd); gnutls-bin: psktool (tests/security/psk.sh)
 # prometheus (the server and promtool), curl: tests/metrics (scrape, promtool check metrics, queries)
+# passwd (useradd, groupadd), util-linux (runuser): the second Unix account of tests/security/access.sh
 set -euo pipefail
 packages=("$@")
-[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux bc time jq systemd python3 openssl prometheus curl)
+[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux passwd bc time jq systemd python3 openssl libssl-dev gnutls-bin prometheus curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quick start: install what is missing, build, create the default pool ./condense-pool (or
 # $CONDENSE_POOL) if there is none, import any disk images given, show the savings, and serve
-# every volume over NBD on 127.0.0.1:10809 until Ctrl-C.
+# every volume over NBD until Ctrl-C on the pool's Unix socket, POOL/nbd.sock (only you and
+# root can connect; serve prints the nbd+unix:// URIs).
 #
 #   scripts/run.sh [IMAGE...]
 set -euo pipefail

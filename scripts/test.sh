@@ -18,6 +18,8 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --release -- -D warnings
 step "cargo build --release" cargo build --workspace --release --all-targets
 step "cargo test (unit, property, crash simulation, CLI end to end)" cargo test --workspace --release
+# Every decoder of bytes from disk, a bucket or the network, 15 s each (fuzz/run.sh).
+step "fuzz/run.sh 15" fuzz/run.sh 15
 export CONDENSE="${CARGO_TARGET_DIR:-$PWD/target}/release/condense"
 for t in tests/*/run.sh; do
   [ -x "$t" ] || continue

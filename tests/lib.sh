@@ -124,12 +124,13 @@ wait_ready() {
     return 1
 }
 
-# The `condense serve` of a script whose volume is vm: on $POOL at 127.0.0.1:$PORT, its log in
+# The `condense serve` of a script whose volume is vm: on $POOL at 127.0.0.1:$PORT (plaintext,
+# unauthenticated TCP: --insecure-listen, fine on a test machine), its log in
 # $W/server.log, its PID in SERVER_PID (the script's cleanup runs stop_pids "$SERVER_PID").
 # serve_vm: start it; ready once vm answers over NBD and the control socket is up.
 serve_vm() {
     rm -f "$W/server.log"
-    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
+    "$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
     SERVER_PID=$!
     wait_ready "$SERVER_PID" "$W/server.log" serving_vm || exit 1
 }

@@ -76,7 +76,7 @@ condense_pids=()
 start_condense() {
     "$1" --pool "$2" init >/dev/null
     "$1" --pool "$2" volume create bench --size "$bytes" >/dev/null
-    "$1" --pool "$2" serve --listen "127.0.0.1:$3" >"$2.serve.log" 2>&1 &
+    "$1" --pool "$2" serve --insecure-listen "127.0.0.1:$3" >"$2.serve.log" 2>&1 &
     pids+=($!)
     condense_pids+=($!)
 }

@@ -41,7 +41,7 @@ trap cleanup EXIT
 
 "$CONDENSE" --pool "$POOL" init >/dev/null
 "$CONDENSE" --pool "$POOL" volume create bench --size "$SIZE" >/dev/null
-CONDENSE_LOG=info "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$W/serve.log" 2>&1 &
+CONDENSE_LOG=info "$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" >"$W/serve.log" 2>&1 &
 spid=$!
 for _ in $(seq 1 100); do nbdinfo "$URI" >/dev/null 2>&1 && break; sleep 0.1; done
 

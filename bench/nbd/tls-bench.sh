@@ -64,7 +64,7 @@ fio --name=fill --filename="$W/src.raw" --size="$SIZE" --rw=write --bs=1M --ioen
 bytes=$(stat -c %s "$W/src.raw")
 "$CONDENSE" --pool "$POOL" init >/dev/null
 "$CONDENSE" --pool "$POOL" volume create bench --size "$bytes" >/dev/null
-"$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" --tls allow \
+"$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" --tls allow \
     --tls-cert server-cert.pem --tls-key server-key.pem >"$W/serve.log" 2>&1 &
 SERVER_PID=$!
 URI_PLAIN=nbd://127.0.0.1:$PORT/bench

@@ -7,7 +7,9 @@
 #   pattern nowhere (while serving, after a clean stop = checkpoint, after gc), and the same
 #   grep on the plain pool does find it (so the check works) -> a missing key and a wrong key
 #   (volume list, serve) fail with a clear error and change no file (sha256 of the directory)
-#   -> a passphrase pool (argon2id) opens with its passphrase only -> a flipped byte in each
+#   -> key files others can read, 32 bytes of text as a key file, and a passphrase under 15
+#   characters at init are refused -> a passphrase pool (argon2id) opens with its passphrase
+#   only -> a flipped byte in each
 #   chunk record: the NBD read fails (EIO), the server log and `condense verify` name the volume
 #   and block with an authentication error (so does `condense export`).
 #
@@ -38,7 +40,7 @@ trap cleanup EXIT
 start_server() { # POOL [key options...]
     local pool=$1; shift
     rm -f "$W/server.log"
-    "$CONDENSE" --pool "$pool" "$@" serve --listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
+    "$CONDENSE" --pool "$pool" "$@" serve --insecure-listen "127.0.0.1:$PORT" >"$W/server.log" 2>&1 &
     SERVER_PID=$!
     wait_ready "$SERVER_PID" "$W/server.log" nbdinfo --size "$URI/vm" || exit 1
 }
@@ -64,6 +66,8 @@ head -c 32 /dev/urandom >"$W/key"
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$W/wrong.hex"
 printf 'correct horse battery staple\n' >"$W/pass"
 printf 'wrong horse\n' >"$W/wrongpass"
+# Key and passphrase files are read only if owner-only (docs/ENCRYPTION.md).
+chmod 600 "$W/key" "$W/wrong.hex" "$W/pass" "$W/wrongpass"
 K=(--key-file "$W/key")
 
 check "init --encrypt --key-file" "$CONDENSE" init "$ENC" --encrypt "${K[@]}"
@@ -116,11 +120,21 @@ refuse "no key: clear error" "is encrypted: give its key with --key-file" \
 refuse "wrong key file (hex): clear error" "the key does not open pool" \
     "$CONDENSE" --pool "$ENC" --key-file "$W/wrong.hex" volume list
 refuse "wrong key: serve refuses to start" "the key does not open pool" \
-    timeout 20 "$CONDENSE" --pool "$ENC" --key-file "$W/wrong.hex" serve --listen "127.0.0.1:$PORT"
+    timeout 20 "$CONDENSE" --pool "$ENC" --key-file "$W/wrong.hex" serve --insecure-listen "127.0.0.1:$PORT"
 refuse "passphrase given to a key-file pool: clear error" "encrypted with a key file" \
     "$CONDENSE" --pool "$ENC" --passphrase-file "$W/pass" stats
 refuse "a key file of the wrong size: clear error" "32 raw bytes or 64 hex digits" \
     "$CONDENSE" --pool "$ENC" --key-file "$W/pass" stats
+# Key files are secrets of random bytes: others must not read them, and text is no key.
+cp "$W/key" "$W/key.shared" && chmod 644 "$W/key.shared"
+refuse "a key file other users can read is refused, naming the chmod that fixes it" "chmod 600" \
+    "$CONDENSE" --pool "$ENC" --key-file "$W/key.shared" stats
+(umask 077 && printf 'correct horse battery staple 123' >"$W/text.key")
+refuse "a 32-byte text file is not taken as a raw key" "looks like text" \
+    "$CONDENSE" --pool "$ENC" --key-file "$W/text.key" stats
+(umask 077 && printf 'short pass\n' >"$W/short.pass")
+refuse "init refuses a passphrase of fewer than 15 characters" "at least 15" \
+    "$CONDENSE" init "$W/short" --encrypt --passphrase-file "$W/short.pass"
 tree_sum "$ENC" >"$W/sum.after"
 check "no file changed by the failed opens (sha256, sizes and mtimes of the pool)" diff "$W/sum.before" "$W/sum.after"
 check "the key in \$CONDENSE_KEY_FILE opens the pool; verify clean" \

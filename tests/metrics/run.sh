@@ -59,7 +59,7 @@ c volume create vm --size 64M >"$W/out" 2>&1 || { fail "volume create"; finish; 
 c cache attach "$W/fast" --size 16M >"$W/out" 2>&1 || { fail "cache attach"; finish; }
 head -c 8388608 /dev/urandom >"$W/random.raw"
 
-"$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" --metrics-listen "127.0.0.1:$MPORT" \
+"$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" --metrics-listen "127.0.0.1:$MPORT" \
     >"$W/server.log" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 1 100); do
@@ -197,7 +197,7 @@ open(sys.argv[1], 'w').write(str(s.getsockname()[1])); time.sleep(30)" "$W/squat
 SQUAT=$!
 for _ in $(seq 1 50); do [ -s "$W/squat.port" ] && break; sleep 0.1; done
 TAKEN=$(cat "$W/squat.port" 2>/dev/null)
-if timeout 10 "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" \
+if timeout 10 "$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" \
     --metrics-listen "127.0.0.1:$TAKEN" >"$W/taken.log" 2>&1; then
     cp "$W/taken.log" "$W/out"; fail "serve with a taken --metrics-listen address fails"
 else

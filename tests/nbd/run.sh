@@ -39,7 +39,7 @@ condense() { "$CONDENSE" --pool "$POOL" "$@"; }
 
 start_server() {
     # Not through the condense() function: $! must be the server itself, not a subshell.
-    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" --socket "$SOCK" "$@" >>"$W/serve.log" 2>&1 &
+    "$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" --socket "$SOCK" "$@" >>"$W/serve.log" 2>&1 &
     SERVER_PID=$!
     wait_ready "$SERVER_PID" "$W/serve.log" nbdinfo --list "$URI"
 }

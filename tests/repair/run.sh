@@ -40,7 +40,7 @@ trap cleanup EXIT
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
 
 start_server() {
-    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >>"$W/serve.log" 2>&1 &
+    "$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" >>"$W/serve.log" 2>&1 &
     SERVER_PID=$!
     wait_ready "$SERVER_PID" "$W/serve.log" nbdinfo --list "$URI"
 }
@@ -138,7 +138,7 @@ check "verify still clean after a clean stop" c verify
 # sealed payload still authenticates, so repair can name what it wrote); repair needs the key
 # and seals the rebuilt metadata under a new nonce epoch.
 POOL=$W/pool-enc
-head -c 32 /dev/urandom >"$W/key"
+(umask 077 && head -c 32 /dev/urandom >"$W/key")
 export CONDENSE_KEY_FILE=$W/key
 c init --encrypt --write-policy async >"$W/out" 2>&1 || fail "condense init --encrypt" "$W/out"
 c volume create vm --size 16M >/dev/null || fail "volume create vm (encrypted)"

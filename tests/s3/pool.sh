@@ -14,9 +14,14 @@
 #      new fio write + verify passes within 60 s, the data written before the outage verifies
 #      (and what the outage job had acknowledged), remote_health is ok again.
 #   d. disaster reopen from the bucket alone: local durability (clean stop, local directory
-#      deleted, `connect --credentials FILE` to a fresh one: both volumes export identical);
-#      remote durability (fio + nbdcopy --flush, kill -9 of serve, local directory deleted,
-#      `connect` to a fresh one: every flushed write is there).
+#      deleted, `connect --credentials FILE` to a fresh one: both volumes export identical; a
+#      credentials file of mode 0644 and an endpoint with a password are refused, the password
+#      not shown); remote durability, the pool's (issue 23): `connect --durability local`
+#      refused; then twice in a row fio + flushes, kill -9 of serve, local directory deleted,
+#      a plain `connect` (no --durability) to a fresh one: stats shows remote and every
+#      flushed write of both rounds is there; before the second round `durability set` through
+#      the control socket switches the running server to local and back to remote; a last
+#      `durability set local` is kept across a reconnect.
 #   e. the lease: while a server holds the pool, a second local directory connected to the same
 #      bucket prefix cannot write ("held by"); `connect --read-only` beside it exports a volume
 #      byte-identical and refuses writes; the writer is unharmed.
@@ -191,7 +196,7 @@ serve_n=0
 serve_pool() {
     serve_n=$((serve_n + 1))
     SERVER_LOG=$W/server-$serve_n.log # one log per serve, kept with KEEP=1
-    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" >"$SERVER_LOG" 2>&1 &
+    "$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" >"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
     local t=$SECONDS
     while [ $((SECONDS - t)) -lt 60 ]; do
@@ -398,10 +403,24 @@ timed "connect --credentials FILE to a fresh directory" \
     env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_ENDPOINT_URL -u AWS_REGION -u AWS_ALLOW_HTTP \
     timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$(s3url pool-a)" --credentials "$G/credentials.env" \
     --cache "$POOL" --cache-size "$CACHE_SIZE"
+# Secrets: a credentials file others can read, and a password in the endpoint URL.
+cp "$G/credentials.env" "$W/creds-0644"
+chmod 644 "$W/creds-0644"
+refuse "connect --credentials FILE of mode 0644 is refused with the chmod fix" "chmod 600" \
+    env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY \
+    timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$(s3url pool-a)" --credentials "$W/creds-0644" \
+    --cache "$W/x1" --cache-size "$CACHE_SIZE"
+check "... and leaves no local directory" test ! -e "$W/x1"
+refuse "connect --endpoint with USER:PASSWORD@ is refused, pointing to --credentials" "credentials" \
+    cond connect "$(s3url pool-a)" --endpoint "http://$AWS_ACCESS_KEY_ID:$AWS_SECRET_ACCESS_KEY@${AWS_ENDPOINT_URL#http://}" \
+    --cache "$W/x2" --cache-size "$CACHE_SIZE"
+cp "$W/out" "$W/endpoint.out"
+no_password() { grep -q '\*\*\*@' "$W/endpoint.out" && ! grep -qF "$AWS_SECRET_ACCESS_KEY" "$W/endpoint.out"; }
+check "... without showing the password (the URL shown with ***@)" no_password
 timed "after the reopen: vm exports identical" same_export vm "$W/vm-before.raw"
 timed "after the reopen: img exports identical" same_export img "$IMG"
 
-step "d2. disaster reopen, durability remote: kill -9 of serve, local directory deleted"
+step "d2. durability remote, the pool's: two lost local directories in a row, plain connects"
 POOL=$W/b
 timed "init $(s3url pool-b) --durability remote" \
     cond init "$(s3url pool-b)" --cache "$POOL" --cache-size "$CACHE_SIZE" --durability remote
@@ -410,8 +429,11 @@ check "create volume known (64M)" c volume create known --size 64M
 serve_pool || fail "serve the remote-durability pool" "$SERVER_LOG"
 check "stats --json: durability remote" jq_true ".$K_DURABILITY == \"remote\""
 JOB_E=("rw=randwrite" "bs=4k" "size=16M" "iodepth=8" "fsync=64" "end_fsync=1" "verify=crc32c" "do_verify=0")
+JOB_E2=("rw=randwrite" "bs=4k" "offset=16M" "size=16M" "iodepth=8" "fsync=64" "end_fsync=1" "verify=crc32c" "do_verify=0")
 fio_job "$W/e.fio" e "${JOB_E[@]}"
 fio_verify_job "$W/e-verify.fio" e "${JOB_E[@]}"
+fio_job "$W/e2.fio" e2 "${JOB_E2[@]}"
+fio_verify_job "$W/e2-verify.fio" e2 "${JOB_E2[@]}"
 timed "fio randwrite 16M, a flush every 64 writes, over NBD" fio --output="$W/fioE.log" "$W/e.fio"
 grep -E '^ +(write|sync):|^ +(sync|fsync)' "$W/fioE.log" | head -3 | sed 's/^/    fio /'
 { head -c 24M /dev/urandom; head -c 8M /dev/zero; seq 1 2000000 | head -c 8M; } >"$W/known.raw"
@@ -419,25 +441,64 @@ timed "nbdcopy --flush a 40 MiB file into volume known" nbdcopy --flush "$W/know
 note "stats (live): $(stats_line)"
 check "kill -9 serve" kill9_server
 rm -rf "$POOL"
-POOL=$W/b2
-timed "connect to a fresh directory (waits out the dead writer's lease)" \
-    while_held 60 timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$(s3url pool-b)" \
-    --cache "$POOL" --cache-size "$CACHE_SIZE" --durability remote
-t=$SECONDS
-served=1
-while :; do
-    serve_pool >"$W/serve-b2.out" 2>&1 && { served=0; break; }
-    if ! grep -q "held by" "$W/serve-b2.out" || [ $((SECONDS - t)) -ge 60 ]; then break; fi
-    sleep 2
-done
-check "serve the reopened pool ($((SECONDS - t)) s)" test "$served" = 0
-[ "$served" = 0 ] || sed 's/^/    | /' "$W/serve-b2.out"
+refuse "connect --durability local to the remote pool is refused, naming durability set" "durability set local" \
+    cond connect "$(s3url pool-b)" --cache "$W/bx" --cache-size "$CACHE_SIZE" --durability local
+# plain_connect DIR: the documented disaster reopen, no --durability (waits out the dead
+# writer's lease), then stats (a read-only open) must show the pool's durability.
+plain_connect() {
+    POOL=$1
+    timed "plain connect to a fresh directory $(basename "$1")" \
+        while_held 60 timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$(s3url pool-b)" \
+        --cache "$POOL" --cache-size "$CACHE_SIZE"
+    check "stats after the plain connect: durability $2" jq_true ".$K_DURABILITY == \"$2\""
+}
+# serve_b: serve the reconnected pool (its open may wait out the lease too).
+serve_b() {
+    local t=$SECONDS
+    served=1
+    while :; do
+        serve_pool >"$W/serve-b.out" 2>&1 && { served=0; break; }
+        if ! grep -q "held by" "$W/serve-b.out" || [ $((SECONDS - t)) -ge 60 ]; then break; fi
+        sleep 2
+    done
+    check "serve the reconnected pool ($((SECONDS - t)) s)" test "$served" = 0
+    [ "$served" = 0 ] || sed 's/^/    | /' "$W/serve-b.out"
+}
+known_there() { nbdcopy "$URI/known" "$W/known.out" && cmp -n $((40 * 1048576)) "$W/known.raw" "$W/known.out"; }
+plain_connect "$W/b2" remote
+serve_b
 if [ "$served" = 0 ]; then
     timed "every flushed fio write is there" fio --output="$W/fioEv.log" "$W/e-verify.fio"
-    known_there() { nbdcopy "$URI/known" "$W/known.out" && cmp -n $((40 * 1048576)) "$W/known.raw" "$W/known.out"; }
     timed "the nbdcopy --flush file is there" known_there
     rm -f "$W/known.out"
+    # The change command, through the control socket of the running server: to local and
+    # back. The writes below survive the next loss only if `set remote` applies at once.
+    # said PATTERN: the last check's output matched PATTERN.
+    said() { grep -q -- "$1" "$W/said.out"; }
+    shows() { c durability show | grep -q "^$1:"; }
+    check "durability set local through the control socket" c durability set local
+    cp "$W/out" "$W/said.out"
+    check "... says what it changed (remote -> local)" said "remote -> local"
+    check "stats (live): durability local" jq_true ".$K_DURABILITY == \"local\""
+    check "durability set remote through the control socket" c durability set remote
+    cp "$W/out" "$W/said.out"
+    check "... says it is in effect in the running server" said "local -> remote.*in effect now in the running server"
+    check "durability show: remote" shows remote
+    timed "fio randwrite 16M more, a flush every 64 writes" fio --output="$W/fioE2.log" "$W/e2.fio"
+    check "kill -9 serve (second loss)" kill9_server
+    rm -rf "$POOL"
+    plain_connect "$W/b3" remote
+    serve_b
+fi
+if [ "$served" = 0 ]; then
+    timed "after two losses: round 1's flushed writes are there" fio --output="$W/fioEv2.log" "$W/e-verify.fio"
+    timed "after two losses: round 2's flushed writes are there" fio --output="$W/fioE2v.log" "$W/e2-verify.fio"
+    timed "after two losses: the nbdcopy --flush file is there" known_there
+    rm -f "$W/known.out"
+    check "durability set local, kept across the next reconnect" c durability set local
     timed "clean stop of serve (exit 0)" stop_pool
+    rm -rf "$POOL"
+    plain_connect "$W/b4" local
 fi
 timed "verify clean" c verify
 
@@ -458,7 +519,7 @@ no_intruder() { ! c volume list | grep -qw intruder; }
 check "the writer has no volume 'intruder'" no_intruder
 if [ "$a3_connected" = 1 ]; then # connect itself did not refuse: serve must
     refuse "serve on the second directory is refused too" "held by" \
-        timeout 60 "$CONDENSE" --pool "$W/a3" serve --listen "127.0.0.1:$PORT2"
+        timeout 60 "$CONDENSE" --pool "$W/a3" serve --insecure-listen "127.0.0.1:$PORT2"
 fi
 timed "connect --read-only beside the writer" \
     cond connect "$(s3url pool-a)" --cache "$W/a4" --cache-size "$CACHE_SIZE" --read-only

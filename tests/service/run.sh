@@ -7,7 +7,8 @@
 #   gets READY=1, and the moment it does, nbdinfo lists the exports on the configured TCP
 #   port and Unix socket -> data written with qemu-io -> SIGTERM: STOPPING=1, exit status 0,
 #   `condense verify` clean, the data exported intact ->
-#   an abstract $NOTIFY_SOCKET (@name) -> a command-line --listen overrides the file ->
+#   an abstract $NOTIFY_SOCKET (@name) -> a command-line --insecure-listen overrides the
+#   file's ->
 #   an unknown key fails naming the key and the file, and nothing is served ->
 #   mount --config (root or fusermount3, /dev/fuse): READY=1 once volumes/ is visible,
 #   STOPPING=1 and exit 0 on SIGTERM.
@@ -148,7 +149,8 @@ staged() {
 }
 check "install-service.sh stages binary, units, sample config and guide" staged
 # The sample config is a valid config for serve (every key known).
-sed "s#/var/lib/condense/vm#$W/nopool#; s#/run/condense/vm/nbd.sock#$W/sample.sock#" \
+# (Its group `condense` exists only where install-service.sh ran: this user's group instead.)
+sed "s#/var/lib/condense/vm#$W/nopool#; s#/run/condense/vm/nbd.sock#$W/sample.sock#; s#^group = \"condense\"#group = \"$(id -g)\"#" \
     "$ROOT/dist/condense.toml" >"$W/sample.toml"
 sample_keys_known() {
     "$CONDENSE" serve --config "$W/sample.toml" >"$W/sample.out" 2>&1
@@ -162,7 +164,7 @@ check "the sample dist/condense.toml is accepted by serve --config" sample_keys_
 cat >"$W/serve.toml" <<EOF
 # a test service
 pool = "$POOL"
-listen = "127.0.0.1:$PORT"
+insecure-listen = "127.0.0.1:$PORT"
 socket = "$SOCK"
 metadata-cache = "16M"
 EOF
@@ -213,16 +215,16 @@ wait_listener
 check "STOPPING=1 on the abstract socket" grep -q "^MSG STOPPING=1" "$W/notify2.log"
 
 # --- 4. the command line wins; unknown keys fail ---------------------------------------------
-"$CONDENSE" serve --config "$W/serve.toml" --listen "127.0.0.1:$PORT2" >"$W/serve3.log" 2>&1 &
+"$CONDENSE" serve --config "$W/serve.toml" --insecure-listen "127.0.0.1:$PORT2" >"$W/serve3.log" 2>&1 &
 SERVER_PID=$!
 for _ in $(seq 1 100); do nbdinfo --list "nbd://127.0.0.1:$PORT2" >/dev/null 2>&1 && break; sleep 0.1; done
-check "--listen on the command line overrides the file's listen" nbdinfo --list "nbd://127.0.0.1:$PORT2"
+check "--insecure-listen on the command line overrides the file's" nbdinfo --list "nbd://127.0.0.1:$PORT2"
 check "... and the file's port is not served" bash -c "! nbdinfo --list nbd://127.0.0.1:$PORT"
 check "... while the file's other keys still apply (its socket serves)" \
     nbdinfo --list "nbd+unix:///?socket=$SOCK"
 check "SIGTERM: exit status 0 again" stop_server
 
-printf 'pool = "%s"\nlisten = "127.0.0.1:%s"\nlisen = "0.0.0.0:1"\n' "$POOL" "$PORT" >"$W/bad.toml"
+printf 'pool = "%s"\ninsecure-listen = "127.0.0.1:%s"\nlisen = "0.0.0.0:1"\n' "$POOL" "$PORT" >"$W/bad.toml"
 unknown_key() {
     if "$CONDENSE" serve --config "$W/bad.toml" >"$W/bad.out" 2>&1; then return 1; fi
     cat "$W/bad.out"

@@ -96,7 +96,7 @@ yes "condense over tls" | head -c 6M >>"$SRC"
 # start_server ARGS...: serve with ARGS; wait until the port accepts connections.
 start_server() {
     rm -f "$W/server.log"
-    "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" "$@" >"$W/server.log" 2>&1 &
+    "$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" "$@" >"$W/server.log" 2>&1 &
     SERVER_PID=$!
     wait_ready "$SERVER_PID" "$W/server.log" grep -q "stop with Ctrl-C" "$W/server.log" || exit 1
 }
@@ -192,7 +192,7 @@ stop_server
 # --- bad settings are refused at startup ---------------------------------------------------
 bad_start() {
     local name=$1 want=$2; shift 2
-    if timeout 20 "$CONDENSE" --pool "$POOL" serve --listen "127.0.0.1:$PORT" "$@" >"$W/out" 2>&1; then
+    if timeout 20 "$CONDENSE" --pool "$POOL" serve --insecure-listen "127.0.0.1:$PORT" "$@" >"$W/out" 2>&1; then
         fail "$name (the server started)"
     elif grep -q -- "$want" "$W/out"; then
         ok "$name"

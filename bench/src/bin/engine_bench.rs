@@ -9,7 +9,8 @@
 //!   compressible  unique blocks that LZ4 compresses about 2:1
 //!   incompressible unique random blocks
 //! then sequential reads (1 MiB) and 4 KiB random reads (2 threads) of the compressible data.
-//! With --cold the page cache is dropped before each read job (needs root).
+//! With --cold the page cache is dropped before each read job (needs root); with --reopen the
+//! pool is closed and opened again before them.
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -41,6 +42,10 @@ struct Args {
     /// Encrypt the pool at rest (AES-256-GCM, a random key for this run).
     #[arg(long)]
     encrypt: bool,
+    /// Close and reopen the pool before the read jobs, so reads meet data of an earlier open
+    /// (in an encrypted pool: objects sealed by another session, opened with a derived key).
+    #[arg(long)]
+    reopen: bool,
     /// Run only these write jobs (zeros, compressible, duplicate, incompressible), and the
     /// read jobs only if "reads" is named too (they read the compressible job's volume).
     #[arg(long, value_delimiter = ',')]
@@ -244,13 +249,16 @@ fn main() -> Result<()> {
             ..Default::default()
         },
     )?;
-    let pool = Pool::open_path(
-        &pool_dir,
-        OpenOptions {
-            key,
-            ..Default::default()
-        },
-    )?;
+    let open = || {
+        Pool::open_path(
+            &pool_dir,
+            OpenOptions {
+                key: key.clone(),
+                ..Default::default()
+            },
+        )
+    };
+    let mut pool = open()?;
     let rss0 = rss_bytes();
     let mut rows = Vec::new();
 
@@ -293,6 +301,11 @@ fn main() -> Result<()> {
     let reads = a.only.is_empty()
         || (a.only.iter().any(|o| o == "reads") && a.only.iter().any(|o| o == "compressible"));
     if reads {
+        if a.reopen {
+            pool.close()?;
+            drop(pool);
+            pool = open()?;
+        }
         read_jobs(&a, &pool, size, &comp_base, &plain, &mut rows)?;
     }
     print_rows(&a, &pool, &rows, rss0)

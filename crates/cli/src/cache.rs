@@ -80,7 +80,7 @@ pub fn attach_given(
     let (Some(dir), Some(size)) = (&tier.cache, tier.cache_size) else {
         return Ok(());
     };
-    std::fs::create_dir_all(dir)
+    condense_engine::io::create_private_dir(dir)
         .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
     let abs = dir
         .canonicalize()
@@ -137,8 +137,11 @@ pub fn run(ctx: &mut Ctx, cmd: CacheCommand) -> Result<i32> {
                     dir.display()
                 );
             }
-            std::fs::create_dir_all(&dir)
+            condense_engine::io::create_private_dir(&dir)
                 .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
+            if let Some(w) = condense_engine::io::loose_access_warning(&dir, "cache directory") {
+                let _ = writeln!(ctx.err, "condense: warning: {w}");
+            }
             let abs = dir
                 .canonicalize()
                 .with_context(|| format!("cannot resolve {}", dir.display()))?;

@@ -1,6 +1,6 @@
 //! The control socket: how CLI commands act on a pool that a daemon (`serve`, `mount`) holds.
 //!
-//! The daemon binds `POOL/control.sock` (mode 0600) and answers one request per connection:
+//! The daemon binds `POOL/control.sock` (born mode 0600, whatever the umask) and answers one request per connection:
 //! a JSON line `{"argv": [...]}` (the words after the program name, `--pool` made absolute),
 //! answered by one JSON line `{"stdout": "...", "stderr": "...", "code": N}`. The daemon runs
 //! the command exactly as the CLI would, on the pool it holds, so output and exit status are the
@@ -9,14 +9,19 @@
 //! The client side ([`forward`]) is tried first by the commands that can run through it
 //! ([`Routed`]): when the socket exists and answers, its reply is printed; when nobody
 //! listens (a daemon that was killed), the command opens the pool directly.
+//!
+//! Long commands stop when nobody waits for them: a command asks [`Ctx::should_stop`] between
+//! bounded steps, which is true once its client has closed the socket (Ctrl-C on `condense
+//! diff`) or the daemon is shutting down. Shutdown waits at most [`DRAIN_TIMEOUT`] for the
+//! commands in flight, then leaves them (the process exits; every command is crash-safe).
 
 use anyhow::{bail, Context, Result};
 use condense_engine::Pool;
+use condense_nbd::unix_socket::Access;
 use serde_json::{json, Value};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,6 +37,9 @@ const MAX_REQUEST: u64 = 1 << 20;
 /// How long the daemon waits for a connected client to send its request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long shutdown waits for the commands in flight before it leaves them running.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Where a command's output goes and where its pool comes from: opened by the command itself
 /// (closed at its end), or the pool a daemon holds (flushed, never closed, by a command).
 pub struct Ctx<'a> {
@@ -40,6 +48,8 @@ pub struct Ctx<'a> {
     /// The pool directory, as the user named it (for messages and direct opens).
     pub path: PathBuf,
     held: Option<Arc<Pool>>,
+    /// True once nobody waits for this command any more (see [`Ctx::should_stop`]).
+    stop: Option<&'a (dyn Fn() -> bool + 'a)>,
 }
 
 impl<'a> Ctx<'a> {
@@ -50,6 +60,7 @@ impl<'a> Ctx<'a> {
             err,
             path: path.to_path_buf(),
             held: None,
+            stop: None,
         }
     }
 
@@ -65,7 +76,15 @@ impl<'a> Ctx<'a> {
             err,
             path: path.to_path_buf(),
             held: Some(pool),
+            stop: None,
         }
+    }
+
+    /// Whether a long command should give up now: its control-socket client went away or the
+    /// daemon is shutting down. Always false for a command the CLI runs itself (Ctrl-C ends
+    /// the process instead).
+    pub fn should_stop(&self) -> bool {
+        self.stop.is_some_and(|f| f())
     }
 
     /// True inside the daemon (no progress bars, no terminal).
@@ -240,12 +259,9 @@ impl ControlServer {
                 return Err(e).with_context(|| format!("cannot remove a stale {}", path.display()))
             }
         }
-        // (Between bind and chmod the mode is the umask's; the SO_PEERCRED check below is what
-        // keeps other users out in any case.)
-        let listener = UnixListener::bind(&path)
+        // Born 0600 whatever the umask; the SO_PEERCRED check below keeps other users out too.
+        let listener = condense_nbd::unix_socket::bind(&path, Access::Owner)
             .with_context(|| format!("cannot create the control socket {}", path.display()))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-            .with_context(|| format!("cannot set the mode of {}", path.display()))?;
         let listener_fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
         let stop = Arc::new(AtomicBool::new(false));
         let workers: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
@@ -264,9 +280,10 @@ impl ControlServer {
                         let pool = pool.clone();
                         let handler = handler.clone();
                         let dir = dir.clone();
+                        let stop = stop.clone();
                         let worker = std::thread::Builder::new()
                             .name("condense-control-cmd".into())
-                            .spawn(move || serve_one(conn, &dir, pool, &*handler));
+                            .spawn(move || serve_one(conn, &dir, pool, &*handler, &stop));
                         let mut w = workers.lock().unwrap_or_else(|p| p.into_inner());
                         w.retain(|h| !h.is_finished());
                         if let Ok(h) = worker {
@@ -297,11 +314,66 @@ impl Drop for ControlServer {
             let _ = t.join();
         }
         let _ = std::fs::remove_file(&self.path);
-        let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
-        for w in workers {
+        // Commands in flight see the stop flag at their next step; wait for them, not forever.
+        let mut workers =
+            std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        let until = std::time::Instant::now() + DRAIN_TIMEOUT;
+        while workers.iter().any(|w| !w.is_finished()) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let running = workers.iter().filter(|w| !w.is_finished()).count();
+        if running > 0 {
+            eprintln!(
+                "condense: {running} control-socket command(s) still running after {DRAIN_TIMEOUT:?}; stopping without them"
+            );
+        }
+        for w in workers.drain(..).filter(|w| w.is_finished()) {
             let _ = w.join();
         }
     }
+}
+
+/// The request line: what arrives within [`REQUEST_TIMEOUT`] in all (a client trickling
+/// bytes cannot hold a thread), up to the first newline or [`MAX_REQUEST`] bytes. `None` when
+/// nothing complete came.
+fn read_request(mut conn: &UnixStream) -> Option<String> {
+    let deadline = std::time::Instant::now() + REQUEST_TIMEOUT;
+    let mut line = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let left = deadline
+            .checked_duration_since(std::time::Instant::now())
+            .filter(|d| !d.is_zero())?;
+        conn.set_read_timeout(Some(left)).ok()?;
+        let n = conn.read(&mut chunk).ok()?;
+        if n == 0 {
+            break;
+        }
+        line.extend_from_slice(&chunk[..n]);
+        if let Some(end) = line.iter().position(|&b| b == b'\n') {
+            line.truncate(end + 1);
+            break;
+        }
+        if line.len() as u64 >= MAX_REQUEST {
+            break; // not valid JSON once cut: refused as malformed
+        }
+    }
+    let _ = conn.set_read_timeout(None);
+    (!line.is_empty()).then(|| String::from_utf8_lossy(&line).into_owned())
+}
+
+/// Whether the client at the other end of `s` has closed its socket. (It shut its writing
+/// half down after the request, so only a full close — POLLHUP — means it is gone.)
+fn client_gone(s: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// The uid of the process at the other end of `s`.
@@ -344,7 +416,13 @@ fn refuse(s: &UnixStream, msg: &str) {
     reply(s, b"", format!("condense: error: {msg}\n").as_bytes(), 1);
 }
 
-fn serve_one(conn: UnixStream, dir: &Path, pool: Arc<Pool>, handler: &Handler) {
+fn serve_one(
+    conn: UnixStream,
+    dir: &Path,
+    pool: Arc<Pool>,
+    handler: &Handler,
+    shutting_down: &AtomicBool,
+) {
     // SAFETY: getuid cannot fail.
     let me = unsafe { libc::getuid() };
     match peer_uid(&conn) {
@@ -360,12 +438,9 @@ fn serve_one(conn: UnixStream, dir: &Path, pool: Arc<Pool>, handler: &Handler) {
         }
         Err(e) => return refuse(&conn, &format!("cannot identify the caller: {e}")),
     }
-    let _ = conn.set_read_timeout(Some(REQUEST_TIMEOUT));
-    let mut line = String::new();
-    let read = BufReader::new((&conn).take(MAX_REQUEST)).read_line(&mut line);
-    if read.is_err() || line.is_empty() {
-        return; // the client went away (or is the daemon's own wake-up)
-    }
+    let Some(line) = read_request(&conn) else {
+        return; // the client went away, or was too slow (or is the daemon's own wake-up)
+    };
     let argv: Option<Vec<String>> = serde_json::from_str::<Value>(&line)
         .ok()
         .and_then(|v| serde_json::from_value(v["argv"].clone()).ok());
@@ -375,18 +450,114 @@ fn serve_one(conn: UnixStream, dir: &Path, pool: Arc<Pool>, handler: &Handler) {
             "malformed control request: expected one JSON line {\"argv\": [\"word\", ...]}",
         );
     };
-    let _ = conn.set_read_timeout(None);
     let (mut out, mut err) = (Vec::new(), Vec::new());
+    let stop = || shutting_down.load(Ordering::SeqCst) || client_gone(&conn);
     let code = {
         let mut ctx = Ctx::held(dir, pool, &mut out, &mut err);
+        ctx.stop = Some(&stop);
         handler(argv, &mut ctx)
     };
+    if client_gone(&conn) {
+        return;
+    }
     reply(&conn, &out, &err, code);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+
+    /// Until `what` holds, or `within` passes.
+    fn wait_for(within: Duration, what: impl Fn() -> bool) -> bool {
+        let until = Instant::now() + within;
+        while !what() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        what()
+    }
+
+    #[test]
+    fn commands_stop_when_their_client_leaves_and_shutdown_waits_a_bounded_time() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("pool");
+        Pool::init_path(&path, &Default::default())?;
+        let pool = Pool::open_path(&path, Default::default())?;
+        let stopped = Arc::new(AtomicBool::new(false));
+        let release = Arc::new(AtomicBool::new(false));
+        let (s, r) = (stopped.clone(), release.clone());
+        let handler: Arc<Handler> = Arc::new(move |argv: Vec<String>, ctx: &mut Ctx| {
+            if argv.first().map(String::as_str) == Some("deaf") {
+                // A command that never asks whether to stop.
+                while !r.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                return 0;
+            }
+            while !ctx.should_stop() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            s.store(true, Ordering::SeqCst);
+            1
+        });
+        let server = ControlServer::start(&path, pool.clone(), handler)?;
+        let send = |word: &str| -> Result<UnixStream> {
+            let mut c = UnixStream::connect(path.join(SOCKET_NAME))?;
+            c.write_all(format!("{{\"argv\": [\"{word}\"]}}\n").as_bytes())?;
+            c.shutdown(std::net::Shutdown::Write)?;
+            Ok(c)
+        };
+        // Its client waits (it half-closed after the request): the command goes on.
+        let c = send("long")?;
+        assert!(!wait_for(Duration::from_millis(300), || stopped
+            .load(Ordering::SeqCst)));
+        // Its client leaves: the command is told to stop.
+        drop(c);
+        assert!(wait_for(Duration::from_secs(5), || stopped.load(Ordering::SeqCst)));
+        // Shutdown while a command never stops: it waits DRAIN_TIMEOUT, not forever.
+        let _deaf = send("deaf")?;
+        std::thread::sleep(Duration::from_millis(100));
+        let t = Instant::now();
+        drop(server);
+        let took = t.elapsed();
+        assert!(took >= DRAIN_TIMEOUT, "waited {took:?}");
+        assert!(took < DRAIN_TIMEOUT * 2, "waited {took:?}");
+        assert!(!path.join(SOCKET_NAME).exists());
+        release.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    #[test]
+    fn a_client_trickling_its_request_is_cut_off() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("pool");
+        Pool::init_path(&path, &Default::default())?;
+        let pool = Pool::open_path(&path, Default::default())?;
+        let handler: Arc<Handler> = Arc::new(|_: Vec<String>, _: &mut Ctx| 0);
+        let _server = ControlServer::start(&path, pool, handler)?;
+        let mut c = UnixStream::connect(path.join(SOCKET_NAME))?;
+        c.set_read_timeout(Some(REQUEST_TIMEOUT * 3))?;
+        let t = Instant::now();
+        // A byte every half second: never a whole line.
+        let trickle = std::thread::spawn({
+            let mut c = c.try_clone()?;
+            move || {
+                for _ in 0..40 {
+                    if c.write_all(b" ").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        });
+        let mut reply = Vec::new();
+        let _ = c.read_to_end(&mut reply);
+        let took = t.elapsed();
+        assert!(reply.is_empty(), "{}", String::from_utf8_lossy(&reply));
+        assert!(took < REQUEST_TIMEOUT * 2, "held for {took:?}");
+        let _ = trickle.join();
+        Ok(())
+    }
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()

@@ -1,14 +1,17 @@
-//! Import and export of any image format qemu-img knows (qcow2, vmdk, vdi, vhdx, raw, ...),
-//! through `qemu-img convert` to or from an in-process NBD export on a private Unix socket.
-//! Condense has no image-format parsers of its own; holes stay holes both ways because
-//! qemu-img skips zero ranges and reads our block status.
+//! Import and export of the image formats qemu-img knows (qcow2, vmdk, vdi, vhdx, vpc), through
+//! `qemu-img convert` to or from an in-process NBD export on a private Unix socket. Holes stay
+//! holes both ways because qemu-img skips zero ranges and reads our block status.
+//!
+//! An imported image has been checked by `condense_estimate::image::open` (it reads no file
+//! but itself, and is consistent), and qemu-img gets it only as `CheckedImage::qemu_args`:
+//! the format explicit, the local file driver, no backing file.
 
 use anyhow::{bail, Context, Result};
 use condense_api::Catalog;
-use condense_estimate::probe::{parse_image_info, ImageInfo};
+use condense_estimate::image::{qemu_img, CheckedImage};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 
 /// A private directory for the server's socket, removed on drop.
@@ -22,7 +25,8 @@ impl SocketDir {
             .unwrap_or(0);
         let dir =
             std::env::temp_dir().join(format!("condense-nbd-{}-{nanos:x}", std::process::id()));
-        std::fs::create_dir(&dir)
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&dir)
             .with_context(|| format!("cannot create a socket directory {}", dir.display()))?;
         Ok(SocketDir(dir))
     }
@@ -48,27 +52,6 @@ fn nbd_uri(name: &str, socket: &Path) -> String {
         }
     }
     format!("nbd+unix:///{escaped}?socket={}", socket.display())
-}
-
-fn qemu_img() -> Command {
-    Command::new(std::env::var_os("CONDENSE_QEMU_IMG").unwrap_or_else(|| "qemu-img".into()))
-}
-
-fn image_info(image: &Path) -> Result<ImageInfo> {
-    let out = qemu_img()
-        .args(["info", "--output=json"])
-        .arg(image)
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run qemu-img (install qemu-utils)")?;
-    if !out.status.success() {
-        bail!(
-            "qemu-img cannot read {}: {}",
-            image.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(parse_image_info(&out.stdout)?)
 }
 
 /// Run `qemu-img convert ARGS`; with `progress`, show its progress as a bar.
@@ -157,42 +140,36 @@ fn human(bytes: u64) -> String {
     }
 }
 
-/// Import a disk image of any format qemu-img reads into a new volume `name`. On failure the
-/// half-made volume is deleted.
+/// Import a checked disk image (a format read through qemu-img) into a new volume `name`. On
+/// failure the half-made volume is deleted.
 pub fn import_image(
     catalog: Arc<dyn Catalog>,
-    image: &Path,
+    checked: &CheckedImage,
     name: &str,
     progress: bool,
 ) -> Result<()> {
     if !condense_nbd::is_exportable(name) {
         bail!("{name:?} cannot be a volume name for import (empty, or starts with '.')");
     }
-    let info = image_info(image)?;
-    if info.virtual_size == 0 {
-        bail!("image {} has a virtual size of 0", image.display());
-    }
+    let image = checked.path.as_path();
     let usage_before = catalog.usage().context("cannot read pool usage")?;
     let bs = u64::from(usage_before.block_size.max(1));
     // The volume must be a whole number of blocks; the tail past the image reads zeros.
-    let size = info.virtual_size.div_ceil(bs) * bs;
+    let size = checked.virtual_size.div_ceil(bs) * bs;
     catalog
         .create(name, size)
         .with_context(|| format!("cannot create volume {name:?}"))?;
     let result = (|| -> Result<()> {
         let dir = SocketDir::new()?;
         let server = crate::serve::spawn_unix(catalog.clone(), &dir.socket())?;
-        let args: Vec<std::ffi::OsString> = vec![
-            "-n".into(),
-            "--target-is-zero".into(),
-            "-W".into(),
-            "-f".into(),
-            info.format.clone().into(),
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["-n".into(), "--target-is-zero".into(), "-W".into()];
+        args.extend(checked.qemu_args());
+        args.extend([
             "-O".into(),
             "raw".into(),
-            image.as_os_str().to_owned(),
             nbd_uri(name, &dir.socket()).into(),
-        ];
+        ]);
         let converted = run_convert(&args, progress, &format!("importing {name}"));
         // Shut down (and flush) whether or not qemu-img succeeded.
         let stopped = server.shutdown().context("stopping the import server");
@@ -225,7 +202,7 @@ pub fn import_image(
     println!(
         "imported {} ({}) as {name}: {} logical, {} of data, {} stored, saving {saving:.1}%",
         image.display(),
-        info.format,
+        checked.format,
         human(size),
         human(written),
         human(stored),
@@ -245,15 +222,31 @@ pub fn export_image(catalog: Arc<dyn Catalog>, name: &str, out: &Path, format: &
     catalog
         .open(name)
         .with_context(|| format!("cannot open volume {name:?}"))?;
-    let dir = SocketDir::new()?;
-    let server = crate::serve::spawn_unix_with(catalog, &dir.socket(), true)?;
+    // Made here, owner-only, for qemu-img to write into (it keeps an existing file's mode).
+    drop(crate::image::create_private(out, false)?);
+    let started = SocketDir::new().and_then(|dir| {
+        let server = crate::serve::spawn_unix_with(catalog, &dir.socket(), true)?;
+        Ok((dir, server))
+    });
+    let (dir, server) = match started {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = std::fs::remove_file(out);
+            return Err(e);
+        }
+    };
     let mut args: Vec<std::ffi::OsString> =
         vec!["-f".into(), "raw".into(), "-O".into(), format.into()];
     if format == "raw" {
         args.push("-W".into());
     }
     args.push(nbd_uri(name, &dir.socket()).into());
-    args.push(out.as_os_str().to_owned());
+    // qemu-img would read "nbd:x.qcow2" as a protocol; "./nbd:x.qcow2" is the file.
+    if condense_estimate::image::looks_like_protocol(&out.to_string_lossy()) {
+        args.push(Path::new(".").join(out).into_os_string());
+    } else {
+        args.push(out.as_os_str().to_owned());
+    }
     let converted = run_convert(&args, true, &format!("exporting {name}"));
     let stopped = server.shutdown().context("stopping the export server");
     if let Err(e) = converted {
@@ -275,19 +268,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn info_json_and_progress_lines_parse() -> Result<()> {
-        let info = parse_image_info(
-            br#"{"virtual-size": 1073741824, "filename": "a.qcow2", "format": "qcow2"}"#,
-        )?;
-        assert_eq!(
-            info,
-            ImageInfo {
-                format: "qcow2".into(),
-                virtual_size: 1 << 30
-            }
-        );
-        assert!(parse_image_info(b"{}").is_err());
-        assert!(parse_image_info(b"not json").is_err());
+    fn progress_lines_parse() -> Result<()> {
         assert_eq!(parse_progress(b"    (12.50/100%)"), Some(12.5));
         assert_eq!(parse_progress(b"garbage"), None);
         Ok(())

@@ -8,11 +8,15 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct EstimateArgs {
-    /// Disk images: raw (read directly, holes skipped) or anything qemu-img reads (qcow2, vmdk,
-    /// vdi, vhdx), read as the guest sees the disk, so different formats of the same guest
-    /// deduplicate against each other.
+    /// Disk images: raw (read directly, holes skipped) or qcow2, vmdk, vdi, vhdx, vpc (through
+    /// qemu-img), read as the guest sees the disk, so different formats of the same guest
+    /// deduplicate against each other. Only these files are read: an image that names another
+    /// file (a backing file, VMDK extents) is refused unless --allow-backing-file.
     #[arg(required = true)]
     pub images: Vec<PathBuf>,
+    // --format applies to every image given.
+    #[command(flatten)]
+    pub image: crate::image::ImageFileArgs,
     /// Machine-readable output (schema in docs/ESTIMATE.md).
     #[arg(long)]
     pub json: bool,
@@ -37,6 +41,7 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         chunking: args.chunking.clone(),
         sample: args.sample,
         compression: args.compression,
+        image: args.image.options(),
     };
     let bar = crate::report::bar(0, "estimating");
     let report = condense_estimate::run(&options, &|done, total| {

@@ -1,11 +1,17 @@
-//! Raw disk images in and out: `condense import` and `condense export`.
+//! Raw disk images in and out: `condense import` and `condense export`, and the options that
+//! say how an image file from outside is read (`--format`, `--allow-backing-file`; the checks
+//! themselves are `condense_estimate::image`).
 //!
 //! Import reads only the data extents of a sparse file (SEEK_DATA/SEEK_HOLE), on a reader
 //! thread that stays ahead of the engine, and writes them in 8 MiB pieces. From standard input
 //! (`condense import -`) it reads the stream in 8 MiB pieces the same way and skips all-zero
 //! blocks, which stay holes. The new volume is marked as importing until the end, so an
 //! interrupted import is visible in `volume list`; a failed import deletes it again.
-//! Export writes only Data extents into a file of the volume's size, so holes stay holes.
+//! Export writes only Data extents into a file of the volume's size, so holes stay holes. It
+//! writes a new file next to the target (`FILE.condense-partial-PID`) and renames it into place
+//! only when complete and synced: a failed export (no space, an unreadable block) removes its
+//! partial file and leaves FILE as it was, whether FILE existed or not. Only a regular file
+//! (or nothing) is replaced, and only with --force.
 
 use crate::report::bar;
 use crate::size::human;
@@ -13,18 +19,47 @@ use anyhow::{bail, Context, Result};
 use condense_api::ExtentKind;
 use condense_engine::reduction::is_zero;
 use condense_engine::{Pool, VolumeHandle};
-use condense_estimate::probe::converted_format;
-pub use condense_estimate::probe::is_raw;
+use condense_estimate::image::ImageOptions;
+use condense_estimate::probe::{converted_format, Format};
 use indicatif::ProgressBar;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Instant;
 
 const PIECE: u64 = 8 << 20;
+
+/// How `import` and `estimate` read an image file from outside.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ImageFileArgs {
+    /// The image's format: raw, qcow2, vmdk, vdi, vhdx or vpc (VHD). Default: recognized by
+    /// its first bytes; a file with no known header is raw. Give it when you know what the file
+    /// is, above all for raw disks of VMs: a guest can write what looks like an image header
+    /// into the first sector of its own disk, and such a disk is refused unless it is declared
+    /// with --format raw.
+    #[arg(long, value_name = "FMT", value_parser = Format::parse)]
+    pub format: Option<Format>,
+    /// Let the image read the other files it names: a qcow2 backing file or external data
+    /// file, the extent files of a VMDK descriptor, a VMDK parent. Without it such images are
+    /// refused, because whoever made the image chooses those names (/etc/shadow, another VM's
+    /// disk) and their content would end up in the volume. Dangerous with any image you did
+    /// not make yourself (from a guest, a customer, a download).
+    #[arg(long)]
+    pub allow_backing_file: bool,
+}
+
+impl ImageFileArgs {
+    pub fn options(&self) -> ImageOptions {
+        ImageOptions {
+            format: self.format,
+            allow_backing_file: self.allow_backing_file,
+        }
+    }
+}
 
 /// The image format an output file name asks for.
 pub fn format_from_extension(path: &Path) -> String {
@@ -106,8 +141,9 @@ pub fn import_raw(pool: &Pool, path: &Path, name: &str) -> Result<()> {
 
 /// `condense import -`: a raw image of at most `size` bytes from standard input into a new
 /// volume. All-zero blocks are skipped (they stay holes); if the input ends early, the rest of
-/// the volume reads as zeros. More input than `size` is an error and nothing is kept.
-pub fn import_stdin(pool: &Pool, name: &str, size: u64) -> Result<()> {
+/// the volume reads as zeros. More input than `size` is an error and nothing is kept. Input
+/// that starts with an image header is refused unless `declared_raw` (`--format raw`).
+pub fn import_stdin(pool: &Pool, name: &str, size: u64, declared_raw: bool) -> Result<()> {
     let bs = u64::from(pool.block_size());
     if size == 0 {
         bail!("--size must be more than 0");
@@ -125,6 +161,7 @@ pub fn import_stdin(pool: &Pool, name: &str, size: u64) -> Result<()> {
         bs,
         read: 0,
         ended: false,
+        declared_raw,
     };
     let imported = import_volume(pool, name, size, "standard input", size, |progress| {
         let source = copy_pieces(pool, name, source, true, progress)?;
@@ -276,6 +313,8 @@ struct StdinSource {
     read: u64,
     /// The input has ended.
     ended: bool,
+    /// `--format raw`: an image header at the start is the guest's data, not a format.
+    declared_raw: bool,
 }
 
 /// Standard input held more than --size: `read` bytes so far (the error path counts the rest).
@@ -313,10 +352,10 @@ impl PieceSource for StdinSource {
         buf.resize(PIECE.min(self.size - pos) as usize, 0);
         let n = read_full(&mut self.input.lock(), buf)
             .with_context(|| format!("reading standard input at byte {pos}"))?;
-        if pos == 0 {
+        if pos == 0 && !self.declared_raw {
             if let Some(format) = converted_format(&buf[..n]) {
                 bail!(
-                    "standard input is a {format} image, not raw; import it from a file (`condense import IMAGE`) or convert it to raw first (`qemu-img convert -O raw`)"
+                    "standard input starts like a {format} image, not raw; import it from a file (`condense import IMAGE`), or, if it is a raw disk whose first sector only looks like that (a guest can write one), pass --format raw"
                 );
             }
         }
@@ -422,22 +461,87 @@ fn write_nonzero_runs(
     Ok(())
 }
 
+/// Open the export file `path` for writing: created mode 0600 whatever the umask (it holds a
+/// volume's data: the owner decides who else gets it); with `replace`, an existing regular file
+/// is truncated and made 0600 too before anything is written to it.
+pub fn create_private(path: &Path, replace: bool) -> Result<File> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(replace)
+        .create_new(!replace)
+        .truncate(replace)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("cannot examine {}", path.display()))?;
+    if meta.is_file() && meta.permissions().mode() & 0o077 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("cannot make {} owner-only (chmod 600)", path.display()))?;
+    }
+    Ok(file)
+}
+
+/// `condense export NAME FILE` as raw: a sparse file of the volume's size, written next to
+/// FILE and renamed into place once complete (module documentation).
 pub fn export_raw(pool: &Pool, name: &str, path: &Path, force: bool) -> Result<()> {
     let vol = pool
         .volume(name)
         .with_context(|| format!("cannot export volume {name:?}"))?;
     let size = vol.size()?;
-    if path.exists() && !force {
-        bail!("{} exists; pass --force to overwrite it", path.display());
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.is_file() => bail!(
+            "{} exists and is not a regular file; export writes regular files only (to write a device, serve the volume and copy it with nbdcopy)",
+            path.display()
+        ),
+        Ok(_) if !force => bail!("{} exists; pass --force to overwrite it", path.display()),
+        _ => {}
     }
-    let out = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
+    let partial = partial_path(path);
+    let out = create_private(&partial, false)
+        .with_context(|| format!("cannot create {}", partial.display()))?;
+    let written = write_raw(&vol, name, size, &out, &partial)
+        .and_then(|data_total| place(&partial, path, force).map(|()| data_total));
+    let data_total = match written {
+        Ok(d) => d,
+        Err(e) => {
+            drop(out);
+            if let Err(r) = std::fs::remove_file(&partial) {
+                eprintln!(
+                    "condense: could not remove the partial export {}: {r}",
+                    partial.display()
+                );
+            }
+            return Err(e.context(format!(
+                "export of volume {name:?} failed; {} was left as it was",
+                path.display()
+            )));
+        }
+    };
+    println!(
+        "exported volume {name} to {}: {} logical, {} of data",
+        path.display(),
+        human(size),
+        human(data_total)
+    );
+    Ok(())
+}
+
+/// Where an export to `path` is written until it is complete: `FILE.condense-partial-PID`,
+/// in the same directory (so that the rename is atomic).
+fn partial_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".condense-partial-{}", std::process::id()));
+    path.with_file_name(name)
+}
+
+/// Write the volume's data extents into `out` (sized to `size`) and sync it; returns the
+/// bytes of data written.
+fn write_raw(vol: &VolumeHandle, name: &str, size: u64, out: &File, shown: &Path) -> Result<u64> {
     out.set_len(size)
-        .with_context(|| format!("cannot size {} to {size} bytes", path.display()))?;
+        .with_context(|| format!("cannot size {} to {size} bytes", shown.display()))?;
     let extents = vol.extents(0, size)?;
     let data_total: u64 = extents
         .iter()
@@ -455,20 +559,95 @@ pub fn export_raw(pool: &Pool, name: &str, path: &Path, force: bool) -> Result<(
             vol.read_at(pos, &mut buf)
                 .with_context(|| format!("reading volume {name:?} at offset {pos}"))?;
             out.write_all_at(&buf, pos)
-                .with_context(|| format!("writing {} at offset {pos}", path.display()))?;
+                .with_context(|| format!("writing {} at offset {pos}", shown.display()))?;
             pos += n;
             done += n;
             progress.set_position(done);
         }
     }
     out.sync_all()
-        .with_context(|| format!("syncing {}", path.display()))?;
+        .with_context(|| format!("syncing {}", shown.display()))?;
     progress.finish_and_clear();
-    println!(
-        "exported volume {name} to {}: {} logical, {} of data",
-        path.display(),
-        human(size),
-        human(data_total)
-    );
-    Ok(())
+    Ok(data_total)
+}
+
+/// Rename the complete export `partial` to `path`: replacing a file there only if `replace`,
+/// and never one that appeared since the start (RENAME_NOREPLACE); then sync the directory.
+fn place(partial: &Path, path: &Path, replace: bool) -> Result<()> {
+    if replace {
+        std::fs::rename(partial, path).with_context(|| {
+            format!("cannot rename {} to {}", partial.display(), path.display())
+        })?;
+    } else {
+        let from = std::ffi::CString::new(partial.as_os_str().as_bytes())?;
+        let to = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+        // SAFETY: two NUL-terminated paths that live across the call.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if rc != 0 {
+            let err = std::io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EEXIST) => bail!(
+                    "{} appeared during the export; pass --force to overwrite it",
+                    path.display()
+                ),
+                // A file system without RENAME_NOREPLACE (some network and FUSE ones).
+                Some(libc::EINVAL) if !path.exists() => std::fs::rename(partial, path)
+                    .with_context(|| {
+                        format!("cannot rename {} to {}", partial.display(), path.display())
+                    })?,
+                _ => {
+                    return Err(err).with_context(|| {
+                        format!("cannot rename {} to {}", partial.display(), path.display())
+                    })
+                }
+            }
+        }
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing directory {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_exports_sit_beside_the_target() {
+        let pid = std::process::id();
+        assert_eq!(
+            partial_path(Path::new("/srv/out.raw")),
+            PathBuf::from(format!("/srv/out.raw.condense-partial-{pid}"))
+        );
+        assert_eq!(
+            partial_path(Path::new("out.raw")),
+            PathBuf::from(format!("out.raw.condense-partial-{pid}"))
+        );
+    }
+
+    #[test]
+    fn place_never_replaces_without_force() -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (partial, target) = (dir.path().join("p"), dir.path().join("t"));
+        std::fs::write(&partial, b"new")?;
+        std::fs::write(&target, b"old")?;
+        assert!(place(&partial, &target, false).is_err());
+        assert_eq!(std::fs::read(&target)?, b"old");
+        place(&partial, &target, true)?;
+        assert_eq!(std::fs::read(&target)?, b"new");
+        assert!(!partial.exists());
+        Ok(())
+    }
 }

@@ -5,10 +5,16 @@
 //! on a terminal. The options are recorded once at start ([`set`]) so that every place that
 //! opens the pool ([`crate::open_pool`]) finds them without threading them through each
 //! command.
+//!
+//! Both files are secrets: read only if owner-only ([`condense_engine::secret_file::read`],
+//! which names the `chmod` that fixes a file others can read). A key file holds 32 random
+//! bytes or 64 hex digits, never text ([`UserKey::from_key_file_bytes`]); a new pool's
+//! passphrase has at least [`condense_engine::crypto::PASSPHRASE_CHARS_MIN`] characters
+//! (checked by the engine at `init`; existing pools open with the passphrase they have).
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use condense_engine::UserKey;
+use condense_engine::{secret_file, UserKey};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -16,8 +22,9 @@ use std::sync::OnceLock;
 /// How to unlock an encrypted pool.
 #[derive(Args, Debug, Clone, Default)]
 pub struct KeyArgs {
-    /// Key of an encrypted pool: a file of 32 random bytes or 64 hex digits (make one with
-    /// `head -c 32 /dev/urandom > KEYFILE`). Losing it loses the pool's data.
+    /// Key of an encrypted pool: a file of 32 random bytes or 64 hex digits, readable by its
+    /// owner only (make one with `(umask 077; head -c 32 /dev/urandom > KEYFILE)`). Text is
+    /// refused: a passphrase goes in --passphrase-file. Losing the key loses the pool's data.
     #[arg(
         long,
         global = true,
@@ -26,7 +33,8 @@ pub struct KeyArgs {
         conflicts_with = "passphrase_file"
     )]
     pub key_file: Option<PathBuf>,
-    /// Passphrase of an encrypted pool, read from FILE (one line; stretched with argon2id).
+    /// Passphrase of an encrypted pool, read from FILE (readable by its owner only; trailing
+    /// newlines dropped; stretched with argon2id). A new pool needs at least 15 characters.
     /// Without either option, a terminal is prompted for the passphrase.
     #[arg(
         long,
@@ -48,19 +56,14 @@ pub fn set(args: &KeyArgs) {
 pub fn user_key() -> Result<Option<UserKey>> {
     let Some(k) = KEYS.get() else { return Ok(None) };
     if let Some(path) = &k.key_file {
-        let bytes = zeroize_vec(
-            std::fs::read(path)
-                .with_context(|| format!("cannot read the key file {}", path.display()))?,
-        );
+        let bytes = secret_file::read(path, "key file")?;
         return Ok(Some(
             UserKey::from_key_file_bytes(&bytes)
                 .with_context(|| format!("bad key file {}", path.display()))?,
         ));
     }
     if let Some(path) = &k.passphrase_file {
-        let text = std::fs::read(path)
-            .with_context(|| format!("cannot read the passphrase file {}", path.display()))?;
-        let mut line = zeroize_vec(text);
+        let mut line = secret_file::read(path, "passphrase file")?;
         while line.last().is_some_and(|&c| c == b'\n' || c == b'\r') {
             line.pop();
         }
@@ -70,10 +73,6 @@ pub fn user_key() -> Result<Option<UserKey>> {
         return Ok(Some(UserKey::Passphrase(line)));
     }
     Ok(None)
-}
-
-fn zeroize_vec(v: Vec<u8>) -> zeroize::Zeroizing<Vec<u8>> {
-    zeroize::Zeroizing::new(v)
 }
 
 /// Ask the terminal for a passphrase (twice when `confirm`), without echo. `None` when

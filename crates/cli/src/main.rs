@@ -42,8 +42,8 @@ use std::sync::Arc;
 written is checked for zeros, fingerprinted (BLAKE3), deduplicated across all volumes of the pool, \
 and compressed (LZ4 by default). Volumes are imported from and exported to disk images, and served \
 to VMs over NBD or FUSE.\n\nThe pool is ./condense-pool unless --pool or $CONDENSE_POOL says otherwise.\n\n\
-While `serve` or `mount` holds the pool, `volume`, `snapshot`, `diff`, `stats`, `gc`, `verify` and \
-`cache` act on the live pool through its control socket (POOL/control.sock, usable by the pool's owner and \
+While `serve` or `mount` holds the pool, `volume`, `snapshot`, `diff`, `stats`, `gc`, `verify`, \
+`cache` and `durability` act on the live pool through its control socket (POOL/control.sock, usable by the pool's owner and \
 root); otherwise they open the pool themselves. Either way they print the same and exit the same."
 )]
 struct Cli {
@@ -82,7 +82,8 @@ enum Command {
     Diff(snapshot::DiffArgs),
     /// Import a disk image (raw, or any format qemu-img reads) into a new volume; holes stay holes.
     Import(ImportArgs),
-    /// Export a volume as a sparse raw image (byte-identical), or as qcow2/vmdk/vdi/vhdx.
+    /// Export a volume as a sparse raw image (byte-identical), or as qcow2/vmdk/vdi/vhdx. The
+    /// file is created mode 0600 (it holds the volume's data: chmod or chown it to share it).
     Export(ExportArgs),
     /// Serve every volume over NBD (for QEMU, qemu-img, nbdcopy, fio, nbd-client) until
     /// SIGINT/SIGTERM.
@@ -98,6 +99,10 @@ enum Command {
     /// (docs/CACHE.md).
     #[command(subcommand)]
     Cache(cache::CacheCommand),
+    /// What a flush promises in a pool in an object store (local or remote): show, set.
+    /// Stored with the pool, for every host that uses it (docs/S3.md).
+    #[command(subcommand)]
+    Durability(remote::DurabilityCommand),
     /// Read and check every chunk and every block map; report damaged volumes and blocks.
     Verify(VerifyArgs),
     /// Salvage a pool with a damaged journal or checkpoint page: keep everything valid, report
@@ -232,7 +237,8 @@ enum VolumeCommand {
 struct ImportArgs {
     /// A disk image: raw (read directly, fastest) or qcow2/vmdk/vdi/vhdx/vpc (through
     /// `qemu-img convert`, which must be installed); `-` reads a raw image from standard
-    /// input (needs --name and --size).
+    /// input (needs --name and --size). Only this file is read: an image that names another
+    /// file (a backing file, VMDK extents) is refused unless --allow-backing-file.
     file: PathBuf,
     /// Name of the new volume (default: the file name without its extension; required with
     /// `-`).
@@ -244,6 +250,8 @@ struct ImportArgs {
     #[arg(long, value_parser = size::parse_size)]
     size: Option<u64>,
     #[command(flatten)]
+    image: image::ImageFileArgs,
+    #[command(flatten)]
     cache: MetadataCacheArg,
 }
 
@@ -254,7 +262,8 @@ struct ExportArgs {
     /// Image format: raw, qcow2, vmdk, vdi or vhdx (default: from FILE's extension, else raw).
     #[arg(long)]
     format: Option<String>,
-    /// Overwrite FILE if it exists.
+    /// Overwrite FILE if it exists (a regular file only). A raw export replaces FILE only once
+    /// it is complete (mode 0600); if the export fails, FILE is left as it was.
     #[arg(long)]
     force: bool,
 }
@@ -358,7 +367,23 @@ fn open_pool_opts(path: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
             r.torn_bytes
         );
     }
+    warn_loose_access(path, &pool);
     Ok(pool)
+}
+
+/// Warn when the pool's directory or its cache tier's lets other users in: Condense creates
+/// them owner-only but leaves an administrator's mode alone (docs/SECURITY.md).
+fn warn_loose_access(path: &Path, pool: &Pool) {
+    let mut dirs = vec![(path.to_path_buf(), "pool directory")];
+    // (An S3 pool's cache is in its local directory, checked already.)
+    if let Some(Ok(Some(conf))) = pool.dir().remote().is_none().then(|| pool.cache_conf()) {
+        dirs.push((PathBuf::from(conf.path), "cache directory"));
+    }
+    for (dir, what) in dirs {
+        if let Some(w) = condense_engine::io::loose_access_warning(&dir, what) {
+            eprintln!("condense: warning: {w}");
+        }
+    }
 }
 
 fn main() {
@@ -405,6 +430,7 @@ impl Command {
                 | Command::Gc(_)
                 | Command::Verify(_)
                 | Command::Cache(_)
+                | Command::Durability(_)
         )
     }
 }
@@ -447,6 +473,7 @@ fn run(cli: Cli) -> Result<i32> {
                 )?;
                 return Ok(0);
             }
+            remote::refuse_for_local_pool(&a.remote, &dir)?;
             Pool::init_path(&dir, &opts)
                 .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
             let pool = Pool::open_path(
@@ -457,6 +484,7 @@ fn run(cli: Cli) -> Result<i32> {
                 },
             )
             .with_context(|| format!("cannot open the new pool {}", dir.display()))?;
+            warn_loose_access(&dir, &pool);
             println!(
                 "created pool {} (block size {}, compression {}, writes {}{})",
                 dir.display(),
@@ -493,8 +521,15 @@ fn run(cli: Cli) -> Result<i32> {
             if std::io::stdin().is_terminal() {
                 bail!("standard input is a terminal; pipe a raw image in, e.g. `zstdcat vm.raw.zst | condense import - --name {name} --size SIZE`");
             }
+            let declared_raw = match a.image.format {
+                None => false,
+                Some(condense_estimate::probe::Format::Raw) => true,
+                Some(f) => bail!(
+                    "standard input is read as a raw disk only; import a {f} image from its file"
+                ),
+            };
             let pool = open_pool_with(&cli.pool, false, &a.cache)?;
-            image::import_stdin(&pool, name, size)?;
+            image::import_stdin(&pool, name, size, declared_raw)?;
             pool.close()?;
         }
         Command::Import(a) => {
@@ -504,6 +539,8 @@ fn run(cli: Cli) -> Result<i32> {
                     a.file.display()
                 );
             }
+            // Checked before the pool opens: only this file is read, and it is consistent.
+            let checked = condense_estimate::image::open(&a.file, &a.image.options())?;
             let pool = open_pool_with(&cli.pool, false, &a.cache)?;
             let name = match a.name {
                 Some(n) => n,
@@ -519,12 +556,12 @@ fn run(cli: Cli) -> Result<i32> {
                         )
                     })?,
             };
-            if image::is_raw(&a.file)? {
-                image::import_raw(&pool, &a.file, &name)?;
+            if checked.format == condense_estimate::probe::Format::Raw {
+                image::import_raw(&pool, &checked.path, &name)?;
             } else {
                 let catalog: Arc<dyn condense_api::Catalog> = pool.clone();
                 pool.meta_put(&image::importing_key(&name), Some(b"1"))?;
-                let imported = convert::import_image(catalog, &a.file, &name, true);
+                let imported = convert::import_image(catalog, &checked, &name, true);
                 pool.meta_put(&image::importing_key(&name), None)?;
                 imported?;
             }
@@ -553,15 +590,17 @@ fn run(cli: Cli) -> Result<i32> {
             mount::run(pool, &a)
         })?,
         Command::Serve(a) => {
-            // Bad certificate files are reported before the pool is opened.
+            // Bad certificate files and endpoints refused are reported before the pool is
+            // opened.
             a.tls.load()?;
+            a.endpoints(&cli.pool)?;
             daemon(&cli.pool, a.read_only, &a.cache, &a.tier, |pool| {
                 // The NBD client on this host and the connection copying the next request
                 // need the other core more than one write does (Pool::set_spread_writes).
                 // A FUSE mount keeps the default: it made no difference measured there
                 // (bench/README.md, fio-bench, fourth stop on issue 13).
                 pool.set_spread_writes(false);
-                serve::run(pool, &a)
+                serve::run(pool, &cli.pool, &a)
             })?
         }
         Command::Connect(a) => remote::connect(&a)?,
@@ -588,7 +627,8 @@ fn run(cli: Cli) -> Result<i32> {
         | Command::Stats(_)
         | Command::Gc(_)
         | Command::Verify(_)
-        | Command::Cache(_)) => {
+        | Command::Cache(_)
+        | Command::Durability(_)) => {
             // Through the daemon that holds the pool, if one does; else directly.
             if let Some(code) = control::forward(&cli.pool)? {
                 return Ok(code);
@@ -677,7 +717,7 @@ fn control_request(argv: Vec<String>, ctx: &mut Ctx) -> i32 {
         ))
     } else if !cli.command.routed() {
         Err(anyhow::anyhow!(
-            "only volume, snapshot, diff, stats, gc, verify and cache run through the control socket"
+            "only volume, snapshot, diff, stats, gc, verify, cache and durability run through the control socket"
         ))
     } else {
         ctx.path = cli.pool.clone();
@@ -696,6 +736,7 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Gc(a) => gc_command(ctx, &a),
         Command::Verify(a) => verify_command(ctx, &a),
         Command::Cache(c) => cache::run(ctx, c),
+        Command::Durability(c) => remote::durability_command(ctx, c),
         _ => bail!("this command cannot run through the control socket"),
     }
 }

@@ -23,9 +23,17 @@ pub struct MountArgs {
     /// An existing empty directory to mount on (or `mountpoint = "DIR"` in the --config file).
     pub mountpoint: PathBuf,
     /// Let other users use the mount (for a non-root user this needs `user_allow_other` in
-    /// /etc/fuse.conf).
+    /// /etc/fuse.conf). The kernel still checks file modes, and with the default --umask 077
+    /// the mount belongs to you alone: give --umask too (e.g. 022) to open it to others.
     #[arg(long)]
     pub allow_other: bool,
+    /// Mode bits (octal, as in sshfs's or vfat's `-o umask=`) taken away from the mount's top
+    /// directories (0777), the volume files in volumes/ (0666) and the snapshot files (0444).
+    /// Default 077: everything owned by the mounting user and open to nobody else, even with
+    /// --allow-other. 022: everyone may read volumes (and write none); 007: your group may
+    /// read and write them. Files you create under files/ keep the mode they are given.
+    #[arg(long, value_name = "OCTAL", default_value = "077", value_parser = parse_umask)]
+    pub umask: u32,
     /// Refuse every change (EROFS).
     #[arg(long)]
     pub read_only: bool,
@@ -55,6 +63,16 @@ pub struct MountArgs {
     /// is trusted (there is no authentication).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<String>,
+}
+
+/// `--umask`: three octal digits at most.
+fn parse_umask(s: &str) -> Result<u32, String> {
+    match u32::from_str_radix(s, 8) {
+        Ok(m) if m <= 0o777 => Ok(m),
+        _ => Err(format!(
+            "{s:?} is not a umask: give octal digits, 000 to 777 (e.g. 077)"
+        )),
+    }
 }
 
 /// How often the foreground loop checks whether the mount was ended by `umount`.
@@ -99,6 +117,7 @@ pub fn run(pool: Arc<Pool>, args: &MountArgs) -> Result<()> {
     let opts = MountOptions {
         allow_other: args.allow_other,
         read_only: args.read_only,
+        umask: args.umask,
         writeback_cache: args.writeback_cache,
         ..MountOptions::default()
     };
@@ -123,6 +142,14 @@ pub fn run(pool: Arc<Pool>, args: &MountArgs) -> Result<()> {
             ""
         }
     );
+    if args.allow_other && args.umask & 0o077 == 0o077 {
+        eprintln!(
+            "condense mount: --allow-other with --umask {:03o}: the volumes and the mount's \
+             directories stay yours alone; add --umask 022 (everyone reads) or 007 (your \
+             group reads and writes) to let other users in",
+            args.umask
+        );
+    }
     crate::notify::ready(&format!("mounted at {shown}"));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,36 +1,50 @@
-//! `condense init s3://...` and `condense connect s3://...`: pools in an S3-compatible object
-//! store (docs/S3.md). The pool lives in the bucket; a local directory on this host (given
-//! with `--cache`) holds its cache tier, journal, segments not yet uploaded, a metadata
-//! mirror, the lock and the control socket. Every other command takes `--pool DIR` with that
-//! directory, exactly as for a local pool.
+//! `condense init s3://...`, `condense connect s3://...` and `condense durability`: pools in
+//! an S3-compatible object store (docs/S3.md). The pool lives in the bucket; a local
+//! directory on this host (given with `--cache`) holds its cache tier, journal, segments not
+//! yet uploaded, a metadata mirror, the lock and the control socket. Every other command
+//! takes `--pool DIR` with that directory, exactly as for a local pool.
+//!
+//! The durability (what a flush promises) is the pool's: set by `init --durability`, stored
+//! in the bucket, kept by `connect`, changed only by `condense durability set`.
 
+use crate::control::Ctx;
 use crate::size;
 use anyhow::{bail, Context, Result};
+use clap::Subcommand;
 use condense_engine::remote::{self, Durability, RemoteConf};
 use condense_engine::{InitOptions, OpenOptions, Pool};
 use std::path::{Path, PathBuf};
 
 /// Where the bucket is and how to reach it (`init s3://...`, `connect`).
 #[derive(clap::Args, Debug, Clone)]
-pub struct RemoteArgs {
+pub struct StoreArgs {
     /// S3 endpoint, http(s)://HOST[:PORT] (default: $AWS_ENDPOINT_URL, else AWS). Plain http
-    /// needs AWS_ALLOW_HTTP=true.
+    /// needs AWS_ALLOW_HTTP=true. A user name or password in the URL is refused: use
+    /// --credentials.
     #[arg(long, value_name = "URL")]
     pub endpoint: Option<String>,
     /// S3 region (default: $AWS_REGION, else us-east-1).
     #[arg(long, value_name = "REGION")]
     pub region: Option<String>,
     /// A file of KEY=VALUE lines (shell syntax) with AWS_ACCESS_KEY_ID and
-    /// AWS_SECRET_ACCESS_KEY; default: the environment. Credentials never go on the command
-    /// line.
+    /// AWS_SECRET_ACCESS_KEY, readable by its owner only (chmod 600); default: the
+    /// environment. Credentials never go on the command line.
     #[arg(long, value_name = "FILE")]
     pub credentials: Option<PathBuf>,
-    /// What a flush (fsync in the VM) promises: local (default: once the local journal has
-    /// it; data and metadata are uploaded in the background, at least every 60 s) or remote
-    /// (once the object store has it: a host lost with its disks loses nothing flushed;
-    /// each flush costs a PUT).
-    #[arg(long, value_name = "MODE", default_value = "local", value_parser = parse_durability)]
-    pub durability: Durability,
+}
+
+/// `init s3://...`: the bucket, and the new pool's durability.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RemoteArgs {
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Pools in an object store: what a flush (fsync in the VM) promises, for every host
+    /// that uses the pool (stored with it; change it later with `condense durability set`).
+    /// local (default): once this host's local journal has it; data and metadata are
+    /// uploaded in the background, at least every 60 s. remote: once the object store has
+    /// it: a host lost with its disks loses nothing flushed; each flush costs 1-2 PUTs.
+    #[arg(long, value_name = "MODE", value_parser = parse_durability)]
+    pub durability: Option<Durability>,
 }
 
 fn parse_durability(s: &str) -> Result<Durability, String> {
@@ -43,7 +57,12 @@ pub struct ConnectArgs {
     /// The pool: s3://BUCKET/PREFIX.
     pub url: String,
     #[command(flatten)]
-    pub remote: RemoteArgs,
+    pub store: StoreArgs,
+    /// Check that the pool's durability is MODE (local or remote) and refuse to connect if
+    /// it is not. The durability is the pool's, stored with it: connect keeps it, whether
+    /// given or not; change it with `condense durability set`.
+    #[arg(long, value_name = "MODE", value_parser = parse_durability)]
+    pub durability: Option<Durability>,
     /// The pool's local directory on this host (new or empty; on a fast disk): its cache
     /// tier, journal, segments not yet uploaded and metadata mirror. Use it as --pool DIR.
     #[arg(long, value_name = "DIR")]
@@ -57,12 +76,38 @@ pub struct ConnectArgs {
     pub read_only: bool,
 }
 
+/// `condense durability`.
+#[derive(Subcommand, Debug)]
+pub enum DurabilityCommand {
+    /// Show what a flush of the pool promises.
+    Show {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change what a flush promises, for every host that uses the pool.
+    ///
+    /// Pools in an object store only. remote: a flush returns once the object store has a write-ahead copy of it
+    /// (1-2 PUTs per flush; a host lost with its disk loses nothing flushed). local: a flush
+    /// returns once this host's local journal has it (uploads in the background; a host lost
+    /// with its disk loses what was written since the last upload, at most ~60 s). Stored
+    /// in the bucket; a running `serve` or `mount` applies it at once (after uploading
+    /// everything written so far).
+    Set {
+        /// local or remote.
+        #[arg(value_name = "MODE", value_parser = parse_durability)]
+        mode: Durability,
+    },
+}
+
 /// The shortest cache accepted: the staging quarter must hold a few 64 MiB segments.
 const CACHE_SIZE_MIN: u64 = 1 << 30;
 
-fn conf(url: &str, args: &RemoteArgs, read_only: bool) -> Result<RemoteConf> {
+fn conf(url: &str, args: &StoreArgs, read_only: bool) -> Result<RemoteConf> {
     if url.starts_with("s3://") {
         remote::parse_s3_url(url)?;
+    }
+    if let Some(e) = &args.endpoint {
+        remote::check_endpoint(e)?;
     }
     let credentials = match &args.credentials {
         Some(f) => Some(
@@ -76,7 +121,7 @@ fn conf(url: &str, args: &RemoteArgs, read_only: bool) -> Result<RemoteConf> {
         endpoint: args.endpoint.clone(),
         region: args.region.clone(),
         credentials,
-        durability: args.durability,
+        durability_to_store: None,
         read_only,
     })
 }
@@ -95,6 +140,32 @@ fn check_cache(dir: Option<&Path>, size: Option<u64>) -> Result<(PathBuf, u64)> 
     Ok((dir.to_path_buf(), size))
 }
 
+/// `init DIR` of a local pool: the options of pools in an object store are refused, not
+/// ignored.
+pub fn refuse_for_local_pool(args: &RemoteArgs, dir: &Path) -> Result<()> {
+    let given = [
+        ("--durability", args.durability.is_some()),
+        ("--endpoint", args.store.endpoint.is_some()),
+        ("--region", args.store.region.is_some()),
+        ("--credentials", args.store.credentials.is_some()),
+    ];
+    if let Some((opt, _)) = given.iter().find(|(_, g)| *g) {
+        bail!(
+            "{opt} is for pools in an object store (condense init s3://BUCKET/PREFIX ...); {} is a local pool: a flush of a local pool returns once its own disk has it",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// What a durability means, in an administrator's terms.
+pub fn meaning(d: Durability) -> &'static str {
+    match d {
+        Durability::Remote => "a flush returns once the object store has it; a host lost with its disk loses nothing flushed",
+        Durability::Local => "a flush returns once this host's local journal has it; uploads run in the background (at least every 60 s), so a host lost with its disk loses what was written since the last upload",
+    }
+}
+
 /// `condense init s3://BUCKET/PREFIX --cache DIR --cache-size SIZE ...`.
 pub fn init(
     url: &str,
@@ -104,8 +175,9 @@ pub fn init(
     opts: &InitOptions,
 ) -> Result<()> {
     let (dir, size) = check_cache(dir, size)?;
-    let conf = conf(url, args, false)?;
-    remote::init(&dir, &conf, size, opts)
+    let conf = conf(url, &args.store, false)?;
+    let durability = args.durability.unwrap_or_default();
+    remote::init(&dir, &conf, durability, size, opts)
         .with_context(|| format!("cannot create a pool in {url}"))?;
     let pool = Pool::open_path(
         &dir,
@@ -120,7 +192,7 @@ pub fn init(
         "created pool {url} (block size {}, durability {}{}); its local directory is {} \
          (cache {}): use it as --pool {}",
         size::human(u64::from(pool.block_size())),
-        conf.durability.as_str(),
+        durability.as_str(),
         if opts.encryption.is_some() {
             ", encrypted: keep the key, without it the data is lost"
         } else {
@@ -136,11 +208,19 @@ pub fn init(
 /// `condense connect s3://BUCKET/PREFIX --cache DIR --cache-size SIZE ...`.
 pub fn connect(a: &ConnectArgs) -> Result<()> {
     let (dir, size) = check_cache(Some(&a.cache), Some(a.cache_size))?;
-    let conf = conf(&a.url, &a.remote, a.read_only)?;
-    remote::connect(&dir, &conf, size)
+    let conf = conf(&a.url, &a.store, a.read_only)?;
+    let stored = remote::connect(&dir, &conf, a.durability, size)
         .with_context(|| format!("cannot connect to the pool in {}", a.url))?;
+    let durability = match stored {
+        Some(d) => format!("durability {}, the pool's", d.as_str()),
+        None => format!(
+            "durability {}: the pool stores none yet (made by an older Condense); its first \
+             writable open stores it",
+            a.durability.unwrap_or_default().as_str()
+        ),
+    };
     println!(
-        "connected {} to {}{} (cache {}): use it as --pool {}",
+        "connected {} to {}{} ({durability}; cache {}): use it as --pool {}",
         dir.display(),
         a.url,
         if a.read_only { " read-only" } else { "" },
@@ -148,4 +228,59 @@ pub fn connect(a: &ConnectArgs) -> Result<()> {
         dir.display()
     );
     Ok(())
+}
+
+/// `condense durability show|set`: directly, or in the daemon that holds the pool.
+pub fn durability_command(ctx: &mut Ctx, cmd: DurabilityCommand) -> Result<i32> {
+    match cmd {
+        DurabilityCommand::Show { json } => {
+            let pool = ctx.pool(true)?;
+            let d = pool.durability();
+            if json {
+                writeln!(
+                    ctx.out,
+                    "{}",
+                    serde_json::json!({ "durability": d.map(Durability::as_str) })
+                )?;
+            } else {
+                match d {
+                    Some(d) => writeln!(ctx.out, "{}: {}", d.as_str(), meaning(d))?,
+                    None => writeln!(
+                        ctx.out,
+                        "{} is a local pool: a flush returns once its own disk has it",
+                        ctx.path.display()
+                    )?,
+                }
+            }
+            ctx.done(&pool)?;
+        }
+        DurabilityCommand::Set { mode } => {
+            let pool = ctx.pool(false)?;
+            let was = pool.set_durability(mode).with_context(|| {
+                format!("cannot set the durability of pool {}", ctx.path.display())
+            })?;
+            if was == mode {
+                writeln!(
+                    ctx.out,
+                    "durability is already {}: nothing changed",
+                    mode.as_str()
+                )?;
+            } else {
+                writeln!(
+                    ctx.out,
+                    "durability {} -> {}, stored with the pool (every host that uses it; kept by connect) and in effect now{}: {}",
+                    was.as_str(),
+                    mode.as_str(),
+                    if ctx.in_daemon() {
+                        " in the running server"
+                    } else {
+                        ""
+                    },
+                    meaning(mode)
+                )?;
+            }
+            ctx.done(&pool)?;
+        }
+    }
+    Ok(0)
 }

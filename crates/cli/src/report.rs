@@ -132,9 +132,10 @@ fn remote_lines(o: &mut String, r: &condense_engine::remote::RemoteStatus) {
         (
             "durability",
             match r.durability {
-                Durability::Remote => "remote (a flush returns once the store has it)".to_string(),
-                Durability::Local => "local (a flush returns once the local journal has it; uploaded in the background)".to_string(),
-            },
+                Durability::Remote => "remote: a flush returns once the object store has it (the pool's setting: condense durability set)",
+                Durability::Local => "local: a flush returns once the local journal has it; uploaded in the background (the pool's setting: condense durability set)",
+            }
+            .to_string(),
         ),
         ("objects", format!("{} ({})", r.objects, human(r.bytes))),
         ("not yet uploaded", human(r.pending_bytes)),
@@ -429,7 +430,9 @@ impl StatusWriter {
                         j["published_unix"] = json!(now_unix());
                         j["pid"] = json!(std::process::id());
                         let tmp = out.with_extension("json.tmp");
-                        if std::fs::write(&tmp, j.to_string()).is_ok() {
+                        if condense_engine::io::write_private(&tmp, j.to_string().as_bytes())
+                            .is_ok()
+                        {
                             let _ = std::fs::rename(&tmp, &out);
                         }
                     }

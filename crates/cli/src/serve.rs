@@ -3,31 +3,61 @@
 //! The NBD protocol lives in `condense-nbd`; this module only turns arguments into endpoints,
 //! runs the server on a tokio runtime, and on a signal shuts it down cleanly: stop accepting,
 //! answer every request in flight, close the connections, flush the pool. With `--tls-cert`
-//! and `--tls-key` it serves NBD over TLS (`docs/TLS.md`); [`TlsArgs::load`] checks the
-//! certificate files before the pool is opened.
+//! and `--tls-key` (certificates) or `--tls-psk` (pre-shared keys) it serves NBD over TLS
+//! (`docs/TLS.md`); [`TlsArgs::load`] checks the certificate or key files before the pool is
+//! opened.
+//!
+//! Who can connect (docs/SECURITY.md), decided by [`ServeArgs::endpoints`] before the pool is
+//! opened:
+//! - by default only the Unix socket `POOL/nbd.sock`, mode 0600 inside the owner-only pool
+//!   directory: the pool's owner and root;
+//! - `--socket PATH`: that socket instead, 0600; `--group GROUP` makes it 0660 for GROUP;
+//! - `--listen HOST:PORT`: TCP, only when clients must authenticate
+//!   ([`TlsArgs::authenticates_clients`]);
+//! - `--insecure-listen HOST:PORT`: TCP open to anyone who reaches it, with a warning.
 
 use anyhow::{bail, Context, Result};
 use condense_api::Catalog;
 use condense_engine::Pool;
+use condense_nbd::unix_socket::{self, Access};
 use condense_nbd::{Endpoint, ExportRules, Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
 use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Default TCP address: loopback only; serving other hosts is an explicit choice.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+/// The Unix socket `serve` listens on by default, in the pool directory.
+pub const DEFAULT_SOCKET_NAME: &str = "nbd.sock";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// TCP address to listen on (HOST:PORT). Default 127.0.0.1:10809, unless only --socket is
-    /// given. Use 0.0.0.0:10809 or [::]:10809 to serve other hosts; without --tls-cert the
-    /// traffic is plaintext and unauthenticated, so serve other hosts with TLS (and
-    /// --tls-client-ca to admit only your clients).
-    #[arg(long, value_name = "HOST:PORT")]
+    /// Serve over TCP on HOST:PORT (e.g. 0.0.0.0:10809, [::]:10809, 127.0.0.1:10809), to
+    /// clients that must authenticate: with a certificate (--tls-cert, --tls-key and
+    /// --tls-client-ca: only clients with a certificate from that CA get in; docs/TLS.md) or
+    /// with a shared key (--tls-psk FILE). Refused without one of them; see
+    /// --insecure-listen. Add --socket PATH to serve a Unix socket too. Without --listen,
+    /// --insecure-listen and --socket, serve listens only on the Unix socket POOL/nbd.sock,
+    /// which only this user and root can use.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "insecure_listen")]
     pub listen: Option<String>,
-    /// Also (or only) listen on this Unix socket: nbd+unix:///NAME?socket=PATH.
+    /// Serve over TCP on HOST:PORT without requiring clients to authenticate: anyone who can
+    /// reach the port can list, read and write every volume (with --tls-cert but no
+    /// --tls-client-ca the traffic is encrypted, yet still open to anyone). For a test
+    /// machine or a network where every host is trusted; the log says so at start. Prefer
+    /// the Unix socket, or --listen with authentication.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub insecure_listen: Option<String>,
+    /// Listen on this Unix socket instead of POOL/nbd.sock (clients use
+    /// nbd+unix:///NAME?socket=PATH). Mode 0600 whatever the umask: only this user and root
+    /// can connect, unless --group. With --listen or --insecure-listen, serve both.
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Let the members of GROUP (a name or a number) connect to the Unix socket too: it is
+    /// made mode 0660 and group GROUP, e.g. libvirt-qemu or kvm for QEMU started by a VM
+    /// manager. Needs --socket PATH in a directory the group can enter (e.g.
+    /// /run/condense/vm.sock): the pool directory, which holds the default socket, is
+    /// owner-only. Does not apply to TCP.
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
     /// Refuse every write; clients see read-only exports.
     #[arg(long)]
     pub read_only: bool,
@@ -45,6 +75,14 @@ pub struct ServeArgs {
     /// in between is trusted (there is no authentication).
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<String>,
+    /// Most NBD connections served at once (default 64: qemu opens one per disk, nbdcopy
+    /// four). Each connection may keep up to 32 MiB of requests in flight, all of them
+    /// together 64 MiB plus 1 MiB each, so the cap bounds the server's memory. Connections
+    /// beyond it are closed as soon as they are accepted (counted in
+    /// condense_nbd_connections_refused_total, and logged at most every 10 seconds).
+    #[arg(long, value_name = "N", default_value_t = condense_nbd::DEFAULT_MAX_CONNECTIONS as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
 }
 
 /// `--tls`: whether clients must start TLS.
@@ -57,7 +95,8 @@ pub enum TlsModeArg {
     Allow,
 }
 
-/// NBD over TLS (STARTTLS). See docs/TLS.md for making certificates and connecting clients.
+/// NBD over TLS (STARTTLS). See docs/TLS.md for making certificates or keys and connecting
+/// clients.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct TlsArgs {
     /// Serve NBD over TLS with this certificate (PEM: the server certificate first, then any
@@ -74,61 +113,176 @@ pub struct TlsArgs {
     /// certificate, or with one from another CA, fail the TLS handshake and see nothing.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
-    /// Whether clients must use TLS: `require` (the default once --tls-cert is given) or
-    /// `allow` (plaintext clients too; not with --tls-client-ca).
-    #[arg(long, value_enum, value_name = "MODE", requires = "tls_cert")]
+    /// Serve NBD over TLS authenticated by pre-shared keys instead of certificates (TLS-PSK, as
+    /// qemu's tls-creds-psk, libnbd's tls-psk-file and nbdkit's --tls-psk). FILE has one line
+    /// USERNAME:HEXKEY per client (`psktool -u alice -p FILE` adds one) and must be readable
+    /// by its owner only. Every client must start TLS with a username of the file and its key;
+    /// a wrong key, an unknown username or a plaintext client gets nothing. Give each client a
+    /// file with its own line only. Not with --tls-cert.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["tls_cert", "tls_key", "tls_client_ca"])]
+    pub tls_psk: Option<PathBuf>,
+    /// Whether clients must use TLS: `require` (the default once --tls-cert is given, and
+    /// always with --tls-psk) or `allow` (plaintext clients too; only with --tls-cert and
+    /// without --tls-client-ca).
+    #[arg(long, value_enum, value_name = "MODE")]
     pub tls: Option<TlsModeArg>,
     /// Restrict a client to some exports: CLIENT=EXPORT[,EXPORT...], CLIENT being the subject
-    /// CN or a DNS name of its certificate (needs --tls-client-ca). Repeatable. Once given, a
-    /// client sees only the exports of the rules naming it, and a client no rule names sees
-    /// those of the `*=...` rule, or none. EXPORT `*` is every export; a volume brings its
-    /// snapshots (VOLUME@SNAP). Other exports are neither listed nor opened.
-    #[arg(long, value_name = "CLIENT=EXPORTS", requires = "tls_client_ca")]
+    /// CN or a DNS name of its certificate (with --tls-client-ca) or its username in the
+    /// --tls-psk file. Repeatable. Once given, a client sees only the exports of the rules
+    /// naming it, and a client no rule names sees those of the `*=...` rule, or none. EXPORT
+    /// `*` is every export; a volume brings its snapshots (VOLUME@SNAP). Other exports are
+    /// neither listed nor opened.
+    #[arg(long, value_name = "CLIENT=EXPORTS")]
     pub allow_export: Vec<String>,
 }
 
 impl TlsArgs {
-    /// The TLS settings, with every file read and checked; `None` without --tls-cert.
+    /// Whether every client that gets past STARTTLS has authenticated itself: a client CA
+    /// under `require`, or pre-shared keys (always `require`). What `--listen` beyond this
+    /// host calls for.
+    pub fn authenticates_clients(&self) -> bool {
+        let require = self.tls.unwrap_or(TlsModeArg::Require) == TlsModeArg::Require;
+        (self.tls_cert.is_some() && self.tls_client_ca.is_some() && require)
+            || self.tls_psk.is_some()
+    }
+
+    /// The TLS settings, with every file read and checked; `None` without --tls-cert or
+    /// --tls-psk.
     pub fn load(&self) -> Result<Option<Arc<TlsConfig>>> {
+        let mut rules = ExportRules::default();
+        for r in &self.allow_export {
+            rules.add(r).context("bad --allow-export")?;
+        }
+        if !rules.is_empty() && self.tls_client_ca.is_none() && self.tls_psk.is_none() {
+            bail!(
+                "--allow-export names clients, and only verified clients have names: give \
+                 --tls-client-ca (certificate names) or --tls-psk (PSK usernames)"
+            );
+        }
+        if let Some(path) = &self.tls_psk {
+            if self.tls == Some(TlsModeArg::Allow) {
+                bail!(
+                    "--tls allow would serve clients without a key, bypassing --tls-psk; \
+                     TLS-PSK is always required (leave --tls out)"
+                );
+            }
+            let text = condense_engine::secret_file::read(path, "PSK file")?;
+            let config = TlsConfig::psk(path, &text, rules)
+                .context("cannot set up TLS-PSK (check --tls-psk and --allow-export)")?;
+            return Ok(Some(Arc::new(config)));
+        }
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            if self.tls.is_some() {
+                bail!("--tls needs TLS settings: --tls-cert and --tls-key");
+            }
             return Ok(None);
         };
         let mode = match self.tls.unwrap_or(TlsModeArg::Require) {
             TlsModeArg::Require => TlsMode::Require,
             TlsModeArg::Allow => TlsMode::Allow,
         };
-        let mut rules = ExportRules::default();
-        for r in &self.allow_export {
-            rules.add(r).context("bad --allow-export")?;
-        }
         let config = TlsConfig::from_files(cert, key, self.tls_client_ca.as_deref(), mode, rules)
             .context("cannot set up TLS (check --tls-cert, --tls-key, --tls-client-ca)")?;
         Ok(Some(Arc::new(config)))
     }
 }
 
+/// Where `serve` listens and who may connect to its Unix socket.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Endpoints {
+    pub endpoints: Vec<Endpoint>,
+    pub socket_access: Access,
+    /// The TCP address of --insecure-listen, if clients there are not authenticated.
+    pub insecure: Option<std::net::SocketAddr>,
+}
+
 impl ServeArgs {
-    fn endpoints(&self) -> Result<Vec<Endpoint>> {
-        let mut out = Vec::new();
-        let listen = match (&self.listen, &self.socket) {
-            (Some(l), _) => Some(l.as_str()),
-            (None, None) => Some(DEFAULT_LISTEN),
-            (None, Some(_)) => None,
+    /// The endpoints to serve on for the pool in `pool_dir`, every rule of access checked:
+    /// an error says what to change.
+    pub fn endpoints(&self, pool_dir: &Path) -> Result<Endpoints> {
+        let mut out = Endpoints {
+            endpoints: Vec::new(),
+            socket_access: Access::Owner,
+            insecure: None,
         };
-        if let Some(l) = listen {
-            let addrs: Vec<_> = l
-                .to_socket_addrs()
-                .with_context(|| format!("--listen {l:?} is not HOST:PORT"))?
-                .collect();
-            let Some(first) = addrs.first() else {
-                bail!("--listen {l:?} resolves to no address");
-            };
-            out.push(Endpoint::Tcp(*first));
+        if let Some(l) = &self.listen {
+            if !self.tls.authenticates_clients() {
+                bail!(
+                    "--listen {l} would let clients in without authenticating them; either require \
+                     client certificates (--tls-cert FILE --tls-key FILE --tls-client-ca CA_FILE, \
+                     docs/TLS.md) or a shared key (--tls-psk FILE), or, on a network where anyone \
+                     who can reach the port may read and write every volume, use \
+                     --insecure-listen {l}"
+                );
+            }
+            out.endpoints
+                .push(Endpoint::Tcp(tcp_address(l, "--listen")?));
         }
-        if let Some(p) = &self.socket {
-            out.push(Endpoint::Unix(p.clone()));
+        if let Some(l) = &self.insecure_listen {
+            let addr = tcp_address(l, "--insecure-listen")?;
+            out.endpoints.push(Endpoint::Tcp(addr));
+            if !self.tls.authenticates_clients() {
+                out.insecure = Some(addr);
+            }
+        }
+        let socket = match &self.socket {
+            Some(p) => Some(p.clone()),
+            None if out.endpoints.is_empty() => Some(default_socket(pool_dir)?),
+            None => None,
+        };
+        if let Some(p) = socket {
+            if !unix_socket::path_fits(&p) {
+                bail!(
+                    "the socket path {} is {} bytes long, more than a Unix socket path can hold \
+                     ({}): give a shorter one with --socket PATH (e.g. /run/condense/NAME.sock)",
+                    p.display(),
+                    p.as_os_str().len(),
+                    unix_socket::PATH_BYTES_MAX
+                );
+            }
+            out.endpoints.push(Endpoint::Unix(p));
+        }
+        if let Some(g) = &self.group {
+            if self.socket.is_none() {
+                bail!(
+                    "--group {g} needs --socket PATH in a directory that group can enter (e.g. \
+                     /run/condense/NAME.sock): the default socket is inside the pool directory, \
+                     which is its owner's alone"
+                );
+            }
+            out.socket_access = Access::Group(group_id(g)?);
         }
         Ok(out)
+    }
+}
+
+/// `POOL/nbd.sock`, absolute: clients connect from any directory.
+fn default_socket(pool_dir: &Path) -> Result<PathBuf> {
+    let dir = std::path::absolute(pool_dir)
+        .with_context(|| format!("cannot resolve the pool path {}", pool_dir.display()))?;
+    Ok(dir.join(DEFAULT_SOCKET_NAME))
+}
+
+fn tcp_address(l: &str, option: &str) -> Result<std::net::SocketAddr> {
+    let addrs: Vec<_> = l
+        .to_socket_addrs()
+        .with_context(|| format!("{option} {l:?} is not HOST:PORT"))?
+        .collect();
+    addrs
+        .first()
+        .copied()
+        .with_context(|| format!("{option} {l:?} resolves to no address"))
+}
+
+/// The gid of `--group`: a group name, or a number.
+fn group_id(group: &str) -> Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => bail!("--group {group}: no such group (see getent group)"),
+        Err(e) => bail!("--group {group}: cannot look the group up: {e}"),
     }
 }
 
@@ -141,44 +295,95 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the server runtime")
 }
 
-/// Resolves on the first SIGINT or SIGTERM.
+/// Resolves on the first SIGINT or SIGTERM (a clean stop); a second one ends the process at
+/// once, whatever the clean stop is waiting for.
 async fn stop_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            // Without signal handlers the server could not stop cleanly; stop now instead.
-            eprintln!("condense serve: cannot watch SIGINT/SIGTERM ({e}); stopping");
-        }
+    let (first, first_rx) = tokio::sync::oneshot::channel();
+    let watcher = std::thread::Builder::new()
+        .name("condense-signals".into())
+        .spawn(move || watch_signals(first));
+    if let Err(e) = watcher {
+        eprintln!("condense serve: cannot watch SIGINT/SIGTERM ({e}); stopping");
+        return;
     }
+    let _ = first_rx.await;
+}
+
+/// On a thread of its own for the life of the process (the server's runtime ends before the
+/// pool is closed): report the first signal, exit on the second.
+fn watch_signals(first: tokio::sync::oneshot::Sender<()>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("condense serve: cannot watch SIGINT/SIGTERM ({e}); stopping");
+            let _ = first.send(());
+            return;
+        }
+    };
+    rt.block_on(async {
+        let (mut int, mut term) = match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(int), Ok(term)) => (int, term),
+            (Err(e), _) | (_, Err(e)) => {
+                // Without signal handlers the server could not stop cleanly; stop now instead.
+                eprintln!("condense serve: cannot watch SIGINT/SIGTERM ({e}); stopping");
+                let _ = first.send(());
+                return;
+            }
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        let _ = first.send(());
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!(
+            "condense serve: second signal: exiting now, without waiting for requests in flight \
+             (writes not yet flushed may be lost; the pool recovers at its next open)"
+        );
+        std::process::exit(130);
+    });
 }
 
 /// Serve every volume of the pool until SIGINT or SIGTERM, then shut down cleanly and flush.
-pub fn run(pool: Arc<Pool>, args: &ServeArgs) -> Result<()> {
-    let endpoints = args.endpoints()?;
+/// `pool_dir` is the pool's directory as given (where the default socket goes).
+pub fn run(pool: Arc<Pool>, pool_dir: &Path, args: &ServeArgs) -> Result<()> {
+    let endpoints = args.endpoints(pool_dir)?;
     let tls = args.tls.load()?;
     let metrics = crate::metrics::Endpoint::start(args.metrics_listen.as_deref(), &pool, "serve")?;
     let catalog: Arc<dyn Catalog> = pool;
     let config = ServerConfig {
         read_only: args.read_only,
         tls: tls.clone(),
+        socket_access: endpoints.socket_access,
+        max_connections: args.max_connections as usize,
         ..ServerConfig::default()
     };
-    let exports = catalog
+    let names: Vec<String> = catalog
         .list()
         .context("cannot list the pool's volumes")?
         .into_iter()
-        .filter(|v| condense_nbd::is_exportable(&v.name))
-        .count();
-    let server = Server::bind(catalog, config, &endpoints)?;
+        .map(|v| v.name)
+        .filter(|n| condense_nbd::is_exportable(n))
+        .collect();
+    let exports = names.len();
+    let server =
+        Server::bind(catalog, config, &endpoints.endpoints).with_context(|| match &args.group {
+            Some(g) => format!(
+                "cannot serve (with --group {g}, the user serve runs as must be root or a \
+                 member of {g}: usermod -aG {g} USER)"
+            ),
+            None => "cannot serve".to_string(),
+        })?;
     if let Some(m) = &metrics {
         m.register(server.metrics());
     }
@@ -188,20 +393,22 @@ pub fn run(pool: Arc<Pool>, args: &ServeArgs) -> Result<()> {
             "condense serve: {exports} volume(s) at {e}{}",
             if args.read_only { " (read-only)" } else { "" }
         );
+        for uri in example_uris(e, &names, tls.is_some()) {
+            eprintln!("condense serve:   {uri}");
+        }
+    }
+    if let Some(group) = &args.group {
+        eprintln!("condense serve: the Unix socket is mode 0660, group {group}");
+    }
+    if let Some(addr) = endpoints.insecure {
+        eprintln!(
+            "condense serve: warning: --insecure-listen: clients on {addr} are not \
+             authenticated: anyone who can reach port {} can list, read and write every volume",
+            addr.port()
+        );
     }
     if let Some(t) = &tls {
-        eprintln!(
-            "condense serve: TLS {}{}; clients connect to nbds://HOST:PORT/NAME",
-            match t.mode {
-                TlsMode::Require => "required",
-                TlsMode::Allow => "offered (plaintext allowed)",
-            },
-            if t.client_auth() {
-                ", client certificates from --tls-client-ca only"
-            } else {
-                ""
-            }
-        );
+        eprintln!("condense serve: {}", tls_summary(t));
     }
     eprintln!("condense serve: export names are volume names; stop with Ctrl-C or SIGTERM");
     // The pool is open and every listener is bound: connections queue from here on.
@@ -214,6 +421,65 @@ pub fn run(pool: Arc<Pool>, args: &ServeArgs) -> Result<()> {
     .context("NBD server failed")?;
     eprintln!("condense serve: stopped; pool flushed");
     Ok(())
+}
+
+/// How many export URIs `serve` prints per endpoint.
+const URIS_SHOWN_MAX: usize = 5;
+
+/// The URIs of the first few exports at endpoint `e`, for the log.
+fn example_uris(e: &Endpoint, names: &[String], tls: bool) -> Vec<String> {
+    let mut out: Vec<String> = names
+        .iter()
+        .take(URIS_SHOWN_MAX)
+        .map(|n| {
+            let n = uri_escape(n);
+            match e {
+                Endpoint::Unix(p) => format!("nbd+unix:///{n}?socket={}", p.display()),
+                Endpoint::Tcp(a) if tls => format!("nbds://{a}/{n}"),
+                Endpoint::Tcp(a) => format!("nbd://{a}/{n}"),
+            }
+        })
+        .collect();
+    if names.len() > URIS_SHOWN_MAX {
+        out.push(format!("... and {} more", names.len() - URIS_SHOWN_MAX));
+    }
+    out
+}
+
+/// A volume name as the path of an NBD URI: bytes other than letters, digits and `-._~`
+/// percent-escaped.
+fn uri_escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// One line for the log saying how clients must connect.
+fn tls_summary(t: &TlsConfig) -> String {
+    if let Some(users) = t.psk_users() {
+        return format!(
+            "TLS-PSK required, {users} username(s) from --tls-psk; clients connect to \
+             nbds://USER@HOST:PORT/NAME?tls-psk-file=FILE or use qemu's tls-creds-psk"
+        );
+    }
+    format!(
+        "TLS {}{}; clients connect to nbds://HOST:PORT/NAME",
+        match t.mode {
+            TlsMode::Require => "required",
+            TlsMode::Allow => "offered (plaintext allowed)",
+        },
+        if t.client_auth() {
+            ", client certificates from --tls-client-ca only"
+        } else {
+            ""
+        }
+    )
 }
 
 /// Start a server on a Unix socket in a thread of its own, for in-process clients such as
@@ -246,68 +512,167 @@ pub fn spawn_unix_with(
 mod tests {
     use super::*;
 
+    fn args(argv: &[&str]) -> Result<ServeArgs> {
+        use clap::Parser;
+        let words = ["condense", "serve"].iter().chain(argv);
+        match crate::Cli::try_parse_from(words)?.command {
+            crate::Command::Serve(a) => Ok(a),
+            _ => bail!("not serve"),
+        }
+    }
+
     #[test]
-    fn endpoints_default_to_loopback_unless_only_a_socket_is_given() -> Result<()> {
-        let a = ServeArgs {
-            listen: None,
-            socket: None,
-            read_only: false,
-            cache: Default::default(),
-            tier: crate::cache::CacheTierArg {
-                cache: None,
-                cache_size: None,
-                cache_mode: condense_engine::CacheMode::WriteThrough,
-            },
-            config: Default::default(),
-            tls: Default::default(),
-            metrics_listen: None,
+    fn the_default_is_the_pools_unix_socket_owner_only() -> Result<()> {
+        let e = args(&[])?.endpoints(Path::new("/srv/pool"))?;
+        assert_eq!(
+            e.endpoints,
+            vec![Endpoint::Unix("/srv/pool/nbd.sock".into())]
+        );
+        assert_eq!((e.socket_access, e.insecure), (Access::Owner, None));
+        let e = args(&["--socket", "/run/c.sock"])?.endpoints(Path::new("p"))?;
+        assert_eq!(e.endpoints, vec![Endpoint::Unix("/run/c.sock".into())]);
+        let e = args(&["--socket", "/run/c.sock", "--group", "0"])?.endpoints(Path::new("p"))?;
+        assert_eq!(e.socket_access, Access::Group(0));
+        // The default socket is inside the owner-only pool directory: --group needs --socket.
+        let e = args(&["--group", "0"])?.endpoints(Path::new("p"));
+        assert!(format!("{:#}", e.err().context("accepted")?).contains("--socket PATH"));
+        Ok(())
+    }
+
+    #[test]
+    fn tcp_needs_authentication_or_insecure_listen() -> Result<()> {
+        let pool = Path::new("/srv/pool");
+        let e = args(&["--listen", "127.0.0.1:1234"])?.endpoints(pool);
+        let msg = format!("{:#}", e.err().context("--listen without authentication")?);
+        for way in [
+            "--tls-client-ca",
+            "--tls-psk",
+            "--insecure-listen 127.0.0.1:1234",
+        ] {
+            assert!(msg.contains(way), "{msg}");
+        }
+        let tls = ["--tls-cert", "c", "--tls-key", "k"];
+        let e = args(&[&tls[..], &["--listen", "127.0.0.1:1234"]].concat())?.endpoints(pool);
+        assert!(
+            e.is_err(),
+            "TLS without client certificates is not authentication"
+        );
+        let ca = ["--tls-client-ca", "ca", "--listen", "127.0.0.1:1234"];
+        let e = args(&[&tls[..], &ca[..]].concat())?.endpoints(pool)?;
+        assert_eq!(e.endpoints, vec![Endpoint::Tcp("127.0.0.1:1234".parse()?)]);
+        assert_eq!(e.insecure, None);
+        let e =
+            args(&["--insecure-listen", "127.0.0.1:1234", "--socket", "/s"])?.endpoints(pool)?;
+        assert_eq!(e.endpoints.len(), 2);
+        assert_eq!(e.insecure, Some("127.0.0.1:1234".parse()?));
+        assert!(args(&["--insecure-listen", "no port"])?
+            .endpoints(pool)
+            .is_err());
+        assert!(args(&[
+            "--listen",
+            "127.0.0.1:1",
+            "--insecure-listen",
+            "127.0.0.1:2"
+        ])
+        .is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_socket_path_too_long_names_the_fix() -> Result<()> {
+        let pool = PathBuf::from("/").join("p".repeat(100));
+        let e = args(&[])?
+            .endpoints(&pool)
+            .err()
+            .context("long path accepted")?;
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("--socket PATH") && msg.contains("110 bytes"),
+            "{msg}"
+        );
+        Ok(())
+    }
+
+    fn psk_args(path: &Path) -> TlsArgs {
+        TlsArgs {
+            tls_psk: Some(path.to_path_buf()),
+            ..TlsArgs::default()
+        }
+    }
+
+    #[test]
+    fn only_a_client_ca_under_require_or_psk_authenticates_clients() {
+        let cert = TlsArgs {
+            tls_cert: Some("c.pem".into()),
+            tls_key: Some("k.pem".into()),
+            ..TlsArgs::default()
         };
-        assert_eq!(a.endpoints()?, vec![Endpoint::Tcp(DEFAULT_LISTEN.parse()?)]);
-        let a = ServeArgs {
-            listen: None,
-            socket: Some("/tmp/x.sock".into()),
-            read_only: false,
-            cache: Default::default(),
-            tier: crate::cache::CacheTierArg {
-                cache: None,
-                cache_size: None,
-                cache_mode: condense_engine::CacheMode::WriteThrough,
-            },
-            config: Default::default(),
-            tls: Default::default(),
-            metrics_listen: None,
+        assert!(!TlsArgs::default().authenticates_clients());
+        assert!(!cert.authenticates_clients());
+        let ca = TlsArgs {
+            tls_client_ca: Some("ca.pem".into()),
+            ..cert.clone()
         };
-        assert_eq!(a.endpoints()?, vec![Endpoint::Unix("/tmp/x.sock".into())]);
-        let a = ServeArgs {
-            listen: Some("127.0.0.1:1234".into()),
-            socket: Some("/tmp/x.sock".into()),
-            read_only: false,
-            cache: Default::default(),
-            tier: crate::cache::CacheTierArg {
-                cache: None,
-                cache_size: None,
-                cache_mode: condense_engine::CacheMode::WriteThrough,
-            },
-            config: Default::default(),
-            tls: Default::default(),
-            metrics_listen: None,
+        assert!(ca.authenticates_clients());
+        let ca_allow = TlsArgs {
+            tls: Some(TlsModeArg::Allow),
+            ..ca.clone()
         };
-        assert_eq!(a.endpoints()?.len(), 2);
-        let a = ServeArgs {
-            listen: Some("no port".into()),
-            socket: None,
-            read_only: false,
-            cache: Default::default(),
-            tier: crate::cache::CacheTierArg {
-                cache: None,
-                cache_size: None,
-                cache_mode: condense_engine::CacheMode::WriteThrough,
-            },
-            config: Default::default(),
-            tls: Default::default(),
-            metrics_listen: None,
+        assert!(!ca_allow.authenticates_clients());
+        assert!(psk_args(Path::new("keys.psk")).authenticates_clients());
+    }
+
+    #[test]
+    fn psk_files_are_checked_before_serving() -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("keys.psk");
+        let key = "ab".repeat(32);
+        std::fs::write(&path, format!("alice:{key}\nbob:{key}\n"))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
+        let err = psk_args(&path).load().err().map(|e| format!("{e:#}"));
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("chmod 600")),
+            "{err:?}"
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        let config = psk_args(&path).load()?;
+        assert_eq!(config.as_ref().and_then(|c| c.psk_users()), Some(2));
+        assert!(config.is_some_and(|c| c.authenticates_clients()));
+
+        let allow = TlsArgs {
+            tls: Some(TlsModeArg::Allow),
+            ..psk_args(&path)
         };
-        assert!(a.endpoints().is_err());
+        assert!(allow.load().is_err(), "--tls allow with --tls-psk");
+        let rules = |rule: &str| TlsArgs {
+            allow_export: vec![rule.to_string()],
+            ..psk_args(&path)
+        };
+        assert!(rules("alice=vm1").load().is_ok());
+        assert!(rules("*=vm1").load().is_ok());
+        let err = rules("carol=vm1").load().err().map(|e| format!("{e:#}"));
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("\"carol\"")),
+            "{err:?}"
+        );
+        let no_identity = TlsArgs {
+            allow_export: vec!["alice=vm1".to_string()],
+            ..TlsArgs::default()
+        };
+        let err = no_identity.load().err().map(|e| format!("{e:#}"));
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("--tls-psk")),
+            "{err:?}"
+        );
+
+        std::fs::write(&path, format!("alice:{key}\nalice {key}\n"))?;
+        let err = psk_args(&path).load().err().map(|e| format!("{e:#}"));
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("line 2") && !e.contains(&key)),
+            "{err:?}"
+        );
         Ok(())
     }
 

@@ -108,10 +108,32 @@ pub fn rollback(ctx: &mut Ctx, volume: &str, snapshot: &str, force: bool) -> Res
     ctx.done(&pool)
 }
 
-/// `condense diff FROM TO [--json]`.
+/// `condense diff FROM TO [--json]`: compared in bounded steps (each costs the block-map
+/// leaves it looks at, not the bytes it covers), giving up between two steps when nobody
+/// waits for the answer any more ([`Ctx::should_stop`]).
 pub fn diff(ctx: &mut Ctx, a: &DiffArgs) -> Result<i32> {
     let pool = ctx.pool(true)?;
-    diff_in(&*pool, ctx.out, a)?;
+    let cat: &dyn Catalog = &*pool;
+    let len = size_of(cat, &a.from)?.max(size_of(cat, &a.to)?);
+    let mut changes = Vec::new();
+    let mut at = 0;
+    while at < len {
+        if ctx.should_stop() {
+            bail!(
+                "diff of {} and {} stopped at byte {at} of {len}: its client went away or the daemon is stopping",
+                a.from,
+                a.to
+            );
+        }
+        let (part, next) = pool
+            .diff_step(&a.from, &a.to, at, len - at)
+            .with_context(|| format!("cannot compare {} with {}", a.from, a.to))?;
+        for c in part {
+            condense_api::push_change(&mut changes, c.offset, c.len, c.changed);
+        }
+        at = next;
+    }
+    write_diff(ctx.out, a, len, &changes)?;
     ctx.done(&pool)?;
     Ok(0)
 }
@@ -224,11 +246,22 @@ fn rollback_in(
     Ok(())
 }
 
+#[cfg(test)]
 fn diff_in(cat: &dyn Catalog, out: &mut dyn Write, a: &DiffArgs) -> Result<()> {
     let len = size_of(cat, &a.from)?.max(size_of(cat, &a.to)?);
     let changes = cat
         .diff(&a.from, &a.to, 0, len)
         .with_context(|| format!("cannot compare {} with {}", a.from, a.to))?;
+    write_diff(out, a, len, &changes)
+}
+
+/// Print the changed extents of a comparison of `len` bytes.
+fn write_diff(
+    out: &mut dyn Write,
+    a: &DiffArgs,
+    len: u64,
+    changes: &[condense_api::Change],
+) -> Result<()> {
     let extents: Vec<(u64, u64)> = changes
         .iter()
         .filter(|c| c.changed)

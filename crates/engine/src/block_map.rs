@@ -37,7 +37,7 @@ impl MapCounts {
     }
 }
 
-fn decode(raw: u64) -> u64 {
+pub(crate) fn decode(raw: u64) -> u64 {
     match raw {
         0 => ENTRY_UNMAPPED,
         1 => ENTRY_ZERO,
@@ -45,7 +45,7 @@ fn decode(raw: u64) -> u64 {
     }
 }
 
-fn encode(entry: u64) -> u64 {
+pub(crate) fn encode(entry: u64) -> u64 {
     match entry {
         ENTRY_UNMAPPED => 0,
         ENTRY_ZERO => 1,

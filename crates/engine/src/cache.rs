@@ -60,9 +60,9 @@ const WRITER_BATCH: usize = 1024;
 /// Share of the slots for the small (probationary) FIFO, in percent.
 const SMALL_PERCENT: u64 = 10;
 
-const KIND_INSERT: u8 = 1;
-const KIND_REMOVE: u8 = 2;
-const KIND_COUNTERS: u8 = 3;
+pub(crate) const KIND_INSERT: u8 = 1;
+pub(crate) const KIND_REMOVE: u8 = 2;
+pub(crate) const KIND_COUNTERS: u8 = 3;
 
 /// How the cache treats writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,7 +172,7 @@ pub struct CacheStats {
 }
 
 /// The persistent counters, in the order they are stored.
-const N_COUNTERS: usize = 7;
+pub(crate) const N_COUNTERS: usize = 7;
 const C_HITS: usize = 0;
 const C_HIT_BYTES: usize = 1;
 const C_MISSES: usize = 2;
@@ -311,7 +311,7 @@ pub fn slot_bytes_for(block_size: u32) -> u64 {
     (RECORD_HEADER_BYTES as u64 + u64::from(block_size) + SLOT_SLACK).div_ceil(64) * 64
 }
 
-fn data_header(uuid: &[u8; 16], slot_bytes: u64, slots: u32) -> Vec<u8> {
+pub(crate) fn data_header(uuid: &[u8; 16], slot_bytes: u64, slots: u32) -> Vec<u8> {
     let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&CACHE_DATA_MAGIC);
     b.extend_from_slice(&CACHE_VERSION.to_le_bytes());
@@ -324,7 +324,7 @@ fn data_header(uuid: &[u8; 16], slot_bytes: u64, slots: u32) -> Vec<u8> {
     b
 }
 
-fn index_header(uuid: &[u8; 16], slot_bytes: u64, slots: u32) -> Vec<u8> {
+pub(crate) fn index_header(uuid: &[u8; 16], slot_bytes: u64, slots: u32) -> Vec<u8> {
     let mut b = data_header(uuid, slot_bytes, slots);
     b[..8].copy_from_slice(&CACHE_INDEX_MAGIC);
     let c = crc(&b[..60]);
@@ -332,7 +332,7 @@ fn index_header(uuid: &[u8; 16], slot_bytes: u64, slots: u32) -> Vec<u8> {
     b
 }
 
-fn record(kind: u8, body: &[u8]) -> [u8; CACHE_INDEX_RECORD_BYTES] {
+pub(crate) fn record(kind: u8, body: &[u8]) -> [u8; CACHE_INDEX_RECORD_BYTES] {
     let mut r = [0u8; CACHE_INDEX_RECORD_BYTES];
     r[4] = kind;
     r[8..8 + body.len()].copy_from_slice(body);
@@ -341,7 +341,13 @@ fn record(kind: u8, body: &[u8]) -> [u8; CACHE_INDEX_RECORD_BYTES] {
     r
 }
 
-fn insert_record(slot: u32, id: u64, fp: &Fingerprint, len: u32, data_crc: u32) -> [u8; 64] {
+pub(crate) fn insert_record(
+    slot: u32,
+    id: u64,
+    fp: &Fingerprint,
+    len: u32,
+    data_crc: u32,
+) -> [u8; 64] {
     let mut b = Vec::with_capacity(36);
     b.extend_from_slice(&slot.to_le_bytes());
     b.extend_from_slice(&len.to_le_bytes());
@@ -364,16 +370,16 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 }
 
 /// What an index log holds.
-struct ParsedIndex {
+pub(crate) struct ParsedIndex {
     /// slot -> (id, fingerprint, record length, checksum).
-    slots: HashMap<u32, (u64, Fingerprint, u32, u32)>,
-    counters: [u64; N_COUNTERS],
+    pub(crate) slots: HashMap<u32, (u64, Fingerprint, u32, u32)>,
+    pub(crate) counters: [u64; N_COUNTERS],
     /// Bytes of the header and the whole records before the first bad one (a torn tail).
-    good_len: u64,
-    records: u64,
+    pub(crate) good_len: u64,
+    pub(crate) records: u64,
 }
 
-fn parse_index(buf: &[u8], slots: u32) -> ParsedIndex {
+pub(crate) fn parse_index(buf: &[u8], slots: u32) -> ParsedIndex {
     let mut p = ParsedIndex {
         slots: HashMap::new(),
         counters: [0; N_COUNTERS],
@@ -497,6 +503,10 @@ impl ChunkCache {
             let mut slots_sorted: Vec<_> = slots_map.into_iter().collect();
             slots_sorted.sort_by_key(|(s, _)| *s);
             for (slot, (id, fp, len, c)) in slots_sorted {
+                if u64::from(len) > slot_bytes {
+                    // Longer than its slot: not an entry this cache wrote (the slot is free).
+                    continue;
+                }
                 let gen = policy.next_gen;
                 policy.next_gen += 1;
                 // A second entry for the same id (should not happen) replaces the first.
@@ -1040,5 +1050,32 @@ mod tests {
         };
         assert_eq!(CacheConf::decode(c.encode().as_bytes()).ok(), Some(c));
         assert!(CacheConf::decode(b"something else\n").is_err());
+    }
+
+    /// Found by fuzzing (cache_index target, an out-of-memory report): an index entry's record
+    /// length was trusted at open, and a lookup read that many bytes (2.7 GiB for the fuzzer's
+    /// entry) from a slot of a few KiB. An entry longer than its slot is now dropped at open.
+    #[test]
+    fn an_index_entry_longer_than_its_slot_is_dropped() -> Result<()> {
+        use crate::sim::{SimDir, SimHandle};
+        let uuid = [4; 16];
+        let slot_bytes = slot_bytes_for(4096);
+        let slots = 16u32;
+        let dir = SimHandle(SimDir::new());
+        let mut index = index_header(&uuid, slot_bytes, slots);
+        index.extend_from_slice(&insert_record(0, 1, &[1; 16], 4128, 7));
+        index.extend_from_slice(&insert_record(1, 2, &[2; 16], 0xa226_3f6d, 7));
+        for (name, bytes) in [
+            (CACHE_INDEX_NAME, index),
+            (CACHE_DATA_NAME, data_header(&uuid, slot_bytes, slots)),
+        ] {
+            dir.open(name, true)
+                .and_then(|f| f.write_at(&bytes, 0))
+                .map_err(|e| Error::io(name, e))?;
+        }
+        let size = CACHE_DATA_HEADER_BYTES + u64::from(slots) * slot_bytes;
+        let c = ChunkCache::open(Arc::new(dir), size, CacheMode::WriteThrough, uuid, 4096)?;
+        assert_eq!(c.stats().used_bytes, slot_bytes, "only the entry that fits");
+        c.close()
     }
 }

@@ -69,7 +69,7 @@ pub fn slots_with_fp<'a>(
         .filter_map(move |i| decode_slot(page, i).map(|e| (i, e)))
 }
 
-fn encode_slot(page: &mut [u8], i: usize, e: Option<&ChunkEntry>) {
+pub(crate) fn encode_slot(page: &mut [u8], i: usize, e: Option<&ChunkEntry>) {
     let r = &mut page[i * REC..(i + 1) * REC];
     match e {
         None => r.fill(0),

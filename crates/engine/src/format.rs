@@ -4,7 +4,7 @@
 //! (or lives inside one that does) and carries a CRC-32C. Decoders never panic on bad bytes:
 //! they return [`Error::Corrupt`] or [`Error::Checksum`].
 
-use crate::crypto::{Crypto, KeySource, KeyWrap, Kind};
+use crate::crypto::{Crypto, KeySource, KeyWrap, Kind, NonceScheme, MAC_BYTES};
 use crate::error::{Error, Result};
 
 /// Format version written by this build, for every structure.
@@ -30,9 +30,15 @@ pub const SUPERBLOCK_BYTES: usize = 128;
 /// The superblock of an encrypted pool: the 128 bytes above (version
 /// [`SUPERBLOCK_VERSION_ENCRYPTED`]) and the key section.
 pub const SUPERBLOCK_ENCRYPTED_BYTES: usize = 256;
-/// Superblock version of an encrypted pool: format 2 plus encryption. Builds without
-/// encryption refuse it ("unsupported format version 3") instead of misreading the pool.
-pub const SUPERBLOCK_VERSION_ENCRYPTED: u32 = 3;
+/// Superblock version of an encrypted pool: format 2 plus encryption with session nonces and
+/// the superblock MAC. Older builds refuse it ("unsupported format version 4") instead of
+/// misreading the pool.
+pub const SUPERBLOCK_VERSION_ENCRYPTED: u32 = 4;
+/// Superblock version of an encrypted pool made by older builds (epoch nonces, no MAC): read,
+/// never written to (see [`NonceScheme::Epoch`]).
+pub const SUPERBLOCK_VERSION_ENCRYPTED_EPOCH: u32 = 3;
+/// Where the superblock MAC of an encrypted pool starts: it covers every byte before it.
+pub const SUPERBLOCK_MAC_AT: usize = SUPERBLOCK_ENCRYPTED_BYTES - 4 - MAC_BYTES;
 pub const SEGMENT_HEADER_BYTES: usize = 64;
 pub const RECORD_HEADER_BYTES: usize = 32;
 pub const JOURNAL_HEADER_BYTES: usize = 64;
@@ -211,7 +217,8 @@ fn check_crc(expected: u32, found: u32, what: impl Into<String>) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Superblock: the pool's identity and fixed settings. Written once by `init`.
+// Superblock: the pool's identity and fixed settings. Written once by `init`; in an encrypted
+// pool authenticated with a MAC keyed from the data key.
 
 /// The pool's default codec for new chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,11 +250,43 @@ pub enum WritePolicy {
     Async,
 }
 
+/// What a flush of a pool in an object store promises (docs/S3.md). Stored in the
+/// superblock, so that every host that opens the pool uses the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// A flush returns when the local directory's journal is synced; data and metadata are
+    /// uploaded in the background (segments as they fill, checkpoints every 60 s).
+    #[default]
+    Local,
+    /// A flush returns when the store has acknowledged a write-ahead object of it.
+    Remote,
+}
+
+impl Durability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Local => "local",
+            Durability::Remote => "remote",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Durability> {
+        match s {
+            "local" => Some(Durability::Local),
+            "remote" => Some(Durability::Remote),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
     pub block_size: u32,
     pub compression: Compression,
     pub write_policy: WritePolicy,
+    /// A pool in an object store: what a flush promises. `None`: a local pool, or a pool in
+    /// an object store made before this was stored (its first writable open stores it).
+    pub durability: Option<Durability>,
     pub uuid: [u8; 16],
     pub key: [u8; 32],
     pub segment_bytes_target: u64,
@@ -264,7 +303,8 @@ impl Superblock {
         b.extend_from_slice(&SUPERBLOCK_MAGIC);
         put_u32(
             &mut b,
-            match self.encryption {
+            match &self.encryption {
+                Some(w) if w.scheme == NonceScheme::Epoch => SUPERBLOCK_VERSION_ENCRYPTED_EPOCH,
                 Some(_) => SUPERBLOCK_VERSION_ENCRYPTED,
                 None => FORMAT_VERSION,
             },
@@ -282,7 +322,11 @@ impl Superblock {
             WritePolicy::Sync => 1,
             WritePolicy::Async => 2,
         });
-        b.push(0);
+        b.push(match self.durability {
+            None => 0,
+            Some(Durability::Local) => 1,
+            Some(Durability::Remote) => 2,
+        });
         put_u32(&mut b, 0);
         b.extend_from_slice(&self.uuid);
         match self.encryption {
@@ -302,14 +346,15 @@ impl Superblock {
             b.push(source);
             b.push(1); // cipher: AES-256-GCM
             put_u16(&mut b, 0);
-            put_u32(&mut b, w.epoch);
+            put_u32(&mut b, 0); // format 3: the epoch of the last writable open
             put_u32(&mut b, m);
             put_u32(&mut b, t);
             put_u32(&mut b, p);
             b.extend_from_slice(&salt);
             b.extend_from_slice(&w.nonce);
             b.extend_from_slice(&w.wrapped);
-            b.resize(SUPERBLOCK_ENCRYPTED_BYTES - 4, 0);
+            b.resize(SUPERBLOCK_MAC_AT, 0);
+            b.extend_from_slice(&w.mac);
             let c = crc(&[&b]);
             put_u32(&mut b, c);
         }
@@ -327,9 +372,14 @@ impl Superblock {
         let mut r = Reader::new(buf, WHAT);
         check_magic(r.bytes(8)?, &SUPERBLOCK_MAGIC, WHAT)?;
         let version = r.u32()?;
-        if version != SUPERBLOCK_VERSION_ENCRYPTED {
-            check_version(version, WHAT)?;
-        }
+        let scheme = match version {
+            SUPERBLOCK_VERSION_ENCRYPTED => Some(NonceScheme::Session),
+            SUPERBLOCK_VERSION_ENCRYPTED_EPOCH => Some(NonceScheme::Epoch),
+            v => {
+                check_version(v, WHAT)?;
+                None
+            }
+        };
         let stored = u32::from_le_bytes(
             buf[SUPERBLOCK_BYTES - 4..SUPERBLOCK_BYTES]
                 .try_into()
@@ -340,7 +390,7 @@ impl Superblock {
         let codec = r.u8()?;
         let level = r.u8()? as i8;
         let policy = r.u8()?;
-        let _ = r.u8()?;
+        let durability = r.u8()?;
         let _ = r.u32()?;
         let uuid = r.array()?;
         let key = r.array()?;
@@ -358,6 +408,12 @@ impl Superblock {
             2 => WritePolicy::Async,
             p => return Err(Error::corrupt(WHAT, format!("unknown write policy {p}"))),
         };
+        let durability = match durability {
+            0 => None,
+            1 => Some(Durability::Local),
+            2 => Some(Durability::Remote),
+            d => return Err(Error::corrupt(WHAT, format!("unknown durability {d}"))),
+        };
         if !block_size.is_power_of_two() || !(BLOCK_SIZE_MIN..=BLOCK_SIZE_MAX).contains(&block_size)
         {
             return Err(Error::corrupt(WHAT, format!("block size {block_size}")));
@@ -368,15 +424,15 @@ impl Superblock {
                 format!("segment size {segment_bytes_target}"),
             ));
         }
-        let encryption = if version == SUPERBLOCK_VERSION_ENCRYPTED {
-            Some(decode_key_section(buf)?)
-        } else {
-            None
+        let encryption = match scheme {
+            Some(scheme) => Some(decode_key_section(buf, scheme)?),
+            None => None,
         };
         Ok(Superblock {
             block_size,
             compression,
             write_policy,
+            durability,
             uuid,
             key,
             segment_bytes_target,
@@ -386,8 +442,10 @@ impl Superblock {
     }
 }
 
-/// The key section (bytes 128..256) of an encrypted pool's superblock.
-fn decode_key_section(buf: &[u8]) -> Result<KeyWrap> {
+/// The key section (bytes 128..256) of an encrypted pool's superblock. Its MAC is checked
+/// later, with the data key ([`Superblock::check_mac`]); the argon2id parameters are bounded
+/// here, before anything can spend memory or time on them.
+fn decode_key_section(buf: &[u8], scheme: NonceScheme) -> Result<KeyWrap> {
     const WHAT: &str = "superblock key section";
     let all = buf.get(..SUPERBLOCK_ENCRYPTED_BYTES).ok_or_else(|| {
         Error::corrupt(
@@ -402,11 +460,15 @@ fn decode_key_section(buf: &[u8]) -> Result<KeyWrap> {
     let source = r.u8()?;
     let cipher = r.u8()?;
     let _ = r.u16()?;
-    let epoch = r.u32()?;
+    let _epoch = r.u32()?;
     let (m_kib, t, p) = (r.u32()?, r.u32()?, r.u32()?);
     let salt = r.array()?;
     let nonce = r.array()?;
     let wrapped = r.array()?;
+    let mut mac = [0u8; MAC_BYTES];
+    if scheme == NonceScheme::Session {
+        mac.copy_from_slice(&all[SUPERBLOCK_MAC_AT..SUPERBLOCK_MAC_AT + MAC_BYTES]);
+    }
     if cipher != 1 {
         return Err(Error::corrupt(WHAT, format!("unknown cipher {cipher}")));
     }
@@ -415,11 +477,15 @@ fn decode_key_section(buf: &[u8]) -> Result<KeyWrap> {
         2 => KeySource::Passphrase { m_kib, t, p, salt },
         s => return Err(Error::corrupt(WHAT, format!("unknown key source {s}"))),
     };
+    source
+        .check_bounds()
+        .map_err(|e| Error::corrupt(WHAT, format!("{e}: out of range")))?;
     Ok(KeyWrap {
         source,
         nonce,
         wrapped,
-        epoch,
+        scheme,
+        mac,
     })
 }
 
@@ -427,6 +493,30 @@ impl Superblock {
     /// True for a pool encrypted at rest.
     pub fn is_encrypted(&self) -> bool {
         self.encryption.is_some()
+    }
+
+    /// Set the MAC of an encrypted pool's superblock (format 4) for its current fields, with
+    /// the pool's data key (held by `c`). Call after every change, before encoding to write.
+    pub fn authenticate(&mut self, c: &Crypto) {
+        let bytes = self.encode();
+        if let (Some(w), Some(covered)) = (&mut self.encryption, bytes.get(..SUPERBLOCK_MAC_AT)) {
+            w.mac = c.superblock_mac(covered);
+        }
+    }
+
+    /// Check the MAC of the superblock `buf` (as read from pool `pool`) with the data key held
+    /// by `c`: every byte before the MAC must be as the key's holder wrote it.
+    pub fn check_mac(buf: &[u8], c: &Crypto, pool: &str) -> Result<()> {
+        let (Some(covered), Some(stored)) = (
+            buf.get(..SUPERBLOCK_MAC_AT),
+            buf.get(SUPERBLOCK_MAC_AT..SUPERBLOCK_MAC_AT + MAC_BYTES),
+        ) else {
+            return Err(Error::corrupt(
+                format!("superblock of pool {pool}"),
+                format!("{} bytes, expected {SUPERBLOCK_ENCRYPTED_BYTES}", buf.len()),
+            ));
+        };
+        c.check_superblock_mac(covered, stored, pool)
     }
 }
 
@@ -1083,8 +1173,7 @@ pub fn decode_root(buf: &[u8], uuid: &[u8; 16], crypto: Option<&Crypto>) -> Resu
         }
         None => body,
     };
-    let raw = zstd::bulk::decompress(body, raw_len)
-        .map_err(|e| Error::corrupt(WHAT, format!("body does not decompress: {e}")))?;
+    let raw = decompress_root(body, raw_len)?;
     let mut r = Reader::new(&raw, WHAT);
     let mut root = Root {
         journal_gen,
@@ -1181,6 +1270,32 @@ pub fn decode_root(buf: &[u8], uuid: &[u8; 16], crypto: Option<&Crypto>) -> Resu
     Ok(root)
 }
 
+/// The body of a checkpoint root, which must be `raw_len` bytes. The buffer grows with what
+/// the body really holds: `raw_len` is read from the file and never allocated up front (up to
+/// 4 GiB for a header of 64 bytes).
+fn decompress_root(body: &[u8], raw_len: usize) -> Result<Vec<u8>> {
+    use std::io::Read;
+    const WHAT: &str = "checkpoint root";
+    let bad = |e: std::io::Error| Error::corrupt(WHAT, format!("body does not decompress: {e}"));
+    let mut raw = Vec::new();
+    zstd::stream::read::Decoder::with_buffer(body)
+        .map_err(bad)?
+        .take(raw_len as u64 + 1)
+        .read_to_end(&mut raw)
+        .map_err(bad)?;
+    if raw.len() != raw_len {
+        return Err(Error::corrupt(
+            WHAT,
+            format!(
+                "body decompresses to {}{} bytes, the header says {raw_len}",
+                raw.len(),
+                if raw.len() > raw_len { " or more" } else { "" }
+            ),
+        ));
+    }
+    Ok(raw)
+}
+
 /// The header of `meta.dat` (page 0).
 pub fn encode_meta_header(uuid: &[u8; 16]) -> Vec<u8> {
     let mut b = Vec::with_capacity(4096);
@@ -1225,6 +1340,7 @@ mod tests {
             block_size: 4096,
             compression: Compression::Zstd(7),
             write_policy: WritePolicy::Sync,
+            durability: None,
             uuid: [3; 16],
             key: [9; 32],
             segment_bytes_target: 1 << 26,
@@ -1239,8 +1355,8 @@ mod tests {
             Superblock::decode(&b),
             Err(Error::Checksum { .. })
         ));
-        // Encrypted: 256 bytes, version 3, the fingerprint key not stored.
-        let enc = Superblock {
+        // Encrypted: 256 bytes, version 4, the fingerprint key not stored, the MAC last.
+        let mut enc = Superblock {
             encryption: Some(KeyWrap {
                 source: KeySource::Passphrase {
                     m_kib: 8,
@@ -1250,26 +1366,192 @@ mod tests {
                 },
                 nonce: [5; 12],
                 wrapped: [6; 48],
-                epoch: 77,
+                scheme: NonceScheme::Session,
+                mac: [0; MAC_BYTES],
             }),
             ..sb
         };
+        let c = Crypto::reader(&[8; 32], enc.uuid, NonceScheme::Session)?;
+        enc.authenticate(&c);
         let mut b = enc.encode();
         assert_eq!(b.len(), SUPERBLOCK_ENCRYPTED_BYTES);
-        assert_eq!(b[8], 3);
+        assert_eq!(b[8], 4);
         assert!(b[40..72].iter().all(|&x| x == 0));
+        assert_ne!(
+            b[SUPERBLOCK_MAC_AT..SUPERBLOCK_MAC_AT + MAC_BYTES],
+            [0; MAC_BYTES]
+        );
         assert_eq!(
             Superblock::decode(&b)?,
             Superblock {
                 key: [0; 32],
-                ..enc
+                ..enc.clone()
             }
         );
+        Superblock::check_mac(&b, &c, "p")?;
         b[200] ^= 1;
         assert!(matches!(
             Superblock::decode(&b),
             Err(Error::Checksum { .. })
         ));
+        // Format 3 (older builds): read, with no MAC.
+        let old = Superblock {
+            encryption: enc.encryption.clone().map(|w| KeyWrap {
+                scheme: NonceScheme::Epoch,
+                mac: [0; MAC_BYTES],
+                ..w
+            }),
+            ..enc.clone()
+        };
+        let b = old.encode();
+        assert_eq!(b[8], 3);
+        assert_eq!(
+            Superblock::decode(&b)?,
+            Superblock {
+                key: [0; 32],
+                ..old
+            }
+        );
+        Ok(())
+    }
+
+    /// Encode `sb`, let `edit` change the bytes, fix both CRCs as a forger would.
+    fn forged(sb: &Superblock, edit: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut b = sb.encode();
+        edit(&mut b);
+        let c = crc(&[&b[..SUPERBLOCK_BYTES - 4]]);
+        b[SUPERBLOCK_BYTES - 4..SUPERBLOCK_BYTES].copy_from_slice(&c.to_le_bytes());
+        let n = SUPERBLOCK_ENCRYPTED_BYTES - 4;
+        let c = crc(&[&b[..n]]);
+        b[n..].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    fn encrypted_superblock(c: &Crypto) -> Superblock {
+        let mut sb = Superblock {
+            block_size: 4096,
+            compression: Compression::Lz4,
+            write_policy: WritePolicy::Sync,
+            durability: Some(Durability::Remote),
+            uuid: [3; 16],
+            key: [0; 32],
+            segment_bytes_target: 1 << 26,
+            metadata_cache_bytes: 0,
+            encryption: Some(KeyWrap {
+                source: KeySource::Passphrase {
+                    m_kib: 65536,
+                    t: 3,
+                    p: 1,
+                    salt: [4; 16],
+                },
+                nonce: [5; 12],
+                wrapped: [6; 48],
+                scheme: NonceScheme::Session,
+                mac: [0; MAC_BYTES],
+            }),
+        };
+        sb.authenticate(c);
+        sb
+    }
+
+    #[test]
+    fn every_superblock_byte_before_the_mac_is_authenticated() -> Result<()> {
+        let c = Crypto::reader(&[8; 32], [3; 16], NonceScheme::Session)?;
+        let sb = encrypted_superblock(&c);
+        Superblock::check_mac(&sb.encode(), &c, "p")?;
+        // Every byte a forger can change (all but the two CRCs, which it recomputes): the
+        // decoder refuses the value, or the MAC does.
+        let crcs = [
+            SUPERBLOCK_BYTES - 4..SUPERBLOCK_BYTES,
+            SUPERBLOCK_ENCRYPTED_BYTES - 4..SUPERBLOCK_ENCRYPTED_BYTES,
+        ];
+        for at in (0..SUPERBLOCK_ENCRYPTED_BYTES - 4).filter(|i| !crcs[0].contains(i)) {
+            let b = forged(&sb, |b| b[at] ^= 0x01);
+            let refused = match Superblock::decode(&b) {
+                Err(_) => true,
+                Ok(_) => Superblock::check_mac(&b, &c, "p").is_err(),
+            };
+            assert!(refused, "a change at byte {at} went unnoticed");
+        }
+        // The attack of issue 23: the write policy (durability) edited, the CRC recomputed.
+        let b = forged(&sb, |b| b[18] = 2);
+        assert!(Superblock::decode(&b).is_ok(), "the forged bytes decode");
+        let err = Superblock::check_mac(&b, &c, "/srv/pool")
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("superblock of pool /srv/pool")
+                    && e.contains("changed without the key")),
+            "{err:?}"
+        );
+        // Another data key does not vouch for it either.
+        let other = Crypto::reader(&[9; 32], [3; 16], NonceScheme::Session)?;
+        assert!(Superblock::check_mac(&sb.encode(), &other, "p").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn argon2_parameters_out_of_bounds_are_a_damaged_superblock() -> Result<()> {
+        let c = Crypto::reader(&[8; 32], [3; 16], NonceScheme::Session)?;
+        let sb = encrypted_superblock(&c);
+        // m_kib at 136, t at 140, p at 144.
+        for (at, v) in [
+            (136, u32::MAX),
+            (136, crate::crypto::ARGON2_M_KIB_MAX + 1),
+            (136, 4),
+            (140, u32::MAX),
+            (140, 0),
+            (140, crate::crypto::ARGON2_T_MAX + 1),
+            (144, 0),
+            (144, crate::crypto::ARGON2_P_MAX + 1),
+        ] {
+            let b = forged(&sb, |b| b[at..at + 4].copy_from_slice(&v.to_le_bytes()));
+            let err = Superblock::decode(&b).err();
+            assert!(
+                matches!(&err, Some(Error::Corrupt { detail, .. }) if detail.contains("argon2id")),
+                "{v} at {at}: {err:?}"
+            );
+        }
+        // The largest values allowed decode (they cost at most 1 GiB and 16 passes).
+        let b = forged(&sb, |b| {
+            b[136..140].copy_from_slice(&crate::crypto::ARGON2_M_KIB_MAX.to_le_bytes());
+            b[140..144].copy_from_slice(&crate::crypto::ARGON2_T_MAX.to_le_bytes());
+            b[144..148].copy_from_slice(&crate::crypto::ARGON2_P_MAX.to_le_bytes());
+        });
+        assert!(Superblock::decode(&b).is_ok());
+        Ok(())
+    }
+
+    #[test]
+    fn superblock_keeps_the_durability_of_a_pool_in_an_object_store() -> Result<()> {
+        let mut sb = Superblock {
+            block_size: 4096,
+            compression: Compression::Lz4,
+            write_policy: WritePolicy::Auto,
+            durability: None,
+            uuid: [1; 16],
+            key: [2; 32],
+            segment_bytes_target: 1 << 26,
+            metadata_cache_bytes: 0,
+            encryption: None,
+        };
+        for (d, byte) in [
+            (None, 0),
+            (Some(Durability::Local), 1),
+            (Some(Durability::Remote), 2),
+        ] {
+            sb.durability = d;
+            let b = sb.encode();
+            assert_eq!(b[19], byte);
+            assert_eq!(Superblock::decode(&b)?.durability, d);
+        }
+        // An unknown value with a valid CRC is refused, not read as a default.
+        let mut b = sb.encode();
+        b[19] = 3;
+        let c = crc(&[&b[..SUPERBLOCK_BYTES - 4]]);
+        b[SUPERBLOCK_BYTES - 4..].copy_from_slice(&c.to_le_bytes());
+        assert!(matches!(Superblock::decode(&b), Err(Error::Corrupt { .. })));
         Ok(())
     }
 
@@ -1362,6 +1644,30 @@ mod tests {
             decode_record(&b, 7, &loc),
             Err(Error::Checksum { .. })
         ));
+        Ok(())
+    }
+
+    /// Found writing the checkpoint_root fuzz target: the root body's length was read from the
+    /// header and allocated before decompressing, so a checkpoint of 100 bytes whose header
+    /// said 4 GiB (with a CRC, which anyone can compute) allocated 4 GiB. Now the buffer grows
+    /// with what the body holds, and a body of another length is an error.
+    #[test]
+    fn a_root_header_cannot_make_the_decoder_allocate() -> Result<()> {
+        let uuid = [5; 16];
+        let good = encode_root(&Root::default(), &uuid, None)?;
+        assert_eq!(decode_root(&good, &uuid, None)?, Root::default());
+        for raw_len in [u32::MAX, 1 << 30, 3] {
+            let mut b = good.clone();
+            b[12..16].copy_from_slice(&raw_len.to_le_bytes());
+            let c = crc(&[&b[..ROOT_HEADER_BYTES - 4]]);
+            b[ROOT_HEADER_BYTES - 4..ROOT_HEADER_BYTES].copy_from_slice(&c.to_le_bytes());
+            match decode_root(&b, &uuid, None) {
+                Err(Error::Corrupt { detail, .. }) => {
+                    assert!(detail.contains("decompresses to"), "{detail}")
+                }
+                other => panic!("raw length {raw_len}: {other:?}"),
+            }
+        }
         Ok(())
     }
 }

@@ -11,10 +11,16 @@
 //!   512-byte granularity) by a crash; writes to different files persist independently.
 //! - Reads return what was last written (no silent corruption); corruption is caught by the
 //!   checksums the engine keeps on every record.
+//!
+//! Access: a pool holds every volume's data, so it is its owner's alone. [`RealDir`] creates
+//! every file with mode [`FILE_MODE`] (0600) and [`create_private_dir`] every directory with
+//! [`DIR_MODE`] (0700), whatever the process's umask, set in the `open(2)`/`mkdir(2)` call
+//! itself so that no other user ever sees a wider mode. An existing directory keeps the mode
+//! its administrator gave it; [`loose_access_warning`] says when that lets others in.
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -183,6 +189,60 @@ impl AlignedBuf {
     }
 }
 
+/// Mode of every file Condense creates in a pool, a cache tier or an S3 pool's local
+/// directory: read and write for the owner only.
+pub const FILE_MODE: u32 = 0o600;
+
+/// Mode of every directory Condense creates for a pool or a cache tier: the owner only.
+pub const DIR_MODE: u32 = 0o700;
+
+/// Create the directory `path` with mode [`DIR_MODE`] if it is missing (its missing parents
+/// are created as `mkdir -p` would, with the umask's mode). An existing directory is left as
+/// it is: see [`loose_access_warning`].
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    if path.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent)?;
+    }
+    match fs::DirBuilder::new().mode(DIR_MODE).create(path) {
+        Ok(()) => Ok(()),
+        // Created meanwhile by someone else: what matters is that it is a directory now.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Write `data` to the file `path`, created with mode [`FILE_MODE`] if missing, replacing
+/// what it held (for small files beside a pool that are not part of it, such as the status a
+/// daemon publishes).
+pub fn write_private(path: &Path, data: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(path)?
+        .write_all(data)
+}
+
+/// A warning when the directory `path` lets users other than its owner in (any group or
+/// other permission bit), naming the `chmod` that closes it; `None` when it is owner-only or
+/// cannot be examined. `what` says what the directory is ("pool directory", "cache
+/// directory").
+pub fn loose_access_warning(path: &Path, what: &str) -> Option<String> {
+    let mode = fs::metadata(path).ok()?.permissions().mode() & 0o777;
+    (mode & 0o077 != 0).then(|| {
+        format!(
+            "{what} {shown} has mode {mode:03o}: other users can reach what is in it; run \
+             `chmod 700 {shown}` to keep it to its owner",
+            shown = path.display()
+        )
+    })
+}
+
 /// A real directory on a local file system.
 pub struct RealDir {
     path: PathBuf,
@@ -217,6 +277,7 @@ impl RealDir {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(FILE_MODE)
             .open(self.path.join(name))?;
         // SAFETY: flock on a file descriptor we own; no memory is involved.
         let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
@@ -269,7 +330,6 @@ impl DirectWriter for DirectFile {
 
 impl Dir for RealDir {
     fn open_direct(&self, name: &str) -> io::Result<Option<Arc<dyn DirectWriter>>> {
-        use std::os::unix::fs::OpenOptionsExt;
         match fs::OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_DIRECT)
@@ -287,6 +347,7 @@ impl Dir for RealDir {
             .write(true)
             .create(create)
             .truncate(false)
+            .mode(FILE_MODE)
             .open(self.path.join(name))?;
         Ok(Arc::new(RealFile { file }))
     }
@@ -346,5 +407,46 @@ impl Dir for RealDir {
     }
     fn describe(&self) -> String {
         self.path.display().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> io::Result<u32> {
+        Ok(fs::metadata(path)?.permissions().mode() & 0o777)
+    }
+
+    #[test]
+    fn pool_files_and_directories_are_owner_only() -> io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        let pool = tmp.path().join("parent/pool");
+        create_private_dir(&pool)?;
+        assert_eq!(mode(&pool)?, DIR_MODE);
+        assert_eq!(loose_access_warning(&pool, "pool directory"), None);
+        let dir = RealDir::new(&pool);
+        dir.open("segment.1", true)?.write_at(b"data", 0)?;
+        drop(dir.lock("lock")?);
+        write_private(&pool.join("status.json"), b"{}")?;
+        for name in ["segment.1", "lock", "status.json"] {
+            assert_eq!(mode(&pool.join(name))?, FILE_MODE, "{name}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn an_open_directory_is_left_alone_with_a_warning_naming_the_chmod() -> io::Result<()> {
+        let tmp = tempfile::tempdir()?;
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755))?;
+        create_private_dir(tmp.path())?;
+        assert_eq!(mode(tmp.path())?, 0o755);
+        let w = loose_access_warning(tmp.path(), "pool directory").unwrap_or_default();
+        assert!(w.contains("mode 755"), "{w}");
+        assert!(
+            w.contains(&format!("chmod 700 {}", tmp.path().display())),
+            "{w}"
+        );
+        Ok(())
     }
 }

@@ -310,7 +310,8 @@ fn parse_batch(
         None => payload,
     };
     let mut r = Reader::new(payload, "journal batch");
-    let mut records = Vec::with_capacity(h.count as usize);
+    // The count is read from the file: every record takes at least one byte of the payload.
+    let mut records = Vec::with_capacity((h.count as usize).min(payload.len()));
     for _ in 0..h.count {
         records.push(JournalRecord::decode(&mut r).ok()?);
     }
@@ -372,4 +373,28 @@ fn find_later_batch(
             && decode_batch_header(&data[p..])
                 .is_some_and(|h| h.seq > seq && parse_batch(data, p, h.seq, gen, crypto).is_some())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found writing the journal fuzz target: a batch's record count was read from its header
+    /// and reserved before decoding, so a batch of a few bytes with a count of 2^32 - 1 (and a
+    /// CRC, which anyone can compute) reserved hundreds of GiB and aborted the process.
+    #[test]
+    fn a_batch_count_cannot_make_replay_allocate() {
+        let mut payload = Vec::new();
+        JournalRecord::DropChunk { id: 3 }.encode(&mut payload);
+        let mut data = vec![0u8; JOURNAL_HEADER_BYTES];
+        data.extend_from_slice(&encode_batch(7, u32::MAX, &payload));
+        // One record where the header promises 2^32 - 1: not a batch (a torn tail).
+        assert!(parse_batch(&data, JOURNAL_HEADER_BYTES, 7, 1, None).is_none());
+        let mut data = vec![0u8; JOURNAL_HEADER_BYTES];
+        data.extend_from_slice(&encode_batch(7, 1, &payload));
+        assert!(matches!(
+            parse_batch(&data, JOURNAL_HEADER_BYTES, 7, 1, None),
+            Some(Ok((r, _))) if r == vec![JournalRecord::DropChunk { id: 3 }]
+        ));
+    }
 }

@@ -20,6 +20,9 @@
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
 //! - [`destage`]: moving sealed segments from a writeback cache to the pool directory
 //! - [`remote`]: pools on S3-compatible object storage (the bucket as the pool directory)
+//! - [`secret_file`]: reading key, passphrase, credentials and PSK files (owner-only)
+//! - [`fuzz`]: entry points of the fuzz targets (fuzz/), one per decoder of bytes from disk
+//!   or a bucket, and their seed corpus
 
 #![deny(clippy::unwrap_used)]
 
@@ -32,6 +35,7 @@ pub mod dedup_index;
 pub mod destage;
 pub mod error;
 pub mod format;
+pub mod fuzz;
 pub mod gc;
 pub mod io;
 pub mod journal;
@@ -43,6 +47,7 @@ pub mod projection;
 pub mod reduction;
 pub mod remote;
 pub mod repair;
+pub mod secret_file;
 pub mod segment;
 pub mod sim;
 pub mod snapshot;

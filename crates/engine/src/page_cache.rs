@@ -78,7 +78,7 @@ impl Ptr {
         codec: 0,
     };
 
-    fn read(buf: &[u8], i: usize) -> Ptr {
+    pub(crate) fn read(buf: &[u8], i: usize) -> Ptr {
         let at = i * PTR_BYTES;
         let mut p = [0u8; 8];
         p.copy_from_slice(&buf[at..at + 8]);
@@ -92,7 +92,7 @@ impl Ptr {
         }
     }
 
-    fn write(self, buf: &mut [u8], i: usize) {
+    pub(crate) fn write(self, buf: &mut [u8], i: usize) {
         let at = i * PTR_BYTES;
         buf[at..at + 8].copy_from_slice(&self.page.to_le_bytes());
         buf[at + 8..at + 12].copy_from_slice(&self.crc.to_le_bytes());
@@ -106,7 +106,7 @@ impl Ptr {
 pub const UNIT: usize = 64;
 
 /// Words between a record and the one it is delta-coded against, per kind of page.
-fn stride(tree: TreeId, level: u8) -> usize {
+pub(crate) fn stride(tree: TreeId, level: u8) -> usize {
     match (tree, level) {
         (_, l) if l > 0 => PTR_BYTES / 8,
         (CHUNK_TREE, _) => 4,
@@ -932,7 +932,22 @@ impl PageCache {
     /// (0 for one never written) and whether memory holds a change not yet written. Two
     /// trees whose leaf has the same page and no change hold the same entries.
     pub fn leaf_pages(&mut self, tree: TreeId, from: u64, to: u64) -> Result<Vec<LeafPage>> {
+        self.leaf_pages_first(tree, from, to, usize::MAX)
+    }
+
+    /// [`PageCache::leaf_pages`], stopping after the first `max` leaves that exist: the walk
+    /// costs the interior nodes above those leaves, never the width of the range.
+    pub fn leaf_pages_first(
+        &mut self,
+        tree: TreeId,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> Result<Vec<LeafPage>> {
         let mut out = Vec::new();
+        if max == 0 {
+            return Ok(out);
+        }
         self.leaves_in(tree, from, to, &mut |index, src| {
             out.push(match src {
                 LeafSrc::Cached(_, page, dirty) => LeafPage { index, page, dirty },
@@ -942,7 +957,7 @@ impl PageCache {
                     dirty: false,
                 },
             });
-            Ok(true)
+            Ok(out.len() < max)
         })?;
         Ok(out)
     }
@@ -1230,7 +1245,7 @@ pub struct LeafPage {
 /// Read the page `p` points to, check it against the pointer's CRC and decode it.
 /// The associated data of a sealed page: where it is (its first unit in `meta.dat`) and what
 /// it is (chunk table or block map, level). Not the tree: a shared page serves several.
-fn page_ctx(page: u64, tree: TreeId, level: u8) -> [u8; 10] {
+pub(crate) fn page_ctx(page: u64, tree: TreeId, level: u8) -> [u8; 10] {
     let mut c = [0u8; 10];
     c[..8].copy_from_slice(&page.to_le_bytes());
     c[8] = u8::from(tree == CHUNK_TREE);
@@ -1290,7 +1305,7 @@ fn read_checked(
 }
 
 /// Check (authenticate, CRC) and decode a page's stored bytes.
-fn open_stored(
+pub(crate) fn open_stored(
     buf: &[u8],
     crypto: Option<&Crypto>,
     p: Ptr,
@@ -1302,7 +1317,10 @@ fn open_stored(
     // Encrypted: authenticate first, so changed bytes are reported as such.
     let opened = match crypto {
         Some(c) => {
-            let len = usize::from(u16::from_le_bytes([buf[0], buf[1]]));
+            let len = match buf {
+                [a, b, ..] => usize::from(u16::from_le_bytes([*a, *b])),
+                _ => return Err(Error::corrupt(what(), "a sealed page of no bytes")),
+            };
             let sealed = buf
                 .get(2..2 + len)
                 .ok_or_else(|| Error::corrupt(what(), "sealed length past the page"))?;
@@ -1386,5 +1404,22 @@ mod tests {
         stored[0] ^= 0xff;
         let _ = decode_page(codec, &stored, 1);
         assert!(decode_page(7, &stored, 1).is_none());
+    }
+
+    /// Found writing the meta_page fuzz target: in an encrypted pool, a pointer of 0 units read
+    /// a stored page of no bytes and indexed its length prefix out of bounds (a panic).
+    #[test]
+    fn a_sealed_page_of_no_bytes_is_an_error() -> Result<()> {
+        let c = Crypto::reader(&[1; 32], [2; 16], crate::crypto::NonceScheme::Session)?;
+        for stored in [&[][..], &[0][..]] {
+            let p = Ptr {
+                page: 3,
+                crc: crc(stored),
+                units: 0,
+                codec: 1,
+            };
+            assert!(open_stored(stored, Some(&c), p, CHUNK_TREE, 0, 0).is_err());
+        }
+        Ok(())
     }
 }

@@ -18,14 +18,15 @@
 //! never surface garbage. A checkpoint writes only the dirty metadata pages (out of place) and
 //! a small root naming them; see docs/FORMAT.md.
 //!
-//! Encryption at rest ([`crate::crypto`]): opening an encrypted pool unwraps the data key
-//! before anything is written (a missing or wrong key changes no file), then a writable open
-//! makes the next nonce epoch durable in the superblock before anything is sealed.
+//! Encryption at rest ([`crate::crypto`]): opening an encrypted pool unwraps the data key and
+//! checks the superblock's MAC before anything is written (a missing or wrong key, or a
+//! superblock changed without the key, changes no file); a writable open then seals under a
+//! session of its own (a random salt, a counter in memory), so no file holds nonce state.
 
 use crate::cache::{
     slot_budget, writeback_split, CacheConf, CacheMode, CacheStats, ChunkCache, CACHE_CONF_NAME,
 };
-use crate::crypto::{self, Crypto, Kind, UserKey};
+use crate::crypto::{self, Crypto, Kind, NonceScheme, UserKey};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::io::{Dir, RealDir};
@@ -257,9 +258,10 @@ impl Pool {
     // -----------------------------------------------------------------------------------------
     // Create and open.
 
-    /// Create a new pool in the directory `path` (created if missing; must hold no pool).
+    /// Create a new pool in the directory `path` (created if missing, owner-only; must hold
+    /// no pool).
     pub fn init_path(path: &Path, opts: &InitOptions) -> Result<()> {
-        std::fs::create_dir_all(path)
+        crate::io::create_private_dir(path)
             .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
         let dir = RealDir::new(path);
         let _lock = dir
@@ -308,20 +310,23 @@ impl Pool {
             block_size: opts.block_size,
             compression: opts.compression,
             write_policy: opts.write_policy,
+            durability: dir.remote().map(|r| r.durability()),
             uuid: random_bytes()?,
             key: random_bytes()?,
             segment_bytes_target: opts.segment_bytes_target,
             metadata_cache_bytes: opts.metadata_cache_bytes.unwrap_or(0),
             encryption: None,
         };
-        // Encrypted: init seals under epoch 1; every writable open takes the next one.
+        // Encrypted: init seals under a session of its own, as every writable open does.
         let crypto = match &opts.encryption {
             Some(user) => {
-                let (mut wrap, data_key) = crypto::new_data_key(user, &sb.uuid)?;
-                wrap.epoch = 1;
+                let (wrap, data_key) = crypto::new_data_key(user, &sb.uuid)?;
                 sb.encryption = Some(wrap);
                 sb.key = [0u8; 32];
-                Some(Arc::new(Crypto::new(&data_key, sb.uuid, Some(1))?))
+                let c = Crypto::reader(&data_key, sb.uuid, NonceScheme::Session)?
+                    .start_session(&dir.describe())?;
+                sb.authenticate(&c);
+                Some(Arc::new(c))
             }
             None => None,
         };
@@ -396,7 +401,9 @@ impl Pool {
         opts.read_only = opened.read_only;
         opts.cache_dir = Some(CacheDir(opened.cache_dir));
         opts.without_writeback_cache = false;
-        Pool::open_with_lock(opened.dir, opts, Some(lock))
+        let pool = Pool::open_with_lock(opened.dir, opts, Some(lock))?;
+        opened.after.finish(&pool)?;
+        Ok(pool)
     }
 
     /// Open the pool in `dir` (no lock file: for the simulator and tests).
@@ -421,7 +428,13 @@ impl Pool {
             e => e,
         })?;
         let mut sb = Superblock::decode(&sb_bytes)?;
-        let crypto = pool_crypto(&*dir, &mut sb, opts.key.as_ref(), !opts.read_only)?;
+        let crypto = pool_crypto(
+            &*dir,
+            &sb_bytes,
+            &mut sb,
+            opts.key.as_ref(),
+            !opts.read_only,
+        )?;
         let sync_writes = match sb.write_policy {
             WritePolicy::Sync => true,
             WritePolicy::Async => false,
@@ -2098,36 +2111,31 @@ fn with_context(e: Error, what: &str) -> Error {
 }
 
 /// The encryption context of an encrypted pool (`None` for a plain one): unwraps the data key
-/// with `key` and sets the fingerprint key in `sb`. With `seal`, first makes the next nonce
-/// epoch durable in the superblock (so no nonce of an earlier open, even one that crashed, is
-/// ever used again); without it the context can open but not seal.
+/// with `key`, checks the MAC of the superblock (`sb_bytes`, as read) and sets the fingerprint
+/// key in `sb`. With `seal`, the context has a session of its own and can seal; without it, it
+/// only opens. Nothing is written: nonces depend on no file.
 pub(crate) fn pool_crypto(
     dir: &dyn Dir,
+    sb_bytes: &[u8],
     sb: &mut Superblock,
     key: Option<&UserKey>,
     seal: bool,
 ) -> Result<Option<Arc<Crypto>>> {
-    let Some(mut wrap) = sb.encryption.clone() else {
+    let Some(wrap) = &sb.encryption else {
         return Ok(None);
     };
     let pool = dir.describe();
     let user = key.ok_or_else(|| Error::KeyRequired(pool.clone()))?;
-    let data_key = crypto::unwrap_data_key(user, &wrap, &sb.uuid, &pool)?;
+    let data_key = crypto::unwrap_data_key(user, wrap, &sb.uuid, &pool)?;
+    let mut c = Crypto::reader(&data_key, sb.uuid, wrap.scheme)?;
+    if wrap.scheme == NonceScheme::Session {
+        Superblock::check_mac(sb_bytes, &c, &pool)?;
+    }
+    if seal {
+        c = c.start_session(&pool)?;
+    }
     sb.key = crypto::fingerprint_key(&data_key);
-    let epoch = if seal {
-        wrap.epoch = wrap.epoch.checked_add(1).ok_or_else(|| {
-            Error::Invalid(format!(
-                "pool {pool} has been opened for writing 2^32 times; its nonce \
-                 epochs are used up: export its volumes into a new pool"
-            ))
-        })?;
-        sb.encryption = Some(wrap.clone());
-        write_file_atomically(dir, SUPERBLOCK_NAME, &sb.encode())?;
-        Some(wrap.epoch)
-    } else {
-        None
-    };
-    Ok(Some(Arc::new(Crypto::new(&data_key, sb.uuid, epoch)?)))
+    Ok(Some(Arc::new(c)))
 }
 
 /// True if every chunk the batch introduces (or moves) is whole on disk.

@@ -1,8 +1,9 @@
 //! Pools on S3-compatible object storage (docs/S3.md).
 //!
 //! Owns: how a pool's files map to objects of a bucket ([`RemoteDir`]), the write-ahead
-//! objects of `--durability remote` ([`WalDir`]), the one-writer lease ([`Lease`]) and the
-//! pool's *local directory* (`remote.conf`, written by [`init`] and [`connect`]).
+//! objects of `--durability remote` ([`WalDir`]), the one-writer lease ([`Lease`]), the
+//! pool's durability ([`crate::pool::Pool::set_durability`]) and the pool's *local
+//! directory* (`remote.conf`, written by [`init`] and [`connect`]).
 //!
 //! A pool on S3 is a writeback-cache pool whose pool directory is a bucket. Its local
 //! directory is the cache directory: the cache tier's slots, the journal, the open segment and
@@ -38,10 +39,17 @@
 //!   after a write-ahead object (`wal/SEQ`) holding the bytes written since the previous sync
 //!   is in the bucket; an open whose local directory lacks those files rebuilds them from
 //!   the `wal/` objects, in sequence order ([`WalDir::recover`]).
+//! - **The durability is the pool's**: stored in its superblock (set by [`init`], changed
+//!   only by [`crate::pool::Pool::set_durability`]), read by every open from the bucket and
+//!   checked against the superblock the pool then opens (`AfterOpen::finish`); never taken
+//!   from the host, except once from an older `remote.conf` for a pool that stores none.
+//! - Credentials never come from a command line: an endpoint or pool URL with a user name or
+//!   password is refused without showing it ([`check_endpoint`]); a credentials file is read
+//!   only if its owner alone can access it ([`crate::secret_file`]).
 
 use crate::cache::{CacheConf, CacheMode};
 use crate::error::{Error, Result};
-use crate::format::{CHECKPOINT_NAME, META_NAME};
+use crate::format::{Superblock, CHECKPOINT_NAME, META_NAME};
 use crate::io::{Dir, File, RealDir};
 use condense_remote::{BackendStats, ObjectBackend};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -79,35 +87,14 @@ const LEASE_SETTLE: Duration = Duration::from_millis(500);
 const WAL_PREFIX: &str = "wal";
 const WAL_MAGIC: [u8; 8] = *b"CNDSWAL1";
 
-/// What a flush of an S3 pool promises.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Durability {
-    /// A flush returns when the local directory's journal is synced; data and metadata are
-    /// uploaded in the background (segments as they fill, checkpoints every 60 s).
-    #[default]
-    Local,
-    /// A flush returns when the store has acknowledged a write-ahead object of it.
-    Remote,
-}
+pub use crate::format::Durability;
 
-impl Durability {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Durability::Local => "local",
-            Durability::Remote => "remote",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Durability> {
-        match s {
-            "local" => Some(Durability::Local),
-            "remote" => Some(Durability::Remote),
-            _ => None,
-        }
-    }
-}
-
-/// `remote.conf`: where the pool is and how this host uses it. Holds no secret.
+/// `remote.conf`: where the pool is and how this host reaches it. Holds no secret.
+///
+/// The durability is the pool's, stored in its superblock, not here. A `remote.conf` written
+/// by a Condense that kept it here (before issue 23) holds a `durability=` line: for a pool
+/// that stores none yet it is taken once (the first writable open stores it in the pool and
+/// drops the line); for a pool that stores one, the pool's wins.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteConf {
     /// `s3://BUCKET[/PREFIX]`, or `file:///DIR` (a directory as the object store: tests).
@@ -118,7 +105,9 @@ pub struct RemoteConf {
     pub region: Option<String>,
     /// A file of `KEY=VALUE` lines with the credentials (`None`: the environment).
     pub credentials: Option<PathBuf>,
-    pub durability: Durability,
+    /// A durability for a pool that stores none yet (made before issue 23): the old
+    /// `durability=` line, or `connect --durability` to such a pool. `None` otherwise.
+    pub durability_to_store: Option<Durability>,
     /// This host only reads the pool (no lease; never writes to the bucket).
     pub read_only: bool,
 }
@@ -135,11 +124,10 @@ impl RemoteConf {
         if let Some(c) = &self.credentials {
             s += &format!("credentials={}\n", c.display());
         }
-        s += &format!(
-            "durability={}\nread_only={}\n",
-            self.durability.as_str(),
-            self.read_only
-        );
+        if let Some(d) = self.durability_to_store {
+            s += &format!("durability={}\n", d.as_str());
+        }
+        s += &format!("read_only={}\n", self.read_only);
         s
     }
 
@@ -155,7 +143,7 @@ impl RemoteConf {
             endpoint: None,
             region: None,
             credentials: None,
-            durability: Durability::Local,
+            durability_to_store: None,
             read_only: false,
         };
         for l in lines {
@@ -165,8 +153,10 @@ impl RemoteConf {
                 Some(("region", v)) => conf.region = Some(v.to_string()),
                 Some(("credentials", v)) => conf.credentials = Some(PathBuf::from(v)),
                 Some(("durability", v)) => {
-                    conf.durability = Durability::parse(v)
-                        .ok_or_else(|| bad(format!("durability {v:?} is not local or remote")))?
+                    conf.durability_to_store =
+                        Some(Durability::parse(v).ok_or_else(|| {
+                            bad(format!("durability {v:?} is not local or remote"))
+                        })?)
                 }
                 Some(("read_only", v)) => conf.read_only = v == "true",
                 _ => {}
@@ -205,10 +195,20 @@ impl RemoteConf {
                 ))
             })
         };
+        let endpoint = match &self.endpoint {
+            Some(e) => Some(e.clone()),
+            None => var("AWS_ENDPOINT_URL"),
+        };
+        if let Some(e) = &endpoint {
+            check_endpoint(e).map_err(|e| match (e, &self.endpoint) {
+                (Error::Invalid(m), None) => Error::Invalid(format!("$AWS_ENDPOINT_URL: {m}")),
+                (e, _) => e,
+            })?;
+        }
         let config = condense_remote::S3Config {
             bucket,
             prefix,
-            endpoint: self.endpoint.clone().or_else(|| var("AWS_ENDPOINT_URL")),
+            endpoint,
             region: self
                 .region
                 .clone()
@@ -238,6 +238,12 @@ pub fn parse_s3_url(url: &str) -> Result<(String, String)> {
         Error::Invalid(format!("{url:?} is not an S3 URL: give s3://BUCKET/PREFIX"))
     })?;
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if let Some(shown) = without_userinfo(url).filter(|_| bucket.contains('@')) {
+        return Err(Error::Invalid(format!(
+            "{shown} has a user name or password in it: give s3://BUCKET/PREFIX, and the \
+             credentials with --credentials FILE or in the environment, never on the command line"
+        )));
+    }
     if bucket.is_empty() {
         return Err(Error::Invalid(format!(
             "{url:?} names no bucket: give s3://BUCKET/PREFIX"
@@ -246,11 +252,40 @@ pub fn parse_s3_url(url: &str) -> Result<(String, String)> {
     Ok((bucket.to_string(), prefix.trim_end_matches('/').to_string()))
 }
 
+/// `url` with everything between its scheme and its last `@` (a user name, a password)
+/// replaced by `***`; `None` if it has no `@`.
+fn without_userinfo(url: &str) -> Option<String> {
+    let at = url.rfind('@')?;
+    let start = url
+        .find("://")
+        .map(|i| i + 3)
+        .filter(|&s| s <= at)
+        .unwrap_or(0);
+    Some(format!("{}***{}", &url[..start], &url[at..]))
+}
+
+/// Refuse an S3 endpoint URL that carries credentials (`https://USER:PASSWORD@HOST`): they
+/// would sit in the process list, the shell history and `remote.conf`. The error shows the URL
+/// without them.
+pub fn check_endpoint(endpoint: &str) -> Result<()> {
+    match without_userinfo(endpoint) {
+        None => Ok(()),
+        Some(shown) => Err(Error::Invalid(format!(
+            "the S3 endpoint {shown} has a user name or password in it: give the endpoint as \
+             http(s)://HOST[:PORT], and the credentials with --credentials FILE (lines \
+             AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=..., mode 0600) or in the \
+             environment, never on the command line"
+        ))),
+    }
+}
+
 /// `KEY=VALUE` lines (`export ` and quotes allowed, `#` comments), as `credentials.env` files
-/// are written.
+/// are written. The file must be its owner's only ([`crate::secret_file`]).
 fn read_credentials(path: &Path) -> Result<HashMap<String, String>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::io(format!("reading credentials file {}", path.display()), e))?;
+    const WHAT: &str = "credentials file";
+    let bytes = crate::secret_file::read(path, WHAT)?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| Error::Invalid(format!("{WHAT} {} is not UTF-8 text", path.display())))?;
     let mut vars = HashMap::new();
     for line in text.lines() {
         let line = line.trim();
@@ -315,6 +350,7 @@ fn unix_now() -> u64 {
 #[derive(Clone, Debug, Default)]
 pub struct RemoteStatus {
     pub url: String,
+    /// The pool's durability (stored in its superblock; what this open's flushes do).
     pub durability: Durability,
     /// `ok`, `degraded: ERROR (N s ago)`, `lease lost`, or `read-only`.
     pub health: String,
@@ -332,6 +368,10 @@ struct Shared {
     store: Arc<dyn ObjectBackend>,
     url: String,
     read_only: bool,
+    /// The pool's durability is `remote`: journal and segment files opened from now on log
+    /// their syncs as write-ahead objects ([`WalDir`]). Changed only with the stored value
+    /// ([`crate::pool::Pool::set_durability`]).
+    remote_durability: AtomicBool,
     lease_lost: AtomicBool,
     /// The last failed request, and when; cleared by the next success.
     last_error: Mutex<Option<(Instant, String)>>,
@@ -340,6 +380,14 @@ struct Shared {
 }
 
 impl Shared {
+    fn durability(&self) -> Durability {
+        if self.remote_durability.load(Ordering::Relaxed) {
+            Durability::Remote
+        } else {
+            Durability::Local
+        }
+    }
+
     fn note<T>(&self, r: condense_remote::Result<T>) -> io::Result<T> {
         match r {
             Ok(v) => {
@@ -518,7 +566,6 @@ pub struct RemoteDir {
     shared: Arc<Shared>,
     /// `LOCAL/pool/`: the `meta.dat` mirror, `meta.synced`, `cache.conf`.
     local: RealDir,
-    durability: Durability,
     meta: Mutex<Option<Arc<MetaFile>>>,
     opened: Instant,
     /// Sizes of the objects the last `list` returned, taken by the next `open` of each (an
@@ -539,16 +586,10 @@ fn is_local_name(name: &str) -> bool {
 
 impl RemoteDir {
     /// The bucket side of the pool whose local directory is `path`.
-    fn new(
-        shared: Arc<Shared>,
-        path: &Path,
-        durability: Durability,
-        lease: Option<Lease>,
-    ) -> RemoteDir {
+    fn new(shared: Arc<Shared>, path: &Path, lease: Option<Lease>) -> RemoteDir {
         RemoteDir {
             shared,
             local: RealDir::new(&path.join(LOCAL_SUBDIR)),
-            durability,
             meta: Mutex::new(None),
             opened: Instant::now(),
             writing: Mutex::new(HashMap::new()),
@@ -633,9 +674,16 @@ impl RemoteDir {
         Ok(m)
     }
 
-    /// The pool's durability setting on this host.
+    /// The pool's durability, as stored in its superblock.
     pub fn durability(&self) -> Durability {
-        self.durability
+        self.shared.durability()
+    }
+
+    /// Use `d` for the files opened from now on (the caller has stored it in the pool).
+    fn set_durability(&self, d: Durability) {
+        self.shared
+            .remote_durability
+            .store(d == Durability::Remote, Ordering::Relaxed);
     }
 
     /// Fail at once, changing nothing, if the store's last request failed and it does not
@@ -705,7 +753,7 @@ impl RemoteDir {
         };
         RemoteStatus {
             url: self.shared.url.clone(),
-            durability: self.durability,
+            durability: self.durability(),
             health,
             objects,
             bytes,
@@ -1055,12 +1103,14 @@ impl File for MetaFile {
 
 /// The local directory of a `remote`-durability pool: a real directory whose journal and
 /// segment files also upload, at each sync, what was written to them since the last one.
+///
+/// Whether a file logs its syncs is decided when it is opened, by the pool's durability then
+/// (a change of durability is followed by a checkpoint, which replaces the journal and seals
+/// the open segment). With `local` durability the directory still rebuilds files from
+/// write-ahead objects another open left, and deletes them with their files.
 pub struct WalDir {
     local: Arc<RealDir>,
     log: Arc<WalLog>,
-    /// Log each sync (`remote` durability). Off, the directory still rebuilds files from
-    /// write-ahead objects another open left, and deletes them with their files.
-    log_syncs: bool,
 }
 
 /// The write-ahead objects written so far, shared by a [`WalDir`] and its files.
@@ -1183,7 +1233,7 @@ impl WalDir {
     }
 }
 
-fn encode_wal(name: &str, offset: u64, data: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_wal(name: &str, offset: u64, data: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(32 + name.len() + data.len());
     v.extend_from_slice(&WAL_MAGIC);
     v.extend_from_slice(&(name.len() as u16).to_le_bytes());
@@ -1195,7 +1245,7 @@ fn encode_wal(name: &str, offset: u64, data: &[u8]) -> Vec<u8> {
     v
 }
 
-fn decode_wal(b: &[u8]) -> Option<(String, u64, &[u8])> {
+pub(crate) fn decode_wal(b: &[u8]) -> Option<(String, u64, &[u8])> {
     if b.get(..8)? != WAL_MAGIC {
         return None;
     }
@@ -1213,7 +1263,10 @@ fn decode_wal(b: &[u8]) -> Option<(String, u64, &[u8])> {
 impl Dir for WalDir {
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
         let file = self.local.open(name, create)?;
-        if !self.log_syncs || !is_logged(name) {
+        // A read-only open never writes the bucket: a file it restores locally (an empty
+        // journal) is not logged.
+        let logs = self.log.shared.durability() == Durability::Remote && !self.log.shared.read_only;
+        if !logs || !is_logged(name) {
             return Ok(file);
         }
         Ok(Arc::new_cyclic(|me| WalFile {
@@ -1354,7 +1407,7 @@ pub struct Lease {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-struct LeaseBody {
+pub(crate) struct LeaseBody {
     host: String,
     pid: u32,
     nonce: String,
@@ -1363,7 +1416,7 @@ struct LeaseBody {
 }
 
 impl LeaseBody {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         format!(
             "{LEASE_FIRST_LINE}\nhost={}\npid={}\nnonce={}\nexpires_unix={}\nrenewed_unix={}\n",
             self.host, self.pid, self.nonce, self.expires, self.renewed
@@ -1371,7 +1424,7 @@ impl LeaseBody {
         .into_bytes()
     }
 
-    fn decode(b: &[u8]) -> Option<LeaseBody> {
+    pub(crate) fn decode(b: &[u8]) -> Option<LeaseBody> {
         let text = std::str::from_utf8(b).ok()?;
         let mut lines = text.lines();
         if lines.next()? != LEASE_FIRST_LINE {
@@ -1397,7 +1450,7 @@ impl LeaseBody {
         Some(l)
     }
 
-    fn fresh(nonce: &str) -> LeaseBody {
+    pub(crate) fn fresh(nonce: &str) -> LeaseBody {
         let now = unix_now();
         LeaseBody {
             host: hostname(),
@@ -1608,7 +1661,8 @@ fn prepare_local(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> 
             )));
         }
     }
-    std::fs::create_dir_all(path.join(LOCAL_SUBDIR))
+    crate::io::create_private_dir(path)
+        .and_then(|()| crate::io::create_private_dir(&path.join(LOCAL_SUBDIR)))
         .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
     let abs = std::fs::canonicalize(path)
         .map_err(|e| Error::io(format!("resolving {}", path.display()), e))?;
@@ -1630,11 +1684,17 @@ fn prepare_local(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> 
     )
 }
 
-fn shared_for(conf: &RemoteConf, store: Arc<dyn ObjectBackend>, read_only: bool) -> Arc<Shared> {
+fn shared_for(
+    conf: &RemoteConf,
+    store: Arc<dyn ObjectBackend>,
+    read_only: bool,
+    durability: Durability,
+) -> Arc<Shared> {
     Arc::new(Shared {
         store,
         url: conf.url.clone(),
         read_only,
+        remote_durability: AtomicBool::new(durability == Durability::Remote),
         lease_lost: AtomicBool::new(false),
         last_error: Mutex::new(None),
         last_upload: Mutex::new(None),
@@ -1649,10 +1709,21 @@ fn has_pool(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<bool> {
         .is_some())
 }
 
-/// `condense init s3://...`: a new pool in the bucket, and its local directory `path`.
+/// The pool's superblock in the bucket (`None`: no pool there).
+fn read_superblock(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<Option<Superblock>> {
+    match store.get(crate::format::SUPERBLOCK_NAME) {
+        Ok(b) => Superblock::decode(&b).map(Some),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(remote_error(&conf.url, e)),
+    }
+}
+
+/// `condense init s3://...`: a new pool in the bucket, with `durability` stored in it, and
+/// its local directory `path`.
 pub fn init(
     path: &Path,
     conf: &RemoteConf,
+    durability: Durability,
     cache_size: u64,
     opts: &crate::pool::InitOptions,
 ) -> Result<()> {
@@ -1664,22 +1735,58 @@ pub fn init(
             conf.url, conf.url
         )));
     }
-    prepare_local(path, conf, cache_size)?;
-    let dir = RemoteDir::new(shared_for(conf, store, false), path, conf.durability, None);
-    crate::pool::Pool::init(&dir, opts)
+    let conf = RemoteConf {
+        durability_to_store: None,
+        ..conf.clone()
+    };
+    prepare_local(path, &conf, cache_size)?;
+    let shared = shared_for(&conf, store, false, durability);
+    // Pool::init stores the directory's durability in the superblock.
+    crate::pool::Pool::init(&RemoteDir::new(shared, path, None), opts)
 }
 
 /// `condense connect s3://...`: the local directory `path` for a pool already in the bucket
-/// (a new host, a disaster reopen, a reader beside the writer).
-pub fn connect(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> {
+/// (a new host, a disaster reopen, a reader beside the writer). The pool keeps its stored
+/// durability: `durability`, if given, must be the same (it is only a check), except for a
+/// pool that stores none yet (made before issue 23), where it is stored by the first
+/// writable open. Returns the pool's stored durability.
+pub fn connect(
+    path: &Path,
+    conf: &RemoteConf,
+    durability: Option<Durability>,
+    cache_size: u64,
+) -> Result<Option<Durability>> {
     let store = conf.backend(false)?;
-    if !has_pool(conf, &*store)? {
+    let Some(sb) = read_superblock(conf, &*store)? else {
         return Err(Error::Invalid(format!(
             "{} holds no Condense pool: create one with `condense init {} --cache DIR --cache-size SIZE`",
             conf.url, conf.url
         )));
+    };
+    if let (Some(stored), Some(asked)) = (sb.durability, durability) {
+        if stored != asked {
+            return Err(Error::Invalid(format!(
+                "pool {} has durability {} (stored with the pool, for every host that uses it); \
+                 connect does not change it: leave out --durability {}, and to change it for \
+                 every host, run `condense --pool {} durability set {}` once connected",
+                conf.url,
+                stored.as_str(),
+                asked.as_str(),
+                path.display(),
+                asked.as_str()
+            )));
+        }
     }
-    prepare_local(path, conf, cache_size)
+    let conf = RemoteConf {
+        durability_to_store: if sb.durability.is_none() {
+            durability
+        } else {
+            None
+        },
+        ..conf.clone()
+    };
+    prepare_local(path, &conf, cache_size)?;
+    Ok(sb.durability)
 }
 
 /// True if `path` is the local directory of a pool in an object store.
@@ -1694,11 +1801,70 @@ pub(crate) struct Opened {
     /// `remote` durability.
     pub cache_dir: Arc<dyn Dir>,
     pub read_only: bool,
+    /// To do once the pool is open (`AfterOpen::finish`).
+    pub after: AfterOpen,
+}
+
+/// The durability of an S3 pool, as the open found it, checked and (for a pool that stores
+/// none yet) stored once the pool is open.
+pub(crate) struct AfterOpen {
+    /// The durability in the superblock read before the open.
+    read: Option<Durability>,
+    /// Store this one in the pool: it stores none yet, and this open may write.
+    store: Option<Durability>,
+    conf_path: PathBuf,
+    conf: RemoteConf,
+}
+
+impl AfterOpen {
+    /// The open pool's superblock (the one it checked, and authenticated in an encrypted
+    /// pool) must name the durability the bucket side was set up with; a pool that stores
+    /// none yet gets the one this open uses.
+    pub fn finish(self, pool: &crate::pool::Pool) -> Result<()> {
+        if pool.sb.durability != self.read {
+            return Err(Error::corrupt(
+                format!("superblock of {}", self.conf.url),
+                "it changed while this host opened the pool (another host wrote it): open the pool again",
+            ));
+        }
+        let Some(d) = self.store else {
+            return Ok(());
+        };
+        pool.store_durability(d)?;
+        tracing::warn!(
+            "pool {} stored no durability (made by an older Condense): it now stores {} ({}); \
+             change it with `condense durability set local|remote`",
+            self.conf.url,
+            d.as_str(),
+            if self.conf.durability_to_store.is_some() {
+                "from this host's remote.conf"
+            } else {
+                "the default"
+            }
+        );
+        forget_conf_durability(&self.conf_path, &self.conf)
+    }
+}
+
+/// Rewrite `remote.conf` without its `durability=` line (the pool stores its own).
+fn forget_conf_durability(path: &Path, conf: &RemoteConf) -> Result<()> {
+    if conf.durability_to_store.is_none() {
+        return Ok(());
+    }
+    let conf = RemoteConf {
+        durability_to_store: None,
+        ..conf.clone()
+    };
+    crate::pool::write_file_atomically(
+        &RealDir::new(path),
+        REMOTE_CONF_NAME,
+        conf.encode().as_bytes(),
+    )
 }
 
 /// Open the bucket side of the pool whose local directory is `path`: take the lease (unless
 /// read-only), rebuild lost local files from write-ahead objects, bring the metadata mirror
-/// up to date.
+/// up to date. The durability comes from the pool's superblock.
 pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
     let conf = RemoteConf::decode(&std::fs::read(path.join(REMOTE_CONF_NAME)).map_err(|e| {
         Error::io(
@@ -1708,10 +1874,33 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
     })?)?;
     let read_only = read_only || conf.read_only;
     let store = conf.backend(!read_only)?;
-    if !has_pool(&conf, &*store)? {
-        return Err(Error::NotAPool(PathBuf::from(&conf.url)));
+    let sb = read_superblock(&conf, &*store)?
+        .ok_or_else(|| Error::NotAPool(PathBuf::from(&conf.url)))?;
+    let durability = match (sb.durability, conf.durability_to_store) {
+        (Some(stored), Some(here)) if stored != here => {
+            tracing::warn!(
+                "{} says durability={} (written by an older Condense); the pool {} stores {}, \
+                 which is used",
+                path.join(REMOTE_CONF_NAME).display(),
+                here.as_str(),
+                conf.url,
+                stored.as_str()
+            );
+            stored
+        }
+        (Some(stored), _) => stored,
+        (None, here) => here.unwrap_or_default(),
+    };
+    let after = AfterOpen {
+        read: sb.durability,
+        store: (sb.durability.is_none() && !read_only).then_some(durability),
+        conf_path: path.to_path_buf(),
+        conf: conf.clone(),
+    };
+    if sb.durability.is_some() && !read_only {
+        forget_conf_durability(path, &conf)?;
     }
-    let shared = shared_for(&conf, store, read_only);
+    let shared = shared_for(&conf, store, read_only, durability);
     let lease = if read_only {
         None
     } else {
@@ -1719,8 +1908,8 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
     };
     let local = Arc::new(RealDir::new(path));
     // A writer's local directory (even opened read-only, e.g. by `export`) is rebuilt from
-    // the write-ahead objects in the bucket, whatever this host's durability (another host
-    // may have written them); a reader host's never is (they are the writer's).
+    // the write-ahead objects in the bucket, whatever the pool's durability (it may have
+    // been `remote` before a change); a reader host's never is (they are the writer's).
     let cache_dir: Arc<dyn Dir> = if conf.read_only {
         local
     } else {
@@ -1732,16 +1921,89 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
                 by_file: Mutex::new(HashMap::new()),
                 unlogged: Mutex::new(Vec::new()),
             }),
-            log_syncs: conf.durability == Durability::Remote,
         };
         wal.recover()?;
         Arc::new(wal)
     };
-    let dir = RemoteDir::new(shared, path, conf.durability, lease);
+    let dir = RemoteDir::new(shared, path, lease);
     dir.sync_meta_mirror()?;
     Ok(Opened {
         dir: Arc::new(dir),
         cache_dir,
         read_only,
+        after,
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The pool's durability.
+
+impl crate::pool::Pool {
+    /// The durability of a pool in an object store (`None`: a local pool, whose flush
+    /// always syncs its own disk).
+    pub fn durability(&self) -> Option<Durability> {
+        self.dir.remote().map(RemoteDir::durability)
+    }
+
+    /// `condense durability set`: store `d` as the pool's durability (every host that
+    /// connects uses it) and apply it to this open at once. Returns the previous one.
+    ///
+    /// Under the sync lock, so no flush runs meanwhile: the superblock is replaced, then a
+    /// checkpoint uploads everything written so far and starts a new journal and segment,
+    /// which log their syncs (or not) by the new durability. Local → remote is therefore
+    /// complete when this returns: what came before is in the bucket's root, what comes after
+    /// is in write-ahead objects.
+    pub fn set_durability(&self, d: Durability) -> Result<Durability> {
+        let r = self.dir.remote().ok_or_else(|| {
+            Error::Invalid(format!(
+                "pool {} is not in an object store: a flush of a local pool always returns once \
+                 its own disk has it (durability is a setting of pools in an object store)",
+                self.dir.describe()
+            ))
+        })?;
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let guard = crate::pool::lock(&self.sync_lock);
+        let was = r.durability();
+        if was == d {
+            return Ok(was);
+        }
+        self.writable(&crate::pool::lock(&self.state))?;
+        // Before anything changes: a store that does not answer leaves the pool as it was.
+        r.check_reachable()?;
+        self.store_durability(d)?;
+        r.set_durability(d);
+        self.checkpoint_locked(&guard).inspect_err(|e| {
+            tracing::warn!(
+                "pool {} stores durability {} now, but the checkpoint that applies it failed \
+                 ({e}): it applies fully at the next checkpoint or open",
+                r.describe(),
+                d.as_str()
+            )
+        })?;
+        tracing::info!(
+            "pool {}: durability {} -> {}",
+            r.describe(),
+            was.as_str(),
+            d.as_str()
+        );
+        Ok(was)
+    }
+
+    /// Replace the superblock with one naming durability `d` (one PUT: atomic).
+    ///
+    /// Besides init, this is the one place the superblock is written; in an encrypted pool it
+    /// is authenticated again with the data key, as at init.
+    fn store_durability(&self, d: Durability) -> Result<()> {
+        let mut sb = Superblock {
+            durability: Some(d),
+            ..self.sb.clone()
+        };
+        if let Some(c) = &self.crypto {
+            // An encrypted pool's superblock carries a MAC over every field (docs/FORMAT.md).
+            sb.authenticate(c);
+        }
+        crate::pool::write_file_atomically(&*self.dir, crate::format::SUPERBLOCK_NAME, &sb.encode())
+    }
 }

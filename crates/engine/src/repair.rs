@@ -272,8 +272,8 @@ impl RepairReport {
 /// Repair the pool in directory `path` (see the module documentation). With `dry_run`
 /// nothing is written: the report says what a repair would salvage and lose.
 /// Repair the pool at `path` (`key`: the key of an encrypted pool). In an encrypted pool a
-/// repair (not a dry run) takes a new nonce epoch, as a writable open does, and seals the new
-/// pages, root and journal under it.
+/// repair (not a dry run) seals the new pages, root and journal under a session of its own,
+/// as a writable open does.
 pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<RepairReport> {
     let dir = RealDir::new(path);
     if !dir
@@ -286,8 +286,9 @@ pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<Repair
         .lock(LOCK_NAME)
         .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
         .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
-    let mut sb = Superblock::decode(&read_whole(&dir, SUPERBLOCK_NAME)?)?;
-    let reader = pool_crypto(&dir, &mut sb.clone(), key.as_ref(), false)?;
+    let sb_bytes = read_whole(&dir, SUPERBLOCK_NAME)?;
+    let mut sb = Superblock::decode(&sb_bytes)?;
+    let reader = pool_crypto(&dir, &sb_bytes, &mut sb.clone(), key.as_ref(), false)?;
     let old_root = decode_root(
         &read_whole(&dir, CHECKPOINT_NAME)?,
         &sb.uuid,
@@ -299,14 +300,14 @@ pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<Repair
             format!("{e}; Condense keeps one root, which names every map and the chunk table, so repair cannot rebuild the pool: restore it from a backup"),
         )
     })?;
-    let backup = if dry_run { None } else { Some(back_up(path)?) };
-    // What the rebuilt metadata is sealed with: a new epoch, durable before any seal (after
-    // the backup, which keeps the superblock as it was).
+    // What the rebuilt metadata is sealed with: a session of its own, as a writable open
+    // (refused for a format 3 pool before anything is written).
     let sealer = if dry_run {
         reader
     } else {
-        pool_crypto(&dir, &mut sb, key.as_ref(), true)?
+        pool_crypto(&dir, &sb_bytes, &mut sb, key.as_ref(), true)?
     };
+    let backup = if dry_run { None } else { Some(back_up(path)?) };
     // A writeback cache holds segments and maybe the journal: read them there. If its
     // directory is lost (or was given up with `cache detach --force`), its segments are
     // missing and the blocks whose chunks were in them are reported lost.
@@ -388,7 +389,8 @@ fn back_up(path: &Path) -> Result<PathBuf> {
         n += 1;
         to = path.join(format!("repair-{}-{n}", utc_stamp(secs)));
     }
-    std::fs::create_dir(&to).map_err(|e| Error::io(format!("creating {}", to.display()), e))?;
+    crate::io::create_private_dir(&to)
+        .map_err(|e| Error::io(format!("creating {}", to.display()), e))?;
     let entries =
         std::fs::read_dir(path).map_err(|e| Error::io(format!("listing {}", path.display()), e))?;
     for entry in entries {
@@ -672,7 +674,7 @@ fn record_fp(segments: &Segments, id: u64, loc: &Location) -> Option<Fingerprint
 /// at the first record that does not check (record boundaries are unknown past it). Where
 /// `expect` knows a chunk's fingerprint, only a record with it counts: a write a crash took
 /// back leaves a record whose id was handed out again to other data.
-fn scan_segments(
+pub(crate) fn scan_segments(
     segments: &Segments,
     wanted: &HashMap<u64, String>,
     expect: &HashMap<u64, Fingerprint>,

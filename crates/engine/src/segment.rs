@@ -328,7 +328,8 @@ impl Segments {
     /// staging directory).
     pub fn add_existing(&mut self, id: u32, file: Arc<dyn File>, len: u64, staged: bool) {
         self.files.insert(id, SegmentFile { file, len, staged });
-        self.next_id = self.next_id.max(id + 1);
+        // A file named seg-ffffffff.dat leaves no id: `start_segment` then refuses.
+        self.next_id = self.next_id.max(id.saturating_add(1));
     }
 
     /// Stage new segments in `dir` while fewer than `max` bytes are staged (`max` 0: create
@@ -538,6 +539,13 @@ impl Segments {
     fn start_segment(&mut self, dir: &dyn Dir) -> Result<u32> {
         let id = self.next_id;
         let name = segment_name(id);
+        if id == u32::MAX || self.files.contains_key(&id) {
+            return Err(Error::corrupt(
+                format!("segment {name}"),
+                "no segment id is left after the highest one in the pool directory (a file \
+                 named seg-ffffffff.dat?): a new segment would overwrite an existing one",
+            ));
+        }
         let staging = self
             .staging
             .clone()
@@ -881,6 +889,25 @@ mod tests {
             .start_destage()
             .ok_or(Error::Invalid("nothing to destage".into()))?;
         assert_eq!(id, first.segment);
+        Ok(())
+    }
+
+    /// Found writing the segment fuzz target: a segment named `seg-ffffffff.dat` overflowed the
+    /// next id (a panic in debug builds; in release the next segment became id 0 and was
+    /// written over the existing segment 0). Now the next new segment is refused.
+    #[test]
+    fn the_highest_segment_id_leaves_none_to_hand_out() -> Result<()> {
+        let pool = SimHandle(SimDir::new());
+        let mut segs = Segments::new(1 << 20, [7; 16]);
+        let file = pool
+            .open(&segment_name(u32::MAX), true)
+            .map_err(|e| Error::io("creating", e))?;
+        segs.add_existing(u32::MAX, file, 64, false);
+        assert_eq!(segs.last_id(), Some(u32::MAX - 1));
+        assert!(matches!(
+            record(&mut segs, &pool, 0),
+            Err(Error::Corrupt { .. })
+        ));
         Ok(())
     }
 }

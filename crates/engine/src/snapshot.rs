@@ -272,7 +272,8 @@ impl Pool {
 
     /// Which bytes of `[offset, offset + len)` differ between `from` and `to` (volumes or
     /// snapshots), block by block: runs in order covering the range, clipped to it. Past a
-    /// version's end its blocks are unmapped.
+    /// version's end its blocks are unmapped. Costs the leaves the two maps hold in the range,
+    /// not its length (see [`Pool::diff_step`]).
     pub fn diff_bytes(
         &self,
         from: &str,
@@ -280,60 +281,129 @@ impl Pool {
         offset: u64,
         len: u64,
     ) -> Result<Vec<condense_api::Change>> {
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| Error::Invalid("range past 2^64 bytes".into()))?;
+        let mut out = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let (part, next) = self.diff_step(from, to, at, end - at)?;
+            for c in part {
+                condense_api::push_change(&mut out, c.offset, c.len, c.changed);
+            }
+            at = next;
+        }
+        Ok(out)
+    }
+
+    /// One bounded step of [`Pool::diff_bytes`]: the runs of a prefix `[offset, next)` of the
+    /// range, and `next` (`offset + len` when the step reached the end). A step looks at no
+    /// more than [`DIFF_STEP_LEAVES`] existing leaves of each map and skips every subtree
+    /// neither map holds without reading it, so a sparse 1 EiB volume costs what it holds.
+    /// The state lock is held for one step only; callers that may be asked to stop (a
+    /// control-socket client that went away) check between steps.
+    pub fn diff_step(
+        &self,
+        from: &str,
+        to: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<condense_api::Change>, u64)> {
         let bs = u64::from(self.block_size());
         let end_byte = offset
             .checked_add(len)
             .ok_or_else(|| Error::Invalid("range past 2^64 bytes".into()))?;
+        let mut out: Vec<condense_api::Change> = Vec::new();
+        if len == 0 {
+            return Ok((out, end_byte));
+        }
         let first = offset / bs;
         let end = end_byte.div_ceil(bs);
-        let mut out: Vec<condense_api::Change> = Vec::new();
+        let first_leaf = first / PER;
+        let end_leaf = end.div_ceil(PER);
+        let mut st = lock(&self.state);
+        let md = &mut st.md;
+        let a = u64::from(id_of(md, from)?);
+        let b = u64::from(id_of(md, to)?);
+        let pa = md
+            .cache
+            .leaf_pages_first(a, first_leaf, end_leaf, DIFF_STEP_LEAVES)?;
+        let pb = md
+            .cache
+            .leaf_pages_first(b, first_leaf, end_leaf, DIFF_STEP_LEAVES)?;
+        // Past the last leaf of a map that stopped early, that map is not known yet.
+        let mut stop_leaf = end_leaf;
+        for p in [&pa, &pb] {
+            if p.len() >= DIFF_STEP_LEAVES {
+                if let Some(last) = p.last() {
+                    stop_leaf = stop_leaf.min(last.index + 1);
+                }
+            }
+        }
         // Blocks [lo, hi), clipped to the byte range.
         let mut push = |lo: u64, hi: u64, changed: bool| {
-            let (a, b) = ((lo * bs).max(offset), (hi * bs).min(end_byte));
-            condense_api::push_change(&mut out, a, b.saturating_sub(a), changed);
+            let (x, y) = (
+                lo.saturating_mul(bs).max(offset),
+                hi.saturating_mul(bs).min(end_byte),
+            );
+            condense_api::push_change(&mut out, x, y.saturating_sub(x), changed);
         };
-        // In windows of leaves, so the state lock is never held for a whole large volume.
-        const WINDOW: u64 = 256;
-        let mut leaf = first / PER;
-        while leaf * PER < end {
-            let stop = (leaf + WINDOW).min(end.div_ceil(PER));
-            let mut st = lock(&self.state);
-            let md = &mut st.md;
-            let a = u64::from(id_of(md, from)?);
-            let b = u64::from(id_of(md, to)?);
-            let pa = md.cache.leaf_pages(a, leaf, stop)?;
-            let pb = md.cache.leaf_pages(b, leaf, stop)?;
-            let (mut i, mut j) = (0, 0);
-            let mut l = leaf;
-            while l < stop {
-                let lo = (l * PER).max(first);
-                let hi = ((l + 1) * PER).min(end);
-                let la = pa.get(i).filter(|p| p.index == l).copied();
-                let lb = pb.get(j).filter(|p| p.index == l).copied();
-                i += usize::from(la.is_some());
-                j += usize::from(lb.is_some());
-                let same = match (la, lb) {
-                    (None, None) => true,
-                    (Some(x), Some(y)) => x.page != 0 && x.page == y.page && !x.dirty && !y.dirty,
-                    _ => false,
-                };
-                if same {
-                    push(lo, hi, false);
-                } else {
-                    let ea = leaf_entries(md, a, l, la.is_some())?;
-                    let eb = leaf_entries(md, b, l, lb.is_some())?;
-                    for blk in lo..hi {
-                        let k = (blk - l * PER) as usize;
-                        push(blk, blk + 1, ea[k] != eb[k]);
-                    }
-                }
-                l += 1;
+        let (mut i, mut j) = (0, 0);
+        // Leaves before `l` are answered.
+        let mut l = first_leaf;
+        loop {
+            let la = pa.get(i).filter(|p| p.index < stop_leaf).copied();
+            let lb = pb.get(j).filter(|p| p.index < stop_leaf).copied();
+            // The next leaf either map holds; everything before it is a hole in both.
+            let next = match (la, lb) {
+                (None, None) => stop_leaf,
+                (Some(x), None) => x.index,
+                (None, Some(y)) => y.index,
+                (Some(x), Some(y)) => x.index.min(y.index),
+            };
+            if next > l {
+                push((l * PER).max(first), (next * PER).min(end), false);
             }
-            leaf = stop;
+            if next >= stop_leaf {
+                break;
+            }
+            let la = la.filter(|p| p.index == next);
+            let lb = lb.filter(|p| p.index == next);
+            i += usize::from(la.is_some());
+            j += usize::from(lb.is_some());
+            let lo = (next * PER).max(first);
+            let hi = ((next + 1) * PER).min(end);
+            let same = match (la, lb) {
+                (Some(x), Some(y)) => x.page != 0 && x.page == y.page && !x.dirty && !y.dirty,
+                _ => false,
+            };
+            if same {
+                push(lo, hi, false);
+            } else {
+                let ea = leaf_entries(md, a, next, la.is_some())?;
+                let eb = leaf_entries(md, b, next, lb.is_some())?;
+                for blk in lo..hi {
+                    let k = (blk - next * PER) as usize;
+                    push(blk, blk + 1, ea[k] != eb[k]);
+                }
+            }
+            l = next + 1;
         }
-        Ok(out)
+        let covered = if stop_leaf >= end_leaf {
+            end_byte
+        } else {
+            stop_leaf
+                .saturating_mul(PER)
+                .saturating_mul(bs)
+                .min(end_byte)
+        };
+        Ok((out, covered))
     }
 }
+
+/// Existing leaves of each map one [`Pool::diff_step`] looks at (and the most it reads:
+/// twice this many 4 KiB pages under the state lock).
+pub const DIFF_STEP_LEAVES: usize = 256;
 
 impl Pool {
     /// The size of a volume or snapshot by name.

@@ -2,7 +2,8 @@
 //! reopen, GC and checkpoints; no plaintext reaches any file (and the same check finds it in
 //! an unencrypted pool); a missing or wrong key opens nothing and changes no file; changed
 //! bytes are authentication errors naming the volume and block (data) or meta.dat offset
-//! (metadata); every writable open takes a new nonce epoch, a read-only one writes nothing.
+//! (metadata); a copied pool written in both copies never seals two chunks under one nonce,
+//! no open writes the superblock, and a superblock edited without the key does not open.
 
 use condense_engine::{Error, InitOptions, OpenOptions, Pool, UserKey};
 use std::collections::BTreeMap;
@@ -189,8 +190,15 @@ fn missing_or_wrong_key_opens_nothing_and_changes_nothing() -> R {
 fn passphrase_pool_opens_with_its_passphrase_only() -> R {
     let t = tempfile::tempdir()?;
     let dir = t.path().join("p");
-    init(&dir, Some(UserKey::passphrase(b"correct horse")))?;
-    let pool = open(&dir, Some(UserKey::passphrase(b"correct horse")), false)?;
+    init(
+        &dir,
+        Some(UserKey::passphrase(b"correct horse battery staple")),
+    )?;
+    let pool = open(
+        &dir,
+        Some(UserKey::passphrase(b"correct horse battery staple")),
+        false,
+    )?;
     pool.create_volume("v", 1 << 20)?;
     pool.volume("v")?.write_at(0, &pattern(), false)?;
     pool.close()?;
@@ -199,30 +207,139 @@ fn passphrase_pool_opens_with_its_passphrase_only() -> R {
     assert!(matches!(bad, Some(Error::WrongKey(_))), "{bad:?}");
     let bad = open(&dir, key(), false).err();
     assert!(matches!(bad, Some(Error::WrongKey(_))), "{bad:?}");
-    let pool = open(&dir, Some(UserKey::passphrase(b"correct horse")), false)?;
+    let pool = open(
+        &dir,
+        Some(UserKey::passphrase(b"correct horse battery staple")),
+        false,
+    )?;
     let mut buf = vec![0u8; 1 << 20];
     pool.volume("v")?.read_at(0, &mut buf)?;
     assert!(buf == pattern());
     Ok(())
 }
 
-fn epoch(dir: &Path) -> R<u32> {
-    let sb = std::fs::read(dir.join("superblock"))?;
-    Ok(u32::from_le_bytes([sb[132], sb[133], sb[134], sb[135]]))
+/// The nonce (session salt and counter) and sealed payload of every chunk record in the
+/// segments of `dir` (docs/FORMAT.md: a 64-byte segment header, then 32-byte record headers
+/// whose word at 24 holds the payload length in bits 0-23).
+fn chunk_nonces(dir: &Path) -> R<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for (name, b) in files(dir)? {
+        if !name.starts_with("seg-") {
+            continue;
+        }
+        let mut at = 64;
+        while at + 32 <= b.len() {
+            let word = u32::from_le_bytes([b[at + 24], b[at + 25], b[at + 26], b[at + 27]]);
+            let len = (word & 0xff_ffff) as usize;
+            if len == 0 || at + 32 + len > b.len() {
+                break;
+            }
+            let payload = &b[at + 32..at + 32 + len];
+            out.push((payload[..24].to_vec(), payload.to_vec()));
+            at += 32 + len;
+        }
+    }
+    Ok(out)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> R {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        std::fs::copy(e.path(), to.join(e.file_name()))?;
+    }
+    Ok(())
+}
+
+/// Write 256 blocks of distinct data derived from `seed` into volume "v" at block 256.
+fn write_distinct(pool: &Pool, seed: u8) -> R {
+    let mut data = vec![0u8; 256 * 4096];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(31) ^ seed ^ (i / 4096) as u8;
+    }
+    pool.volume("v")?.write_at(256 * 4096, &data, false)?;
+    pool.flush()?;
+    Ok(())
 }
 
 #[test]
-fn every_writable_open_takes_a_new_epoch() -> R {
+fn a_copied_pool_written_in_both_copies_never_reuses_a_nonce() -> R {
+    let t = tempfile::tempdir()?;
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    init(&a, key())?;
+    let superblock = std::fs::read(a.join("superblock"))?;
+    let pool = open(&a, key(), false)?;
+    pool.create_volume("v", 4 << 20)?;
+    pool.volume("v")?.write_at(0, &pattern(), false)?;
+    pool.close()?;
+    drop(pool);
+    copy_dir(&a, &b)?;
+    for (dir, seed) in [(&a, 1u8), (&b, 2u8), (&a, 3u8)] {
+        let pool = open(dir, key(), false)?;
+        write_distinct(&pool, seed)?;
+        pool.close()?;
+    }
+    drop(open(&b, key(), true)?);
+    for dir in [&a, &b] {
+        assert!(
+            std::fs::read(dir.join("superblock"))? == superblock,
+            "no open wrote the superblock"
+        );
+    }
+    let mut seen: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut records = 0;
+    for dir in [&a, &b] {
+        for (nonce, sealed) in chunk_nonces(dir)? {
+            records += 1;
+            if let Some(earlier) = seen.insert(nonce.clone(), sealed.clone()) {
+                assert!(
+                    earlier == sealed,
+                    "nonce {nonce:02x?} sealed two different payloads"
+                );
+            }
+        }
+    }
+    assert!(
+        records > 500,
+        "read {records} records: the parser found the chunks"
+    );
+    Ok(())
+}
+
+/// Rewrite both CRCs of a superblock after an edit, as someone without the key would.
+fn fix_crcs(b: &mut [u8]) {
+    let c = crc32c::crc32c(&b[..124]);
+    b[124..128].copy_from_slice(&c.to_le_bytes());
+    let c = crc32c::crc32c(&b[..252]);
+    b[252..256].copy_from_slice(&c.to_le_bytes());
+}
+
+#[test]
+fn a_superblock_edited_without_the_key_does_not_open() -> R {
     let t = tempfile::tempdir()?;
     let dir = t.path().join("p");
     init(&dir, key())?;
-    assert_eq!(epoch(&dir)?, 1, "init seals under epoch 1");
+    drop(open(&dir, key(), true)?); // creates the lock file
+    let good = std::fs::read(dir.join("superblock"))?;
+    // Write policy sync -> async, compression lz4 -> none, the old epoch field: each with the
+    // CRCs fixed, so only the MAC can tell.
+    for (at, value) in [(18usize, 2u8), (16, 0), (132, 7)] {
+        let mut b = good.clone();
+        b[at] = value;
+        fix_crcs(&mut b);
+        std::fs::write(dir.join("superblock"), &b)?;
+        let before = files(&dir)?;
+        let err = open(&dir, key(), false).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("superblock") && e.contains("changed without the key")),
+            "byte {at}: {err:?}"
+        );
+        assert!(open(&dir, key(), true).is_err(), "byte {at}: read-only too");
+        assert!(files(&dir)? == before, "a refused open changes no file");
+    }
+    std::fs::write(dir.join("superblock"), &good)?;
     drop(open(&dir, key(), false)?);
-    assert_eq!(epoch(&dir)?, 2);
-    drop(open(&dir, key(), true)?);
-    assert_eq!(epoch(&dir)?, 2, "a read-only open seals nothing");
-    drop(open(&dir, key(), false)?);
-    assert_eq!(epoch(&dir)?, 3);
     Ok(())
 }
 
@@ -343,5 +460,52 @@ fn a_changed_journal_batch_or_root_fails_the_open() -> R {
     let msg = err.as_ref().map(|e| e.to_string()).unwrap_or_default();
     assert!(matches!(err, Some(Error::Auth { .. })), "{err:?}");
     assert!(msg.contains("journal") && msg.contains("batch"), "{msg}");
+    Ok(())
+}
+
+/// A pool made by the release before session nonces (superblock format 3), frozen in
+/// tests/fixtures/format3-pool by `condense init --encrypt` with the key below, `import` of 16
+/// blocks "format 3 block NNNN " padded with dots as volume "old", `volume create empty --size
+/// 1M`, and one block "format 3 journal block " padded with '#' written at 8 KiB of "empty" by
+/// qemu-io through `serve`, which was then killed (so the journal holds a sealed batch).
+#[test]
+fn a_format_3_pool_opens_read_only_reads_back_and_refuses_writes() -> R {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/format3-pool");
+    let t = tempfile::tempdir()?;
+    let dir = t.path().join("old");
+    copy_dir(&fixture, &dir)?;
+    let mut k = [0u8; 32];
+    for (i, b) in k.iter_mut().enumerate() {
+        *b = [0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef][i % 8];
+    }
+    let key = || Some(UserKey::key(k));
+    let before = files(&dir)?;
+    let err = open(&dir, key(), false).err().map(|e| e.to_string());
+    assert!(
+        err.as_deref()
+            .is_some_and(|e| e.contains("format 3") && e.contains("export")),
+        "{err:?}"
+    );
+    let pool = open(&dir, key(), true)?;
+    let mut old = vec![0u8; 16 * 4096];
+    pool.volume("old")?.read_at(0, &mut old)?;
+    for (i, block) in old.chunks(4096).enumerate() {
+        let head = format!("format 3 block {i:04} ");
+        assert!(block.starts_with(head.as_bytes()), "block {i}");
+        assert!(block[head.len()..].iter().all(|&b| b == b'.'), "block {i}");
+    }
+    let mut j = vec![0u8; 4096];
+    pool.volume("empty")?.read_at(8192, &mut j)?;
+    let head = b"format 3 journal block ";
+    assert!(j.starts_with(head) && j[head.len()..].iter().all(|&b| b == b'#'));
+    assert!(matches!(
+        pool.create_volume("new", 1 << 20),
+        Err(Error::ReadOnly)
+    ));
+    pool.close()?;
+    drop(pool);
+    let mut after = files(&dir)?;
+    after.remove("lock");
+    assert!(after == before, "nothing written to a format 3 pool");
     Ok(())
 }

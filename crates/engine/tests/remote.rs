@@ -2,7 +2,14 @@
 //! the same `ObjectBackend` conformance suite as S3; tests/s3/pool.sh runs the same on a
 //! Garage cluster): round trip through the bucket, a disaster reopen from the bucket alone
 //! under both durabilities, the lease refusing a second writer, and a read-only reader.
+//!
+//! The durability is the pool's (issue 23): `connect` used to write its own default
+//! (`local`) into the new local directory, so a `remote` pool reconnected after a lost disk
+//! stopped uploading its flushes, and the next lost disk lost acknowledged writes. The tests
+//! `durability_*` pin that it is stored with the pool, kept by a plain connect, changed only
+//! by `set_durability`, and taken once from an older `remote.conf`.
 
+use condense_engine::format::Superblock;
 use condense_engine::remote::{self, Durability, RemoteConf};
 use condense_engine::{Error, InitOptions, OpenOptions, Pool};
 use std::path::{Path, PathBuf};
@@ -32,15 +39,26 @@ impl Bucket {
         std::fs::create_dir_all(root.join("store")).expect("store dir");
         Bucket { _tmp: tmp, root }
     }
-    fn conf(&self, durability: Durability, read_only: bool) -> RemoteConf {
+    fn conf(&self, read_only: bool) -> RemoteConf {
         RemoteConf {
             url: format!("file://{}", self.root.join("store").display()),
             endpoint: None,
             region: None,
             credentials: None,
-            durability,
+            durability_to_store: None,
             read_only,
         }
+    }
+    /// A new local directory `name` for the pool, with a plain `connect` (no durability).
+    fn connect(&self, name: &str) -> PathBuf {
+        let local = self.local(name);
+        remote::connect(&local, &self.conf(false), None, CACHE).expect("connect");
+        local
+    }
+    /// The pool's superblock as stored in the bucket.
+    fn superblock(&self) -> Superblock {
+        let bytes = std::fs::read(self.root.join("store").join("superblock")).expect("superblock");
+        Superblock::decode(&bytes).expect("decode superblock")
     }
     fn local(&self, name: &str) -> PathBuf {
         self.root.join(name)
@@ -85,7 +103,8 @@ fn new_pool(bucket: &Bucket, durability: Durability) -> PathBuf {
     let local = bucket.local("host1");
     remote::init(
         &local,
-        &bucket.conf(durability, false),
+        &bucket.conf(false),
+        durability,
         CACHE,
         &InitOptions {
             segment_bytes_target: 1 << 20,
@@ -124,8 +143,7 @@ fn a_pool_round_trips_through_the_bucket_and_a_new_host_reads_it() {
         "a clean close leaves no segment only in the local directory"
     );
     // The lease is released at a clean close: another host opens at once.
-    let host2 = bucket.local("host2");
-    remote::connect(&host2, &bucket.conf(Durability::Local, false), CACHE).expect("connect");
+    let host2 = bucket.connect("host2");
     let pool = open(&host2).expect("open on host 2");
     check(&pool, "a", 1, 2048);
     let s = pool.stats().expect("stats");
@@ -149,8 +167,7 @@ fn lose_a_host_after_a_flush(bucket: &Bucket, durability: Durability) -> Arc<Poo
     drop(pool);
     std::fs::remove_dir_all(&local).expect("lose the host");
     bucket.expire_lease();
-    let host2 = bucket.local("host2");
-    remote::connect(&host2, &bucket.conf(durability, false), CACHE).expect("connect");
+    let host2 = bucket.connect("host2");
     let pool = open(&host2).expect("disaster reopen");
     let report = pool.verify(&|_, _| ()).expect("verify");
     assert!(report.bad_chunks.is_empty(), "{:?}", report.bad_chunks);
@@ -177,8 +194,7 @@ fn disaster_with_remote_durability_keeps_every_flushed_write() {
     // And it stays: the rebuilt host closes cleanly and a third host reads the same.
     pool.close().expect("close");
     drop(pool);
-    let host3 = bucket.local("host3");
-    remote::connect(&host3, &bucket.conf(Durability::Local, false), CACHE).expect("connect");
+    let host3 = bucket.connect("host3");
     check(&open(&host3).expect("open host 3"), "a", 1000, 512);
 }
 
@@ -190,15 +206,14 @@ fn the_lease_refuses_a_second_writer_and_a_reader_opens_beside_it() {
     pool.create_volume("a", 64 * BS as u64).expect("create");
     write(&pool, "a", 7, 64);
     pool.close().expect("checkpoint");
-    let host2 = bucket.local("host2");
-    remote::connect(&host2, &bucket.conf(Durability::Local, false), CACHE).expect("connect");
+    let host2 = bucket.connect("host2");
     match open(&host2) {
         Err(Error::Busy(m)) => assert!(m.contains("held by"), "{m}"),
         Err(e) => panic!("second writer: unexpected error {e}"),
         Ok(_) => panic!("a second writer opened the pool"),
     }
     let reader = bucket.local("reader");
-    remote::connect(&reader, &bucket.conf(Durability::Local, true), CACHE).expect("connect");
+    remote::connect(&reader, &bucket.conf(true), None, CACHE).expect("connect");
     let r = open(&reader).expect("reader opens beside the writer");
     assert!(r.is_read_only());
     check(&r, "a", 7, 64);
@@ -243,10 +258,285 @@ fn gc_reclaims_objects_and_another_host_reads_what_it_moved() {
         "the bucket holds {after} bytes after GC, {before} before"
     );
     drop(pool);
-    let host2 = bucket.local("host2");
-    remote::connect(&host2, &bucket.conf(Durability::Local, false), CACHE).expect("connect");
+    let host2 = bucket.connect("host2");
     let pool = open(&host2).expect("open on host 2");
     check(&pool, "a", 9000, 1024);
     check(&pool, "b", 5000, 1024);
     assert!(pool.verify(&|_, _| ()).expect("verify").is_clean());
+}
+
+/// Write tags `first..first+blocks` at block `at` of volume "a", flush, and lose the host:
+/// its process ends without a close (nothing more is uploaded), its local directory is gone.
+fn write_flush_and_lose(bucket: &Bucket, local: &Path, at: u64, first: u64, blocks: u64) {
+    let pool = open(local).expect("open");
+    let h = pool.volume("a").expect("volume");
+    let data: Vec<u8> = (0..blocks).flat_map(|b| block(first + b)).collect();
+    h.write_at(at * BS as u64, &data, false).expect("write");
+    pool.flush().expect("flush");
+    drop(h);
+    drop(pool);
+    std::fs::remove_dir_all(local).expect("lose the local directory");
+    bucket.expire_lease();
+}
+
+fn check_at(pool: &Pool, at: u64, first: u64, blocks: u64) {
+    let h = pool.volume("a").expect("volume");
+    let mut buf = vec![0u8; blocks as usize * BS];
+    h.read_at(at * BS as u64, &mut buf).expect("read");
+    for b in 0..blocks as usize {
+        assert!(
+            buf[b * BS..(b + 1) * BS] == block(first + b as u64)[..],
+            "block {} differs",
+            at as usize + b
+        );
+    }
+}
+
+#[test]
+fn durability_remote_survives_two_lost_local_directories_with_plain_connects() {
+    let bucket = Bucket::new();
+    let local = new_pool(&bucket, Durability::Remote);
+    assert_eq!(bucket.superblock().durability, Some(Durability::Remote));
+    let pool = open(&local).expect("open");
+    pool.create_volume("a", 1024 * BS as u64).expect("create");
+    pool.close().expect("close");
+    drop(pool);
+    write_flush_and_lose(&bucket, &local, 0, 1, 256);
+    let host2 = bucket.connect("host2");
+    assert!(
+        !std::fs::read_to_string(host2.join("remote.conf"))
+            .expect("remote.conf")
+            .contains("durability"),
+        "the host keeps no durability of its own"
+    );
+    write_flush_and_lose(&bucket, &host2, 256, 5000, 256);
+    let host3 = bucket.connect("host3");
+    let pool = open(&host3).expect("open after the second loss");
+    assert_eq!(pool.durability(), Some(Durability::Remote));
+    let r = pool.stats().expect("stats").remote.expect("remote stats");
+    assert_eq!(r.durability, Durability::Remote);
+    check_at(&pool, 0, 1, 256);
+    check_at(&pool, 256, 5000, 256);
+    assert!(pool.verify(&|_, _| ()).expect("verify").is_clean());
+}
+
+#[test]
+fn durability_connect_with_another_one_is_refused_and_the_same_one_accepted() {
+    let bucket = Bucket::new();
+    new_pool(&bucket, Durability::Remote);
+    let host2 = bucket.local("host2");
+    match remote::connect(&host2, &bucket.conf(false), Some(Durability::Local), CACHE) {
+        Err(Error::Invalid(m)) => {
+            assert!(m.contains("durability remote"), "{m}");
+            assert!(m.contains("durability set local"), "{m}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("connect --durability local accepted on a remote pool"),
+    }
+    assert!(
+        !host2.exists(),
+        "a refused connect leaves no local directory"
+    );
+    let stored = remote::connect(&host2, &bucket.conf(false), Some(Durability::Remote), CACHE)
+        .expect("connect --durability remote");
+    assert_eq!(stored, Some(Durability::Remote));
+}
+
+#[test]
+fn durability_set_is_stored_applies_at_once_and_is_kept_across_a_reconnect() {
+    let bucket = Bucket::new();
+    let local = new_pool(&bucket, Durability::Local);
+    let pool = open(&local).expect("open");
+    pool.create_volume("a", 1024 * BS as u64).expect("create");
+    // Written under local durability, before the change: the change uploads it.
+    write(&pool, "a", 1, 128);
+    assert_eq!(
+        pool.set_durability(Durability::Remote).expect("set remote"),
+        Durability::Local
+    );
+    assert_eq!(bucket.superblock().durability, Some(Durability::Remote));
+    assert_eq!(pool.durability(), Some(Durability::Remote));
+    assert_eq!(
+        pool.set_durability(Durability::Remote).expect("again"),
+        Durability::Remote,
+        "setting the same durability changes nothing"
+    );
+    // In effect at once: this open's flushes reach the bucket from now on, so a lost
+    // directory loses none of them.
+    let h = pool.volume("a").expect("volume");
+    let data: Vec<u8> = (0..128).flat_map(|b| block(7000 + b)).collect();
+    h.write_at(512 * BS as u64, &data, false).expect("write");
+    pool.flush().expect("flush");
+    drop(h);
+    drop(pool);
+    std::fs::remove_dir_all(&local).expect("lose the local directory");
+    bucket.expire_lease();
+    let host2 = bucket.connect("host2");
+    let pool = open(&host2).expect("open host 2");
+    assert_eq!(pool.durability(), Some(Durability::Remote));
+    check_at(&pool, 0, 1, 128);
+    check_at(&pool, 512, 7000, 128);
+    // And back: stored for the next host too.
+    pool.set_durability(Durability::Local).expect("set local");
+    pool.close().expect("close");
+    drop(pool);
+    let host3 = bucket.connect("host3");
+    let pool = open(&host3).expect("open host 3");
+    assert_eq!(pool.durability(), Some(Durability::Local));
+    check_at(&pool, 512, 7000, 128);
+}
+
+#[test]
+fn durability_set_is_refused_for_a_local_pool_and_a_reader() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Pool::init_path(dir.path(), &InitOptions::default()).expect("init");
+    let pool = Pool::open_path(dir.path(), OpenOptions::default()).expect("open");
+    assert_eq!(pool.durability(), None);
+    assert!(matches!(
+        pool.set_durability(Durability::Remote),
+        Err(Error::Invalid(m)) if m.contains("not in an object store")
+    ));
+    let bucket = Bucket::new();
+    new_pool(&bucket, Durability::Local);
+    let reader = bucket.local("reader");
+    remote::connect(&reader, &bucket.conf(true), None, CACHE).expect("connect");
+    let r = open(&reader).expect("reader");
+    assert!(matches!(
+        r.set_durability(Durability::Remote),
+        Err(Error::ReadOnly)
+    ));
+    assert_eq!(bucket.superblock().durability, Some(Durability::Local));
+}
+
+/// A pool made before issue 23: no durability in its superblock, `durability=` in the
+/// host's `remote.conf`.
+fn make_it_old(bucket: &Bucket, local: &Path, conf_durability: Option<Durability>) {
+    let path = bucket.root.join("store").join("superblock");
+    let sb = Superblock {
+        durability: None,
+        ..bucket.superblock()
+    };
+    std::fs::write(&path, sb.encode()).expect("old superblock");
+    let conf = RemoteConf {
+        durability_to_store: conf_durability,
+        ..bucket.conf(false)
+    };
+    std::fs::write(local.join("remote.conf"), conf.encode()).expect("old remote.conf");
+}
+
+#[test]
+fn durability_of_an_older_pool_is_taken_once_from_remote_conf() {
+    let bucket = Bucket::new();
+    let local = new_pool(&bucket, Durability::Local);
+    make_it_old(&bucket, &local, Some(Durability::Remote));
+    // A read-only open uses it and writes nothing.
+    let pool = Pool::open_path(
+        &local,
+        OpenOptions {
+            read_only: true,
+            destage_in_background: false,
+            ..Default::default()
+        },
+    )
+    .expect("read-only open");
+    assert_eq!(pool.durability(), Some(Durability::Remote));
+    drop(pool);
+    assert_eq!(bucket.superblock().durability, None);
+    // The first writable open stores it and drops it from remote.conf.
+    let pool = open(&local).expect("open");
+    assert_eq!(pool.durability(), Some(Durability::Remote));
+    drop(pool);
+    assert_eq!(bucket.superblock().durability, Some(Durability::Remote));
+    let conf = std::fs::read_to_string(local.join("remote.conf")).expect("remote.conf");
+    assert!(!conf.contains("durability"), "{conf}");
+}
+
+#[test]
+fn durability_stored_in_the_pool_wins_over_an_older_remote_conf() {
+    let bucket = Bucket::new();
+    let local = new_pool(&bucket, Durability::Remote);
+    let conf = RemoteConf {
+        durability_to_store: Some(Durability::Local),
+        ..bucket.conf(false)
+    };
+    std::fs::write(local.join("remote.conf"), conf.encode()).expect("old remote.conf");
+    let pool = open(&local).expect("open");
+    assert_eq!(pool.durability(), Some(Durability::Remote));
+    drop(pool);
+    assert_eq!(bucket.superblock().durability, Some(Durability::Remote));
+    let conf = std::fs::read_to_string(local.join("remote.conf")).expect("remote.conf");
+    assert!(!conf.contains("durability"), "{conf}");
+}
+
+#[test]
+fn durability_of_an_older_pool_without_one_anywhere_is_local_and_stored() {
+    let bucket = Bucket::new();
+    let local = new_pool(&bucket, Durability::Remote);
+    make_it_old(&bucket, &local, None);
+    assert_eq!(
+        open(&local).expect("open").durability(),
+        Some(Durability::Local)
+    );
+    assert_eq!(bucket.superblock().durability, Some(Durability::Local));
+}
+
+/// An S3 configuration whose secrets must not leak: credentials in `creds` (if given).
+fn s3_conf(endpoint: Option<&str>, creds: Option<&Path>) -> RemoteConf {
+    RemoteConf {
+        url: "s3://bucket/prefix".into(),
+        endpoint: endpoint.map(str::to_string),
+        region: Some("garage".into()),
+        credentials: creds.map(Path::to_path_buf),
+        durability_to_store: None,
+        read_only: false,
+    }
+}
+
+#[test]
+fn credentials_files_readable_by_others_are_refused_with_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let creds = dir.path().join("credentials.env");
+    std::fs::write(
+        &creds,
+        "export AWS_ACCESS_KEY_ID=GK1\nexport AWS_SECRET_ACCESS_KEY=topsecret\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let e = match s3_conf(Some("http://127.0.0.1:9"), Some(&creds)).backend(false) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a credentials file of mode 0644 was read"),
+    };
+    assert!(e.contains("chmod 600"), "{e}");
+    assert!(!e.contains("topsecret"), "{e}");
+}
+
+#[test]
+fn an_endpoint_with_a_password_is_refused_without_showing_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let creds = dir.path().join("credentials.env");
+    std::fs::write(&creds, "AWS_ACCESS_KEY_ID=GK1\nAWS_SECRET_ACCESS_KEY=x\n").expect("write");
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    for endpoint in [
+        "http://admin:hunter2@127.0.0.1:3900",
+        "https://admin:hun@ter2@s3.example.net/",
+        "admin:hunter2@s3.example.net",
+    ] {
+        let e = match s3_conf(Some(endpoint), Some(&creds)).backend(false) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("endpoint {endpoint} accepted"),
+        };
+        assert!(!e.contains("hunter2") && !e.contains("ter2"), "{e}");
+        assert!(e.contains("***@") && e.contains("--credentials"), "{e}");
+        assert!(remote::check_endpoint(endpoint).is_err());
+    }
+    assert!(remote::check_endpoint("http://127.0.0.1:3900").is_ok());
+    let e = remote::parse_s3_url("s3://key:hunter2@bucket/p")
+        .expect_err("credentials in the pool URL")
+        .to_string();
+    assert!(
+        !e.contains("hunter2") && e.contains("s3://***@bucket/p"),
+        "{e}"
+    );
 }

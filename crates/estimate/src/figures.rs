@@ -381,7 +381,7 @@ pub fn build(
             ImageFigures {
                 name: names[i].clone(),
                 path: img.path.display().to_string(),
-                format: img.format.clone(),
+                format: img.checked.format.name().to_string(),
                 file_bytes: img.file_bytes,
                 figures: figures(&t, selected, zstd_level, &stored),
                 new_chunks: new_chunks[i],

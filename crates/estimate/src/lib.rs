@@ -2,7 +2,8 @@
 //! images, without a pool.
 //!
 //! Reads every image as the guest sees it (raw directly with holes skipped; qcow2, vmdk, vdi,
-//! vhdx through `qemu-img map` + `qemu-nbd`), cuts it into chunks (fixed blocks as a pool
+//! vhdx through `qemu-img map` + `qemu-nbd`), each only after [`image::open`] checked that it
+//! reads no file but itself, cuts it into chunks (fixed blocks as a pool
 //! stores them, or CDC for comparison), and reduces each chunk with the engine's own
 //! functions, so that the projection is what `condense import` would store. Bytes on disk come
 //! from `condense_engine::projection`. Writes nothing and prints nothing: [`run`] returns a
@@ -12,6 +13,9 @@
 mod analysis;
 pub mod error;
 mod figures;
+pub mod fuzz;
+pub mod image;
+pub mod inspect;
 mod nbd_client;
 pub mod probe;
 mod source;
@@ -45,6 +49,8 @@ pub struct Options {
     pub sample: Option<f64>,
     /// Codec of the projected pool; the other codecs are reported too.
     pub compression: Compression,
+    /// The images' format (or probe) and whether they may read other files (image.rs).
+    pub image: image::ImageOptions,
 }
 
 /// Parse a `--sample` percentage such as `10%` (above 0, at most 100).
@@ -116,7 +122,7 @@ pub fn run(args: &Options, progress: &dyn Fn(u64, u64)) -> Result<Report> {
     let images: Vec<source::Image> = args
         .images
         .iter()
-        .map(|p| source::open(p, align))
+        .map(|p| source::open(p, align, &args.image))
         .collect::<Result<_>>()?;
     let names = display_names(&images);
     let total_data: u64 = images.iter().map(|i| i.data_bytes()).sum();

@@ -1,28 +1,30 @@
 //! Disk images as the guest sees them: which ranges hold data, and their bytes.
 //!
-//! Raw images are read directly; their holes are found with SEEK_DATA/SEEK_HOLE and never
-//! read. Every other format (qcow2, vmdk, vdi, vhdx, vpc) goes through the qemu tools:
-//! `qemu-img map` says which guest ranges read as zeros (skipped without reading), and the
-//! data comes from `qemu-nbd -r` on a private Unix socket through [`NbdClient`]. Condense has
-//! no image-format parsers of its own.
+//! Every image is first checked by [`crate::image::open`] (it reads no file but itself, and is
+//! consistent). Raw images are read directly; their holes are found with SEEK_DATA/SEEK_HOLE
+//! and never read. Every other format (qcow2, vmdk, vdi, vhdx, vpc) goes through the qemu
+//! tools, given the image as [`CheckedImage::qemu_args`]: `qemu-img map` says which guest
+//! ranges read as zeros (skipped without reading), and the data comes from `qemu-nbd -r` on a
+//! private Unix socket through [`NbdClient`]. Condense reads no image data format itself.
 
 use super::nbd_client::NbdClient;
 use crate::error::{bail, Context, Result};
+use crate::image::{qemu_nbd, run_qemu_img, CheckedImage, ImageOptions};
+use crate::probe::Format;
+use std::ffi::OsString;
 use std::fs::File;
-use std::io::{Seek, SeekFrom};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::FileTypeExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// One image to estimate, with its data ranges found but nothing read yet.
 pub struct Image {
     pub path: PathBuf,
     pub name: String,
-    /// "raw", or the format qemu-img reports.
-    pub format: String,
+    /// The checked image file; its format is raw or one read through qemu.
+    pub checked: CheckedImage,
     /// Size of the guest disk.
     pub logical_bytes: u64,
     /// Bytes the image file takes on the host (st_blocks × 512).
@@ -37,43 +39,24 @@ impl Image {
     }
 }
 
-fn qemu_img() -> Command {
-    Command::new(std::env::var_os("CONDENSE_QEMU_IMG").unwrap_or_else(|| "qemu-img".into()))
-}
-
-fn qemu_nbd() -> Command {
-    Command::new(std::env::var_os("CONDENSE_QEMU_NBD").unwrap_or_else(|| "qemu-nbd".into()))
-}
-
-fn run_qemu_img(args: &[&std::ffi::OsStr], what: &str) -> Result<Vec<u8>> {
-    let out = qemu_img()
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run qemu-img (install qemu-utils)")?;
-    if !out.status.success() {
-        bail!(
-            "qemu-img cannot {what}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(out.stdout)
-}
-
 /// Sort, align outwards to `align` (clipped to the aligned disk end) and merge ranges.
-fn align_merge(mut ranges: Vec<(u64, u64)>, align: u64, size: u64) -> Vec<(u64, u64)> {
+pub(crate) fn align_merge(mut ranges: Vec<(u64, u64)>, align: u64, size: u64) -> Vec<(u64, u64)> {
     ranges.sort_unstable();
-    let end_limit = size.div_ceil(align) * align;
+    // `size` and the ranges come from the image's header (through qemu-img): an end past the
+    // last aligned offset below 2^64 is clipped to it.
+    let up = |x: u64| {
+        x.div_ceil(align)
+            .checked_mul(align)
+            .unwrap_or(u64::MAX / align * align)
+    };
+    let end_limit = up(size);
     let mut out: Vec<(u64, u64)> = Vec::new();
     for (start, len) in ranges {
         if len == 0 {
             continue;
         }
         let s = start / align * align;
-        let e = (start.saturating_add(len))
-            .div_ceil(align)
-            .saturating_mul(align)
-            .min(end_limit);
+        let e = up(start.saturating_add(len)).min(end_limit);
         if s >= e {
             continue;
         }
@@ -147,69 +130,38 @@ pub fn parse_map(json: &[u8]) -> Result<Vec<(u64, u64)>> {
     Ok(out)
 }
 
-/// Find what to read in `path`, extents aligned to `align` bytes.
-pub fn open(path: &Path, align: u64) -> Result<Image> {
+/// Check the image at `path` ([`crate::image::open`]) and find what to read in it, extents
+/// aligned to `align` bytes.
+pub fn open(path: &Path, align: u64, opts: &ImageOptions) -> Result<Image> {
     let name = path
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("image")
         .to_string();
+    let checked = crate::image::open(path, opts)?;
     let meta =
         std::fs::metadata(path).with_context(|| format!("cannot open image {}", path.display()))?;
-    let block_device = meta.file_type().is_block_device();
-    if !meta.is_file() && !block_device {
-        bail!(
-            "{} is neither a disk image file nor a block device",
-            path.display()
-        );
-    }
     let file_bytes = meta.blocks() * 512;
-    if crate::probe::is_raw(path)? {
-        let mut f =
+    let size = checked.virtual_size;
+    let ranges = if checked.format != Format::Raw {
+        let mut args: Vec<OsString> = vec!["map".into(), "--output=json".into()];
+        args.extend(checked.qemu_args());
+        parse_map(&run_qemu_img(&args, &format!("map {}", path.display()))?)?
+    } else if checked.block_device {
+        // A device has no holes to find: all of it is read.
+        vec![(0, size)]
+    } else {
+        let f =
             File::open(path).with_context(|| format!("cannot open image {}", path.display()))?;
-        let (size, ranges) = if block_device {
-            // A device has no holes to find: all of it is read.
-            let size = f
-                .seek(SeekFrom::End(0))
-                .with_context(|| format!("cannot read the size of {}", path.display()))?;
-            (size, vec![(0, size)])
-        } else {
-            let size = meta.len();
-            (size, raw_extents(&f, size, path)?)
-        };
-        let extents = align_merge(ranges, align, size);
-        return Ok(Image {
-            path: path.to_path_buf(),
-            name,
-            format: "raw".into(),
-            logical_bytes: size,
-            file_bytes,
-            extents,
-        });
-    }
-    let info = crate::probe::parse_image_info(&run_qemu_img(
-        &["info".as_ref(), "--output=json".as_ref(), path.as_os_str()],
-        &format!("read {}", path.display()),
-    )?)
-    .with_context(|| format!("cannot read the format of {}", path.display()))?;
-    let map = run_qemu_img(
-        &[
-            "map".as_ref(),
-            "--output=json".as_ref(),
-            "-f".as_ref(),
-            info.format.as_ref(),
-            path.as_os_str(),
-        ],
-        &format!("map {}", path.display()),
-    )?;
-    let extents = align_merge(parse_map(&map)?, align, info.virtual_size);
+        raw_extents(&f, size, path)?
+    };
     Ok(Image {
         path: path.to_path_buf(),
         name,
-        format: info.format,
-        logical_bytes: info.virtual_size,
+        extents: align_merge(ranges, align, size),
+        checked,
+        logical_bytes: size,
         file_bytes,
-        extents,
     })
 }
 
@@ -228,7 +180,7 @@ pub struct NbdSource {
 
 impl Reader {
     pub fn open(image: &Image) -> Result<Reader> {
-        if image.format == "raw" {
+        if image.checked.format == Format::Raw {
             let file = File::open(&image.path)
                 .with_context(|| format!("cannot open image {}", image.path.display()))?;
             return Ok(Reader::Raw {
@@ -280,11 +232,9 @@ impl NbdSource {
             .and_then(|log| {
                 qemu_nbd()
                     .arg("-r")
-                    .arg("-f")
-                    .arg(&image.format)
                     .arg("--socket")
                     .arg(&socket)
-                    .arg(&image.path)
+                    .args(image.checked.qemu_args())
                     .stdin(Stdio::null())
                     .stdout(Stdio::null())
                     .stderr(Stdio::from(log))
@@ -382,5 +332,22 @@ mod tests {
         assert_eq!(parse_map(json)?, vec![(0, 65536)]);
         assert!(parse_map(b"{}").is_err());
         Ok(())
+    }
+
+    /// Found writing the qemu_img_json fuzz target: a virtual size or extent near 2^64 (qemu-img
+    /// prints what the image's header says) overflowed aligning the disk's end (a panic in
+    /// debug builds; in release every range was clipped away). Ends are now clipped to the
+    /// last aligned offset and stay aligned.
+    #[test]
+    fn sizes_near_two_to_the_64_stay_aligned() {
+        let top = u64::MAX / 4096 * 4096;
+        let r = align_merge(
+            vec![(u64::MAX - 10, 100), (0, 1), (top - 100, 50)],
+            4096,
+            u64::MAX,
+        );
+        assert_eq!(r, vec![(0, 4096), (top - 4096, 4096)]);
+        let r = align_merge(vec![(0, u64::MAX)], 4096, u64::MAX - 1);
+        assert_eq!(r, vec![(0, top)]);
     }
 }

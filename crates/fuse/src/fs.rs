@@ -150,6 +150,8 @@ pub struct Inner {
     block_bytes: u64,
     uid: u32,
     gid: u32,
+    /// Taken away from the modes of the mount's own directories and volume files.
+    umask: u32,
     started: SystemTime,
     /// Reads and writes counted for monitoring.
     pub metrics: Arc<crate::metrics::FuseMetrics>,
@@ -183,7 +185,7 @@ fn target(ino: u64) -> Target {
 }
 
 impl Inner {
-    pub fn new(catalog: Arc<dyn Catalog>, read_only: bool) -> Result<Inner, FuseError> {
+    pub fn new(catalog: Arc<dyn Catalog>, read_only: bool, umask: u32) -> Result<Inner, FuseError> {
         let uid = nix::unistd::geteuid().as_raw();
         let gid = nix::unistd::getegid().as_raw();
         let block_bytes = u64::from(catalog.usage()?.block_size.max(512));
@@ -194,6 +196,7 @@ impl Inner {
             block_bytes,
             uid,
             gid,
+            umask: umask & 0o777,
             started: SystemTime::now(),
             metrics: Default::default(),
             tree: Mutex::new(tree),
@@ -226,6 +229,11 @@ impl Inner {
 
     // ---- attributes ----
 
+    /// `mode` less the mount's umask, for the mount's own directories and volume files.
+    fn perm(&self, mode: u32) -> u16 {
+        (mode & !self.umask) as u16
+    }
+
     fn dir_attr(&self, ino: u64, nlink: u32) -> FileAttr {
         FileAttr {
             ino: INodeNo(ino),
@@ -236,7 +244,7 @@ impl Inner {
             ctime: self.started,
             crtime: self.started,
             kind: FileType::Directory,
-            perm: 0o755,
+            perm: self.perm(0o777),
             nlink,
             uid: self.uid,
             gid: self.gid,
@@ -308,7 +316,7 @@ impl Inner {
             ctime: mtime,
             crtime: if snapshot { mtime } else { self.started },
             kind: FileType::RegularFile,
-            perm: if writable { 0o644 } else { 0o444 },
+            perm: self.perm(if writable { 0o666 } else { 0o444 }),
             nlink: 1,
             uid: self.uid,
             gid: self.gid,

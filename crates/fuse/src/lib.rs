@@ -4,7 +4,7 @@
 //! MOUNTPOINT/volumes/NAME            every volume whose name does not start with '.', as a
 //!                                    regular file of the volume's logical size
 //! MOUNTPOINT/snapshots/VOLUME@SNAP   every snapshot of those volumes, as a read-only file
-//!                                    (mode 0444) of the snapshot's size
+//!                                    (mode 0400 by default) of the snapshot's size
 //! MOUNTPOINT/files/...               an ordinary directory tree whose regular files each keep
 //!                                    their content in a hidden volume `.file.<inode>`
 //! ```
@@ -20,9 +20,15 @@
 //! `VOLUME@SNAP`, with lseek SEEK_DATA/SEEK_HOLE and `st_blocks` as in `volumes/`, and mtime
 //! and ctime the snapshot's creation time. Every change is refused with EROFS: open for
 //! writing, truncate, chmod/chown/utimens, fallocate, and create, unlink or rename inside
-//! `snapshots/` (a user other than root who opens a 0444 file for writing gets EACCES from the
-//! kernel first). Snapshots taken or deleted while mounted show at the next readdir or lookup;
+//! `snapshots/` (a user other than root who opens a read-only file for writing gets EACCES
+//! from the kernel first). Snapshots taken or deleted while mounted show at the next readdir or lookup;
 //! a deleted snapshot's file, even one already open, answers ENOENT within a second.
+//!
+//! Access: the mount's own directories (the root, `volumes/`, `snapshots/`) and the files of
+//! `volumes/` and `snapshots/` belong to the mounting user, with modes 0777, 0666 and 0444
+//! less [`MountOptions::umask`] (077 by default: 0700, 0600 and 0400), and the kernel checks
+//! them (`default_permissions`). So even with `allow_other` no other user reaches a volume, or
+//! anything under `files/`, unless a wider umask is given.
 //!
 //! `files/` keeps names and attributes in the pool's metadata records ([`format`]), one small
 //! record per inode and per directory. See `crates/fuse/FORMAT.md` for the layout and the
@@ -40,6 +46,7 @@
 
 pub mod format;
 mod fs;
+pub mod fuzz;
 mod metrics;
 mod seek;
 pub mod tree;
@@ -61,6 +68,10 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Refuse every change (EROFS).
     pub read_only: bool,
+    /// Mode bits taken away from the mount's own directories (0777) and from the files of
+    /// `volumes/` (0666) and `snapshots/` (0444): 0o077 by default, so that they are the
+    /// mounting user's only. `files/` keeps the modes its files are given.
+    pub umask: u32,
     /// Threads serving FUSE requests.
     pub threads: usize,
     /// Ask the kernel for its writeback cache (`FUSE_WRITEBACK_CACHE`): buffered writes to
@@ -78,6 +89,7 @@ impl Default for MountOptions {
         MountOptions {
             allow_other: false,
             read_only: false,
+            umask: 0o077,
             threads: 4,
             writeback_cache: false,
         }
@@ -168,7 +180,7 @@ pub fn spawn(
         )));
     }
     let mountpoint = mountpoint.canonicalize().map_err(mount_err)?;
-    let inner = Arc::new(fs::Inner::new(catalog, opts.read_only)?);
+    let inner = Arc::new(fs::Inner::new(catalog, opts.read_only, opts.umask)?);
 
     let mut config = fuser::Config::default();
     config.mount_options = vec![

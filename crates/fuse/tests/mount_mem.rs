@@ -576,7 +576,7 @@ fn names_in(dir: &Path) -> Vec<String> {
 
 /// The errno a change to a read-only snapshot file gets when the kernel lets the request
 /// through: root always reaches the mount (EROFS); other users are stopped by the kernel's
-/// check of mode 0444 first (EACCES).
+/// check of the file's read-only mode first (EACCES).
 fn write_refusal() -> i32 {
     if nix::unistd::geteuid().is_root() {
         libc::EROFS
@@ -645,7 +645,16 @@ fn snapshot_files_read_the_frozen_content_and_refuse_changes() {
     let meta = fs::metadata(&snap).expect("stat");
     assert!(meta.is_file());
     assert_eq!(meta.len(), size);
-    assert_eq!(meta.mode() & 0o7777, 0o444);
+    assert_eq!(
+        meta.mode() & 0o7777,
+        0o400,
+        "owner-only by default (umask 077)"
+    );
+    assert_eq!(
+        fs::metadata(m.volume("disk")).expect("stat").mode() & 0o7777,
+        0o600
+    );
+    assert_eq!(fs::metadata(m.root()).expect("stat").mode() & 0o7777, 0o700);
     assert_eq!(meta.mtime(), info.created_unix as i64);
     assert_eq!(meta.ctime(), info.created_unix as i64);
     assert_eq!(meta.blocks() * 512, MIB + 3 * BLOCK);

@@ -1,31 +1,49 @@
-//! The `/metrics` endpoint: a std thread that accepts HTTP/1.x connections one at a time and
-//! answers each with one response, then closes it.
+//! The `/metrics` endpoint: HTTP/1.1 served by hyper on a small tokio runtime of its own.
 //!
-//! Owns: the listening socket and its thread. `GET /metrics` (or `HEAD`) renders the registry;
-//! `GET /` says where the metrics are; other paths get 404, other methods 405, a request that
-//! is not HTTP 400. A client gets [`IO_TIMEOUT`] to send its request and read the answer, so a
-//! stalled client delays the next scrape by at most that. Dropping the [`MetricsServer`] stops
-//! the thread and closes the socket.
+//! Owns: the listening socket, its thread and runtime. `GET /metrics` (or `HEAD`) renders the
+//! registry; `GET /` says where the metrics are; other paths get 404, other methods 405, and a
+//! request that is not HTTP/1.x gets hyper's 400 (or 431 for a head over
+//! [`REQUEST_HEAD_BYTES_MAX`]). One request per connection (`Connection: close`).
+//!
+//! Clients are served concurrently, so none can hold up another's scrape:
+//! - a client gets [`HEADER_TIMEOUT`] to send its request head, and [`CONNECTION_TIMEOUT`]
+//!   for the whole exchange (a client that reads its answer a byte a second is cut off);
+//! - at most [`CONNECTIONS_MAX`] connections are served at once; more are closed on accept;
+//! - rendering (which reads the pool's figures) runs on the runtime's blocking threads, at
+//!   most [`RENDER_THREADS`] at a time.
+//!
+//! Dropping the [`MetricsServer`] stops accepting, closes the socket and ends the thread.
 
 use crate::{MetricsError, Registry};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+use tokio::sync::{oneshot, Semaphore};
 
-/// How long one client may take to send its request or read the answer.
-pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
-/// Largest request head read; longer ones are refused.
-const REQUEST_BYTES_MAX: usize = 16 * 1024;
+/// How long a client may take to send its request head.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one connection may last, answer included.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more are closed as soon as they are accepted.
+pub const CONNECTIONS_MAX: usize = 64;
+/// Largest request head read (hyper's buffer); longer ones are refused.
+pub const REQUEST_HEAD_BYTES_MAX: usize = 16 * 1024;
+/// Scrapes rendered at once.
+const RENDER_THREADS: usize = 4;
 /// The content type of the text format.
 const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// A running endpoint. Dropping it stops serving.
 pub struct MetricsServer {
     addr: SocketAddr,
-    stop: Arc<AtomicBool>,
+    stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -38,16 +56,26 @@ impl MetricsServer {
         };
         let addrs: Vec<SocketAddr> = addr.to_socket_addrs().map_err(bind_err)?.collect();
         let listener = TcpListener::bind(&addrs[..]).map_err(bind_err)?;
+        listener.set_nonblocking(true).map_err(bind_err)?;
         let local = listener.local_addr().map_err(bind_err)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(RENDER_THREADS)
+            .thread_name("condense-metrics")
+            .build()
+            .map_err(MetricsError::Thread)?;
+        let (stop, stopped) = oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("condense-metrics".to_string())
-            .spawn(move || accept_loop(listener, registry, flag))
+            .spawn(move || {
+                runtime.block_on(serve(listener, registry, stopped));
+                // A render stuck in the pool does not hold the process back.
+                runtime.shutdown_timeout(Duration::from_secs(1));
+            })
             .map_err(MetricsError::Thread)?;
         Ok(MetricsServer {
             addr: local,
-            stop,
+            stop: Some(stop),
             thread: Some(thread),
         })
     }
@@ -60,123 +88,120 @@ impl MetricsServer {
 
 impl Drop for MetricsServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        // Wake the blocking accept with a connection of our own.
-        let mut wake = self.addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(match wake {
-                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
-                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
-            });
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
         }
-        if TcpStream::connect_timeout(&wake, Duration::from_secs(1)).is_ok() {
-            if let Some(t) = self.thread.take() {
-                let _ = t.join();
-            }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
-        // If we could not connect, the thread stays blocked in accept and ends with the process.
     }
 }
 
-fn accept_loop(listener: TcpListener, registry: Arc<Registry>, stop: Arc<AtomicBool>) {
-    for conn in listener.incoming() {
-        if stop.load(Ordering::Relaxed) {
+/// Accept until told to stop; each connection on a task of its own.
+async fn serve(listener: TcpListener, registry: Arc<Registry>, mut stop: oneshot::Receiver<()>) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("metrics endpoint: cannot use the socket: {e}");
             return;
         }
-        match conn {
-            Ok(s) => {
-                if let Err(e) = answer(s, &registry) {
-                    tracing::debug!("metrics request failed: {e}");
-                }
-            }
+    };
+    let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        while conns.try_join_next().is_some() {}
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = &mut stop => break,
+        };
+        let stream = match accepted {
+            Ok((s, _)) => s,
             Err(e) => {
                 // Out of file descriptors and the like: back off instead of spinning.
                 tracing::warn!("metrics endpoint: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(100));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-        }
-    }
-}
-
-/// Read one request head and write one response.
-fn answer(mut s: TcpStream, registry: &Registry) -> std::io::Result<()> {
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
-    s.set_write_timeout(Some(IO_TIMEOUT))?;
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
-        if head.len() > REQUEST_BYTES_MAX {
-            return respond(
-                &mut s,
-                "431 Request Header Fields Too Large",
-                "",
-                "too long\n",
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::debug!(
+                "metrics endpoint: {CONNECTIONS_MAX} connections busy; closing one more"
             );
-        }
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
+            continue;
+        };
+        let registry = registry.clone();
+        conns.spawn(async move {
+            let service = hyper::service::service_fn(move |req| answer(req, registry.clone()));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(REQUEST_HEAD_BYTES_MAX)
+                .keep_alive(false)
+                .title_case_headers(true)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("metrics request failed: {e}"),
+                Err(_) => tracing::debug!("metrics client too slow; closed"),
+            }
+            drop(slot);
+        });
     }
-    let text = String::from_utf8_lossy(&head);
-    let mut words = text.lines().next().unwrap_or("").split_whitespace();
-    let (method, target, version) = (words.next(), words.next(), words.next());
-    let (Some(method), Some(target), Some(version)) = (method, target, version) else {
-        return respond(&mut s, "400 Bad Request", "", "not an HTTP request\n");
-    };
-    if !version.starts_with("HTTP/1.") {
-        return respond(
-            &mut s,
-            "400 Bad Request",
-            "",
-            "only HTTP/1.x is spoken here\n",
-        );
-    }
-    let path = target.split('?').next().unwrap_or(target);
-    let head_only = method == "HEAD";
-    if method != "GET" && !head_only {
-        return respond(
-            &mut s,
-            "405 Method Not Allowed",
-            "Allow: GET, HEAD\r\n",
-            "use GET\n",
-        );
-    }
-    let body = match path {
-        "/metrics" => registry.render(),
-        "/" => "Condense metrics for Prometheus: GET /metrics\n".to_string(),
-        _ => return respond(&mut s, "404 Not Found", "", "no such page: try /metrics\n"),
-    };
-    let header = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(header.as_bytes())?;
-    if !head_only {
-        s.write_all(body.as_bytes())?;
-    }
-    s.flush()
+    conns.shutdown().await;
 }
 
-fn respond(s: &mut TcpStream, status: &str, extra: &str, body: &str) -> std::io::Result<()> {
-    let reply = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\n{extra}\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(reply.as_bytes())?;
-    s.flush()
+fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    registry: Arc<Registry>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n", PLAIN);
+        r.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+        return Ok(r);
+    }
+    Ok(match req.uri().path() {
+        "/metrics" => match tokio::task::spawn_blocking(move || registry.render()).await {
+            // (hyper sends no body for HEAD, and the length of the GET body.)
+            Ok(body) => text(StatusCode::OK, body, CONTENT_TYPE),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("rendering failed: {e}\n"),
+                PLAIN,
+            ),
+        },
+        "/" => text(
+            StatusCode::OK,
+            "Condense metrics for Prometheus: GET /metrics\n",
+            CONTENT_TYPE,
+        ),
+        _ => text(StatusCode::NOT_FOUND, "no such page: try /metrics\n", PLAIN),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Counter, Encoder};
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Instant;
 
     fn get(addr: SocketAddr, request: &str) -> std::io::Result<String> {
         let mut s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(20)))?;
         s.write_all(request.as_bytes())?;
         let mut out = String::new();
         s.read_to_string(&mut out)?;
@@ -197,12 +222,10 @@ mod tests {
         let r = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
         assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
         assert!(r.contains("Content-Type: text/plain; version=0.0.4"), "{r}");
+        assert!(r.contains("Connection: close\r\n"), "{r}");
         assert!(r.ends_with("\r\n\r\n# HELP t_total Test.\n# TYPE t_total counter\nt_total 7\n"));
         let r = get(addr, "HEAD /metrics?x=1 HTTP/1.0\r\n\r\n")?;
-        assert!(
-            r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\n"),
-            "{r}"
-        );
+        assert!(r.contains(" 200 OK\r\n") && r.ends_with("\r\n\r\n"), "{r}");
         let r = get(addr, "GET /nope HTTP/1.1\r\n\r\n")?;
         assert!(r.starts_with("HTTP/1.1 404"), "{r}");
         let r = get(addr, "POST /metrics HTTP/1.1\r\n\r\n")?;
@@ -212,11 +235,45 @@ mod tests {
         );
         let r = get(addr, "hello\r\n\r\n")?;
         assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+        let long = format!(
+            "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+            "a".repeat(64 * 1024)
+        );
+        let r = get(addr, &long).unwrap_or_default();
+        assert!(!r.contains(" 200 "), "an over-long head is refused: {r}");
         drop(server);
         assert!(
             TcpStream::connect(addr).is_err(),
             "the socket closes on drop"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn slow_clients_do_not_hold_up_a_scrape() -> Result<(), Box<dyn std::error::Error>> {
+        let registry = Arc::new(Registry::default());
+        registry.register(Arc::new(|e: &mut Encoder| e.counter("t_total", "Test.", 1)));
+        let server = MetricsServer::start("127.0.0.1:0", registry)?;
+        let addr = server.local_addr();
+        // Silent clients, and one that sent half a head.
+        let mut idle: Vec<TcpStream> = (0..8)
+            .map(|_| TcpStream::connect(addr))
+            .collect::<Result<_, _>>()?;
+        idle[0].write_all(b"GET /metr")?;
+        let started = Instant::now();
+        let r = get(addr, "GET /metrics HTTP/1.1\r\n\r\n")?;
+        assert!(r.contains("t_total 1"), "{r}");
+        assert!(
+            started.elapsed() < HEADER_TIMEOUT,
+            "a scrape waited {:?} behind idle clients",
+            started.elapsed()
+        );
+        // The silent ones are cut off after the header timeout.
+        let mut b = [0u8; 64];
+        idle[1].set_read_timeout(Some(HEADER_TIMEOUT * 3))?;
+        let n = idle[1].read(&mut b).unwrap_or(0);
+        let answered = String::from_utf8_lossy(&b[..n]).to_string();
+        assert!(n == 0 || answered.starts_with("HTTP/1.1 408"), "{answered}");
         Ok(())
     }
 

@@ -1,4 +1,4 @@
-//! Metrics for Prometheus: lock-free instruments, the text exposition format, and a tiny HTTP
+//! Metrics for Prometheus: lock-free instruments, the text exposition format, and the HTTP
 //! endpoint that answers `GET /metrics`.
 //!
 //! Owns:
@@ -11,8 +11,9 @@
 //! - [`Encoder`]: the Prometheus text format 0.0.4 (`# HELP`, `# TYPE`, samples; escaping of
 //!   help text and label values; histograms as cumulative `_bucket{le=…}` with `+Inf`, `_sum`
 //!   and `_count`);
-//! - [`MetricsServer`]: a std thread serving `GET /metrics` over HTTP/1.1 (one request per
-//!   connection, `Connection: close`).
+//! - [`MetricsServer`]: `GET /metrics` over HTTP/1.1 (hyper, on a small tokio runtime of its
+//!   own thread): concurrent clients, header and connection timeouts, a connection cap (one
+//!   request per connection, `Connection: close`).
 //!
 //! Invariants: every sample of a metric family follows its `# TYPE` line, families are
 //! declared once per scrape (the encoder refuses to declare one twice by ignoring the repeat),
@@ -36,7 +37,7 @@
 mod http;
 mod text;
 
-pub use http::MetricsServer;
+pub use http::{MetricsServer, CONNECTIONS_MAX, CONNECTION_TIMEOUT, HEADER_TIMEOUT};
 pub use text::{Encoder, Kind};
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -82,6 +83,12 @@ impl Gauge {
     }
     pub fn dec(&self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+    pub fn add(&self, n: i64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn sub(&self, n: i64) {
+        self.0.fetch_sub(n, Ordering::Relaxed);
     }
     pub fn set(&self, v: i64) {
         self.0.store(v, Ordering::Relaxed);

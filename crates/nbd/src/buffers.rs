@@ -11,8 +11,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Requests below this size get plain vectors.
 const POOLED_BYTES_MIN: usize = 64 * 1024;
-/// Idle bytes the pool keeps; buffers returned beyond it are freed.
-const IDLE_BYTES_MAX: usize = 128 * 1024 * 1024;
+/// Idle bytes the pool keeps; buffers returned beyond it are freed. Idle buffers are memory
+/// outside the in-flight budget ([`crate::budget`]), so this stays small: enough for the
+/// buffers of a few pipelined 1 MiB requests per connection.
+const IDLE_BYTES_MAX: usize = 32 * 1024 * 1024;
 
 #[derive(Default)]
 struct Idle {
@@ -30,6 +32,16 @@ impl BufPool {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The bytes [`BufPool::take`] allocates for `len` usable bytes (what a request's
+    /// buffer costs in the in-flight budget).
+    pub fn alloc_bytes(len: usize) -> usize {
+        if len < POOLED_BYTES_MIN {
+            len
+        } else {
+            len.next_power_of_two()
+        }
+    }
+
     /// A buffer of exactly `len` usable bytes (contents unspecified).
     pub fn take(self: &Arc<Self>, len: usize) -> Buf {
         if len < POOLED_BYTES_MIN {
@@ -39,7 +51,7 @@ impl BufPool {
                 pool: None,
             };
         }
-        let class = len.next_power_of_two();
+        let class = Self::alloc_bytes(len);
         let reused = {
             let mut idle = self.lock();
             let v = idle.by_class.get_mut(&class).and_then(Vec::pop);
@@ -55,9 +67,25 @@ impl BufPool {
         }
     }
 
+    /// Keep a returned buffer for reuse. When the idle bytes would pass the limit, buffers
+    /// of other sizes go first: the size just used is the one the next request wants (after
+    /// nbdcopy's 256 KiB writes, fio's 1 MiB reads must not find the pool full of 256 KiB).
     fn give(&self, v: Vec<u8>) {
         let class = v.len();
         let mut idle = self.lock();
+        while idle.bytes + class > IDLE_BYTES_MAX {
+            let Some(other) = idle
+                .by_class
+                .iter()
+                .find(|(c, l)| **c != class && !l.is_empty())
+                .map(|(c, _)| *c)
+            else {
+                break;
+            };
+            if let Some(old) = idle.by_class.get_mut(&other).and_then(Vec::pop) {
+                idle.bytes -= old.len();
+            }
+        }
         if idle.bytes + class <= IDLE_BYTES_MAX {
             idle.bytes += class;
             idle.by_class.entry(class).or_default().push(v);
@@ -104,7 +132,30 @@ mod tests {
         let b = pool.take(600 * 1024); // same 1 MiB class
         assert_eq!(b.as_slice().len(), 600 * 1024);
         assert_eq!(b.as_slice().as_ptr(), ptr, "reused");
+        assert_eq!(BufPool::alloc_bytes(600 * 1024), 1 << 20);
+        assert_eq!(BufPool::alloc_bytes(100), 100);
         let small = pool.take(100);
         assert_eq!(small.as_slice(), &[0u8; 100][..]);
+    }
+
+    #[test]
+    fn the_size_in_use_displaces_idle_buffers_of_other_sizes() {
+        let pool = Arc::new(BufPool::default());
+        let n = IDLE_BYTES_MAX / (256 * 1024);
+        let small: Vec<Buf> = (0..n).map(|_| pool.take(256 * 1024)).collect();
+        drop(small);
+        assert_eq!(
+            pool.lock().bytes,
+            IDLE_BYTES_MAX,
+            "idle pool full of 256 KiB buffers"
+        );
+        drop(pool.take(1 << 20));
+        let idle = pool.lock();
+        assert!(idle.bytes <= IDLE_BYTES_MAX);
+        assert_eq!(
+            idle.by_class.get(&(1 << 20)).map(Vec::len),
+            Some(1),
+            "the 1 MiB buffer was kept, a 256 KiB one was let go"
+        );
     }
 }

@@ -223,7 +223,7 @@ pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
                 option,
                 REP_ERR_TLS_REQD,
                 "this server requires TLS: send NBD_OPT_STARTTLS first \
-                 (nbds:// URIs, qemu tls-creds-x509)",
+                 (nbds:// URIs, qemu tls-creds-x509 or tls-creds-psk)",
             )
             .await?;
             stream.flush().await?;
@@ -287,7 +287,8 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
                     stream,
                     option,
                     REP_ERR_UNSUP,
-                    "TLS is not configured on this server (serve with --tls-cert and --tls-key)",
+                    "TLS is not configured on this server \
+                     (serve with --tls-cert and --tls-key, or --tls-psk)",
                 )
                 .await?;
                 Ok(None)

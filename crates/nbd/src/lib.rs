@@ -12,8 +12,12 @@
 //! reply is sent when it completes, out of order. Extended headers
 //! (`NBD_OPT_EXTENDED_HEADERS`) are not offered.
 //!
+//! Unix sockets are created 0600 (or 0660 for one group, [`ServerConfig::socket_access`])
+//! whatever the umask: see [`unix_socket`].
+//!
 //! NBD over TLS: with [`ServerConfig::tls`] set, clients upgrade with `NBD_OPT_STARTTLS`
-//! (forced or optional, client certificates, per-client exports): see the [`tls`] module.
+//! (forced or optional, client certificates or pre-shared keys, per-client exports): see the
+//! [`tls`] and [`psk`] modules.
 //!
 //! Snapshot exports: [`Volume::is_read_only`] is true for them, so the server advertises
 //! `NBD_FLAG_READ_ONLY`, neither TRIM nor WRITE_ZEROES, and refuses WRITE, TRIM and
@@ -61,6 +65,12 @@
 //! - Size constraints: minimum 1 (unaligned requests are fine), preferred = the pool's block
 //!   size, maximum payload [`ServerConfig::payload_bytes_max`] (32 MiB).
 //!
+//! Bounded resources: every request, refused ones included, holds part of an in-flight budget
+//! until its reply is written (per connection [`ServerConfig::inflight_bytes_max`], server-wide
+//! [`ServerConfig::server_inflight_bytes_max`] plus a small reserve per connection), so a
+//! client that never reads its replies stops being read; at most
+//! [`ServerConfig::max_connections`] connections are served, more are closed on accept.
+//!
 //! [`Volume::flush_is_pool_wide`]: condense_api::Volume::flush_is_pool_wide
 //! [`Volume::is_read_only`]: condense_api::Volume::is_read_only
 //! [`Volume::snapshot_names`]: condense_api::Volume::snapshot_names
@@ -80,20 +90,26 @@
 
 #![deny(clippy::unwrap_used)]
 
+mod budget;
 mod buffers;
 #[doc(hidden)]
 pub mod fuzz;
 mod handshake;
 mod metrics;
 pub mod proto;
+pub mod psk;
 mod server;
 pub mod tls;
 mod transmission;
+pub mod unix_socket;
 pub mod wire;
 mod workers;
 
 pub use metrics::NbdMetrics;
-pub use server::{is_exportable, serve_stream, Endpoint, Server, ServerConfig, ServerHandle};
+pub use server::{
+    is_exportable, serve_stream, Endpoint, Server, ServerConfig, ServerHandle,
+    DEFAULT_MAX_CONNECTIONS, HANDSHAKE_TIMEOUT,
+};
 pub use tls::{ExportRules, TlsConfig, TlsError, TlsMode};
 pub use transmission::End;
 

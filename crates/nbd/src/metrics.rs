@@ -9,7 +9,9 @@
 //! the latency histogram's `_count` agree); its latency runs from the moment its header was
 //! read to the moment its reply was built (queueing on the worker threads included, writing
 //! to the socket not); a request refused before it runs (bad range, read-only export) is
-//! counted in `condense_nbd_requests_refused_total` only.
+//! counted in `condense_nbd_requests_refused_total` only; a connection closed at once because
+//! the server has `max_connections` already is counted in
+//! `condense_nbd_connections_refused_total` only.
 
 use crate::wire::Command;
 use condense_metrics::{
@@ -43,6 +45,8 @@ pub struct NbdMetrics {
     clients: Gauge,
     connections: Counter,
     refused: Counter,
+    connections_refused: Counter,
+    inflight_bytes: Gauge,
 }
 
 impl Default for NbdMetrics {
@@ -57,6 +61,8 @@ impl Default for NbdMetrics {
             clients: Gauge::default(),
             connections: Counter::default(),
             refused: Counter::default(),
+            connections_refused: Counter::default(),
+            inflight_bytes: Gauge::default(),
         }
     }
 }
@@ -99,6 +105,29 @@ impl NbdMetrics {
         self.clients.inc();
         self.connections.inc();
         ClientGuard(self.clone())
+    }
+
+    /// A connection closed at once: the server had its maximum of connections.
+    pub(crate) fn connection_refused(&self) {
+        self.connections_refused.inc();
+    }
+
+    pub(crate) fn inflight_bytes_add(&self, n: i64) {
+        self.inflight_bytes.add(n);
+    }
+
+    pub(crate) fn inflight_bytes_sub(&self, n: i64) {
+        self.inflight_bytes.sub(n);
+    }
+
+    /// Bytes of the in-flight budget held by requests now.
+    pub fn inflight_bytes(&self) -> i64 {
+        self.inflight_bytes.get()
+    }
+
+    /// Connections refused because the server had its maximum.
+    pub fn connections_refused(&self) -> u64 {
+        self.connections_refused.get()
     }
 
     /// Requests of `command` ("read", "write", …) answered so far.
@@ -178,6 +207,18 @@ impl Collect for NbdMetrics {
             "NBD connections accepted.",
             self.connections.get(),
         );
+        e.counter(
+            "condense_nbd_connections_refused_total",
+            "NBD connections closed at once because the server had --max-connections \
+             connections already.",
+            self.connections_refused.get(),
+        );
+        e.gauge(
+            "condense_nbd_inflight_bytes",
+            "Bytes of the in-flight budget held now by NBD requests whose replies are not \
+             written yet (buffers and replies; refused requests count too).",
+            self.inflight_bytes.get() as f64,
+        );
     }
 }
 
@@ -215,6 +256,8 @@ mod tests {
             "condense_nbd_requests_refused_total 1",
             "condense_nbd_clients_connected 1",
             "condense_nbd_connections_total 1",
+            "condense_nbd_connections_refused_total 0",
+            "condense_nbd_inflight_bytes 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

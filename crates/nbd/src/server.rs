@@ -1,5 +1,13 @@
 //! Listeners, connections and shutdown.
+//!
+//! Owns: the listening sockets, the cap on connections, and each connection from accept to
+//! close. A connection beyond [`ServerConfig::max_connections`] is closed as soon as it is
+//! accepted, before the greeting (nothing is allocated for it), counted in
+//! `condense_nbd_connections_refused_total`, and logged at most once per
+//! [`REFUSAL_LOG_INTERVAL`]. A client gets [`HANDSHAKE_TIMEOUT`] from accept to the end of
+//! option haggling, so idle sockets cannot keep the slots of the cap forever.
 
+use crate::budget::Budget;
 use crate::buffers::BufPool;
 use crate::handshake::{self, Outcome, Security, Session};
 use crate::metrics::NbdMetrics;
@@ -12,10 +20,10 @@ use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 /// Where the server listens.
@@ -41,14 +49,23 @@ pub struct ServerConfig {
     pub read_only: bool,
     /// Largest READ/WRITE payload (advertised as the maximum block size). At least 1 MiB.
     pub payload_bytes_max: u32,
-    /// Bytes of requests one connection may have in flight before the server stops reading.
+    /// Bytes of requests and replies one connection may have in flight before the server
+    /// stops reading from it (the in-flight budget, [`crate::budget`]).
     pub inflight_bytes_max: usize,
+    /// Bytes of requests and replies all connections together may have in flight, beyond the
+    /// 1 MiB each connection always has of its own ([`crate::budget::RESERVE_BYTES`]).
+    pub server_inflight_bytes_max: usize,
+    /// Connections served at once (handshake or transmission); more are closed on accept.
+    pub max_connections: usize,
     /// How long shutdown waits for connections to answer what they have in flight.
     pub drain_timeout: Duration,
     /// Threads that run Volume API calls for all connections.
     pub worker_threads: usize,
     /// NBD over TLS (STARTTLS); `None` serves plaintext only and refuses STARTTLS.
     pub tls: Option<Arc<TlsConfig>>,
+    /// Who may connect to the Unix socket endpoints: their owner (0600, the default) or a
+    /// group too (0660).
+    pub socket_access: crate::unix_socket::Access,
 }
 
 impl Default for ServerConfig {
@@ -56,13 +73,31 @@ impl Default for ServerConfig {
         ServerConfig {
             read_only: false,
             payload_bytes_max: 32 * 1024 * 1024,
-            inflight_bytes_max: 128 * 1024 * 1024,
+            // One largest request, or many small ones: seq 1 MiB reads at queue depth 4 and
+            // nbdcopy's 64 requests of 256 KiB need 4 and 16 MiB.
+            inflight_bytes_max: 32 * 1024 * 1024,
+            // Twice one connection: two clients that never read cannot take more.
+            server_inflight_bytes_max: 64 * 1024 * 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             drain_timeout: Duration::from_secs(30),
             worker_threads: 4,
             tls: None,
+            socket_access: crate::unix_socket::Access::Owner,
         }
     }
 }
+
+/// Connections served at once by default: far more than the VMs and backup jobs of one host
+/// open (qemu opens one per disk, nbdcopy four), few enough that their in-flight reserves
+/// (1 MiB each) and buffers stay small.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+
+/// How long a client may take from connecting to choosing an export (greeting, options,
+/// TLS handshake): clients take milliseconds; an idle socket loses its slot after this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections refused beyond the cap are logged at most once per this interval.
+pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What every connection shares.
 pub struct Shared {
@@ -71,18 +106,50 @@ pub struct Shared {
     pub workers: Workers,
     pub buffers: Arc<BufPool>,
     pub metrics: Arc<NbdMetrics>,
+    /// The server-wide in-flight budget.
+    pub budget: Budget,
+    /// One permit per connection being served.
+    slots: Arc<Semaphore>,
+    /// Refusals not logged yet, and when the last log line was written.
+    refusals: Mutex<(u64, Option<Instant>)>,
 }
 
 impl Shared {
     fn new(catalog: Arc<dyn Catalog>, config: ServerConfig) -> std::io::Result<Shared> {
         let workers = Workers::new(config.worker_threads)?;
+        let metrics = Arc::new(NbdMetrics::default());
         Ok(Shared {
             catalog,
+            budget: Budget::new(config.server_inflight_bytes_max, metrics.clone()),
+            slots: Arc::new(Semaphore::new(
+                config.max_connections.clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            refusals: Mutex::new((0, None)),
             config,
             workers,
             buffers: Arc::new(BufPool::default()),
-            metrics: Arc::new(NbdMetrics::default()),
+            metrics,
         })
+    }
+
+    /// A slot for a new connection, or `None` (counted and logged) when all are taken.
+    fn admit(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+        self.metrics.connection_refused();
+        let mut r = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        r.0 += 1;
+        if r.1.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL) {
+            tracing::warn!(
+                "refused {} NBD connection(s) since the last report: {} clients are connected, \
+                 the maximum (--max-connections)",
+                r.0,
+                self.config.max_connections
+            );
+            *r = (0, Some(Instant::now()));
+        }
+        None
     }
 }
 
@@ -181,16 +248,19 @@ pub struct Server {
     endpoints: Vec<Endpoint>,
 }
 
-/// Bind a Unix socket, replacing a stale socket file nobody listens on.
-fn bind_unix(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+/// Bind a Unix socket with `access`, replacing a stale socket file nobody listens on.
+fn bind_unix(
+    path: &Path,
+    access: crate::unix_socket::Access,
+) -> std::io::Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
-    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::os::unix::net::UnixStream;
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if meta.file_type().is_socket() && UnixStream::connect(path).is_err() {
             std::fs::remove_file(path)?;
         }
     }
-    UnixListener::bind(path)
+    crate::unix_socket::bind(path, access)
 }
 
 impl Server {
@@ -205,6 +275,11 @@ impl Server {
                 "payload_bytes_max {} is below 1 MiB",
                 config.payload_bytes_max
             )));
+        }
+        if config.max_connections == 0 {
+            return Err(NbdError::Config(
+                "max_connections is 0: no client could connect".to_string(),
+            ));
         }
         let mut listeners = Vec::new();
         let mut bound = Vec::new();
@@ -221,7 +296,7 @@ impl Server {
                     listeners.push(Bound::Tcp(l));
                 }
                 Endpoint::Unix(path) => {
-                    let l = bind_unix(path).map_err(bind_err)?;
+                    let l = bind_unix(path, config.socket_access).map_err(bind_err)?;
                     l.set_nonblocking(true).map_err(bind_err)?;
                     bound.push(Endpoint::Unix(path.clone()));
                     listeners.push(Bound::Unix(l, path.clone()));
@@ -389,11 +464,17 @@ async fn accept_loop<A: Acceptor>(
         };
         match accepted {
             Ok((stream, peer)) => {
+                // Beyond the cap: closed now, before the greeting allocates anything.
+                let Some(slot) = shared.admit() else {
+                    drop(stream);
+                    continue;
+                };
                 tracing::debug!(peer, "connection");
                 let shared = shared.clone();
                 let stop = stop.clone();
                 conns.spawn(async move {
                     let end = connection(stream, shared, stop).await;
+                    drop(slot);
                     tracing::debug!(peer, ?end, "connection closed");
                 });
             }
@@ -424,11 +505,15 @@ pub async fn connection<S: Stream>(
     mut stop: watch::Receiver<bool>,
 ) -> End {
     let _client = shared.metrics.client();
-    let no_zeroes = match handshake::greet(&mut stream, &mut stop).await {
-        Ok(Some(no_zeroes)) => no_zeroes,
-        Ok(None) => return End::Closed,
-        Err(e) => return End::Io(e.to_string()),
-    };
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    let late = || End::Io(format!("no export chosen within {HANDSHAKE_TIMEOUT:?}"));
+    let no_zeroes =
+        match tokio::time::timeout_at(deadline, handshake::greet(&mut stream, &mut stop)).await {
+            Err(_) => return late(),
+            Ok(Ok(Some(no_zeroes))) => no_zeroes,
+            Ok(Ok(None)) => return End::Closed,
+            Ok(Err(e)) => return End::Io(e.to_string()),
+        };
     let tls = shared.config.tls.clone();
     let session = Session {
         security: tls
@@ -437,7 +522,15 @@ pub async fn connection<S: Stream>(
         access: Access::All,
         no_zeroes,
     };
-    match handshake::negotiate(&mut stream, &shared, &mut stop, &session).await {
+    let negotiated = tokio::time::timeout_at(
+        deadline,
+        handshake::negotiate(&mut stream, &shared, &mut stop, &session),
+    )
+    .await;
+    let Ok(negotiated) = negotiated else {
+        return late();
+    };
+    match negotiated {
         Ok(Outcome::Transmission(export)) => transmit(stream, export, &shared, stop).await,
         Ok(Outcome::Close(why)) => {
             tracing::debug!(why, "handshake ended");
@@ -466,7 +559,15 @@ pub async fn connection<S: Stream>(
                 access,
                 no_zeroes,
             };
-            match handshake::negotiate(&mut stream, &shared, &mut stop, &session).await {
+            let negotiated = tokio::time::timeout_at(
+                deadline,
+                handshake::negotiate(&mut stream, &shared, &mut stop, &session),
+            )
+            .await;
+            let Ok(negotiated) = negotiated else {
+                return late();
+            };
+            match negotiated {
                 Ok(Outcome::Transmission(export)) => transmit(stream, export, &shared, stop).await,
                 Ok(Outcome::StartTls) => End::ProtocolViolation("STARTTLS twice".to_string()),
                 Ok(Outcome::Close(why)) => {
@@ -495,7 +596,7 @@ async fn transmit<S: Stream>(
         &shared.workers,
         &shared.buffers,
         &shared.metrics,
-        shared.config.inflight_bytes_max,
+        shared.budget.connection(shared.config.inflight_bytes_max),
         stop,
     )
     .await

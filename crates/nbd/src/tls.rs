@@ -1,39 +1,112 @@
-//! NBD over TLS: the server's certificate, client authentication and per-client export rules.
+//! NBD over TLS: the server's credentials, client authentication and per-client export rules.
 //!
 //! TLS is negotiated in-band with `NBD_OPT_STARTTLS` (NetworkBlockDevice/nbd `doc/proto.md`,
 //! "TLS support"); this module owns everything about it except the option haggling itself
-//! (in `handshake`):
+//! (in `handshake`). The server authenticates in one of two ways:
 //!
-//! - [`TlsConfig::from_files`] loads the server certificate chain and key (PEM), and an optional
-//!   client CA, and checks them *before* the server starts: an unreadable file, a file without
-//!   a certificate or key, or a key that does not belong to the certificate is a [`TlsError`]
-//!   naming the file and what to do.
+//! - **Certificates** ([`TlsConfig::from_files`], rustls): it loads the server certificate
+//!   chain and key (PEM), and an optional client CA, and checks them *before* the server
+//!   starts: an unreadable file, a file without a certificate or key, or a key that does not
+//!   belong to the certificate is a [`TlsError`] naming the file and what to do.
+//! - **Pre-shared keys** ([`TlsConfig::psk`], OpenSSL, in [`crate::psk`]): client and server
+//!   share a key per username, as qemu's `tls-creds-psk`, libnbd's `tls-psk-file` and nbdkit's
+//!   `--tls-psk` do; no certificate at all. Always `Require`.
+//!
+//! Modes:
 //! - [`TlsMode::Require`] is the protocol's FORCEDTLS mode: every option before STARTTLS except
 //!   ABORT is answered `NBD_REP_ERR_TLS_REQD` and `NBD_OPT_EXPORT_NAME` closes the connection,
 //!   so a client that does not start TLS gets no data and no export names.
 //!   [`TlsMode::Allow`] is SELECTIVETLS with no TLS-only export: plaintext clients are served
 //!   as without TLS, and clients may upgrade.
 //! - With a client CA, the TLS handshake fails for a client that presents no certificate or
-//!   one not signed by that CA. Only then does the client have a name ([`client_names`]: the
-//!   certificate's subject CN and its DNS subject alternative names), so export rules
-//!   ([`ExportRules`]) need a client CA, and `Allow` is refused with one (a plaintext client
-//!   would bypass it).
+//!   one not signed by that CA; with pre-shared keys, for a client with an unknown username or
+//!   the wrong key. Only then does the client have a name ([`client_names`]: the certificate's
+//!   subject CN and its DNS subject alternative names; or its PSK username), so export rules
+//!   ([`ExportRules`]) need one of the two, and `Allow` is refused with either (a plaintext
+//!   client would bypass it).
 //!
-//! Invariants: the TLS protocol versions are rustls' safe defaults (TLS 1.2 and 1.3) over the
-//! `ring` provider; a connection that acknowledged STARTTLS never speaks plaintext again (the
+//! Invariants: certificate TLS offers rustls' safe default protocol versions (TLS 1.2 and 1.3)
+//! over the `ring` provider; PSK TLS offers only forward-secret AEAD suites (see
+//! [`crate::psk`]); a connection that acknowledged STARTTLS never speaks plaintext again (the
 //! handshake failing closes it); what a connection may see ([`Access`]) is fixed when its TLS
 //! handshake completes.
 
+use crate::psk::{PskAcceptor, PskError, PskKeys, PskStream};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::BTreeSet;
 use std::fmt;
+use std::io::IoSlice;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
-use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader, ReadBuf};
 
-/// An encrypted connection: TLS over the socket with a read buffer under it.
-pub type TlsStream<S> = tokio_rustls::server::TlsStream<BufReader<S>>;
+/// An encrypted connection: TLS over the socket with a read buffer under it, authenticated by
+/// certificates (rustls) or by a pre-shared key (OpenSSL).
+pub enum TlsStream<S> {
+    Certificate(Box<tokio_rustls::server::TlsStream<BufReader<S>>>),
+    Psk(PskStream<S>),
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            TlsStream::Certificate(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            TlsStream::Psk(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            TlsStream::Certificate(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            TlsStream::Psk(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            TlsStream::Certificate(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            TlsStream::Psk(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            TlsStream::Certificate(s) => s.is_write_vectored(),
+            TlsStream::Psk(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            TlsStream::Certificate(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            TlsStream::Psk(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            TlsStream::Certificate(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            TlsStream::Psk(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
 
 /// Bytes read from the socket at once under TLS.
 const SOCKET_READ_BUFFER_BYTES: usize = 256 * 1024;
@@ -70,16 +143,18 @@ pub enum TlsError {
     },
     #[error("client CA {}: {reason}", path.display())]
     ClientCa { path: PathBuf, reason: String },
+    #[error("PSK file {}: {source}", path.display())]
+    Psk { path: PathBuf, source: PskError },
     #[error("invalid TLS settings: {0}")]
     Settings(String),
 }
 
-/// Which exports each client (by certificate name) may see, from `CLIENT=EXPORT[,EXPORT…]`
-/// rules. Empty: every client sees every export.
+/// Which exports each client (by certificate name or PSK username) may see, from
+/// `CLIENT=EXPORT[,EXPORT…]` rules. Empty: every client sees every export.
 ///
 /// Once there is a rule, a client sees only the exports of the rules naming it (its subject
-/// CN or one of its DNS names); a client no rule names gets the exports of the `*` rule, or
-/// none. An export `*` means every export; allowing a volume allows its snapshots
+/// CN or one of its DNS names, or its PSK username); a client no rule names gets the exports
+/// of the `*` rule, or none. An export `*` means every export; allowing a volume allows its snapshots
 /// (`VOLUME@SNAPSHOT`) too.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExportRules {
@@ -92,7 +167,7 @@ impl ExportRules {
         let bad = |why: &str| {
             TlsError::Settings(format!(
                 "export rule {rule:?} {why}; write CLIENT=EXPORT[,EXPORT...], \
-                 CLIENT being a certificate CN or DNS name or *"
+                 CLIENT being a certificate CN or DNS name, a PSK username, or *"
             ))
         };
         let (client, exports) = rule.split_once('=').ok_or_else(|| bad("has no '='"))?;
@@ -117,7 +192,15 @@ impl ExportRules {
         self.rules.is_empty()
     }
 
-    /// What a client with these certificate names may see.
+    /// The clients the rules name, `*` left out.
+    pub fn clients(&self) -> impl Iterator<Item = &str> {
+        self.rules
+            .iter()
+            .map(|(client, _)| client.as_str())
+            .filter(|c| *c != "*")
+    }
+
+    /// What a client with these names (certificate names, or its PSK username) may see.
     pub fn access_for(&self, names: &[String]) -> Access {
         if self.rules.is_empty() {
             return Access::All;
@@ -166,20 +249,37 @@ impl Access {
     }
 }
 
-/// The server side of TLS: rustls configuration, mode, and export rules.
+/// How the server authenticates itself and its clients.
+#[derive(Clone)]
+enum Credentials {
+    /// A server certificate (rustls), and whether clients need one from the client CA.
+    Certificate {
+        acceptor: tokio_rustls::TlsAcceptor,
+        client_auth: bool,
+    },
+    /// Pre-shared keys (OpenSSL): both sides prove they hold the key of a username.
+    Psk { acceptor: PskAcceptor, users: usize },
+}
+
+/// The server side of TLS: credentials, mode, and export rules.
 #[derive(Clone)]
 pub struct TlsConfig {
     pub mode: TlsMode,
-    acceptor: tokio_rustls::TlsAcceptor,
-    client_auth: bool,
+    credentials: Credentials,
     rules: ExportRules,
 }
 
 impl fmt::Debug for TlsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let credentials = match &self.credentials {
+            Credentials::Certificate { client_auth, .. } => {
+                format!("certificate (client CA: {client_auth})")
+            }
+            Credentials::Psk { users, .. } => format!("pre-shared keys of {users} user(s)"),
+        };
         f.debug_struct("TlsConfig")
             .field("mode", &self.mode)
-            .field("client_auth", &self.client_auth)
+            .field("credentials", &credentials)
             .field("rules", &self.rules)
             .finish()
     }
@@ -226,7 +326,8 @@ impl TlsConfig {
         if client_ca.is_none() && !rules.is_empty() {
             return Err(TlsError::Settings(
                 "export rules name clients by their certificate, which only a client CA \
-                 verifies; give a client CA too"
+                 verifies; give a client CA too (or use pre-shared keys, whose usernames \
+                 the rules can name)"
                     .to_string(),
             ));
         }
@@ -280,34 +381,94 @@ impl TlsConfig {
         config.alpn_protocols.clear();
         Ok(TlsConfig {
             mode,
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
-            client_auth: client_ca.is_some(),
+            credentials: Credentials::Certificate {
+                acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+                client_auth: client_ca.is_some(),
+            },
+            rules,
+        })
+    }
+
+    /// TLS-PSK with the keys of the file `path` (its text in `text`, read by the caller under
+    /// the secret-file rule): clients must start TLS ([`TlsMode::Require`]) and prove they
+    /// hold the key of a username in the file. `rules` may name those usernames; a rule that
+    /// names a username the file does not have is refused (a typo would lock that client out).
+    pub fn psk(path: &Path, text: &[u8], rules: ExportRules) -> Result<TlsConfig, TlsError> {
+        let psk_error = |source| TlsError::Psk {
+            path: path.to_path_buf(),
+            source,
+        };
+        let keys = PskKeys::parse(text).map_err(psk_error)?;
+        if let Some(unknown) = rules.clients().find(|c| !keys.has_user(c)) {
+            return Err(TlsError::Settings(format!(
+                "the export rule for {unknown:?} names a username that has no key in the PSK \
+                 file {}; name a username of the file, or * for every other client",
+                path.display()
+            )));
+        }
+        let users = keys.len();
+        Ok(TlsConfig {
+            mode: TlsMode::Require,
+            credentials: Credentials::Psk {
+                acceptor: PskAcceptor::new(keys).map_err(psk_error)?,
+                users,
+            },
             rules,
         })
     }
 
     /// Whether clients must present a certificate from the client CA.
     pub fn client_auth(&self) -> bool {
-        self.client_auth
+        matches!(
+            self.credentials,
+            Credentials::Certificate {
+                client_auth: true,
+                ..
+            }
+        )
+    }
+
+    /// The number of PSK usernames, when clients authenticate with pre-shared keys.
+    pub fn psk_users(&self) -> Option<usize> {
+        match self.credentials {
+            Credentials::Psk { users, .. } => Some(users),
+            Credentials::Certificate { .. } => None,
+        }
+    }
+
+    /// Whether only authenticated clients get past STARTTLS: a client CA or pre-shared keys,
+    /// under `Require`.
+    pub fn authenticates_clients(&self) -> bool {
+        self.mode == TlsMode::Require && (self.client_auth() || self.psk_users().is_some())
     }
 
     /// Run the server side of the TLS handshake on a connection that acknowledged STARTTLS.
-    /// Returns the encrypted stream, the client's certificate names, and what it may see.
+    /// Returns the encrypted stream, the client's names (certificate names, or its PSK
+    /// username), and what it may see.
     pub(crate) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         stream: S,
     ) -> std::io::Result<(TlsStream<S>, Vec<String>, Access)> {
-        // rustls reads the socket 4 KiB at a time; a buffer under it turns the records of a
-        // 1 MiB write into a few large reads instead of hundreds of system calls.
-        let buffered = BufReader::with_capacity(SOCKET_READ_BUFFER_BYTES, stream);
-        let tls = self.acceptor.accept(buffered).await?;
-        let names = tls
-            .get_ref()
-            .1
-            .peer_certificates()
-            .and_then(|chain| chain.first())
-            .map(|leaf| client_names(leaf.as_ref()))
-            .unwrap_or_default();
+        let (tls, names) = match &self.credentials {
+            Credentials::Certificate { acceptor, .. } => {
+                // rustls reads the socket 4 KiB at a time; a buffer under it turns the records
+                // of a 1 MiB write into a few large reads instead of hundreds of system calls.
+                let buffered = BufReader::with_capacity(SOCKET_READ_BUFFER_BYTES, stream);
+                let tls = acceptor.accept(buffered).await?;
+                let names = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .map(|leaf| client_names(leaf.as_ref()))
+                    .unwrap_or_default();
+                (TlsStream::Certificate(Box::new(tls)), names)
+            }
+            Credentials::Psk { acceptor, .. } => {
+                let (tls, user) = acceptor.accept(stream).await?;
+                (TlsStream::Psk(tls), vec![user])
+            }
+        };
         let access = self.rules.access_for(&names);
         Ok((tls, names, access))
     }

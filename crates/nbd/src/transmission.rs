@@ -2,10 +2,14 @@
 //! blocking), and send replies as they complete, out of order.
 //!
 //! One reader loop per connection parses requests and hands them to the server's worker
-//! threads ([`Workers`]); one writer task owns
-//! the socket's write half and sends whole replies. Memory is bounded by a per-connection
-//! budget of in-flight bytes (a semaphore), held by each request until its reply is written.
+//! threads ([`Workers`]); one writer task owns the socket's write half and sends whole replies.
+//! Memory is bounded by the in-flight budget ([`crate::budget`]): every request — run,
+//! refused, or failed — holds a permit sized for its buffers and its reply from the moment its
+//! header is read until its reply is written, and the reader stops reading while the budget is
+//! spent. A client that never reads its replies therefore stops being read, and what the
+//! server holds for it stays within the budget.
 
+use crate::budget::{ConnBudget, Permit};
 use crate::buffers::{Buf, BufPool};
 use crate::handshake::Export;
 use crate::metrics::NbdMetrics;
@@ -14,34 +18,60 @@ use crate::wire::{self, Command, MetaContext, RequestHeader, Verdict};
 use crate::workers::Workers;
 use condense_api::Volume;
 use std::cell::Cell;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch};
 
 /// A block status query asks the volume about at most this many bytes at a time (the protocol
 /// lets the server answer less than asked; clients continue where the answer stops).
 const BLOCK_STATUS_QUERY_BYTES_MAX: u64 = 1 << 30;
-/// Unit of the in-flight budget.
-const BUDGET_UNIT_BYTES: usize = 4096;
+/// Descriptors one block status chunk carries at most (128 KiB); the answer then covers less
+/// than asked, and the client continues where it stops.
+const BLOCK_STATUS_DESCRIPTORS_MAX: usize = 16 * 1024;
+/// Bytes of an error message sent to the client at most: every reply of a request that costs
+/// one budget unit fits in it.
+const ERROR_MESSAGE_BYTES_MAX: usize = 1024;
 
 /// A reply ready to be written, with the budget it holds until then.
 struct Reply {
+    answer: Answer,
+    _permit: Permit,
+}
+
+/// A reply's bytes in wire order: headers built here (all in `head`) and data read from the
+/// volume (one buffer, `data`).
+struct Answer {
+    head: Vec<u8>,
+    data: Option<Buf>,
     parts: Vec<Part>,
-    _permit: Option<OwnedSemaphorePermit>,
 }
 
-/// One piece of a reply on the wire: a header built here, or data read from the volume.
+/// A piece of an [`Answer`] on the wire.
 enum Part {
-    Head(Vec<u8>),
-    Data(Buf),
+    Head(Range<usize>),
+    Data(Range<usize>),
 }
 
-impl Part {
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Part::Head(v) => v,
-            Part::Data(b) => b.as_slice(),
+impl Answer {
+    /// A reply of headers only.
+    fn head(head: Vec<u8>) -> Answer {
+        let parts = vec![Part::Head(0..head.len())];
+        Answer {
+            head,
+            data: None,
+            parts,
+        }
+    }
+
+    fn bytes(&self, part: &Part) -> &[u8] {
+        match part {
+            Part::Head(r) => &self.head[r.clone()],
+            Part::Data(r) => self
+                .data
+                .as_ref()
+                .map_or(&[][..], |d| &d.as_slice()[r.clone()]),
         }
     }
 }
@@ -85,7 +115,7 @@ pub async fn serve<R, W>(
     workers: &Workers,
     buffers: &Arc<BufPool>,
     metrics: &Arc<NbdMetrics>,
-    inflight_bytes_max: usize,
+    budget: ConnBudget,
     mut shutdown: watch::Receiver<bool>,
 ) -> End
 where
@@ -97,15 +127,11 @@ where
     // payload that arrives through the buffer is copied twice, the rest goes straight into
     // the payload buffer (256 KiB cost 2 % of serve's CPU in copies under 1 MiB writes).
     let mut reader = BufReader::with_capacity(64 * 1024, reader);
+    // Unbounded as a channel, bounded by the budget: every reply on it holds a permit.
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     let writer_task = tokio::spawn(write_replies(writer, rx));
-    // Every request holds part of the budget until its reply is written (or dropped), so
-    // taking the whole budget back waits for everything in flight.
-    let budget_units = u32::try_from(inflight_bytes_max / BUDGET_UNIT_BYTES)
-        .unwrap_or(u32::MAX)
-        .clamp(1, Semaphore::MAX_PERMITS as u32);
-    let budget = Arc::new(Semaphore::new(budget_units as usize));
     let n = export.negotiated;
+    let block_size = export.volume.block_size().max(1) as usize;
 
     let end = loop {
         let mut raw = [0u8; REQUEST_HEADER_BYTES];
@@ -133,109 +159,120 @@ where
                 break End::ProtocolViolation(format!("request magic {magic:#x}"));
             }
         };
-        match wire::check_request(&header, &n) {
+        let request = match wire::check_request(&header, &n) {
             Verdict::Disconnect(why) => break End::ProtocolViolation(why),
+            Verdict::Run(Command::Disc) => break End::Disconnect,
+            Verdict::Run(command) => Ok(command),
             Verdict::Reject {
                 error,
                 skip,
                 message,
-            } => {
+            } => Err((error, skip, message)),
+        };
+        // Wait for room before anything is read or built for this request.
+        let cost = request.as_ref().map_or(0, |c| {
+            request_bytes(c, n.structured, block_size, export.contexts.len())
+        });
+        let permit = tokio::select! {
+            p = budget.acquire(cost) => match p {
+                Ok(p) => p,
+                Err(_) => break End::Io("in-flight budget closed".to_string()),
+            },
+            // A client that stopped reading while its budget is spent: end on shutdown too.
+            _ = shutdown.changed() => break End::Shutdown,
+        };
+        let command = match request {
+            Ok(command) => command,
+            Err((error, skip, message)) => {
                 tracing::debug!(?header, error, message, "request refused");
                 metrics.request_refused();
                 if let Err(e) = discard(&mut reader, skip).await {
                     break End::Io(e.to_string());
                 }
-                let parts = vec![Part::Head(error_reply(
-                    &header,
-                    n.structured,
-                    error,
-                    &message,
-                ))];
-                if tx
-                    .send(Reply {
-                        parts,
-                        _permit: None,
-                    })
-                    .is_err()
-                {
+                let answer = Answer::head(error_reply(&header, n.structured, error, &message));
+                let reply = Reply {
+                    answer,
+                    _permit: permit,
+                };
+                if tx.send(reply).is_err() {
                     break End::Io("reply writer stopped".to_string());
                 }
+                continue;
             }
-            Verdict::Run(Command::Disc) => break End::Disconnect,
-            Verdict::Run(command) => {
-                let started = Instant::now();
-                let cost = match command {
-                    Command::Read { len, .. } | Command::Write { len, .. } => {
-                        1 + len / BUDGET_UNIT_BYTES as u32
-                    }
-                    _ => 1,
-                }
-                .min(budget_units);
-                let permit = match budget.clone().acquire_many_owned(cost).await {
-                    Ok(p) => p,
-                    Err(_) => break End::Io("in-flight budget closed".to_string()),
-                };
-                let mut payload = None;
-                if let Command::Write { len, .. } = command {
-                    let mut buf = buffers.take(len as usize);
-                    if let Err(e) = reader.read_exact(buf.as_mut_slice()).await {
-                        break End::Io(format!("reading a write payload: {e}"));
-                    }
-                    payload = Some(buf);
-                }
-                let job = Job {
-                    volume: export.volume.clone(),
-                    cookie: header.cookie,
-                    structured: n.structured,
-                    command,
-                    payload,
-                    buffers: buffers.clone(),
-                    contexts: export.contexts.clone(),
-                    metrics: metrics.clone(),
-                    started,
-                };
-                // Small reads are answered on this task: a cached block costs a few
-                // microseconds, less than waking a worker thread and back.
-                let inline = match job.command {
-                    Command::Read { len, .. } => len as usize <= INLINE_READ_BYTES_MAX,
-                    Command::Write { len, fua, .. } => {
-                        !fua && len as usize <= INLINE_WRITE_BYTES_MAX
-                    }
-                    _ => false,
-                };
-                if inline {
-                    let parts = run_job(job);
-                    if tx
-                        .send(Reply {
-                            parts,
-                            _permit: Some(permit),
-                        })
-                        .is_err()
-                    {
-                        break End::Io("reply writer stopped".to_string());
-                    }
-                    continue;
-                }
-                let tx = tx.clone();
-                workers.submit(Box::new(move || {
-                    let parts = run_job(job);
-                    // The writer is gone only when the connection already failed; dropping
-                    // the reply then releases its budget all the same.
-                    let _ = tx.send(Reply {
-                        parts,
-                        _permit: Some(permit),
-                    });
-                }));
+        };
+        let started = Instant::now();
+        let mut payload = None;
+        if let Command::Write { len, .. } = command {
+            let mut buf = buffers.take(len as usize);
+            if let Err(e) = reader.read_exact(buf.as_mut_slice()).await {
+                break End::Io(format!("reading a write payload: {e}"));
             }
+            payload = Some(buf);
         }
+        let job = Job {
+            volume: export.volume.clone(),
+            cookie: header.cookie,
+            structured: n.structured,
+            command,
+            payload,
+            buffers: buffers.clone(),
+            contexts: export.contexts.clone(),
+            metrics: metrics.clone(),
+            started,
+        };
+        // Small reads are answered on this task: a cached block costs a few
+        // microseconds, less than waking a worker thread and back.
+        let inline = match job.command {
+            Command::Read { len, .. } => len as usize <= INLINE_READ_BYTES_MAX,
+            Command::Write { len, fua, .. } => !fua && len as usize <= INLINE_WRITE_BYTES_MAX,
+            _ => false,
+        };
+        if inline {
+            let reply = Reply {
+                answer: run_job(job),
+                _permit: permit,
+            };
+            if tx.send(reply).is_err() {
+                break End::Io("reply writer stopped".to_string());
+            }
+            continue;
+        }
+        let tx = tx.clone();
+        workers.submit(Box::new(move || {
+            let reply = Reply {
+                answer: run_job(job),
+                _permit: permit,
+            };
+            // The writer is gone only when the connection already failed; dropping
+            // the reply then releases its budget all the same.
+            let _ = tx.send(reply);
+        }));
     };
-    // Every request already read gets its reply before the socket closes.
-    let _all_answered = budget.acquire_many(budget_units).await;
+    // Every request already read gets its reply before the socket closes (at shutdown the
+    // server's drain timeout bounds this for a client that does not read).
+    budget.drained().await;
     drop(tx);
     match writer_task.await {
         Ok(Ok(())) => end,
         Ok(Err(e)) if end == End::Disconnect || end == End::Shutdown => End::Io(e.to_string()),
         _ => end,
+    }
+}
+
+/// Bytes a request holds until its reply is written: its payload or data buffer as allocated,
+/// and its reply's headers (a reply of headers only fits in the one unit every request costs).
+fn request_bytes(c: &Command, structured: bool, block_size: usize, contexts: usize) -> usize {
+    match *c {
+        Command::Read { len, .. } => {
+            let len = len as usize;
+            // A structured read sends a chunk per run of data or holes: at most one per block
+            // touched and one more, each a header of at most 32 bytes and a part of 24.
+            let chunks = if structured { len / block_size + 2 } else { 1 };
+            BufPool::alloc_bytes(len) + chunks * 64
+        }
+        Command::Write { len, .. } => BufPool::alloc_bytes(len as usize),
+        Command::BlockStatus { .. } => contexts.max(1) * (24 + 8 * BLOCK_STATUS_DESCRIPTORS_MAX),
+        _ => 0,
     }
 }
 
@@ -248,14 +285,14 @@ const INLINE_WRITE_BYTES_MAX: usize = 16 * 1024;
 
 /// Run one request's volume call and count it; a panic becomes an EIO reply instead of a
 /// lost request.
-fn run_job(job: Job) -> Vec<Part> {
+fn run_job(job: Job) -> Answer {
     let cookie = job.cookie;
     let structured = job.structured;
     let (metrics, command, started) = (job.metrics.clone(), job.command, job.started);
     let failed = Cell::new(false);
-    let parts = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(job, &failed)));
-    metrics.request_done(&command, started.elapsed(), failed.get() || parts.is_err());
-    parts.unwrap_or_else(|_| {
+    let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(job, &failed)));
+    metrics.request_done(&command, started.elapsed(), failed.get() || answer.is_err());
+    answer.unwrap_or_else(|_| {
         tracing::error!(cookie, "volume call panicked");
         let h = RequestHeader {
             flags: 0,
@@ -264,12 +301,7 @@ fn run_job(job: Job) -> Vec<Part> {
             offset: 0,
             len: 0,
         };
-        vec![Part::Head(error_reply(
-            &h,
-            structured,
-            EIO,
-            "internal error",
-        ))]
+        Answer::head(error_reply(&h, structured, EIO, "internal error"))
     })
 }
 
@@ -292,9 +324,10 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         let mut next = Some(reply);
         // Write everything that is ready, then flush once.
         while let Some(r) = next.take() {
-            for part in &r.parts {
-                w.write_all(part.bytes()).await?;
+            for part in &r.answer.parts {
+                w.write_all(r.answer.bytes(part)).await?;
             }
+            // Written (into the buffer, flushed below): its budget goes back.
             drop(r);
             next = rx.try_recv().ok();
         }
@@ -307,6 +340,14 @@ async fn write_replies<W: AsyncWrite + Unpin>(
 /// The error reply for a request: a structured error chunk when structured replies were
 /// negotiated (required for READ, and it carries the message), else a simple reply.
 fn error_reply(h: &RequestHeader, structured: bool, error: u32, message: &str) -> Vec<u8> {
+    let mut message = message;
+    if message.len() > ERROR_MESSAGE_BYTES_MAX {
+        let mut end = ERROR_MESSAGE_BYTES_MAX;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message = &message[..end];
+    }
     let mut out = Vec::with_capacity(32 + message.len());
     if structured {
         wire::put_error_chunk(&mut out, h.cookie, error, message);
@@ -316,15 +357,15 @@ fn error_reply(h: &RequestHeader, structured: bool, error: u32, message: &str) -
     out
 }
 
-fn ok_reply(cookie: u64) -> Vec<Part> {
+fn ok_reply(cookie: u64) -> Answer {
     let mut out = Vec::with_capacity(16);
     wire::put_simple_reply(&mut out, cookie, 0);
-    vec![Part::Head(out)]
+    Answer::head(out)
 }
 
 /// Run one request against the volume and build its reply; `failed` is set when the reply
 /// is an error. Blocking.
-fn execute(job: Job, failed: &Cell<bool>) -> Vec<Part> {
+fn execute(job: Job, failed: &Cell<bool>) -> Answer {
     let Job {
         volume,
         cookie,
@@ -346,12 +387,12 @@ fn execute(job: Job, failed: &Cell<bool>) -> Vec<Part> {
     let fail = |e: condense_api::VolumeError| {
         tracing::debug!(cookie, error = %e, "request failed");
         failed.set(true);
-        vec![Part::Head(error_reply(
+        Answer::head(error_reply(
             &header,
             structured,
             nbd_error_from_errno(e.errno()),
             &e.to_string(),
-        ))]
+        ))
     };
     let done = |r: condense_api::Result<()>| match r {
         Ok(()) => ok_reply(cookie),
@@ -399,13 +440,14 @@ fn execute(job: Job, failed: &Cell<bool>) -> Vec<Part> {
             req_one,
         } => block_status(v, cookie, &contexts, offset, len, req_one).unwrap_or_else(fail),
         // Handled by the reader loop; never dispatched.
-        Command::Disc => Vec::new(),
+        Command::Disc => Answer::head(Vec::new()),
     }
 }
 
 /// One `NBD_REPLY_TYPE_BLOCK_STATUS` chunk per selected context, in id order, the last one
-/// final. Each answers for at most [`BLOCK_STATUS_QUERY_BYTES_MAX`] bytes from `offset`.
-/// If any context cannot be answered the reply is that error alone.
+/// final. Each answers for at most [`BLOCK_STATUS_QUERY_BYTES_MAX`] bytes from `offset` in at
+/// most [`BLOCK_STATUS_DESCRIPTORS_MAX`] descriptors. If any context cannot be answered the
+/// reply is that error alone.
 fn block_status(
     v: &dyn Volume,
     cookie: u64,
@@ -413,7 +455,7 @@ fn block_status(
     offset: u64,
     len: u32,
     req_one: bool,
-) -> condense_api::Result<Vec<Part>> {
+) -> condense_api::Result<Answer> {
     if contexts.is_empty() {
         // check_request refuses this earlier; never send a reply without a final chunk.
         return Err(condense_api::VolumeError::Invalid(
@@ -423,7 +465,7 @@ fn block_status(
     let query = u64::from(len).min(BLOCK_STATUS_QUERY_BYTES_MAX);
     let mut chunks = Vec::with_capacity(contexts.len());
     for (id, context) in contexts {
-        let d = match context {
+        let mut d = match context {
             MetaContext::BaseAllocation => {
                 let extents = v.block_status(offset, query)?;
                 wire::block_status_descriptors(&extents, offset, query, req_one)
@@ -433,6 +475,7 @@ fn block_status(
                 wire::dirty_bitmap_descriptors(&changes, offset, query, req_one)
             }
         };
+        d.truncate(BLOCK_STATUS_DESCRIPTORS_MAX);
         chunks.push((*id, d));
     }
     let last = chunks.len().saturating_sub(1);
@@ -441,7 +484,7 @@ fn block_status(
     for (i, (id, d)) in chunks.iter().enumerate() {
         wire::put_block_status_chunk(&mut out, cookie, i == last, *id, d);
     }
-    Ok(vec![Part::Head(out)])
+    Ok(Answer::head(out))
 }
 
 fn read_simple(
@@ -450,16 +493,22 @@ fn read_simple(
     cookie: u64,
     offset: u64,
     len: u32,
-) -> condense_api::Result<Vec<Part>> {
+) -> condense_api::Result<Answer> {
     let mut data = buffers.take(len as usize);
     if len > 0 {
         v.read(offset, data.as_mut_slice())?;
     }
     let mut head = Vec::with_capacity(16);
     wire::put_simple_reply(&mut head, cookie, 0);
-    Ok(vec![Part::Head(head), Part::Data(data)])
+    Ok(Answer {
+        parts: vec![Part::Head(0..head.len()), Part::Data(0..len as usize)],
+        head,
+        data: Some(data),
+    })
 }
 
+/// A structured read: data chunks for the data runs, hole chunks for the rest, all data read
+/// into one buffer of the request's length (the budget charged for it).
 fn read_structured(
     v: &dyn Volume,
     buffers: &Arc<BufPool>,
@@ -467,11 +516,11 @@ fn read_structured(
     offset: u64,
     len: u32,
     df: bool,
-) -> condense_api::Result<Vec<Part>> {
+) -> condense_api::Result<Answer> {
     if len == 0 {
         let mut out = Vec::with_capacity(20);
         wire::put_chunk_header(&mut out, cookie, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0);
-        return Ok(vec![Part::Head(out)]);
+        return Ok(Answer::head(out));
     }
     let pieces = if df {
         vec![wire::ReadPiece {
@@ -490,23 +539,45 @@ fn read_structured(
             }],
         }
     };
+    let mut data = pieces
+        .iter()
+        .any(|p| !p.hole)
+        .then(|| buffers.take(len as usize));
     let last = pieces.len().saturating_sub(1);
     let mut parts = Vec::with_capacity(pieces.len() * 2);
     let mut head = Vec::new();
+    // Start of the headers not yet in a part.
+    let mut mark = 0;
     for (i, p) in pieces.iter().enumerate() {
         let final_chunk = i == last;
         if p.hole {
             wire::put_hole_chunk(&mut head, cookie, final_chunk, p.offset, p.len);
-        } else {
-            let mut data = buffers.take(p.len as usize);
-            v.read(p.offset, data.as_mut_slice())?;
-            wire::put_data_chunk_header(&mut head, cookie, final_chunk, p.offset, p.len);
-            parts.push(Part::Head(std::mem::take(&mut head)));
-            parts.push(Part::Data(data));
+            continue;
         }
+        // Pieces lie inside [offset, offset + len) (plan_read clips them).
+        let at = p.offset.saturating_sub(offset) as usize;
+        let range = at..at + p.len as usize;
+        let Some(dst) = data
+            .as_mut()
+            .and_then(|b| b.as_mut_slice().get_mut(range.clone()))
+        else {
+            return Err(condense_api::VolumeError::Io(format!(
+                "read plan piece {}+{} outside the request {offset}+{len}",
+                p.offset, p.len
+            )));
+        };
+        v.read(p.offset, dst)?;
+        wire::put_data_chunk_header(&mut head, cookie, final_chunk, p.offset, p.len);
+        parts.push(Part::Head(mark..head.len()));
+        parts.push(Part::Data(range));
+        mark = head.len();
     }
-    if !head.is_empty() {
-        parts.push(Part::Head(head));
+    if mark < head.len() {
+        parts.push(Part::Head(mark..head.len()));
     }
-    Ok(parts)
+    Ok(Answer {
+        head,
+        data: data.take(),
+        parts,
+    })
 }

@@ -7,11 +7,15 @@
 //! system enforces it, so [`ObjectBackend::conditional_put_honoured`] is `true`. A `/` in a
 //! name is a subdirectory. Files whose names start with `.` (temporaries a crash left behind)
 //! are never listed.
+//!
+//! The objects are a pool's data: files are created 0600 and missing directories 0700,
+//! whatever the umask (as in a local pool, docs/SECURITY.md).
 
 use crate::error::{Error, Op, Result, SizeText};
 use crate::{nonce, under, validate_name, validate_prefix, BackendStats, Counters, ObjectBackend};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// A directory of objects.
@@ -25,7 +29,7 @@ impl LocalBackend {
     /// Use `root` (created if missing) as the store.
     pub fn open(root: impl AsRef<Path>) -> Result<LocalBackend> {
         let root = root.as_ref().to_path_buf();
-        fs::create_dir_all(&root).map_err(|source| Error::Io {
+        create_dirs(&root).map_err(|source| Error::Io {
             op: Op::Open,
             name: String::new(),
             dir: root.display().to_string(),
@@ -63,11 +67,12 @@ impl LocalBackend {
     fn write_temp(&self, op: Op, name: &str, bytes: &[u8]) -> Result<(PathBuf, PathBuf)> {
         let path = self.root.join(name);
         let dir = path.parent().unwrap_or(&self.root).to_path_buf();
-        fs::create_dir_all(&dir).map_err(self.io(op, name, "creating its directory"))?;
+        create_dirs(&dir).map_err(self.io(op, name, "creating its directory"))?;
         let tmp = dir.join(format!(".tmp-{}", nonce()));
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(&tmp)
             .map_err(self.io(op, name, "creating a temporary file"))?;
         let written = f
@@ -80,6 +85,14 @@ impl LocalBackend {
         }
         Ok((tmp, dir))
     }
+}
+
+/// `mkdir -p` with mode 0700 for the directories it creates.
+fn create_dirs(dir: &Path) -> std::io::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
