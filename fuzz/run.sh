@@ -47,7 +47,7 @@ wal_object       16384  1024 64
 sealed_object    16384  1024 64
 key_file         256    1024 64
 fuse_records     8192   1024 64
-image_header     1024   1024 64
+image_header     327680 1024 64
 qemu_img_json    16384  1024 128
 config_file      4096   1024 128
 "

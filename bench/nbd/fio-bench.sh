@@ -76,7 +76,10 @@ condense_pids=()
 start_condense() {
     "$1" --pool "$2" init >/dev/null
     "$1" --pool "$2" volume create bench --size "$bytes" >/dev/null
-    "$1" --pool "$2" serve --insecure-listen "127.0.0.1:$3" >"$2.serve.log" 2>&1 &
+    # Plaintext TCP is --insecure-listen since issue 23; a binary from before it has --listen.
+    local listen=--insecure-listen
+    "$1" serve --help | grep -q -- --insecure-listen || listen=--listen
+    "$1" --pool "$2" serve "$listen" "127.0.0.1:$3" >"$2.serve.log" 2>&1 &
     pids+=($!)
     condense_pids+=($!)
 }

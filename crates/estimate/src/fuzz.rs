@@ -1,19 +1,37 @@
 //! Entry points of the fuzz targets `image_header` and `qemu_img_json` (`fuzz/fuzz_targets/`):
 //! what `estimate` and `import` read about an untrusted image before converting it. The first
-//! bytes of the file pick the format ([`crate::probe::converted_format`]); `qemu-img info` and
-//! `qemu-img map` print JSON about it that the image's header decides (sizes, extents), which
-//! becomes the list of ranges read ([`crate::source`]). Each returns whether its input parsed.
+//! bytes of the file pick the format ([`crate::probe::probe`]) and the header checks
+//! ([`crate::inspect::references`]) read the file's tables and names before any qemu tool
+//! sees it; `qemu-img info` and `qemu-img map` print JSON about it that the image's header
+//! decides (sizes, extents), which becomes the list of ranges read ([`crate::source`]). Each
+//! returns whether its input parsed.
 
-/// The first bytes of an image file.
+use crate::probe::{Format, Probed};
+
+/// A whole (small) image file: probed, then its header checked as every format, as
+/// `--format` lets an administrator name any of them for any file.
 pub fn image_header(data: &[u8]) -> bool {
-    let found = crate::probe::converted_format(data);
-    if let Some(f) = found {
-        assert!(
-            ["qcow2", "vmdk", "vhdx", "vpc", "vdi"].contains(&f),
-            "unknown format {f}"
-        );
+    let probed = crate::probe::probe(data);
+    match probed {
+        Probed::Image(f) => assert_ne!(f, Format::Raw, "raw has no magic"),
+        Probed::Unsupported(name) => assert!(!name.is_empty()),
+        Probed::Raw => {}
     }
-    found.is_some()
+    let mut parsed = false;
+    for format in Format::ALL {
+        let Ok(refs) = crate::inspect::references(&data, data.len() as u64, format) else {
+            continue;
+        };
+        if format == Format::Raw {
+            assert!(refs.is_empty(), "a raw file names no other file");
+            continue;
+        }
+        for r in &refs {
+            assert!(!r.to_string().is_empty());
+        }
+        parsed = true;
+    }
+    parsed
 }
 
 /// The output of `qemu-img info --output=json`, a NUL byte, then that of `qemu-img map

@@ -41,9 +41,32 @@ impl std::fmt::Display for Reference {
 /// a VHDX metadata table).
 const HEADER_MAX: u64 = 2 << 20;
 
+/// Where the image's bytes are read from: the file itself, or (for the fuzz target and tests)
+/// its bytes in memory. Reads are positioned, so nothing depends on a file offset.
+pub trait ReadAt {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+}
+
+impl ReadAt for File {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        FileExt::read_exact_at(self, buf, offset)
+    }
+}
+
+impl ReadAt for &[u8] {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let src = usize::try_from(offset)
+            .ok()
+            .and_then(|at| self.get(at..at.checked_add(buf.len())?))
+            .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+        buf.copy_from_slice(src);
+        Ok(())
+    }
+}
+
 /// The other files the `format` image in `file` (of `len` bytes) names; an error if the
 /// header is not one of `format`, is truncated, or is a variant that cannot be read alone.
-pub fn references(file: &File, len: u64, format: Format) -> Result<Vec<Reference>> {
+pub fn references(file: &dyn ReadAt, len: u64, format: Format) -> Result<Vec<Reference>> {
     let header = Header { file, len };
     match format {
         Format::Raw => Ok(Vec::new()),
@@ -57,7 +80,7 @@ pub fn references(file: &File, len: u64, format: Format) -> Result<Vec<Reference
 
 /// Bounded reads from the image file.
 struct Header<'a> {
-    file: &'a File,
+    file: &'a dyn ReadAt,
     len: u64,
 }
 
@@ -467,7 +490,14 @@ mod tests {
     fn refs_of(bytes: &[u8], format: Format) -> Result<Vec<Reference>> {
         let mut f = tempfile::tempfile()?;
         f.write_all(bytes)?;
-        references(&f, bytes.len() as u64, format)
+        let from_file = references(&f, bytes.len() as u64, format);
+        let from_memory = references(&bytes, bytes.len() as u64, format);
+        assert_eq!(
+            from_file.as_ref().map_err(ToString::to_string),
+            from_memory.as_ref().map_err(ToString::to_string),
+            "the file and its bytes in memory read alike"
+        );
+        from_file
     }
 
     /// A qcow2 version 3 header of one 64 KiB cluster, with tables inside the file.
