@@ -73,7 +73,9 @@ bytes=$(stat -c %s "$PLAIN")
 
 # start_condense BINARY POOL PORT: a pool with one volume "bench", served.
 condense_pids=()
+condense_pools=()
 start_condense() {
+    condense_pools+=("$1|$2")
     "$1" --pool "$2" init >/dev/null
     "$1" --pool "$2" volume create bench --size "$bytes" >/dev/null
     # Plaintext TCP is --insecure-listen since issue 23; a binary from before it has --listen.
@@ -84,13 +86,19 @@ start_condense() {
     condense_pids+=($!)
 }
 
-# quiesce: wait (at most 60 s) until every Condense server is idle: below 5 % of a core over
-# one second. After a write job a pool's background GC compacts what the overwrites left dead,
-# and it would otherwise run during the next target's job.
+# quiesce: collect every Condense pool's garbage now (`condense gc` through the live pool's
+# control socket, which returns when it is done), then wait (at most 60 s) until every server
+# is idle: below 5 % of a core over one second. After a write job a pool's background GC
+# compacts what the overwrites left dead; started by its 30 s timer, it would otherwise run
+# (disk-bound, so CPU-idle) during the next target's job, whichever binary that is.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 quiesce() {
     local waited=0 busy p i
     local -a before
+    for p in "${condense_pools[@]}"; do
+        "${p%%|*}" --pool "${p#*|}" gc >/dev/null 2>&1 || echo "   (gc of ${p#*|} failed)"
+    done
+    sync
     while [ "$waited" -lt 60 ]; do
         before=()
         for p in "${condense_pids[@]}"; do before+=("$(cpu_ticks "$p")"); done

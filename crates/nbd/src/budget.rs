@@ -107,6 +107,29 @@ impl Drop for Permit {
 }
 
 impl ConnBudget {
+    /// Take a request's share now if it fits without waiting (the common case: no future,
+    /// no select). `None`: wait in [`ConnBudget::acquire`].
+    pub fn try_acquire(&self, bytes: usize) -> Option<Permit> {
+        let cost = cost_units(bytes);
+        let own = self
+            .own
+            .clone()
+            .try_acquire_many_owned(cost.min(self.own_units))
+            .ok()?;
+        let memory = if cost <= RESERVE_UNITS {
+            self.reserve
+                .clone()
+                .try_acquire_many_owned(cost)
+                .or_else(|_| self.shared.clone().try_acquire_many_owned(cost))
+        } else {
+            self.shared
+                .clone()
+                .try_acquire_many_owned(cost.min(self.shared_units))
+        }
+        .ok()?;
+        Some(self.permit(own, memory, cost))
+    }
+
     /// Wait until a request holding `bytes` of buffers fits, and take its share.
     pub async fn acquire(&self, bytes: usize) -> Result<Permit, Closed> {
         let cost = cost_units(bytes);
@@ -131,14 +154,18 @@ impl ConnBudget {
                 .await
         }
         .map_err(|_| Closed)?;
+        Ok(self.permit(own, memory, cost))
+    }
+
+    fn permit(&self, own: OwnedSemaphorePermit, memory: OwnedSemaphorePermit, cost: u32) -> Permit {
         let bytes = i64::from(cost) * UNIT_BYTES as i64;
         self.metrics.inflight_bytes_add(bytes);
-        Ok(Permit {
+        Permit {
             _own: own,
             _memory: memory,
             bytes,
             metrics: self.metrics.clone(),
-        })
+        }
     }
 
     /// Wait until every permit of this connection is back: every reply is written or dropped.
@@ -181,6 +208,10 @@ mod tests {
             let g1 = take(&greedy, 4 << 20).await;
             assert!(g1.is_some());
             assert!(take(&greedy, 4096).await.is_none(), "own cap");
+            assert!(
+                greedy.try_acquire(4096).is_none(),
+                "own cap, without waiting"
+            );
             let g2 = take(&greedy2, 4 << 20).await;
             assert!(
                 g2.is_some(),
@@ -193,7 +224,15 @@ mod tests {
             let p2 = take(&polite, 768 << 10).await;
             assert!(p2.is_some(), "the rest of the reserve");
             assert!(take(&polite, 4096).await.is_none(), "reserve spent");
+            assert!(
+                polite.try_acquire(4096).is_none(),
+                "reserve spent, without waiting"
+            );
             drop(p);
+            assert!(
+                polite.try_acquire(4096).is_some(),
+                "reserve back, without waiting"
+            );
             assert!(take(&polite, 4096).await.is_some(), "reserve back");
             // A request larger than the reserve waits for the server pool.
             assert!(take(&polite, 2 << 20).await.is_none());

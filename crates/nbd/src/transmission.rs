@@ -173,13 +173,16 @@ where
         let cost = request.as_ref().map_or(0, |c| {
             request_bytes(c, n.structured, block_size, export.contexts.len())
         });
-        let permit = tokio::select! {
-            p = budget.acquire(cost) => match p {
-                Ok(p) => p,
-                Err(_) => break End::Io("in-flight budget closed".to_string()),
+        let permit = match budget.try_acquire(cost) {
+            Some(p) => p,
+            None => tokio::select! {
+                p = budget.acquire(cost) => match p {
+                    Ok(p) => p,
+                    Err(_) => break End::Io("in-flight budget closed".to_string()),
+                },
+                // A client that stopped reading while its budget is spent: end on shutdown too.
+                _ = shutdown.changed() => break End::Shutdown,
             },
-            // A client that stopped reading while its budget is spent: end on shutdown too.
-            _ = shutdown.changed() => break End::Shutdown,
         };
         let command = match request {
             Ok(command) => command,
