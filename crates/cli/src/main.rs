@@ -367,6 +367,17 @@ fn open_pool_opts(path: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
             r.torn_bytes
         );
     }
+    for note in &r.notes {
+        let mended = if pool.is_read_only() {
+            "a writable open or `condense repair` mends it"
+        } else {
+            "mended"
+        };
+        eprintln!(
+            "condense: warning: pool {}: {note} ({mended})",
+            path.display()
+        );
+    }
     warn_loose_access(path, &pool);
     Ok(pool)
 }

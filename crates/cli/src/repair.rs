@@ -10,8 +10,10 @@ use std::path::Path;
 /// The long help of `condense repair`.
 pub(crate) const LONG_ABOUT: &str =
     "Salvage a pool whose journal is damaged in the middle (opening fails with \"run \
-`condense repair`\") or whose checkpoint has an unreadable block-map or chunk-table page \
-(reads and `condense verify` fail). Everything valid is kept; the report names what was lost: \
+`condense repair`\"), whose checkpoint has an unreadable block-map or chunk-table page, or \
+whose segments hold damaged chunk records (reads and `condense verify` fail). Every chunk is \
+read and checked as `condense verify` does; a damaged one is replaced by another valid copy \
+in the segments if there is one, else the blocks naming it are lost. Everything valid is kept; the report names what was lost: \
 volume (or VOLUME@SNAPSHOT), block and byte ranges, and why. Reference counts and free metadata \
 space are recomputed from the block maps, and a fresh checkpoint and journal are written, so \
 `condense verify` is clean and the pool opens afterwards.\n\n\
@@ -30,18 +32,35 @@ pub(crate) struct RepairArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Repair nothing: list what earlier repairs lost (kept in the pool until cleared;
+    /// `condense verify` lists it too).
+    #[arg(long, conflicts_with_all = ["dry_run", "clear_history"])]
+    history: bool,
+    /// Repair nothing: forget what earlier repairs lost, once those blocks are restored or
+    /// no longer matter.
+    #[arg(long, conflicts_with = "dry_run")]
+    clear_history: bool,
 }
 
 pub(crate) fn run(pool: &Path, a: &RepairArgs) -> Result<i32> {
+    if a.history || a.clear_history {
+        return history(pool, a);
+    }
     let mut key = crate::keys::user_key()?;
-    let mut r = condense_engine::repair::repair(pool, a.dry_run, key.clone());
+    let bar = crate::report::bar(0, "checking chunks");
+    let progress = |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    };
+    let mut r = condense_engine::repair::repair(pool, a.dry_run, key.clone(), &progress);
     if matches!(r, Err(condense_engine::Error::KeyRequired(_))) && key.is_none() {
         // An encrypted pool and no key option: ask the terminal, if there is one.
         key = crate::keys::prompt(&format!("Passphrase of pool {}", pool.display()), false)?;
         if key.is_some() {
-            r = condense_engine::repair::repair(pool, a.dry_run, key);
+            r = condense_engine::repair::repair(pool, a.dry_run, key, &progress);
         }
     }
+    bar.finish_and_clear();
     let r = r.with_context(|| {
         format!(
             "cannot repair pool {}{}",
@@ -55,6 +74,59 @@ pub(crate) fn run(pool: &Path, a: &RepairArgs) -> Result<i32> {
         print!("{}", text(pool, &r));
     }
     Ok(if a.dry_run && r.found_damage() { 3 } else { 0 })
+}
+
+/// `repair --history` and `--clear-history`.
+fn history(path: &Path, a: &RepairArgs) -> Result<i32> {
+    let pool = crate::open_pool(path, a.history)?;
+    if a.clear_history {
+        let n = condense_engine::repair::clear_damage_history(&pool)
+            .with_context(|| format!("clearing the damage history of pool {}", path.display()))?;
+        pool.close()?;
+        println!(
+            "forgot the losses of {n} earlier repair(s) of pool {}",
+            path.display()
+        );
+        return Ok(0);
+    }
+    let h = condense_engine::repair::damage_history(&pool);
+    if a.json {
+        let v: Vec<serde_json::Value> = h
+            .iter()
+            .map(|d| {
+                serde_json::json!({
+                    "repaired": d.when,
+                    "lost": d.lost.iter().map(|l| serde_json::json!({
+                        "volume": l.volume,
+                        "first_block": l.first_block,
+                        "blocks": l.blocks,
+                        "reason": l.reason,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else if h.is_empty() {
+        println!("no earlier repair of pool {} lost anything", path.display());
+    } else {
+        for d in &h {
+            let blocks: u64 = d.lost.iter().map(|l| l.blocks).sum();
+            println!(
+                "repair {}: {blocks} blocks lost (they read as zeros)",
+                d.when
+            );
+            for l in &d.lost {
+                println!(
+                    "  volume {} blocks {}-{}: {}",
+                    l.volume,
+                    l.first_block,
+                    l.first_block + l.blocks.saturating_sub(1),
+                    l.reason
+                );
+            }
+        }
+    }
+    Ok(0)
 }
 
 fn json(r: &RepairReport) -> serde_json::Value {
@@ -74,6 +146,7 @@ fn json(r: &RepairReport) -> serde_json::Value {
                 "first_batch": d.first_seq,
                 "next_valid_batch": d.next_seq,
                 "decoded_records": d.records.len(),
+                "decoded_whole": d.decoded_whole,
             })).collect::<Vec<_>>(),
         },
         "lost": r.lost.iter().map(|l| serde_json::json!({
@@ -92,6 +165,8 @@ fn json(r: &RepairReport) -> serde_json::Value {
         "chunks_no_longer_named": r.chunks_dropped,
         "unreadable_map_pages": r.unreadable_map_pages,
         "unreadable_chunk_table_pages": r.unreadable_chunk_pages,
+        "chunks_checked": r.chunks_checked,
+        "damaged_chunks": r.damaged_chunks,
     })
 }
 
@@ -130,6 +205,10 @@ fn text(pool: &Path, r: &RepairReport) -> String {
             d.records.len()
         ));
     }
+    line(format!(
+        "chunks: {} checked, {} with a damaged record",
+        r.chunks_checked, r.damaged_chunks
+    ));
     if r.unreadable_map_pages + r.unreadable_chunk_pages > 0 {
         line(format!(
             "checkpoint: {} unreadable block-map page(s), {} unreadable chunk-table page(s)",

@@ -350,7 +350,47 @@ pub fn verify_json(r: &VerifyReport) -> Value {
         "bad_blocks": r.bad_blocks.iter().map(|(v, b)| json!({"volume": v, "blocks": b})).collect::<Vec<_>>(),
         "bad_volumes": r.bad_volumes,
         "metadata_problems": r.metadata_problems,
+        "accepted_damage": r.accepted.iter().map(|d| json!({
+            "repaired": d.when,
+            "lost": d.lost.iter().map(|l| json!({
+                "volume": l.volume,
+                "first_block": l.first_block,
+                "blocks": l.blocks,
+                "reason": l.reason,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
     })
+}
+
+/// The losses earlier repairs accepted, one line per range (at most 20 in all).
+fn accepted_text(r: &VerifyReport, o: &mut String) {
+    if r.accepted.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "damage accepted by earlier repairs (these blocks read as zeros; `condense repair --clear-history` forgets them):"
+    );
+    let mut shown = 0;
+    for d in &r.accepted {
+        for l in &d.lost {
+            if shown < 20 {
+                let _ = writeln!(
+                    o,
+                    "  repair {}: volume {} blocks {}-{}: {}",
+                    d.when,
+                    l.volume,
+                    l.first_block,
+                    l.first_block + l.blocks.saturating_sub(1),
+                    l.reason
+                );
+            }
+            shown += 1;
+        }
+    }
+    if shown > 20 {
+        let _ = writeln!(o, "  ... and {} more ranges", shown - 20);
+    }
 }
 
 pub fn verify_text(r: &VerifyReport) -> String {
@@ -361,6 +401,7 @@ pub fn verify_text(r: &VerifyReport) -> String {
     );
     if r.is_clean() {
         o.push_str("no damage found\n");
+        accepted_text(r, &mut o);
         return o;
     }
     for p in &r.metadata_problems {
@@ -385,7 +426,8 @@ pub fn verify_text(r: &VerifyReport) -> String {
             if blocks.len() > 16 { ", ..." } else { "" }
         );
     }
-    o.push_str("reads of damaged blocks fail with an I/O error; other blocks read normally. Restore the damaged volumes from a backup.\n");
+    o.push_str("reads of damaged blocks fail with an I/O error; other blocks read normally. Stop the pool's users and run `condense repair --dry-run`, then `condense repair`: it keeps everything valid and names what is lost (restore that from a backup).\n");
+    accepted_text(r, &mut o);
     o
 }
 

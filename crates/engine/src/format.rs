@@ -702,6 +702,15 @@ pub fn encode_journal_header(gen: u64, uuid: &[u8; 16]) -> Vec<u8> {
     b
 }
 
+/// Whether the 64-byte header at the start of `buf` (a journal's or `meta.dat`'s: fields,
+/// then the CRC-32C of bytes 0..60) is whole. One that is not is damage; every field of
+/// either header is known from elsewhere (the file name, the superblock), so it is rebuilt.
+pub fn header_intact(buf: &[u8]) -> bool {
+    buf.get(..60)
+        .zip(buf.get(60..64))
+        .is_some_and(|(body, c)| crc(&[body]) == u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
 pub fn decode_journal_header(buf: &[u8], uuid: &[u8; 16]) -> Result<u64> {
     const WHAT: &str = "journal header";
     if buf.len() < JOURNAL_HEADER_BYTES {
@@ -725,6 +734,25 @@ pub fn decode_journal_header(buf: &[u8], uuid: &[u8; 16]) -> Result<u64> {
         return Err(Error::corrupt(WHAT, "journal belongs to another pool"));
     }
     Ok(gen)
+}
+
+/// The key of the record a flush ends its batch with: `MetaPut` of this key, absent, which
+/// changes no state (the key is never present) and reads as that no-op to any build. Replay
+/// uses it to tell an acknowledged batch from an unacknowledged one (crate::journal).
+pub const FLUSH_MARK_KEY: &str = "journal/flushed";
+
+impl JournalRecord {
+    /// The record a flush appends last to its batch.
+    pub fn flush_mark() -> JournalRecord {
+        JournalRecord::MetaPut {
+            key: FLUSH_MARK_KEY.to_string(),
+            value: None,
+        }
+    }
+
+    pub fn is_flush_mark(&self) -> bool {
+        matches!(self, JournalRecord::MetaPut { key, value: None } if key == FLUSH_MARK_KEY)
+    }
 }
 
 /// One metadata change.

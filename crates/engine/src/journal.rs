@@ -12,6 +12,14 @@
 //!   `condense repair` ([`crate::repair`]) replays past damage (salvage mode): it skips the
 //!   damaged bytes, records them in [`ReplayReport::damaged`], and hands the later batches to
 //!   `apply` marked as following damage.
+//! - A flush ends its batch with the flush mark ([`JournalRecord::flush_mark`]), and a flush
+//!   seals its batch only after the previous flush returned (the sync lock), having synced
+//!   every record placed before it. So when two marked batches numbered at or after batch B
+//!   are in the file, the first one's flush completed and B was acknowledged. A batch whose
+//!   chunk records are not whole on disk ends the journal as a torn tail (its writes were
+//!   never acknowledged) unless it was acknowledged: then the records were damaged after the
+//!   flush, and opening fails and points to `condense repair`, which keeps everything valid and
+//!   names the blocks lost.
 //! - In an encrypted pool a batch's payload is sealed ([`crate::crypto`]) with its generation,
 //!   sequence number and record count as associated data; a batch whose CRC holds but whose
 //!   tag does not is tampering, and replay fails with an authentication error.
@@ -43,6 +51,8 @@ pub struct Journal {
     len: u64,
     buf: Vec<u8>,
     count: u32,
+    /// The buffered records end with the flush mark.
+    marked: bool,
     next_seq: u64,
     /// Seals batches in an encrypted pool.
     crypto: Option<Arc<Crypto>>,
@@ -59,6 +69,10 @@ pub struct ReplayReport {
     pub damaged: Vec<DamagedStretch>,
     /// Salvage mode only: what applying the batches after damage skipped.
     pub salvage: crate::repair::Salvage,
+    /// What open found damaged and worked around, each said once: a copy of the superblock
+    /// or root it did not use (crate::copies), a header it rebuilt. A writable open mended
+    /// them on disk.
+    pub notes: Vec<String>,
 }
 
 /// Bytes of a journal that hold no valid batch, with a valid batch after them.
@@ -75,6 +89,9 @@ pub struct DamagedStretch {
     /// What could be decoded from the damaged bytes without their checksum (best effort:
     /// the bytes failed their check, so this says what the lost batches probably changed).
     pub records: Vec<JournalRecord>,
+    /// Whether every batch in the stretch decoded; if not, some of the lost writes are
+    /// unknown.
+    pub decoded_whole: bool,
 }
 
 impl Journal {
@@ -100,6 +117,7 @@ impl Journal {
             len: header.len() as u64,
             buf: Vec::new(),
             count: 0,
+            marked: false,
             next_seq,
             crypto,
         })
@@ -133,17 +151,37 @@ impl Journal {
         let mut data = vec![0u8; flen as usize];
         file.read_at(&mut data, 0)
             .map_err(|e| Error::io(format!("reading journal {name}"), e))?;
-        let found_gen = decode_journal_header(&data, uuid)
-            .map_err(|e| Error::corrupt(format!("journal {name}"), e.to_string()))?;
-        if found_gen != gen {
-            return Err(Error::corrupt(
-                format!("journal {name}"),
-                format!("header says generation {found_gen}"),
+        let mut report = ReplayReport::default();
+        if crate::format::header_intact(&data) {
+            let found_gen = decode_journal_header(&data, uuid)
+                .map_err(|e| Error::corrupt(format!("journal {name}"), e.to_string()))?;
+            if found_gen != gen {
+                return Err(Error::corrupt(
+                    format!("journal {name}"),
+                    format!("header says generation {found_gen}"),
+                ));
+            }
+        } else {
+            // Damaged (or cut short): every field of the header is known (the generation from
+            // the root, the pool UUID from the superblock), and each batch checks itself.
+            report.notes.push(format!(
+                "the header of journal {name} was damaged; rebuilt from the checkpoint root and the superblock"
             ));
+            if mode == ReplayMode::Writable {
+                let header = encode_journal_header(gen, uuid);
+                file.write_at(&header, 0)
+                    .and_then(|_| file.sync())
+                    .map_err(|e| Error::io(format!("rewriting the header of journal {name}"), e))?;
+                if data.len() < header.len() {
+                    data = header;
+                } else {
+                    data[..header.len()].copy_from_slice(&header);
+                }
+            }
         }
+        let flen = flen.max(JOURNAL_HEADER_BYTES as u64);
         let mut pos = JOURNAL_HEADER_BYTES;
         let mut seq = first_seq;
-        let mut report = ReplayReport::default();
         let mut unreadable = false;
         let mut after_damage = false;
         loop {
@@ -156,13 +194,16 @@ impl Journal {
                 };
                 let Some(at) = later else { break };
                 let next_seq = decode_batch_header(&data[at..]).map_or(seq + 1, |h| h.seq);
+                let (records, decoded_whole) =
+                    decode_damaged(&data[pos..at], gen, crypto.as_deref());
                 report.damaged.push(DamagedStretch {
                     file: name.clone(),
                     offset: pos as u64,
                     bytes: (at - pos) as u64,
                     first_seq: seq,
                     next_seq,
-                    records: decode_damaged(&data[pos..at], gen, crypto.as_deref()),
+                    records,
+                    decoded_whole,
                 });
                 after_damage = true;
                 pos = at;
@@ -178,8 +219,28 @@ impl Journal {
             })?;
             let n = records.len() as u64;
             if !apply(records, after_damage)? {
-                // Refers to data a crash lost: never acknowledged, and neither is anything after.
-                break;
+                if !acknowledged(&data, pos, seq, gen, crypto.as_deref()) {
+                    // Refers to data a crash lost: never acknowledged, nor is anything after.
+                    break;
+                }
+                // Acknowledged, yet its chunk records are not whole: damage, not a crash.
+                if mode != ReplayMode::Salvage {
+                    return Err(Error::corrupt(
+                        format!("journal {name}"),
+                        format!("batch {seq} at offset {pos} names chunk records that are damaged or missing in the segments, although a later flush shows it was acknowledged, so this is damage, not a crash, and opening would drop acknowledged changes; stop every user of the pool, run `condense repair --dry-run` to see which blocks are lost, then `condense repair` to keep the rest"),
+                    ));
+                }
+                // Repair applies it as it applies batches after damage: each chunk is kept
+                // only if its record is whole, else its blocks are reported lost.
+                let Some(Ok((records, _))) = parse_batch(&data, pos, seq, gen, crypto.as_deref())
+                else {
+                    break;
+                };
+                report.notes.push(format!(
+                    "journal batch {seq} was acknowledged but names damaged chunk records"
+                ));
+                apply(records, true)?;
+                after_damage = true;
             }
             report.batches += 1;
             report.records += n;
@@ -209,6 +270,7 @@ impl Journal {
                 len: pos as u64,
                 buf: Vec::new(),
                 count: 0,
+                marked: false,
                 next_seq: seq,
                 crypto,
             },
@@ -219,6 +281,7 @@ impl Journal {
     pub fn append(&mut self, rec: &JournalRecord) {
         rec.encode(&mut self.buf);
         self.count += 1;
+        self.marked = false;
     }
 
     /// Bytes appended but not yet written.
@@ -233,6 +296,16 @@ impl Journal {
 
     pub fn next_seq(&self) -> u64 {
         self.next_seq
+    }
+
+    /// [`Journal::seal`] for a flush: the batch ends with the flush mark (see the module
+    /// documentation), written even when nothing else is buffered.
+    pub fn seal_flush(&mut self) -> Result<()> {
+        if !self.marked {
+            self.append(&JournalRecord::flush_mark());
+            self.marked = true;
+        }
+        self.seal()
     }
 
     /// Write what was appended as one batch (not synced). On failure the records stay
@@ -261,6 +334,7 @@ impl Journal {
         self.next_seq += 1;
         self.buf.clear();
         self.count = 0;
+        self.marked = false;
         Ok(())
     }
 }
@@ -319,17 +393,24 @@ fn parse_batch(
 }
 
 /// Best-effort decode of damaged journal bytes: batch headers and records are read without
-/// checking the batch checksum, stopping at the first thing that does not decode. In an
-/// encrypted pool a batch's records are readable only if its payload still authenticates
-/// (damage elsewhere, e.g. in its header); otherwise nothing more is decoded.
-fn decode_damaged(data: &[u8], gen: u64, crypto: Option<&Crypto>) -> Vec<JournalRecord> {
+/// checking the batch checksum; a batch whose records do not decode is skipped (by the length
+/// its header gives) and the rest still read. In an encrypted pool a batch's records are
+/// readable only if its payload still authenticates (damage elsewhere, e.g. in its header).
+/// Returns the records and whether every byte was accounted for (`false`: some batches'
+/// records are unknown).
+fn decode_damaged(data: &[u8], gen: u64, crypto: Option<&Crypto>) -> (Vec<JournalRecord>, bool) {
     let mut out = Vec::new();
+    let mut complete = true;
     let mut pos = 0;
-    while let Some(h) = data.get(pos..).and_then(decode_batch_header) {
+    while pos < data.len() {
+        let Some(h) = data.get(pos..).and_then(decode_batch_header) else {
+            return (out, false);
+        };
         let start = pos + BATCH_HEADER_BYTES;
-        let end = (start + h.payload_len as usize).min(data.len());
+        let end = start.saturating_add(h.payload_len as usize).min(data.len());
+        pos = end;
         let Some(payload) = data.get(start..end) else {
-            break;
+            return (out, false);
         };
         let opened;
         let payload = match crypto {
@@ -341,7 +422,10 @@ fn decode_damaged(data: &[u8], gen: u64, crypto: Option<&Crypto>) -> Vec<Journal
                     String::new,
                 ) {
                     Ok(p) => opened = p,
-                    Err(_) => return out,
+                    Err(_) => {
+                        complete = false;
+                        continue;
+                    }
                 }
                 &opened[..]
             }
@@ -351,12 +435,37 @@ fn decode_damaged(data: &[u8], gen: u64, crypto: Option<&Crypto>) -> Vec<Journal
         for _ in 0..h.count {
             match JournalRecord::decode(&mut r) {
                 Ok(rec) => out.push(rec),
-                Err(_) => return out,
+                Err(_) => {
+                    complete = false;
+                    break;
+                }
             }
         }
-        pos = end;
     }
-    out
+    (out, complete)
+}
+
+/// Whether batch `seq` at `pos` was acknowledged: the valid batches from it on hold the flush
+/// mark at least twice (the first marked flush then completed, and it synced batch `seq`).
+fn acknowledged(
+    data: &[u8],
+    mut pos: usize,
+    mut seq: u64,
+    gen: u64,
+    crypto: Option<&Crypto>,
+) -> bool {
+    let mut marks = 0;
+    while let Some(Ok((records, next))) = parse_batch(data, pos, seq, gen, crypto) {
+        if records.last().is_some_and(JournalRecord::is_flush_mark) {
+            marks += 1;
+            if marks == 2 {
+                return true;
+            }
+        }
+        pos = next;
+        seq += 1;
+    }
+    false
 }
 
 /// The offset of a whole, valid batch numbered after `seq`, searching from `from`.

@@ -5,6 +5,7 @@
 //! Modules, one per concept:
 //! - [`io`]: the narrow I/O seam (real directory, and [`sim`], the crash simulator)
 //! - [`format`]: every on-disk encoding
+//! - [`copies`]: the superblock and the checkpoint root kept twice, and which copy open uses
 //! - [`crypto`]: encryption at rest (keys, the AEAD, the nonce scheme)
 //! - [`reduction`]: zero detection, fingerprints, compression
 //! - [`segment`]: append-only chunk containers
@@ -29,6 +30,7 @@
 pub mod block_map;
 pub mod cache;
 pub mod chunk_table;
+pub mod copies;
 pub mod counters;
 pub mod crypto;
 pub mod dedup_index;

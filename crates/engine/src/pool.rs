@@ -289,8 +289,7 @@ impl Pool {
         if opts.segment_bytes_target < 1 << 16 || opts.segment_bytes_target > 1 << 31 {
             return Err(Error::Invalid("segment size must be 64K to 2G".into()));
         }
-        if dir
-            .exists(SUPERBLOCK_NAME)
+        if crate::copies::exists(dir, SUPERBLOCK_NAME)
             .map_err(|e| Error::io("checking for a superblock", e))?
         {
             return Err(Error::Invalid(format!(
@@ -355,14 +354,14 @@ impl Pool {
             bitmap: vec![u64::MAX],
             ..Default::default()
         };
-        write_file_atomically(
+        crate::copies::write_both(
             dir,
             CHECKPOINT_NAME,
             &encode_root(&root, &sb.uuid, crypto.as_deref())?,
         )?;
-        // The superblock goes last: a directory without one is not a pool, so a crash during
-        // init leaves nothing that looks like a half-made pool.
-        write_file_atomically(dir, SUPERBLOCK_NAME, &sb.encode())?;
+        // The superblock goes last, its primary copy after its copy: a directory without one
+        // is not a pool, so a crash during init leaves nothing that looks like a half-made pool.
+        crate::copies::write_both_copy_first(dir, SUPERBLOCK_NAME, &sb.encode())?;
         Ok(())
     }
 
@@ -372,8 +371,7 @@ impl Pool {
         if crate::remote::is_local_dir(path) {
             return Pool::open_remote(path, opts);
         }
-        if !dir
-            .exists(SUPERBLOCK_NAME)
+        if !crate::copies::exists(&dir, SUPERBLOCK_NAME)
             .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
         {
             return Err(Error::NotAPool(path.to_path_buf()));
@@ -421,20 +419,25 @@ impl Pool {
                 "replaying past journal damage needs a read-only open".into(),
             ));
         }
-        let sb_bytes = read_whole(&*dir, SUPERBLOCK_NAME).map_err(|e| match e {
+        // The superblock: its primary copy if valid (and authentic), else its copy.
+        let sb_copies = crate::copies::read_both(
+            &*dir,
+            SUPERBLOCK_NAME,
+            |bytes| {
+                let mut sb = Superblock::decode(bytes)?;
+                let crypto =
+                    pool_crypto(&*dir, bytes, &mut sb, opts.key.as_ref(), !opts.read_only)?;
+                Ok((sb, crypto))
+            },
+            |_, _| false,
+        )
+        .map_err(|e| match e {
             Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 Error::NotAPool(dir.describe().into())
             }
             e => e,
         })?;
-        let mut sb = Superblock::decode(&sb_bytes)?;
-        let crypto = pool_crypto(
-            &*dir,
-            &sb_bytes,
-            &mut sb,
-            opts.key.as_ref(),
-            !opts.read_only,
-        )?;
+        let (sb, crypto) = sb_copies.value.clone();
         let sync_writes = match sb.write_policy {
             WritePolicy::Sync => true,
             WritePolicy::Async => false,
@@ -457,11 +460,14 @@ impl Pool {
             _ => 0,
         };
 
-        let root = decode_root(
-            &read_whole(&*dir, CHECKPOINT_NAME)?,
-            &sb.uuid,
-            crypto.as_deref(),
+        // The checkpoint root: the newest valid of its two copies.
+        let root_copies = crate::copies::read_both(
+            &*dir,
+            CHECKPOINT_NAME,
+            |bytes| decode_root(bytes, &sb.uuid, crypto.as_deref()),
+            |a, b| (a.journal_gen, a.next_seq) > (b.journal_gen, b.next_seq),
         )?;
+        let root = &root_copies.value;
         let meta_file = dir
             .open(META_NAME, false)
             .map_err(|e| Error::io(format!("opening {META_NAME}"), e))?;
@@ -469,7 +475,22 @@ impl Pool {
         meta_file
             .read_at(&mut header, 0)
             .map_err(|e| Error::io(format!("reading {META_NAME}"), e))?;
-        decode_meta_header(&header, &sb.uuid)?;
+        let mut notes = Vec::new();
+        if crate::format::header_intact(&header) {
+            decode_meta_header(&header, &sb.uuid)?;
+        } else {
+            // Every field of the header is known; the pages check themselves (their CRCs in
+            // the root and the interior pages). A writable open rewrites it.
+            notes.push(format!(
+                "the header of {META_NAME} was damaged; rebuilt from the superblock"
+            ));
+            if !opts.read_only {
+                meta_file
+                    .write_at(&encode_meta_header(&sb.uuid), 0)
+                    .and_then(|_| meta_file.sync())
+                    .map_err(|e| Error::io(format!("rewriting the header of {META_NAME}"), e))?;
+            }
+        }
 
         let mut segments = Segments::new(sb.segment_bytes_target, sb.uuid);
         // A segment in both directories was destaged (the pool's copy is complete and
@@ -655,7 +676,17 @@ impl Pool {
             checkpointed: 0,
         };
 
+        // A copy of the superblock or root that open did not use is said, and a writable open
+        // rewrites it from the one it used before anything else changes (copies.rs).
+        notes.extend([sb_copies.note(), root_copies.note()].into_iter().flatten());
+        notes.append(&mut replay.notes);
+        for note in &notes {
+            tracing::info!("pool {}: {note}", dir.describe());
+        }
+        replay.notes = notes;
         if !opts.read_only {
+            sb_copies.repair_other(&*dir)?;
+            root_copies.repair_other(&*dir)?;
             // Leftovers of interrupted checkpoints: other journal generations, a temp file;
             // of interrupted destages: a partial copy, or a staged copy already destaged.
             for d in std::iter::once(&dir).chain(staging.iter()) {
@@ -684,12 +715,19 @@ impl Pool {
                         .map_err(|e| Error::io(format!("removing destaged {name}"), e))?;
                 }
             }
-            if dir
-                .exists(CHECKPOINT_TMP_NAME)
-                .map_err(|e| Error::io("listing", e))?
+            for tmp in [CHECKPOINT_NAME, SUPERBLOCK_NAME]
+                .into_iter()
+                .flat_map(|n| {
+                    [
+                        format!("{n}.tmp"),
+                        format!("{}.tmp", crate::copies::copy_name(n)),
+                    ]
+                })
             {
-                dir.remove(CHECKPOINT_TMP_NAME)
-                    .map_err(|e| Error::io("removing checkpoint.tmp", e))?;
+                if dir.exists(&tmp).map_err(|e| Error::io("listing", e))? {
+                    dir.remove(&tmp)
+                        .map_err(|e| Error::io(format!("removing {tmp}"), e))?;
+                }
             }
         }
 
@@ -1532,7 +1570,7 @@ impl Pool {
                     return Err(e);
                 }
             };
-            st.journal.seal()?;
+            st.journal.seal_flush()?;
             let staging = st.segments.staging().cloned().filter(|_| dirty.staging_dir);
             (dirty, staging, st.journal.file.clone(), st.appended)
         };
@@ -1734,7 +1772,7 @@ impl Pool {
             if let Some(last) = upload_through {
                 self.upload_staged_through(last, true)?;
             }
-            self.store_retry(|| write_file_atomically(&*self.dir, CHECKPOINT_NAME, &body))?;
+            self.store_retry(|| crate::copies::write_both(&*self.dir, CHECKPOINT_NAME, &body))?;
             old_dir
                 .remove(&journal_name(old_gen))
                 .map_err(|e| Error::io("removing the old journal", e))

@@ -74,7 +74,7 @@ pub struct ProjectionInput {
 pub struct Projection {
     /// Segment files: headers and records.
     pub data_bytes: u64,
-    /// Superblock, journal header and checkpoint.
+    /// Superblock and checkpoint root (two copies each), journal header and `meta.dat`.
     pub metadata_bytes: u64,
     /// `data_bytes + metadata_bytes`: what `physical_bytes` will show.
     pub physical_bytes: u64,
@@ -106,8 +106,9 @@ pub fn project(p: &ProjectionInput) -> Projection {
         + interior as f64 * META_BYTES_PER_INTERIOR
         + (leaves + p.volumes + 1) as f64 * META_BYTES_PER_CHILD;
     let root = ROOT_HEADER_BYTES as f64 + 64.0 + (p.volumes * 40 + p.volume_name_bytes) as f64;
+    // The superblock and the root are each kept twice (crate::copies).
     let metadata_bytes =
-        (SUPERBLOCK_BYTES + JOURNAL_HEADER_BYTES) as u64 + (root + meta_file) as u64;
+        (2 * SUPERBLOCK_BYTES + JOURNAL_HEADER_BYTES) as u64 + (2.0 * root + meta_file) as u64;
 
     // RAM: the dedup index (the page cache is a fixed budget, not per chunk).
     let index = crate::dedup_index::projected_ram_bytes(p.unique_chunks);

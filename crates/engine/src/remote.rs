@@ -13,7 +13,7 @@
 //!
 //! | pool file | in the bucket (`PREFIX/...`) |
 //! |---|---|
-//! | `superblock`, `checkpoint` | one object each, replaced whole by a PUT (the engine writes them to a `.tmp` name and renames: the rename is the PUT) |
+//! | `superblock`, `checkpoint` and their copies `superblock.copy`, `checkpoint.copy` | one object each, replaced whole by a PUT (the engine writes them to a `.tmp` name and renames: the rename is the PUT) |
 //! | `seg-N.dat` | one immutable object, uploaded whole by the destager (the rename of `seg-N.dat.partial` is the PUT) |
 //! | `meta.dat` | `meta/XXXXXXXX`, fixed extents of [`META_EXTENT_BYTES`]; a sync uploads the extents written since the last one |
 //! | `journal-G.wal` | only at `init` (the empty first generation); afterwards the journal lives in the local directory |
@@ -605,10 +605,24 @@ impl RemoteDir {
     /// The meta.dat mirror is current if it matches the root in the bucket; otherwise fetch
     /// every extent.
     fn sync_meta_mirror(&self) -> Result<()> {
-        let root = match self.shared.store.get(CHECKPOINT_NAME) {
-            Ok(r) => r,
-            Err(e) if e.is_not_found() => return Ok(()),
-            Err(e) => return Err(remote_error(&self.shared.url, e)),
+        // The primary root, or its copy where the primary is missing (a damaged primary only
+        // fails to match the mirror's tag: the mirror is fetched again).
+        let mut found = None;
+        for name in [
+            CHECKPOINT_NAME.to_string(),
+            crate::copies::copy_name(CHECKPOINT_NAME),
+        ] {
+            match self.shared.store.get(&name) {
+                Ok(r) => {
+                    found = Some(r);
+                    break;
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(remote_error(&self.shared.url, e)),
+            }
+        }
+        let Some(root) = found else {
+            return Ok(());
         };
         let tag = blake3::hash(&root).to_hex().to_string();
         let local_tag =
@@ -1703,19 +1717,41 @@ fn shared_for(
 }
 
 fn has_pool(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<bool> {
-    Ok(store
-        .head(crate::format::SUPERBLOCK_NAME)
-        .map_err(|e| remote_error(&conf.url, e))?
-        .is_some())
+    for name in superblock_names() {
+        if store
+            .head(&name)
+            .map_err(|e| remote_error(&conf.url, e))?
+            .is_some()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
-/// The pool's superblock in the bucket (`None`: no pool there).
+/// The two copies of the superblock (crate::copies), primary first.
+fn superblock_names() -> [String; 2] {
+    let primary = crate::format::SUPERBLOCK_NAME;
+    [primary.to_string(), crate::copies::copy_name(primary)]
+}
+
+/// The pool's superblock in the bucket (`None`: no pool there): its primary copy, or its
+/// copy where the primary is missing or damaged (the pool's open says which it used).
 fn read_superblock(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<Option<Superblock>> {
-    match store.get(crate::format::SUPERBLOCK_NAME) {
-        Ok(b) => Superblock::decode(&b).map(Some),
-        Err(e) if e.is_not_found() => Ok(None),
-        Err(e) => Err(remote_error(&conf.url, e)),
+    let mut first_error = None;
+    for name in superblock_names() {
+        match store.get(&name) {
+            Ok(b) => match Superblock::decode(&b) {
+                Ok(sb) => return Ok(Some(sb)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            },
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(remote_error(&conf.url, e)),
+        }
     }
+    first_error.map_or(Ok(None), Err)
 }
 
 /// `condense init s3://...`: a new pool in the bucket, with `durability` stored in it, and
@@ -1991,7 +2027,7 @@ impl crate::pool::Pool {
         Ok(was)
     }
 
-    /// Replace the superblock with one naming durability `d` (one PUT: atomic).
+    /// Replace the superblock with one naming durability `d` (one PUT per copy, each atomic).
     ///
     /// Besides init, this is the one place the superblock is written; in an encrypted pool it
     /// is authenticated again with the data key, as at init.
@@ -2004,6 +2040,6 @@ impl crate::pool::Pool {
             // An encrypted pool's superblock carries a MAC over every field (docs/FORMAT.md).
             sb.authenticate(c);
         }
-        crate::pool::write_file_atomically(&*self.dir, crate::format::SUPERBLOCK_NAME, &sb.encode())
+        crate::copies::write_both(&*self.dir, crate::format::SUPERBLOCK_NAME, &sb.encode())
     }
 }

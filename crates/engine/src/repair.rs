@@ -40,9 +40,7 @@ use crate::journal::{DamagedStretch, Journal};
 use crate::metadata::Metadata;
 use crate::page_alloc::PageAlloc;
 use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE, FANOUT};
-use crate::pool::{
-    batch_data_present, lock, pool_crypto, read_whole, write_file_atomically, OpenOptions, Pool,
-};
+use crate::pool::{batch_data_present, lock, pool_crypto, OpenOptions, Pool};
 use crate::segment::Segments;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -227,6 +225,79 @@ pub struct LostRange {
     pub reason: String,
 }
 
+/// The pool's metadata records that keep what each repair lost, named `damage/<UTC time>`:
+/// an administrator who accepted the loss still sees it in `condense verify` until
+/// `condense repair --clear-history` forgets it (as `zpool status -v` lists permanent errors
+/// until `zpool clear`).
+pub const DAMAGE_PREFIX: &str = "damage/";
+
+/// What one repair lost, as kept in the pool's history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DamageRecord {
+    /// When the repair ran (UTC, as in the name of its backup directory).
+    pub when: String,
+    pub lost: Vec<LostRange>,
+}
+
+/// A history record's bytes: one line per lost range, `volume TAB first TAB blocks TAB
+/// reason` (names and reasons hold no tab or newline: they are replaced by spaces).
+fn encode_damage(lost: &[LostRange]) -> Vec<u8> {
+    let clean = |s: &str| s.replace(['\t', '\n'], " ");
+    lost.iter()
+        .map(|l| {
+            format!(
+                "{}\t{}\t{}\t{}\n",
+                clean(&l.volume),
+                l.first_block,
+                l.blocks,
+                clean(&l.reason)
+            )
+        })
+        .collect::<String>()
+        .into_bytes()
+}
+
+/// Decode a history record (lines that do not parse are skipped: it is informational).
+fn decode_damage(bytes: &[u8]) -> Vec<LostRange> {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.splitn(4, '\t');
+            Some(LostRange {
+                volume: f.next()?.to_string(),
+                first_block: f.next()?.parse().ok()?,
+                blocks: f.next()?.parse().ok()?,
+                reason: f.next()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Every repair's losses still in the pool's history, oldest first.
+pub fn damage_history(pool: &Pool) -> Vec<DamageRecord> {
+    pool.meta_keys(DAMAGE_PREFIX)
+        .into_iter()
+        .filter_map(|key| {
+            let bytes = pool.meta_get(&key)?;
+            Some(DamageRecord {
+                when: key.strip_prefix(DAMAGE_PREFIX).unwrap_or(&key).to_string(),
+                lost: decode_damage(&bytes),
+            })
+        })
+        .collect()
+}
+
+/// Forget every repair's losses (`condense repair --clear-history`); returns how many records
+/// there were.
+pub fn clear_damage_history(pool: &Pool) -> Result<usize> {
+    let keys = pool.meta_keys(DAMAGE_PREFIX);
+    for k in &keys {
+        pool.meta_put(k, None)?;
+    }
+    pool.flush()?;
+    Ok(keys.len())
+}
+
 /// What repair found and did.
 #[derive(Clone, Debug, Default)]
 pub struct RepairReport {
@@ -251,6 +322,10 @@ pub struct RepairReport {
     pub chunks_dropped: u64,
     pub unreadable_map_pages: u64,
     pub unreadable_chunk_pages: u64,
+    /// Chunk records read and checked (CRC, authentication, decompression, fingerprint), and
+    /// of them damaged.
+    pub chunks_checked: u64,
+    pub damaged_chunks: u64,
 }
 
 impl RepairReport {
@@ -259,6 +334,7 @@ impl RepairReport {
         !self.damaged_journal.is_empty()
             || !self.lost.is_empty()
             || !self.notes.is_empty()
+            || self.damaged_chunks > 0
             || self.unreadable_map_pages > 0
             || self.unreadable_chunk_pages > 0
     }
@@ -274,10 +350,14 @@ impl RepairReport {
 /// Repair the pool at `path` (`key`: the key of an encrypted pool). In an encrypted pool a
 /// repair (not a dry run) seals the new pages, root and journal under a session of its own,
 /// as a writable open does.
-pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<RepairReport> {
+pub fn repair(
+    path: &Path,
+    dry_run: bool,
+    key: Option<UserKey>,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<RepairReport> {
     let dir = RealDir::new(path);
-    if !dir
-        .exists(SUPERBLOCK_NAME)
+    if !crate::copies::exists(&dir, SUPERBLOCK_NAME)
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
     {
         return Err(Error::NotAPool(path.to_path_buf()));
@@ -286,20 +366,31 @@ pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<Repair
         .lock(LOCK_NAME)
         .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
         .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
-    let sb_bytes = read_whole(&dir, SUPERBLOCK_NAME)?;
-    let mut sb = Superblock::decode(&sb_bytes)?;
-    let reader = pool_crypto(&dir, &sb_bytes, &mut sb.clone(), key.as_ref(), false)?;
-    let old_root = decode_root(
-        &read_whole(&dir, CHECKPOINT_NAME)?,
-        &sb.uuid,
-        reader.as_deref(),
+    // Both copies of the superblock and of the root (copies.rs): the ones open would use.
+    let sb_copies = crate::copies::read_both(
+        &dir,
+        SUPERBLOCK_NAME,
+        |bytes| {
+            let sb = Superblock::decode(bytes)?;
+            pool_crypto(&dir, bytes, &mut sb.clone(), key.as_ref(), false).map(|c| (sb, c))
+        },
+        |_, _| false,
+    )?;
+    let sb_bytes = sb_copies.bytes.clone();
+    let (mut sb, reader) = sb_copies.value;
+    let old_root = crate::copies::read_both(
+        &dir,
+        CHECKPOINT_NAME,
+        |bytes| decode_root(bytes, &sb.uuid, reader.as_deref()),
+        |a, b| (a.journal_gen, a.next_seq) > (b.journal_gen, b.next_seq),
     )
     .map_err(|e| {
         Error::corrupt(
             format!("checkpoint root of {}", path.display()),
-            format!("{e}; Condense keeps one root, which names every map and the chunk table, so repair cannot rebuild the pool: restore it from a backup"),
+            format!("{e}; both copies of the root (checkpoint and checkpoint.copy) are damaged, and the root names every map and the chunk table, so repair cannot rebuild the pool: restore it from a backup"),
         )
-    })?;
+    })?
+    .value;
     // What the rebuilt metadata is sealed with: a session of its own, as a writable open
     // (refused for a format 3 pool before anything is written).
     let sealer = if dry_run {
@@ -327,12 +418,20 @@ pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<Repair
         backup: backup.clone(),
         ..Default::default()
     };
+    // Every chunk's record, checked as `verify` checks it: a damaged one is treated as a chunk
+    // that cannot be located (another valid record of it in the segments is used; else the
+    // blocks naming it are lost).
+    let checked = pool.check_chunks(progress)?;
+    report.chunks_checked = checked.chunks_checked;
+    report.damaged_chunks = checked.bad.len() as u64;
+    let damaged: HashMap<u64, String> = checked.bad.into_iter().collect();
     let replay = pool.replay_report();
     report.journal_batches = replay.batches;
     report.journal_records = replay.records;
     report.damaged_journal = replay.damaged.clone();
     let salvage = replay.salvage.clone();
     report.notes.extend(salvage.skipped.iter().cloned());
+    report.notes.extend(replay.notes.iter().cloned());
 
     let mut st = lock(&pool.state);
     let st = &mut *st;
@@ -350,6 +449,7 @@ pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<Repair
         &mut st.md,
         &st.segments,
         &salvage,
+        &damaged,
         &mut new,
         &mut lost,
         &mut report,
@@ -374,7 +474,22 @@ pub fn repair(path: &Path, dry_run: bool, key: Option<UserKey>) -> Result<Repair
         report.backup = None;
         return Ok(report);
     }
+    if !report.lost.is_empty() {
+        // The loss stays in the pool's history until an administrator clears it.
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut key = format!("{DAMAGE_PREFIX}{}", utc_stamp(secs));
+        let mut n = 1;
+        while new.meta.contains_key(&key) {
+            n += 1;
+            key = format!("{DAMAGE_PREFIX}{}-{n}", utc_stamp(secs));
+        }
+        new.meta.insert(key, encode_damage(&report.lost));
+    }
     write_new_state(&dir, &sb, &old_root, &mut new, next_seq, sealer)?;
+    // Both superblock copies as the one used (a damaged or missing copy is mended).
+    crate::copies::write_both(&dir, SUPERBLOCK_NAME, &sb_bytes)?;
     Ok(report)
 }
 
@@ -402,7 +517,8 @@ fn back_up(path: &Path) -> Result<PathBuf> {
             CHECKPOINT_TMP_NAME,
             META_NAME,
         ]
-        .contains(&name.as_str())
+        .iter()
+        .any(|n| name == *n || name == crate::copies::copy_name(n))
             || name.starts_with(JOURNAL_PREFIX);
         if !wanted {
             continue;
@@ -583,10 +699,15 @@ fn journal_losses(
             "written by damaged journal batch(es) {}..{} ({} bytes at offset {} of {}); the blocks keep their content from before that write",
             d.first_seq, d.next_seq, d.bytes, d.offset, d.file
         );
-        if d.records.is_empty() {
+        if !d.decoded_whole {
             notes.push(format!(
-                "journal batch(es) {}..{} in {} (offset {}, {} bytes) could not be decoded: the blocks they wrote are unknown and keep older content; compare the volumes with a backup",
-                d.first_seq, d.next_seq, d.file, d.offset, d.bytes
+                "journal batch(es) {}..{} in {} (offset {}, {} bytes) could not be decoded{}: the blocks they wrote are unknown and keep older content; compare the volumes with a backup",
+                d.first_seq,
+                d.next_seq,
+                d.file,
+                d.offset,
+                d.bytes,
+                if d.records.is_empty() { "" } else { " in full (the ranges listed are what did decode)" }
             ));
         }
         for r in &d.records {
@@ -720,6 +841,7 @@ fn rebuild(
     old: &mut Metadata,
     segments: &Segments,
     salvage: &Salvage,
+    damaged: &HashMap<u64, String>,
     new: &mut Metadata,
     lost: &mut Lost,
     report: &mut RepairReport,
@@ -798,10 +920,13 @@ fn rebuild(
                     if id >= CHUNK_ID_LIMIT || inserted.contains(id) {
                         continue;
                     }
-                    let located = if id < next_id {
-                        locate(old, salvage, segments, id)
-                    } else {
-                        Err(("is past the last chunk id".into(), None))
+                    let located = match damaged.get(&id) {
+                        Some(why) => Err((
+                            format!("has a damaged record ({why})"),
+                            locate(old, salvage, segments, id).ok().map(|(_, fp)| fp),
+                        )),
+                        None if id < next_id => locate(old, salvage, segments, id),
+                        None => Err(("is past the last chunk id".into(), None)),
                     };
                     match located {
                         Ok((loc, fp)) => {
@@ -933,7 +1058,7 @@ fn write_new_state(
         .map_err(|e| Error::io(format!("syncing {META_NAME}"), e))?;
     dir.sync_dir()
         .map_err(|e| Error::io("syncing the pool directory", e))?;
-    write_file_atomically(dir, CHECKPOINT_NAME, &body)?;
+    crate::copies::write_both(dir, CHECKPOINT_NAME, &body)?;
     for name in dir
         .list(JOURNAL_PREFIX)
         .map_err(|e| Error::io("listing journals", e))?
@@ -977,6 +1102,29 @@ mod tests {
         assert_eq!(merge(&mut [(5, 7), (0, 2), (2, 3)]), vec![(0, 3), (5, 7)]);
         assert_eq!(subtract(0, 10, &[(2, 4), (6, 12)]), vec![(0, 2), (4, 6)]);
         assert_eq!(subtract(3, 5, &[(0, 10)]), vec![]);
+    }
+
+    #[test]
+    fn damage_records_round_trip_and_garbage_is_skipped() {
+        let lost = vec![
+            LostRange {
+                volume: "vm@s1".into(),
+                first_block: 100,
+                blocks: 3,
+                reason: "its chunk has a damaged record\t(crc)".into(),
+            },
+            LostRange {
+                volume: ".file.7".into(),
+                first_block: 0,
+                blocks: 1,
+                reason: "r".into(),
+            },
+        ];
+        let mut got = decode_damage(&encode_damage(&lost));
+        assert_eq!(got[0].reason, "its chunk has a damaged record (crc)");
+        got[0].reason = lost[0].reason.clone();
+        assert_eq!(got, lost);
+        assert!(decode_damage(b"x\ty\n\xff\t1\n").is_empty());
     }
 
     #[test]

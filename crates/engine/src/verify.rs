@@ -25,6 +25,9 @@ pub struct VerifyReport {
     /// Volumes whose block map is damaged (every block unreadable).
     pub bad_volumes: Vec<String>,
     pub metadata_problems: Vec<String>,
+    /// Losses earlier repairs accepted (the pool's history, [`crate::repair::DAMAGE_PREFIX`]):
+    /// those blocks read as zeros. Not damage now: a pool with only these is clean.
+    pub accepted: Vec<crate::repair::DamageRecord>,
 }
 
 impl VerifyReport {
@@ -36,6 +39,22 @@ impl VerifyReport {
     }
 }
 
+/// What reading every live chunk found ([`Pool::check_chunks`]).
+#[derive(Clone, Debug, Default)]
+pub struct ChunkCheck {
+    pub chunks_checked: u64,
+    pub bytes_checked: u64,
+    /// (chunk id, what is wrong), in chunk id order.
+    pub bad: Vec<(u64, String)>,
+    /// Problems reading the chunk table itself.
+    pub metadata_problems: Vec<String>,
+    /// Bit `id` set: the chunk table holds chunk `id`.
+    exists: Vec<u64>,
+    /// Each chunk's stored reference count.
+    stored_refs: Vec<u32>,
+    next_id: u64,
+}
+
 impl Pool {
     /// Check everything. `progress(done, total)` is called as chunks are checked.
     pub fn verify(&self, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
@@ -44,74 +63,28 @@ impl Pool {
         let _gc = lock(&self.gc_lock);
         self.flush()?;
         let mut report = VerifyReport::default();
-        let (total, next_id) = {
-            let st = lock(&self.state);
-            (st.md.chunks.live_chunks, st.md.chunks.next_id)
-        };
-        // Chunks, a window of chunk-table pages at a time.
-        const WINDOW_PAGES: u64 = 512;
-        let mut exists = vec![0u64; next_id.div_ceil(64) as usize];
-        let mut stored_refs: Vec<u32> = vec![0; next_id as usize];
-        let mut bad: HashSet<u64> = HashSet::new();
-        let mut done = 0u64;
-        let mut page = 0u64;
-        let per = CHUNKS_PER_PAGE as u64;
-        while page * per < next_id {
-            let mut work = Vec::new();
-            {
-                let mut st = lock(&self.state);
-                let st = &mut *st;
-                let segments = &st.segments;
-                let md = &mut st.md;
-                let walked = md.cache.for_each_leaf(
-                    crate::page_cache::CHUNK_TREE,
-                    page,
-                    page + WINDOW_PAGES,
-                    &mut |pi, data| {
-                        for i in 0..CHUNKS_PER_PAGE {
-                            if let Some(e) = crate::chunk_table::decode_slot(data, i) {
-                                let id = pi * per + i as u64;
-                                // Written since the flush above: maybe still in memory.
-                                let mem = segments.in_memory(&e.loc);
-                                work.push((id, e, segments.file(e.loc.segment), mem));
-                            }
-                        }
-                        Ok(true)
-                    },
-                );
-                if let Err(e) = walked {
-                    report.metadata_problems.push(format!(
-                        "chunk table pages {page}..{}: {e}",
-                        page + WINDOW_PAGES
-                    ));
-                }
-            }
-            for (id, e, _, _) in &work {
-                if let Some(w) = exists.get_mut((*id / 64) as usize) {
-                    *w |= 1 << (id % 64);
-                }
-                if let Some(r) = stored_refs.get_mut(*id as usize) {
-                    *r = e.refs;
-                }
-            }
-            let results: Vec<(u64, Option<(u64, String)>)> = work
-                .par_iter()
-                .filter(|(_, e, _, _)| e.refs > 0)
-                .map(|(id, e, file, mem)| self.check_chunk(*id, e, file.as_deref(), mem.as_deref()))
-                .collect();
-            for (bytes, b) in results {
-                report.chunks_checked += 1;
-                report.bytes_checked += bytes;
-                if let Some(b) = b {
-                    bad.insert(b.0);
-                    report.bad_chunks.push(b);
-                }
-            }
-            done += work.iter().filter(|w| w.1.refs > 0).count() as u64;
-            progress(done.min(total), total);
-            page += WINDOW_PAGES;
+        // Damage open worked around (a copy of the superblock or root, a header): a writable
+        // open mended it already; a read-only one leaves it for a writable open or repair.
+        if self.read_only {
+            report
+                .metadata_problems
+                .extend(self.replay.notes.iter().cloned());
         }
-        progress(total, total);
+        report.accepted = crate::repair::damage_history(self);
+        let checked = self.chunk_pass(progress)?;
+        report.chunks_checked = checked.chunks_checked;
+        report.bytes_checked = checked.bytes_checked;
+        report.bad_chunks = checked.bad.clone();
+        report
+            .metadata_problems
+            .extend(checked.metadata_problems.iter().cloned());
+        let bad: HashSet<u64> = checked.bad.iter().map(|b| b.0).collect();
+        let ChunkCheck {
+            exists,
+            stored_refs,
+            next_id,
+            ..
+        } = checked;
         // Maps: every entry names an existing, good chunk; count references.
         let mut counted: Vec<u32> = vec![0; next_id as usize];
         let mut st = lock(&self.state);
@@ -227,6 +200,89 @@ impl Pool {
         }
         st.md.cache.evict_to_budget()?;
         Ok(report)
+    }
+
+    /// Read every live chunk and check its record as `verify` does (CRC, authentication,
+    /// decompression, fingerprint): `condense repair` drops the damaged ones. Takes the GC
+    /// lock, as a chunk moved during the pass would be checked at its old place.
+    pub fn check_chunks(&self, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<ChunkCheck> {
+        let _gc = lock(&self.gc_lock);
+        self.flush()?;
+        self.chunk_pass(progress)
+    }
+
+    /// The chunk pass of [`Pool::verify`] and [`Pool::check_chunks`] (the caller holds the GC
+    /// lock and has flushed).
+    fn chunk_pass(&self, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<ChunkCheck> {
+        let mut check = ChunkCheck::default();
+        let (total, next_id) = {
+            let st = lock(&self.state);
+            (st.md.chunks.live_chunks, st.md.chunks.next_id)
+        };
+        // Chunks, a window of chunk-table pages at a time.
+        const WINDOW_PAGES: u64 = 512;
+        let mut exists = vec![0u64; next_id.div_ceil(64) as usize];
+        let mut stored_refs: Vec<u32> = vec![0; next_id as usize];
+        let mut done = 0u64;
+        let mut page = 0u64;
+        let per = CHUNKS_PER_PAGE as u64;
+        while page * per < next_id {
+            let mut work = Vec::new();
+            {
+                let mut st = lock(&self.state);
+                let st = &mut *st;
+                let segments = &st.segments;
+                let md = &mut st.md;
+                let walked = md.cache.for_each_leaf(
+                    crate::page_cache::CHUNK_TREE,
+                    page,
+                    page + WINDOW_PAGES,
+                    &mut |pi, data| {
+                        for i in 0..CHUNKS_PER_PAGE {
+                            if let Some(e) = crate::chunk_table::decode_slot(data, i) {
+                                let id = pi * per + i as u64;
+                                // Written since the flush above: maybe still in memory.
+                                let mem = segments.in_memory(&e.loc);
+                                work.push((id, e, segments.file(e.loc.segment), mem));
+                            }
+                        }
+                        Ok(true)
+                    },
+                );
+                if let Err(e) = walked {
+                    check.metadata_problems.push(format!(
+                        "chunk table pages {page}..{}: {e}",
+                        page + WINDOW_PAGES
+                    ));
+                }
+            }
+            for (id, e, _, _) in &work {
+                if let Some(w) = exists.get_mut((*id / 64) as usize) {
+                    *w |= 1 << (id % 64);
+                }
+                if let Some(r) = stored_refs.get_mut(*id as usize) {
+                    *r = e.refs;
+                }
+            }
+            let results: Vec<(u64, Option<(u64, String)>)> = work
+                .par_iter()
+                .filter(|(_, e, _, _)| e.refs > 0)
+                .map(|(id, e, file, mem)| self.check_chunk(*id, e, file.as_deref(), mem.as_deref()))
+                .collect();
+            for (bytes, b) in results {
+                check.chunks_checked += 1;
+                check.bytes_checked += bytes;
+                check.bad.extend(b);
+            }
+            done += work.iter().filter(|w| w.1.refs > 0).count() as u64;
+            progress(done.min(total), total);
+            page += WINDOW_PAGES;
+        }
+        progress(total, total);
+        check.exists = exists;
+        check.stored_refs = stored_refs;
+        check.next_id = next_id;
+        Ok(check)
     }
 
     /// Read one chunk and check its record, its decompression and its fingerprint.

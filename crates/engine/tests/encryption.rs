@@ -319,7 +319,13 @@ fn a_superblock_edited_without_the_key_does_not_open() -> R {
     let t = tempfile::tempdir()?;
     let dir = t.path().join("p");
     init(&dir, key())?;
-    drop(open(&dir, key(), true)?); // creates the lock file
+    let pool = open(&dir, key(), true)?; // creates the lock file
+    let fields = |p: &Pool| {
+        let sb = p.superblock();
+        format!("{:?} {:?}", sb.compression, sb.write_policy)
+    };
+    let want = fields(&pool);
+    drop(pool);
     let good = std::fs::read(dir.join("superblock"))?;
     // Write policy sync -> async, compression lz4 -> none, the old epoch field: each with the
     // CRCs fixed, so only the MAC can tell.
@@ -327,7 +333,22 @@ fn a_superblock_edited_without_the_key_does_not_open() -> R {
         let mut b = good.clone();
         b[at] = value;
         fix_crcs(&mut b);
+        // One copy edited: the other, authentic, is used, and the open says so.
         std::fs::write(dir.join("superblock"), &b)?;
+        std::fs::write(dir.join("superblock.copy"), &good)?;
+        let pool = open(&dir, key(), true)?;
+        assert!(
+            pool.replay_report()
+                .notes
+                .iter()
+                .any(|n| n.contains("superblock is damaged") && n.contains("superblock.copy")),
+            "byte {at}: {:?}",
+            pool.replay_report().notes
+        );
+        assert_eq!(fields(&pool), want, "byte {at}: the copy's fields");
+        drop(pool);
+        // Both copies edited: refused.
+        std::fs::write(dir.join("superblock.copy"), &b)?;
         let before = files(&dir)?;
         let err = open(&dir, key(), false).err().map(|e| e.to_string());
         assert!(
@@ -339,6 +360,7 @@ fn a_superblock_edited_without_the_key_does_not_open() -> R {
         assert!(files(&dir)? == before, "a refused open changes no file");
     }
     std::fs::write(dir.join("superblock"), &good)?;
+    std::fs::write(dir.join("superblock.copy"), &good)?;
     drop(open(&dir, key(), false)?);
     Ok(())
 }
@@ -422,13 +444,16 @@ fn a_changed_journal_batch_or_root_fails_the_open() -> R {
     pool.close()?;
     drop(pool);
     // The root: its body (after the 64-byte header) is sealed; its CRC is checked first.
+    // Both copies of it changed (one alone is damage the other copy covers: tests/copies.rs).
     let mut root = std::fs::read(dir.join("checkpoint"))?;
     root[70] ^= 1;
     std::fs::write(dir.join("checkpoint.bad"), &root)?;
     let saved = std::fs::read(dir.join("checkpoint"))?;
     std::fs::rename(dir.join("checkpoint.bad"), dir.join("checkpoint"))?;
+    std::fs::write(dir.join("checkpoint.copy"), &root)?;
     assert!(open(&dir, key(), false).is_err());
-    std::fs::write(dir.join("checkpoint"), saved)?;
+    std::fs::write(dir.join("checkpoint"), &saved)?;
+    std::fs::write(dir.join("checkpoint.copy"), saved)?;
     let pool = open(&dir, key(), false)?;
     pool.volume("vm")?.write_at(0, &pattern(), false)?;
     pool.flush()?;

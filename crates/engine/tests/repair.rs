@@ -228,7 +228,7 @@ fn journal_damage_case(key: Option<&UserKey>, damage: fn(&mut [u8], usize, usize
 
     // A dry run reports and changes nothing.
     let files = metadata_files(dir);
-    let dry = repair::repair(dir, true, key.cloned()).expect("dry run");
+    let dry = repair::repair(dir, true, key.cloned(), &|_, _| {}).expect("dry run");
     assert_eq!(metadata_files(dir), files, "the dry run changed files");
     assert!(dry.backup.is_none());
 
@@ -241,7 +241,7 @@ fn journal_damage_case(key: Option<&UserKey>, damage: fn(&mut [u8], usize, usize
     assert_eq!(lost(&dry), expected, "{dry:?}");
     assert_eq!(dry.damaged_journal.len(), 1);
 
-    let report = repair::repair(dir, false, key.cloned()).expect("repair");
+    let report = repair::repair(dir, false, key.cloned(), &|_, _| {}).expect("repair");
     assert_eq!(lost(&report), expected, "{report:?}");
     assert_eq!(report.chunks_from_segments, 1, "{report:?}");
     let backup = report.backup.clone().expect("backup");
@@ -315,7 +315,7 @@ fn damaged_block_map_page_loses_its_blocks_in_every_volume_that_shares_it() {
         assert!(!pool.verify(&|_, _| {}).expect("verify").is_clean());
     }
 
-    let report = repair::repair(dir, false, None).expect("repair");
+    let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
     let expected = vec![
         ("vm".to_string(), 1024, 512),
         ("vm@s1".to_string(), 1024, 512),
@@ -347,14 +347,14 @@ fn repair_refuses_a_pool_in_use_and_leaves_a_healthy_pool_alone() {
     init(dir);
     let pool = open(dir);
     pool.create_volume("vm", 64 * BS as u64).expect("create");
-    let err = repair::repair(dir, false, None)
+    let err = repair::repair(dir, false, None, &|_, _| {})
         .expect_err("pool is held")
         .to_string();
     assert!(err.contains("in use"), "{err}");
     pool.close().expect("close");
     drop(pool);
     let files = metadata_files(dir);
-    let report = repair::repair(dir, false, None).expect("repair");
+    let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
     assert!(!report.found_damage(), "{report:?}");
     assert!(report.backup.is_none());
     assert_eq!(metadata_files(dir), files);
@@ -383,7 +383,7 @@ fn damaged_chunk_table_page_is_rebuilt_from_the_segments() {
         assert!(h.read_at(200 * BS as u64, &mut buf).is_err());
     }
 
-    let report = repair::repair(dir, false, None).expect("repair");
+    let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
     // Every chunk of the page (ids 128..256) is found again in the segments: nothing lost.
     assert_eq!(lost(&report), vec![], "{report:?}");
     assert_eq!(report.unreadable_chunk_pages, 1, "{report:?}");
@@ -424,7 +424,7 @@ fn newest_chunk_made_in_a_damaged_batch_and_shared_later_is_found_once() {
     j[end - 1] ^= 0x5a;
     std::fs::write(&jpath, &j).expect("damage");
 
-    let report = repair::repair(dir, false, None).expect("repair");
+    let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
     let expected = vec![("vm".to_string(), 4, 4)];
     assert_eq!(lost(&report), expected, "{report:?}");
     assert_eq!(report.chunks_from_segments, 1, "{report:?}");
@@ -470,7 +470,7 @@ fn blocks_of_a_missing_segment_are_lost_not_taken_from_a_record_a_crash_took_bac
         .expect("a segment");
     std::fs::remove_file(dir.join(&newest)).expect("remove the newest segment");
 
-    let report = repair::repair(dir, false, None).expect("repair");
+    let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
     let lost = lost(&report);
     assert_eq!(lost, vec![("a".to_string(), 16, 8)], "report: {report:?}");
     let pool = open(dir);
@@ -482,4 +482,100 @@ fn blocks_of_a_missing_segment_are_lost_not_taken_from_a_record_a_crash_took_bac
     }
     check_all(&pool, &model, &[("a", 64)], &lost);
     verify_clean(&pool);
+}
+
+/// Flip one byte of the payload of the chunk record holding `data` (an uncompressed,
+/// unencrypted pool: the block's bytes are in a segment as they are).
+fn damage_record_of(dir: &Path, data: &[u8]) {
+    for entry in std::fs::read_dir(dir).expect("list").filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("seg-") && name.ends_with(".dat")) {
+            continue;
+        }
+        let mut seg = std::fs::read(entry.path()).expect("read segment");
+        if let Some(at) = seg.windows(data.len()).position(|w| w == data) {
+            seg[at + 100] ^= 0x5a;
+            std::fs::write(entry.path(), &seg).expect("damage");
+            return;
+        }
+    }
+    panic!("no segment holds the block");
+}
+
+#[test]
+fn damaged_chunk_record_loses_the_blocks_naming_it_in_every_volume_and_snapshot() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    init(dir);
+    let mut model = Model::new();
+    let pool = open(dir);
+    pool.create_volume("vm", 1024 * BS as u64).expect("create");
+    pool.create_volume("other", 64 * BS as u64).expect("create");
+    write_range(&pool, &mut model, "vm", 1, 0, 600);
+    // A duplicate of vm's block 100: the same chunk.
+    write(&pool, &mut model, "other", 0, unique_block(1, 100));
+    write(&pool, &mut model, "other", 1, unique_block(3, 1));
+    pool.create_snapshot("vm", "s1").expect("snapshot");
+    for b in 0..600 {
+        model.insert(("vm@s1".into(), b), unique_block(1, b));
+    }
+    pool.close().expect("close");
+    drop(pool);
+    damage_record_of(dir, &unique_block(1, 100));
+
+    let expected = vec![
+        ("other".to_string(), 0, 1),
+        ("vm".to_string(), 100, 1),
+        ("vm@s1".to_string(), 100, 1),
+    ];
+    {
+        // Before: reads of the block fail, verify names it in every volume.
+        let pool = open(dir);
+        let mut buf = vec![0u8; BS];
+        let h = pool.volume("vm").expect("volume");
+        assert!(h.read_at(100 * BS as u64, &mut buf).is_err());
+        let v = pool.verify(&|_, _| {}).expect("verify");
+        assert_eq!(v.bad_chunks.len(), 1, "{v:?}");
+        let named: Vec<(String, u64, u64)> = v
+            .bad_blocks
+            .iter()
+            .flat_map(|(vol, bs)| bs.iter().map(move |&b| (vol.clone(), b, 1)))
+            .collect();
+        assert_eq!(named, expected, "{v:?}");
+    }
+    let dry = repair::repair(dir, true, None, &|_, _| {}).expect("dry run");
+    assert_eq!((dry.damaged_chunks, lost(&dry)), (1, expected.clone()));
+    let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
+    assert_eq!(lost(&report), expected, "{report:?}");
+    assert!(report.chunks_checked >= 601, "{report:?}");
+    assert!(
+        report.lost[0].reason.contains("damaged record"),
+        "{report:?}"
+    );
+
+    let pool = open(dir);
+    let vols = [("vm", 1024), ("vm@s1", 1024), ("other", 64)];
+    check_all(&pool, &model, &vols, &expected);
+    assert!(read_block(&pool, "vm", 100) == vec![0u8; BS]);
+    verify_clean(&pool);
+    // The loss is kept in the pool's history, and verify (clean) still lists it...
+    let history = repair::damage_history(&pool);
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].lost, report.lost);
+    let v = pool.verify(&|_, _| {}).expect("verify");
+    assert_eq!(v.accepted, history);
+    pool.close().expect("close");
+    drop(pool);
+    // ...across a reopen, until cleared.
+    let pool = open(dir);
+    assert_eq!(repair::damage_history(&pool), history);
+    assert_eq!(repair::clear_damage_history(&pool).expect("clear"), 1);
+    pool.close().expect("close");
+    drop(pool);
+    let pool = open(dir);
+    assert!(repair::damage_history(&pool).is_empty());
+    drop(pool);
+    // Nothing left to repair.
+    let again = repair::repair(dir, true, None, &|_, _| {}).expect("dry run");
+    assert!(!again.found_damage(), "{again:?}");
 }
