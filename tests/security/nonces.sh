@@ -99,7 +99,7 @@ cp "$W/superblock.saved" "$C/superblock"
 check "C: the superblock rolled back to an older valid copy opens (verify)" c "$C" verify
 write_vm "C3" "$C" "$W/data-6.raw" 16M
 
-# D: the superblock edited without the key, both CRCs recomputed.
+# D: the superblock edited without the key, both CRCs recomputed (in one copy, then in both).
 edit_superblock() { # FILE OFFSET VALUE: set the byte, fix the CRCs (docs/FORMAT.md)
     python3 - "$@" <<'EOF'
 import sys
@@ -122,11 +122,18 @@ open(path, "wb").write(bytes(b))
 EOF
 }
 sum_dir() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
+opens_with_copy() { c "$1" volume list 2>&1 | grep 'the pool opened with superblock.copy'; }
 cp "$D/superblock" "$W/superblock.d"
 for edit in "132 1:the epoch field set back to 1" "18 2:the write policy set to async" \
     "16 0:compression set to none"; do
+    # One copy edited: the pool opens with the other, authentic one, and says so.
     cp "$W/superblock.d" "$D/superblock"
+    cp "$W/superblock.d" "$D/superblock.copy"
     edit_superblock "$D/superblock" ${edit%%:*}
+    check "D (${edit#*:}, one copy): opens with the authentic copy and says so" \
+        opens_with_copy "$D"
+    # Both copies edited (an attacker who can write the pool directory edits both): refused.
+    edit_superblock "$D/superblock.copy" ${edit%%:*}
     sum_dir "$D" >"$W/sum.before"
     refuse "D (${edit#*:}, CRCs fixed): a writable open refuses with a clear error" \
         "changed without the key" c "$D" import "$W/data-3.raw" --name t

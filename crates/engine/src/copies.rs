@@ -173,8 +173,12 @@ pub(crate) fn read_both<T>(
                     &copy,
                     Some((primary.into(), "is older".into())),
                 ))
-            } else {
+            } else if newer(&va, &vb) {
                 Ok(chosen(va, ba, primary, Some((copy, "is older".into()))))
+            } else {
+                // Neither is newer (a superblock has no age): the primary is used.
+                let why = format!("differs from {primary}, though both are valid");
+                Ok(chosen(va, ba, primary, Some((copy, why))))
             }
         }
         (Found::Good(va, ba), other) => {

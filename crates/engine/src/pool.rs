@@ -593,7 +593,7 @@ impl Pool {
         let mut salvage = crate::repair::Salvage::default();
         let jname = journal_name(root.journal_gen);
         if let (Some(_), Some(s)) = (dir.remote(), &staging) {
-            local_journal(&*dir, &**s, &root, &sb, crypto.clone())?;
+            local_journal(&*dir, &**s, root, &sb, crypto.clone())?;
         }
         let journal_dir = match &staging {
             Some(s)
