@@ -117,6 +117,16 @@ backup=$(jq -r .backup "$W/repair.json")
 check "the damaged journal is kept in the backup" cmp damaged.wal "$backup/$(basename "$J")"
 check "the backup holds checkpoint and meta.dat" test -f "$backup/checkpoint" -a -f "$backup/meta.dat"
 check "verify is clean after repair" c verify
+# The loss stays in the pool's history: verify lists it, repair --history shows it.
+hist() { jq -c '[.[] | .lost[] | {volume, first_block, blocks}]'; }
+want_hist=$(jq -c '[.lost[] | {volume, first_block, blocks}]' "$W/repair.json")
+if [ "$(c verify --json 2>/dev/null | jq -c '.accepted_damage' | hist)" = "$want_hist" ]; then
+    ok "verify --json lists the accepted loss"; else fail "verify --json lists the accepted loss"; fi
+if [ "$(c repair --history --json 2>/dev/null | hist)" = "$want_hist" ]; then
+    ok "repair --history names the lost ranges"; else fail "repair --history names the lost ranges"; fi
+check "repair --clear-history" c repair --clear-history
+if [ "$(c repair --history --json 2>/dev/null | jq length)" = 0 ]; then
+    ok "the history is empty once cleared"; else fail "the history is empty once cleared"; fi
 # Text report for an administrator (nothing left to repair now).
 c repair --dry-run >"$W/out" 2>&1
 if grep -q "no damage found" "$W/out"; then ok "a second dry run finds nothing to repair"; else fail "a second dry run finds nothing to repair" "$W/out"; fi

@@ -91,20 +91,7 @@ fn history(path: &Path, a: &RepairArgs) -> Result<i32> {
     }
     let h = condense_engine::repair::damage_history(&pool);
     if a.json {
-        let v: Vec<serde_json::Value> = h
-            .iter()
-            .map(|d| {
-                serde_json::json!({
-                    "repaired": d.when,
-                    "lost": d.lost.iter().map(|l| serde_json::json!({
-                        "volume": l.volume,
-                        "first_block": l.first_block,
-                        "blocks": l.blocks,
-                        "reason": l.reason,
-                    })).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
+        let v = crate::report::damage_history_json(&h);
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else if h.is_empty() {
         println!("no earlier repair of pool {} lost anything", path.display());

@@ -350,16 +350,26 @@ pub fn verify_json(r: &VerifyReport) -> Value {
         "bad_blocks": r.bad_blocks.iter().map(|(v, b)| json!({"volume": v, "blocks": b})).collect::<Vec<_>>(),
         "bad_volumes": r.bad_volumes,
         "metadata_problems": r.metadata_problems,
-        "accepted_damage": r.accepted.iter().map(|d| json!({
-            "repaired": d.when,
-            "lost": d.lost.iter().map(|l| json!({
-                "volume": l.volume,
-                "first_block": l.first_block,
-                "blocks": l.blocks,
-                "reason": l.reason,
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
+        "accepted_damage": damage_history_json(&r.accepted),
     })
+}
+
+/// What earlier repairs lost (the pool's damage history), as `verify --json` and
+/// `repair --history --json` print it.
+pub fn damage_history_json(h: &[condense_engine::repair::DamageRecord]) -> Value {
+    h.iter()
+        .map(|d| {
+            json!({
+                "repaired": d.when,
+                "lost": d.lost.iter().map(|l| json!({
+                    "volume": l.volume,
+                    "first_block": l.first_block,
+                    "blocks": l.blocks,
+                    "reason": l.reason,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
 }
 
 /// The losses earlier repairs accepted, one line per range (at most 20 in all).

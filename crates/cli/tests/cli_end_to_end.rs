@@ -378,11 +378,20 @@ fn corruption_fails_reads_and_verify_names_the_damage() {
     ok(&pool, &["export", "b", bout3.to_str().unwrap_or_default()]);
     assert!(same_bytes(&b, &bout3));
 
-    // A damaged checkpoint root: a clear error, no crash.
+    // A damaged checkpoint root: the pool opens with its copy and says so...
     let ckp = pool.join("checkpoint");
     let mut ck = fs::read(&ckp).unwrap_or_default();
     ck[30] ^= 0x80;
     fs::write(&ckp, &ck).unwrap_or_else(|e| panic!("{e}"));
+    let out = condense(&pool, &["stats"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("the pool opened with checkpoint.copy"),
+        "{err}"
+    );
+    // ...and both copies damaged: a clear error, no crash.
+    fs::write(pool.join("checkpoint.copy"), &ck).unwrap_or_else(|e| panic!("{e}"));
     let e = fails(&pool, &["stats"]);
     assert!(e.contains("checkpoint root"), "{e}");
 }

@@ -162,8 +162,38 @@ impl Journal {
                 ));
             }
         } else {
-            // Damaged (or cut short): every field of the header is known (the generation from
-            // the root, the pool UUID from the superblock), and each batch checks itself.
+            // Damaged: every field of the header is known (the generation from the root, the
+            // pool UUID from the superblock), and each batch checks itself. But a header is
+            // synced when the file is made, so no crash damages it: when nothing valid follows
+            // it (a file cut short, a zeroed sector), the batches it held are lost, not torn,
+            // and only repair may drop them (saying so).
+            let nothing_after = data.len() > JOURNAL_HEADER_BYTES
+                && !matches!(
+                    parse_batch(
+                        &data,
+                        JOURNAL_HEADER_BYTES,
+                        first_seq,
+                        gen,
+                        crypto.as_deref()
+                    ),
+                    Some(Ok(_))
+                );
+            if data.len() < JOURNAL_HEADER_BYTES || nothing_after {
+                let what = if data.len() < JOURNAL_HEADER_BYTES {
+                    format!("journal truncated to {} bytes (its header alone is {JOURNAL_HEADER_BYTES})", data.len())
+                } else {
+                    "its header is damaged and no valid batch follows it".to_string()
+                };
+                if mode != ReplayMode::Salvage {
+                    return Err(Error::corrupt(
+                        format!("journal {name}"),
+                        format!("{what}: the writes since the last checkpoint may be lost; stop every user of the pool, run `condense repair --dry-run`, then `condense repair` (it keeps a copy of the damaged files and opens the pool as of its last checkpoint)"),
+                    ));
+                }
+                report.notes.push(format!(
+                    "journal {name}: {what}: the writes it held since the last checkpoint are lost (their blocks keep older content); compare the volumes with a backup"
+                ));
+            }
             report.notes.push(format!(
                 "the header of journal {name} was damaged; rebuilt from the checkpoint root and the superblock"
             ));

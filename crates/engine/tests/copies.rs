@@ -93,6 +93,8 @@ enum Damage {
     Flip(usize, u64),
     /// The first 4 KiB zeroed (the whole file where it is shorter).
     ZeroSector,
+    /// The file cut to this many bytes.
+    Cut(usize),
     Delete,
 }
 
@@ -113,6 +115,7 @@ fn damage(path: &Path, how: Damage) {
             let n = bytes.len().min(4096);
             bytes[..n].fill(0);
         }
+        Damage::Cut(n) => bytes.truncate(n),
         Damage::Delete => {
             std::fs::remove_file(path).expect("remove");
             return;
@@ -219,4 +222,42 @@ fn both_copies_damaged_is_a_clear_error() {
         .err()
         .expect("open fails");
     assert!(e.to_string().contains("checkpoint"), "{e}");
+}
+
+/// A journal whose header and batches are gone (a zeroed sector, a file cut short) is not a
+/// crash: open refuses rather than dropping acknowledged writes silently; repair opens the
+/// pool as of its last checkpoint and says the journal's writes are lost.
+#[test]
+fn a_journal_lost_with_its_header_is_refused_and_repair_says_so() {
+    for how in [Damage::ZeroSector, Damage::Cut(10)] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path();
+        make_pool(dir, None);
+        let path = journal(dir);
+        assert!(std::fs::metadata(&path).expect("stat").len() < 4096);
+        damage(&path, how);
+        for read_only in [true, false] {
+            let opts = OpenOptions {
+                read_only,
+                ..Default::default()
+            };
+            let e = Pool::open_path(dir, opts).err().expect("open refuses");
+            assert!(e.to_string().contains("condense repair"), "{how:?}: {e}");
+        }
+        let report = condense_engine::repair::repair(dir, false, None, &|_, _| {}).expect("repair");
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.contains("writes it held since the last checkpoint are lost")),
+            "{how:?}: {report:?}"
+        );
+        let pool = open(dir, None, false);
+        // As of the checkpoint: blocks 0..32 of the first write, nothing after.
+        let want: Vec<Vec<u8>> = (0..BLOCKS)
+            .map(|b| if b < 32 { block(1, b) } else { vec![0u8; BS] })
+            .collect();
+        check_blocks(&pool, &want, &format!("{how:?} after repair"));
+        assert!(pool.verify(&|_, _| {}).expect("verify").is_clean());
+    }
 }
