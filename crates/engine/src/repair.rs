@@ -920,13 +920,18 @@ fn rebuild(
                     if id >= CHUNK_ID_LIMIT || inserted.contains(id) {
                         continue;
                     }
-                    let located = match damaged.get(&id) {
-                        Some(why) => Err((
-                            format!("has a damaged record ({why})"),
-                            locate(old, salvage, segments, id).ok().map(|(_, fp)| fp),
-                        )),
-                        None if id < next_id => locate(old, salvage, segments, id),
-                        None => Err(("is past the last chunk id".into(), None)),
+                    let located = if id < next_id {
+                        locate(old, salvage, segments, id)
+                    } else {
+                        Err(("is past the last chunk id".into(), None))
+                    };
+                    // Located, but its record failed the check (a missing segment is said
+                    // by `locate` itself).
+                    let located = match (located, damaged.get(&id)) {
+                        (Ok((_, fp)), Some(why)) => {
+                            Err((format!("has a damaged record ({why})"), Some(fp)))
+                        }
+                        (located, _) => located,
                     };
                     match located {
                         Ok((loc, fp)) => {
