@@ -223,7 +223,8 @@ impl Journal {
                     None
                 };
                 let Some(at) = later else { break };
-                let next_seq = decode_batch_header(&data[at..]).map_or(seq + 1, |h| h.seq);
+                let next_seq =
+                    decode_batch_header(&data[at..]).map_or(seq.saturating_add(1), |h| h.seq);
                 let (records, decoded_whole) =
                     decode_damaged(&data[pos..at], gen, crypto.as_deref());
                 report.damaged.push(DamagedStretch {
@@ -275,7 +276,12 @@ impl Journal {
             report.batches += 1;
             report.records += n;
             pos = next;
-            seq += 1;
+            // The last sequence number there is (only a crafted root or batch gets there):
+            // the journal ends.
+            let Some(after) = seq.checked_add(1) else {
+                break;
+            };
+            seq = after;
         }
         // After unreadable bytes there must not be a later valid batch: that would be damage.
         if let Some(at) = unreadable
@@ -356,12 +362,18 @@ impl Journal {
             }
             None => &self.buf,
         };
+        let Some(after) = self.next_seq.checked_add(1) else {
+            return Err(Error::corrupt(
+                format!("journal {}", journal_name(self.gen)),
+                "its batch sequence numbers are used up (the checkpoint root names the last one): run `condense repair`",
+            ));
+        };
         let batch = encode_batch(self.next_seq, self.count, payload);
         self.file
             .write_at(&batch, self.len)
             .map_err(|e| Error::io(format!("writing journal {}", journal_name(self.gen)), e))?;
         self.len += batch.len() as u64;
-        self.next_seq += 1;
+        self.next_seq = after;
         self.buf.clear();
         self.count = 0;
         self.marked = false;
@@ -493,7 +505,10 @@ fn acknowledged(
             }
         }
         pos = next;
-        seq += 1;
+        let Some(after) = seq.checked_add(1) else {
+            return false;
+        };
+        seq = after;
     }
     false
 }
@@ -535,5 +550,38 @@ mod tests {
             parse_batch(&data, JOURNAL_HEADER_BYTES, 7, 1, None),
             Some(Ok((r, _))) if r == vec![JournalRecord::DropChunk { id: 3 }]
         ));
+    }
+
+    /// Found by the journal fuzz target: a root naming the last sequence number and a valid
+    /// batch with it overflowed the next number (a panic); the journal now ends there, and
+    /// sealing past it is an error.
+    #[test]
+    fn the_last_sequence_number_ends_the_journal() -> Result<()> {
+        let dir = crate::sim::SimHandle(crate::sim::SimDir::new());
+        let uuid = [5u8; 16];
+        let mut j = Journal::create(&dir, 1, &uuid, u64::MAX, None)?;
+        j.append(&JournalRecord::DropChunk { id: 3 });
+        let mut payload = Vec::new();
+        JournalRecord::DropChunk { id: 3 }.encode(&mut payload);
+        j.file
+            .write_at(
+                &encode_batch(u64::MAX, 1, &payload),
+                JOURNAL_HEADER_BYTES as u64,
+            )
+            .map_err(|e| Error::io("write", e))?;
+        assert!(j.seal().is_err(), "no number is left for the batch");
+        for mode in [
+            ReplayMode::ReadOnly,
+            ReplayMode::Writable,
+            ReplayMode::Salvage,
+        ] {
+            let mut applied = 0;
+            let (_, report) = Journal::replay(&dir, 1, &uuid, u64::MAX, mode, None, |_, _| {
+                applied += 1;
+                Ok(true)
+            })?;
+            assert_eq!((applied, report.batches), (1, 1), "{mode:?}");
+        }
+        Ok(())
     }
 }
