@@ -16,7 +16,7 @@
 
 use crate::error::{Error, Result};
 use crate::io::Dir;
-use crate::pool::{read_whole, write_file_atomically};
+use crate::pool::write_file_atomically;
 
 /// The name of the second copy of the file `primary`.
 pub fn copy_name(primary: &str) -> String {
@@ -99,7 +99,10 @@ fn read_bytes(dir: &dyn Dir, name: &str) -> Result<Option<std::result::Result<Ve
             format!("{len} bytes, more than any real one ({MAX_ROOT_FILE})"),
         ))));
     }
-    read_whole(dir, name).map(|b| Some(Ok(b)))
+    let mut buf = vec![0u8; len as usize];
+    f.read_at(&mut buf, 0)
+        .map_err(|e| Error::io(format!("reading {name}"), e))?;
+    Ok(Some(Ok(buf)))
 }
 
 fn check<T>(
