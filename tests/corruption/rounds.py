@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import struct
 import subprocess
@@ -67,11 +68,11 @@ def block_hashes(path):
             out.append(hashlib.sha1(b).digest())
 
 
-def export(pool, name, dest):
+def export(pool, name, dest, *extra):
     """The volume's block hashes, or None if export failed (an error, said)."""
     if os.path.exists(dest):
         os.remove(dest)
-    rc, _, err = run(pool, "export", name, dest, "--force")
+    rc, _, err = run(pool, "export", name, dest, "--force", *extra)
     if rc != 0:
         return None, err
     hashes = block_hashes(dest)
@@ -171,8 +172,10 @@ def one_round(r, reference, names):
             )
     lost = {}
     unknown = False
+    # Lost blocks fail to read after repair (the default) or read as zeros (asked for).
+    as_zeros = rng.random() < 0.3
     if rc != 0:
-        rrc, out, err = run(pool, "repair", "--json")
+        rrc, out, err = run(pool, "repair", "--json", *(["--lost-as-zeros"] if as_zeros else []))
         log.append(f"repair: exit {rrc}; {err.strip()[-400:]}")
         if rrc != 0:
             raise Broken("repair failed:\n" + "\n".join(log) + "\n" + out[-2000:])
@@ -191,11 +194,24 @@ def one_round(r, reference, names):
         kept = lost_blocks({"lost": [l for d in json.loads(out)["accepted_damage"] for l in d["lost"]]})
         if kept != lost:
             raise Broken(f"verify lists other accepted damage than repair reported: {kept} vs {lost}\n" + "\n".join(log))
+    zero = hashlib.sha1(bytes(BS)).digest()
     for n in names:
-        got, err = export(pool, n, dest)
-        if got is None:
-            raise Broken(f"export of {n} after repair failed: {err[-1000:]}\n" + "\n".join(log))
         gone = lost.get(n, set())
+        got, err = export(pool, n, dest)
+        if got is None and (as_zeros or not gone or "was lost" not in err):
+            raise Broken(f"export of {n} after repair failed: {err[-1000:]}\n" + "\n".join(log))
+        if got is not None and gone and not as_zeros and not unknown:
+            raise Broken(f"export of {n} read its lost blocks {sorted(gone)[:10]} without an error\n" + "\n".join(log))
+        if got is None:
+            # What is left, with zeros where the blocks were lost, and how many it says.
+            got, err = export(pool, n, dest, "--lost-as-zeros")
+            if got is None:
+                raise Broken(f"export --lost-as-zeros of {n} failed: {err[-1000:]}\n" + "\n".join(log))
+            said = [int(m) for m in re.findall(r"(\d+) blocks of \S+ were lost", err)]
+            if not unknown and said != [len(gone)]:
+                raise Broken(f"export --lost-as-zeros of {n} said {err.strip()!r}, {len(gone)} blocks were lost\n" + "\n".join(log))
+        if not unknown and any(got[i] != zero for i in gone if i < len(got)):
+            raise Broken(f"{n}: a block reported lost reads other data than zeros\n" + "\n".join(log))
         bad = [i for i, (a, b) in enumerate(zip(got, reference[n])) if a != b and i not in gone]
         if len(got) != len(reference[n]) or bad and not unknown:
             raise Broken(

@@ -39,7 +39,7 @@ pub enum CacheCommand {
         /// Detach even if the cache's index cannot be written at close (a failed device), and
         /// even if a writeback cache's directory is lost: the writes it held are lost then
         /// (`condense verify` names the chunks lost; `condense repair` reports the blocks and
-        /// makes them read as zeros).
+        /// marks them lost: they fail to read until written again).
         #[arg(long)]
         force: bool,
     },

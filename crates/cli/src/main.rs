@@ -266,6 +266,11 @@ struct ExportArgs {
     /// it is complete (mode 0600); if the export fails, FILE is left as it was.
     #[arg(long)]
     force: bool,
+    /// Write zeros for the blocks `condense repair` declared lost, instead of failing on the
+    /// first one: a copy of what is left of a damaged volume (the count is printed; `condense
+    /// repair --history` lists the blocks).
+    #[arg(long)]
+    lost_as_zeros: bool,
 }
 
 #[derive(Args)]
@@ -583,19 +588,29 @@ fn run(cli: Cli) -> Result<i32> {
                 .format
                 .clone()
                 .unwrap_or_else(|| image::format_from_extension(&a.file));
-            if format == "raw" {
+            let pool = if format == "raw" {
                 let pool = open_pool(&cli.pool, true)?;
+                pool.set_lost_reads_zeros(a.lost_as_zeros);
                 image::export_raw(&pool, &a.name, &a.file, a.force)?;
-                pool.close()?;
+                pool
             } else {
                 if a.force && a.file.exists() {
                     std::fs::remove_file(&a.file)
                         .with_context(|| format!("cannot remove {}", a.file.display()))?;
                 }
                 let pool = open_pool(&cli.pool, false)?;
+                pool.set_lost_reads_zeros(a.lost_as_zeros);
                 convert::export_image(pool.clone(), &a.name, &a.file, &format)?;
-                pool.close()?;
+                pool
+            };
+            let lost = pool.lost_blocks_read_as_zeros();
+            if lost > 0 {
+                eprintln!(
+                    "condense: warning: {lost} blocks of {} were lost in an earlier repair and were written as zeros (`condense repair --history` lists them)",
+                    a.name
+                );
             }
+            pool.close()?;
         }
         Command::Mount(a) => daemon(&cli.pool, a.read_only, &a.cache, &a.tier, |pool| {
             mount::run(pool, &a)

@@ -40,6 +40,12 @@ pub(crate) struct RepairArgs {
     /// no longer matter.
     #[arg(long, conflicts_with = "dry_run")]
     clear_history: bool,
+    /// Lost blocks read as zeros after the repair. Without it they fail with an I/O error
+    /// until written again, so that no guest or backup takes zeros for its data; zeros let a
+    /// guest's file system mount and its fsck find the holes. `condense export
+    /// --lost-as-zeros` copies a volume with lost blocks either way.
+    #[arg(long, conflicts_with_all = ["history", "clear_history"])]
+    lost_as_zeros: bool,
 }
 
 pub(crate) fn run(pool: &Path, a: &RepairArgs) -> Result<i32> {
@@ -52,12 +58,17 @@ pub(crate) fn run(pool: &Path, a: &RepairArgs) -> Result<i32> {
         bar.set_length(total);
         bar.set_position(done);
     };
-    let mut r = condense_engine::repair::repair(pool, a.dry_run, key.clone(), &progress);
+    let opts = |key| condense_engine::repair::RepairOptions {
+        dry_run: a.dry_run,
+        key,
+        lost_as_zeros: a.lost_as_zeros,
+    };
+    let mut r = condense_engine::repair::repair_with(pool, opts(key.clone()), &progress);
     if matches!(r, Err(condense_engine::Error::KeyRequired(_))) && key.is_none() {
         // An encrypted pool and no key option: ask the terminal, if there is one.
         key = crate::keys::prompt(&format!("Passphrase of pool {}", pool.display()), false)?;
         if key.is_some() {
-            r = condense_engine::repair::repair(pool, a.dry_run, key, &progress);
+            r = condense_engine::repair::repair_with(pool, opts(key), &progress);
         }
     }
     bar.finish_and_clear();
@@ -98,10 +109,7 @@ fn history(path: &Path, a: &RepairArgs) -> Result<i32> {
     } else {
         for d in &h {
             let blocks: u64 = d.lost.iter().map(|l| l.blocks).sum();
-            println!(
-                "repair {}: {blocks} blocks lost (they read as zeros)",
-                d.when
-            );
+            println!("repair {}: {blocks} blocks lost", d.when);
             for l in &d.lost {
                 println!(
                     "  volume {} blocks {}-{}: {}",

@@ -379,7 +379,7 @@ fn accepted_text(r: &VerifyReport, o: &mut String) {
     }
     let _ = writeln!(
         o,
-        "damage accepted by earlier repairs (these blocks read as zeros; `condense repair --clear-history` forgets them):"
+        "damage accepted by earlier repairs (each line says how those blocks read now; `condense repair --clear-history` forgets them):"
     );
     let mut shown = 0;
     for d in &r.accepted {

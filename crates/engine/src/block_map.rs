@@ -1,14 +1,15 @@
-//! A volume's block map: block number → chunk id, or ZERO / UNMAPPED.
+//! A volume's block map: block number → chunk id, or ZERO / UNMAPPED / LOST.
 //!
 //! Owns: the authoritative content of each block of one volume (with the chunk table), and
 //! the volume's block counters.
 //! Stored as a paged copy-on-write tree ([`crate::page_cache`]) whose leaves hold 512 entries
-//! of 8 bytes: 0 UNMAPPED, 1 ZERO, `id + 2` a chunk. A never-written leaf is a null pointer,
+//! of 8 bytes: 0 UNMAPPED, 1 ZERO, `id + 2` a chunk, `u64::MAX` LOST (a block repair gave
+//! up: reads fail until it is written). A never-written leaf is a null pointer,
 //! so a thin volume costs metadata only where it was written. Counters (`data_blocks`,
 //! `zero_blocks`) are kept with every change, so statistics never walk a map.
 
 use crate::error::Result;
-use crate::format::{ENTRY_UNMAPPED, ENTRY_ZERO, MAP_PAGE_ENTRIES};
+use crate::format::{CHUNK_ID_LIMIT, ENTRY_LOST, ENTRY_UNMAPPED, ENTRY_ZERO, MAP_PAGE_ENTRIES};
 use crate::page_cache::{PageCache, TreeId};
 
 const PER: u64 = MAP_PAGE_ENTRIES as u64;
@@ -25,7 +26,8 @@ pub struct MapCounts {
 impl MapCounts {
     fn count(&mut self, entry: u64, add: bool) {
         let c = match entry {
-            ENTRY_UNMAPPED => return,
+            // A lost block holds nothing: counted neither as data nor as zeros.
+            ENTRY_UNMAPPED | ENTRY_LOST => return,
             ENTRY_ZERO => &mut self.zero_blocks,
             _ => &mut self.data_blocks,
         };
@@ -52,6 +54,19 @@ pub(crate) fn encode(entry: u64) -> u64 {
         id => id + 2,
     }
 }
+
+/// The chunk a raw slot names: every value but UNMAPPED, ZERO and LOST (a damaged value past
+/// [`CHUNK_ID_LIMIT`] is passed on, for `verify` to name as a chunk that does not exist).
+fn raw_chunk(raw: u64) -> Option<u64> {
+    (raw >= 2 && raw != encode(ENTRY_LOST)).then(|| raw - 2)
+}
+
+/// True for an entry that names a chunk.
+pub fn is_chunk(entry: u64) -> bool {
+    entry < CHUNK_ID_LIMIT
+}
+
+const _: () = assert!(ENTRY_LOST >= CHUNK_ID_LIMIT && ENTRY_ZERO >= CHUNK_ID_LIMIT);
 
 fn slot(leaf: &[u8], i: usize) -> u64 {
     let mut b = [0u8; 8];
@@ -164,9 +179,8 @@ pub fn first_mapped(cache: &mut PageCache, tree: TreeId, from: u64) -> Result<Op
 /// Visit every chunk id the map names, leaf by leaf (for dropping references on delete).
 pub fn leaf_chunks(leaf: &[u8], mut f: impl FnMut(u64)) {
     for i in 0..MAP_PAGE_ENTRIES {
-        let raw = slot(leaf, i);
-        if raw >= 2 {
-            f(raw - 2);
+        if let Some(id) = raw_chunk(slot(leaf, i)) {
+            f(id);
         }
     }
 }
@@ -174,14 +188,13 @@ pub fn leaf_chunks(leaf: &[u8], mut f: impl FnMut(u64)) {
 /// Visit every entry of a leaf that names a chunk: (index in the leaf, chunk id).
 pub fn leaf_entries(leaf: &[u8], mut f: impl FnMut(usize, u64)) {
     for i in 0..MAP_PAGE_ENTRIES {
-        let raw = slot(leaf, i);
-        if raw >= 2 {
-            f(i, raw - 2);
+        if let Some(id) = raw_chunk(slot(leaf, i)) {
+            f(i, id);
         }
     }
 }
 
-/// Decode every entry of a leaf into `out` (512 entries: chunk id, ZERO or UNMAPPED).
+/// Decode every entry of a leaf into `out` (512 entries: chunk id, ZERO, UNMAPPED or LOST).
 pub fn leaf_entries_all(leaf: &[u8], out: &mut [u64]) {
     for (i, e) in out.iter_mut().enumerate().take(MAP_PAGE_ENTRIES) {
         *e = decode(slot(leaf, i));

@@ -36,6 +36,8 @@ pub enum Error {
     },
     #[error("damaged {what}: {detail}")]
     Corrupt { what: String, detail: String },
+    #[error("volume {volume:?} block {block} was lost: `condense repair` found its data damaged beyond recovery (`condense repair --history` lists it). It reads as an I/O error until it is written again: restore it from a backup, or copy the rest with `condense export --lost-as-zeros`")]
+    Lost { volume: String, block: u64 },
     #[error("authentication failed for {what}: {detail}")]
     Auth { what: String, detail: String },
     #[error("pool {0} is encrypted: give its key with --key-file FILE or --passphrase-file FILE (or set CONDENSE_KEY_FILE / CONDENSE_PASSPHRASE_FILE)")]
@@ -122,9 +124,10 @@ impl From<Error> for condense_api::VolumeError {
             Error::NoSpace(m) => V::NoSpace(m),
             Error::ReadOnly | Error::SnapshotReadOnly(_) => V::ReadOnly,
             Error::Busy(m) => V::Busy(m),
-            e @ (Error::Checksum { .. } | Error::Corrupt { .. } | Error::Auth { .. }) => {
-                V::Corrupt(e.to_string())
-            }
+            e @ (Error::Checksum { .. }
+            | Error::Corrupt { .. }
+            | Error::Auth { .. }
+            | Error::Lost { .. }) => V::Corrupt(e.to_string()),
             e => V::Io(e.to_string()),
         }
     }

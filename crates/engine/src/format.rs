@@ -46,9 +46,12 @@ pub const BATCH_HEADER_BYTES: usize = 24;
 pub const CHECKPOINT_HEADER_BYTES: usize = 64;
 pub const SECTION_HEADER_BYTES: usize = 24;
 
-/// Block map entries: a chunk id, or one of these two markers.
+/// Block map entries: a chunk id, or one of these three markers.
 pub const ENTRY_UNMAPPED: u64 = u64::MAX;
 pub const ENTRY_ZERO: u64 = u64::MAX - 1;
+/// A block `condense repair` declared lost (its data was damaged beyond recovery): reads
+/// fail with an I/O error until the block is written again. Names no chunk.
+pub const ENTRY_LOST: u64 = u64::MAX - 2;
 /// Chunk ids are below this (48 bits: 2^48 chunks, 1 EiB of unique 4 KiB blocks).
 pub const CHUNK_ID_LIMIT: u64 = 1 << 48;
 /// Entries per block map page (a leaf of 4 KiB holds 512 entries of 8 bytes).

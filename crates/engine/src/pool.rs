@@ -197,6 +197,11 @@ pub struct Pool {
     pub(crate) writers: Mutex<HashMap<u32, usize>>,
     pub(crate) me: Weak<Pool>,
     pub(crate) read_errors: AtomicU64,
+    /// Blocks repair declared lost ([`ENTRY_LOST`]) read as zeros instead of failing
+    /// ([`Pool::set_lost_reads_zeros`]).
+    lost_reads_zeros: std::sync::atomic::AtomicBool,
+    /// Lost blocks read as zeros through this handle.
+    lost_read_as_zeros: AtomicU64,
     /// Writes between their hashing and their commit (see [`Pool::write_blocks`]).
     writes_in_flight: std::sync::atomic::AtomicUsize,
     /// Set by a write that found less than `low_space_bytes` free; taken by the
@@ -745,6 +750,8 @@ impl Pool {
             writers: Mutex::new(HashMap::new()),
             me: me.clone(),
             read_errors: AtomicU64::new(0),
+            lost_reads_zeros: std::sync::atomic::AtomicBool::new(false),
+            lost_read_as_zeros: AtomicU64::new(0),
             writes_in_flight: Default::default(),
             space_low: Default::default(),
             spread_writes: std::sync::atomic::AtomicBool::new(true),
@@ -1485,6 +1492,18 @@ impl Pool {
         self.spread_writes.store(on, Ordering::Relaxed);
     }
 
+    /// Whether blocks `condense repair` declared lost read as zeros through this handle
+    /// (`condense export --lost-as-zeros`, to copy what is left of a damaged volume) instead
+    /// of failing with [`Error::Lost`] (the default, so that no client takes zeros for data).
+    pub fn set_lost_reads_zeros(&self, on: bool) {
+        self.lost_reads_zeros.store(on, Ordering::Relaxed);
+    }
+
+    /// Lost blocks read as zeros so far ([`Pool::set_lost_reads_zeros`]).
+    pub fn lost_blocks_read_as_zeros(&self) -> u64 {
+        self.lost_read_as_zeros.load(Ordering::Relaxed)
+    }
+
     /// Whether a write found the disk low on space since the last call (and clear it):
     /// less than [`OpenOptions::low_space_bytes`] free beside the reserve. Overwrites at disk
     /// speed make dead space far faster than a periodic GC check notices.
@@ -1859,7 +1878,17 @@ impl Pool {
                 return Err(err);
             }
             for (i, &e) in entries.iter().enumerate() {
-                if e == ENTRY_ZERO || e == ENTRY_UNMAPPED {
+                if e == ENTRY_LOST && !self.lost_reads_zeros.load(Ordering::Relaxed) {
+                    self.read_errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(Error::Lost {
+                        volume: name.to_string(),
+                        block: first + i as u64,
+                    });
+                }
+                if e == ENTRY_LOST {
+                    self.lost_read_as_zeros.fetch_add(1, Ordering::Relaxed);
+                }
+                if e == ENTRY_ZERO || e == ENTRY_UNMAPPED || e == ENTRY_LOST {
                     out[i * bs..(i + 1) * bs].fill(0);
                     continue;
                 }

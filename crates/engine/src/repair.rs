@@ -356,6 +356,40 @@ pub fn repair(
     key: Option<UserKey>,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> Result<RepairReport> {
+    repair_with(
+        path,
+        RepairOptions {
+            dry_run,
+            key,
+            lost_as_zeros: false,
+        },
+        progress,
+    )
+}
+
+/// How [`repair_with`] runs.
+#[derive(Clone, Default)]
+pub struct RepairOptions {
+    /// Say what would be done; write nothing.
+    pub dry_run: bool,
+    /// The key of an encrypted pool.
+    pub key: Option<UserKey>,
+    /// Lost blocks become zeros (unmapped) instead of [`ENTRY_LOST`], which fails every read
+    /// until the block is written again.
+    pub lost_as_zeros: bool,
+}
+
+/// [`repair`] with every option.
+pub fn repair_with(
+    path: &Path,
+    opts: RepairOptions,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<RepairReport> {
+    let RepairOptions {
+        dry_run,
+        key,
+        lost_as_zeros,
+    } = opts;
     let dir = RealDir::new(path);
     if !crate::copies::exists(&dir, SUPERBLOCK_NAME)
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
@@ -453,6 +487,7 @@ pub fn repair(
         &mut new,
         &mut lost,
         &mut report,
+        lost_as_zeros,
     )?;
     report.lost = lost.ranges(&st.md);
     report.volumes = new.volumes.len() as u64;
@@ -845,8 +880,27 @@ fn rebuild(
     new: &mut Metadata,
     lost: &mut Lost,
     report: &mut RepairReport,
+    lost_as_zeros: bool,
 ) -> Result<()> {
     let bs = u64::from(old.block_size);
+    let now_reads = if lost_as_zeros {
+        "the blocks now read as zeros"
+    } else {
+        "the blocks now fail to read (an I/O error) until written again"
+    };
+    // A lost range: named in the report, and marked in the new map unless it reads zeros.
+    let mut give_up = |new: &mut Metadata, vol: u32, first: u64, end: u64, reason: &str| {
+        lost.add(vol, first, end, reason);
+        if lost_as_zeros || first >= end {
+            return Ok(());
+        }
+        new.apply(&JournalRecord::MapFill {
+            vol,
+            start: first,
+            count: end - first,
+            entry: ENTRY_LOST,
+        })
+    };
     // Chunk-table pages that cannot be read, for the report.
     let table_pages = old.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
     for p in 0..table_pages {
@@ -893,9 +947,8 @@ fn rebuild(
                 Ok(p) => p,
                 Err(e) => {
                     report.unreadable_map_pages += 1;
-                    let reason =
-                        format!("block-map page unreadable ({e}); the blocks now read as zeros");
-                    lost.add(vol, from * PER, (to * PER).min(blocks), &reason);
+                    let reason = format!("block-map page unreadable ({e}); {now_reads}");
+                    give_up(new, vol, from * PER, (to * PER).min(blocks), &reason)?;
                     continue;
                 }
             };
@@ -906,10 +959,8 @@ fn rebuild(
                     Ok(None) => continue,
                     Err(e) => {
                         report.unreadable_map_pages += 1;
-                        let reason = format!(
-                            "block-map page unreadable ({e}); the blocks now read as zeros"
-                        );
-                        lost.add(vol, li * PER, ((li + 1) * PER).min(blocks), &reason);
+                        let reason = format!("block-map page unreadable ({e}); {now_reads}");
+                        give_up(new, vol, li * PER, ((li + 1) * PER).min(blocks), &reason)?;
                         continue;
                     }
                 }
@@ -977,10 +1028,9 @@ fn rebuild(
                 }
                 None => {
                     let w = why.get(&id).map_or("is missing", |w| w.as_str());
-                    let reason = format!(
-                        "its chunk {w} and no valid copy is in the segments; the blocks now read as zeros"
-                    );
-                    lost.add(vol, block, block + 1, &reason);
+                    let reason =
+                        format!("its chunk {w} and no valid copy is in the segments; {now_reads}");
+                    give_up(new, vol, block, block + 1, &reason)?;
                 }
             }
             new.cache.evict_to_budget()?;

@@ -26,7 +26,8 @@ pub struct VerifyReport {
     pub bad_volumes: Vec<String>,
     pub metadata_problems: Vec<String>,
     /// Losses earlier repairs accepted (the pool's history, [`crate::repair::DAMAGE_PREFIX`]):
-    /// those blocks read as zeros. Not damage now: a pool with only these is clean.
+    /// those blocks fail to read until written (or read as zeros, as the repair was asked).
+    /// Not damage now: a pool with only these is clean.
     pub accepted: Vec<crate::repair::DamageRecord>,
 }
 

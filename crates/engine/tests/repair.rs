@@ -78,6 +78,32 @@ fn read_block(pool: &Pool, vol: &str, block: u64) -> Vec<u8> {
     buf
 }
 
+/// The error a read of `block` gives (a block repair declared lost), or a panic if it reads.
+fn read_error(pool: &Pool, vol: &str, block: u64) -> String {
+    let mut buf = vec![0u8; BS];
+    match pool
+        .volume(vol)
+        .and_then(|h| h.read_at(block * BS as u64, &mut buf))
+    {
+        Ok(()) => panic!("{vol} block {block} was lost but reads"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A lost block fails to read, with an error that names it, until it is written again; a
+/// snapshot's lost block stays lost.
+fn lost_fails_until_written(pool: &Pool, vol: &str, block: u64) {
+    let e = read_error(pool, vol, block);
+    assert!(
+        e.contains("was lost") && e.contains(&format!("block {block}")),
+        "{e}"
+    );
+    let data = unique_block(99, block);
+    let h = pool.volume(vol).expect("volume");
+    h.write_at(block * BS as u64, &data, false).expect("write");
+    assert!(read_block(pool, vol, block) == data);
+}
+
 /// (volume, first block, blocks) of every lost range.
 fn lost(report: &RepairReport) -> Vec<(String, u64, u64)> {
     report
@@ -326,8 +352,11 @@ fn damaged_block_map_page_loses_its_blocks_in_every_volume_that_shares_it() {
     let pool = open(dir);
     let vols = [("vm", 4096), ("vm@s1", 4096), ("other", 1024)];
     check_all(&pool, &model, &vols, &expected);
-    // Lost blocks read as zeros (unmapped), not errors.
-    assert!(read_block(&pool, "vm", 1100) == vec![0u8; BS]);
+    // Lost blocks fail to read (never zeros taken for data), in the snapshot too.
+    read_error(&pool, "vm@s1", 1100);
+    verify_clean(&pool);
+    lost_fails_until_written(&pool, "vm", 1100);
+    model.insert(("vm".into(), 1100), unique_block(99, 1100));
     verify_clean(&pool);
     // The snapshot is still a snapshot.
     let h = pool.volume("vm@s1").expect("snapshot");
@@ -337,6 +366,7 @@ fn damaged_block_map_page_loses_its_blocks_in_every_volume_that_shares_it() {
     drop(pool);
     let pool = open(dir);
     check_all(&pool, &model, &vols, &expected);
+    read_error(&pool, "vm", 1101);
     verify_clean(&pool);
 }
 
@@ -475,10 +505,8 @@ fn blocks_of_a_missing_segment_are_lost_not_taken_from_a_record_a_crash_took_bac
     assert_eq!(lost, vec![("a".to_string(), 16, 8)], "report: {report:?}");
     let pool = open(dir);
     for b in 16..24 {
-        assert!(
-            read_block(&pool, "a", b) == vec![0u8; BS],
-            "block {b} of the missing segment reads the data of a write a crash took back"
-        );
+        // An error, not the data of a write a crash took back.
+        read_error(&pool, "a", b);
     }
     check_all(&pool, &model, &[("a", 64)], &lost);
     verify_clean(&pool);
@@ -556,7 +584,8 @@ fn damaged_chunk_record_loses_the_blocks_naming_it_in_every_volume_and_snapshot(
     let pool = open(dir);
     let vols = [("vm", 1024), ("vm@s1", 1024), ("other", 64)];
     check_all(&pool, &model, &vols, &expected);
-    assert!(read_block(&pool, "vm", 100) == vec![0u8; BS]);
+    read_error(&pool, "vm", 100);
+    read_error(&pool, "vm@s1", 100);
     verify_clean(&pool);
     // The loss is kept in the pool's history, and verify (clean) still lists it...
     let history = repair::damage_history(&pool);
@@ -578,4 +607,79 @@ fn damaged_chunk_record_loses_the_blocks_naming_it_in_every_volume_and_snapshot(
     // Nothing left to repair.
     let again = repair::repair(dir, true, None, &|_, _| {}).expect("dry run");
     assert!(!again.found_damage(), "{again:?}");
+}
+
+/// `lost_as_zeros`: the blocks of a damaged chunk read as zeros after the repair (and a handle
+/// set to read lost blocks as zeros counts them).
+#[test]
+fn lost_as_zeros_leaves_zeros_where_the_report_says() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    init(dir);
+    let mut model = Model::new();
+    let pool = open(dir);
+    pool.create_volume("vm", 256 * BS as u64).expect("create");
+    write_range(&pool, &mut model, "vm", 5, 0, 200);
+    pool.close().expect("close");
+    drop(pool);
+    damage_record_of(dir, &unique_block(5, 42));
+    let report = repair::repair_with(
+        dir,
+        repair::RepairOptions {
+            lost_as_zeros: true,
+            ..Default::default()
+        },
+        &|_, _| {},
+    )
+    .expect("repair");
+    let expected = vec![("vm".to_string(), 42, 1)];
+    assert_eq!(lost(&report), expected, "{report:?}");
+    assert!(
+        report.lost[0].reason.contains("read as zeros"),
+        "{report:?}"
+    );
+    let pool = open(dir);
+    check_all(&pool, &model, &[("vm", 256)], &expected);
+    assert!(read_block(&pool, "vm", 42) == vec![0u8; BS]);
+    assert_eq!(
+        pool.lost_blocks_read_as_zeros(),
+        0,
+        "zeros, not lost entries"
+    );
+    verify_clean(&pool);
+}
+
+/// A handle told to read lost blocks as zeros (`export --lost-as-zeros`) reads them as zeros
+/// and counts them; other handles still fail.
+#[test]
+fn lost_blocks_read_as_zeros_only_where_asked() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    init(dir);
+    let mut model = Model::new();
+    let pool = open(dir);
+    pool.create_volume("vm", 64 * BS as u64).expect("create");
+    write_range(&pool, &mut model, "vm", 6, 0, 64);
+    pool.close().expect("close");
+    drop(pool);
+    damage_record_of(dir, &unique_block(6, 7));
+    let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
+    assert_eq!(lost(&report), vec![("vm".to_string(), 7, 1)]);
+    let pool = open(dir);
+    read_error(&pool, "vm", 7);
+    pool.set_lost_reads_zeros(true);
+    let mut all = vec![0u8; 64 * BS];
+    pool.volume("vm")
+        .and_then(|h| h.read_at(0, &mut all))
+        .expect("read with lost blocks as zeros");
+    assert!(all[7 * BS..8 * BS].iter().all(|&b| b == 0));
+    assert!(all[8 * BS..9 * BS] == unique_block(6, 8)[..]);
+    assert_eq!(pool.lost_blocks_read_as_zeros(), 1);
+    // The lost block is no data for the statistics, and trim makes it a hole again.
+    let h = pool.volume("vm").expect("volume");
+    pool.set_lost_reads_zeros(false);
+    h.zero_at(7 * BS as u64, BS as u64, true, false)
+        .expect("trim");
+    assert!(read_block(&pool, "vm", 7) == vec![0u8; BS]);
+    verify_clean(&pool);
 }
