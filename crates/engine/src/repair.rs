@@ -471,7 +471,10 @@ pub fn repair_with(
     let st = &mut *st;
     let next_seq = st.journal.next_seq();
     let mut new = fresh_metadata(&st.md, &old_root, dry_run, sealer.clone());
-    let mut lost = Lost::default();
+    let mut lost = Lost {
+        as_zeros: lost_as_zeros,
+        ..Default::default()
+    };
     journal_losses(
         &st.md,
         &salvage,
@@ -487,7 +490,6 @@ pub fn repair_with(
         &mut new,
         &mut lost,
         &mut report,
-        lost_as_zeros,
     )?;
     report.lost = lost.ranges(&st.md);
     report.volumes = new.volumes.len() as u64;
@@ -650,9 +652,42 @@ fn fresh_metadata(
 #[derive(Default)]
 struct Lost {
     blocks: BTreeMap<(u32, String), Vec<(u64, u64)>>,
+    /// Lost blocks become zeros ([`RepairOptions::lost_as_zeros`]), not [`ENTRY_LOST`].
+    as_zeros: bool,
 }
 
 impl Lost {
+    /// How the blocks the rebuild gives up read afterwards, for the report's reasons.
+    fn now_reads(&self) -> &'static str {
+        if self.as_zeros {
+            "the blocks now read as zeros"
+        } else {
+            "the blocks now fail to read (an I/O error) until written again"
+        }
+    }
+
+    /// Blocks `[first, end)` of `vol` the rebuild cannot keep: named in the report, and
+    /// marked lost in the new map unless they are to read as zeros (left unmapped).
+    fn give_up(
+        &mut self,
+        new: &mut Metadata,
+        vol: u32,
+        first: u64,
+        end: u64,
+        reason: &str,
+    ) -> Result<()> {
+        self.add(vol, first, end, reason);
+        if self.as_zeros || first >= end {
+            return Ok(());
+        }
+        new.apply(&JournalRecord::MapFill {
+            vol,
+            start: first,
+            count: end - first,
+            entry: ENTRY_LOST,
+        })
+    }
+
     fn add(&mut self, vol: u32, first: u64, end: u64, reason: &str) {
         if first < end {
             self.blocks
@@ -880,27 +915,9 @@ fn rebuild(
     new: &mut Metadata,
     lost: &mut Lost,
     report: &mut RepairReport,
-    lost_as_zeros: bool,
 ) -> Result<()> {
     let bs = u64::from(old.block_size);
-    let now_reads = if lost_as_zeros {
-        "the blocks now read as zeros"
-    } else {
-        "the blocks now fail to read (an I/O error) until written again"
-    };
-    // A lost range: named in the report, and marked in the new map unless it reads zeros.
-    let mut give_up = |new: &mut Metadata, vol: u32, first: u64, end: u64, reason: &str| {
-        lost.add(vol, first, end, reason);
-        if lost_as_zeros || first >= end {
-            return Ok(());
-        }
-        new.apply(&JournalRecord::MapFill {
-            vol,
-            start: first,
-            count: end - first,
-            entry: ENTRY_LOST,
-        })
-    };
+    let now_reads = lost.now_reads();
     // Chunk-table pages that cannot be read, for the report.
     let table_pages = old.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
     for p in 0..table_pages {
@@ -948,7 +965,7 @@ fn rebuild(
                 Err(e) => {
                     report.unreadable_map_pages += 1;
                     let reason = format!("block-map page unreadable ({e}); {now_reads}");
-                    give_up(new, vol, from * PER, (to * PER).min(blocks), &reason)?;
+                    lost.give_up(new, vol, from * PER, (to * PER).min(blocks), &reason)?;
                     continue;
                 }
             };
@@ -960,7 +977,7 @@ fn rebuild(
                     Err(e) => {
                         report.unreadable_map_pages += 1;
                         let reason = format!("block-map page unreadable ({e}); {now_reads}");
-                        give_up(new, vol, li * PER, ((li + 1) * PER).min(blocks), &reason)?;
+                        lost.give_up(new, vol, li * PER, ((li + 1) * PER).min(blocks), &reason)?;
                         continue;
                     }
                 }
@@ -1030,7 +1047,7 @@ fn rebuild(
                     let w = why.get(&id).map_or("is missing", |w| w.as_str());
                     let reason =
                         format!("its chunk {w} and no valid copy is in the segments; {now_reads}");
-                    give_up(new, vol, block, block + 1, &reason)?;
+                    lost.give_up(new, vol, block, block + 1, &reason)?;
                 }
             }
             new.cache.evict_to_budget()?;
