@@ -21,6 +21,7 @@ mod notify;
 mod remote;
 mod repair;
 mod report;
+mod scrub;
 mod serve;
 mod size;
 mod snapshot;
@@ -109,6 +110,10 @@ enum Command {
     /// what was lost, leave the pool consistent (docs/REPAIR.md). Pool must not be in use.
     #[command(long_about = repair::LONG_ABOUT)]
     Repair(repair::RepairArgs),
+    /// Read every stored chunk back and check it: start a background pass on a served pool,
+    /// stop it, show its progress and results, or run one here (docs/REPAIR.md).
+    #[command(long_about = scrub::LONG_ABOUT)]
+    Scrub(scrub::ScrubCmdArgs),
     /// Project how much a pool would save on disk images (dedup, compression, RAM), without
     /// a pool and without writing anything (docs/ESTIMATE.md).
     Estimate(estimate::EstimateArgs),
@@ -445,6 +450,7 @@ impl Command {
                 | Command::Stats(_)
                 | Command::Gc(_)
                 | Command::Verify(_)
+                | Command::Scrub(_)
                 | Command::Cache(_)
                 | Command::Durability(_)
         )
@@ -612,22 +618,34 @@ fn run(cli: Cli) -> Result<i32> {
             }
             pool.close()?;
         }
-        Command::Mount(a) => daemon(&cli.pool, a.read_only, &a.cache, &a.tier, |pool| {
-            mount::run(pool, &a)
-        })?,
+        Command::Mount(a) => daemon(
+            &cli.pool,
+            a.read_only,
+            &a.cache,
+            &a.tier,
+            &a.scrub,
+            |pool| mount::run(pool, &a),
+        )?,
         Command::Serve(a) => {
             // Bad certificate files and endpoints refused are reported before the pool is
             // opened.
             a.tls.load()?;
             a.endpoints(&cli.pool)?;
-            daemon(&cli.pool, a.read_only, &a.cache, &a.tier, |pool| {
-                // The NBD client on this host and the connection copying the next request
-                // need the other core more than one write does (Pool::set_spread_writes).
-                // A FUSE mount keeps the default: it made no difference measured there
-                // (bench/README.md, fio-bench, fourth stop on issue 13).
-                pool.set_spread_writes(false);
-                serve::run(pool, &cli.pool, &a)
-            })?
+            daemon(
+                &cli.pool,
+                a.read_only,
+                &a.cache,
+                &a.tier,
+                &a.scrub,
+                |pool| {
+                    // The NBD client on this host and the connection copying the next request
+                    // need the other core more than one write does (Pool::set_spread_writes).
+                    // A FUSE mount keeps the default: it made no difference measured there
+                    // (bench/README.md, fio-bench, fourth stop on issue 13).
+                    pool.set_spread_writes(false);
+                    serve::run(pool, &cli.pool, &a)
+                },
+            )?
         }
         Command::Connect(a) => remote::connect(&a)?,
         Command::Bench(a) => bench::run(&cli.pool, &a)?,
@@ -653,6 +671,7 @@ fn run(cli: Cli) -> Result<i32> {
         | Command::Stats(_)
         | Command::Gc(_)
         | Command::Verify(_)
+        | Command::Scrub(_)
         | Command::Cache(_)
         | Command::Durability(_)) => {
             // Through the daemon that holds the pool, if one does; else directly.
@@ -674,6 +693,7 @@ fn daemon(
     read_only: bool,
     cache: &MetadataCacheArg,
     tier: &cache::CacheTierArg,
+    scrub: &scrub::ScrubArg,
     run: impl FnOnce(Arc<Pool>) -> Result<()>,
 ) -> Result<()> {
     let pool = open_pool_with(path, read_only, cache)?;
@@ -694,6 +714,7 @@ fn daemon(
             256 << 20,
         )
     });
+    let scrubber = (!read_only).then(|| scrub.start(&pool)).flatten();
     let status = report::StatusWriter::start(&pool, path);
     let control = match control::ControlServer::start(path, pool.clone(), Arc::new(control_request))
     {
@@ -711,6 +732,7 @@ fn daemon(
     drop(control);
     ran?;
     drop(status);
+    drop(scrubber);
     drop(gc);
     pool.close()?;
     Ok(())
@@ -743,7 +765,7 @@ fn control_request(argv: Vec<String>, ctx: &mut Ctx) -> i32 {
         ))
     } else if !cli.command.routed() {
         Err(anyhow::anyhow!(
-            "only volume, snapshot, diff, stats, gc, verify, cache and durability run through the control socket"
+            "only volume, snapshot, diff, stats, gc, verify, scrub, cache and durability run through the control socket"
         ))
     } else {
         ctx.path = cli.pool.clone();
@@ -761,6 +783,7 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Stats(a) => stats_command(ctx, &a),
         Command::Gc(a) => gc_command(ctx, &a),
         Command::Verify(a) => verify_command(ctx, &a),
+        Command::Scrub(a) => scrub::run(ctx, &a),
         Command::Cache(c) => cache::run(ctx, c),
         Command::Durability(c) => remote::durability_command(ctx, c),
         _ => bail!("this command cannot run through the control socket"),

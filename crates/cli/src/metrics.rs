@@ -248,6 +248,7 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
         "Reads that failed a checksum or could not read their bytes (the client got an I/O error).",
         s.read_errors,
     );
+    scrub_metrics(e, &s.scrub);
     e.counter(
         "condense_metadata_cache_hits_total",
         "Metadata page lookups answered from the page cache.",
@@ -288,6 +289,56 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
                 e.sample(name, &[("volume", &v.name)], get(v) as f64);
             }
         }
+    }
+}
+
+/// The scrub: the pass under way (or this process's last) and the last one recorded.
+fn scrub_metrics(e: &mut Encoder, s: &condense_engine::scrub::ScrubStatus) {
+    let cur = s.current.clone().unwrap_or_default();
+    let last = s.last.clone().unwrap_or_default();
+    let gauges: [(&str, &str, f64); 7] = [
+        (
+            "condense_scrub_running",
+            "1 while a scrub pass runs.",
+            f64::from(u8::from(s.running)),
+        ),
+        (
+            "condense_scrub_rate_bytes_per_second",
+            "The background scrub's rate (0: off or no limit).",
+            s.rate_bytes_per_sec as f64,
+        ),
+        (
+            "condense_scrub_progress_ratio",
+            "Share of the pass under way (or this process's last) checked, 0 to 1.",
+            if s.current.is_some() {
+                cur.progress()
+            } else {
+                0.0
+            },
+        ),
+        (
+            "condense_scrub_checked_bytes",
+            "Chunk record bytes the pass under way (or this process's last) has checked.",
+            cur.bytes_checked as f64,
+        ),
+        (
+            "condense_scrub_damaged_chunks",
+            "Damaged chunks the pass under way (or this process's last) found.",
+            cur.damaged_chunks as f64,
+        ),
+        (
+            "condense_scrub_last_finished_timestamp_seconds",
+            "When the last recorded pass ended (Unix time; 0: never).",
+            last.finished_unix.unwrap_or(0) as f64,
+        ),
+        (
+            "condense_scrub_last_damaged_chunks",
+            "Damaged chunks the last recorded pass found (alert on > 0).",
+            last.damaged_chunks as f64,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        e.gauge(name, help, v);
     }
 }
 

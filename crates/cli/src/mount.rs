@@ -56,6 +56,8 @@ pub struct MountArgs {
     #[command(flatten)]
     pub tier: crate::cache::CacheTierArg,
     #[command(flatten)]
+    pub scrub: crate::scrub::ScrubArg,
+    #[command(flatten)]
     pub config: crate::config::ConfigArg,
     /// Serve Prometheus metrics at http://HOST:PORT/metrics (reads and writes with their
     /// bytes and latency, savings, dead bytes, GC, journal and checkpoint timings;

@@ -1,6 +1,7 @@
 //! What the CLI prints: tables for people, JSON for scripts (schema in docs/STATS.md).
 
 use crate::size::human;
+use condense_engine::scrub::{ScrubPass, ScrubStatus};
 use condense_engine::verify::VerifyReport;
 use condense_engine::{Compression, Pool, PoolStats, VolumeStats};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -97,6 +98,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         "read_errors": s.read_errors,
         "volumes": volumes,
         "snapshots": snapshots,
+        "scrub": scrub_json(&s.scrub, s.block_size),
     });
     if let Some(r) = &s.remote {
         let fields = json!({
@@ -121,6 +123,176 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         }
     }
     j
+}
+
+/// One scrub pass, as `stats --json` and `scrub --status --json` print it.
+fn scrub_pass_json(p: &ScrubPass, block_size: u32) -> Value {
+    let bs = u64::from(block_size);
+    json!({
+        "started_unix": p.started_unix,
+        "finished_unix": p.finished_unix,
+        "chunks_total": p.chunks_total,
+        "chunks_checked": p.chunks_checked,
+        "bytes_checked": p.bytes_checked,
+        "progress_percent": round2(p.progress() * 100.0),
+        "damaged_chunks": p.damaged_chunks,
+        "stopped": p.stopped,
+        "damaged": p.damaged.iter().map(|(id, why)| json!({"chunk": id, "problem": why})).collect::<Vec<_>>(),
+        "damaged_blocks": p.damaged_blocks.iter().map(|(v, first, n)| json!({
+            "volume": v, "first_block": first, "blocks": n, "offset": first * bs, "bytes": n * bs,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The scrub's status, as `stats --json` prints it (docs/STATS.md).
+pub fn scrub_json(s: &ScrubStatus, block_size: u32) -> Value {
+    json!({
+        "rate_bytes_per_sec": s.rate_bytes_per_sec,
+        "running": s.running,
+        "current": s.current.as_ref().map(|p| scrub_pass_json(p, block_size)),
+        "last": s.last.as_ref().map(|p| scrub_pass_json(p, block_size)),
+    })
+}
+
+/// A scrub status as [`scrub_json`] printed it (the status file of a running daemon).
+fn scrub_from_json(v: &Value) -> ScrubStatus {
+    let u = |j: &Value, k: &str| j[k].as_u64().unwrap_or(0);
+    let pass = |p: &Value| -> Option<ScrubPass> {
+        p.is_object().then(|| ScrubPass {
+            started_unix: u(p, "started_unix"),
+            finished_unix: p.get("finished_unix").and_then(Value::as_u64),
+            chunks_total: u(p, "chunks_total"),
+            chunks_checked: u(p, "chunks_checked"),
+            bytes_checked: u(p, "bytes_checked"),
+            damaged_chunks: u(p, "damaged_chunks"),
+            stopped: p.get("stopped").and_then(Value::as_bool).unwrap_or(false),
+            damaged: Vec::new(),
+            damaged_blocks: p
+                .get("damaged_blocks")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .map(|d| {
+                            (
+                                d.get("volume")
+                                    .and_then(Value::as_str)
+                                    .unwrap_or("")
+                                    .to_string(),
+                                u(d, "first_block"),
+                                u(d, "blocks"),
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+    };
+    ScrubStatus {
+        rate_bytes_per_sec: u(v, "rate_bytes_per_sec"),
+        running: v.get("running").and_then(Value::as_bool).unwrap_or(false),
+        current: v.get("current").and_then(pass),
+        last: v.get("last").and_then(pass),
+    }
+}
+
+/// When a Unix time was, in an administrator's terms ("2 h ago").
+fn ago(unix: u64) -> String {
+    let secs = now_unix().saturating_sub(unix);
+    match secs {
+        0..=119 => format!("{secs} s ago"),
+        120..=7199 => format!("{} min ago", secs / 60),
+        7200..=172_799 => format!("{} h ago", secs / 3600),
+        _ => format!("{} days ago", secs / 86400),
+    }
+}
+
+/// One pass in words: "checked 1200 of 1500 chunks (4.7 MiB), no damage".
+fn scrub_pass_text(p: &ScrubPass) -> String {
+    let mut t = format!(
+        "checked {} of {} chunks ({}){}, ",
+        p.chunks_checked,
+        p.chunks_total,
+        human(p.bytes_checked),
+        if p.stopped {
+            ", stopped before the end"
+        } else {
+            ""
+        }
+    );
+    if p.damaged_chunks == 0 {
+        t.push_str("no damage");
+    } else {
+        let _ = write!(t, "{} DAMAGED chunks", p.damaged_chunks);
+        let names: Vec<String> = p
+            .damaged_blocks
+            .iter()
+            .take(5)
+            .map(|(v, first, n)| match n {
+                1 => format!("{v} block {first}"),
+                _ => format!("{v} blocks {first}-{}", first + n - 1),
+            })
+            .collect();
+        if !names.is_empty() {
+            let _ = write!(
+                t,
+                " ({}{})",
+                names.join(", "),
+                if p.damaged_blocks.len() > 5 {
+                    ", ..."
+                } else {
+                    ""
+                }
+            );
+        }
+    }
+    t
+}
+
+/// The scrub in words, for `stats` and `scrub --status`: the pass under way and the last one.
+pub fn scrub_text(s: &ScrubStatus) -> String {
+    let mut o = String::new();
+    let rate = if s.rate_bytes_per_sec == 0 {
+        "no limit".to_string()
+    } else {
+        format!("{}/s", human(s.rate_bytes_per_sec))
+    };
+    match (&s.current, s.running) {
+        (Some(p), true) => {
+            let _ = writeln!(
+                o,
+                "  {:<28} running at {rate}: {:.1} %, {}",
+                "scrub",
+                p.progress() * 100.0,
+                scrub_pass_text(p)
+            );
+        }
+        _ => {
+            let _ = writeln!(o, "  {:<28} not running", "scrub");
+        }
+    }
+    match &s.last {
+        Some(p) => {
+            let _ = writeln!(
+                o,
+                "  {:<28} finished {}: {}",
+                "last scrub",
+                p.finished_unix.map_or_else(|| "?".into(), ago),
+                scrub_pass_text(p)
+            );
+        }
+        None => {
+            let _ = writeln!(o, "  {:<28} never", "last scrub");
+        }
+    }
+    if s.last.as_ref().is_some_and(|p| p.damaged_chunks > 0)
+        || s.current.as_ref().is_some_and(|p| p.damaged_chunks > 0)
+    {
+        let _ = writeln!(
+            o,
+            "  damage found: `condense verify` names every block, `condense repair` salvages the pool (docs/REPAIR.md)"
+        );
+    }
+    o
 }
 
 /// The bucket side of an S3 pool, for `stats`.
@@ -237,6 +409,7 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
     if let Some(r) = &s.remote {
         remote_lines(&mut o, r);
     }
+    o.push_str(&scrub_text(&s.scrub));
     let _ = writeln!(o);
     let _ = writeln!(
         o,
@@ -570,6 +743,7 @@ pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), Strin
         read_errors: u(&v, "read_errors"),
         volumes,
         remote: None,
+        scrub: v.get("scrub").map(scrub_from_json).unwrap_or_default(),
     };
     Ok((stats, age, u(&v, "pid")))
 }

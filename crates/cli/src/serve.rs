@@ -66,6 +66,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub tier: crate::cache::CacheTierArg,
     #[command(flatten)]
+    pub scrub: crate::scrub::ScrubArg,
+    #[command(flatten)]
     pub config: crate::config::ConfigArg,
     #[command(flatten)]
     pub tls: TlsArgs,

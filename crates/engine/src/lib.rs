@@ -49,6 +49,7 @@ pub mod projection;
 pub mod reduction;
 pub mod remote;
 pub mod repair;
+pub mod scrub;
 pub mod secret_file;
 pub mod segment;
 pub mod sim;

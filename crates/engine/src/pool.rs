@@ -202,6 +202,8 @@ pub struct Pool {
     lost_reads_zeros: std::sync::atomic::AtomicBool,
     /// Lost blocks read as zeros through this handle.
     lost_read_as_zeros: AtomicU64,
+    /// The scrub's progress and requests ([`crate::scrub`]).
+    pub(crate) scrub: crate::scrub::ScrubState,
     /// Writes between their hashing and their commit (see [`Pool::write_blocks`]).
     writes_in_flight: std::sync::atomic::AtomicUsize,
     /// Set by a write that found less than `low_space_bytes` free; taken by the
@@ -752,6 +754,7 @@ impl Pool {
             read_errors: AtomicU64::new(0),
             lost_reads_zeros: std::sync::atomic::AtomicBool::new(false),
             lost_read_as_zeros: AtomicU64::new(0),
+            scrub: Default::default(),
             writes_in_flight: Default::default(),
             space_low: Default::default(),
             spread_writes: std::sync::atomic::AtomicBool::new(true),

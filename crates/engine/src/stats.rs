@@ -69,6 +69,8 @@ pub struct PoolStats {
     pub snapshots: Vec<VolumeStats>,
     /// The bucket side of a pool in an object store (`None`: a local pool).
     pub remote: Option<crate::remote::RemoteStatus>,
+    /// The scrub: the pass under way in this process, the last finished one in the pool.
+    pub scrub: crate::scrub::ScrubStatus,
 }
 
 pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {
@@ -247,6 +249,8 @@ impl Pool {
         s.checkpoints = md.checkpoints;
         s.read_errors = self.read_errors.load(std::sync::atomic::Ordering::Relaxed);
         s.remote = remote;
+        drop(st);
+        s.scrub = self.scrub_status();
         Ok(s)
     }
 }

@@ -56,6 +56,16 @@ pub struct ChunkCheck {
     next_id: u64,
 }
 
+/// One chunk-table slot in use, as [`Pool::chunk_window`] found it.
+pub(crate) struct ChunkToCheck {
+    pub id: u64,
+    pub entry: crate::chunk_table::ChunkEntry,
+    /// The segment file of its record (`None`: the segment is missing).
+    pub file: Option<std::sync::Arc<dyn crate::io::File>>,
+    /// The record's bytes, if still in memory (written since the last flush).
+    pub in_memory: Option<Vec<u8>>,
+}
+
 impl Pool {
     /// Check everything. `progress(done, total)` is called as chunks are checked.
     pub fn verify(&self, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
@@ -228,54 +238,26 @@ impl Pool {
         let mut page = 0u64;
         let per = CHUNKS_PER_PAGE as u64;
         while page * per < next_id {
-            let mut work = Vec::new();
-            {
-                let mut st = lock(&self.state);
-                let st = &mut *st;
-                let segments = &st.segments;
-                let md = &mut st.md;
-                let walked = md.cache.for_each_leaf(
-                    crate::page_cache::CHUNK_TREE,
-                    page,
-                    page + WINDOW_PAGES,
-                    &mut |pi, data| {
-                        for i in 0..CHUNKS_PER_PAGE {
-                            if let Some(e) = crate::chunk_table::decode_slot(data, i) {
-                                let id = pi * per + i as u64;
-                                // Written since the flush above: maybe still in memory.
-                                let mem = segments.in_memory(&e.loc);
-                                work.push((id, e, segments.file(e.loc.segment), mem));
-                            }
-                        }
-                        Ok(true)
-                    },
-                );
-                if let Err(e) = walked {
-                    check.metadata_problems.push(format!(
-                        "chunk table pages {page}..{}: {e}",
-                        page + WINDOW_PAGES
-                    ));
+            let work = self.chunk_window(page, WINDOW_PAGES, &mut check.metadata_problems);
+            for w in &work {
+                if let Some(x) = exists.get_mut((w.id / 64) as usize) {
+                    *x |= 1 << (w.id % 64);
                 }
-            }
-            for (id, e, _, _) in &work {
-                if let Some(w) = exists.get_mut((*id / 64) as usize) {
-                    *w |= 1 << (id % 64);
-                }
-                if let Some(r) = stored_refs.get_mut(*id as usize) {
-                    *r = e.refs;
+                if let Some(r) = stored_refs.get_mut(w.id as usize) {
+                    *r = w.entry.refs;
                 }
             }
             let results: Vec<(u64, Option<(u64, String)>)> = work
                 .par_iter()
-                .filter(|(_, e, _, _)| e.refs > 0)
-                .map(|(id, e, file, mem)| self.check_chunk(*id, e, file.as_deref(), mem.as_deref()))
+                .filter(|w| w.entry.refs > 0)
+                .map(|w| self.check_chunk(w))
                 .collect();
             for (bytes, b) in results {
                 check.chunks_checked += 1;
                 check.bytes_checked += bytes;
                 check.bad.extend(b);
             }
-            done += work.iter().filter(|w| w.1.refs > 0).count() as u64;
+            done += work.iter().filter(|w| w.entry.refs > 0).count() as u64;
             progress(done.min(total), total);
             page += WINDOW_PAGES;
         }
@@ -286,14 +268,49 @@ impl Pool {
         Ok(check)
     }
 
-    /// Read one chunk and check its record, its decompression and its fingerprint.
-    fn check_chunk(
+    /// Every chunk-table slot in use in pages `[page, page + pages)`, with where its record
+    /// is. Problems reading the table are appended to `problems`.
+    pub(crate) fn chunk_window(
         &self,
-        id: u64,
-        e: &crate::chunk_table::ChunkEntry,
-        file: Option<&dyn crate::io::File>,
-        in_memory: Option<&[u8]>,
-    ) -> (u64, Option<(u64, String)>) {
+        page: u64,
+        pages: u64,
+        problems: &mut Vec<String>,
+    ) -> Vec<ChunkToCheck> {
+        let mut work = Vec::new();
+        let mut st = lock(&self.state);
+        let st = &mut *st;
+        let segments = &st.segments;
+        let md = &mut st.md;
+        let per = CHUNKS_PER_PAGE as u64;
+        let walked = md.cache.for_each_leaf(
+            crate::page_cache::CHUNK_TREE,
+            page,
+            page + pages,
+            &mut |pi, data| {
+                for i in 0..CHUNKS_PER_PAGE {
+                    if let Some(entry) = crate::chunk_table::decode_slot(data, i) {
+                        work.push(ChunkToCheck {
+                            id: pi * per + i as u64,
+                            // Written since the last flush: maybe still in memory.
+                            in_memory: segments.in_memory(&entry.loc),
+                            file: segments.file(entry.loc.segment),
+                            entry,
+                        });
+                    }
+                }
+                Ok(true)
+            },
+        );
+        if let Err(e) = walked {
+            problems.push(format!("chunk table pages {page}..{}: {e}", page + pages));
+        }
+        work
+    }
+
+    /// Read one chunk and check its record, its decompression and its fingerprint: (record
+    /// bytes checked, the problem if any).
+    pub(crate) fn check_chunk(&self, w: &ChunkToCheck) -> (u64, Option<(u64, String)>) {
+        let (id, e, file, in_memory) = (w.id, &w.entry, w.file.as_deref(), w.in_memory.as_deref());
         let loc = e.loc;
         let Some(file) = file else {
             return (0, Some((id, format!("segment {} is missing", loc.segment))));

@@ -1,0 +1,445 @@
+//! Scrub: every live chunk read back and checked while the pool serves, at a rate the
+//! administrator sets (like `zpool scrub`), so that a rotting disk is found before a guest
+//! reads the damage.
+//!
+//! Owns: the scrub's passes ([`Pool::scrub_pass`]), its progress and results
+//! ([`ScrubStatus`], in `stats` and the metrics), the record of the last finished pass in the
+//! pool (`scrub/last`, [`LAST_KEY`]), and the background thread of `serve` and `mount`
+//! ([`BackgroundScrub`]).
+//!
+//! A pass walks the chunk table in windows of [`WINDOW_PAGES`] pages (1,024 chunk ids) and
+//! checks each live chunk as `verify` does (record checksum, authentication, decompression,
+//! fingerprint). Invariants:
+//! - A window is checked under the GC lock, so no chunk moves or segment goes while its
+//!   record is read; GC waits at most one window (a few milliseconds), and the scrub never
+//!   holds the pool's state lock while it reads a record.
+//! - The rate bounds the record bytes read per second over the pass (a sleep after each
+//!   window); 0 is as fast as one thread checks.
+//! - A scrub only reads: what it finds is reported (damaged chunks, then the volumes and
+//!   blocks naming them), never changed; `condense repair` is what acts on it.
+//! - Chunks written after a pass started, past the ids it began with, wait for the next pass.
+
+use crate::error::Result;
+use crate::format::CHUNKS_PER_PAGE;
+use crate::pool::{lock, Pool};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Chunk-table pages per window (128 chunk ids each).
+pub const WINDOW_PAGES: u64 = 8;
+/// The pool's metadata record of the last finished pass.
+pub const LAST_KEY: &str = "scrub/last";
+/// Damaged chunks kept in the status (all are counted).
+const DAMAGED_KEPT: usize = 100;
+/// Block ranges kept in the record of the last pass.
+const RANGES_KEPT: usize = 100;
+
+/// A scrub's progress and results, as `stats` shows them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScrubStatus {
+    /// Record bytes per second a pass may read (0: no limit).
+    pub rate_bytes_per_sec: u64,
+    /// A pass is under way.
+    pub running: bool,
+    /// The pass under way (or the last one this process ran).
+    pub current: Option<ScrubPass>,
+    /// The last pass that finished, as recorded in the pool (any process).
+    pub last: Option<ScrubPass>,
+}
+
+/// One pass: what it checked and found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScrubPass {
+    pub started_unix: u64,
+    /// `None` while under way.
+    pub finished_unix: Option<u64>,
+    /// Live chunks when the pass started (the progress's total).
+    pub chunks_total: u64,
+    pub chunks_checked: u64,
+    pub bytes_checked: u64,
+    pub damaged_chunks: u64,
+    /// (chunk id, what is wrong), the first [`DAMAGED_KEPT`].
+    pub damaged: Vec<(u64, String)>,
+    /// Blocks naming a damaged chunk: (volume or `VOL@SNAP`, first block, blocks), found at
+    /// the end of a pass that found damage.
+    pub damaged_blocks: Vec<(String, u64, u64)>,
+    /// The pass was stopped before its end (the process stopped, or `condense scrub --stop`).
+    pub stopped: bool,
+}
+
+impl ScrubPass {
+    /// Share of the pass done, 0..=1.
+    pub fn progress(&self) -> f64 {
+        if self.finished_unix.is_some() || self.chunks_total == 0 {
+            1.0
+        } else {
+            (self.chunks_checked as f64 / self.chunks_total as f64).min(1.0)
+        }
+    }
+
+    /// The record kept in the pool: `key=value` lines, then one `block` line per damaged
+    /// range (volume TAB first TAB count).
+    fn encode(&self) -> Vec<u8> {
+        let mut s = format!(
+            "started={}\nfinished={}\nchunks_total={}\nchunks={}\nbytes={}\ndamaged={}\nstopped={}\n",
+            self.started_unix,
+            self.finished_unix.unwrap_or(0),
+            self.chunks_total,
+            self.chunks_checked,
+            self.bytes_checked,
+            self.damaged_chunks,
+            u8::from(self.stopped),
+        );
+        for (v, first, n) in self.damaged_blocks.iter().take(RANGES_KEPT) {
+            s.push_str(&format!(
+                "block\t{}\t{first}\t{n}\n",
+                v.replace(['\t', '\n'], " ")
+            ));
+        }
+        s.into_bytes()
+    }
+
+    /// A record as [`ScrubPass::encode`] wrote it; unknown or malformed lines are skipped (it
+    /// is a report, not something the pool depends on).
+    fn decode(bytes: &[u8]) -> ScrubPass {
+        let mut p = ScrubPass::default();
+        for line in String::from_utf8_lossy(bytes).lines() {
+            if let Some(rest) = line.strip_prefix("block\t") {
+                let f: Vec<&str> = rest.split('\t').collect();
+                if let [v, first, n] = f[..] {
+                    if let (Ok(first), Ok(n)) = (first.parse(), n.parse()) {
+                        p.damaged_blocks.push((v.to_string(), first, n));
+                    }
+                }
+                continue;
+            }
+            let Some((k, v)) = line.split_once('=') else {
+                continue;
+            };
+            let n: u64 = v.parse().unwrap_or(0);
+            match k {
+                "started" => p.started_unix = n,
+                "finished" => p.finished_unix = Some(n),
+                "chunks_total" => p.chunks_total = n,
+                "chunks" => p.chunks_checked = n,
+                "bytes" => p.bytes_checked = n,
+                "damaged" => p.damaged_chunks = n,
+                "stopped" => p.stopped = n != 0,
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The scrub's shared state: what `stats` reads and what asks a pass to start or stop.
+#[derive(Default)]
+pub(crate) struct ScrubState {
+    status: Mutex<ScrubStatus>,
+    /// Start a pass now, whatever the schedule (`condense scrub`).
+    start: AtomicBool,
+    /// Stop the pass under way (`condense scrub --stop`).
+    stop: AtomicBool,
+}
+
+/// Merge sorted block numbers into (first, count) ranges.
+fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &b in blocks {
+        match out.last_mut() {
+            Some((first, n)) if *first + *n == b => *n += 1,
+            _ => out.push((b, 1)),
+        }
+    }
+    out
+}
+
+impl Pool {
+    /// The scrub's progress and results: the pass under way (in this process) and the last
+    /// finished one (recorded in the pool).
+    pub fn scrub_status(&self) -> ScrubStatus {
+        let mut s = lock(&self.scrub.status).clone();
+        s.last = self.meta_get(LAST_KEY).map(|b| ScrubPass::decode(&b));
+        s
+    }
+
+    /// Ask the background scrub to start a pass now (`false`: one is under way already).
+    pub fn request_scrub(&self) -> bool {
+        if lock(&self.scrub.status).running {
+            return false;
+        }
+        self.scrub.start.store(true, Ordering::Relaxed);
+        true
+    }
+
+    /// Ask the pass under way to stop after its current window (`false`: none is).
+    pub fn stop_scrub(&self) -> bool {
+        let running = lock(&self.scrub.status).running;
+        if running {
+            self.scrub.stop.store(true, Ordering::Relaxed);
+        }
+        running
+    }
+
+    /// One whole pass at `rate` record bytes per second (0: unlimited), reporting progress as
+    /// it goes; `keep_going` is asked between windows. The result is recorded in the pool
+    /// (unless it is read-only) and returned.
+    pub fn scrub_pass(
+        &self,
+        rate: u64,
+        keep_going: &dyn Fn() -> bool,
+        progress: &dyn Fn(&ScrubPass),
+    ) -> Result<ScrubPass> {
+        let (total, next_id) = {
+            let st = lock(&self.state);
+            (st.md.chunks.live_chunks, st.md.chunks.next_id)
+        };
+        let mut pass = ScrubPass {
+            started_unix: now_unix(),
+            chunks_total: total,
+            ..Default::default()
+        };
+        self.scrub.stop.store(false, Ordering::Relaxed);
+        {
+            let mut s = lock(&self.scrub.status);
+            s.running = true;
+            s.rate_bytes_per_sec = rate;
+            s.current = Some(pass.clone());
+        }
+        let began = Instant::now();
+        let per = CHUNKS_PER_PAGE as u64;
+        let mut page = 0u64;
+        let mut bad_ids = HashSet::new();
+        // Stopped because the process stops: not recorded, so the schedule starts the pass
+        // again at the next start (an administrator's stop is recorded, as the end of a pass).
+        let mut shutting_down = false;
+        while page * per < next_id {
+            if !keep_going() {
+                shutting_down = true;
+            }
+            if shutting_down || self.scrub.stop.load(Ordering::Relaxed) {
+                pass.stopped = true;
+                break;
+            }
+            {
+                // No chunk moves and no segment goes while its record is read.
+                let _gc = lock(&self.gc_lock);
+                let mut problems = Vec::new();
+                let work = self.chunk_window(page, WINDOW_PAGES, &mut problems);
+                for w in work.iter().filter(|w| w.entry.refs > 0) {
+                    let (bytes, bad) = self.check_chunk(w);
+                    pass.chunks_checked += 1;
+                    pass.bytes_checked += bytes.max(w.entry.loc.record_bytes());
+                    if let Some(b) = bad {
+                        tracing::warn!("scrub: chunk {}: {}", b.0, b.1);
+                        pass.damaged_chunks += 1;
+                        bad_ids.insert(b.0);
+                        if pass.damaged.len() < DAMAGED_KEPT {
+                            pass.damaged.push(b);
+                        }
+                    }
+                }
+                for p in problems {
+                    tracing::warn!("scrub: {p}");
+                }
+            }
+            page += WINDOW_PAGES;
+            lock(&self.scrub.status).current = Some(pass.clone());
+            progress(&pass);
+            self.scrub_wait(rate, pass.bytes_checked, began, keep_going);
+        }
+        if !bad_ids.is_empty() {
+            pass.damaged_blocks = self.blocks_naming(&bad_ids)?;
+        }
+        pass.finished_unix = Some(now_unix());
+        if !self.is_read_only() && !shutting_down {
+            // A report, not state: a pool that cannot take the record still scrubbed.
+            if let Err(e) = self
+                .meta_put(LAST_KEY, Some(&pass.encode()))
+                .and_then(|()| self.flush())
+            {
+                tracing::warn!("scrub: cannot record the pass in the pool: {e}");
+            }
+        }
+        {
+            let mut s = lock(&self.scrub.status);
+            s.running = false;
+            s.current = Some(pass.clone());
+        }
+        progress(&pass);
+        Ok(pass)
+    }
+
+    /// Sleep until `bytes` read since `began` are within `rate` (in steps, asking
+    /// `keep_going`).
+    fn scrub_wait(&self, rate: u64, bytes: u64, began: Instant, keep_going: &dyn Fn() -> bool) {
+        if rate == 0 {
+            return;
+        }
+        let due = Duration::from_secs_f64(bytes as f64 / rate as f64);
+        while began.elapsed() < due {
+            if !keep_going() || self.scrub.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep((due - began.elapsed()).min(Duration::from_millis(100)));
+        }
+    }
+
+    /// Every block of every volume and snapshot naming one of `ids`, as (name, first block,
+    /// blocks) ranges.
+    pub fn blocks_naming(&self, ids: &HashSet<u64>) -> Result<Vec<(String, u64, u64)>> {
+        let per = crate::format::MAP_PAGE_ENTRIES as u64;
+        let vols: Vec<(u32, String, u64)> = {
+            let st = lock(&self.state);
+            st.md
+                .volumes
+                .iter()
+                .map(|(&id, v)| (id, v.name.clone(), v.size / u64::from(self.block_size())))
+                .collect()
+        };
+        let mut found: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for (vol, name, blocks) in vols {
+            let mut st = lock(&self.state);
+            let mut hit = Vec::new();
+            // A volume deleted since the list was taken has no tree: skipped.
+            let _ = st.md.cache.for_each_leaf_page(
+                u64::from(vol),
+                0,
+                blocks.div_ceil(per),
+                &mut |li, _, leaf| {
+                    crate::block_map::leaf_entries(leaf, |i, id| {
+                        if ids.contains(&id) {
+                            hit.push(li * per + i as u64);
+                        }
+                    });
+                    Ok(true)
+                },
+            );
+            st.md.cache.evict_to_budget()?;
+            if !hit.is_empty() {
+                hit.sort_unstable();
+                found.insert(name, hit);
+            }
+        }
+        Ok(found
+            .into_iter()
+            .flat_map(|(v, b)| {
+                ranges(&b)
+                    .into_iter()
+                    .map(move |(first, n)| (v.clone(), first, n))
+            })
+            .collect())
+    }
+}
+
+/// How the background scrub of `serve` and `mount` runs.
+#[derive(Clone, Copy, Debug)]
+pub struct ScrubSchedule {
+    /// Record bytes per second (0: the background scrub is off).
+    pub rate_bytes_per_sec: u64,
+    /// Time from the end of one pass to the start of the next (zero: back to back). The end
+    /// of the last pass is read from the pool, so the schedule holds across restarts; a pass
+    /// an administrator stopped counts as ended, one cut short by the process stopping does
+    /// not (it runs again at the next start).
+    pub every: Duration,
+}
+
+/// The background scrub: a thread that runs a pass when one is due (or asked for) and stops
+/// with the handle.
+pub struct BackgroundScrub {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BackgroundScrub {
+    pub fn start(pool: &Arc<Pool>, schedule: ScrubSchedule) -> BackgroundScrub {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let weak = Arc::downgrade(pool);
+        lock(&pool.scrub.status).rate_bytes_per_sec = schedule.rate_bytes_per_sec;
+        let thread = std::thread::spawn(move || {
+            let tick = Duration::from_millis(200);
+            while !flag.load(Ordering::Relaxed) {
+                std::thread::sleep(tick);
+                let Some(pool) = weak.upgrade() else { return };
+                let asked = pool.scrub.start.swap(false, Ordering::Relaxed);
+                let due = schedule.rate_bytes_per_sec > 0 && {
+                    let last = pool
+                        .meta_get(LAST_KEY)
+                        .map(|b| ScrubPass::decode(&b))
+                        .and_then(|p| p.finished_unix);
+                    last.is_none_or(|t| now_unix() >= t.saturating_add(schedule.every.as_secs()))
+                };
+                if !(asked || due) {
+                    continue;
+                }
+                let keep_going = || !flag.load(Ordering::Relaxed);
+                match pool.scrub_pass(schedule.rate_bytes_per_sec, &keep_going, &|_| {}) {
+                    Ok(p) if p.damaged_chunks > 0 => tracing::error!(
+                        "scrub: {} damaged chunks in {} checked; `condense verify` names them, `condense repair` salvages the pool",
+                        p.damaged_chunks,
+                        p.chunks_checked
+                    ),
+                    Ok(p) => tracing::info!(
+                        "scrub: {} chunks ({} bytes) checked{}",
+                        p.chunks_checked,
+                        p.bytes_checked,
+                        if p.stopped { ", stopped before the end" } else { ", no damage" }
+                    ),
+                    Err(e) => tracing::warn!("scrub failed: {e}"),
+                }
+            }
+        });
+        BackgroundScrub {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for BackgroundScrub {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_record_reads_back_and_junk_is_skipped() {
+        let p = ScrubPass {
+            started_unix: 10,
+            finished_unix: Some(20),
+            chunks_total: 5,
+            chunks_checked: 5,
+            bytes_checked: 9000,
+            damaged_chunks: 1,
+            damaged: vec![],
+            damaged_blocks: vec![("vm@s1".into(), 7, 2)],
+            stopped: false,
+        };
+        assert_eq!(ScrubPass::decode(&p.encode()), p);
+        let junk = ScrubPass::decode(b"chunks=x\nblock\tv\t1\nbytes=3\n\xff\xfe");
+        assert_eq!(junk.bytes_checked, 3);
+        assert!(junk.damaged_blocks.is_empty());
+    }
+
+    #[test]
+    fn blocks_merge_into_ranges() {
+        assert_eq!(ranges(&[1, 2, 3, 7, 9, 10]), vec![(1, 3), (7, 1), (9, 2)]);
+        assert_eq!(ranges(&[]), vec![]);
+    }
+}
