@@ -11,6 +11,10 @@
 #   CONDENSE=target/release/condense BENCH_DIR=/mnt/disk bash bench/nbd/fio-bench.sh
 #   CONDENSE_OLD=/tmp/condense-before bash bench/nbd/fio-bench.sh   # old and new binary, one run
 #   JOBS="seqwrite1m randwrite4k lat4k" bash bench/nbd/fio-bench.sh  # only these jobs
+#   # the cost of the background scrub at its default rate, one binary both ways ("old" is off):
+#   # (a scrubbing server is never below 5 % of a core: IDLE_TICKS=20 takes 20 % as idle)
+#   CONDENSE_OLD=target/release/condense CONDENSE_ARGS="--scrub-every 0" \
+#       CONDENSE_OLD_ARGS="--scrub-rate 0" IDLE_TICKS=20 bash bench/nbd/fio-bench.sh
 #
 # Everything lives in BENCH_DIR (default target/bench-nbd, i.e. the repository's disk). Caches
 # are warm for all three (the data set fits in RAM); each target reads the same bytes: random
@@ -71,7 +75,7 @@ fio --name=fill --filename="$PLAIN" --size="$SIZE" --rw=write --bs=1M --ioengine
     --refill_buffers=1 --end_fsync=1 --output=/dev/null
 bytes=$(stat -c %s "$PLAIN")
 
-# start_condense BINARY POOL PORT: a pool with one volume "bench", served.
+# start_condense BINARY POOL PORT [SERVE_ARGS]: a pool with one volume "bench", served.
 condense_pids=()
 condense_pools=()
 start_condense() {
@@ -81,7 +85,8 @@ start_condense() {
     # Plaintext TCP is --insecure-listen since issue 23; a binary from before it has --listen.
     local listen=--insecure-listen
     "$1" serve --help | grep -q -- --insecure-listen || listen=--listen
-    "$1" --pool "$2" serve "$listen" "127.0.0.1:$3" >"$2.serve.log" 2>&1 &
+    # shellcheck disable=SC2086 # the arguments are words
+    "$1" --pool "$2" serve "$listen" "127.0.0.1:$3" ${4:-} >"$2.serve.log" 2>&1 &
     pids+=($!)
     condense_pids+=($!)
 }
@@ -106,7 +111,7 @@ quiesce() {
         waited=$((waited + 1))
         busy=0
         for i in "${!condense_pids[@]}"; do
-            if [ $(($(cpu_ticks "${condense_pids[$i]}") - before[i])) -ge 5 ]; then busy=1; fi
+            if [ $(($(cpu_ticks "${condense_pids[$i]}") - before[i])) -ge "${IDLE_TICKS:-5}" ]; then busy=1; fi
         done
         [ "$busy" = 0 ] && break
     done
@@ -115,7 +120,7 @@ quiesce() {
     fi
 }
 
-start_condense "$CONDENSE" "$POOL" "$PORT_CONDENSE"
+start_condense "$CONDENSE" "$POOL" "$PORT_CONDENSE" "${CONDENSE_ARGS:-}"
 nbdkit --foreground --port "$PORT_NBDKIT" --ipaddr 127.0.0.1 file "$PLAIN" >"$W/nbdkit.log" 2>&1 &
 pids+=($!)
 nbdkit --foreground --port "$PORT_NULL" --ipaddr 127.0.0.1 null size="$bytes" >"$W/null.log" 2>&1 &
@@ -129,7 +134,7 @@ wait_nbd "$URI_NBDKIT"
 wait_nbd "$URI_NULL"
 nbdcopy --flush "$PLAIN" "$URI_CONDENSE"
 if [ -n "${CONDENSE_OLD:-}" ]; then
-    start_condense "$CONDENSE_OLD" "$W/pool-old" "$PORT_OLD"
+    start_condense "$CONDENSE_OLD" "$W/pool-old" "$PORT_OLD" "${CONDENSE_OLD_ARGS:-}"
     wait_nbd "$URI_OLD"
     nbdcopy --flush "$PLAIN" "$URI_OLD"
 fi

@@ -872,14 +872,15 @@ fn verify_command(ctx: &mut Ctx, a: &VerifyArgs) -> Result<i32> {
         bar.finish_and_clear();
         r
     };
+    let files = report::FileNames::of(&pool, r.bad_blocks.keys().map(String::as_str));
     if a.json {
         writeln!(
             ctx.out,
             "{}",
-            serde_json::to_string_pretty(&report::verify_json(&r))?
+            serde_json::to_string_pretty(&report::verify_json(&r, &files))?
         )?;
     } else {
-        write!(ctx.out, "{}", report::verify_text(&r))?;
+        write!(ctx.out, "{}", report::verify_text(&r, &files))?;
     }
     ctx.done(&pool)?;
     Ok(if r.is_clean() { 0 } else { 3 })

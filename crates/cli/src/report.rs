@@ -98,7 +98,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         "read_errors": s.read_errors,
         "volumes": volumes,
         "snapshots": snapshots,
-        "scrub": scrub_json(&s.scrub, s.block_size),
+        "scrub": scrub_json(&s.scrub, s.block_size, &FileNames::none()),
     });
     if let Some(r) = &s.remote {
         let fields = json!({
@@ -126,7 +126,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
 }
 
 /// One scrub pass, as `stats --json` and `scrub --status --json` print it.
-fn scrub_pass_json(p: &ScrubPass, block_size: u32) -> Value {
+fn scrub_pass_json(p: &ScrubPass, block_size: u32, files: &FileNames) -> Value {
     let bs = u64::from(block_size);
     json!({
         "started_unix": p.started_unix,
@@ -136,21 +136,22 @@ fn scrub_pass_json(p: &ScrubPass, block_size: u32) -> Value {
         "bytes_checked": p.bytes_checked,
         "progress_percent": round2(p.progress() * 100.0),
         "damaged_chunks": p.damaged_chunks,
+        "healed_chunks": p.healed_chunks,
         "stopped": p.stopped,
         "damaged": p.damaged.iter().map(|(id, why)| json!({"chunk": id, "problem": why})).collect::<Vec<_>>(),
         "damaged_blocks": p.damaged_blocks.iter().map(|(v, first, n)| json!({
-            "volume": v, "first_block": first, "blocks": n, "offset": first * bs, "bytes": n * bs,
+            "volume": v, "file": files.get(v), "first_block": first, "blocks": n, "offset": first * bs, "bytes": n * bs,
         })).collect::<Vec<_>>(),
     })
 }
 
 /// The scrub's status, as `stats --json` prints it (docs/STATS.md).
-pub fn scrub_json(s: &ScrubStatus, block_size: u32) -> Value {
+pub fn scrub_json(s: &ScrubStatus, block_size: u32, files: &FileNames) -> Value {
     json!({
         "rate_bytes_per_sec": s.rate_bytes_per_sec,
         "running": s.running,
-        "current": s.current.as_ref().map(|p| scrub_pass_json(p, block_size)),
-        "last": s.last.as_ref().map(|p| scrub_pass_json(p, block_size)),
+        "current": s.current.as_ref().map(|p| scrub_pass_json(p, block_size, files)),
+        "last": s.last.as_ref().map(|p| scrub_pass_json(p, block_size, files)),
     })
 }
 
@@ -165,6 +166,7 @@ fn scrub_from_json(v: &Value) -> ScrubStatus {
             chunks_checked: u(p, "chunks_checked"),
             bytes_checked: u(p, "bytes_checked"),
             damaged_chunks: u(p, "damaged_chunks"),
+            healed_chunks: u(p, "healed_chunks"),
             stopped: p.get("stopped").and_then(Value::as_bool).unwrap_or(false),
             damaged: Vec::new(),
             damaged_blocks: p
@@ -207,7 +209,7 @@ fn ago(unix: u64) -> String {
 }
 
 /// One pass in words: "checked 1200 of 1500 chunks (4.7 MiB), no damage".
-fn scrub_pass_text(p: &ScrubPass) -> String {
+fn scrub_pass_text(p: &ScrubPass, files: &FileNames) -> String {
     let mut t = format!(
         "checked {} of {} chunks ({}){}, ",
         p.chunks_checked,
@@ -219,6 +221,13 @@ fn scrub_pass_text(p: &ScrubPass) -> String {
             ""
         }
     );
+    if p.healed_chunks > 0 {
+        let _ = write!(
+            t,
+            "{} damaged records written again from the cache tier's copy, ",
+            p.healed_chunks
+        );
+    }
     if p.damaged_chunks == 0 {
         t.push_str("no damage");
     } else {
@@ -228,8 +237,8 @@ fn scrub_pass_text(p: &ScrubPass) -> String {
             .iter()
             .take(5)
             .map(|(v, first, n)| match n {
-                1 => format!("{v} block {first}"),
-                _ => format!("{v} blocks {first}-{}", first + n - 1),
+                1 => format!("{} block {first}", files.show(v)),
+                _ => format!("{} blocks {first}-{}", files.show(v), first + n - 1),
             })
             .collect();
         if !names.is_empty() {
@@ -249,7 +258,7 @@ fn scrub_pass_text(p: &ScrubPass) -> String {
 }
 
 /// The scrub in words, for `stats` and `scrub --status`: the pass under way and the last one.
-pub fn scrub_text(s: &ScrubStatus) -> String {
+pub fn scrub_text(s: &ScrubStatus, files: &FileNames) -> String {
     let mut o = String::new();
     let rate = if s.rate_bytes_per_sec == 0 {
         "no limit".to_string()
@@ -263,7 +272,7 @@ pub fn scrub_text(s: &ScrubStatus) -> String {
                 "  {:<28} running at {rate}: {:.1} %, {}",
                 "scrub",
                 p.progress() * 100.0,
-                scrub_pass_text(p)
+                scrub_pass_text(p, files)
             );
         }
         _ => {
@@ -277,7 +286,7 @@ pub fn scrub_text(s: &ScrubStatus) -> String {
                 "  {:<28} finished {}: {}",
                 "last scrub",
                 p.finished_unix.map_or_else(|| "?".into(), ago),
-                scrub_pass_text(p)
+                scrub_pass_text(p, files)
             );
         }
         None => {
@@ -409,7 +418,7 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
     if let Some(r) = &s.remote {
         remote_lines(&mut o, r);
     }
-    o.push_str(&scrub_text(&s.scrub));
+    o.push_str(&scrub_text(&s.scrub, &FileNames::none()));
     let _ = writeln!(o);
     let _ = writeln!(
         o,
@@ -514,13 +523,46 @@ pub fn volume_list(vols: &[&VolumeStats], pool: &Pool) -> String {
     o
 }
 
-pub fn verify_json(r: &VerifyReport) -> Value {
+/// The files under `files/` of a pool's hidden `.file.N` volumes, for reports that name
+/// damage by volume (empty when no such volume is named: the tree is not read then).
+pub struct FileNames(std::collections::HashMap<String, String>);
+
+impl FileNames {
+    pub fn of<'a>(pool: &Pool, named: impl IntoIterator<Item = &'a str>) -> FileNames {
+        let wanted = named.into_iter().any(|v| v.starts_with(".file."));
+        FileNames(if wanted {
+            condense_fuse::tree::file_paths(pool, 10_000_000)
+        } else {
+            Default::default()
+        })
+    }
+
+    pub fn none() -> FileNames {
+        FileNames(Default::default())
+    }
+
+    /// The file of volume `v` (a snapshot's `.file.N@S` names the file too).
+    pub fn get(&self, v: &str) -> Option<&str> {
+        let base = v.split_once('@').map_or(v, |(b, _)| b);
+        self.0.get(base).map(String::as_str)
+    }
+
+    /// `v`, or `v (files/path)` for a file's volume.
+    pub fn show(&self, v: &str) -> String {
+        match self.get(v) {
+            Some(f) => format!("{v} ({f})"),
+            None => v.to_string(),
+        }
+    }
+}
+
+pub fn verify_json(r: &VerifyReport, files: &FileNames) -> Value {
     json!({
         "clean": r.is_clean(),
         "chunks_checked": r.chunks_checked,
         "bytes_checked": r.bytes_checked,
         "bad_chunks": r.bad_chunks.iter().map(|(id, why)| json!({"chunk": id, "problem": why})).collect::<Vec<_>>(),
-        "bad_blocks": r.bad_blocks.iter().map(|(v, b)| json!({"volume": v, "blocks": b})).collect::<Vec<_>>(),
+        "bad_blocks": r.bad_blocks.iter().map(|(v, b)| json!({"volume": v, "file": files.get(v), "blocks": b})).collect::<Vec<_>>(),
         "bad_volumes": r.bad_volumes,
         "metadata_problems": r.metadata_problems,
         "accepted_damage": damage_history_json(&r.accepted),
@@ -576,7 +618,7 @@ fn accepted_text(r: &VerifyReport, o: &mut String) {
     }
 }
 
-pub fn verify_text(r: &VerifyReport) -> String {
+pub fn verify_text(r: &VerifyReport, files: &FileNames) -> String {
     let mut o = format!(
         "checked {} chunks ({})\n",
         r.chunks_checked,
@@ -603,7 +645,8 @@ pub fn verify_text(r: &VerifyReport) -> String {
         let shown: Vec<String> = blocks.iter().take(16).map(|b| b.to_string()).collect();
         let _ = writeln!(
             o,
-            "volume {v}: {} damaged blocks: {}{}",
+            "volume {}: {} damaged blocks: {}{}",
+            files.show(v),
             blocks.len(),
             shown.join(", "),
             if blocks.len() > 16 { ", ..." } else { "" }

@@ -155,14 +155,19 @@ pub(crate) fn run(ctx: &mut Ctx, a: &ScrubCmdArgs) -> Result<i32> {
         }
     };
     let status = pool.scrub_status();
+    let named = [&status.current, &status.last]
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p.damaged_blocks.iter().map(|d| d.0.as_str()));
+    let files = report::FileNames::of(&pool, named);
     if a.json {
         writeln!(
             ctx.out,
             "{}",
-            serde_json::to_string_pretty(&report::scrub_json(&status, bs))?
+            serde_json::to_string_pretty(&report::scrub_json(&status, bs, &files))?
         )?;
     } else if a.status || !ctx.in_daemon() {
-        write!(ctx.out, "{}", report::scrub_text(&status))?;
+        write!(ctx.out, "{}", report::scrub_text(&status, &files))?;
     }
     ctx.done(&pool)?;
     Ok(code)

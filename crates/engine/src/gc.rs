@@ -16,11 +16,11 @@
 use crate::chunk_table::ChunkEntry;
 use crate::counters::{add, nanos};
 use crate::error::{Error, Result};
-use crate::format::{open_record, JournalRecord, CHUNKS_PER_PAGE, SEGMENT_HEADER_BYTES};
+use crate::format::{open_record, JournalRecord, Location, CHUNKS_PER_PAGE, SEGMENT_HEADER_BYTES};
 use crate::io::File;
 use crate::page_cache::CHUNK_TREE;
 use crate::pool::{lock, Pool};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -116,6 +116,9 @@ impl Pool {
             return Ok(report);
         }
         let per = CHUNKS_PER_PAGE as u64;
+        // Victims holding a live record that fails its check: kept (with the damaged record
+        // where it is, for verify, the scrub and repair), their other chunks still moved.
+        let mut spared: HashSet<u32> = HashSet::new();
         self.counters.gc_chunk_ids.store(next_id, Relaxed);
         let mut page = 0u64;
         while page * per < next_id {
@@ -151,7 +154,18 @@ impl Pool {
                         continue; // found only chunks of victims
                     };
                     let buf = if e.refs > 0 {
-                        Some(read_record(&*file, *id, e, self.crypto.as_deref())?)
+                        match read_record(&*file, *id, e, self.crypto.as_deref()) {
+                            Ok(b) => Some(b),
+                            Err(err) if err.is_damage() => {
+                                tracing::warn!(
+                                    "gc: {err}; segment {} is kept (`condense verify` names the blocks, `condense repair` salvages them)",
+                                    e.loc.segment
+                                );
+                                spared.insert(e.loc.segment);
+                                continue;
+                            }
+                            Err(err) => return Err(err),
+                        }
                     } else {
                         None
                     };
@@ -164,7 +178,7 @@ impl Pool {
         let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
         let mut st = lock(&self.state);
-        for id in victims.keys() {
+        for id in victims.keys().filter(|id| !spared.contains(id)) {
             st.segments.remove(&*self.dir, *id)?;
             report.segments_removed += 1;
         }
@@ -178,6 +192,23 @@ impl Pool {
         }
         report.bytes_after = st.segments.total_bytes();
         Ok(report)
+    }
+
+    /// Write chunk `id`'s record again from `record` (a valid copy, e.g. the cache tier's, of
+    /// a record damaged at `was`), journaled as a move; false if the chunk moved or went since.
+    /// The caller holds the GC lock.
+    pub(crate) fn rewrite_chunk(&self, id: u64, was: &Location, record: &[u8]) -> Result<bool> {
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        let md = &mut st.md;
+        match md.chunks.get(&mut md.cache, id)? {
+            Some(now) if now.loc == *was && now.refs > 0 => {}
+            _ => return Ok(false),
+        }
+        let new = st.segments.append_raw(&*self.dir, record, was)?;
+        self.commit(&mut st, vec![JournalRecord::Relocate { id, loc: new }])?;
+        st.segments.write_full_batch()?;
+        Ok(true)
     }
 
     /// Append the copies read outside the lock and journal them, re-checking each chunk.

@@ -38,6 +38,13 @@ pub trait File: Send + Sync {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Make the file's content durable.
     fn sync(&self) -> io::Result<()>;
+    /// Read `buf.len()` bytes at `offset` from another copy of this file's bytes, where one
+    /// exists (an S3 pool's `meta.dat` mirror: the bucket's extent objects), and mend this
+    /// copy with them; `Ok(false)`: no other copy. Called when bytes `read_at` gave failed
+    /// their check, before the damage is an error.
+    fn read_other_copy(&self, _buf: &mut [u8], _offset: u64) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// A directory of files: the pool.

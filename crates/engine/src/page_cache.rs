@@ -1270,8 +1270,7 @@ fn read_through(
             return Ok(page);
         }
     }
-    let stored = read_stored(file, p, tree, level, index)?;
-    let page = open_stored(&stored, crypto, p, tree, level, index)?;
+    let (stored, page) = read_opened(file, crypto, p, tree, level, index)?;
     l2.offer_page(p.page, p.crc, &stored);
     Ok(page)
 }
@@ -1300,8 +1299,37 @@ fn read_checked(
     level: u8,
     index: u64,
 ) -> Result<Box<[u8]>> {
-    let buf = read_stored(file, p, tree, level, index)?;
-    open_stored(&buf, crypto, p, tree, level, index)
+    read_opened(file, crypto, p, tree, level, index).map(|(_, page)| page)
+}
+
+/// The page's stored bytes and the page, checked; bytes that fail their check are read again
+/// from the file's other copy where it has one (an S3 pool's `meta.dat` mirror: the bucket's
+/// extent object, which also mends the mirror), before the damage is an error.
+fn read_opened(
+    file: &dyn File,
+    crypto: Option<&Crypto>,
+    p: Ptr,
+    tree: TreeId,
+    level: u8,
+    index: u64,
+) -> Result<(Vec<u8>, Box<[u8]>)> {
+    let mut buf = read_stored(file, p, tree, level, index)?;
+    match open_stored(&buf, crypto, p, tree, level, index) {
+        Ok(page) => Ok((buf, page)),
+        Err(e) if e.is_damage() => match file.read_other_copy(&mut buf, p.page * UNIT as u64) {
+            Ok(true) => {
+                let page = open_stored(&buf, crypto, p, tree, level, index)?;
+                tracing::warn!("{e}; read the page from the other copy instead (mended)");
+                Ok((buf, page))
+            }
+            Ok(false) => Err(e),
+            Err(io) => {
+                tracing::warn!("{e}; its other copy could not be read either: {io}");
+                Err(e)
+            }
+        },
+        Err(e) => Err(e),
+    }
 }
 
 /// Check (authenticate, CRC) and decode a page's stored bytes.

@@ -1062,6 +1062,36 @@ impl File for MetaFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.local.read_at(buf, offset)
     }
+    /// The bucket's extent objects hold every page the bucket's root names, whatever the
+    /// mirror's disk did to them; a page written since the last upload is only in the mirror
+    /// (the bucket's older bytes then fail the caller's check too, as they should).
+    fn read_other_copy(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
+        let end = offset + buf.len() as u64;
+        let mut at = offset;
+        while at < end {
+            let e = at / META_EXTENT_BYTES;
+            let ext_start = e * META_EXTENT_BYTES;
+            let ext_end = (ext_start + META_EXTENT_BYTES).min(end);
+            let obj = self
+                .shared
+                .note(self.shared.store.get(&format!("meta/{e:08x}")))?;
+            let (from, to) = ((at - ext_start) as usize, (ext_end - ext_start) as usize);
+            let got = obj.get(from..to).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("meta/{e:08x} is shorter than {to} bytes"),
+                )
+            })?;
+            let dst = (at - offset) as usize;
+            buf[dst..dst + got.len()].copy_from_slice(got);
+            at = ext_end;
+        }
+        // Mend the mirror (the bucket has these bytes already: nothing to upload).
+        if let Err(e) = self.local.write_at(buf, offset) {
+            tracing::warn!("could not mend meta.dat at {offset}: {e}");
+        }
+        Ok(true)
+    }
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         self.shared.may_write("writing meta.dat")?;
         self.local.write_at(data, offset)?;

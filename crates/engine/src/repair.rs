@@ -390,6 +390,15 @@ pub fn repair_with(
         key,
         lost_as_zeros,
     } = opts;
+    if path.join(crate::remote::REMOTE_CONF_NAME).exists() {
+        return Err(Error::Invalid(format!(
+            "{} is the local directory of a pool on S3: repair of a pool on S3 is not built yet. \
+             The bucket holds the pool as of its last checkpoint upload: `condense connect` it \
+             into a new local directory to open it as of then (with `local` durability the \
+             writes since that upload are lost; with `remote` none that was flushed), see docs/S3.md",
+            path.display()
+        )));
+    }
     let dir = RealDir::new(path);
     if !crate::copies::exists(&dir, SUPERBLOCK_NAME)
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?

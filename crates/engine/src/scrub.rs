@@ -15,8 +15,11 @@
 //!   holds the pool's state lock while it reads a record.
 //! - The rate bounds the record bytes read per second over the pass (a sleep after each
 //!   window); 0 is as fast as one thread checks.
-//! - A scrub only reads: what it finds is reported (damaged chunks, then the volumes and
-//!   blocks naming them), never changed; `condense repair` is what acts on it.
+//! - A scrub changes nothing but this: a chunk whose record is damaged in its segment while
+//!   the cache tier holds a valid copy (checked against the chunk's fingerprint) is written
+//!   again from that copy into the open segment and journaled as moved, as GC moves chunks
+//!   (counted as healed, not damaged). Other damage is reported (damaged chunks, then the
+//!   volumes and blocks naming them); `condense repair` is what acts on it.
 //! - Chunks written after a pass started, past the ids it began with, wait for the next pass.
 
 use crate::error::Result;
@@ -60,6 +63,8 @@ pub struct ScrubPass {
     pub chunks_checked: u64,
     pub bytes_checked: u64,
     pub damaged_chunks: u64,
+    /// Damaged records written again from the cache tier's valid copy.
+    pub healed_chunks: u64,
     /// (chunk id, what is wrong), the first [`DAMAGED_KEPT`].
     pub damaged: Vec<(u64, String)>,
     /// Blocks naming a damaged chunk: (volume or `VOL@SNAP`, first block, blocks), found at
@@ -83,13 +88,14 @@ impl ScrubPass {
     /// range (volume TAB first TAB count).
     fn encode(&self) -> Vec<u8> {
         let mut s = format!(
-            "started={}\nfinished={}\nchunks_total={}\nchunks={}\nbytes={}\ndamaged={}\nstopped={}\n",
+            "started={}\nfinished={}\nchunks_total={}\nchunks={}\nbytes={}\ndamaged={}\nhealed={}\nstopped={}\n",
             self.started_unix,
             self.finished_unix.unwrap_or(0),
             self.chunks_total,
             self.chunks_checked,
             self.bytes_checked,
             self.damaged_chunks,
+            self.healed_chunks,
             u8::from(self.stopped),
         );
         for (v, first, n) in self.damaged_blocks.iter().take(RANGES_KEPT) {
@@ -126,6 +132,7 @@ impl ScrubPass {
                 "chunks" => p.chunks_checked = n,
                 "bytes" => p.bytes_checked = n,
                 "damaged" => p.damaged_chunks = n,
+                "healed" => p.healed_chunks = n,
                 "stopped" => p.stopped = n != 0,
                 _ => {}
             }
@@ -239,6 +246,15 @@ impl Pool {
                     pass.chunks_checked += 1;
                     pass.bytes_checked += bytes.max(w.entry.loc.record_bytes());
                     if let Some(b) = bad {
+                        if self.heal_from_cache(w) {
+                            tracing::warn!(
+                                "scrub: chunk {}: {}; written again from the cache tier's valid copy",
+                                b.0,
+                                b.1
+                            );
+                            pass.healed_chunks += 1;
+                            continue;
+                        }
                         tracing::warn!("scrub: chunk {}: {}", b.0, b.1);
                         pass.damaged_chunks += 1;
                         bad_ids.insert(b.0);
@@ -276,6 +292,35 @@ impl Pool {
         }
         progress(&pass);
         Ok(pass)
+    }
+
+    /// Write chunk `w` again from the cache tier's copy of its record, if the tier holds a
+    /// valid one and the chunk has not moved since it was read; true if it was. The caller
+    /// holds the GC lock.
+    fn heal_from_cache(&self, w: &crate::verify::ChunkToCheck) -> bool {
+        let Some(good) = self
+            .cache()
+            .and_then(|c| c.lookup(w.id, &w.entry.fp, &w.entry.loc))
+        else {
+            return false;
+        };
+        // The copy must be the whole chunk: decompress it and check its fingerprint.
+        let copy = crate::verify::ChunkToCheck {
+            id: w.id,
+            entry: w.entry,
+            file: None,
+            in_memory: Some(good.clone()),
+        };
+        if self.check_chunk(&copy).1.is_some() {
+            return false;
+        }
+        match self.rewrite_chunk(w.id, &w.entry.loc, &good) {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!("scrub: writing chunk {} again failed: {e}", w.id);
+                false
+            }
+        }
     }
 
     /// Sleep until `bytes` read since `began` are within `rate` (in steps, asking
@@ -427,6 +472,7 @@ mod tests {
             chunks_checked: 5,
             bytes_checked: 9000,
             damaged_chunks: 1,
+            healed_chunks: 2,
             damaged: vec![],
             damaged_blocks: vec![("vm@s1".into(), 7, 2)],
             stopped: false,

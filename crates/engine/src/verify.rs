@@ -312,13 +312,11 @@ impl Pool {
     pub(crate) fn check_chunk(&self, w: &ChunkToCheck) -> (u64, Option<(u64, String)>) {
         let (id, e, file, in_memory) = (w.id, &w.entry, w.file.as_deref(), w.in_memory.as_deref());
         let loc = e.loc;
-        let Some(file) = file else {
-            return (0, Some((id, format!("segment {} is missing", loc.segment))));
-        };
         let mut read = vec![];
-        let buf: &[u8] = match in_memory {
-            Some(m) => m,
-            None => {
+        let buf: &[u8] = match (in_memory, file) {
+            (Some(m), _) => m,
+            (None, None) => return (0, Some((id, format!("segment {} is missing", loc.segment)))),
+            (None, Some(file)) => {
                 read.resize(loc.record_bytes() as usize, 0);
                 if let Err(err) = file.read_at(&mut read, u64::from(loc.offset)) {
                     return (

@@ -188,3 +188,83 @@ fn the_background_scrub_runs_when_due_and_when_asked() {
     }
     assert!(!pool.scrub_status().running, "stopped with its handle");
 }
+
+/// A record damaged in its segment while the cache tier holds a valid copy: the scrub writes
+/// the chunk again from the copy (healed, not damaged), verify is then clean, the block reads,
+/// and GC reclaims the damaged record's segment space.
+#[test]
+fn a_damaged_record_is_healed_from_the_cache_tiers_copy() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("pool");
+    let pool = pool_with_data(&dir, 64);
+    let cache_dir = tmp.path().join("cache");
+    std::fs::create_dir(&cache_dir).expect("mkdir");
+    pool.attach_cache(
+        Arc::new(condense_engine::io::RealDir::new(&cache_dir)),
+        condense_engine::CacheConf {
+            path: cache_dir.to_string_lossy().into_owned(),
+            size_bytes: 4096 + 256 * 4224,
+            mode: condense_engine::CacheMode::WriteThrough,
+        },
+    )
+    .expect("attach");
+    // Read everything once: each record is promoted into the cache tier.
+    let mut all = vec![0u8; 64 * BS];
+    pool.volume("vm")
+        .and_then(|h| h.read_at(0, &mut all))
+        .expect("read");
+    pool.cache_drain();
+    damage_record_of(&dir, &block(7));
+    let pass = pool.scrub_pass(0, &|| true, &|_| {}).expect("scrub");
+    assert_eq!(
+        (pass.healed_chunks, pass.damaged_chunks),
+        (1, 0),
+        "{pass:?}"
+    );
+    assert!(pool.verify(&|_, _| {}).expect("verify").is_clean());
+    let mut b = vec![0u8; BS];
+    pool.volume("vm@s1")
+        .and_then(|h| h.read_at(7 * BS as u64, &mut b))
+        .expect("read");
+    assert!(b == block(7));
+    pool.gc(1).expect("gc");
+    pool.close().expect("close");
+    drop(pool);
+    let pool = Pool::open_path(&dir, OpenOptions::default()).expect("open");
+    assert!(pool.verify(&|_, _| {}).expect("verify").is_clean());
+    assert_eq!(pool.scrub_status().last.expect("recorded").healed_chunks, 1);
+}
+
+/// GC keeps a segment holding a damaged live record (moving its other chunks) instead of
+/// failing: the damage stays where verify and repair find it.
+#[test]
+fn gc_keeps_a_segment_with_a_damaged_record_and_moves_the_rest() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let pool = pool_with_data(dir, 600);
+    pool.delete_snapshot("vm", "s1").expect("delete snapshot");
+    // Most of vm's blocks overwritten: their old records are dead.
+    let fresh: Vec<u8> = (0..500).flat_map(|b| block(100_000 + b)).collect();
+    pool.volume("vm")
+        .and_then(|h| h.write_at(100 * BS as u64, &fresh, false))
+        .expect("overwrite");
+    pool.flush().expect("flush");
+    pool.close().expect("close");
+    drop(pool);
+    damage_record_of(dir, &block(30));
+    let pool = Pool::open_path(dir, OpenOptions::default()).expect("open");
+    let r = pool.gc(10).expect("gc goes on past the damaged record");
+    assert!(r.chunks_moved > 0, "{r:?}");
+    let v = pool.verify(&|_, _| {}).expect("verify");
+    assert_eq!(v.bad_chunks.len(), 1, "{v:?}");
+    assert_eq!(
+        v.bad_blocks.keys().cloned().collect::<Vec<_>>(),
+        vec!["other".to_string(), "vm".to_string()]
+    );
+    // Every other block still reads.
+    let mut b = vec![0u8; BS];
+    let h = pool.volume("vm").expect("volume");
+    for blk in [0u64, 29, 31, 99, 100, 599] {
+        h.read_at(blk * BS as u64, &mut b).expect("read");
+    }
+}

@@ -679,6 +679,48 @@ impl Tree {
     }
 }
 
+/// Where each regular file of the `files/` tree is, by the name of its hidden volume:
+/// `.file.N` → `files/dir/name`, for reports that name damage (`condense verify`, the scrub).
+/// Read-only and forgiving: a record that cannot be decoded, a loop or a name that is not
+/// UTF-8 is skipped or shown lossily; at most `limit` files are returned.
+pub fn file_paths(catalog: &dyn Catalog, limit: usize) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    let mut seen = std::collections::HashSet::from([TREE_ROOT]);
+    let mut todo = VecDeque::from([(TREE_ROOT, "files".to_string())]);
+    while let Some((dir, path)) = todo.pop_front() {
+        let key = dir_key(dir);
+        let Some(rec) = catalog
+            .meta_get(&key)
+            .ok()
+            .flatten()
+            .and_then(|b| DirRec::decode(&key, &b).ok())
+        else {
+            continue;
+        };
+        for (name, ino) in rec.entries {
+            if out.len() >= limit || !seen.insert(ino) {
+                continue;
+            }
+            let child = format!("{path}/{}", String::from_utf8_lossy(&name));
+            let ikey = inode_key(ino);
+            let kind = catalog
+                .meta_get(&ikey)
+                .ok()
+                .flatten()
+                .and_then(|b| InodeRec::decode(&ikey, &b).ok())
+                .map(|r| r.kind);
+            match kind {
+                Some(Kind::Dir) => todo.push_back((ino, child)),
+                Some(Kind::File) => {
+                    out.insert(file_volume_name(ino), child);
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -692,6 +734,30 @@ mod tests {
 
     fn reload(cat: &Arc<MemCatalog>) -> Tree {
         Tree::load(cat.clone(), false, 0, 0).expect("reload")
+    }
+
+    #[test]
+    fn file_paths_names_every_file_by_its_volume() {
+        let (cat, mut t) = fresh();
+        let d = t
+            .create(TREE_ROOT, b"dir", Kind::Dir, 0o750, 1, 2, b"")
+            .expect("mkdir");
+        let f = t
+            .create(d, b"disk.img", Kind::File, 0o640, 1, 2, b"")
+            .expect("create");
+        let g = t
+            .create(TREE_ROOT, b"top", Kind::File, 0o640, 1, 2, b"")
+            .expect("create");
+        t.create(TREE_ROOT, b"link", Kind::Symlink, 0o777, 1, 2, b"top")
+            .expect("symlink");
+        let paths = file_paths(&*cat, 100);
+        assert_eq!(paths.len(), 2, "{paths:?}");
+        assert_eq!(paths[&file_volume_name(f)], "files/dir/disk.img");
+        assert_eq!(paths[&file_volume_name(g)], "files/top");
+        assert_eq!(file_paths(&*cat, 1).len(), 1, "bounded");
+        // A directory record that no longer decodes is skipped, not an error.
+        cat.meta_put(&dir_key(d), Some(b"junk")).expect("put");
+        assert_eq!(file_paths(&*cat, 100).len(), 1);
     }
 
     #[test]
