@@ -111,6 +111,8 @@ const TIMING_KEYS: &[&str] = &[
     "metadata_page_bytes_live",
     "index_ram_bytes",
     "ram_bytes_per_unique_chunk",
+    // The daemon's background scrub (its rate, a pass under way); a direct open runs none.
+    "scrub",
 ];
 
 fn mask_stats_json(s: &str) -> Value {
@@ -127,7 +129,11 @@ fn mask_stats_json(s: &str) -> Value {
 fn mask_stats_text(s: &str) -> String {
     s.lines()
         .map(|l| {
-            if l.contains("physical used") || l.contains("RAM for index") {
+            if l.contains("physical used")
+                || l.contains("RAM for index")
+                || l.trim_start().starts_with("scrub")
+                || l.trim_start().starts_with("last scrub")
+            {
                 l.split_whitespace().take(2).collect::<Vec<_>>().join(" ")
             } else {
                 l.to_string()
