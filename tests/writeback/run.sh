@@ -118,8 +118,11 @@ refuse "lost cache: verify names the chunks lost" "segment [0-9]* is missing" c 
 c repair >"$W/repair.out" 2>&1
 check "lost cache: repair reports the lost volume's blocks" grep -q '"lost" blocks [0-9]*-[0-9]* .*segment [0-9]*, which is missing' "$W/repair.out"
 check "lost cache: verify clean after repair" c verify
-# Each block of "lost" reads its data (destaged before the loss) or zeros (reported lost).
-check "lost cache: the volume reads without an error" c export lost "$W/lost.raw"
+# Lost blocks fail to read (an I/O error, never zeros taken for data); export
+# --lost-as-zeros copies the rest: each block reads its data (destaged before the loss) or
+# zeros (reported lost).
+refuse "lost cache: reading the lost blocks fails, naming one" "was lost" c export lost "$W/lost.raw"
+check "lost cache: export --lost-as-zeros reads the rest" c export lost "$W/lost.raw" --lost-as-zeros
 check "lost cache: lost blocks are zeros, the rest intact" python3 -c '
 import sys
 got, want = (open(f, "rb").read() for f in sys.argv[1:3])
