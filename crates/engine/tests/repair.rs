@@ -3,6 +3,8 @@
 //! report names exactly those, that every other block reads back, that verify is clean and
 //! that the pool reopens.
 
+mod common;
+use common::damage_record_of;
 use condense_engine::repair::{self, LostRange, RepairReport};
 use condense_engine::{Compression, InitOptions, OpenOptions, Pool, UserKey, WritePolicy};
 use std::collections::BTreeMap;
@@ -510,24 +512,6 @@ fn blocks_of_a_missing_segment_are_lost_not_taken_from_a_record_a_crash_took_bac
     }
     check_all(&pool, &model, &[("a", 64)], &lost);
     verify_clean(&pool);
-}
-
-/// Flip one byte of the payload of the chunk record holding `data` (an uncompressed,
-/// unencrypted pool: the block's bytes are in a segment as they are).
-fn damage_record_of(dir: &Path, data: &[u8]) {
-    for entry in std::fs::read_dir(dir).expect("list").filter_map(|e| e.ok()) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !(name.starts_with("seg-") && name.ends_with(".dat")) {
-            continue;
-        }
-        let mut seg = std::fs::read(entry.path()).expect("read segment");
-        if let Some(at) = seg.windows(data.len()).position(|w| w == data) {
-            seg[at + 100] ^= 0x5a;
-            std::fs::write(entry.path(), &seg).expect("damage");
-            return;
-        }
-    }
-    panic!("no segment holds the block");
 }
 
 #[test]

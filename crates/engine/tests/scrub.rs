@@ -2,6 +2,8 @@
 //! snapshot block naming it, the pass is recorded in the pool, the rate bounds its speed, and
 //! the background scrub runs a pass on its own, can be asked for one and stopped.
 
+mod common;
+use common::damage_record_of;
 use condense_engine::scrub::{BackgroundScrub, ScrubSchedule};
 use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
 use std::path::Path;
@@ -41,23 +43,6 @@ fn block(b: u64) -> Vec<u8> {
     (0..BS / 8)
         .flat_map(|i| (0xabcd_u64 << 40 ^ b << 16 ^ i as u64).to_le_bytes())
         .collect()
-}
-
-/// Flip one byte of the stored record of `data` (uncompressed, unencrypted pool).
-fn damage_record_of(dir: &Path, data: &[u8]) {
-    for entry in std::fs::read_dir(dir).expect("list").filter_map(|e| e.ok()) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !(name.starts_with("seg-") && name.ends_with(".dat")) {
-            continue;
-        }
-        let mut seg = std::fs::read(entry.path()).expect("read segment");
-        if let Some(at) = seg.windows(data.len()).position(|w| w == data) {
-            seg[at + 100] ^= 0x5a;
-            std::fs::write(entry.path(), &seg).expect("damage");
-            return;
-        }
-    }
-    panic!("no segment holds the block");
 }
 
 #[test]
