@@ -61,11 +61,6 @@ fn raw_chunk(raw: u64) -> Option<u64> {
     (raw >= 2 && raw != encode(ENTRY_LOST)).then(|| raw - 2)
 }
 
-/// True for an entry that names a chunk.
-pub fn is_chunk(entry: u64) -> bool {
-    entry < CHUNK_ID_LIMIT
-}
-
 const _: () = assert!(ENTRY_LOST >= CHUNK_ID_LIMIT && ENTRY_ZERO >= CHUNK_ID_LIMIT);
 
 fn slot(leaf: &[u8], i: usize) -> u64 {
