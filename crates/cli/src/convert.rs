@@ -6,6 +6,7 @@
 //! but itself, and is consistent), and qemu-img gets it only as `CheckedImage::qemu_args`:
 //! the format explicit, the local file driver, no backing file.
 
+use crate::size::human;
 use anyhow::{bail, Context, Result};
 use condense_api::Catalog;
 use condense_estimate::image::{qemu_img, CheckedImage};
@@ -123,21 +124,6 @@ pub fn parse_progress(line: &[u8]) -> Option<f64> {
     let s = std::str::from_utf8(line).ok()?.trim();
     let inner = s.strip_prefix('(')?.strip_suffix("/100%)")?;
     inner.trim().parse().ok()
-}
-
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{v:.1} {}", UNITS[unit])
-    }
 }
 
 /// Import a checked disk image (a format read through qemu-img) into a new volume `name`. On

@@ -88,8 +88,10 @@ While `condense serve` or `condense mount` holds the pool, a scrub runs in its b
 --scrub-rate (default 32 MiB/s for a local pool, every 7 days: --scrub-every); this command then \
 starts a pass now, stops the one under way (--stop) or shows progress and results (--status). \
 On a pool nobody serves, it runs a pass here at --rate (default: no limit) with a progress bar.\n\n\
-A scrub only reads. Damage found is reported (here, in `condense stats`, the metrics and the \
-log): run `condense verify` for every block it touches, then `condense repair` (docs/REPAIR.md).\n\n\
+A scrub only reads, with one exception: a record damaged in its segment whose valid copy is in \
+the cache tier is written again from that copy (counted as healed). Other damage is reported \
+(here, in `condense stats`, the metrics and the log): run `condense verify` for every block it \
+touches, then `condense repair` (docs/REPAIR.md).\n\n\
 Exit status: 0 no damage (or the request was taken), 3 damage found, 1 on error.";
 
 #[derive(Args)]
