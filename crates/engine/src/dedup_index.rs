@@ -1,5 +1,5 @@
 //! The dedup index: fingerprint → the chunk-table page holding that chunk. Advisory
-//! (DESIGN.md invariant 3): a miss costs savings, never correctness.
+//! (docs/DESIGN.md invariant 3): a miss costs savings, never correctness.
 //!
 //! Owns: the only per-chunk structure kept in RAM, at 6 bytes a slot (about 7–8 bytes per
 //! unique chunk at the table's 75–90 % load).

@@ -1,7 +1,7 @@
 //! Garbage collection: reclaim the space of chunks no block refers to any more.
 //!
 //! Owns: choosing victim segments and moving their live chunks out.
-//! Crash safety (DESIGN.md invariant 4): live records are copied verbatim into the open
+//! Crash safety (docs/DESIGN.md invariant 4): live records are copied verbatim into the open
 //! segment and journaled as `Relocate` (chunk ids never change, so block maps are untouched);
 //! dead chunks are journaled as `DropChunk`. A checkpoint then makes the new locations durable
 //! and empties the journal, and only after that are the victim files deleted. A crash before

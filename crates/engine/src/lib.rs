@@ -1,6 +1,6 @@
 //! The Condense storage engine: a pool of thin-provisioned volumes whose blocks are
 //! deduplicated and compressed inline, with a journal, checkpoints, garbage collection and
-//! crash recovery. See DESIGN.md for the vocabulary and docs/FORMAT.md for the bytes on disk.
+//! crash recovery. See docs/DESIGN.md for the vocabulary and docs/FORMAT.md for the bytes on disk.
 //!
 //! Modules, one per concept:
 //! - [`io`]: the narrow I/O seam (real directory, and [`sim`], the crash simulator)

@@ -4,7 +4,7 @@
 //! and the records on their way to it (staged in memory or being written).
 //! Invariants:
 //! - Only the open segment is ever written; every other segment is sealed and immutable
-//!   (DESIGN.md invariant 4). Each pool open starts a new open segment, so a torn tail left by
+//!   (docs/DESIGN.md invariant 4). Each pool open starts a new open segment, so a torn tail left by
 //!   a crash is never appended to.
 //! - Records are staged in `pending` and written a batch at a time: once a batch's worth
 //!   ([`DIRECT_BATCH_BYTES`]) is staged, at a flush, or when the segment is sealed. A record is

@@ -1,4 +1,4 @@
-//! Crash simulation: thousands of seeded crash points, each checked against DESIGN.md
+//! Crash simulation: thousands of seeded crash points, each checked against docs/DESIGN.md
 //! invariant 1 — nothing acknowledged durable is lost, and after recovery every block reads
 //! either its old or its new content.
 //!
