@@ -74,10 +74,6 @@ pub fn format_from_extension(path: &Path) -> String {
     }
 }
 
-pub fn importing_key(name: &str) -> String {
-    format!("cli/importing/{name}")
-}
-
 /// The data extents of a file: (offset, length), via SEEK_DATA/SEEK_HOLE.
 fn data_extents(f: &File, size: u64) -> Vec<(u64, u64)> {
     let fd = f.as_raw_fd();
@@ -224,7 +220,7 @@ fn import_volume(
     let before = pool.stats()?.physical_bytes;
     pool.create_volume(name, size)
         .with_context(|| format!("cannot create volume {name:?}"))?;
-    pool.meta_put(&importing_key(name), Some(b"1"))?;
+    pool.set_importing(name, true)?;
     let started = Instant::now();
     let progress = bar(progress_total, &format!("importing {name}"));
     let (read, note) = match copy(&progress) {
@@ -233,16 +229,14 @@ fn import_volume(
             progress.finish_and_clear();
             // Leave nothing half-made behind (a kill -9 cannot get here: then the volume
             // stays, marked as an incomplete import).
-            let cleanup = pool
-                .delete_volume(name)
-                .and_then(|_| pool.meta_put(&importing_key(name), None));
+            let cleanup = pool.delete_volume(name);
             if let Err(c) = cleanup {
                 eprintln!("condense: could not delete the half-imported volume {name:?}: {c}");
             }
             return Err(e.context(format!("import of {source} failed; nothing was kept")));
         }
     };
-    pool.meta_put(&importing_key(name), None)?;
+    pool.set_importing(name, false)?;
     pool.flush().context("making the import durable")?;
     progress.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();

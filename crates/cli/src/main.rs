@@ -582,9 +582,9 @@ fn run(cli: Cli) -> Result<i32> {
                 image::import_raw(&pool, &checked.path, &name)?;
             } else {
                 let catalog: Arc<dyn condense_api::Catalog> = pool.clone();
-                pool.meta_put(&image::importing_key(&name), Some(b"1"))?;
+                pool.set_importing(&name, true)?;
                 let imported = convert::import_image(catalog, &checked, &name, true);
-                pool.meta_put(&image::importing_key(&name), None)?;
+                pool.set_importing(&name, false)?;
                 imported?;
             }
             pool.close()?;
@@ -948,7 +948,6 @@ fn volume_command(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
             let pool = ctx.pool(false)?;
             pool.delete_volume(&name)
                 .with_context(|| format!("cannot delete volume {name:?}"))?;
-            let _ = pool.meta_put(&image::importing_key(&name), None);
             writeln!(
                 ctx.out,
                 "deleted volume {name}; run `condense gc` to reclaim its space"

@@ -30,7 +30,7 @@ fn round2(x: f64) -> f64 {
 }
 
 fn importing(pool: &Pool, name: &str) -> bool {
-    pool.meta_get(&crate::image::importing_key(name)).is_some()
+    pool.is_importing(name)
 }
 
 /// One volume's figures, as in `stats --json`.

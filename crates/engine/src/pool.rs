@@ -1111,7 +1111,16 @@ impl Pool {
                 snaps[0]
             )));
         }
-        self.commit(&mut st, vec![JournalRecord::VolumeDelete { vol }])?;
+        let mut records = vec![JournalRecord::VolumeDelete { vol }];
+        let mark = crate::importing::key(name);
+        if st.md.meta.contains_key(&mark) {
+            // No "import in progress" mark outlives its volume (engine::importing).
+            records.push(JournalRecord::MetaPut {
+                key: mark,
+                value: None,
+            });
+        }
+        self.commit(&mut st, records)?;
         drop(st);
         self.after_metadata_change()
     }
