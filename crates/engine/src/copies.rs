@@ -15,8 +15,8 @@
 //!    a crash between the two writes) before it writes anything else.
 
 use crate::error::{Error, Result};
+use crate::io::write_file_atomically;
 use crate::io::Dir;
-use crate::pool::write_file_atomically;
 
 /// The name of the second copy of the file `primary`.
 pub fn copy_name(primary: &str) -> String {

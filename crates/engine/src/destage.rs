@@ -23,7 +23,8 @@
 use crate::error::{Error, Result};
 use crate::format::segment_name;
 use crate::io::{Dir, File};
-use crate::pool::{lock, Pool};
+use crate::locks::lock;
+use crate::pool::Pool;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -417,6 +417,26 @@ impl Dir for RealDir {
     }
 }
 
+/// Replace `name` with `data` so that a crash leaves the old or the new file, never a mix.
+pub(crate) fn write_file_atomically(
+    dir: &dyn Dir,
+    name: &str,
+    data: &[u8],
+) -> crate::error::Result<()> {
+    let tmp = format!("{name}.tmp");
+    let f = dir
+        .open(&tmp, true)
+        .map_err(|e| crate::error::Error::io(format!("creating {tmp}"), e))?;
+    f.set_len(0)
+        .and_then(|_| f.write_at(data, 0))
+        .and_then(|_| f.sync())
+        .map_err(|e| crate::error::Error::io(format!("writing {tmp}"), e))?;
+    dir.rename(&tmp, name)
+        .map_err(|e| crate::error::Error::io(format!("renaming {tmp} to {name}"), e))?;
+    dir.sync_dir()
+        .map_err(|e| crate::error::Error::io("syncing the pool directory", e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

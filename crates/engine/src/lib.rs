@@ -42,6 +42,7 @@ pub mod gc;
 pub mod importing;
 pub mod io;
 pub mod journal;
+mod locks;
 pub mod metadata;
 pub mod page_alloc;
 pub mod page_cache;

@@ -29,8 +29,9 @@ use crate::cache::{
 use crate::crypto::{self, Crypto, Kind, NonceScheme, UserKey};
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::io::{Dir, RealDir};
+use crate::io::{write_file_atomically, Dir, RealDir};
 use crate::journal::{Journal, ReplayMode, ReplayReport};
+use crate::locks::lock;
 use crate::metadata::{Metadata, VolumeState};
 use crate::page_alloc::PageAlloc;
 use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE};
@@ -220,10 +221,6 @@ pub struct Pool {
     /// The background destage thread of a writeback cache ([`crate::destage`]).
     pub(crate) destager: Mutex<Option<crate::destage::Destager>>,
     _lock_file: Option<std::fs::File>,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Check a volume name: what NBD export names and file names can both carry.
@@ -2316,20 +2313,4 @@ pub(crate) fn read_whole(dir: &dyn Dir, name: &str) -> Result<Vec<u8>> {
     f.read_at(&mut buf, 0)
         .map_err(|e| Error::io(format!("reading {name}"), e))?;
     Ok(buf)
-}
-
-/// Replace `name` with `data` so that a crash leaves the old or the new file, never a mix.
-pub(crate) fn write_file_atomically(dir: &dyn Dir, name: &str, data: &[u8]) -> Result<()> {
-    let tmp = format!("{name}.tmp");
-    let f = dir
-        .open(&tmp, true)
-        .map_err(|e| Error::io(format!("creating {tmp}"), e))?;
-    f.set_len(0)
-        .and_then(|_| f.write_at(data, 0))
-        .and_then(|_| f.sync())
-        .map_err(|e| Error::io(format!("writing {tmp}"), e))?;
-    dir.rename(&tmp, name)
-        .map_err(|e| Error::io(format!("renaming {tmp} to {name}"), e))?;
-    dir.sync_dir()
-        .map_err(|e| Error::io("syncing the pool directory", e))
 }

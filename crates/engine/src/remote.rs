@@ -670,7 +670,7 @@ impl RemoteDir {
 
     fn write_meta_synced(&self, root: &[u8]) -> Result<()> {
         let tag = blake3::hash(root).to_hex().to_string();
-        crate::pool::write_file_atomically(&self.local, META_SYNCED_NAME, tag.as_bytes())
+        crate::io::write_file_atomically(&self.local, META_SYNCED_NAME, tag.as_bytes())
     }
 
     fn meta_file(&self, create: bool) -> io::Result<Arc<MetaFile>> {
@@ -1716,12 +1716,12 @@ fn prepare_local(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> 
         mode: CacheMode::WriteBack,
     };
     let sub = RealDir::new(&abs.join(LOCAL_SUBDIR));
-    crate::pool::write_file_atomically(
+    crate::io::write_file_atomically(
         &sub,
         crate::cache::CACHE_CONF_NAME,
         cache.encode().as_bytes(),
     )?;
-    crate::pool::write_file_atomically(
+    crate::io::write_file_atomically(
         &RealDir::new(&abs),
         REMOTE_CONF_NAME,
         conf.encode().as_bytes(),
@@ -1921,7 +1921,7 @@ fn forget_conf_durability(path: &Path, conf: &RemoteConf) -> Result<()> {
         durability_to_store: None,
         ..conf.clone()
     };
-    crate::pool::write_file_atomically(
+    crate::io::write_file_atomically(
         &RealDir::new(path),
         REMOTE_CONF_NAME,
         conf.encode().as_bytes(),
@@ -2030,12 +2030,12 @@ impl crate::pool::Pool {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        let guard = crate::pool::lock(&self.sync_lock);
+        let guard = crate::locks::lock(&self.sync_lock);
         let was = r.durability();
         if was == d {
             return Ok(was);
         }
-        self.writable(&crate::pool::lock(&self.state))?;
+        self.writable(&crate::locks::lock(&self.state))?;
         // Before anything changes: a store that does not answer leaves the pool as it was.
         r.check_reachable()?;
         self.store_durability(d)?;

@@ -24,7 +24,8 @@
 
 use crate::error::Result;
 use crate::format::CHUNKS_PER_PAGE;
-use crate::pool::{lock, Pool};
+use crate::locks::lock;
+use crate::pool::Pool;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -38,7 +38,7 @@ use crate::format::{
     SEGMENT_HEADER_BYTES,
 };
 use crate::io::{AlignedBuf, Dir, DirectWriter, File, DIRECT_IO_ALIGN};
-use crate::pool::lock;
+use crate::locks::lock;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex};
 

@@ -22,8 +22,9 @@
 use crate::block_map;
 use crate::error::{Error, Result};
 use crate::format::{ENTRY_UNMAPPED, MAP_PAGE_ENTRIES};
+use crate::locks::lock;
 use crate::metadata::{Metadata, VolumeState};
-use crate::pool::{check_new_volume_name, lock, Pool};
+use crate::pool::{check_new_volume_name, Pool};
 use std::collections::HashMap;
 
 const PER: u64 = MAP_PAGE_ENTRIES as u64;

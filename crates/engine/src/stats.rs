@@ -12,7 +12,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::{CHUNK_ID_LIMIT, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
-use crate::pool::{lock, Pool};
+use crate::locks::lock;
+use crate::pool::Pool;
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -9,7 +9,8 @@
 
 use crate::error::Result;
 use crate::format::{open_record, CHUNKS_PER_PAGE, MAP_PAGE_ENTRIES};
-use crate::pool::{lock, Pool};
+use crate::locks::lock;
+use crate::pool::Pool;
 use crate::reduction;
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashSet};

@@ -23,7 +23,7 @@ pub struct VolumeHandle {
 impl Drop for VolumeHandle {
     fn drop(&mut self) {
         if !self.read_only {
-            let mut w = crate::pool::lock(&self.pool.writers);
+            let mut w = crate::locks::lock(&self.pool.writers);
             if let Some(n) = w.get_mut(&self.vol) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
@@ -121,7 +121,7 @@ impl VolumeHandle {
             // Partial blocks: read, patch and write under the volume's lock, so two writes
             // to different bytes of one block never lose each other.
             let lock = self.pool.volume_lock(self.vol);
-            let _w = crate::pool::lock(&lock);
+            let _w = crate::locks::lock(&lock);
             // Read the edge blocks, patch, write whole blocks.
             let mut tmp = vec![0u8; ((last - first) * bs) as usize];
             let bsu = bs as usize;
@@ -158,7 +158,7 @@ impl VolumeHandle {
         let full_first = offset.div_ceil(bs);
         let full_end = end / bs;
         let lock = self.pool.volume_lock(self.vol);
-        let _w = crate::pool::lock(&lock);
+        let _w = crate::locks::lock(&lock);
         let mut seq = 0;
         let entry = if may_unmap {
             ENTRY_UNMAPPED
