@@ -68,7 +68,7 @@ pub struct ReplayReport {
     /// Salvage mode only: the damaged stretches skipped, in journal order.
     pub damaged: Vec<DamagedStretch>,
     /// Salvage mode only: what applying the batches after damage skipped.
-    pub salvage: crate::repair::Salvage,
+    pub salvage: Salvage,
     /// What open found damaged and worked around, each said once: a copy of the superblock
     /// or root it did not use (crate::copies), a header it rebuilt. A writable open mended
     /// them on disk.
@@ -527,6 +527,21 @@ fn find_later_batch(
             && decode_batch_header(&data[p..])
                 .is_some_and(|h| h.seq > seq && parse_batch(data, p, h.seq, gen, crypto).is_some())
     })
+}
+
+/// What replaying the journal in salvage mode set aside for `condense repair`'s rebuild
+/// (filled by `repair::apply_after_damage`, read by the rebuild).
+#[derive(Clone, Debug, Default)]
+pub struct Salvage {
+    /// Where batches put chunks (new or relocated): id → location and fingerprint if given.
+    pub(crate) chunks: std::collections::HashMap<
+        u64,
+        (crate::format::Location, Option<crate::format::Fingerprint>),
+    >,
+    /// Blocks written by batches after the first damage: volume → (first, end) ranges.
+    pub(crate) written_after: std::collections::BTreeMap<u32, Vec<(u64, u64)>>,
+    /// Changes that could not be applied, in words.
+    pub skipped: Vec<String>,
 }
 
 #[cfg(test)]

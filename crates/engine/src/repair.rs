@@ -49,16 +49,7 @@ use std::sync::Arc;
 
 const PER: u64 = MAP_PAGE_ENTRIES as u64;
 
-/// What replaying the journal in salvage mode set aside for the rebuild.
-#[derive(Clone, Debug, Default)]
-pub struct Salvage {
-    /// Where batches put chunks (new or relocated): id → location and fingerprint if given.
-    chunks: HashMap<u64, (Location, Option<Fingerprint>)>,
-    /// Blocks written by batches after the first damage: volume → (first, end) ranges.
-    written_after: BTreeMap<u32, Vec<(u64, u64)>>,
-    /// Changes that could not be applied, in words.
-    pub skipped: Vec<String>,
-}
+pub use crate::journal::Salvage;
 
 /// Apply one journal batch in salvage mode. Safe rule: a batch after damage may name chunks
 /// and volumes the damaged batches made, so nothing here trusts reference counts or chunk
