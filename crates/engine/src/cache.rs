@@ -1037,6 +1037,16 @@ impl Shared {
     }
 }
 
+/// The cache tier as the metadata page cache's second level.
+impl crate::page_cache::PageTier for ChunkCache {
+    fn lookup_page(&self, page: u64, crc32: u32, units: u16) -> Option<Vec<u8>> {
+        ChunkCache::lookup_page(self, page, crc32, units)
+    }
+    fn offer_page(&self, page: u64, crc32: u32, stored: &[u8]) {
+        ChunkCache::offer_page(self, page, crc32, stored)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -308,7 +308,17 @@ pub struct PageCache {
     /// Seals and opens pages in an encrypted pool.
     crypto: Option<Arc<Crypto>>,
     /// The cache tier on a fast device: a second level for pages faulted in from meta.dat.
-    l2: Option<Arc<crate::cache::ChunkCache>>,
+    l2: Option<Arc<dyn PageTier>>,
+}
+
+/// A second level for metadata pages faulted in from meta.dat (the cache tier,
+/// `engine::cache`, implements it): the page cache knows only these two calls.
+pub trait PageTier: Send + Sync {
+    /// The stored bytes of the page at 64-byte unit `page`, if held for a page with this CRC
+    /// and length (checked again by the caller).
+    fn lookup_page(&self, page: u64, crc32: u32, units: u16) -> Option<Vec<u8>>;
+    /// Offer a page's stored bytes that passed every check.
+    fn offer_page(&self, page: u64, crc32: u32, stored: &[u8]);
 }
 
 fn crc(data: &[u8]) -> u32 {
@@ -728,7 +738,7 @@ impl PageCache {
             let data = match &self.l2 {
                 Some(l2) => read_through(
                     &*self.file,
-                    l2,
+                    &**l2,
                     self.crypto.as_deref(),
                     ptr,
                     tree,
@@ -1205,7 +1215,7 @@ impl PageCache {
     }
 
     /// Use (or, `None`, stop using) the cache tier as a second level for page faults.
-    pub fn set_l2(&mut self, l2: Option<Arc<crate::cache::ChunkCache>>) {
+    pub fn set_l2(&mut self, l2: Option<Arc<dyn PageTier>>) {
         self.l2 = l2;
     }
 
@@ -1258,7 +1268,7 @@ pub(crate) fn page_ctx(page: u64, tree: TreeId, level: u8) -> [u8; 10] {
 /// else from meta.dat, offered to the cache once they pass every check.
 fn read_through(
     file: &dyn File,
-    l2: &crate::cache::ChunkCache,
+    l2: &dyn PageTier,
     crypto: Option<&Crypto>,
     p: Ptr,
     tree: TreeId,

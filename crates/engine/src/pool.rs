@@ -917,7 +917,10 @@ impl Pool {
             *slot = Some(Arc::new(cache));
         }
         // (Not under the cache's lock: a read holds the state lock while it looks up the cache.)
-        lock(&self.state).md.cache.set_l2(self.cache());
+        let tier = self
+            .cache()
+            .map(|c| c as Arc<dyn crate::page_cache::PageTier>);
+        lock(&self.state).md.cache.set_l2(tier);
         if writeback {
             let guard = lock(&self.sync_lock);
             lock(&self.state)
