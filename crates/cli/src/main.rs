@@ -714,7 +714,7 @@ fn daemon(
             256 << 20,
         )
     });
-    let scrubber = (!read_only).then(|| scrub.start(&pool)).flatten();
+    let scrubber = scrub.start(&pool);
     let status = report::StatusWriter::start(&pool, path);
     let control = match control::ControlServer::start(path, pool.clone(), Arc::new(control_request))
     {

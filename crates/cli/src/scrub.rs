@@ -11,8 +11,8 @@ use condense_engine::Pool;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The default rate of the background scrub: 32 MiB/s of chunk records, about 5 % of one
-/// core (`bench/nbd/fio-bench.sh SCRUB=1` measures its cost).
+/// The default rate of the background scrub: 32 MiB/s of chunk records, about 10 % of one
+/// core (bench/README.md, "The scrub's cost": fio-bench with and without it).
 pub const DEFAULT_RATE: u64 = 32 << 20;
 /// The default time from the end of one pass to the start of the next.
 pub const DEFAULT_EVERY: &str = "7d";

@@ -1890,14 +1890,14 @@ impl Pool {
                 return Err(err);
             }
             for (i, &e) in entries.iter().enumerate() {
-                if e == ENTRY_LOST && !self.lost_reads_zeros.load(Ordering::Relaxed) {
-                    self.read_errors.fetch_add(1, Ordering::Relaxed);
-                    return Err(Error::Lost {
-                        volume: name.to_string(),
-                        block: first + i as u64,
-                    });
-                }
                 if e == ENTRY_LOST {
+                    if !self.lost_reads_zeros.load(Ordering::Relaxed) {
+                        self.read_errors.fetch_add(1, Ordering::Relaxed);
+                        return Err(Error::Lost {
+                            volume: name.to_string(),
+                            block: first + i as u64,
+                        });
+                    }
                     self.lost_read_as_zeros.fetch_add(1, Ordering::Relaxed);
                 }
                 if e == ENTRY_ZERO || e == ENTRY_UNMAPPED || e == ENTRY_LOST {

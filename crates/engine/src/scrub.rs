@@ -243,9 +243,9 @@ impl Pool {
                 let mut problems = Vec::new();
                 let work = self.chunk_window(page, WINDOW_PAGES, &mut problems);
                 for w in work.iter().filter(|w| w.entry.refs > 0) {
-                    let (bytes, bad) = self.check_chunk(w);
+                    let (_, bad) = self.check_chunk(w);
                     pass.chunks_checked += 1;
-                    pass.bytes_checked += bytes.max(w.entry.loc.record_bytes());
+                    pass.bytes_checked += w.entry.loc.record_bytes();
                     if let Some(b) = bad {
                         if self.heal_from_cache(w) {
                             tracing::warn!(
@@ -310,11 +310,12 @@ impl Pool {
             id: w.id,
             entry: w.entry,
             file: None,
-            in_memory: Some(good.clone()),
+            in_memory: Some(good),
         };
         if self.check_chunk(&copy).1.is_some() {
             return false;
         }
+        let good = copy.in_memory.unwrap_or_default();
         match self.rewrite_chunk(w.id, &w.entry.loc, &good) {
             Ok(done) => done,
             Err(e) => {
@@ -411,19 +412,21 @@ impl BackgroundScrub {
         let flag = stop.clone();
         let weak = Arc::downgrade(pool);
         lock(&pool.scrub.status).rate_bytes_per_sec = schedule.rate_bytes_per_sec;
+        // When the next pass is due (Unix seconds; 0: now, never scrubbed): from the end of
+        // the last recorded pass, read again only after a pass.
+        let next_due = move |pool: &Pool| -> u64 {
+            pool.meta_get(LAST_KEY)
+                .and_then(|b| ScrubPass::decode(&b).finished_unix)
+                .map_or(0, |t| t.saturating_add(schedule.every.as_secs()))
+        };
+        let mut due_at = next_due(pool);
         let thread = std::thread::spawn(move || {
             let tick = Duration::from_millis(200);
             while !flag.load(Ordering::Relaxed) {
                 std::thread::sleep(tick);
                 let Some(pool) = weak.upgrade() else { return };
                 let asked = pool.scrub.start.swap(false, Ordering::Relaxed);
-                let due = schedule.rate_bytes_per_sec > 0 && {
-                    let last = pool
-                        .meta_get(LAST_KEY)
-                        .map(|b| ScrubPass::decode(&b))
-                        .and_then(|p| p.finished_unix);
-                    last.is_none_or(|t| now_unix() >= t.saturating_add(schedule.every.as_secs()))
-                };
+                let due = schedule.rate_bytes_per_sec > 0 && now_unix() >= due_at;
                 if !(asked || due) {
                     continue;
                 }
@@ -442,6 +445,7 @@ impl BackgroundScrub {
                     ),
                     Err(e) => tracing::warn!("scrub failed: {e}"),
                 }
+                due_at = next_due(&pool);
             }
         });
         BackgroundScrub {
