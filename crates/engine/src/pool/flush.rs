@@ -1,0 +1,306 @@
+//! Flushes (group commit made durable) and checkpoints.
+
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::io::Dir;
+use crate::journal::Journal;
+use crate::locks::lock;
+use crate::metadata::Metadata;
+use std::sync::{Arc, MutexGuard};
+
+use super::{MetadataChange, Pool, State, CHECKPOINT_STORE_WAIT};
+
+impl Pool {
+    /// Make durable every record appended up to `target` (group commit: one flush covers all
+    /// writers waiting for it).
+    pub(crate) fn flush_through(&self, target: u64) -> Result<()> {
+        if lock(&self.state).durable >= target {
+            return Ok(());
+        }
+        self.flush()
+    }
+
+    /// Make every completed write durable.
+    pub fn flush(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        let guard = lock(&self.sync_lock);
+        let (dirty, staging, journal, target) = {
+            let mut st = lock(&self.state);
+            self.writable(&st)?;
+            if st.durable == st.appended {
+                return Ok(());
+            }
+            // The journal records name chunks in the staged records: those are written
+            // first (and synced before the journal, below).
+            let dirty = match st.segments.take_dirty() {
+                Ok(d) => d,
+                Err(e) => {
+                    st.poisoned = Some(e.to_string());
+                    return Err(e);
+                }
+            };
+            st.journal.seal_flush()?;
+            let staging = st.segments.staging().cloned().filter(|_| dirty.staging_dir);
+            (dirty, staging, st.journal.file.clone(), st.appended)
+        };
+        let started = std::time::Instant::now();
+        let synced = (|| {
+            sync_segments(&dirty.files)?;
+            if dirty.pool_dir {
+                self.dir
+                    .sync_dir()
+                    .map_err(|e| Error::io("syncing the pool directory", e))?;
+            }
+            if let Some(s) = staging {
+                s.sync_dir()
+                    .map_err(|e| Error::io("syncing the cache directory", e))?;
+            }
+            let journal_started = std::time::Instant::now();
+            journal
+                .sync()
+                .map_err(|e| Error::io("syncing the journal", e))?;
+            let c = &self.counters;
+            crate::counters::add(&c.journal_syncs, 1);
+            crate::counters::add(
+                &c.journal_sync_nanos,
+                crate::counters::nanos(journal_started.elapsed()),
+            );
+            Ok(())
+        })();
+        crate::counters::add(&self.counters.flushes, 1);
+        crate::counters::add(
+            &self.counters.flush_nanos,
+            crate::counters::nanos(started.elapsed()),
+        );
+        // An S3 pool with `remote` durability: every file was synced locally, only the upload
+        // of its write-ahead object failed. The flush fails (nothing is acknowledged) and
+        // the next one uploads what this one could not; the pool stays usable.
+        if let Err(e) = &synced {
+            if crate::remote::is_store_unavailable(e) {
+                return synced;
+            }
+        }
+        let st = self.settle_sync(synced, target)?;
+        let big = st.journal.file_bytes() > self.opts.journal_bytes_max;
+        drop(st);
+        if big {
+            match self.dir.remote() {
+                // An S3 pool's journal grows on the local disk while the store is away.
+                Some(r) if r.check_reachable().is_err() => {
+                    tracing::warn!(
+                        "journal past {} bytes: checkpointing once {} answers",
+                        self.opts.journal_bytes_max,
+                        r.describe()
+                    );
+                }
+                _ => self.checkpoint_locked(&guard)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Write a checkpoint of the whole state and start a new journal generation. The caller
+    /// holds `sync_lock`.
+    pub(crate) fn checkpoint_locked(&self, sync: &MutexGuard<'_, ()>) -> Result<()> {
+        self.checkpoint_with(sync, &|_| Ok(()), None)
+    }
+
+    /// A checkpoint that also makes a change no journal record describes (snapshots,
+    /// clones, rollback: they share pages, which needs every page of the source written).
+    /// Under the state lock: `check` may refuse (nothing changes); then dirty pages are
+    /// written, `change` runs, and what it dirtied is written too, so the new root holds
+    /// it. The change is durable, and visible after a crash, once this returns. The caller
+    /// holds `sync_lock`, so no flush can acknowledge a later write before that.
+    pub(crate) fn checkpoint_with(
+        &self,
+        _sync: &MutexGuard<'_, ()>,
+        check: &dyn Fn(&Metadata) -> Result<()>,
+        change: Option<&mut MetadataChange<'_>>,
+    ) -> Result<()> {
+        let started = std::time::Instant::now();
+        if let Some(r) = self.dir.remote() {
+            // Before anything changes: a checkpoint of an S3 pool that fails half-way poisons it.
+            r.check_reachable()?;
+            let last_sealed = {
+                let st = lock(&self.state);
+                st.segments
+                    .last_id()
+                    .filter(|&id| Some(id) != st.segments.open_id())
+            };
+            if let Some(last) = last_sealed {
+                self.upload_staged_through(last, false)?;
+            }
+        }
+        let (
+            (body, upload_through),
+            (old_gen, old_dir),
+            new_journal_file,
+            (files, dirs),
+            target,
+            freed,
+        ) = {
+            let mut st = lock(&self.state);
+            self.writable(&st)?;
+            check(&st.md)?;
+            st.journal.seal()?;
+            let new_gen = st.journal.gen + 1;
+            let next_seq = st.journal.next_seq();
+            // Dirty pages go to their new places now (written, not yet synced); the root
+            // names them. Pages written after this belong to the next epoch.
+            let prepared = (|| {
+                let (mut pages, mut freed) = st.md.cache.prepare_checkpoint()?;
+                st.md.cache.write_pages(&mut pages)?;
+                if let Some(change) = change {
+                    change(&mut st.md)?;
+                    let (mut more, freed_more) = st.md.cache.prepare_checkpoint()?;
+                    st.md.cache.write_pages(&mut more)?;
+                    freed.extend(freed_more);
+                }
+                Ok::<_, Error>(freed)
+            })();
+            let freed = match prepared {
+                Ok(f) => f,
+                Err(e) => {
+                    st.poisoned = Some(e.to_string());
+                    return Err(e);
+                }
+            };
+            st.md.checkpoints += 1;
+            st.checkpointed = st.appended;
+            // An S3 pool: the root goes to the bucket only after every segment it can name
+            // (the open one is sealed here), so the bucket alone is whole without the
+            // write-ahead objects of `remote` durability (they are then deleted).
+            let upload_through = match self.dir.remote() {
+                Some(_) => {
+                    if st.segments.open_id().is_some() {
+                        st.segments.seal_open()?;
+                    }
+                    st.segments.last_id()
+                }
+                _ => None,
+            };
+            let body = encode_root(
+                &st.md.root(new_gen, next_seq),
+                &self.sb.uuid,
+                self.crypto.as_deref(),
+            )?;
+            // With a writeback cache the journal lives in its directory (fast fsyncs).
+            let journal_dir = st
+                .segments
+                .staging()
+                .filter(|_| st.segments.stages_new())
+                .cloned()
+                .unwrap_or_else(|| self.dir.clone());
+            let journal = Journal::create(
+                &*journal_dir,
+                new_gen,
+                &self.sb.uuid,
+                next_seq,
+                self.crypto.clone(),
+            )?;
+            let file = journal.file.clone();
+            let old = std::mem::replace(&mut st.journal, journal);
+            let old_dir = std::mem::replace(&mut st.journal_dir, journal_dir.clone());
+            let dirty = match st.segments.take_dirty() {
+                Ok(d) => d,
+                Err(e) => {
+                    st.poisoned = Some(e.to_string());
+                    return Err(e);
+                }
+            };
+            let mut dirs = vec![self.dir.clone()];
+            if let Some(s) = st.segments.staging() {
+                dirs.push(s.clone());
+            }
+            (
+                (body, upload_through),
+                (old.gen, old_dir),
+                file,
+                (dirty.files, dirs),
+                st.appended,
+                freed,
+            )
+        };
+        let meta_file = lock(&self.state).md.cache.file().clone();
+        let done = (|| {
+            self.store_retry(|| sync_segments(&files))?;
+            self.store_retry(|| {
+                meta_file
+                    .sync()
+                    .map_err(|e| Error::io(format!("syncing {META_NAME}"), e))
+            })?;
+            self.store_retry(|| {
+                new_journal_file
+                    .sync()
+                    .map_err(|e| Error::io("syncing the new journal", e))
+            })?;
+            for d in &dirs {
+                d.sync_dir()
+                    .map_err(|e| Error::io(format!("syncing {}", d.describe()), e))?;
+            }
+            if let Some(last) = upload_through {
+                self.upload_staged_through(last, true)?;
+            }
+            self.store_retry(|| crate::copies::write_both(&*self.dir, CHECKPOINT_NAME, &body))?;
+            old_dir
+                .remove(&journal_name(old_gen))
+                .map_err(|e| Error::io("removing the old journal", e))
+        })();
+        let mut st = self.settle_sync(done, target)?;
+        // The new root no longer names the pages freed before it: they may be reused, and a
+        // free tail of meta.dat is given back to the file system.
+        st.md.cache.alloc.release(freed);
+        st.md.cache.trim_file()?;
+        let took = crate::counters::nanos(started.elapsed());
+        let c = &self.counters;
+        crate::counters::add(&c.checkpoints, 1);
+        crate::counters::add(&c.checkpoint_nanos, took);
+        c.checkpoint_last_nanos
+            .store(took, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Run a step of a checkpoint. In an S3 pool, a store that stops answering half-way is
+    /// waited for (backing off, up to [`CHECKPOINT_STORE_WAIT`]) instead of poisoning the
+    /// pool at once: every step can be repeated (a PUT replaces, an extent stays dirty until
+    /// uploaded). Flushes wait meanwhile; writes go on.
+    fn store_retry<T>(&self, mut step: impl FnMut() -> Result<T>) -> Result<T> {
+        let deadline = std::time::Instant::now() + CHECKPOINT_STORE_WAIT;
+        let mut pause = std::time::Duration::from_millis(500);
+        loop {
+            match step() {
+                Err(e)
+                    if self.dir.remote().is_some()
+                        && crate::remote::is_store_unavailable(&e)
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tracing::warn!("checkpoint: {e}; retrying in {} ms", pause.as_millis());
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_secs(10));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// After syncing: on success everything appended up to `target` is durable; on failure
+    /// the kernel may have dropped dirty pages, so the pool refuses writes until reopened.
+    fn settle_sync(&self, synced: Result<()>, target: u64) -> Result<MutexGuard<'_, State>> {
+        let mut st = lock(&self.state);
+        if let Err(e) = synced {
+            st.poisoned = Some(e.to_string());
+            return Err(e);
+        }
+        st.durable = st.durable.max(target);
+        Ok(st)
+    }
+}
+
+fn sync_segments(files: &[Arc<dyn crate::io::File>]) -> Result<()> {
+    for f in files {
+        f.sync().map_err(|e| Error::io("syncing a segment", e))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,633 @@
+//! Creating a pool and opening one: superblock, crypto, segment discovery across the pool
+//! and writeback directories, metadata from the checkpoint root, journal replay (with
+//! salvage), leftovers of interrupted work, and the cache tier attached at open.
+
+use crate::cache::{writeback_split, CacheMode};
+use crate::crypto::{self, Crypto, NonceScheme, UserKey};
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::io::{Dir, RealDir};
+use crate::journal::{Journal, ReplayMode};
+use crate::metadata::{Metadata, VolumeState};
+use crate::page_alloc::PageAlloc;
+use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE};
+use crate::reduction::{self};
+use crate::segment::Segments;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::{
+    default_metadata_cache_bytes, random_bytes, read_cache_conf, read_whole, stored_cache_dir,
+    CacheDir, InitOptions, OpenOptions, Pool, State, METADATA_CACHE_MIN, SPACE_CHECK_BYTES,
+};
+
+impl Pool {
+    /// Create a new pool in the directory `path` (created if missing, owner-only; must hold
+    /// no pool).
+    pub fn init_path(path: &Path, opts: &InitOptions) -> Result<()> {
+        crate::io::create_private_dir(path)
+            .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+        let dir = RealDir::new(path);
+        let _lock = dir
+            .lock(LOCK_NAME)
+            .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
+            .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
+        Pool::init(&dir, opts)
+    }
+
+    /// Create a new pool in `dir`.
+    pub fn init(dir: &dyn Dir, opts: &InitOptions) -> Result<()> {
+        if !opts.block_size.is_power_of_two()
+            || !(BLOCK_SIZE_MIN..=BLOCK_SIZE_MAX).contains(&opts.block_size)
+        {
+            return Err(Error::Invalid(format!(
+                "block size {} must be a power of two from 4K to 64K",
+                opts.block_size
+            )));
+        }
+        if let Compression::Zstd(l) = opts.compression {
+            if !(1..=22).contains(&l) {
+                return Err(Error::Invalid(format!("zstd level {l} must be 1 to 22")));
+            }
+        }
+        if opts.segment_bytes_target < 1 << 16 || opts.segment_bytes_target > 1 << 31 {
+            return Err(Error::Invalid("segment size must be 64K to 2G".into()));
+        }
+        if crate::copies::exists(dir, SUPERBLOCK_NAME)
+            .map_err(|e| Error::io("checking for a superblock", e))?
+        {
+            return Err(Error::Invalid(format!(
+                "{} already holds a Condense pool",
+                dir.describe()
+            )));
+        }
+        if opts
+            .metadata_cache_bytes
+            .is_some_and(|b| b < METADATA_CACHE_MIN)
+        {
+            return Err(Error::Invalid(format!(
+                "metadata cache must be at least {METADATA_CACHE_MIN} bytes"
+            )));
+        }
+        let mut sb = Superblock {
+            block_size: opts.block_size,
+            compression: opts.compression,
+            write_policy: opts.write_policy,
+            durability: dir.remote().map(|r| r.durability()),
+            uuid: random_bytes()?,
+            key: random_bytes()?,
+            segment_bytes_target: opts.segment_bytes_target,
+            metadata_cache_bytes: opts.metadata_cache_bytes.unwrap_or(0),
+            encryption: None,
+        };
+        // Encrypted: init seals under a session of its own, as every writable open does.
+        let crypto = match &opts.encryption {
+            Some(user) => {
+                let (wrap, data_key) = crypto::new_data_key(user, &sb.uuid)?;
+                sb.encryption = Some(wrap);
+                sb.key = [0u8; 32];
+                let c = Crypto::reader(&data_key, sb.uuid, NonceScheme::Session)?
+                    .start_session(&dir.describe())?;
+                sb.authenticate(&c);
+                Some(Arc::new(c))
+            }
+            None => None,
+        };
+        let journal = Journal::create(dir, 1, &sb.uuid, 0, crypto.clone())?;
+        journal
+            .file
+            .sync()
+            .map_err(|e| Error::io("syncing the journal", e))?;
+        let meta = dir
+            .open(META_NAME, true)
+            .map_err(|e| Error::io(format!("creating {META_NAME}"), e))?;
+        meta.set_len(0)
+            .and_then(|_| meta.write_at(&encode_meta_header(&sb.uuid), 0))
+            .and_then(|_| meta.sync())
+            .map_err(|e| Error::io(format!("writing {META_NAME}"), e))?;
+        let root = Root {
+            journal_gen: 1,
+            trees: vec![RootTree {
+                id: CHUNK_TREE,
+                height: 1,
+                page: 0,
+                crc: 0,
+                units: 0,
+                codec: 0,
+            }],
+            bitmap: vec![u64::MAX],
+            ..Default::default()
+        };
+        crate::copies::write_both(
+            dir,
+            CHECKPOINT_NAME,
+            &encode_root(&root, &sb.uuid, crypto.as_deref())?,
+        )?;
+        // The superblock goes last, its primary copy after its copy: a directory without one
+        // is not a pool, so a crash during init leaves nothing that looks like a half-made pool.
+        crate::copies::write_both_copy_first(dir, SUPERBLOCK_NAME, &sb.encode())?;
+        Ok(())
+    }
+
+    /// Open the pool in directory `path`, taking its lock.
+    pub fn open_path(path: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
+        let dir = RealDir::new(path);
+        if crate::remote::is_local_dir(path) {
+            return Pool::open_remote(path, opts);
+        }
+        if !crate::copies::exists(&dir, SUPERBLOCK_NAME)
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
+        {
+            return Err(Error::NotAPool(path.to_path_buf()));
+        }
+        let lock = dir
+            .lock(LOCK_NAME)
+            .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
+            .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
+        let mut opts = opts;
+        if opts.cache_dir.is_none() {
+            opts.cache_dir = stored_cache_dir(&dir);
+        }
+        Pool::open_with_lock(Arc::new(dir), opts, Some(lock))
+    }
+
+    /// Open the S3 pool whose local directory is `path` (docs/S3.md): its lock file, the
+    /// lease, the bucket as the pool directory and `path` as its writeback cache.
+    fn open_remote(path: &Path, mut opts: OpenOptions) -> Result<Arc<Pool>> {
+        let local = RealDir::new(path);
+        let lock = local
+            .lock(LOCK_NAME)
+            .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
+            .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
+        let opened = crate::remote::open_local(path, opts.read_only)?;
+        opts.read_only = opened.read_only;
+        opts.cache_dir = Some(CacheDir(opened.cache_dir));
+        opts.without_writeback_cache = false;
+        let pool = Pool::open_with_lock(opened.dir, opts, Some(lock))?;
+        opened.after.finish(&pool)?;
+        Ok(pool)
+    }
+
+    /// Open the pool in `dir` (no lock file: for the simulator and tests).
+    pub fn open(dir: Arc<dyn Dir>, opts: OpenOptions) -> Result<Arc<Pool>> {
+        Pool::open_with_lock(dir, opts, None)
+    }
+
+    pub(crate) fn open_with_lock(
+        dir: Arc<dyn Dir>,
+        opts: OpenOptions,
+        lock_file: Option<std::fs::File>,
+    ) -> Result<Arc<Pool>> {
+        if opts.salvage_journal && !opts.read_only {
+            return Err(Error::Invalid(
+                "replaying past journal damage needs a read-only open".into(),
+            ));
+        }
+        // The superblock: its primary copy if valid (and authentic), else its copy.
+        let sb_copies = crate::copies::read_both(
+            &*dir,
+            SUPERBLOCK_NAME,
+            |bytes| {
+                let mut sb = Superblock::decode(bytes)?;
+                let crypto =
+                    pool_crypto(&*dir, bytes, &mut sb, opts.key.as_ref(), !opts.read_only)?;
+                Ok((sb, crypto))
+            },
+            |_, _| false,
+        )
+        .map_err(|e| match e {
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                Error::NotAPool(dir.describe().into())
+            }
+            e => e,
+        })?;
+        let (sb, crypto) = sb_copies.value.clone();
+        let sync_writes = match sb.write_policy {
+            WritePolicy::Sync => true,
+            WritePolicy::Async => false,
+            // Async when the directory honours flushes (a directory fsync succeeds).
+            WritePolicy::Auto => dir.sync_dir().is_err(),
+        };
+
+        // A writeback cache holds segments and the journal: its directory is part of the pool.
+        let conf = read_cache_conf(&*dir);
+        let staging: Option<Arc<dyn Dir>> = match &conf {
+            Ok(Some(c)) if c.mode == CacheMode::WriteBack => match &opts.cache_dir {
+                Some(d) if !opts.without_writeback_cache => Some(d.0.clone()),
+                _ if opts.without_writeback_cache => None,
+                _ => return Err(Error::WritebackCacheMissing(c.path.clone())),
+            },
+            _ => None,
+        };
+        let staging_max = match (&conf, opts.read_only) {
+            (Ok(Some(c)), false) if staging.is_some() => writeback_split(c.size_bytes).1,
+            _ => 0,
+        };
+
+        // The checkpoint root: the newest valid of its two copies.
+        let root_copies = crate::copies::read_both(
+            &*dir,
+            CHECKPOINT_NAME,
+            |bytes| decode_root(bytes, &sb.uuid, crypto.as_deref()),
+            |a, b| (a.journal_gen, a.next_seq) > (b.journal_gen, b.next_seq),
+        )?;
+        let root = &root_copies.value;
+        let meta_file = dir
+            .open(META_NAME, false)
+            .map_err(|e| Error::io(format!("opening {META_NAME}"), e))?;
+        let mut header = vec![0u8; 64];
+        meta_file
+            .read_at(&mut header, 0)
+            .map_err(|e| Error::io(format!("reading {META_NAME}"), e))?;
+        let mut notes = Vec::new();
+        if crate::format::header_intact(&header) {
+            decode_meta_header(&header, &sb.uuid)?;
+        } else {
+            // Every field of the header is known; the pages check themselves (their CRCs in
+            // the root and the interior pages). A writable open rewrites it.
+            notes.push(format!(
+                "the header of {META_NAME} was damaged; rebuilt from the superblock"
+            ));
+            if !opts.read_only {
+                meta_file
+                    .write_at(&encode_meta_header(&sb.uuid), 0)
+                    .and_then(|_| meta_file.sync())
+                    .map_err(|e| Error::io(format!("rewriting the header of {META_NAME}"), e))?;
+            }
+        }
+
+        let mut segments = Segments::new(sb.segment_bytes_target, sb.uuid);
+        // A segment in both directories was destaged (the pool's copy is complete and
+        // durable before the staged one is removed): the pool's copy is used.
+        let mut both = Vec::new();
+        for (d, staged) in std::iter::once((&dir, false)).chain(staging.iter().map(|s| (s, true))) {
+            for name in d
+                .list(SEGMENT_PREFIX)
+                .map_err(|e| Error::io(format!("listing segments in {}", d.describe()), e))?
+            {
+                let Some(id) = parse_segment_name(&name) else {
+                    continue;
+                };
+                if staged && segments.file(id).is_some() {
+                    both.push(name);
+                    continue;
+                }
+                let file = d
+                    .open(&name, false)
+                    .map_err(|e| Error::io(format!("opening {name} in {}", d.describe()), e))?;
+                let len = file
+                    .len()
+                    .map_err(|e| Error::io(format!("reading {name} in {}", d.describe()), e))?;
+                segments.add_existing(id, file, len, staged);
+            }
+        }
+
+        let budget = opts
+            .metadata_cache_bytes
+            .or((sb.metadata_cache_bytes > 0).then_some(sb.metadata_cache_bytes))
+            .unwrap_or_else(default_metadata_cache_bytes);
+        let trees: BTreeMap<u64, TreeInfo> = root
+            .trees
+            .iter()
+            .map(|t| {
+                (
+                    t.id,
+                    TreeInfo {
+                        height: t.height,
+                        root: Ptr {
+                            page: t.page,
+                            crc: t.crc,
+                            units: t.units,
+                            codec: t.codec,
+                        },
+                    },
+                )
+            })
+            .collect();
+        let mut cache = PageCache::new(
+            meta_file,
+            PageAlloc::from_bitmap(root.bitmap.clone()),
+            trees,
+            budget,
+        );
+        if let Some(c) = &crypto {
+            cache.set_crypto(c.clone());
+        }
+        let mut md = Metadata {
+            block_size: sb.block_size,
+            volumes: BTreeMap::new(),
+            names: HashMap::new(),
+            next_vol: root.next_vol,
+            cache,
+            chunks: crate::chunk_table::ChunkTable {
+                next_id: root.next_chunk,
+                live_bytes: root.segment_live.iter().copied().collect(),
+                live_chunks: root.live_chunks,
+                live_stored_bytes: root.live_stored_bytes,
+            },
+            index: Default::default(),
+            index_ready: false,
+            meta: root.meta.iter().cloned().collect(),
+            meta_bytes_written_before: root.meta_bytes_written,
+            checkpoints: root.checkpoints,
+        };
+        for v in &root.volumes {
+            md.volumes.insert(
+                v.id,
+                VolumeState {
+                    name: v.name.clone(),
+                    size: v.size,
+                    counts: crate::block_map::MapCounts {
+                        data_blocks: v.data_blocks,
+                        zero_blocks: v.zero_blocks,
+                    },
+                    snapshot_of: v.snapshot_of,
+                    created: v.created,
+                },
+            );
+            md.names.insert(v.name.clone(), v.id);
+        }
+        md.cache
+            .set_shared_pages(root.shared_pages.iter().copied().collect());
+        if opts.read_only {
+            md.cache.set_read_only();
+        }
+
+        let block_size = sb.block_size;
+        let mut salvage = crate::repair::Salvage::default();
+        let jname = journal_name(root.journal_gen);
+        if let (Some(_), Some(s)) = (dir.remote(), &staging) {
+            local_journal(&*dir, &**s, root, &sb, crypto.clone())?;
+        }
+        let journal_dir = match &staging {
+            Some(s)
+                if s.exists(&jname)
+                    .map_err(|e| Error::io("looking for the journal", e))? =>
+            {
+                s.clone()
+            }
+            _ => dir.clone(),
+        };
+        if opts.without_writeback_cache
+            && !opts.read_only
+            && !journal_dir
+                .exists(&jname)
+                .map_err(|e| Error::io("looking for the journal", e))?
+        {
+            // It was on the lost cache device: the changes since the checkpoint are gone.
+            tracing::warn!(
+                "journal {jname} was in the lost writeback cache; starting an empty one"
+            );
+            Journal::create(
+                &*journal_dir,
+                root.journal_gen,
+                &sb.uuid,
+                root.next_seq,
+                crypto.clone(),
+            )?
+            .file
+            .sync()
+            .and_then(|_| journal_dir.sync_dir())
+            .map_err(|e| Error::io(format!("creating {jname}"), e))?;
+        }
+        let (journal, mut replay) = Journal::replay(
+            &*journal_dir,
+            root.journal_gen,
+            &sb.uuid,
+            root.next_seq,
+            match (opts.salvage_journal, opts.read_only) {
+                (true, _) => ReplayMode::Salvage,
+                (false, true) => ReplayMode::ReadOnly,
+                (false, false) => ReplayMode::Writable,
+            },
+            crypto.clone(),
+            |records, after_damage| {
+                if !after_damage
+                    && !batch_data_present(&segments, &records, block_size, crypto.as_deref())
+                {
+                    return Ok(false);
+                }
+                if opts.salvage_journal {
+                    let s = &mut salvage;
+                    crate::repair::apply_after_damage(
+                        &mut md,
+                        &segments,
+                        crypto.as_deref(),
+                        records,
+                        after_damage,
+                        s,
+                    )?;
+                    return Ok(true);
+                }
+                for r in &records {
+                    md.apply(r)?;
+                }
+                md.cache.evict_to_budget()?;
+                Ok(true)
+            },
+        )?;
+        replay.salvage = salvage;
+        segments.set_staging(staging.clone(), staging_max);
+        let state = State {
+            md,
+            segments,
+            journal,
+            journal_dir,
+            appended: 0,
+            durable: 0,
+            poisoned: None,
+            written_since_space_check: SPACE_CHECK_BYTES,
+            checkpointed: 0,
+        };
+
+        // A copy of the superblock or root that open did not use is said, and a writable open
+        // rewrites it from the one it used before anything else changes (copies.rs).
+        notes.extend([sb_copies.note(), root_copies.note()].into_iter().flatten());
+        notes.append(&mut replay.notes);
+        for note in &notes {
+            tracing::info!("pool {}: {note}", dir.describe());
+        }
+        replay.notes = notes;
+        if !opts.read_only {
+            sb_copies.repair_other(&*dir)?;
+            root_copies.repair_other(&*dir)?;
+            // Leftovers of interrupted checkpoints: other journal generations, a temp file;
+            // of interrupted destages: a partial copy, or a staged copy already destaged.
+            for d in std::iter::once(&dir).chain(staging.iter()) {
+                for name in d
+                    .list(JOURNAL_PREFIX)
+                    .map_err(|e| Error::io("listing journals", e))?
+                {
+                    if parse_journal_name(&name).is_some_and(|g| g != state.journal.gen) {
+                        d.remove(&name)
+                            .map_err(|e| Error::io(format!("removing {name}"), e))?;
+                    }
+                }
+            }
+            for name in dir
+                .list(SEGMENT_PREFIX)
+                .map_err(|e| Error::io("listing segments", e))?
+            {
+                if name.ends_with(crate::destage::PARTIAL_SUFFIX) {
+                    dir.remove(&name)
+                        .map_err(|e| Error::io(format!("removing {name}"), e))?;
+                }
+            }
+            if let Some(s) = &staging {
+                for name in &both {
+                    s.remove(name)
+                        .map_err(|e| Error::io(format!("removing destaged {name}"), e))?;
+                }
+            }
+            for tmp in [CHECKPOINT_NAME, SUPERBLOCK_NAME]
+                .into_iter()
+                .flat_map(|n| {
+                    [
+                        format!("{n}.tmp"),
+                        format!("{}.tmp", crate::copies::copy_name(n)),
+                    ]
+                })
+            {
+                if dir.exists(&tmp).map_err(|e| Error::io("listing", e))? {
+                    dir.remove(&tmp)
+                        .map_err(|e| Error::io(format!("removing {tmp}"), e))?;
+                }
+            }
+        }
+
+        let pool = Arc::new_cyclic(|me| Pool {
+            dir,
+            sb,
+            crypto,
+            sync_writes,
+            read_only: opts.read_only,
+            opts,
+            state: Mutex::new(state),
+            sync_lock: Mutex::new(()),
+            gc_lock: Mutex::new(()),
+            vol_locks: Mutex::new(HashMap::new()),
+            writers: Mutex::new(HashMap::new()),
+            me: me.clone(),
+            read_errors: AtomicU64::new(0),
+            lost_reads_zeros: std::sync::atomic::AtomicBool::new(false),
+            lost_read_as_zeros: AtomicU64::new(0),
+            scrub: Default::default(),
+            writes_in_flight: Default::default(),
+            space_low: Default::default(),
+            spread_writes: std::sync::atomic::AtomicBool::new(true),
+            counters: Default::default(),
+            replay,
+            cache: RwLock::new(None),
+            destager: Mutex::new(None),
+            _lock_file: lock_file,
+        });
+        // An S3 pool's cache is its local directory, which a read-only open (export, a
+        // reader host) may use too: every read of the bucket costs a request.
+        if !pool.read_only || pool.dir.remote().is_some() {
+            pool.open_attached_cache();
+        }
+        if !pool.read_only && staging.is_some() && pool.opts.destage_in_background {
+            pool.start_destager();
+        }
+        Ok(pool)
+    }
+}
+
+/// The encryption context of an encrypted pool (`None` for a plain one): unwraps the data key
+/// with `key`, checks the MAC of the superblock (`sb_bytes`, as read) and sets the fingerprint
+/// key in `sb`. With `seal`, the context has a session of its own and can seal; without it, it
+/// only opens. Nothing is written: nonces depend on no file.
+pub(crate) fn pool_crypto(
+    dir: &dyn Dir,
+    sb_bytes: &[u8],
+    sb: &mut Superblock,
+    key: Option<&UserKey>,
+    seal: bool,
+) -> Result<Option<Arc<Crypto>>> {
+    let Some(wrap) = &sb.encryption else {
+        return Ok(None);
+    };
+    let pool = dir.describe();
+    let user = key.ok_or_else(|| Error::KeyRequired(pool.clone()))?;
+    let data_key = crypto::unwrap_data_key(user, wrap, &sb.uuid, &pool)?;
+    let mut c = Crypto::reader(&data_key, sb.uuid, wrap.scheme)?;
+    if wrap.scheme == NonceScheme::Session {
+        Superblock::check_mac(sb_bytes, &c, &pool)?;
+    }
+    if seal {
+        c = c.start_session(&pool)?;
+    }
+    sb.key = crypto::fingerprint_key(&data_key);
+    Ok(Some(Arc::new(c)))
+}
+
+/// True if every chunk the batch introduces (or moves) is whole on disk.
+pub(crate) fn batch_data_present(
+    segments: &Segments,
+    records: &[JournalRecord],
+    block_size: u32,
+    crypto: Option<&Crypto>,
+) -> bool {
+    records.iter().all(|r| match r {
+        JournalRecord::NewChunk { id, loc, .. } | JournalRecord::Relocate { id, loc } => {
+            let fp = match r {
+                JournalRecord::NewChunk { fp, .. } => Some(fp),
+                _ => None,
+            };
+            let Some(file) = segments.file(loc.segment) else {
+                return false;
+            };
+            let mut buf = vec![0u8; loc.record_bytes() as usize];
+            if file.read_at(&mut buf, u64::from(loc.offset)).is_err() {
+                return false;
+            }
+            let Ok(payload) = open_record(&buf, *id, loc, crypto, fp, String::new) else {
+                return false;
+            };
+            let mut out = vec![0u8; block_size as usize];
+            reduction::decompress(loc.codec, &payload, &mut out, String::new).is_ok()
+        }
+        _ => true,
+    })
+}
+
+/// An S3 pool keeps its journal in the local directory `local`. If it is not there: the
+/// bucket's copy (the empty first generation `init` wrote), else, on a new host or after a
+/// lost local disk with `local` durability, an empty journal: the pool is as of the last
+/// checkpoint uploaded.
+fn local_journal(
+    bucket: &dyn Dir,
+    local: &dyn Dir,
+    root: &Root,
+    sb: &Superblock,
+    crypto: Option<Arc<Crypto>>,
+) -> Result<()> {
+    let jname = journal_name(root.journal_gen);
+    let io = |e| {
+        Error::io(
+            format!("restoring journal {jname} in {}", local.describe()),
+            e,
+        )
+    };
+    if local.exists(&jname).map_err(io)? {
+        return Ok(());
+    }
+    if bucket.exists(&jname).map_err(io)? {
+        let bytes = read_whole(bucket, &jname)?;
+        let f = local.open(&jname, true).map_err(io)?;
+        f.write_at(&bytes, 0).and_then(|_| f.sync()).map_err(io)?;
+    } else {
+        tracing::warn!(
+            "journal {jname} is not in {} (a new host, or a lost local disk): the pool opens as of its last checkpoint in {}: all of it after a clean stop; with local durability, writes after that checkpoint are lost",
+            local.describe(),
+            bucket.describe()
+        );
+        Journal::create(local, root.journal_gen, &sb.uuid, root.next_seq, crypto)?
+            .file
+            .sync()
+            .map_err(io)?;
+    }
+    local.sync_dir().map_err(io)
+}

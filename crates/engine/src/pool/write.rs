@@ -1,0 +1,319 @@
+//! The write path: whole blocks hashed, deduplicated and compressed outside the state lock,
+//! then stored and journaled under it.
+
+use crate::crypto::Kind;
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::locks::lock;
+use crate::reduction::{self, Compressor};
+use rayon::prelude::*;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use super::{Pool, State, SPACE_CHECK_BYTES};
+
+impl Pool {
+    /// Write whole blocks starting at block `first`. Safe to call concurrently; callers doing a
+    /// read-modify-write hold the volume's write lock around it.
+    pub(crate) fn write_blocks(
+        &self,
+        vol: u32,
+        name: &str,
+        first: u64,
+        data: &[u8],
+    ) -> Result<u64> {
+        let bs = self.sb.block_size as usize;
+        debug_assert_eq!(data.len() % bs, 0);
+        let key = self.sb.key;
+        // Hash and compress on every core only while this is the only write in flight (and
+        // the pool is not behind the NBD server: `set_spread_writes`): with more (an NBD
+        // client's queue, FUSE's threads) each write on its own thread keeps both cores busy
+        // without the cost of handing blocks between threads.
+        let in_flight = InFlight::enter(&self.writes_in_flight);
+        let spread = in_flight.alone() && self.spread_writes.load(Ordering::Relaxed);
+        // 1. Zero detection and fingerprints (small blocks hashed 16 at a time).
+        let fps: Vec<Option<Fingerprint>> = if spread && data.len() >= 32 * bs {
+            let parts: Vec<Vec<Option<Fingerprint>>> = data
+                .par_chunks(16 * bs)
+                .map(|part| reduction::classify(&key, part, bs))
+                .collect();
+            parts.concat()
+        } else {
+            reduction::classify(&key, data, bs)
+        };
+        // 2. Which blocks are new chunks. A small write skips this and compresses its new
+        // chunks under the lock in step 4: one lock round trip instead of two.
+        let mut ids_at_lookup = None;
+        let misses: Vec<usize> = if fps.len() <= SMALL_WRITE_BLOCKS {
+            Vec::new()
+        } else {
+            let mut st = lock(&self.state);
+            ids_at_lookup = Some(st.md.chunks.next_id);
+            self.writable(&st)?;
+            let mut seen: HashMap<Fingerprint, (), FpHash> =
+                HashMap::with_capacity_and_hasher(fps.len(), FpHash);
+            let mut misses = Vec::new();
+            for (i, fp) in fps.iter().enumerate() {
+                if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
+                    st.md.prefetch_duplicate(ahead);
+                }
+                let Some(fp) = fp.as_ref() else { continue };
+                let hit = st.md.find_duplicate(fp).is_some();
+                if !hit && seen.insert(*fp, ()).is_none() {
+                    misses.push(i);
+                }
+            }
+            misses
+        };
+        // 3. Compress the new chunks.
+        let comp = self.sb.compression;
+        let crypto = self.crypto.as_deref();
+        // Compressed (or the block itself), then sealed in an encrypted pool (bound to the
+        // fingerprint and codec).
+        let store =
+            |z: &mut Compressor, i: usize, fp: Option<&Fingerprint>| -> Result<Stored<'_>> {
+                let block = &data[i * bs..(i + 1) * bs];
+                let (codec, payload) = match z.try_compress(comp, block) {
+                    Some((codec, c)) => (codec, Cow::Owned(c)),
+                    None => (ChunkCodec::Raw, Cow::Borrowed(block)),
+                };
+                match (crypto, fp) {
+                    (Some(c), Some(fp)) => Ok((
+                        codec,
+                        Cow::Owned(c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?),
+                    )),
+                    _ => Ok((codec, payload)),
+                }
+            };
+        // In write order, a run of misses per compressor (it skips LZ4 in runs of noise).
+        let compress_run = |run: &[usize]| -> Result<Vec<(usize, Stored<'_>)>> {
+            let mut z = Compressor::default();
+            run.iter()
+                .map(|&i| store(&mut z, i, fps[i].as_ref()).map(|c| (i, c)))
+                .collect()
+        };
+        let compressed_list: Vec<(usize, Stored<'_>)> = if spread && misses.len() >= 16 {
+            // Four runs per core: long enough to skip noise, enough to share the cores.
+            let per = misses
+                .len()
+                .div_ceil(4 * rayon::current_num_threads())
+                .max(8);
+            let runs: Vec<Vec<(usize, Stored<'_>)>> = misses
+                .par_chunks(per)
+                .map(compress_run)
+                .collect::<Result<_>>()?;
+            runs.concat()
+        } else {
+            compress_run(&misses)?
+        };
+        let mut compressed: Vec<Option<Stored<'_>>> = vec![None; fps.len()];
+        for (i, c) in compressed_list {
+            compressed[i] = Some(c);
+        }
+        drop(in_flight);
+        // 4. Stage the new records.
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        st.md
+            .writable_volume_for(vol, name, "write", first, (data.len() / bs) as u64)?;
+        self.check_space(&mut st, data.len() as u64)?;
+        let mut records = Vec::new();
+        let mut entries = Vec::with_capacity(fps.len());
+        let mut batch_new: HashMap<Fingerprint, u64, FpHash> =
+            HashMap::with_capacity_and_hasher(fps.len(), FpHash);
+        let first_new_id = st.md.chunks.next_id;
+        let mark = st.segments.mark();
+        // No chunk was added since step 2 (ids are taken and committed under one hold of the
+        // lock): its misses are misses still, and are not looked up again.
+        let misses_hold = ids_at_lookup == Some(first_new_id);
+        let mut small = Compressor::default();
+        for (i, fp) in fps.iter().enumerate() {
+            // Also for known misses: the commit below inserts them.
+            if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
+                st.md.prefetch_duplicate(ahead);
+            }
+            let Some(fp) = fp else {
+                entries.push(ENTRY_ZERO);
+                continue;
+            };
+            if let Some(&id) = batch_new.get(fp) {
+                entries.push(id);
+                continue;
+            }
+            let known_miss = misses_hold && compressed[i].is_some();
+            if !known_miss {
+                if let Some(id) = st.md.find_duplicate(fp) {
+                    entries.push(id);
+                    continue;
+                }
+            }
+            // A new chunk (compressed above, or now if the index changed since step 2).
+            let fresh;
+            let (codec, payload) = match &compressed[i] {
+                Some((c, p)) => (*c, &**p),
+                None => {
+                    fresh = match store(&mut small, i, Some(fp)) {
+                        Ok(f) => f,
+                        Err(e) => {
+                            Self::unwind(&mut st, first_new_id, mark);
+                            return Err(e);
+                        }
+                    };
+                    (fresh.0, &*fresh.1)
+                }
+            };
+            let Some(id) = st.md.chunks.allocate_id() else {
+                Self::unwind(&mut st, first_new_id, mark);
+                return Err(Error::NoSpace(
+                    "allocating a chunk id (the pool holds 2^48 chunks)".into(),
+                ));
+            };
+            let loc = match st.segments.append(&*self.dir, id, fp, codec, payload) {
+                Ok(loc) => loc,
+                Err(e) => {
+                    Self::unwind(&mut st, first_new_id, mark);
+                    return Err(e);
+                }
+            };
+            records.push(JournalRecord::NewChunk { id, loc, fp: *fp });
+            batch_new.insert(*fp, id);
+            entries.push(id);
+        }
+        // 5. Apply and journal the changes. The new records are readable from memory until
+        // a batch's worth is staged and handed to be written (by the segment writer, in the
+        // background, where the directory offers direct I/O); a flush writes them all.
+        records.push(JournalRecord::MapRun {
+            vol,
+            start: first,
+            entries,
+        });
+        let committed = self.commit(&mut st, records);
+        if committed.is_err() {
+            // Unless the state is half-changed (poisoned already), nothing was applied: the
+            // journal buffer could not be written out, or a page could not be read.
+            if st.poisoned.is_none() {
+                Self::unwind(&mut st, first_new_id, mark);
+            }
+            return committed;
+        }
+        st.segments.write_full_batch()?;
+        committed
+    }
+
+    /// Give back the ids and staged records of a write that failed before anything of it
+    /// was applied. Records of it that a full segment sent to be written stay there,
+    /// unreferenced (GC reclaims them).
+    fn unwind(st: &mut State, first_id: u64, mark: (Option<u32>, u64)) {
+        st.segments.discard_since(mark);
+        st.md.chunks.unallocate_to(first_id);
+    }
+
+    fn check_space(&self, st: &mut State, bytes: u64) -> Result<()> {
+        st.written_since_space_check += bytes;
+        if st.written_since_space_check < SPACE_CHECK_BYTES {
+            return Ok(());
+        }
+        let avail = self
+            .dir
+            .available_bytes()
+            .map_err(|e| Error::io("checking free space", e))?;
+        if avail < self.opts.reserve_bytes + self.opts.low_space_bytes {
+            self.space_low
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if avail < self.opts.reserve_bytes + bytes {
+            return Err(Error::NoSpace(format!(
+                "writing {bytes} bytes: only {avail} bytes free on the pool's disk, {} kept for metadata",
+                self.opts.reserve_bytes
+            )));
+        }
+        st.written_since_space_check = 0;
+        Ok(())
+    }
+
+    /// Set `count` blocks from `first` to ZERO or UNMAPPED. The caller holds the write lock.
+    pub(crate) fn fill_blocks(
+        &self,
+        vol: u32,
+        name: &str,
+        first: u64,
+        count: u64,
+        entry: u64,
+    ) -> Result<u64> {
+        debug_assert!(entry == ENTRY_ZERO || entry == ENTRY_UNMAPPED);
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        st.md.writable_volume_for(vol, name, "zero", first, count)?;
+        self.commit(
+            &mut st,
+            vec![JournalRecord::MapFill {
+                vol,
+                start: first,
+                count,
+                entry,
+            }],
+        )
+    }
+}
+
+/// Hashes a fingerprint by its first eight bytes: they are already uniformly random.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct FpHash;
+
+impl std::hash::BuildHasher for FpHash {
+    type Hasher = FpHasher;
+    fn build_hasher(&self) -> FpHasher {
+        FpHasher(0)
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct FpHasher(u64);
+
+impl std::hash::Hasher for FpHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // A fingerprint arrives as one 16-byte write; fold anything else in too.
+        for chunk in bytes.chunks(8) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(b);
+        }
+    }
+}
+
+/// A new chunk as stored: its codec and payload (the block itself when stored raw).
+type Stored<'a> = (ChunkCodec, Cow<'a, [u8]>);
+
+/// Writes of at most this many blocks compress their new chunks under the state lock.
+const SMALL_WRITE_BLOCKS: usize = 4;
+
+/// One write counted in [`Pool::writes_in_flight`] while it lives.
+struct InFlight<'a> {
+    count: &'a std::sync::atomic::AtomicUsize,
+    before: usize,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a std::sync::atomic::AtomicUsize) -> InFlight<'a> {
+        let before = count.fetch_add(1, Ordering::Relaxed);
+        InFlight { count, before }
+    }
+
+    /// No other write was in flight when this one started.
+    fn alone(&self) -> bool {
+        self.before == 0
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How many blocks ahead a write's loops over fingerprints prefetch the dedup index.
+const PREFETCH_AHEAD: usize = 8;
