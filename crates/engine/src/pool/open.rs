@@ -175,6 +175,9 @@ impl Pool {
         Pool::open_with_lock(dir, opts, None)
     }
 
+    /// Open the pool in `dir`, whose lock (if any) the caller took: the steps below, in
+    /// order; nothing is written before the superblock's MAC and the root are checked, and a
+    /// read-only open writes nothing.
     pub(crate) fn open_with_lock(
         dir: Arc<dyn Dir>,
         opts: OpenOptions,
@@ -185,24 +188,7 @@ impl Pool {
                 "replaying past journal damage needs a read-only open".into(),
             ));
         }
-        // The superblock: its primary copy if valid (and authentic), else its copy.
-        let sb_copies = crate::copies::read_both(
-            &*dir,
-            SUPERBLOCK_NAME,
-            |bytes| {
-                let mut sb = Superblock::decode(bytes)?;
-                let crypto =
-                    pool_crypto(&*dir, bytes, &mut sb, opts.key.as_ref(), !opts.read_only)?;
-                Ok((sb, crypto))
-            },
-            |_, _| false,
-        )
-        .map_err(|e| match e {
-            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
-                Error::NotAPool(dir.describe().into())
-            }
-            e => e,
-        })?;
+        let sb_copies = read_superblock(&dir, &opts)?;
         let (sb, crypto) = sb_copies.value.clone();
         let sync_writes = match sb.write_policy {
             WritePolicy::Sync => true,
@@ -210,21 +196,7 @@ impl Pool {
             // Async when the directory honours flushes (a directory fsync succeeds).
             WritePolicy::Auto => dir.sync_dir().is_err(),
         };
-
-        // A writeback cache holds segments and the journal: its directory is part of the pool.
-        let conf = read_cache_conf(&*dir);
-        let staging: Option<Arc<dyn Dir>> = match &conf {
-            Ok(Some(c)) if c.mode == CacheMode::WriteBack => match &opts.cache_dir {
-                Some(d) if !opts.without_writeback_cache => Some(d.0.clone()),
-                _ if opts.without_writeback_cache => None,
-                _ => return Err(Error::WritebackCacheMissing(c.path.clone())),
-            },
-            _ => None,
-        };
-        let staging_max = match (&conf, opts.read_only) {
-            (Ok(Some(c)), false) if staging.is_some() => writeback_split(c.size_bytes).1,
-            _ => 0,
-        };
+        let (staging, staging_max) = writeback_staging(&*dir, &opts)?;
 
         // The checkpoint root: the newest valid of its two copies.
         let root_copies = crate::copies::read_both(
@@ -234,201 +206,20 @@ impl Pool {
             |a, b| (a.journal_gen, a.next_seq) > (b.journal_gen, b.next_seq),
         )?;
         let root = &root_copies.value;
-        let meta_file = dir
-            .open(META_NAME, false)
-            .map_err(|e| Error::io(format!("opening {META_NAME}"), e))?;
-        let mut header = vec![0u8; 64];
-        meta_file
-            .read_at(&mut header, 0)
-            .map_err(|e| Error::io(format!("reading {META_NAME}"), e))?;
         let mut notes = Vec::new();
-        if crate::format::header_intact(&header) {
-            decode_meta_header(&header, &sb.uuid)?;
-        } else {
-            // Every field of the header is known; the pages check themselves (their CRCs in
-            // the root and the interior pages). A writable open rewrites it.
-            notes.push(format!(
-                "the header of {META_NAME} was damaged; rebuilt from the superblock"
-            ));
-            if !opts.read_only {
-                meta_file
-                    .write_at(&encode_meta_header(&sb.uuid), 0)
-                    .and_then(|_| meta_file.sync())
-                    .map_err(|e| Error::io(format!("rewriting the header of {META_NAME}"), e))?;
-            }
-        }
-
-        let mut segments = Segments::new(sb.segment_bytes_target, sb.uuid);
-        // A segment in both directories was destaged (the pool's copy is complete and
-        // durable before the staged one is removed): the pool's copy is used.
-        let mut both = Vec::new();
-        for (d, staged) in std::iter::once((&dir, false)).chain(staging.iter().map(|s| (s, true))) {
-            for name in d
-                .list(SEGMENT_PREFIX)
-                .map_err(|e| Error::io(format!("listing segments in {}", d.describe()), e))?
-            {
-                let Some(id) = parse_segment_name(&name) else {
-                    continue;
-                };
-                if staged && segments.file(id).is_some() {
-                    both.push(name);
-                    continue;
-                }
-                let file = d
-                    .open(&name, false)
-                    .map_err(|e| Error::io(format!("opening {name} in {}", d.describe()), e))?;
-                let len = file
-                    .len()
-                    .map_err(|e| Error::io(format!("reading {name} in {}", d.describe()), e))?;
-                segments.add_existing(id, file, len, staged);
-            }
-        }
-
-        let budget = opts
-            .metadata_cache_bytes
-            .or((sb.metadata_cache_bytes > 0).then_some(sb.metadata_cache_bytes))
-            .unwrap_or_else(default_metadata_cache_bytes);
-        let trees: BTreeMap<u64, TreeInfo> = root
-            .trees
-            .iter()
-            .map(|t| {
-                (
-                    t.id,
-                    TreeInfo {
-                        height: t.height,
-                        root: Ptr {
-                            page: t.page,
-                            crc: t.crc,
-                            units: t.units,
-                            codec: t.codec,
-                        },
-                    },
-                )
-            })
-            .collect();
-        let mut cache = PageCache::new(
-            meta_file,
-            PageAlloc::from_bitmap(root.bitmap.clone()),
-            trees,
-            budget,
-        );
-        if let Some(c) = &crypto {
-            cache.set_crypto(c.clone());
-        }
-        let mut md = Metadata {
-            block_size: sb.block_size,
-            volumes: BTreeMap::new(),
-            names: HashMap::new(),
-            next_vol: root.next_vol,
-            cache,
-            chunks: crate::chunk_table::ChunkTable {
-                next_id: root.next_chunk,
-                live_bytes: root.segment_live.iter().copied().collect(),
-                live_chunks: root.live_chunks,
-                live_stored_bytes: root.live_stored_bytes,
-            },
-            index: Default::default(),
-            index_ready: false,
-            meta: root.meta.iter().cloned().collect(),
-            meta_bytes_written_before: root.meta_bytes_written,
-            checkpoints: root.checkpoints,
-        };
-        for v in &root.volumes {
-            md.volumes.insert(
-                v.id,
-                VolumeState {
-                    name: v.name.clone(),
-                    size: v.size,
-                    counts: crate::block_map::MapCounts {
-                        data_blocks: v.data_blocks,
-                        zero_blocks: v.zero_blocks,
-                    },
-                    snapshot_of: v.snapshot_of,
-                    created: v.created,
-                },
-            );
-            md.names.insert(v.name.clone(), v.id);
-        }
-        md.cache
-            .set_shared_pages(root.shared_pages.iter().copied().collect());
-        if opts.read_only {
-            md.cache.set_read_only();
-        }
-
-        let block_size = sb.block_size;
-        let mut salvage = crate::repair::Salvage::default();
-        let jname = journal_name(root.journal_gen);
-        if let (Some(_), Some(s)) = (dir.remote(), &staging) {
-            local_journal(&*dir, &**s, root, &sb, crypto.clone())?;
-        }
-        let journal_dir = match &staging {
-            Some(s)
-                if s.exists(&jname)
-                    .map_err(|e| Error::io("looking for the journal", e))? =>
-            {
-                s.clone()
-            }
-            _ => dir.clone(),
-        };
-        if opts.without_writeback_cache
-            && !opts.read_only
-            && !journal_dir
-                .exists(&jname)
-                .map_err(|e| Error::io("looking for the journal", e))?
-        {
-            // It was on the lost cache device: the changes since the checkpoint are gone.
-            tracing::warn!(
-                "journal {jname} was in the lost writeback cache; starting an empty one"
-            );
-            Journal::create(
-                &*journal_dir,
-                root.journal_gen,
-                &sb.uuid,
-                root.next_seq,
-                crypto.clone(),
-            )?
-            .file
-            .sync()
-            .and_then(|_| journal_dir.sync_dir())
-            .map_err(|e| Error::io(format!("creating {jname}"), e))?;
-        }
-        let (journal, mut replay) = Journal::replay(
-            &*journal_dir,
-            root.journal_gen,
-            &sb.uuid,
-            root.next_seq,
-            match (opts.salvage_journal, opts.read_only) {
-                (true, _) => ReplayMode::Salvage,
-                (false, true) => ReplayMode::ReadOnly,
-                (false, false) => ReplayMode::Writable,
-            },
+        let meta_file = open_meta_file(&*dir, &sb, opts.read_only, &mut notes)?;
+        let (mut segments, both) = find_segments(&dir, staging.as_ref(), &sb)?;
+        let mut md = load_metadata(&sb, root, meta_file, crypto.clone(), &opts);
+        let (journal, journal_dir, mut replay) = replay_journal(
+            &dir,
+            staging.as_ref(),
+            root,
+            &sb,
             crypto.clone(),
-            |records, after_damage| {
-                if !after_damage
-                    && !batch_data_present(&segments, &records, block_size, crypto.as_deref())
-                {
-                    return Ok(false);
-                }
-                if opts.salvage_journal {
-                    let s = &mut salvage;
-                    crate::repair::apply_after_damage(
-                        &mut md,
-                        &segments,
-                        crypto.as_deref(),
-                        records,
-                        after_damage,
-                        s,
-                    )?;
-                    return Ok(true);
-                }
-                for r in &records {
-                    md.apply(r)?;
-                }
-                md.cache.evict_to_budget()?;
-                Ok(true)
-            },
+            &opts,
+            &mut md,
+            &segments,
         )?;
-        replay.salvage = salvage;
         segments.set_staging(staging.clone(), staging_max);
         let state = State {
             md,
@@ -453,51 +244,35 @@ impl Pool {
         if !opts.read_only {
             sb_copies.repair_other(&*dir)?;
             root_copies.repair_other(&*dir)?;
-            // Leftovers of interrupted checkpoints: other journal generations, a temp file;
-            // of interrupted destages: a partial copy, or a staged copy already destaged.
-            for d in std::iter::once(&dir).chain(staging.iter()) {
-                for name in d
-                    .list(JOURNAL_PREFIX)
-                    .map_err(|e| Error::io("listing journals", e))?
-                {
-                    if parse_journal_name(&name).is_some_and(|g| g != state.journal.gen) {
-                        d.remove(&name)
-                            .map_err(|e| Error::io(format!("removing {name}"), e))?;
-                    }
-                }
-            }
-            for name in dir
-                .list(SEGMENT_PREFIX)
-                .map_err(|e| Error::io("listing segments", e))?
-            {
-                if name.ends_with(crate::destage::PARTIAL_SUFFIX) {
-                    dir.remove(&name)
-                        .map_err(|e| Error::io(format!("removing {name}"), e))?;
-                }
-            }
-            if let Some(s) = &staging {
-                for name in &both {
-                    s.remove(name)
-                        .map_err(|e| Error::io(format!("removing destaged {name}"), e))?;
-                }
-            }
-            for tmp in [CHECKPOINT_NAME, SUPERBLOCK_NAME]
-                .into_iter()
-                .flat_map(|n| {
-                    [
-                        format!("{n}.tmp"),
-                        format!("{}.tmp", crate::copies::copy_name(n)),
-                    ]
-                })
-            {
-                if dir.exists(&tmp).map_err(|e| Error::io("listing", e))? {
-                    dir.remove(&tmp)
-                        .map_err(|e| Error::io(format!("removing {tmp}"), e))?;
-                }
-            }
+            remove_leftovers(&dir, staging.as_ref(), &both, state.journal.gen)?;
         }
 
-        let pool = Arc::new_cyclic(|me| Pool {
+        let writeback = staging.is_some();
+        let pool = Pool::assemble(dir, sb, crypto, sync_writes, opts, state, replay, lock_file);
+        // An S3 pool's cache is its local directory, which a read-only open (export, a
+        // reader host) may use too: every read of the bucket costs a request.
+        if !pool.read_only || pool.dir.remote().is_some() {
+            pool.open_attached_cache();
+        }
+        if !pool.read_only && writeback && pool.opts.destage_in_background {
+            pool.start_destager();
+        }
+        Ok(pool)
+    }
+
+    /// The pool, from what open found.
+    #[expect(clippy::too_many_arguments, reason = "the parts open found, each once")]
+    fn assemble(
+        dir: Arc<dyn Dir>,
+        sb: Superblock,
+        crypto: Option<Arc<Crypto>>,
+        sync_writes: bool,
+        opts: OpenOptions,
+        state: State,
+        replay: crate::journal::ReplayReport,
+        lock_file: Option<std::fs::File>,
+    ) -> Arc<Pool> {
+        Arc::new_cyclic(|me| Pool {
             dir,
             sb,
             crypto,
@@ -522,17 +297,344 @@ impl Pool {
             cache: RwLock::new(None),
             destager: Mutex::new(None),
             _lock_file: lock_file,
-        });
-        // An S3 pool's cache is its local directory, which a read-only open (export, a
-        // reader host) may use too: every read of the bucket costs a request.
-        if !pool.read_only || pool.dir.remote().is_some() {
-            pool.open_attached_cache();
-        }
-        if !pool.read_only && staging.is_some() && pool.opts.destage_in_background {
-            pool.start_destager();
-        }
-        Ok(pool)
+        })
     }
+}
+
+/// Open step 1: the superblock, its primary copy if valid (and authentic), else its copy,
+/// with the pool's encryption context.
+fn read_superblock(
+    dir: &Arc<dyn Dir>,
+    opts: &OpenOptions,
+) -> Result<crate::copies::Chosen<(Superblock, Option<Arc<Crypto>>)>> {
+    crate::copies::read_both(
+        &**dir,
+        SUPERBLOCK_NAME,
+        |bytes| {
+            let mut sb = Superblock::decode(bytes)?;
+            let crypto = pool_crypto(&**dir, bytes, &mut sb, opts.key.as_ref(), !opts.read_only)?;
+            Ok((sb, crypto))
+        },
+        |_, _| false,
+    )
+    .map_err(|e| match e {
+        Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            Error::NotAPool(dir.describe().into())
+        }
+        e => e,
+    })
+}
+
+/// Open step 2: a writeback cache holds segments and the journal, so its directory is part
+/// of the pool; with the bytes it may stage (0 for a read-only open).
+fn writeback_staging(dir: &dyn Dir, opts: &OpenOptions) -> Result<(Option<Arc<dyn Dir>>, u64)> {
+    let conf = read_cache_conf(dir);
+    let staging: Option<Arc<dyn Dir>> = match &conf {
+        Ok(Some(c)) if c.mode == CacheMode::WriteBack => match &opts.cache_dir {
+            Some(d) if !opts.without_writeback_cache => Some(d.0.clone()),
+            _ if opts.without_writeback_cache => None,
+            _ => return Err(Error::WritebackCacheMissing(c.path.clone())),
+        },
+        _ => None,
+    };
+    let staging_max = match (&conf, opts.read_only) {
+        (Ok(Some(c)), false) if staging.is_some() => writeback_split(c.size_bytes).1,
+        _ => 0,
+    };
+    Ok((staging, staging_max))
+}
+
+/// Open step 3: `meta.dat`, its header checked against the superblock. A damaged header is
+/// rebuilt from the superblock (every field of it is known; the pages check themselves by
+/// the CRCs in the root and the interior pages), in place unless the open is read-only.
+fn open_meta_file(
+    dir: &dyn Dir,
+    sb: &Superblock,
+    read_only: bool,
+    notes: &mut Vec<String>,
+) -> Result<Arc<dyn crate::io::File>> {
+    let meta_file = dir
+        .open(META_NAME, false)
+        .map_err(|e| Error::io(format!("opening {META_NAME}"), e))?;
+    let mut header = vec![0u8; 64];
+    meta_file
+        .read_at(&mut header, 0)
+        .map_err(|e| Error::io(format!("reading {META_NAME}"), e))?;
+    if crate::format::header_intact(&header) {
+        decode_meta_header(&header, &sb.uuid)?;
+        return Ok(meta_file);
+    }
+    notes.push(format!(
+        "the header of {META_NAME} was damaged; rebuilt from the superblock"
+    ));
+    if !read_only {
+        meta_file
+            .write_at(&encode_meta_header(&sb.uuid), 0)
+            .and_then(|_| meta_file.sync())
+            .map_err(|e| Error::io(format!("rewriting the header of {META_NAME}"), e))?;
+    }
+    Ok(meta_file)
+}
+
+/// Open step 4: every segment of the pool directory and of the writeback cache's. A segment
+/// in both was destaged (the pool's copy is complete and durable before the staged one is
+/// removed): the pool's copy is used, and the staged names are returned for removal.
+fn find_segments(
+    dir: &Arc<dyn Dir>,
+    staging: Option<&Arc<dyn Dir>>,
+    sb: &Superblock,
+) -> Result<(Segments, Vec<String>)> {
+    let mut segments = Segments::new(sb.segment_bytes_target, sb.uuid);
+    let mut both = Vec::new();
+    for (d, staged) in std::iter::once((dir, false)).chain(staging.map(|s| (s, true))) {
+        for name in d
+            .list(SEGMENT_PREFIX)
+            .map_err(|e| Error::io(format!("listing segments in {}", d.describe()), e))?
+        {
+            let Some(id) = parse_segment_name(&name) else {
+                continue;
+            };
+            if staged && segments.file(id).is_some() {
+                both.push(name);
+                continue;
+            }
+            let file = d
+                .open(&name, false)
+                .map_err(|e| Error::io(format!("opening {name} in {}", d.describe()), e))?;
+            let len = file
+                .len()
+                .map_err(|e| Error::io(format!("reading {name} in {}", d.describe()), e))?;
+            segments.add_existing(id, file, len, staged);
+        }
+    }
+    Ok((segments, both))
+}
+
+/// Open step 5: the metadata stores as of the checkpoint root, behind a page cache of the
+/// configured budget.
+fn load_metadata(
+    sb: &Superblock,
+    root: &Root,
+    meta_file: Arc<dyn crate::io::File>,
+    crypto: Option<Arc<Crypto>>,
+    opts: &OpenOptions,
+) -> Metadata {
+    let budget = opts
+        .metadata_cache_bytes
+        .or((sb.metadata_cache_bytes > 0).then_some(sb.metadata_cache_bytes))
+        .unwrap_or_else(default_metadata_cache_bytes);
+    let trees: BTreeMap<u64, TreeInfo> = root
+        .trees
+        .iter()
+        .map(|t| {
+            let root = Ptr {
+                page: t.page,
+                crc: t.crc,
+                units: t.units,
+                codec: t.codec,
+            };
+            (
+                t.id,
+                TreeInfo {
+                    height: t.height,
+                    root,
+                },
+            )
+        })
+        .collect();
+    let mut cache = PageCache::new(
+        meta_file,
+        PageAlloc::from_bitmap(root.bitmap.clone()),
+        trees,
+        budget,
+    );
+    if let Some(c) = crypto {
+        cache.set_crypto(c);
+    }
+    let mut md = Metadata {
+        block_size: sb.block_size,
+        volumes: BTreeMap::new(),
+        names: HashMap::new(),
+        next_vol: root.next_vol,
+        cache,
+        chunks: crate::chunk_table::ChunkTable {
+            next_id: root.next_chunk,
+            live_bytes: root.segment_live.iter().copied().collect(),
+            live_chunks: root.live_chunks,
+            live_stored_bytes: root.live_stored_bytes,
+        },
+        index: Default::default(),
+        index_ready: false,
+        meta: root.meta.iter().cloned().collect(),
+        meta_bytes_written_before: root.meta_bytes_written,
+        checkpoints: root.checkpoints,
+    };
+    for v in &root.volumes {
+        let counts = crate::block_map::MapCounts {
+            data_blocks: v.data_blocks,
+            zero_blocks: v.zero_blocks,
+        };
+        let state = VolumeState {
+            name: v.name.clone(),
+            size: v.size,
+            counts,
+            snapshot_of: v.snapshot_of,
+            created: v.created,
+        };
+        md.volumes.insert(v.id, state);
+        md.names.insert(v.name.clone(), v.id);
+    }
+    md.cache
+        .set_shared_pages(root.shared_pages.iter().copied().collect());
+    if opts.read_only {
+        md.cache.set_read_only();
+    }
+    md
+}
+
+/// Open step 6: the journal generation the root names, replayed into `md`; each batch only
+/// if the chunks it introduces are on disk (a salvage replay also past damage, through
+/// [`crate::repair::apply_after_damage`]). Returns the journal, its directory (the pool's,
+/// or a writeback cache's) and what replay found.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "what open has found so far, each once"
+)]
+fn replay_journal(
+    dir: &Arc<dyn Dir>,
+    staging: Option<&Arc<dyn Dir>>,
+    root: &Root,
+    sb: &Superblock,
+    crypto: Option<Arc<Crypto>>,
+    opts: &OpenOptions,
+    md: &mut Metadata,
+    segments: &Segments,
+) -> Result<(Journal, Arc<dyn Dir>, crate::journal::ReplayReport)> {
+    let block_size = sb.block_size;
+    let mut salvage = crate::repair::Salvage::default();
+    let jname = journal_name(root.journal_gen);
+    if let (Some(_), Some(s)) = (dir.remote(), staging) {
+        local_journal(&**dir, &**s, root, sb, crypto.clone())?;
+    }
+    let journal_dir = match staging {
+        Some(s)
+            if s.exists(&jname)
+                .map_err(|e| Error::io("looking for the journal", e))? =>
+        {
+            s.clone()
+        }
+        _ => dir.clone(),
+    };
+    if opts.without_writeback_cache
+        && !opts.read_only
+        && !journal_dir
+            .exists(&jname)
+            .map_err(|e| Error::io("looking for the journal", e))?
+    {
+        // It was on the lost cache device: the changes since the checkpoint are gone.
+        tracing::warn!("journal {jname} was in the lost writeback cache; starting an empty one");
+        Journal::create(
+            &*journal_dir,
+            root.journal_gen,
+            &sb.uuid,
+            root.next_seq,
+            crypto.clone(),
+        )?
+        .file
+        .sync()
+        .and_then(|_| journal_dir.sync_dir())
+        .map_err(|e| Error::io(format!("creating {jname}"), e))?;
+    }
+    let mode = match (opts.salvage_journal, opts.read_only) {
+        (true, _) => ReplayMode::Salvage,
+        (false, true) => ReplayMode::ReadOnly,
+        (false, false) => ReplayMode::Writable,
+    };
+    let (journal, mut replay) = Journal::replay(
+        &*journal_dir,
+        root.journal_gen,
+        &sb.uuid,
+        root.next_seq,
+        mode,
+        crypto.clone(),
+        |records, after_damage| {
+            if !after_damage
+                && !batch_data_present(segments, &records, block_size, crypto.as_deref())
+            {
+                return Ok(false);
+            }
+            if opts.salvage_journal {
+                crate::repair::apply_after_damage(
+                    md,
+                    segments,
+                    crypto.as_deref(),
+                    records,
+                    after_damage,
+                    &mut salvage,
+                )?;
+                return Ok(true);
+            }
+            for r in &records {
+                md.apply(r)?;
+            }
+            md.cache.evict_to_budget()?;
+            Ok(true)
+        },
+    )?;
+    replay.salvage = salvage;
+    Ok((journal, journal_dir, replay))
+}
+
+/// Open step 7 (writable opens): leftovers of interrupted checkpoints (other journal
+/// generations, temp files) and of interrupted destages (a partial copy, or a staged copy
+/// already destaged).
+fn remove_leftovers(
+    dir: &Arc<dyn Dir>,
+    staging: Option<&Arc<dyn Dir>>,
+    destaged: &[String],
+    journal_gen: u64,
+) -> Result<()> {
+    for d in std::iter::once(dir).chain(staging) {
+        for name in d
+            .list(JOURNAL_PREFIX)
+            .map_err(|e| Error::io("listing journals", e))?
+        {
+            if parse_journal_name(&name).is_some_and(|g| g != journal_gen) {
+                d.remove(&name)
+                    .map_err(|e| Error::io(format!("removing {name}"), e))?;
+            }
+        }
+    }
+    for name in dir
+        .list(SEGMENT_PREFIX)
+        .map_err(|e| Error::io("listing segments", e))?
+    {
+        if name.ends_with(crate::destage::PARTIAL_SUFFIX) {
+            dir.remove(&name)
+                .map_err(|e| Error::io(format!("removing {name}"), e))?;
+        }
+    }
+    if let Some(s) = staging {
+        for name in destaged {
+            s.remove(name)
+                .map_err(|e| Error::io(format!("removing destaged {name}"), e))?;
+        }
+    }
+    for tmp in [CHECKPOINT_NAME, SUPERBLOCK_NAME]
+        .into_iter()
+        .flat_map(|n| {
+            [
+                format!("{n}.tmp"),
+                format!("{}.tmp", crate::copies::copy_name(n)),
+            ]
+        })
+    {
+        if dir.exists(&tmp).map_err(|e| Error::io("listing", e))? {
+            dir.remove(&tmp)
+                .map_err(|e| Error::io(format!("removing {tmp}"), e))?;
+        }
+    }
+    Ok(())
 }
 
 /// The encryption context of an encrypted pool (`None` for a plain one): unwraps the data key
