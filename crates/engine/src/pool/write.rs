@@ -16,6 +16,10 @@ use super::{Pool, State, SPACE_CHECK_BYTES};
 impl Pool {
     /// Write whole blocks starting at block `first`. Safe to call concurrently; callers doing a
     /// read-modify-write hold the volume's write lock around it.
+    ///
+    /// Steps: (1) zero detection and fingerprints, (2) which blocks are new chunks, (3) their
+    /// compression (and sealing), all without the state lock; then under it (4) the new
+    /// records staged in the open segment and (5) the changes applied and journaled.
     pub(crate) fn write_blocks(
         &self,
         vol: u32,
@@ -25,15 +29,69 @@ impl Pool {
     ) -> Result<u64> {
         let bs = self.sb.block_size as usize;
         debug_assert_eq!(data.len() % bs, 0);
-        let key = self.sb.key;
         // Hash and compress on every core only while this is the only write in flight (and
         // the pool is not behind the NBD server: `set_spread_writes`): with more (an NBD
         // client's queue, FUSE's threads) each write on its own thread keeps both cores busy
         // without the cost of handing blocks between threads.
         let in_flight = InFlight::enter(&self.writes_in_flight);
         let spread = in_flight.alone() && self.spread_writes.load(Ordering::Relaxed);
-        // 1. Zero detection and fingerprints (small blocks hashed 16 at a time).
-        let fps: Vec<Option<Fingerprint>> = if spread && data.len() >= 32 * bs {
+        let fps = self.fingerprints(data, spread);
+        let (misses, ids_at_lookup) = self.find_misses(&fps)?;
+        let storer = Storer {
+            data,
+            bs,
+            comp: self.sb.compression,
+            crypto: self.crypto.as_deref(),
+        };
+        let compressed = storer.compress(&fps, &misses, spread)?;
+        drop(in_flight);
+
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        st.md
+            .writable_volume_for(vol, name, "write", first, (data.len() / bs) as u64)?;
+        self.check_space(&mut st, data.len() as u64)?;
+        let first_new_id = st.md.chunks.next_id;
+        let mark = st.segments.mark();
+        // No chunk was added since step 2 (ids are taken and committed under one hold of the
+        // lock): its misses are misses still, and are not looked up again.
+        let misses_hold = ids_at_lookup == Some(first_new_id);
+        let (mut records, entries) =
+            match self.stage_new_chunks(&mut st, &storer, &fps, &compressed, misses_hold) {
+                Ok(staged) => staged,
+                Err(e) => {
+                    Self::unwind(&mut st, first_new_id, mark);
+                    return Err(e);
+                }
+            };
+        debug_assert_eq!(entries.len(), fps.len(), "one map entry per block written");
+        // 5. Apply and journal the changes. The new records are readable from memory until
+        // a batch's worth is staged and handed to be written (by the segment writer, in the
+        // background, where the directory offers direct I/O); a flush writes them all.
+        records.push(JournalRecord::MapRun {
+            vol,
+            start: first,
+            entries,
+        });
+        let committed = self.commit(&mut st, records);
+        if committed.is_err() {
+            // Unless the state is half-changed (poisoned already), nothing was applied: the
+            // journal buffer could not be written out, or a page could not be read.
+            if st.poisoned.is_none() {
+                Self::unwind(&mut st, first_new_id, mark);
+            }
+            return committed;
+        }
+        st.segments.write_full_batch()?;
+        committed
+    }
+
+    /// Write step 1: zero detection and fingerprints, `None` for an all-zero block (small
+    /// blocks hashed 16 at a time; spread over every core for a large write alone in flight).
+    fn fingerprints(&self, data: &[u8], spread: bool) -> Vec<Option<Fingerprint>> {
+        let bs = self.sb.block_size as usize;
+        let key = self.sb.key;
+        if spread && data.len() >= 32 * bs {
             let parts: Vec<Vec<Option<Fingerprint>>> = data
                 .par_chunks(16 * bs)
                 .map(|part| reduction::classify(&key, part, bs))
@@ -41,92 +99,51 @@ impl Pool {
             parts.concat()
         } else {
             reduction::classify(&key, data, bs)
-        };
-        // 2. Which blocks are new chunks. A small write skips this and compresses its new
-        // chunks under the lock in step 4: one lock round trip instead of two.
-        let mut ids_at_lookup = None;
-        let misses: Vec<usize> = if fps.len() <= SMALL_WRITE_BLOCKS {
-            Vec::new()
-        } else {
-            let mut st = lock(&self.state);
-            ids_at_lookup = Some(st.md.chunks.next_id);
-            self.writable(&st)?;
-            let mut seen: HashMap<Fingerprint, (), FpHash> =
-                HashMap::with_capacity_and_hasher(fps.len(), FpHash);
-            let mut misses = Vec::new();
-            for (i, fp) in fps.iter().enumerate() {
-                if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
-                    st.md.prefetch_duplicate(ahead);
-                }
-                let Some(fp) = fp.as_ref() else { continue };
-                let hit = st.md.find_duplicate(fp).is_some();
-                if !hit && seen.insert(*fp, ()).is_none() {
-                    misses.push(i);
-                }
-            }
-            misses
-        };
-        // 3. Compress the new chunks.
-        let comp = self.sb.compression;
-        let crypto = self.crypto.as_deref();
-        // Compressed (or the block itself), then sealed in an encrypted pool (bound to the
-        // fingerprint and codec).
-        let store =
-            |z: &mut Compressor, i: usize, fp: Option<&Fingerprint>| -> Result<Stored<'_>> {
-                let block = &data[i * bs..(i + 1) * bs];
-                let (codec, payload) = match z.try_compress(comp, block) {
-                    Some((codec, c)) => (codec, Cow::Owned(c)),
-                    None => (ChunkCodec::Raw, Cow::Borrowed(block)),
-                };
-                match (crypto, fp) {
-                    (Some(c), Some(fp)) => Ok((
-                        codec,
-                        Cow::Owned(c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?),
-                    )),
-                    _ => Ok((codec, payload)),
-                }
-            };
-        // In write order, a run of misses per compressor (it skips LZ4 in runs of noise).
-        let compress_run = |run: &[usize]| -> Result<Vec<(usize, Stored<'_>)>> {
-            let mut z = Compressor::default();
-            run.iter()
-                .map(|&i| store(&mut z, i, fps[i].as_ref()).map(|c| (i, c)))
-                .collect()
-        };
-        let compressed_list: Vec<(usize, Stored<'_>)> = if spread && misses.len() >= 16 {
-            // Four runs per core: long enough to skip noise, enough to share the cores.
-            let per = misses
-                .len()
-                .div_ceil(4 * rayon::current_num_threads())
-                .max(8);
-            let runs: Vec<Vec<(usize, Stored<'_>)>> = misses
-                .par_chunks(per)
-                .map(compress_run)
-                .collect::<Result<_>>()?;
-            runs.concat()
-        } else {
-            compress_run(&misses)?
-        };
-        let mut compressed: Vec<Option<Stored<'_>>> = vec![None; fps.len()];
-        for (i, c) in compressed_list {
-            compressed[i] = Some(c);
         }
-        drop(in_flight);
-        // 4. Stage the new records.
+    }
+
+    /// Write step 2: the blocks whose chunk the pool lacks (the first of each fingerprint),
+    /// and the next chunk id when they were looked up. A small write skips this and
+    /// compresses its new chunks under the lock in step 4: one lock round trip instead of two.
+    fn find_misses(&self, fps: &[Option<Fingerprint>]) -> Result<(Vec<usize>, Option<u64>)> {
+        if fps.len() <= SMALL_WRITE_BLOCKS {
+            return Ok((Vec::new(), None));
+        }
         let mut st = lock(&self.state);
+        let ids_at_lookup = Some(st.md.chunks.next_id);
         self.writable(&st)?;
-        st.md
-            .writable_volume_for(vol, name, "write", first, (data.len() / bs) as u64)?;
-        self.check_space(&mut st, data.len() as u64)?;
+        let mut seen: HashMap<Fingerprint, (), FpHash> =
+            HashMap::with_capacity_and_hasher(fps.len(), FpHash);
+        let mut misses = Vec::new();
+        for (i, fp) in fps.iter().enumerate() {
+            if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
+                st.md.prefetch_duplicate(ahead);
+            }
+            let Some(fp) = fp.as_ref() else { continue };
+            let hit = st.md.find_duplicate(fp).is_some();
+            if !hit && seen.insert(*fp, ()).is_none() {
+                misses.push(i);
+            }
+        }
+        Ok((misses, ids_at_lookup))
+    }
+
+    /// Write step 4, under the state lock: each block's map entry; a duplicate names the
+    /// chunk it found (in the pool or earlier in this write), a new chunk is given an id and
+    /// its record is appended to the open segment. Returns the `NewChunk` records and the
+    /// entries; on an error the caller unwinds what was staged.
+    fn stage_new_chunks<'d>(
+        &self,
+        st: &mut State,
+        storer: &Storer<'d>,
+        fps: &[Option<Fingerprint>],
+        compressed: &[Option<Stored<'d>>],
+        misses_hold: bool,
+    ) -> Result<(Vec<JournalRecord>, Vec<u64>)> {
         let mut records = Vec::new();
         let mut entries = Vec::with_capacity(fps.len());
         let mut batch_new: HashMap<Fingerprint, u64, FpHash> =
             HashMap::with_capacity_and_hasher(fps.len(), FpHash);
-        let first_new_id = st.md.chunks.next_id;
-        let mark = st.segments.mark();
-        // No chunk was added since step 2 (ids are taken and committed under one hold of the
-        // lock): its misses are misses still, and are not looked up again.
-        let misses_hold = ids_at_lookup == Some(first_new_id);
         let mut small = Compressor::default();
         for (i, fp) in fps.iter().enumerate() {
             // Also for known misses: the commit below inserts them.
@@ -148,57 +165,26 @@ impl Pool {
                     continue;
                 }
             }
-            // A new chunk (compressed above, or now if the index changed since step 2).
+            // A new chunk (compressed in step 3, or now if the index changed since step 2).
             let fresh;
             let (codec, payload) = match &compressed[i] {
                 Some((c, p)) => (*c, &**p),
                 None => {
-                    fresh = match store(&mut small, i, Some(fp)) {
-                        Ok(f) => f,
-                        Err(e) => {
-                            Self::unwind(&mut st, first_new_id, mark);
-                            return Err(e);
-                        }
-                    };
+                    fresh = storer.store(&mut small, i, Some(fp))?;
                     (fresh.0, &*fresh.1)
                 }
             };
             let Some(id) = st.md.chunks.allocate_id() else {
-                Self::unwind(&mut st, first_new_id, mark);
                 return Err(Error::NoSpace(
                     "allocating a chunk id (the pool holds 2^48 chunks)".into(),
                 ));
             };
-            let loc = match st.segments.append(&*self.dir, id, fp, codec, payload) {
-                Ok(loc) => loc,
-                Err(e) => {
-                    Self::unwind(&mut st, first_new_id, mark);
-                    return Err(e);
-                }
-            };
+            let loc = st.segments.append(&*self.dir, id, fp, codec, payload)?;
             records.push(JournalRecord::NewChunk { id, loc, fp: *fp });
             batch_new.insert(*fp, id);
             entries.push(id);
         }
-        // 5. Apply and journal the changes. The new records are readable from memory until
-        // a batch's worth is staged and handed to be written (by the segment writer, in the
-        // background, where the directory offers direct I/O); a flush writes them all.
-        records.push(JournalRecord::MapRun {
-            vol,
-            start: first,
-            entries,
-        });
-        let committed = self.commit(&mut st, records);
-        if committed.is_err() {
-            // Unless the state is half-changed (poisoned already), nothing was applied: the
-            // journal buffer could not be written out, or a page could not be read.
-            if st.poisoned.is_none() {
-                Self::unwind(&mut st, first_new_id, mark);
-            }
-            return committed;
-        }
-        st.segments.write_full_batch()?;
-        committed
+        Ok((records, entries))
     }
 
     /// Give back the ids and staged records of a write that failed before anything of it
@@ -317,3 +303,65 @@ impl Drop for InFlight<'_> {
 
 /// How many blocks ahead a write's loops over fingerprints prefetch the dedup index.
 const PREFETCH_AHEAD: usize = 8;
+
+/// Write step 3: a write's new chunks, compressed (or the block itself) and then sealed in
+/// an encrypted pool (bound to the fingerprint and codec).
+struct Storer<'d> {
+    data: &'d [u8],
+    bs: usize,
+    comp: Compression,
+    crypto: Option<&'d crate::crypto::Crypto>,
+}
+
+impl<'d> Storer<'d> {
+    /// Block `i` of the write as it is stored.
+    fn store(&self, z: &mut Compressor, i: usize, fp: Option<&Fingerprint>) -> Result<Stored<'d>> {
+        let block = &self.data[i * self.bs..(i + 1) * self.bs];
+        let (codec, payload) = match z.try_compress(self.comp, block) {
+            Some((codec, c)) => (codec, Cow::Owned(c)),
+            None => (ChunkCodec::Raw, Cow::Borrowed(block)),
+        };
+        match (self.crypto, fp) {
+            (Some(c), Some(fp)) => Ok((
+                codec,
+                Cow::Owned(c.sealed(Kind::Chunk, &chunk_ctx(fp, codec), &payload)?),
+            )),
+            _ => Ok((codec, payload)),
+        }
+    }
+
+    /// The misses of step 2 as stored, by block index; in write order, a run of misses per
+    /// compressor (it skips LZ4 in runs of noise), runs spread over the cores if `spread`.
+    fn compress(
+        &self,
+        fps: &[Option<Fingerprint>],
+        misses: &[usize],
+        spread: bool,
+    ) -> Result<Vec<Option<Stored<'d>>>> {
+        let compress_run = |run: &[usize]| -> Result<Vec<(usize, Stored<'d>)>> {
+            let mut z = Compressor::default();
+            run.iter()
+                .map(|&i| self.store(&mut z, i, fps[i].as_ref()).map(|c| (i, c)))
+                .collect()
+        };
+        let compressed_list: Vec<(usize, Stored<'d>)> = if spread && misses.len() >= 16 {
+            // Four runs per core: long enough to skip noise, enough to share the cores.
+            let per = misses
+                .len()
+                .div_ceil(4 * rayon::current_num_threads())
+                .max(8);
+            let runs: Vec<Vec<(usize, Stored<'d>)>> = misses
+                .par_chunks(per)
+                .map(compress_run)
+                .collect::<Result<_>>()?;
+            runs.concat()
+        } else {
+            compress_run(misses)?
+        };
+        let mut compressed: Vec<Option<Stored<'d>>> = vec![None; fps.len()];
+        for (i, c) in compressed_list {
+            compressed[i] = Some(c);
+        }
+        Ok(compressed)
+    }
+}
