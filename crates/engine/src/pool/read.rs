@@ -6,11 +6,17 @@ use crate::locks::lock;
 use crate::reduction::{self};
 use rayon::prelude::*;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use super::{in_volume, with_context, Pool};
 
 impl Pool {
     /// Read `out.len() / block_size` whole blocks from block `first`.
+    ///
+    /// Steps: (1) under the state lock, each block's map entry and its chunk's location
+    /// (zeros written for zero, unmapped and lost-as-zeros blocks); then without it (2) the
+    /// cache tier looked up, (3) the records it lacks read from their segments, adjacent ones
+    /// with one call, and (4) every record checked and decoded into `out`.
     pub(crate) fn read_blocks(
         &self,
         vol: u32,
@@ -19,172 +25,58 @@ impl Pool {
         out: &mut [u8],
     ) -> Result<()> {
         let bs = self.sb.block_size as usize;
-        let n = out.len() / bs;
-        // Where each block's bytes are: (index in out, chunk id, location, file).
-        let mut wanted = Vec::new();
-        let mut in_memory: Vec<Option<Vec<u8>>> = Vec::new();
-        {
-            let mut st = lock(&self.state);
-            st.md.volume_for(vol, name, "read", first, n as u64)?;
-            let mut entries = Vec::with_capacity(n);
-            let looked_up = crate::block_map::get_range(
-                &mut st.md.cache,
-                u64::from(vol),
-                first,
-                n as u64,
-                &mut entries,
-            )
-            .map_err(|err| in_volume(err, name, &format!("blocks {first}..{}", first + n as u64)));
-            if let Err(err) = looked_up {
-                self.read_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(err);
-            }
-            for (i, &e) in entries.iter().enumerate() {
-                if e == ENTRY_LOST {
-                    if !self.lost_reads_zeros.load(Ordering::Relaxed) {
-                        self.read_errors.fetch_add(1, Ordering::Relaxed);
-                        return Err(Error::Lost {
-                            volume: name.to_string(),
-                            block: first + i as u64,
-                        });
-                    }
-                    self.lost_read_as_zeros.fetch_add(1, Ordering::Relaxed);
-                }
-                if e == ENTRY_ZERO || e == ENTRY_UNMAPPED || e == ENTRY_LOST {
-                    out[i * bs..(i + 1) * bs].fill(0);
-                    continue;
-                }
-                let md = &mut st.md;
-                let loc = md.chunks.get(&mut md.cache, e).and_then(|c| {
-                    c.map(|c| (c.loc, c.fp)).ok_or_else(|| {
-                        Error::corrupt(
-                            format!("volume {name:?} block {}", first + i as u64),
-                            format!("chunk {e} does not exist (damaged metadata)"),
-                        )
-                    })
-                });
-                let (loc, fp) = match loc {
-                    Ok(l) => l,
-                    Err(err) => {
-                        self.read_errors.fetch_add(1, Ordering::Relaxed);
-                        return Err(with_context(
-                            err,
-                            &format!("volume {name:?} block {}", first + i as u64),
-                        ));
-                    }
-                };
-                let file = st.segments.file(loc.segment).ok_or_else(|| {
-                    Error::corrupt(
-                        format!("volume {name:?} block {}", first + i as u64),
-                        format!("segment {} of chunk {e} is missing", loc.segment),
-                    )
-                })?;
-                // Staged or being written: not in the file yet.
-                in_memory.push(st.segments.in_memory(&loc));
-                wanted.push((i, e, loc, file, fp));
-            }
-            if let Err(e) = st.md.cache.evict_to_budget() {
-                st.poisoned = Some(e.to_string());
-                return Err(e);
-            }
-        }
+        let (wanted, in_memory) = self.locate_blocks(vol, name, first, out)?;
         // The cache tier first: a hit is the record exactly as the segment holds it. A miss
         // is read from its segment, or from memory while it is staged or being written.
         let cache = self.cache();
         let mut cached: Vec<Option<Vec<u8>>> = vec![None; wanted.len()];
         if let Some(c) = &cache {
             for (k, w) in wanted.iter().enumerate() {
-                cached[k] = c.lookup(w.1, &w.4, &w.2);
+                cached[k] = c.lookup(w.id, &w.fp, &w.loc);
             }
         }
         let cache_misses = cached.iter().filter(|c| c.is_none()).count();
         let missed: Vec<usize> = (0..wanted.len())
             .filter(|&k| cached[k].is_none() && in_memory[k].is_none())
             .collect();
-        // Coalesce missed records that are adjacent in one segment into one read; a group
-        // is a range of `missed`.
-        let mut groups: Vec<(usize, usize)> = Vec::new();
-        for (m, &k) in missed.iter().enumerate() {
-            let w = &wanted[k];
-            match groups.last_mut() {
-                Some((_, e))
-                    if {
-                        let prev = &wanted[missed[*e - 1]].2;
-                        prev.segment == w.2.segment
-                            && u64::from(prev.offset) + prev.record_bytes() == u64::from(w.2.offset)
-                    } =>
-                {
-                    *e = m + 1
-                }
-                _ => groups.push((m, m + 1)),
-            }
-        }
-        // Read each group with one call, then check and decode every block (in parallel for
-        // large reads).
-        let read_group = |&(s, e): &(usize, usize)| -> Result<(u64, Vec<u8>)> {
-            let first = &wanted[missed[s]];
-            let first_loc = &first.2;
-            let last_loc = &wanted[missed[e - 1]].2;
-            let start = u64::from(first_loc.offset);
-            let len = (u64::from(last_loc.offset) + last_loc.record_bytes() - start) as usize;
-            let mut buf = vec![0u8; len];
-            first.3.read_at(&mut buf, start).map_err(|err| {
-                Error::io(
-                    format!(
-                        "reading segment {} at offset {start} for volume {name:?}",
-                        first_loc.segment
-                    ),
-                    err,
-                )
-            })?;
-            Ok((start, buf))
-        };
+        let groups = adjacent_groups(&wanted, &missed);
         let parallel = wanted.len() >= 32;
+        let read_group = |g: &(usize, usize)| read_group(&wanted, &missed, *g, name);
         let bufs: Result<Vec<(u64, Vec<u8>)>> = if parallel && groups.len() >= 4 {
             groups.par_iter().map(read_group).collect()
         } else {
             groups.iter().map(read_group).collect()
         };
         let result = bufs.and_then(|bufs| {
-            // For each block of `out`: (group or None for a cache hit, wanted index), or
-            // None for zeros.
-            let mut slot: Vec<Option<(Option<usize>, usize)>> = vec![None; n];
+            // Where each block of `out` comes from: (group, or None for a record from the
+            // cache tier or memory; wanted index), or None for zeros.
+            let mut slot: Vec<Option<(Option<usize>, usize)>> = vec![None; out.len() / bs];
             for (g, &(s, e)) in groups.iter().enumerate() {
                 for &k in &missed[s..e] {
-                    slot[wanted[k].0] = Some((Some(g), k));
+                    slot[wanted[k].index] = Some((Some(g), k));
                 }
             }
             for (k, (c, m)) in cached.iter().zip(&in_memory).enumerate() {
                 if c.is_some() || m.is_some() {
-                    slot[wanted[k].0] = Some((None, k));
+                    slot[wanted[k].index] = Some((None, k));
                 }
             }
             let decode = |(i, dst): (usize, &mut [u8])| -> Result<()> {
                 let Some((g, k)) = slot[i] else { return Ok(()) };
-                let (_, id, loc, _, fp) = &wanted[k];
+                let w = &wanted[k];
                 let record: &[u8] = match (g, &cached[k], &in_memory[k]) {
                     (Some(g), _, _) => {
                         let (start, buf) = &bufs[g];
-                        &buf[(u64::from(loc.offset) - start) as usize..]
+                        &buf[(u64::from(w.loc.offset) - start) as usize..]
                     }
                     (None, Some(c), _) | (None, None, Some(c)) => c,
                     (None, None, None) => return Ok(()),
                 };
-                let what = || {
-                    format!(
-                        "volume {name:?} block {} (chunk {id}, segment {}, offset {})",
-                        first + i as u64,
-                        loc.segment,
-                        loc.offset
-                    )
-                };
-                let payload = open_record(record, *id, loc, self.crypto.as_deref(), Some(fp), what)
-                    .map_err(|err| with_context(err, &what()))?;
-                reduction::decompress(loc.codec, &payload, dst, what)?;
+                self.decode_block(w, record, dst, first + i as u64, name)?;
                 let from_segment = cached[k].is_none();
                 if let (Some(c), true) = (&cache, from_segment) {
-                    if let Some(r) = record.get(..loc.record_bytes() as usize) {
-                        c.offer(*id, fp, r);
+                    if let Some(r) = record.get(..w.loc.record_bytes() as usize) {
+                        c.offer(w.id, &w.fp, r);
                     }
                 }
                 Ok(())
@@ -209,6 +101,113 @@ impl Pool {
         result
     }
 
+    /// Read step 1, under the state lock: the chunk behind each block of the read, with the
+    /// record's bytes if it is still in memory (staged or being written: not in its file
+    /// yet); blocks without a chunk are zeroed in `out` here. A lost block fails the read
+    /// unless lost blocks read as zeros ([`Pool::set_lost_reads_zeros`]).
+    fn locate_blocks(
+        &self,
+        vol: u32,
+        name: &str,
+        first: u64,
+        out: &mut [u8],
+    ) -> Result<(Vec<Wanted>, Vec<Option<Vec<u8>>>)> {
+        let bs = self.sb.block_size as usize;
+        let n = out.len() / bs;
+        let mut wanted = Vec::new();
+        let mut in_memory = Vec::new();
+        let mut st = lock(&self.state);
+        st.md.volume_for(vol, name, "read", first, n as u64)?;
+        let mut entries = Vec::with_capacity(n);
+        let looked_up = crate::block_map::get_range(
+            &mut st.md.cache,
+            u64::from(vol),
+            first,
+            n as u64,
+            &mut entries,
+        )
+        .map_err(|err| in_volume(err, name, &format!("blocks {first}..{}", first + n as u64)));
+        if let Err(err) = looked_up {
+            self.read_errors.fetch_add(1, Ordering::Relaxed);
+            return Err(err);
+        }
+        for (i, &e) in entries.iter().enumerate() {
+            let block = first + i as u64;
+            if e == ENTRY_LOST {
+                if !self.lost_reads_zeros.load(Ordering::Relaxed) {
+                    self.read_errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(Error::Lost {
+                        volume: name.to_string(),
+                        block,
+                    });
+                }
+                self.lost_read_as_zeros.fetch_add(1, Ordering::Relaxed);
+            }
+            if e == ENTRY_ZERO || e == ENTRY_UNMAPPED || e == ENTRY_LOST {
+                out[i * bs..(i + 1) * bs].fill(0);
+                continue;
+            }
+            let md = &mut st.md;
+            let loc = md.chunks.get(&mut md.cache, e).and_then(|c| {
+                c.map(|c| (c.loc, c.fp)).ok_or_else(|| {
+                    Error::corrupt(
+                        format!("volume {name:?} block {block}"),
+                        format!("chunk {e} does not exist (damaged metadata)"),
+                    )
+                })
+            });
+            let (loc, fp) = match loc {
+                Ok(l) => l,
+                Err(err) => {
+                    self.read_errors.fetch_add(1, Ordering::Relaxed);
+                    return Err(with_context(err, &format!("volume {name:?} block {block}")));
+                }
+            };
+            let file = st.segments.file(loc.segment).ok_or_else(|| {
+                Error::corrupt(
+                    format!("volume {name:?} block {block}"),
+                    format!("segment {} of chunk {e} is missing", loc.segment),
+                )
+            })?;
+            in_memory.push(st.segments.in_memory(&loc));
+            wanted.push(Wanted {
+                index: i,
+                id: e,
+                loc,
+                file,
+                fp,
+            });
+        }
+        if let Err(e) = st.md.cache.evict_to_budget() {
+            st.poisoned = Some(e.to_string());
+            return Err(e);
+        }
+        debug_assert_eq!(wanted.len(), in_memory.len());
+        Ok((wanted, in_memory))
+    }
+
+    /// Read step 4: one record checked (CRC, authentication in an encrypted pool, the
+    /// fingerprint it must hold) and decompressed into `dst`.
+    fn decode_block(
+        &self,
+        w: &Wanted,
+        record: &[u8],
+        dst: &mut [u8],
+        block: u64,
+        name: &str,
+    ) -> Result<()> {
+        let (id, loc) = (w.id, &w.loc);
+        let what = || {
+            format!(
+                "volume {name:?} block {block} (chunk {id}, segment {}, offset {})",
+                loc.segment, loc.offset
+            )
+        };
+        let payload = open_record(record, id, loc, self.crypto.as_deref(), Some(&w.fp), what)
+            .map_err(|err| with_context(err, &what()))?;
+        reduction::decompress(loc.codec, &payload, dst, what)
+    }
+
     /// The map entries of `count` blocks from `first`.
     pub(crate) fn map_entries(
         &self,
@@ -224,4 +223,61 @@ impl Pool {
         st.md.cache.evict_to_budget()?;
         r
     }
+}
+
+/// A block of a read whose bytes are a chunk's record.
+struct Wanted {
+    /// The block's index in the read.
+    index: usize,
+    id: u64,
+    loc: Location,
+    file: Arc<dyn crate::io::File>,
+    fp: Fingerprint,
+}
+
+/// Read step 3: the missed records (indexes into `wanted`) that are adjacent in one segment,
+/// grouped to be read with one call; a group is a range of `missed`.
+fn adjacent_groups(wanted: &[Wanted], missed: &[usize]) -> Vec<(usize, usize)> {
+    let mut groups: Vec<(usize, usize)> = Vec::new();
+    for (m, &k) in missed.iter().enumerate() {
+        let w = &wanted[k];
+        match groups.last_mut() {
+            Some((_, e))
+                if {
+                    let prev = &wanted[missed[*e - 1]].loc;
+                    prev.segment == w.loc.segment
+                        && u64::from(prev.offset) + prev.record_bytes() == u64::from(w.loc.offset)
+                } =>
+            {
+                *e = m + 1
+            }
+            _ => groups.push((m, m + 1)),
+        }
+    }
+    groups
+}
+
+/// Read step 3: one group's records with one read; returns its offset and bytes.
+fn read_group(
+    wanted: &[Wanted],
+    missed: &[usize],
+    (s, e): (usize, usize),
+    name: &str,
+) -> Result<(u64, Vec<u8>)> {
+    let first = &wanted[missed[s]];
+    let first_loc = &first.loc;
+    let last_loc = &wanted[missed[e - 1]].loc;
+    let start = u64::from(first_loc.offset);
+    let len = (u64::from(last_loc.offset) + last_loc.record_bytes() - start) as usize;
+    let mut buf = vec![0u8; len];
+    first.file.read_at(&mut buf, start).map_err(|err| {
+        Error::io(
+            format!(
+                "reading segment {} at offset {start} for volume {name:?}",
+                first_loc.segment
+            ),
+            err,
+        )
+    })?;
+    Ok((start, buf))
 }
