@@ -133,125 +133,12 @@ impl Pool {
                 self.upload_staged_through(last, false)?;
             }
         }
-        let (
-            (body, upload_through),
-            (old_gen, old_dir),
-            new_journal_file,
-            (files, dirs),
-            target,
-            freed,
-        ) = {
-            let mut st = lock(&self.state);
-            self.writable(&st)?;
-            check(&st.md)?;
-            st.journal.seal()?;
-            let new_gen = st.journal.gen + 1;
-            let next_seq = st.journal.next_seq();
-            // Dirty pages go to their new places now (written, not yet synced); the root
-            // names them. Pages written after this belong to the next epoch.
-            let prepared = (|| {
-                let (mut pages, mut freed) = st.md.cache.prepare_checkpoint()?;
-                st.md.cache.write_pages(&mut pages)?;
-                if let Some(change) = change {
-                    change(&mut st.md)?;
-                    let (mut more, freed_more) = st.md.cache.prepare_checkpoint()?;
-                    st.md.cache.write_pages(&mut more)?;
-                    freed.extend(freed_more);
-                }
-                Ok::<_, Error>(freed)
-            })();
-            let freed = match prepared {
-                Ok(f) => f,
-                Err(e) => {
-                    st.poisoned = Some(e.to_string());
-                    return Err(e);
-                }
-            };
-            st.md.checkpoints += 1;
-            st.checkpointed = st.appended;
-            // An S3 pool: the root goes to the bucket only after every segment it can name
-            // (the open one is sealed here), so the bucket alone is whole without the
-            // write-ahead objects of `remote` durability (they are then deleted).
-            let upload_through = match self.dir.remote() {
-                Some(_) => {
-                    if st.segments.open_id().is_some() {
-                        st.segments.seal_open()?;
-                    }
-                    st.segments.last_id()
-                }
-                _ => None,
-            };
-            let body = encode_root(
-                &st.md.root(new_gen, next_seq),
-                &self.sb.uuid,
-                self.crypto.as_deref(),
-            )?;
-            // With a writeback cache the journal lives in its directory (fast fsyncs).
-            let journal_dir = st
-                .segments
-                .staging()
-                .filter(|_| st.segments.stages_new())
-                .cloned()
-                .unwrap_or_else(|| self.dir.clone());
-            let journal = Journal::create(
-                &*journal_dir,
-                new_gen,
-                &self.sb.uuid,
-                next_seq,
-                self.crypto.clone(),
-            )?;
-            let file = journal.file.clone();
-            let old = std::mem::replace(&mut st.journal, journal);
-            let old_dir = std::mem::replace(&mut st.journal_dir, journal_dir.clone());
-            let dirty = match st.segments.take_dirty() {
-                Ok(d) => d,
-                Err(e) => {
-                    st.poisoned = Some(e.to_string());
-                    return Err(e);
-                }
-            };
-            let mut dirs = vec![self.dir.clone()];
-            if let Some(s) = st.segments.staging() {
-                dirs.push(s.clone());
-            }
-            (
-                (body, upload_through),
-                (old.gen, old_dir),
-                file,
-                (dirty.files, dirs),
-                st.appended,
-                freed,
-            )
-        };
-        let meta_file = lock(&self.state).md.cache.file().clone();
-        let done = (|| {
-            self.store_retry(|| sync_segments(&files))?;
-            self.store_retry(|| {
-                meta_file
-                    .sync()
-                    .map_err(|e| Error::io(format!("syncing {META_NAME}"), e))
-            })?;
-            self.store_retry(|| {
-                new_journal_file
-                    .sync()
-                    .map_err(|e| Error::io("syncing the new journal", e))
-            })?;
-            for d in &dirs {
-                d.sync_dir()
-                    .map_err(|e| Error::io(format!("syncing {}", d.describe()), e))?;
-            }
-            if let Some(last) = upload_through {
-                self.upload_staged_through(last, true)?;
-            }
-            self.store_retry(|| crate::copies::write_both(&*self.dir, CHECKPOINT_NAME, &body))?;
-            old_dir
-                .remove(&journal_name(old_gen))
-                .map_err(|e| Error::io("removing the old journal", e))
-        })();
-        let mut st = self.settle_sync(done, target)?;
+        let prepared = self.prepare_checkpoint(check, change)?;
+        let done = self.write_checkpoint(&prepared);
+        let mut st = self.settle_sync(done, prepared.target)?;
         // The new root no longer names the pages freed before it: they may be reused, and a
         // free tail of meta.dat is given back to the file system.
-        st.md.cache.alloc.release(freed);
+        st.md.cache.alloc.release(prepared.freed);
         st.md.cache.trim_file()?;
         let took = crate::counters::nanos(started.elapsed());
         let c = &self.counters;
@@ -260,6 +147,128 @@ impl Pool {
         c.checkpoint_last_nanos
             .store(took, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Checkpoint step 1, under the state lock: the journal sealed, dirty pages written to
+    /// their new places (written, not yet synced; pages written after this belong to the
+    /// next epoch), `change` made, the root encoded, a new journal generation created and
+    /// the segments to sync taken. A failure after pages were written poisons the pool.
+    fn prepare_checkpoint(
+        &self,
+        check: &dyn Fn(&Metadata) -> Result<()>,
+        change: Option<&mut MetadataChange<'_>>,
+    ) -> Result<PreparedCheckpoint> {
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        check(&st.md)?;
+        st.journal.seal()?;
+        let new_gen = st.journal.gen + 1;
+        let next_seq = st.journal.next_seq();
+        let prepared = (|| {
+            let (mut pages, mut freed) = st.md.cache.prepare_checkpoint()?;
+            st.md.cache.write_pages(&mut pages)?;
+            if let Some(change) = change {
+                change(&mut st.md)?;
+                let (mut more, freed_more) = st.md.cache.prepare_checkpoint()?;
+                st.md.cache.write_pages(&mut more)?;
+                freed.extend(freed_more);
+            }
+            Ok::<_, Error>(freed)
+        })();
+        let freed = match prepared {
+            Ok(f) => f,
+            Err(e) => {
+                st.poisoned = Some(e.to_string());
+                return Err(e);
+            }
+        };
+        st.md.checkpoints += 1;
+        st.checkpointed = st.appended;
+        // An S3 pool: the root goes to the bucket only after every segment it can name
+        // (the open one is sealed here), so the bucket alone is whole without the
+        // write-ahead objects of `remote` durability (they are then deleted).
+        let upload_through = match self.dir.remote() {
+            Some(_) => {
+                if st.segments.open_id().is_some() {
+                    st.segments.seal_open()?;
+                }
+                st.segments.last_id()
+            }
+            _ => None,
+        };
+        let body = encode_root(
+            &st.md.root(new_gen, next_seq),
+            &self.sb.uuid,
+            self.crypto.as_deref(),
+        )?;
+        // With a writeback cache the journal lives in its directory (fast fsyncs).
+        let journal_dir = st
+            .segments
+            .staging()
+            .filter(|_| st.segments.stages_new())
+            .cloned()
+            .unwrap_or_else(|| self.dir.clone());
+        let journal = Journal::create(
+            &*journal_dir,
+            new_gen,
+            &self.sb.uuid,
+            next_seq,
+            self.crypto.clone(),
+        )?;
+        let new_journal_file = journal.file.clone();
+        let old = std::mem::replace(&mut st.journal, journal);
+        let old_dir = std::mem::replace(&mut st.journal_dir, journal_dir);
+        let dirty = match st.segments.take_dirty() {
+            Ok(d) => d,
+            Err(e) => {
+                st.poisoned = Some(e.to_string());
+                return Err(e);
+            }
+        };
+        let mut dirs = vec![self.dir.clone()];
+        if let Some(s) = st.segments.staging() {
+            dirs.push(s.clone());
+        }
+        Ok(PreparedCheckpoint {
+            body,
+            upload_through,
+            old_gen: old.gen,
+            old_dir,
+            new_journal_file,
+            meta_file: st.md.cache.file().clone(),
+            files: dirty.files,
+            dirs,
+            target: st.appended,
+            freed,
+        })
+    }
+
+    /// Checkpoint step 2, without the state lock: segments, `meta.dat` and the new journal
+    /// synced, then (an S3 pool) every segment the root names uploaded, then the root
+    /// written (both copies); the old journal generation is removed last.
+    fn write_checkpoint(&self, p: &PreparedCheckpoint) -> Result<()> {
+        self.store_retry(|| sync_segments(&p.files))?;
+        self.store_retry(|| {
+            p.meta_file
+                .sync()
+                .map_err(|e| Error::io(format!("syncing {META_NAME}"), e))
+        })?;
+        self.store_retry(|| {
+            p.new_journal_file
+                .sync()
+                .map_err(|e| Error::io("syncing the new journal", e))
+        })?;
+        for d in &p.dirs {
+            d.sync_dir()
+                .map_err(|e| Error::io(format!("syncing {}", d.describe()), e))?;
+        }
+        if let Some(last) = p.upload_through {
+            self.upload_staged_through(last, true)?;
+        }
+        self.store_retry(|| crate::copies::write_both(&*self.dir, CHECKPOINT_NAME, &p.body))?;
+        p.old_dir
+            .remove(&journal_name(p.old_gen))
+            .map_err(|e| Error::io("removing the old journal", e))
     }
 
     /// Run a step of a checkpoint. In an S3 pool, a store that stops answering half-way is
@@ -303,4 +312,24 @@ fn sync_segments(files: &[Arc<dyn crate::io::File>]) -> Result<()> {
         f.sync().map_err(|e| Error::io("syncing a segment", e))?;
     }
     Ok(())
+}
+
+/// What a checkpoint prepared under the state lock, for the steps after it.
+struct PreparedCheckpoint {
+    /// The encoded root.
+    body: Vec<u8>,
+    /// An S3 pool: the last segment the root can name, uploaded before the root.
+    upload_through: Option<u32>,
+    old_gen: u64,
+    old_dir: Arc<dyn Dir>,
+    new_journal_file: Arc<dyn crate::io::File>,
+    meta_file: Arc<dyn crate::io::File>,
+    /// Segments written since the last sync.
+    files: Vec<Arc<dyn crate::io::File>>,
+    /// Directories whose names changed.
+    dirs: Vec<Arc<dyn Dir>>,
+    /// Records appended when the checkpoint was prepared: durable once it is written.
+    target: u64,
+    /// Pages the new root no longer names.
+    freed: Vec<(u64, u16)>,
 }
