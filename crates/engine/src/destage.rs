@@ -25,7 +25,8 @@ use crate::format::segment_name;
 use crate::io::{Dir, File};
 use crate::locks::lock;
 use crate::pool::Pool;
-use std::sync::atomic::{AtomicBool, Ordering};
+use crate::worker::Worker;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -180,7 +181,7 @@ impl Pool {
         let mut slot = lock(&self.destager);
         if slot.is_none() {
             if let Some(pool) = self.me.upgrade() {
-                *slot = Some(Destager::start(&pool));
+                *slot = start_destage_thread(&pool);
             }
         }
     }
@@ -193,68 +194,41 @@ impl Pool {
 }
 
 /// The background destage thread: destages while there is something sealed to destage,
-/// then checks again every 100 ms (5 s after an error). Stops at once when dropped, or when
-/// the pool is gone.
-pub struct Destager {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Destager {
-    fn start(pool: &Arc<Pool>) -> Destager {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let weak = Arc::downgrade(pool);
-        let thread = std::thread::Builder::new()
-            .name("condense-destage".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    let Some(pool) = weak.upgrade() else { return };
-                    let mut pause = match pool.destage_one() {
-                        Ok(true) => Duration::ZERO,
-                        Ok(false) => Duration::from_millis(100),
-                        Err(e) => {
-                            tracing::warn!("destaging the writeback cache: {e}");
-                            Duration::from_secs(5)
-                        }
-                    };
-                    if !pause.is_zero() {
-                        if let Err(e) = pool.remote_tick() {
-                            tracing::warn!("checkpointing to {}: {e}", pool.dir.describe());
-                            pause = Duration::from_secs(5);
-                        }
-                    }
-                    drop(pool);
-                    // Woken early by Destager::drop (unpark), so stopping never waits.
-                    if !pause.is_zero() && !flag.load(Ordering::Relaxed) {
-                        std::thread::park_timeout(pause);
-                    }
+/// then checks again every 100 ms (5 s after an error). Stops at once when dropped (its
+/// [`Worker`] wakes it), or when the pool is gone.
+fn start_destage_thread(pool: &Arc<Pool>) -> Option<Worker> {
+    let weak = Arc::downgrade(pool);
+    let started = Worker::spawn("condense-destage", move |flag| {
+        while !flag.load(Ordering::Relaxed) {
+            let Some(pool) = weak.upgrade() else { return };
+            let mut pause = match pool.destage_one() {
+                Ok(true) => Duration::ZERO,
+                Ok(false) => Duration::from_millis(100),
+                Err(e) => {
+                    tracing::warn!("destaging the writeback cache: {e}");
+                    Duration::from_secs(5)
                 }
-            });
-        match thread {
-            Ok(t) => Destager {
-                stop,
-                thread: Some(t),
-            },
-            Err(e) => {
-                tracing::warn!(
-                    "cannot start the destage thread: {e}; staged segments are destaged at detach"
-                );
-                Destager { stop, thread: None }
+            };
+            if !pause.is_zero() {
+                if let Err(e) = pool.remote_tick() {
+                    tracing::warn!("checkpointing to {}: {e}", pool.dir.describe());
+                    pause = Duration::from_secs(5);
+                }
+            }
+            drop(pool);
+            // Woken early when the worker is dropped (unpark), so stopping never waits.
+            if !pause.is_zero() && !flag.load(Ordering::Relaxed) {
+                std::thread::park_timeout(pause);
             }
         }
-    }
-}
-
-impl Drop for Destager {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            // Never join from the thread itself (it may hold the pool's last reference).
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
+    });
+    match started {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(
+                "cannot start the destage thread: {e}; staged segments are destaged at detach"
+            );
+            None
         }
     }
 }

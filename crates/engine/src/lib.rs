@@ -59,6 +59,7 @@ pub mod snapshot;
 pub mod stats;
 pub mod verify;
 pub mod volume;
+pub mod worker;
 
 pub use cache::{CacheConf, CacheMode, CacheStats};
 pub use counters::CounterValues;

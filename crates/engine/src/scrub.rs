@@ -26,6 +26,7 @@ use crate::error::Result;
 use crate::format::CHUNKS_PER_PAGE;
 use crate::locks::lock;
 use crate::pool::Pool;
+use crate::worker::Worker;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -402,14 +403,11 @@ pub struct ScrubSchedule {
 /// The background scrub: a thread that runs a pass when one is due (or asked for) and stops
 /// with the handle.
 pub struct BackgroundScrub {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _worker: Option<Worker>,
 }
 
 impl BackgroundScrub {
     pub fn start(pool: &Arc<Pool>, schedule: ScrubSchedule) -> BackgroundScrub {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
         let weak = Arc::downgrade(pool);
         lock(&pool.scrub.status).rate_bytes_per_sec = schedule.rate_bytes_per_sec;
         // When the next pass is due (Unix seconds; 0: now, never scrubbed): from the end of
@@ -420,7 +418,7 @@ impl BackgroundScrub {
                 .map_or(0, |t| t.saturating_add(schedule.every.as_secs()))
         };
         let mut due_at = next_due(pool);
-        let thread = std::thread::spawn(move || {
+        let worker = Worker::spawn("condense-scrub", move |flag| {
             let tick = Duration::from_millis(200);
             while !flag.load(Ordering::Relaxed) {
                 std::thread::sleep(tick);
@@ -448,19 +446,10 @@ impl BackgroundScrub {
                 due_at = next_due(&pool);
             }
         });
-        BackgroundScrub {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for BackgroundScrub {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        let worker = worker
+            .map_err(|e| tracing::warn!("cannot start the scrub thread: {e}; no background scrub"))
+            .ok();
+        BackgroundScrub { _worker: worker }
     }
 }
 

@@ -1,0 +1,171 @@
+//! The pool's volume table: creating, deleting, resizing and listing volumes, and handles
+//! on them ([`crate::volume::VolumeHandle`]).
+
+use crate::error::{Error, Result};
+use crate::format::*;
+use crate::locks::lock;
+
+use super::{check_new_volume_name, Pool};
+
+impl Pool {
+    fn check_size(&self, size: u64) -> Result<()> {
+        let bs = u64::from(self.sb.block_size);
+        if size == 0 || !size.is_multiple_of(bs) {
+            return Err(Error::Invalid(format!(
+                "size {size} is not a positive multiple of the pool's block size ({bs} bytes)"
+            )));
+        }
+        if size > 1 << 60 {
+            return Err(Error::Invalid(format!("size {size} is larger than 1 EiB")));
+        }
+        Ok(())
+    }
+
+    pub fn create_volume(&self, name: &str, size: u64) -> Result<()> {
+        check_new_volume_name(name)?;
+        self.check_size(size)?;
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        if st.md.names.contains_key(name) {
+            return Err(Error::AlreadyExists(name.to_string()));
+        }
+        let vol = st.md.next_vol;
+        self.commit(
+            &mut st,
+            vec![JournalRecord::VolumeCreate {
+                vol,
+                size,
+                name: name.to_string(),
+            }],
+        )?;
+        drop(st);
+        self.after_metadata_change()
+    }
+
+    pub fn delete_volume(&self, name: &str) -> Result<()> {
+        let vol_lock = self.volume_lock(self.volume_id(name)?);
+        let _w = lock(&vol_lock);
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        let vol = *st
+            .md
+            .names
+            .get(name)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        let snaps = crate::snapshot::snapshot_names_of(&st.md, vol);
+        if !snaps.is_empty() {
+            return Err(Error::Invalid(format!(
+                "volume {name:?} has {} snapshot(s) ({}); delete them first (`condense snapshot delete {name}@{}`)",
+                snaps.len(),
+                snaps.join(", "),
+                snaps[0]
+            )));
+        }
+        let mut records = vec![JournalRecord::VolumeDelete { vol }];
+        let mark = crate::importing::key(name);
+        if st.md.meta.contains_key(&mark) {
+            // No "import in progress" mark outlives its volume (engine::importing).
+            records.push(JournalRecord::MetaPut {
+                key: mark,
+                value: None,
+            });
+        }
+        self.commit(&mut st, records)?;
+        drop(st);
+        self.after_metadata_change()
+    }
+
+    /// Grow or shrink a volume. Shrinking below written blocks needs `force`.
+    pub fn resize_volume(&self, name: &str, size: u64, force: bool) -> Result<()> {
+        self.check_size(size)?;
+        let vol_lock = self.volume_lock(self.volume_id(name)?);
+        let _w = lock(&vol_lock);
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        let vol = *st
+            .md
+            .names
+            .get(name)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        st.md.writable_volume_for(vol, name, "resize", 0, 0)?;
+        let first_cut = size / u64::from(self.sb.block_size);
+        let first_data =
+            crate::block_map::first_mapped(&mut st.md.cache, u64::from(vol), first_cut)?;
+        if let Some(block) = first_data {
+            if !force {
+                return Err(Error::Invalid(format!(
+                    "volume {name:?} has data at block {block} (offset {}), past the new size {size}; \
+                     shrinking would discard it (use --force to discard)",
+                    block * u64::from(self.sb.block_size)
+                )));
+            }
+        }
+        self.commit(&mut st, vec![JournalRecord::VolumeResize { vol, size }])?;
+        drop(st);
+        self.after_metadata_change()
+    }
+
+    /// Names and sizes of all volumes (not snapshots), sorted by name.
+    pub fn volumes(&self) -> Vec<(String, u64)> {
+        let st = lock(&self.state);
+        let mut v: Vec<_> = st
+            .md
+            .volumes
+            .values()
+            .filter(|v| v.snapshot_of.is_none())
+            .map(|v| (v.name.clone(), v.size))
+            .collect();
+        v.sort();
+        v
+    }
+
+    pub fn volume_id(&self, name: &str) -> Result<u32> {
+        lock(&self.state)
+            .md
+            .names
+            .get(name)
+            .copied()
+            .ok_or_else(|| Error::NotFound(name.to_string()))
+    }
+
+    /// A handle to a volume.
+    pub fn volume(&self, name: &str) -> Result<crate::volume::VolumeHandle> {
+        let (vol, snapshot) = {
+            let st = lock(&self.state);
+            let vol = *st
+                .md
+                .names
+                .get(name)
+                .ok_or_else(|| Error::NotFound(name.to_string()))?;
+            let snapshot = st
+                .md
+                .volumes
+                .get(&vol)
+                .is_some_and(|v| v.snapshot_of.is_some());
+            (vol, snapshot)
+        };
+        let pool = self
+            .me
+            .upgrade()
+            .ok_or_else(|| Error::Invalid("pool is closing".into()))?;
+        let read_only = self.read_only || snapshot;
+        if !read_only {
+            *lock(&self.writers).entry(vol).or_default() += 1;
+        }
+        Ok(crate::volume::VolumeHandle::new(
+            pool,
+            vol,
+            name.to_string(),
+            read_only,
+        ))
+    }
+
+    pub(crate) fn volume_size(&self, vol: u32, name: &str) -> Result<u64> {
+        let st = lock(&self.state);
+        st.md
+            .volumes
+            .get(&vol)
+            .map(|v| v.size)
+            .ok_or_else(|| Error::NotFound(name.to_string()))
+    }
+}
