@@ -18,9 +18,9 @@ mod keys;
 mod metrics;
 mod mount;
 mod notify;
-mod remote;
 mod repair;
 mod report;
+mod s3;
 mod scrub;
 mod serve;
 mod size;
@@ -70,7 +70,7 @@ enum Command {
     /// Use a pool of an object store on this host: a new host, a disaster reopen from the
     /// bucket alone, moving a pool, or (--read-only) a reader beside the writer. Creates the
     /// local directory DIR; then use --pool DIR.
-    Connect(remote::ConnectArgs),
+    Connect(s3::ConnectArgs),
     /// Create, list, inspect, resize, clone, roll back and delete volumes.
     #[command(subcommand)]
     Volume(VolumeCommand),
@@ -103,7 +103,7 @@ enum Command {
     /// What a flush promises in a pool in an object store (local or remote): show, set.
     /// Stored with the pool, for every host that uses it (docs/S3.md).
     #[command(subcommand)]
-    Durability(remote::DurabilityCommand),
+    Durability(s3::DurabilityCommand),
     /// Read and check every chunk and every block map; report damaged volumes and blocks.
     Verify(VerifyArgs),
     /// Salvage a pool with a damaged journal or checkpoint page: keep everything valid, report
@@ -133,7 +133,7 @@ struct InitArgs {
     /// DIR becomes its local directory, the --pool of every later command).
     dir: Option<PathBuf>,
     #[command(flatten)]
-    remote: remote::RemoteArgs,
+    remote: s3::RemoteArgs,
     /// Block size: the unit of deduplication, 4K to 64K, a power of two.
     #[arg(long, default_value = "4K", value_parser = size::parse_size)]
     block_size: u64,
@@ -486,7 +486,7 @@ fn run(cli: Cli) -> Result<i32> {
                 .to_str()
                 .filter(|d| condense_engine::remote::is_remote_url(d))
             {
-                remote::init(
+                s3::init(
                     url,
                     &a.remote,
                     a.tier.cache.as_deref(),
@@ -495,7 +495,7 @@ fn run(cli: Cli) -> Result<i32> {
                 )?;
                 return Ok(0);
             }
-            remote::refuse_for_local_pool(&a.remote, &dir)?;
+            s3::refuse_for_local_pool(&a.remote, &dir)?;
             Pool::init_path(&dir, &opts)
                 .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
             let pool = Pool::open_path(
@@ -647,7 +647,7 @@ fn run(cli: Cli) -> Result<i32> {
                 },
             )?
         }
-        Command::Connect(a) => remote::connect(&a)?,
+        Command::Connect(a) => s3::connect(&a)?,
         Command::Bench(a) => bench::run(&cli.pool, &a)?,
         Command::Repair(a) => return repair::run(&cli.pool, &a),
         Command::Estimate(a) => estimate::run(&a)?,
@@ -785,7 +785,7 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Verify(a) => verify_command(ctx, &a),
         Command::Scrub(a) => scrub::run(ctx, &a),
         Command::Cache(c) => cache::run(ctx, c),
-        Command::Durability(c) => remote::durability_command(ctx, c),
+        Command::Durability(c) => s3::durability_command(ctx, c),
         _ => bail!("this command cannot run through the control socket"),
     }
 }

@@ -5,7 +5,7 @@
 //! because in CI tests/s3/run.sh is what runs it.
 //! Also: configuration mistakes and an unreachable store are clear errors in bounded time.
 
-use condense_remote::{conformance, Error, LocalBackend, ObjectBackend, S3Backend, S3Config};
+use condense_object_store::{conformance, Error, LocalBackend, ObjectBackend, S3Backend, S3Config};
 use std::time::{Duration, Instant};
 
 fn print_report(what: &str, b: &dyn ObjectBackend, r: &conformance::Report) {

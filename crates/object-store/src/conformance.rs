@@ -1,5 +1,5 @@
 //! The one conformance suite every [`ObjectBackend`] must pass (the crate's invariants, in
-//! lib.rs). Test support, not API: `cargo test -p condense-remote` runs it against a
+//! lib.rs). Test support, not API: `cargo test -p condense-object-store` runs it against a
 //! [`crate::LocalBackend`] always and against S3 when `CONDENSE_S3_TEST=1`
 //! (tests/conformance.rs, tests/s3/run.sh).
 //!
@@ -37,13 +37,30 @@ fn is_past_end(r: crate::Result<Vec<u8>>) -> bool {
     matches!(r, Err(Error::RangePastEnd { .. }))
 }
 
-/// Run every check against `b`. Panics on the first failure.
+/// Run every check against `b`, in this order (the list check counts what the round trips
+/// left). Panics on the first failure.
 pub fn run(b: &dyn ObjectBackend) -> Report {
     let began = Instant::now();
     let before = b.stats();
     let root = format!("conformance/{}", crate::nonce());
-    let n = |s: &str| format!("{root}/{s}");
+    round_trips(b, &root);
+    ranges(b, &root);
+    missing_objects(b, &root);
+    invalid_names(b);
+    lists(b, &root);
+    overwrite_and_delete(b, &root);
+    put_if_absent(b, &root);
+    cleanup(b, &root);
+    report(b, before, began)
+}
 
+/// The name `s` under the run's `root`.
+fn under(root: &str, s: &str) -> String {
+    format!("{root}/{s}")
+}
+
+fn round_trips(b: &dyn ObjectBackend, root: &str) {
+    let n = |s: &str| under(root, s);
     // Round trips: 0 B, 1 B, 4 KiB, 33 MiB (bigger than one 32 MiB segment).
     for (i, len) in [0usize, 1, 4096, 33 << 20].into_iter().enumerate() {
         let name = n(&format!("size/{len}"));
@@ -57,7 +74,10 @@ pub fn run(b: &dyn ObjectBackend) -> Report {
             got.len()
         );
     }
+}
 
+fn ranges(b: &dyn ObjectBackend, root: &str) {
+    let n = |s: &str| under(root, s);
     // Ranges: start, middle, end, whole; past the end fails, never a short read.
     let big = n(&format!("size/{}", 33 << 20));
     let data = pattern(33 << 20, 4);
@@ -98,7 +118,10 @@ pub fn run(b: &dyn ObjectBackend) -> Report {
         b.get_range(&one, 1, 0).unwrap().is_empty(),
         "empty range at the end"
     );
+}
 
+fn missing_objects(b: &dyn ObjectBackend, root: &str) {
+    let n = |s: &str| under(root, s);
     // Missing objects.
     let missing = n("missing/object");
     assert_eq!(b.head(&missing).unwrap(), None);
@@ -107,7 +130,9 @@ pub fn run(b: &dyn ObjectBackend) -> Report {
         b.get_range(&missing, 0, 1).unwrap_err().is_not_found(),
         "range of missing"
     );
+}
 
+fn invalid_names(b: &dyn ObjectBackend) {
     // Invalid names are refused before any request.
     for bad in ["", "/x", "x//y", "x/.tmp", "a b"] {
         assert!(
@@ -115,7 +140,10 @@ pub fn run(b: &dyn ObjectBackend) -> Report {
             "name {bad:?} accepted"
         );
     }
+}
 
+fn lists(b: &dyn ObjectBackend, root: &str) {
+    let n = |s: &str| under(root, s);
     // Lists: by path prefix, sorted, other prefixes not listed; names with slashes.
     let listed = [
         ("p/a", 1usize),
@@ -150,14 +178,18 @@ pub fn run(b: &dyn ObjectBackend) -> Report {
     assert_eq!(names("pq"), want(&[("pq/x", 4)]));
     assert_eq!(names("nothing"), want(&[]));
     assert_eq!(b.get(&n("p/b/d/e")).unwrap(), pattern(3, 3));
-    let all = b.list(&root).unwrap();
+    let all = b.list(root).unwrap();
     assert_eq!(
         all.len(),
         4 + listed.len(),
         "list of the run's root: {all:?}"
     );
     assert!(all.windows(2).all(|w| w[0].0 < w[1].0), "list is sorted");
+}
 
+fn overwrite_and_delete(b: &dyn ObjectBackend, root: &str) {
+    let n = |s: &str| under(root, s);
+    let missing = n("missing/object");
     // Overwrite replaces (whole: never a mix).
     let ow = n("overwrite");
     b.put(&ow, &pattern(10_000, 7)).unwrap();
@@ -171,7 +203,10 @@ pub fn run(b: &dyn ObjectBackend) -> Report {
     assert_eq!(b.head(&ow).unwrap(), None);
     b.delete(&ow).unwrap();
     b.delete(&missing).unwrap();
+}
 
+fn put_if_absent(b: &dyn ObjectBackend, root: &str) {
+    let n = |s: &str| under(root, s);
     // put_if_absent: true, then false, and the first bytes stay.
     let once = n("lease/once");
     assert!(
@@ -189,21 +224,26 @@ pub fn run(b: &dyn ObjectBackend) -> Report {
         "put_if_absent after delete"
     );
     assert_eq!(b.get(&once).unwrap(), b"third");
+}
 
+fn cleanup(b: &dyn ObjectBackend, root: &str) {
     // Clean up: the run leaves nothing behind. A listing may lag a delete for a moment
     // (invariant 8), so the check waits up to 10 s for the listing to agree; an object that
     // is never deleted still fails it.
-    for (name, _) in b.list(&root).unwrap() {
+    for (name, _) in b.list(root).unwrap() {
         b.delete(&name).unwrap();
     }
     let waited = Instant::now();
-    let mut left = b.list(&root).unwrap();
+    let mut left = b.list(root).unwrap();
     while !left.is_empty() && waited.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(100));
-        left = b.list(&root).unwrap();
+        left = b.list(root).unwrap();
     }
     assert_eq!(left, vec![], "objects still listed 10 s after cleanup");
+}
 
+/// The counters moved, and by how much since `before`.
+fn report(b: &dyn ObjectBackend, before: crate::BackendStats, began: Instant) -> Report {
     let after = b.stats();
     assert!(after.put_requests > before.put_requests, "puts are counted");
     assert!(

@@ -1,0 +1,192 @@
+//! Segment files (`seg-N.dat`): the 64-byte header, then chunk records (a 32-byte header and
+//! the payload) packed back to back; docs/FORMAT.md "Segment file".
+//!
+//! Invariants: a record is trusted only if its CRC, chunk id and length/codec word match
+//! what the chunk table says; in an encrypted pool its payload is authenticated (bound to
+//! its fingerprint and codec) before it is decompressed.
+
+use super::{
+    check_crc, check_magic, check_version, crc, put_u32, ChunkCodec, Fingerprint, Location, Reader,
+    FORMAT_VERSION, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_PREFIX,
+};
+use crate::crypto::{Crypto, Kind};
+use crate::error::{Error, Result};
+
+pub fn segment_name(id: u32) -> String {
+    format!("{SEGMENT_PREFIX}{id:08x}.dat")
+}
+
+pub fn parse_segment_name(name: &str) -> Option<u32> {
+    let hex = name.strip_prefix(SEGMENT_PREFIX)?.strip_suffix(".dat")?;
+    u32::from_str_radix(hex, 16).ok()
+}
+
+pub fn encode_segment_header(id: u32, uuid: &[u8; 16]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(SEGMENT_HEADER_BYTES);
+    b.extend_from_slice(&SEGMENT_MAGIC);
+    put_u32(&mut b, FORMAT_VERSION);
+    put_u32(&mut b, id);
+    b.extend_from_slice(uuid);
+    b.resize(SEGMENT_HEADER_BYTES - 4, 0);
+    let c = crc(&[&b]);
+    put_u32(&mut b, c);
+    b
+}
+
+/// Check a segment header; returns the segment id it names.
+pub fn decode_segment_header(buf: &[u8], uuid: &[u8; 16]) -> Result<u32> {
+    const WHAT: &str = "segment header";
+    let mut r = Reader::new(buf, WHAT);
+    check_magic(r.bytes(8)?, &SEGMENT_MAGIC, WHAT)?;
+    check_version(r.u32()?, WHAT)?;
+    let id = r.u32()?;
+    let found_uuid: [u8; 16] = r.array()?;
+    let body = buf
+        .get(..SEGMENT_HEADER_BYTES - 4)
+        .ok_or_else(|| Error::corrupt(WHAT, "short"))?;
+    let mut r2 = Reader::new(&buf[SEGMENT_HEADER_BYTES - 4..], WHAT);
+    check_crc(r2.u32()?, crc(&[body]), WHAT)?;
+    if &found_uuid != uuid {
+        return Err(Error::corrupt(WHAT, "segment belongs to another pool"));
+    }
+    Ok(id)
+}
+
+/// Append one chunk record (header + payload) to `out`.
+pub fn encode_record(
+    out: &mut Vec<u8>,
+    id: u64,
+    fp: &Fingerprint,
+    codec: ChunkCodec,
+    payload: &[u8],
+) {
+    let start = out.len();
+    out.resize(start + RECORD_HEADER_BYTES + payload.len(), 0);
+    encode_record_into(&mut out[start..], id, fp, codec, payload);
+}
+
+/// Write one chunk record into `out`, which is exactly `RECORD_HEADER_BYTES + payload.len()`
+/// bytes long.
+pub fn encode_record_into(
+    out: &mut [u8],
+    id: u64,
+    fp: &Fingerprint,
+    codec: ChunkCodec,
+    payload: &[u8],
+) {
+    debug_assert_eq!(out.len(), RECORD_HEADER_BYTES + payload.len());
+    let (head, body) = out.split_at_mut(RECORD_HEADER_BYTES);
+    head[4..8].copy_from_slice(&(id as u32).to_le_bytes());
+    head[8..24].copy_from_slice(fp);
+    head[24..28].copy_from_slice(&(payload.len() as u32 | (codec as u32) << 24).to_le_bytes());
+    head[28..32].copy_from_slice(&((id >> 32) as u32).to_le_bytes());
+    body.copy_from_slice(payload);
+    let c = crc(&[&head[4..], body]);
+    head[..4].copy_from_slice(&c.to_le_bytes());
+}
+
+/// Check one record read from `loc` and return (fingerprint, payload).
+pub fn decode_record<'a>(
+    buf: &'a [u8],
+    id: u64,
+    loc: &Location,
+) -> Result<(Fingerprint, &'a [u8])> {
+    let what = || {
+        format!(
+            "chunk {id} in segment {} at offset {}",
+            loc.segment, loc.offset
+        )
+    };
+    let total = loc.record_bytes() as usize;
+    if buf.len() < total {
+        return Err(Error::corrupt(what(), "record truncated"));
+    }
+    let stored = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    check_crc(stored, crc(&[&buf[4..total]]), what())?;
+    let mut r = Reader::new(&buf[4..RECORD_HEADER_BYTES], "chunk record");
+    let id_lo = r.u32()?;
+    let fp: Fingerprint = r.array()?;
+    let len_codec = r.u32()?;
+    let found_id = u64::from(id_lo) | u64::from(r.u32()?) << 32;
+    if found_id != id || len_codec != loc.len_codec() {
+        return Err(Error::corrupt(
+            what(),
+            format!(
+                "record holds chunk {found_id} ({len_codec:08x}), expected {:08x}",
+                loc.len_codec()
+            ),
+        ));
+    }
+    Ok((fp, &buf[RECORD_HEADER_BYTES..total]))
+}
+
+/// The associated data of a sealed chunk payload: the fingerprint and codec of its record.
+pub fn chunk_ctx(fp: &Fingerprint, codec: ChunkCodec) -> [u8; 17] {
+    let mut c = [0u8; 17];
+    c[..16].copy_from_slice(fp);
+    c[16] = codec as u8;
+    c
+}
+
+/// Check one record read from `loc` and return its payload as compressed, opened first in an
+/// encrypted pool (`crypto`): the tag is checked before the CRC, so changed bytes are an
+/// authentication error, and the record's fingerprint must be `expected` (the chunk table's,
+/// when known), so a record swapped in from elsewhere fails too. `what` names the block.
+pub fn open_record<'a>(
+    buf: &'a [u8],
+    id: u64,
+    loc: &Location,
+    crypto: Option<&Crypto>,
+    expected: Option<&Fingerprint>,
+    what: impl Fn() -> String,
+) -> Result<std::borrow::Cow<'a, [u8]>> {
+    let Some(c) = crypto else {
+        return decode_record(buf, id, loc).map(|(_, p)| std::borrow::Cow::Borrowed(p));
+    };
+    let total = loc.record_bytes() as usize;
+    let (Some(header), Some(sealed)) = (
+        buf.get(..RECORD_HEADER_BYTES),
+        buf.get(RECORD_HEADER_BYTES..total),
+    ) else {
+        return Err(Error::corrupt(what(), "record truncated"));
+    };
+    let mut fp: Fingerprint = [0u8; 16];
+    fp.copy_from_slice(&header[8..24]);
+    let plain = c.open(Kind::Chunk, &chunk_ctx(&fp, loc.codec), sealed, &what)?;
+    decode_record(buf, id, loc)?;
+    if expected.is_some_and(|e| *e != fp) {
+        return Err(Error::Auth {
+            what: what(),
+            detail: format!(
+                "the record in segment {} at offset {} holds another chunk's data",
+                loc.segment, loc.offset
+            ),
+        });
+    }
+    Ok(std::borrow::Cow::Owned(plain))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn chunk_record_checks() -> Result<()> {
+        let mut b = Vec::new();
+        encode_record(&mut b, 7, &[4; 16], ChunkCodec::Raw, b"hello");
+        let loc = Location {
+            segment: 1,
+            offset: 0,
+            stored_len: 5,
+            codec: ChunkCodec::Raw,
+        };
+        let (fp, payload) = decode_record(&b, 7, &loc)?;
+        assert_eq!((fp, payload), ([4; 16], &b"hello"[..]));
+        assert!(decode_record(&b, 8, &loc).is_err());
+        b[33] ^= 0x10;
+        assert!(matches!(
+            decode_record(&b, 7, &loc),
+            Err(Error::Checksum { .. })
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,270 @@
+//! `remote.conf` and how to reach the store it names: the pool's URL, the endpoint, the
+//! region, the credentials file ([`RemoteConf`]), and the errors of the store.
+//!
+//! Invariants:
+//! - Credentials never come from a command line: an endpoint or pool URL with a user name or
+//!   password is refused without showing it ([`check_endpoint`], [`parse_s3_url`]); a
+//!   credentials file is read only if its owner alone can access it ([`crate::secret_file`]).
+//! - `remote.conf` holds no secret.
+//! - A request the store did not answer is a [`StoreUnavailable`]: it changed nothing, and
+//!   the caller may retry it.
+
+use super::Durability;
+use crate::error::{Error, Result};
+use condense_object_store::ObjectBackend;
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The local directory's description of its pool in the bucket.
+pub const REMOTE_CONF_NAME: &str = "remote.conf";
+const CONF_FIRST_LINE: &str = "condense-remote 1";
+
+/// `remote.conf`: where the pool is and how this host reaches it. Holds no secret.
+///
+/// The durability is the pool's, stored in its superblock, not here. A `remote.conf` written
+/// by a Condense that kept it here (before issue 23) holds a `durability=` line: for a pool
+/// that stores none yet it is taken once (the first writable open stores it in the pool and
+/// drops the line); for a pool that stores one, the pool's wins.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteConf {
+    /// `s3://BUCKET[/PREFIX]`, or `file:///DIR` (a directory as the object store: tests).
+    pub url: String,
+    /// S3 endpoint (`None`: `$AWS_ENDPOINT_URL`, else AWS).
+    pub endpoint: Option<String>,
+    /// S3 region (`None`: `$AWS_REGION`, else us-east-1).
+    pub region: Option<String>,
+    /// A file of `KEY=VALUE` lines with the credentials (`None`: the environment).
+    pub credentials: Option<PathBuf>,
+    /// A durability for a pool that stores none yet (made before issue 23): the old
+    /// `durability=` line, or `connect --durability` to such a pool. `None` otherwise.
+    pub durability_to_store: Option<Durability>,
+    /// This host only reads the pool (no lease; never writes to the bucket).
+    pub read_only: bool,
+}
+
+impl RemoteConf {
+    pub fn encode(&self) -> String {
+        let mut s = format!("{CONF_FIRST_LINE}\nurl={}\n", self.url);
+        if let Some(e) = &self.endpoint {
+            s += &format!("endpoint={e}\n");
+        }
+        if let Some(r) = &self.region {
+            s += &format!("region={r}\n");
+        }
+        if let Some(c) = &self.credentials {
+            s += &format!("credentials={}\n", c.display());
+        }
+        if let Some(d) = self.durability_to_store {
+            s += &format!("durability={}\n", d.as_str());
+        }
+        s += &format!("read_only={}\n", self.read_only);
+        s
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<RemoteConf> {
+        let bad = |d: String| Error::corrupt(REMOTE_CONF_NAME, d);
+        let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8 text".into()))?;
+        let mut lines = text.lines();
+        if lines.next() != Some(CONF_FIRST_LINE) {
+            return Err(bad(format!("first line is not {CONF_FIRST_LINE:?}")));
+        }
+        let mut conf = RemoteConf {
+            url: String::new(),
+            endpoint: None,
+            region: None,
+            credentials: None,
+            durability_to_store: None,
+            read_only: false,
+        };
+        for l in lines {
+            match l.split_once('=') {
+                Some(("url", v)) => conf.url = v.to_string(),
+                Some(("endpoint", v)) => conf.endpoint = Some(v.to_string()),
+                Some(("region", v)) => conf.region = Some(v.to_string()),
+                Some(("credentials", v)) => conf.credentials = Some(PathBuf::from(v)),
+                Some(("durability", v)) => {
+                    conf.durability_to_store =
+                        Some(Durability::parse(v).ok_or_else(|| {
+                            bad(format!("durability {v:?} is not local or remote"))
+                        })?)
+                }
+                Some(("read_only", v)) => conf.read_only = v == "true",
+                _ => {}
+            }
+        }
+        if conf.url.is_empty() {
+            return Err(bad("no url= line".into()));
+        }
+        Ok(conf)
+    }
+
+    /// Connect to the store this configuration names; `writer`: this open may write the
+    /// bucket (a read-only open writes nothing, not even the conditional-put probe).
+    pub fn backend(&self, writer: bool) -> Result<Arc<dyn ObjectBackend>> {
+        if let Some(path) = self.url.strip_prefix("file://") {
+            return condense_object_store::LocalBackend::open(path)
+                .map(|b| Arc::new(b) as Arc<dyn ObjectBackend>)
+                .map_err(|e| remote_error(&self.url, e));
+        }
+        let (bucket, prefix) = parse_s3_url(&self.url)?;
+        let vars = match &self.credentials {
+            Some(f) => read_credentials(f)?,
+            None => HashMap::new(),
+        };
+        let var = |k: &str| {
+            vars.get(k)
+                .cloned()
+                .or_else(|| std::env::var(k).ok())
+                .filter(|v| !v.is_empty())
+        };
+        let required = |k: &str| {
+            var(k).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{k} is not set: export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or give \
+                     --credentials FILE (lines of KEY=VALUE); never put them on the command line"
+                ))
+            })
+        };
+        let endpoint = match &self.endpoint {
+            Some(e) => Some(e.clone()),
+            None => var("AWS_ENDPOINT_URL"),
+        };
+        if let Some(e) = &endpoint {
+            check_endpoint(e).map_err(|e| match (e, &self.endpoint) {
+                (Error::Invalid(m), None) => Error::Invalid(format!("$AWS_ENDPOINT_URL: {m}")),
+                (e, _) => e,
+            })?;
+        }
+        let config = condense_object_store::S3Config {
+            bucket,
+            prefix,
+            endpoint,
+            region: self
+                .region
+                .clone()
+                .or_else(|| var("AWS_REGION"))
+                .unwrap_or_else(|| "us-east-1".into()),
+            access_key_id: required("AWS_ACCESS_KEY_ID")?,
+            secret_access_key: required("AWS_SECRET_ACCESS_KEY")?,
+            allow_http: var("AWS_ALLOW_HTTP")
+                .is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1"),
+            timeouts: Default::default(),
+            probe_conditional_put: writer && !self.read_only,
+        };
+        condense_object_store::S3Backend::open(&config)
+            .map(|b| Arc::new(b) as Arc<dyn ObjectBackend>)
+            .map_err(|e| remote_error(&self.url, e))
+    }
+}
+
+/// True if `spec` names a pool in an object store (`s3://...`, or `file://...` for tests).
+pub fn is_remote_url(spec: &str) -> bool {
+    spec.starts_with("s3://") || spec.starts_with("file://")
+}
+
+/// `s3://BUCKET[/PREFIX]` → (bucket, prefix).
+pub fn parse_s3_url(url: &str) -> Result<(String, String)> {
+    let rest = url.strip_prefix("s3://").ok_or_else(|| {
+        Error::Invalid(format!("{url:?} is not an S3 URL: give s3://BUCKET/PREFIX"))
+    })?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if let Some(shown) = without_userinfo(url).filter(|_| bucket.contains('@')) {
+        return Err(Error::Invalid(format!(
+            "{shown} has a user name or password in it: give s3://BUCKET/PREFIX, and the \
+             credentials with --credentials FILE or in the environment, never on the command line"
+        )));
+    }
+    if bucket.is_empty() {
+        return Err(Error::Invalid(format!(
+            "{url:?} names no bucket: give s3://BUCKET/PREFIX"
+        )));
+    }
+    Ok((bucket.to_string(), prefix.trim_end_matches('/').to_string()))
+}
+
+/// `url` with everything between its scheme and its last `@` (a user name, a password)
+/// replaced by `***`; `None` if it has no `@`.
+fn without_userinfo(url: &str) -> Option<String> {
+    let at = url.rfind('@')?;
+    let start = url
+        .find("://")
+        .map(|i| i + 3)
+        .filter(|&s| s <= at)
+        .unwrap_or(0);
+    Some(format!("{}***{}", &url[..start], &url[at..]))
+}
+
+/// Refuse an S3 endpoint URL that carries credentials (`https://USER:PASSWORD@HOST`): they
+/// would sit in the process list, the shell history and `remote.conf`. The error shows the URL
+/// without them.
+pub fn check_endpoint(endpoint: &str) -> Result<()> {
+    match without_userinfo(endpoint) {
+        None => Ok(()),
+        Some(shown) => Err(Error::Invalid(format!(
+            "the S3 endpoint {shown} has a user name or password in it: give the endpoint as \
+             http(s)://HOST[:PORT], and the credentials with --credentials FILE (lines \
+             AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=..., mode 0600) or in the \
+             environment, never on the command line"
+        ))),
+    }
+}
+
+/// `KEY=VALUE` lines (`export ` and quotes allowed, `#` comments), as `credentials.env` files
+/// are written. The file must be its owner's only ([`crate::secret_file`]).
+fn read_credentials(path: &Path) -> Result<HashMap<String, String>> {
+    const WHAT: &str = "credentials file";
+    let bytes = crate::secret_file::read(path, WHAT)?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| Error::Invalid(format!("{WHAT} {} is not UTF-8 text", path.display())))?;
+    let mut vars = HashMap::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        if line.starts_with('#') {
+            continue;
+        }
+        if let Some((k, v)) = line.split_once('=') {
+            let v = v.trim().trim_matches('"').trim_matches('\'');
+            vars.insert(k.trim().to_string(), v.to_string());
+        }
+    }
+    Ok(vars)
+}
+
+pub(super) fn remote_error(store: &str, e: condense_object_store::Error) -> Error {
+    Error::io(
+        format!("object store {store}"),
+        io::Error::other(e.to_string()),
+    )
+}
+
+pub(super) fn to_io(e: condense_object_store::Error) -> io::Error {
+    if e.is_not_found() {
+        return io::Error::new(io::ErrorKind::NotFound, e.to_string());
+    }
+    io::Error::other(StoreUnavailable(e.to_string()))
+}
+
+/// The object store did not take or give what was asked (unreachable, timed out, refused):
+/// the pool's state is unchanged and the request can be retried once the store answers.
+#[derive(Debug)]
+pub struct StoreUnavailable(pub String);
+
+impl std::fmt::Display for StoreUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StoreUnavailable {}
+
+/// True if `e` is (or wraps) a [`StoreUnavailable`]: a flush that failed so has changed
+/// nothing locally and must not poison the pool.
+pub fn is_store_unavailable(e: &Error) -> bool {
+    match e {
+        Error::Io { source, .. } => source.get_ref().is_some_and(|r| r.is::<StoreUnavailable>()),
+        _ => false,
+    }
+}

@@ -1,0 +1,387 @@
+//! The bucket as the pool directory: [`RemoteDir`], the [`Dir`] a pool on S3 opens, and
+//! the mirror of `meta.dat` in the local directory (see the module docs of
+//! [`crate::remote`] for how files map to objects).
+//!
+//! Invariants:
+//! - Names of the local subdirectory (`cache.conf`, the lock) never reach the bucket.
+//! - Only a file being written can be renamed, and the rename is its one PUT; renaming a
+//!   checkpoint root records its hash in `meta.synced` (the mirror matches that root).
+//! - The mirror of `meta.dat` is used only while `meta.synced` names the bucket's root;
+//!   otherwise the open fetches every extent.
+
+use super::conf::remote_error;
+use super::files::{BufFile, BufState, MetaFile, ObjFile};
+use super::lease::{Lease, LEASE_NAME};
+use super::shared::{in_parallel, Shared};
+use super::{Durability, RemoteStatus};
+use crate::error::{Error, Result};
+use crate::format::{CHECKPOINT_NAME, META_NAME};
+use crate::io::{Dir, File, RealDir};
+use std::collections::{BTreeSet, HashMap};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// The subdirectory of the local directory for the `meta.dat` mirror and `cache.conf`.
+pub const LOCAL_SUBDIR: &str = "pool";
+/// Bytes of one `meta.dat` extent object.
+pub const META_EXTENT_BYTES: u64 = 256 << 10;
+const META_SYNCED_NAME: &str = "meta.synced";
+
+/// The pool directory of an S3 pool (see the module docs for the mapping).
+pub struct RemoteDir {
+    shared: Arc<Shared>,
+    /// `LOCAL/pool/`: the `meta.dat` mirror, `meta.synced`, `cache.conf`.
+    local: RealDir,
+    meta: Mutex<Option<Arc<MetaFile>>>,
+    opened: Instant,
+    /// Sizes of the objects the last `list` returned, taken by the next `open` of each (an
+    /// open lists the segments, then opens each one: no HEAD per segment). Forgotten when
+    /// this directory writes or removes the name.
+    listed: Mutex<HashMap<String, u64>>,
+    /// Files being written whole (`.tmp`, `.partial`, new files), by name, for `rename`.
+    writing: Mutex<HashMap<String, Weak<BufFile>>>,
+    _lease: Option<Lease>,
+}
+
+/// Names kept in the local subdirectory, never uploaded.
+fn is_local_name(name: &str) -> bool {
+    name == crate::cache::CACHE_CONF_NAME
+        || name == "cache.conf.tmp"
+        || name == crate::format::LOCK_NAME
+}
+
+impl RemoteDir {
+    /// The bucket side of the pool whose local directory is `path`.
+    pub(super) fn new(shared: Arc<Shared>, path: &Path, lease: Option<Lease>) -> RemoteDir {
+        RemoteDir {
+            shared,
+            local: RealDir::new(&path.join(LOCAL_SUBDIR)),
+            meta: Mutex::new(None),
+            opened: Instant::now(),
+            writing: Mutex::new(HashMap::new()),
+            listed: Mutex::new(HashMap::new()),
+            _lease: lease,
+        }
+    }
+
+    fn describe_url(&self) -> &str {
+        &self.shared.url
+    }
+
+    /// The meta.dat mirror is current if it matches the root in the bucket; otherwise fetch
+    /// every extent.
+    pub(super) fn sync_meta_mirror(&self) -> Result<()> {
+        // The primary root, or its copy where the primary is missing (a damaged primary only
+        // fails to match the mirror's tag: the mirror is fetched again).
+        let mut found = None;
+        for name in [
+            CHECKPOINT_NAME.to_string(),
+            crate::copies::copy_name(CHECKPOINT_NAME),
+        ] {
+            match self.shared.store.get(&name) {
+                Ok(r) => {
+                    found = Some(r);
+                    break;
+                }
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(remote_error(&self.shared.url, e)),
+            }
+        }
+        let Some(root) = found else {
+            return Ok(());
+        };
+        let tag = blake3::hash(&root).to_hex().to_string();
+        let local_tag =
+            std::fs::read_to_string(self.local.path().join(META_SYNCED_NAME)).unwrap_or_default();
+        let mirror = self.local.path().join(META_NAME);
+        if local_tag.trim() == tag && mirror.exists() {
+            return Ok(());
+        }
+        let extents = self
+            .shared
+            .store
+            .list("meta")
+            .map_err(|e| remote_error(&self.shared.url, e))?;
+        tracing::info!(
+            "fetching the metadata of {} ({} extents)",
+            self.shared.url,
+            extents.len()
+        );
+        let file = self
+            .local
+            .open(META_NAME, true)
+            .and_then(|f| f.set_len(0).map(|_| f))
+            .map_err(|e| Error::io(format!("creating {}", mirror.display()), e))?;
+        let mut jobs = Vec::new();
+        for (name, _) in &extents {
+            let Some(n) = name
+                .strip_prefix("meta/")
+                .and_then(|h| u64::from_str_radix(h, 16).ok())
+            else {
+                continue;
+            };
+            jobs.push((name.clone(), n));
+        }
+        let fetched = in_parallel(&jobs, |(name, n)| {
+            self.shared
+                .note(self.shared.store.get(name))
+                .and_then(|bytes| file.write_at(&bytes, n * META_EXTENT_BYTES))
+                .map_err(|e| Error::io(format!("fetching {name}"), e))
+        });
+        fetched.into_iter().collect::<Result<Vec<()>>>()?;
+        file.sync()
+            .map_err(|e| Error::io(format!("syncing {}", mirror.display()), e))?;
+        self.write_meta_synced(&root)
+    }
+
+    fn write_meta_synced(&self, root: &[u8]) -> Result<()> {
+        let tag = blake3::hash(root).to_hex().to_string();
+        crate::io::write_file_atomically(&self.local, META_SYNCED_NAME, tag.as_bytes())
+    }
+
+    fn meta_file(&self, create: bool) -> io::Result<Arc<MetaFile>> {
+        let mut slot = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = &*slot {
+            return Ok(m.clone());
+        }
+        let local = self.local.open(META_NAME, create)?;
+        let m = Arc::new(MetaFile {
+            local,
+            dirty: Mutex::new(BTreeSet::new()),
+            shared: self.shared.clone(),
+        });
+        *slot = Some(m.clone());
+        Ok(m)
+    }
+
+    /// The pool's durability, as stored in its superblock.
+    pub fn durability(&self) -> Durability {
+        self.shared.durability()
+    }
+
+    /// Use `d` for the files opened from now on (the caller has stored it in the pool).
+    pub(super) fn set_durability(&self, d: Durability) {
+        self.shared
+            .remote_durability
+            .store(d == Durability::Remote, Ordering::Relaxed);
+    }
+
+    /// Fail at once, changing nothing, if the store's last request failed and it does not
+    /// answer now either (checked before a checkpoint starts: a checkpoint that fails
+    /// half-way must poison the pool, one that never starts need not).
+    pub fn check_reachable(&self) -> Result<()> {
+        let failing = self
+            .shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !failing {
+            return Ok(());
+        }
+        self.shared
+            .note(self.shared.store.head(crate::format::SUPERBLOCK_NAME))
+            .map(|_| ())
+            .map_err(|e| {
+                Error::io(
+                    format!(
+                        "checkpointing to {}: the store does not answer; the checkpoint runs once it does",
+                        self.shared.url
+                    ),
+                    e,
+                )
+            })
+    }
+
+    /// Time since this open uploaded a checkpoint root, or since the open.
+    pub fn since_last_upload(&self) -> Duration {
+        self.shared
+            .last_upload
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or_else(|| self.opened.elapsed(), |t| t.elapsed())
+    }
+
+    /// Mark that a checkpoint root was uploaded now.
+    fn uploaded(&self) {
+        *self
+            .shared
+            .last_upload
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    /// The bucket side of the pool for `stats` (one LIST).
+    pub fn status(&self) -> RemoteStatus {
+        let (objects, bytes) = match self.shared.store.list("") {
+            Ok(l) => (l.len() as u64, l.iter().map(|(_, s)| s).sum()),
+            Err(_) => (0, 0),
+        };
+        let health = if self.shared.lease_lost.load(Ordering::Relaxed) {
+            "lease lost".to_string()
+        } else if let Some((since, msg)) = &*self
+            .shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+        {
+            format!("degraded for {} s: {msg}", since.elapsed().as_secs())
+        } else if self.shared.read_only {
+            "ok (read-only)".to_string()
+        } else {
+            "ok".to_string()
+        };
+        RemoteStatus {
+            url: self.shared.url.clone(),
+            durability: self.durability(),
+            health,
+            objects,
+            bytes,
+            requests: self.shared.store.stats(),
+            pending_bytes: 0,
+            last_upload_age_seconds: self
+                .shared
+                .last_upload
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .map(|t| t.elapsed().as_secs()),
+            conditional_put_honoured: self.shared.store.conditional_put_honoured(),
+        }
+    }
+}
+
+impl Dir for RemoteDir {
+    fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
+        if is_local_name(name) {
+            return self.local.open(name, create);
+        }
+        if name == META_NAME {
+            return Ok(self.meta_file(create)? as Arc<dyn File>);
+        }
+        let listed = self
+            .listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        if create {
+            self.shared.may_write(&format!("creating {name}"))?;
+            let f = Arc::new(BufFile {
+                shared: self.shared.clone(),
+                name: name.to_string(),
+                state: Mutex::new(BufState::Writing(Vec::new())),
+            });
+            self.writing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(name.to_string(), Arc::downgrade(&f));
+            return Ok(f);
+        }
+        let size = match listed {
+            Some(len) => Some(len),
+            None => self.shared.note(self.shared.store.head(name))?,
+        };
+        match size {
+            Some(len) => Ok(Arc::new(ObjFile {
+                shared: self.shared.clone(),
+                name: name.to_string(),
+                len,
+            })),
+            None => Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no object {name} in {}", self.describe_url()),
+            )),
+        }
+    }
+
+    fn exists(&self, name: &str) -> io::Result<bool> {
+        if is_local_name(name) || name == META_NAME {
+            return self.local.exists(name);
+        }
+        Ok(self.shared.note(self.shared.store.head(name))?.is_some())
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        if is_local_name(name) {
+            return self.local.remove(name);
+        }
+        self.writing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        self.shared.delete(name)
+    }
+
+    fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        if is_local_name(from) && is_local_name(to) {
+            return self.local.rename(from, to);
+        }
+        let file = self
+            .writing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(from)
+            .and_then(|w| w.upgrade())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "renaming {from} to {to} in {}: only a file being written can be renamed",
+                        self.describe_url()
+                    ),
+                )
+            })?;
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(to);
+        let bytes = file.store_as(to)?;
+        if to == CHECKPOINT_NAME {
+            self.uploaded();
+            self.write_meta_synced(&bytes)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
+        let all = self.shared.note(self.shared.store.list(""))?;
+        let found: Vec<(String, u64)> = all
+            .into_iter()
+            .filter(|(n, _)| !n.contains('/') && n.starts_with(prefix) && n != LEASE_NAME)
+            .collect();
+        self.listed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(found.iter().cloned());
+        Ok(found.into_iter().map(|(n, _)| n).collect())
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        // Every PUT is durable when acknowledged.
+        Ok(())
+    }
+
+    fn total_bytes(&self) -> io::Result<u64> {
+        let all = self.shared.note(self.shared.store.list(""))?;
+        Ok(all.iter().map(|(_, s)| s).sum())
+    }
+
+    fn available_bytes(&self) -> io::Result<u64> {
+        Ok(u64::MAX / 4)
+    }
+
+    fn describe(&self) -> String {
+        self.shared.url.clone()
+    }
+
+    fn remote(&self) -> Option<&RemoteDir> {
+        Some(self)
+    }
+}

@@ -1,0 +1,325 @@
+//! Setting up and opening a pool in a bucket: `condense init s3://...` ([`init`]),
+//! `condense connect` ([`connect`]), and the open of its local directory
+//! ([`open_local`]: the lease, the rebuilt local files, the `meta.dat` mirror).
+//!
+//! Invariants:
+//! - A local directory is made only in a missing or empty directory, and holds
+//!   `remote.conf`, `pool/cache.conf` and the writeback cache.
+//! - The durability is the pool's, read from its superblock; a `durability=` line of an
+//!   older `remote.conf` is taken once, for a pool that stores none, and then dropped.
+//! - The superblock the pool opens must name the durability the bucket side was set up with
+//!   ([`AfterOpen::finish`]).
+
+use super::conf::{remote_error, RemoteConf, REMOTE_CONF_NAME};
+use super::lease::Lease;
+use super::object_dir::{RemoteDir, LOCAL_SUBDIR};
+use super::shared::{ReadBlocks, Shared};
+use super::wal::WalDir;
+use super::Durability;
+use crate::cache::{CacheConf, CacheMode};
+use crate::error::{Error, Result};
+use crate::format::Superblock;
+use crate::io::{Dir, RealDir};
+use condense_object_store::ObjectBackend;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+/// Create the local directory `path` for the pool `conf` names, with a writeback cache of
+/// `cache_size` bytes. `path` must be missing or empty.
+fn prepare_local(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> {
+    if let Ok(mut entries) = std::fs::read_dir(path) {
+        if entries.next().is_some() {
+            return Err(Error::Invalid(format!(
+                "{} is not empty: give a new (or empty) directory for the pool's local files",
+                path.display()
+            )));
+        }
+    }
+    crate::io::create_private_dir(path)
+        .and_then(|()| crate::io::create_private_dir(&path.join(LOCAL_SUBDIR)))
+        .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+    let abs = std::fs::canonicalize(path)
+        .map_err(|e| Error::io(format!("resolving {}", path.display()), e))?;
+    let cache = CacheConf {
+        path: abs.display().to_string(),
+        size_bytes: cache_size,
+        mode: CacheMode::WriteBack,
+    };
+    let sub = RealDir::new(&abs.join(LOCAL_SUBDIR));
+    crate::io::write_file_atomically(
+        &sub,
+        crate::cache::CACHE_CONF_NAME,
+        cache.encode().as_bytes(),
+    )?;
+    crate::io::write_file_atomically(
+        &RealDir::new(&abs),
+        REMOTE_CONF_NAME,
+        conf.encode().as_bytes(),
+    )
+}
+
+fn shared_for(
+    conf: &RemoteConf,
+    store: Arc<dyn ObjectBackend>,
+    read_only: bool,
+    durability: Durability,
+) -> Arc<Shared> {
+    Arc::new(Shared {
+        store,
+        url: conf.url.clone(),
+        read_only,
+        remote_durability: AtomicBool::new(durability == Durability::Remote),
+        lease_lost: AtomicBool::new(false),
+        last_error: Mutex::new(None),
+        last_upload: Mutex::new(None),
+        blocks: Mutex::new(ReadBlocks::default()),
+    })
+}
+
+fn has_pool(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<bool> {
+    for name in superblock_names() {
+        if store
+            .head(&name)
+            .map_err(|e| remote_error(&conf.url, e))?
+            .is_some()
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The two copies of the superblock (crate::copies), primary first.
+fn superblock_names() -> [String; 2] {
+    let primary = crate::format::SUPERBLOCK_NAME;
+    [primary.to_string(), crate::copies::copy_name(primary)]
+}
+
+/// The pool's superblock in the bucket (`None`: no pool there): its primary copy, or its
+/// copy where the primary is missing or damaged (the pool's open says which it used).
+fn read_superblock(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<Option<Superblock>> {
+    let mut first_error = None;
+    for name in superblock_names() {
+        match store.get(&name) {
+            Ok(b) => match Superblock::decode(&b) {
+                Ok(sb) => return Ok(Some(sb)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            },
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(remote_error(&conf.url, e)),
+        }
+    }
+    first_error.map_or(Ok(None), Err)
+}
+
+/// `condense init s3://...`: a new pool in the bucket, with `durability` stored in it, and
+/// its local directory `path`.
+pub fn init(
+    path: &Path,
+    conf: &RemoteConf,
+    durability: Durability,
+    cache_size: u64,
+    opts: &crate::pool::InitOptions,
+) -> Result<()> {
+    let store = conf.backend(true)?;
+    if has_pool(conf, &*store)? {
+        return Err(Error::Invalid(format!(
+            "{} already holds a Condense pool: to use it on this host, run `condense connect {} \
+             --cache DIR --cache-size SIZE`",
+            conf.url, conf.url
+        )));
+    }
+    let conf = RemoteConf {
+        durability_to_store: None,
+        ..conf.clone()
+    };
+    prepare_local(path, &conf, cache_size)?;
+    let shared = shared_for(&conf, store, false, durability);
+    // Pool::init stores the directory's durability in the superblock.
+    crate::pool::Pool::init(&RemoteDir::new(shared, path, None), opts)
+}
+
+/// `condense connect s3://...`: the local directory `path` for a pool already in the bucket
+/// (a new host, a disaster reopen, a reader beside the writer). The pool keeps its stored
+/// durability: `durability`, if given, must be the same (it is only a check), except for a
+/// pool that stores none yet (made before issue 23), where it is stored by the first
+/// writable open. Returns the pool's stored durability.
+pub fn connect(
+    path: &Path,
+    conf: &RemoteConf,
+    durability: Option<Durability>,
+    cache_size: u64,
+) -> Result<Option<Durability>> {
+    let store = conf.backend(false)?;
+    let Some(sb) = read_superblock(conf, &*store)? else {
+        return Err(Error::Invalid(format!(
+            "{} holds no Condense pool: create one with `condense init {} --cache DIR --cache-size SIZE`",
+            conf.url, conf.url
+        )));
+    };
+    if let (Some(stored), Some(asked)) = (sb.durability, durability) {
+        if stored != asked {
+            return Err(Error::Invalid(format!(
+                "pool {} has durability {} (stored with the pool, for every host that uses it); \
+                 connect does not change it: leave out --durability {}, and to change it for \
+                 every host, run `condense --pool {} durability set {}` once connected",
+                conf.url,
+                stored.as_str(),
+                asked.as_str(),
+                path.display(),
+                asked.as_str()
+            )));
+        }
+    }
+    let conf = RemoteConf {
+        durability_to_store: if sb.durability.is_none() {
+            durability
+        } else {
+            None
+        },
+        ..conf.clone()
+    };
+    prepare_local(path, &conf, cache_size)?;
+    Ok(sb.durability)
+}
+
+/// True if `path` is the local directory of a pool in an object store.
+pub fn is_local_dir(path: &Path) -> bool {
+    path.join(REMOTE_CONF_NAME).is_file()
+}
+
+/// What [`crate::pool::Pool`] needs to open an S3 pool from its local directory.
+pub(crate) struct Opened {
+    pub dir: Arc<RemoteDir>,
+    /// The cache (and staging) directory: the local directory, as a [`WalDir`] with
+    /// `remote` durability.
+    pub cache_dir: Arc<dyn Dir>,
+    pub read_only: bool,
+    /// To do once the pool is open (`AfterOpen::finish`).
+    pub after: AfterOpen,
+}
+
+/// The durability of an S3 pool, as the open found it, checked and (for a pool that stores
+/// none yet) stored once the pool is open.
+pub(crate) struct AfterOpen {
+    /// The durability in the superblock read before the open.
+    read: Option<Durability>,
+    /// Store this one in the pool: it stores none yet, and this open may write.
+    store: Option<Durability>,
+    conf_path: PathBuf,
+    conf: RemoteConf,
+}
+
+impl AfterOpen {
+    /// The open pool's superblock (the one it checked, and authenticated in an encrypted
+    /// pool) must name the durability the bucket side was set up with; a pool that stores
+    /// none yet gets the one this open uses.
+    pub fn finish(self, pool: &crate::pool::Pool) -> Result<()> {
+        if pool.sb.durability != self.read {
+            return Err(Error::corrupt(
+                format!("superblock of {}", self.conf.url),
+                "it changed while this host opened the pool (another host wrote it): open the pool again",
+            ));
+        }
+        let Some(d) = self.store else {
+            return Ok(());
+        };
+        pool.store_durability(d)?;
+        tracing::warn!(
+            "pool {} stored no durability (made by an older Condense): it now stores {} ({}); \
+             change it with `condense durability set local|remote`",
+            self.conf.url,
+            d.as_str(),
+            if self.conf.durability_to_store.is_some() {
+                "from this host's remote.conf"
+            } else {
+                "the default"
+            }
+        );
+        forget_conf_durability(&self.conf_path, &self.conf)
+    }
+}
+
+/// Rewrite `remote.conf` without its `durability=` line (the pool stores its own).
+fn forget_conf_durability(path: &Path, conf: &RemoteConf) -> Result<()> {
+    if conf.durability_to_store.is_none() {
+        return Ok(());
+    }
+    let conf = RemoteConf {
+        durability_to_store: None,
+        ..conf.clone()
+    };
+    crate::io::write_file_atomically(
+        &RealDir::new(path),
+        REMOTE_CONF_NAME,
+        conf.encode().as_bytes(),
+    )
+}
+
+/// Open the bucket side of the pool whose local directory is `path`: take the lease (unless
+/// read-only), rebuild lost local files from write-ahead objects, bring the metadata mirror
+/// up to date. The durability comes from the pool's superblock.
+pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
+    let conf = RemoteConf::decode(&std::fs::read(path.join(REMOTE_CONF_NAME)).map_err(|e| {
+        Error::io(
+            format!("reading {}", path.join(REMOTE_CONF_NAME).display()),
+            e,
+        )
+    })?)?;
+    let read_only = read_only || conf.read_only;
+    let store = conf.backend(!read_only)?;
+    let sb = read_superblock(&conf, &*store)?
+        .ok_or_else(|| Error::NotAPool(PathBuf::from(&conf.url)))?;
+    let durability = match (sb.durability, conf.durability_to_store) {
+        (Some(stored), Some(here)) if stored != here => {
+            tracing::warn!(
+                "{} says durability={} (written by an older Condense); the pool {} stores {}, \
+                 which is used",
+                path.join(REMOTE_CONF_NAME).display(),
+                here.as_str(),
+                conf.url,
+                stored.as_str()
+            );
+            stored
+        }
+        (Some(stored), _) => stored,
+        (None, here) => here.unwrap_or_default(),
+    };
+    let after = AfterOpen {
+        read: sb.durability,
+        store: (sb.durability.is_none() && !read_only).then_some(durability),
+        conf_path: path.to_path_buf(),
+        conf: conf.clone(),
+    };
+    if sb.durability.is_some() && !read_only {
+        forget_conf_durability(path, &conf)?;
+    }
+    let shared = shared_for(&conf, store, read_only, durability);
+    let lease = if read_only {
+        None
+    } else {
+        Some(Lease::acquire(&shared)?)
+    };
+    let local = Arc::new(RealDir::new(path));
+    // A writer's local directory (even opened read-only, e.g. by `export`) is rebuilt from
+    // the write-ahead objects in the bucket, whatever the pool's durability (it may have
+    // been `remote` before a change); a reader host's never is (they are the writer's).
+    let cache_dir: Arc<dyn Dir> = if conf.read_only {
+        local
+    } else {
+        let wal = WalDir::new(local.clone(), shared.clone());
+        wal.recover()?;
+        Arc::new(wal)
+    };
+    let dir = RemoteDir::new(shared, path, lease);
+    dir.sync_meta_mirror()?;
+    Ok(Opened {
+        dir: Arc::new(dir),
+        cache_dir,
+        read_only,
+        after,
+    })
+}

@@ -1,0 +1,246 @@
+//! What the bucket's directory, its files, the write-ahead objects and the lease share: the
+//! store, its health (the last failed request), the read-only and lease-lost gates of every
+//! write, and the LRU of blocks read from objects ([`Shared`]).
+//!
+//! Invariants:
+//! - Every PUT and DELETE goes through [`Shared::put`] or [`Shared::delete`], which refuse
+//!   on a read-only open and once the lease is lost.
+//! - A PUT or DELETE of an object forgets the blocks read of it, so a read never returns
+//!   bytes of an object's older version that this process replaced.
+
+use super::conf::to_io;
+use super::Durability;
+use condense_object_store::{BackendStats, ObjectBackend};
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Reads of an object fetch aligned blocks of this many bytes, kept in a small LRU: one block
+/// (one GET) for a read out of order, [`READ_AHEAD_BLOCKS`] in one GET for a read that
+/// continues the previous one (a request costs ~45-90 ms on Garage whatever its size).
+const READ_BLOCK_BYTES: u64 = 256 << 10;
+const READ_AHEAD_BLOCKS: u64 = 16;
+/// Blocks kept by the read LRU (64 MiB).
+const READ_BLOCKS_KEPT: usize = 256;
+/// Uploads and downloads of extents run this many at a time.
+const PARALLEL_REQUESTS: usize = 8;
+
+/// What `stats` shows about the bucket side of a pool.
+#[derive(Clone, Debug, Default)]
+pub struct RemoteStatus {
+    pub url: String,
+    /// The pool's durability (stored in its superblock; what this open's flushes do).
+    pub durability: Durability,
+    /// `ok`, `degraded: ERROR (N s ago)`, `lease lost`, or `read-only`.
+    pub health: String,
+    pub objects: u64,
+    pub bytes: u64,
+    pub requests: BackendStats,
+    /// Staged segments not yet uploaded, and the local journal (local durability).
+    pub pending_bytes: u64,
+    /// Seconds since the last checkpoint was uploaded (`None`: none since open).
+    pub last_upload_age_seconds: Option<u64>,
+    pub conditional_put_honoured: bool,
+}
+
+pub(super) struct Shared {
+    pub(super) store: Arc<dyn ObjectBackend>,
+    pub(super) url: String,
+    pub(super) read_only: bool,
+    /// The pool's durability is `remote`: journal and segment files opened from now on log
+    /// their syncs as write-ahead objects ([`WalDir`]). Changed only with the stored value
+    /// ([`crate::pool::Pool::set_durability`]).
+    pub(super) remote_durability: AtomicBool,
+    pub(super) lease_lost: AtomicBool,
+    /// The last failed request, and when; cleared by the next success.
+    pub(super) last_error: Mutex<Option<(Instant, String)>>,
+    pub(super) last_upload: Mutex<Option<Instant>>,
+    pub(super) blocks: Mutex<ReadBlocks>,
+}
+
+impl Shared {
+    pub(super) fn durability(&self) -> Durability {
+        if self.remote_durability.load(Ordering::Relaxed) {
+            Durability::Remote
+        } else {
+            Durability::Local
+        }
+    }
+
+    pub(super) fn note<T>(&self, r: condense_object_store::Result<T>) -> io::Result<T> {
+        match r {
+            Ok(v) => {
+                let mut e = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                if e.is_some() {
+                    tracing::info!("object store {} answers again", self.url);
+                    *e = None;
+                }
+                Ok(v)
+            }
+            Err(err) if err.is_not_found() => Err(to_io(err)),
+            Err(err) => {
+                let msg = err.to_string();
+                tracing::warn!("object store {}: {msg}", self.url);
+                let mut e = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                if e.is_none() {
+                    *e = Some((Instant::now(), msg));
+                } else if let Some((_, m)) = e.as_mut() {
+                    *m = msg;
+                }
+                Err(to_io(err))
+            }
+        }
+    }
+
+    pub(super) fn may_write(&self, what: &str) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{what}: this host opened {} read-only", self.url),
+            ));
+        }
+        if self.lease_lost.load(Ordering::Relaxed) {
+            return Err(io::Error::other(format!(
+                "{what}: the lease of {} was taken by another host; this host no longer writes the pool",
+                self.url
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn put(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        self.may_write(&format!("uploading {name}"))?;
+        self.blocks_forget(name);
+        self.note(self.store.put(name, bytes))
+    }
+
+    pub(super) fn delete(&self, name: &str) -> io::Result<()> {
+        self.may_write(&format!("deleting {name}"))?;
+        self.blocks_forget(name);
+        self.note(self.store.delete(name))
+    }
+
+    pub(super) fn blocks_forget(&self, name: &str) {
+        self.blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(name);
+    }
+
+    /// `len` bytes at `offset` of object `name` (of `size` bytes), through the block LRU.
+    pub(super) fn read(
+        &self,
+        name: &str,
+        size: u64,
+        buf: &mut [u8],
+        offset: u64,
+    ) -> io::Result<()> {
+        if offset + buf.len() as u64 > size {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("read past the end of {name} in {}", self.url),
+            ));
+        }
+        let mut at = 0usize;
+        while at < buf.len() {
+            let pos = offset + at as u64;
+            let b = pos / READ_BLOCK_BYTES;
+            let start = b * READ_BLOCK_BYTES;
+            let (cached, sequential) = {
+                let mut blocks = self.blocks.lock().unwrap_or_else(|e| e.into_inner());
+                let sequential = blocks.follows(name, b);
+                (blocks.get(name, b), sequential)
+            };
+            let block = match cached {
+                Some(x) => x,
+                None => {
+                    let want = if sequential { READ_AHEAD_BLOCKS } else { 1 };
+                    let len = (want * READ_BLOCK_BYTES).min(size - start);
+                    let got = self.note(self.store.get_range(name, start, len))?;
+                    let mut blocks = self.blocks.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut first = None;
+                    for (i, piece) in got.chunks(READ_BLOCK_BYTES as usize).enumerate() {
+                        let piece = Arc::new(piece.to_vec());
+                        first.get_or_insert_with(|| piece.clone());
+                        blocks.put(name, b + i as u64, piece);
+                    }
+                    first.ok_or_else(|| {
+                        io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("empty range of {name} in {}", self.url),
+                        )
+                    })?
+                }
+            };
+            let from = (pos - start) as usize;
+            let n = (block.len() - from).min(buf.len() - at);
+            buf[at..at + n].copy_from_slice(&block[from..from + n]);
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+/// The most recently used blocks of objects read.
+#[derive(Default)]
+pub(super) struct ReadBlocks {
+    pub(super) map: HashMap<(String, u64), Arc<Vec<u8>>>,
+    pub(super) order: VecDeque<(String, u64)>,
+    /// The block read last.
+    pub(super) last: Option<(String, u64)>,
+}
+
+impl ReadBlocks {
+    /// Whether block `b` of `name` continues the last block read; remembers it as the last.
+    fn follows(&mut self, name: &str, b: u64) -> bool {
+        let seq = self
+            .last
+            .as_ref()
+            .is_some_and(|(n, l)| n == name && (*l == b || *l + 1 == b));
+        self.last = Some((name.to_string(), b));
+        seq
+    }
+
+    fn get(&mut self, name: &str, b: u64) -> Option<Arc<Vec<u8>>> {
+        let key = (name.to_string(), b);
+        let v = self.map.get(&key)?.clone();
+        self.order.retain(|k| k != &key);
+        self.order.push_back(key);
+        Some(v)
+    }
+    fn put(&mut self, name: &str, b: u64, v: Arc<Vec<u8>>) {
+        let key = (name.to_string(), b);
+        if self.map.insert(key.clone(), v).is_none() {
+            self.order.push_back(key);
+        }
+        while self.order.len() > READ_BLOCKS_KEPT {
+            if let Some(k) = self.order.pop_front() {
+                self.map.remove(&k);
+            }
+        }
+    }
+    fn forget(&mut self, name: &str) {
+        self.map.retain(|k, _| k.0 != name);
+        self.order.retain(|k| k.0 != name);
+    }
+}
+
+/// `f` on every item, [`PARALLEL_REQUESTS`] at a time (one request each); the results in
+/// the items' order.
+pub(super) fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let mut out = Vec::with_capacity(items.len());
+    for batch in items.chunks(PARALLEL_REQUESTS) {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = batch.iter().map(|item| s.spawn(|| f(item))).collect();
+            for h in handles {
+                match h.join() {
+                    Ok(r) => out.push(r),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+        });
+    }
+    out
+}
