@@ -81,6 +81,11 @@ def main():
         targets = set(re.findall(r"crate::(\w+(?:::\w+)*)", joined))
         for group in re.findall(r"crate::\{([^}]*)\}", joined, re.S):
             targets |= {t.strip().split("::")[0] for t in group.split(",") if t.strip()}
+        if p.endswith("mod.rs"):
+            # a folder module's own `use child::...` names its children
+            for child in re.findall(r"^\s*(?:pub(?:\([^)]*\))? )?use (\w+)::", joined, re.M):
+                if f"{m}::{child}" in files:
+                    edges[m].add(f"{m}::{child}")
         if "::" in m or p.endswith("mod.rs"):
             parent = m.rsplit("::", 1)[0] if "::" in m else m
             if re.search(r"\bsuper::", joined) and not p.endswith("mod.rs"):
