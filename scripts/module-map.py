@@ -86,10 +86,20 @@ def main():
             for child in re.findall(r"^\s*(?:pub(?:\([^)]*\))? )?use (\w+)::", joined, re.M):
                 if f"{m}::{child}" in files:
                     edges[m].add(f"{m}::{child}")
-        if "::" in m or p.endswith("mod.rs"):
-            parent = m.rsplit("::", 1)[0] if "::" in m else m
-            if re.search(r"\bsuper::", joined) and not p.endswith("mod.rs"):
-                targets.add(parent)
+        if "::" in m and not p.endswith("mod.rs"):
+            # `super::sibling::item` names the sibling's file; `super::item` the parent's
+            parent = m.rsplit("::", 1)[0]
+            refs = re.findall(r"\bsuper::(\w+)", joined)
+            for group in re.findall(r"\bsuper::\{([^}]*)\}", joined, re.S):
+                refs += [t.strip().split("::")[0] for t in group.split(",") if t.strip()]
+            for r in refs:
+                if r == "{":
+                    continue
+                sibling = f"{parent}::{r}"
+                if sibling in files and sibling != m:
+                    edges[m].add(sibling)
+                elif r not in ("super", "self"):
+                    edges[m].add(parent)
         for t in targets:
             parts = t.split("::")
             # the longest module path that names a file

@@ -397,7 +397,7 @@ fn open_pool_opts(path: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
 fn warn_loose_access(path: &Path, pool: &Pool) {
     let mut dirs = vec![(path.to_path_buf(), "pool directory")];
     // (An S3 pool's cache is in its local directory, checked already.)
-    if let Some(Ok(Some(conf))) = pool.dir().remote().is_none().then(|| pool.cache_conf()) {
+    if let Some(Ok(Some(conf))) = (!pool.dir().whole_files_only()).then(|| pool.cache_conf()) {
         dirs.push((PathBuf::from(conf.path), "cache directory"));
     }
     for (dir, what) in dirs {
@@ -703,7 +703,7 @@ fn daemon(
             path.display()
         );
     }
-    if !read_only && pool.dir().remote().is_none() {
+    if !read_only && !pool.dir().whole_files_only() {
         cache::attach_given(&pool, path, tier)?;
     }
     let gc = (!read_only).then(|| {

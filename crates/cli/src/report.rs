@@ -305,7 +305,7 @@ pub fn scrub_text(s: &ScrubStatus, files: &FileNames) -> String {
 }
 
 /// The bucket side of an S3 pool, for `stats`.
-fn remote_lines(o: &mut String, r: &condense_engine::remote::RemoteStatus) {
+fn remote_lines(o: &mut String, r: &condense_engine::io::StoreStatus) {
     use condense_engine::remote::Durability;
     let rows: Vec<(&str, String)> = vec![
         ("object store", r.url.clone()),

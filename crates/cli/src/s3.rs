@@ -177,7 +177,7 @@ pub fn init(
     let (dir, size) = check_cache(dir, size)?;
     let conf = conf(url, &args.store, false)?;
     let durability = args.durability.unwrap_or_default();
-    remote::init(&dir, &conf, durability, size, opts)
+    Pool::init_remote(&dir, &conf, durability, size, opts)
         .with_context(|| format!("cannot create a pool in {url}"))?;
     let pool = Pool::open_path(
         &dir,

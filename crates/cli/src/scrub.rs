@@ -64,7 +64,7 @@ impl ScrubArg {
     pub fn start(&self, pool: &Arc<Pool>) -> Option<BackgroundScrub> {
         let rate = match self.scrub_rate {
             Some(r) => r,
-            None if pool.dir().remote().is_some() => 0,
+            None if pool.dir().reads_cost_requests() => 0,
             None => DEFAULT_RATE,
         };
         if rate == 0 || pool.is_read_only() {

@@ -21,7 +21,7 @@
 //! removed while it was being copied has its copy removed again.
 
 use crate::error::{Error, Result};
-use crate::format::segment_name;
+use crate::format::{segment_name, PARTIAL_SUFFIX};
 use crate::io::{Dir, File};
 use crate::locks::lock;
 use crate::pool::Pool;
@@ -30,17 +30,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The suffix of a destage copy not yet complete.
-pub const PARTIAL_SUFFIX: &str = ".partial";
-
 /// Bytes per read and write while copying.
 const COPY_BYTES: usize = 8 << 20;
 
 /// How long a checkpoint of an S3 pool waits for its segments to be uploaded.
 const UPLOAD_WAIT: Duration = Duration::from_secs(600);
-
-/// An S3 pool with changes checkpoints (uploads its metadata) at least this often.
-pub const REMOTE_CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
 
 impl Pool {
     /// Destage the oldest sealed staged segment, if there is one (see the module docs).
@@ -113,7 +107,7 @@ impl Pool {
                 Ok(true) => continue,
                 Ok(false) => {}
                 // The store may come back: retry until the deadline.
-                Err(e) if retry && crate::remote::is_store_unavailable(&e) => {
+                Err(e) if retry && crate::io::is_store_unavailable(&e) => {
                     tracing::warn!("uploading staged segments: {e}; retrying");
                     std::thread::sleep(Duration::from_secs(1));
                 }
@@ -130,19 +124,18 @@ impl Pool {
         }
     }
 
-    /// An S3 pool checkpoints at least every [`REMOTE_CHECKPOINT_EVERY`] while records are
+    /// An S3 pool checkpoints at least every [`crate::remote::REMOTE_CHECKPOINT_EVERY`] while records are
     /// appended, so the bucket alone is never far behind (`local` durability), and the
     /// write-ahead objects stay few (`remote`). Called by the destage thread.
     fn remote_tick(&self) -> Result<()> {
-        let Some(r) = self.dir.remote() else {
+        if !self.dir.checkpoint_due() {
             return Ok(());
-        };
-        let due = r.since_last_upload() >= REMOTE_CHECKPOINT_EVERY;
+        }
         let changed = {
             let st = lock(&self.state);
             st.appended > st.checkpointed
         };
-        if due && changed {
+        if changed {
             let guard = lock(&self.sync_lock);
             self.checkpoint_locked(&guard)?;
         }

@@ -65,8 +65,45 @@ pub trait Dir: Send + Sync {
     fn available_bytes(&self) -> io::Result<u64>;
     /// Where this directory is, for messages.
     fn describe(&self) -> String;
-    /// The bucket behind this directory, if it is an S3 pool's ([`crate::remote`]).
-    fn remote(&self) -> Option<&crate::remote::RemoteDir> {
+
+    // The store behind the files, asked by what it means, never by which layer answers. A
+    // local directory (and the simulator) keeps these defaults; the bucket layer
+    // ([`crate::remote::RemoteDir`]) answers for its object store.
+
+    /// Files reach this store only whole and only when written out by a request (a bucket):
+    /// the pool then stages every new segment and its journal in its local directory (the
+    /// cache directory, which cannot be detached), uploads sealed segments before a
+    /// checkpoint root may name them, and finds the first journal here at its first open.
+    fn whole_files_only(&self) -> bool {
+        false
+    }
+    /// Every read costs a request (a bucket): a read-only open keeps a cache tier too, and
+    /// the background scrub is off unless asked for.
+    fn reads_cost_requests(&self) -> bool {
+        false
+    }
+    /// Whether the store answers now: fails at once, changing nothing, if its last request
+    /// failed and it does not answer now either (checked before a checkpoint starts).
+    fn check_reachable(&self) -> crate::error::Result<()> {
+        Ok(())
+    }
+    /// Whether the store wants a checkpoint now for its own sake, when records were appended
+    /// since the last one (a bucket: so it is never far behind the local directory).
+    fn checkpoint_due(&self) -> bool {
+        false
+    }
+    /// What a flush makes durable on this store (`None`: a flush syncs the local disk, and
+    /// there is nothing to choose).
+    fn durability(&self) -> Option<crate::format::Durability> {
+        None
+    }
+    /// Make flushes of the files opened from now on give `d` (the caller has stored it in the
+    /// pool); false, changing nothing, if the store has no durability to choose.
+    fn set_durability(&self, _d: crate::format::Durability) -> bool {
+        false
+    }
+    /// What the store reports beyond its files, for `stats` (a bucket: one LIST).
+    fn store_status(&self) -> Option<StoreStatus> {
         None
     }
     /// A second handle on an existing file for direct I/O (`O_DIRECT`: no page cache), if
@@ -74,6 +111,48 @@ pub trait Dir: Send + Sync {
     /// file's ordinary handle.
     fn open_direct(&self, _name: &str) -> io::Result<Option<Arc<dyn DirectWriter>>> {
         Ok(None)
+    }
+}
+
+/// What [`Dir::store_status`] reports: the object store behind a pool directory.
+#[derive(Clone, Debug, Default)]
+pub struct StoreStatus {
+    pub url: String,
+    /// The pool's durability (stored in its superblock; what this open's flushes do).
+    pub durability: crate::format::Durability,
+    /// `ok`, `degraded: ERROR (N s ago)`, `lease lost`, or `read-only`.
+    pub health: String,
+    pub objects: u64,
+    pub bytes: u64,
+    pub requests: condense_object_store::BackendStats,
+    /// Staged segments not yet uploaded, and the local journal (local durability).
+    pub pending_bytes: u64,
+    /// Seconds since the last checkpoint was uploaded (`None`: none since open).
+    pub last_upload_age_seconds: Option<u64>,
+    pub conditional_put_honoured: bool,
+}
+
+/// The cause inside an I/O error of a store behind a directory that did not answer: the
+/// pool's state is unchanged and the request can be retried once the store answers.
+#[derive(Debug)]
+pub struct StoreUnavailable(pub String);
+
+impl std::fmt::Display for StoreUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StoreUnavailable {}
+
+/// True if `e` is (or wraps) a [`StoreUnavailable`]: a flush that failed so has changed
+/// nothing locally and must not poison the pool.
+pub fn is_store_unavailable(e: &crate::error::Error) -> bool {
+    match e {
+        crate::error::Error::Io { source, .. } => {
+            source.get_ref().is_some_and(|r| r.is::<StoreUnavailable>())
+        }
+        _ => false,
     }
 }
 

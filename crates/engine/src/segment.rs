@@ -550,7 +550,7 @@ impl Segments {
             .staging
             .clone()
             // A bucket takes whole objects only: an S3 pool stages every segment.
-            .filter(|_| self.staged_bytes() < self.staging_max || dir.remote().is_some());
+            .filter(|_| self.staged_bytes() < self.staging_max || dir.whole_files_only());
         let staged = staging.is_some();
         let dir: &dyn Dir = match &staging {
             Some(d) => &**d,

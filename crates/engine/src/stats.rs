@@ -69,7 +69,7 @@ pub struct PoolStats {
     /// chunk bytes.
     pub snapshots: Vec<VolumeStats>,
     /// The bucket side of a pool in an object store (`None`: a local pool).
-    pub remote: Option<crate::remote::RemoteStatus>,
+    pub remote: Option<crate::io::StoreStatus>,
     /// The scrub: the pass under way in this process, the last finished one in the pool.
     pub scrub: crate::scrub::ScrubStatus,
 }
@@ -140,7 +140,7 @@ impl Pool {
     /// Pool and per-volume figures, from counters (no map is walked).
     pub fn stats(&self) -> Result<PoolStats> {
         // An S3 pool: one LIST gives the objects and the bytes the bucket holds.
-        let mut remote = self.dir().remote().map(|r| r.status());
+        let mut remote = self.dir().store_status();
         let physical = match &remote {
             Some(r) => r.bytes,
             None => self

@@ -101,7 +101,7 @@ fn check(pool: &Pool, vol: &str, first_tag: u64, blocks: u64) {
 
 fn new_pool(bucket: &Bucket, durability: Durability) -> PathBuf {
     let local = bucket.local("host1");
-    remote::init(
+    Pool::init_remote(
         &local,
         &bucket.conf(false),
         durability,

@@ -44,6 +44,8 @@ pub const CHECKPOINT_TMP_NAME: &str = "checkpoint.tmp";
 pub const META_NAME: &str = "meta.dat";
 pub const META_MAGIC: [u8; 8] = *b"CNDSMETA";
 pub const SEGMENT_PREFIX: &str = "seg-";
+/// The suffix of a segment copy not yet complete (a destage or an upload in progress).
+pub const PARTIAL_SUFFIX: &str = ".partial";
 pub const JOURNAL_PREFIX: &str = "journal-";
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"CNDSPOOL";

@@ -134,10 +134,10 @@ impl Pool {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        if let Some(r) = self.dir.remote() {
+        if self.dir.whole_files_only() {
             return Err(Error::Invalid(format!(
                 "pool {} is in an object store: its cache is its local directory (the journal and segments not yet uploaded live there) and cannot be detached",
-                r.describe()
+                self.dir.describe()
             )));
         }
         if self.cache().is_none() && read_cache_conf(&*self.dir).ok().flatten().is_none() {

@@ -78,7 +78,7 @@ impl Pool {
         // of its write-ahead object failed. The flush fails (nothing is acknowledged) and
         // the next one uploads what this one could not; the pool stays usable.
         if let Err(e) = &synced {
-            if crate::remote::is_store_unavailable(e) {
+            if crate::io::is_store_unavailable(e) {
                 return synced;
             }
         }
@@ -86,16 +86,16 @@ impl Pool {
         let big = st.journal.file_bytes() > self.opts.journal_bytes_max;
         drop(st);
         if big {
-            match self.dir.remote() {
+            match self.dir.check_reachable() {
                 // An S3 pool's journal grows on the local disk while the store is away.
-                Some(r) if r.check_reachable().is_err() => {
+                Err(_) => {
                     tracing::warn!(
                         "journal past {} bytes: checkpointing once {} answers",
                         self.opts.journal_bytes_max,
-                        r.describe()
+                        self.dir.describe()
                     );
                 }
-                _ => self.checkpoint_locked(&guard)?,
+                Ok(()) => self.checkpoint_locked(&guard)?,
             }
         }
         Ok(())
@@ -120,9 +120,9 @@ impl Pool {
         change: Option<&mut MetadataChange<'_>>,
     ) -> Result<()> {
         let started = std::time::Instant::now();
-        if let Some(r) = self.dir.remote() {
-            // Before anything changes: a checkpoint of an S3 pool that fails half-way poisons it.
-            r.check_reachable()?;
+        // Before anything changes: a checkpoint of an S3 pool that fails half-way poisons it.
+        self.dir.check_reachable()?;
+        if self.dir.whole_files_only() {
             let last_sealed = {
                 let st = lock(&self.state);
                 st.segments
@@ -187,14 +187,13 @@ impl Pool {
         // An S3 pool: the root goes to the bucket only after every segment it can name
         // (the open one is sealed here), so the bucket alone is whole without the
         // write-ahead objects of `remote` durability (they are then deleted).
-        let upload_through = match self.dir.remote() {
-            Some(_) => {
-                if st.segments.open_id().is_some() {
-                    st.segments.seal_open()?;
-                }
-                st.segments.last_id()
+        let upload_through = if self.dir.whole_files_only() {
+            if st.segments.open_id().is_some() {
+                st.segments.seal_open()?;
             }
-            _ => None,
+            st.segments.last_id()
+        } else {
+            None
         };
         let body = encode_root(
             &st.md.root(new_gen, next_seq),
@@ -281,8 +280,7 @@ impl Pool {
         loop {
             match step() {
                 Err(e)
-                    if self.dir.remote().is_some()
-                        && crate::remote::is_store_unavailable(&e)
+                    if crate::io::is_store_unavailable(&e)
                         && std::time::Instant::now() < deadline =>
                 {
                     tracing::warn!("checkpoint: {e}; retrying in {} ms", pause.as_millis());

@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 mod cache_tier;
+mod durability;
 mod flush;
 mod open;
 mod read;

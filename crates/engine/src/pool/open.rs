@@ -75,7 +75,7 @@ impl Pool {
             block_size: opts.block_size,
             compression: opts.compression,
             write_policy: opts.write_policy,
-            durability: dir.remote().map(|r| r.durability()),
+            durability: dir.durability(),
             uuid: random_bytes()?,
             key: random_bytes()?,
             segment_bytes_target: opts.segment_bytes_target,
@@ -166,8 +166,24 @@ impl Pool {
         opts.cache_dir = Some(CacheDir(opened.cache_dir));
         opts.without_writeback_cache = false;
         let pool = Pool::open_with_lock(opened.dir, opts, Some(lock))?;
-        opened.after.finish(&pool)?;
+        opened
+            .after
+            .finish(pool.sb.durability, |d| pool.store_durability(d))?;
         Ok(pool)
+    }
+
+    /// Create a new pool in an object store ([`crate::remote::init`] sets up the local
+    /// directory `path` and the bucket side); its durability is `durability`.
+    pub fn init_remote(
+        path: &Path,
+        conf: &crate::remote::RemoteConf,
+        durability: crate::format::Durability,
+        cache_size: u64,
+        opts: &InitOptions,
+    ) -> Result<()> {
+        let dir = crate::remote::init(path, conf, durability, cache_size)?;
+        // Pool::init stores the directory's durability in the superblock.
+        Pool::init(&dir, opts)
     }
 
     /// Open the pool in `dir` (no lock file: for the simulator and tests).
@@ -251,7 +267,7 @@ impl Pool {
         let pool = Pool::assemble(dir, sb, crypto, sync_writes, opts, state, replay, lock_file);
         // An S3 pool's cache is its local directory, which a read-only open (export, a
         // reader host) may use too: every read of the bucket costs a request.
-        if !pool.read_only || pool.dir.remote().is_some() {
+        if !pool.read_only || pool.dir.reads_cost_requests() {
             pool.open_attached_cache();
         }
         if !pool.read_only && writeback && pool.opts.destage_in_background {
@@ -513,7 +529,7 @@ fn replay_journal(
     let block_size = sb.block_size;
     let mut salvage = crate::repair::Salvage::default();
     let jname = journal_name(root.journal_gen);
-    if let (Some(_), Some(s)) = (dir.remote(), staging) {
+    if let (true, Some(s)) = (dir.whole_files_only(), staging) {
         local_journal(&**dir, &**s, root, sb, crypto.clone())?;
     }
     let journal_dir = match staging {
@@ -609,7 +625,7 @@ fn remove_leftovers(
         .list(SEGMENT_PREFIX)
         .map_err(|e| Error::io("listing segments", e))?
     {
-        if name.ends_with(crate::destage::PARTIAL_SUFFIX) {
+        if name.ends_with(crate::format::PARTIAL_SUFFIX) {
             dir.remove(&name)
                 .map_err(|e| Error::io(format!("removing {name}"), e))?;
         }

@@ -11,6 +11,7 @@
 
 use super::Durability;
 use crate::error::{Error, Result};
+pub use crate::io::{is_store_unavailable, StoreUnavailable};
 use condense_object_store::ObjectBackend;
 use std::collections::HashMap;
 use std::io;
@@ -245,26 +246,4 @@ pub(super) fn to_io(e: condense_object_store::Error) -> io::Error {
         return io::Error::new(io::ErrorKind::NotFound, e.to_string());
     }
     io::Error::other(StoreUnavailable(e.to_string()))
-}
-
-/// The object store did not take or give what was asked (unreachable, timed out, refused):
-/// the pool's state is unchanged and the request can be retried once the store answers.
-#[derive(Debug)]
-pub struct StoreUnavailable(pub String);
-
-impl std::fmt::Display for StoreUnavailable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for StoreUnavailable {}
-
-/// True if `e` is (or wraps) a [`StoreUnavailable`]: a flush that failed so has changed
-/// nothing locally and must not poison the pool.
-pub fn is_store_unavailable(e: &Error) -> bool {
-    match e {
-        Error::Io { source, .. } => source.get_ref().is_some_and(|r| r.is::<StoreUnavailable>()),
-        _ => false,
-    }
 }

@@ -83,7 +83,7 @@ impl BufFile {
     }
 
     fn is_temporary(&self) -> bool {
-        self.name.ends_with(".tmp") || self.name.ends_with(crate::destage::PARTIAL_SUFFIX)
+        self.name.ends_with(".tmp") || self.name.ends_with(crate::format::PARTIAL_SUFFIX)
     }
 }
 

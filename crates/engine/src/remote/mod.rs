@@ -56,11 +56,8 @@
 //! - `wal.rs`: the write-ahead objects ([`WalDir`])
 //! - `lease.rs`: the one-writer lease ([`Lease`])
 //! - `setup.rs`: [`init`], [`connect`], opening the local directory
-//! - `durability.rs`: [`crate::pool::Pool::durability`] and
-//!   [`crate::pool::Pool::set_durability`]
 
 mod conf;
-mod durability;
 mod files;
 mod lease;
 mod object_dir;
@@ -75,9 +72,8 @@ pub use conf::{
 };
 pub(crate) use lease::LeaseBody;
 pub use lease::{Lease, LEASE_SECONDS};
-pub use object_dir::{RemoteDir, LOCAL_SUBDIR, META_EXTENT_BYTES};
+pub use object_dir::{RemoteDir, LOCAL_SUBDIR, META_EXTENT_BYTES, REMOTE_CHECKPOINT_EVERY};
 pub(crate) use setup::open_local;
 pub use setup::{connect, init, is_local_dir};
-pub use shared::RemoteStatus;
 pub use wal::WalDir;
 pub(crate) use wal::{decode_wal, encode_wal};

@@ -13,9 +13,10 @@ use super::conf::remote_error;
 use super::files::{BufFile, BufState, MetaFile, ObjFile};
 use super::lease::{Lease, LEASE_NAME};
 use super::shared::{in_parallel, Shared};
-use super::{Durability, RemoteStatus};
+use super::Durability;
 use crate::error::{Error, Result};
 use crate::format::{CHECKPOINT_NAME, META_NAME};
+use crate::io::StoreStatus;
 use crate::io::{Dir, File, RealDir};
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -163,7 +164,7 @@ impl RemoteDir {
     }
 
     /// Use `d` for the files opened from now on (the caller has stored it in the pool).
-    pub(super) fn set_durability(&self, d: Durability) {
+    pub(super) fn use_durability(&self, d: Durability) {
         self.shared
             .remote_durability
             .store(d == Durability::Remote, Ordering::Relaxed);
@@ -215,7 +216,7 @@ impl RemoteDir {
     }
 
     /// The bucket side of the pool for `stats` (one LIST).
-    pub fn status(&self) -> RemoteStatus {
+    pub fn status(&self) -> StoreStatus {
         let (objects, bytes) = match self.shared.store.list("") {
             Ok(l) => (l.len() as u64, l.iter().map(|(_, s)| s).sum()),
             Err(_) => (0, 0),
@@ -234,7 +235,7 @@ impl RemoteDir {
         } else {
             "ok".to_string()
         };
-        RemoteStatus {
+        StoreStatus {
             url: self.shared.url.clone(),
             durability: self.durability(),
             health,
@@ -252,6 +253,9 @@ impl RemoteDir {
         }
     }
 }
+
+/// An S3 pool with changes checkpoints (uploads its metadata) at least this often.
+pub const REMOTE_CHECKPOINT_EVERY: Duration = Duration::from_secs(60);
 
 impl Dir for RemoteDir {
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
@@ -381,7 +385,32 @@ impl Dir for RemoteDir {
         self.shared.url.clone()
     }
 
-    fn remote(&self) -> Option<&RemoteDir> {
-        Some(self)
+    fn whole_files_only(&self) -> bool {
+        true
+    }
+
+    fn reads_cost_requests(&self) -> bool {
+        true
+    }
+
+    fn check_reachable(&self) -> Result<()> {
+        RemoteDir::check_reachable(self)
+    }
+
+    fn checkpoint_due(&self) -> bool {
+        self.since_last_upload() >= REMOTE_CHECKPOINT_EVERY
+    }
+
+    fn durability(&self) -> Option<Durability> {
+        Some(RemoteDir::durability(self))
+    }
+
+    fn set_durability(&self, d: Durability) -> bool {
+        self.use_durability(d);
+        true
+    }
+
+    fn store_status(&self) -> Option<StoreStatus> {
+        Some(self.status())
     }
 }

@@ -115,15 +115,15 @@ fn read_superblock(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<Optio
     first_error.map_or(Ok(None), Err)
 }
 
-/// `condense init s3://...`: a new pool in the bucket, with `durability` stored in it, and
-/// its local directory `path`.
+/// `condense init s3://...`, the bucket side: the local directory `path` set up, and the
+/// bucket as the directory on which [`crate::pool::Pool::init_remote`] creates the pool
+/// (it stores `durability`).
 pub fn init(
     path: &Path,
     conf: &RemoteConf,
     durability: Durability,
     cache_size: u64,
-    opts: &crate::pool::InitOptions,
-) -> Result<()> {
+) -> Result<RemoteDir> {
     let store = conf.backend(true)?;
     if has_pool(conf, &*store)? {
         return Err(Error::Invalid(format!(
@@ -138,8 +138,7 @@ pub fn init(
     };
     prepare_local(path, &conf, cache_size)?;
     let shared = shared_for(&conf, store, false, durability);
-    // Pool::init stores the directory's durability in the superblock.
-    crate::pool::Pool::init(&RemoteDir::new(shared, path, None), opts)
+    Ok(RemoteDir::new(shared, path, None))
 }
 
 /// `condense connect s3://...`: the local directory `path` for a pool already in the bucket
@@ -191,7 +190,7 @@ pub fn is_local_dir(path: &Path) -> bool {
     path.join(REMOTE_CONF_NAME).is_file()
 }
 
-/// What [`crate::pool::Pool`] needs to open an S3 pool from its local directory.
+/// What the pool needs to open an S3 pool from its local directory.
 pub(crate) struct Opened {
     pub dir: Arc<RemoteDir>,
     /// The cache (and staging) directory: the local directory, as a [`WalDir`] with
@@ -217,8 +216,12 @@ impl AfterOpen {
     /// The open pool's superblock (the one it checked, and authenticated in an encrypted
     /// pool) must name the durability the bucket side was set up with; a pool that stores
     /// none yet gets the one this open uses.
-    pub fn finish(self, pool: &crate::pool::Pool) -> Result<()> {
-        if pool.sb.durability != self.read {
+    pub fn finish(
+        self,
+        stored: Option<Durability>,
+        store: impl FnOnce(Durability) -> Result<()>,
+    ) -> Result<()> {
+        if stored != self.read {
             return Err(Error::corrupt(
                 format!("superblock of {}", self.conf.url),
                 "it changed while this host opened the pool (another host wrote it): open the pool again",
@@ -227,7 +230,7 @@ impl AfterOpen {
         let Some(d) = self.store else {
             return Ok(());
         };
-        pool.store_durability(d)?;
+        store(d)?;
         tracing::warn!(
             "pool {} stored no durability (made by an older Condense): it now stores {} ({}); \
              change it with `condense durability set local|remote`",

@@ -10,7 +10,7 @@
 
 use super::conf::to_io;
 use super::Durability;
-use condense_object_store::{BackendStats, ObjectBackend};
+use condense_object_store::ObjectBackend;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,24 +26,6 @@ const READ_AHEAD_BLOCKS: u64 = 16;
 const READ_BLOCKS_KEPT: usize = 256;
 /// Uploads and downloads of extents run this many at a time.
 const PARALLEL_REQUESTS: usize = 8;
-
-/// What `stats` shows about the bucket side of a pool.
-#[derive(Clone, Debug, Default)]
-pub struct RemoteStatus {
-    pub url: String,
-    /// The pool's durability (stored in its superblock; what this open's flushes do).
-    pub durability: Durability,
-    /// `ok`, `degraded: ERROR (N s ago)`, `lease lost`, or `read-only`.
-    pub health: String,
-    pub objects: u64,
-    pub bytes: u64,
-    pub requests: BackendStats,
-    /// Staged segments not yet uploaded, and the local journal (local durability).
-    pub pending_bytes: u64,
-    /// Seconds since the last checkpoint was uploaded (`None`: none since open).
-    pub last_upload_age_seconds: Option<u64>,
-    pub conditional_put_honoured: bool,
-}
 
 pub(super) struct Shared {
     pub(super) store: Arc<dyn ObjectBackend>,

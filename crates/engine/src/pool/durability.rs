@@ -1,21 +1,20 @@
-//! The durability of a pool in an object store, as methods of [`crate::pool::Pool`]:
-//! reading it and `condense durability set`.
+//! The durability of a pool whose store offers a choice (an object store: see
+//! [`crate::io::Dir::durability`]): reading it and `condense durability set`.
 //!
 //! Invariants:
 //! - The durability is stored in the superblock (both copies) and changed only here, under
 //!   the sync lock, followed by a checkpoint; a store that does not answer leaves the pool
 //!   as it was.
 
-use super::{Durability, RemoteDir};
+use super::Pool;
 use crate::error::{Error, Result};
-use crate::format::Superblock;
-use crate::io::Dir;
+use crate::format::{Durability, Superblock};
 
-impl crate::pool::Pool {
+impl Pool {
     /// The durability of a pool in an object store (`None`: a local pool, whose flush
     /// always syncs its own disk).
     pub fn durability(&self) -> Option<Durability> {
-        self.dir.remote().map(RemoteDir::durability)
+        self.dir.durability()
     }
 
     /// `condense durability set`: store `d` as the pool's durability (every host that
@@ -27,7 +26,7 @@ impl crate::pool::Pool {
     /// complete when this returns: what came before is in the bucket's root, what comes after
     /// is in write-ahead objects.
     pub fn set_durability(&self, d: Durability) -> Result<Durability> {
-        let r = self.dir.remote().ok_or_else(|| {
+        let stored = self.dir.durability().ok_or_else(|| {
             Error::Invalid(format!(
                 "pool {} is not in an object store: a flush of a local pool always returns once \
                  its own disk has it (durability is a setting of pools in an object store)",
@@ -38,26 +37,27 @@ impl crate::pool::Pool {
             return Err(Error::ReadOnly);
         }
         let guard = crate::locks::lock(&self.sync_lock);
-        let was = r.durability();
+        let was = self.dir.durability().unwrap_or(stored);
         if was == d {
             return Ok(was);
         }
         self.writable(&crate::locks::lock(&self.state))?;
         // Before anything changes: a store that does not answer leaves the pool as it was.
-        r.check_reachable()?;
+        self.dir.check_reachable()?;
         self.store_durability(d)?;
-        r.set_durability(d);
+        let applied = self.dir.set_durability(d);
+        debug_assert!(applied, "a store that has a durability can change it");
         self.checkpoint_locked(&guard).inspect_err(|e| {
             tracing::warn!(
                 "pool {} stores durability {} now, but the checkpoint that applies it failed \
                  ({e}): it applies fully at the next checkpoint or open",
-                r.describe(),
+                self.dir.describe(),
                 d.as_str()
             )
         })?;
         tracing::info!(
             "pool {}: durability {} -> {}",
-            r.describe(),
+            self.dir.describe(),
             was.as_str(),
             d.as_str()
         );
