@@ -41,7 +41,7 @@ use crate::locks::lock;
 use crate::metadata::Metadata;
 use crate::page_alloc::PageAlloc;
 use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE, FANOUT};
-use crate::pool::{batch_data_present, pool_crypto, OpenOptions, Pool};
+use crate::pool::{OpenOptions, Pool};
 use crate::segment::Segments;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -69,13 +69,13 @@ pub(crate) fn apply_after_damage(
         match r {
             JournalRecord::NewChunk { id, loc, fp } => {
                 let rec = [JournalRecord::NewChunk { id, loc, fp }];
-                if batch_data_present(segments, &rec, md.block_size, crypto) {
+                if segments.batch_data_present(&rec, md.block_size, crypto) {
                     s.chunks.insert(id, (loc, Some(fp)));
                 }
             }
             JournalRecord::Relocate { id, loc } => {
                 let rec = [JournalRecord::Relocate { id, loc }];
-                if batch_data_present(segments, &rec, md.block_size, crypto) {
+                if segments.batch_data_present(&rec, md.block_size, crypto) {
                     let fp = s.chunks.get(&id).and_then(|c| c.1);
                     s.chunks.insert(id, (loc, fp));
                 }
@@ -407,7 +407,9 @@ pub fn repair_with(
         SUPERBLOCK_NAME,
         |bytes| {
             let sb = Superblock::decode(bytes)?;
-            pool_crypto(&dir, bytes, &mut sb.clone(), key.as_ref(), false).map(|c| (sb, c))
+            sb.clone()
+                .unlock(bytes, key.as_ref(), false, &dir.describe())
+                .map(|c| (sb, c))
         },
         |_, _| false,
     )?;
@@ -431,13 +433,13 @@ pub fn repair_with(
     let sealer = if dry_run {
         reader
     } else {
-        pool_crypto(&dir, &sb_bytes, &mut sb, key.as_ref(), true)?
+        sb.unlock(&sb_bytes, key.as_ref(), true, &dir.describe())?
     };
     let backup = if dry_run { None } else { Some(back_up(path)?) };
     // A writeback cache holds segments and maybe the journal: read them there. If its
     // directory is lost (or was given up with `cache detach --force`), its segments are
     // missing and the blocks whose chunks were in them are reported lost.
-    let cache_dir = crate::pool::stored_cache_dir(&dir);
+    let cache_dir = crate::pool::cache_tier::stored_cache_dir(&dir);
     let opts = OpenOptions {
         read_only: true,
         salvage_journal: true,

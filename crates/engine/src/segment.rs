@@ -468,6 +468,40 @@ impl Segments {
         true
     }
 
+    /// True if every chunk the batch introduces (or moves) is whole on disk: journal replay
+    /// applies a batch only then.
+    pub fn batch_data_present(
+        &self,
+        records: &[crate::format::JournalRecord],
+        block_size: u32,
+        crypto: Option<&crate::crypto::Crypto>,
+    ) -> bool {
+        records.iter().all(|r| match r {
+            crate::format::JournalRecord::NewChunk { id, loc, .. }
+            | crate::format::JournalRecord::Relocate { id, loc } => {
+                let fp = match r {
+                    crate::format::JournalRecord::NewChunk { fp, .. } => Some(fp),
+                    _ => None,
+                };
+                let Some(file) = self.file(loc.segment) else {
+                    return false;
+                };
+                let mut buf = vec![0u8; loc.record_bytes() as usize];
+                if file.read_at(&mut buf, u64::from(loc.offset)).is_err() {
+                    return false;
+                }
+                let Ok(payload) =
+                    crate::format::open_record(&buf, *id, loc, crypto, fp, String::new)
+                else {
+                    return false;
+                };
+                let mut out = vec![0u8; block_size as usize];
+                crate::reduction::decompress(loc.codec, &payload, &mut out, String::new).is_ok()
+            }
+            _ => true,
+        })
+    }
+
     pub fn file(&self, id: u32) -> Option<Arc<dyn File>> {
         self.files.get(&id).map(|s| s.file.clone())
     }

@@ -301,6 +301,33 @@ impl Superblock {
         }
     }
 
+    /// The encryption context of an encrypted pool (`None` for a plain one): unwraps the data
+    /// key with `key`, checks the MAC of the superblock (`bytes`, as read from pool `pool`)
+    /// and sets the fingerprint key. With `seal`, the context has a session of its own and
+    /// can seal; without it, it only opens. Nothing is written: nonces depend on no file.
+    pub fn unlock(
+        &mut self,
+        bytes: &[u8],
+        key: Option<&crate::crypto::UserKey>,
+        seal: bool,
+        pool: &str,
+    ) -> Result<Option<std::sync::Arc<Crypto>>> {
+        let Some(wrap) = &self.encryption else {
+            return Ok(None);
+        };
+        let user = key.ok_or_else(|| Error::KeyRequired(pool.to_string()))?;
+        let data_key = crate::crypto::unwrap_data_key(user, wrap, &self.uuid, pool)?;
+        let mut c = Crypto::reader(&data_key, self.uuid, wrap.scheme)?;
+        if wrap.scheme == NonceScheme::Session {
+            Superblock::check_mac(bytes, &c, pool)?;
+        }
+        if seal {
+            c = c.start_session(pool)?;
+        }
+        self.key = crate::crypto::fingerprint_key(&data_key);
+        Ok(Some(std::sync::Arc::new(c)))
+    }
+
     /// Check the MAC of the superblock `buf` (as read from pool `pool`) with the data key held
     /// by `c`: every byte before the MAC must be as the key's holder wrote it.
     pub fn check_mac(buf: &[u8], c: &Crypto, pool: &str) -> Result<()> {

@@ -36,16 +36,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
-mod cache_tier;
+pub(crate) mod cache_tier;
 mod durability;
 mod flush;
-mod open;
+pub(crate) mod open;
 mod read;
 mod volumes;
 mod write;
-
-pub(crate) use cache_tier::{read_cache_conf, stored_cache_dir};
-pub(crate) use open::{batch_data_present, pool_crypto};
 
 /// Settings fixed when a pool is created.
 #[derive(Clone, Debug)]

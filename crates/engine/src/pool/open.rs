@@ -3,7 +3,7 @@
 //! salvage), leftovers of interrupted work, and the cache tier attached at open.
 
 use crate::cache::{writeback_split, CacheMode};
-use crate::crypto::{self, Crypto, NonceScheme, UserKey};
+use crate::crypto::{self, Crypto, NonceScheme};
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::io::{Dir, RealDir};
@@ -11,16 +11,16 @@ use crate::journal::{Journal, ReplayMode};
 use crate::metadata::{Metadata, VolumeState};
 use crate::page_alloc::PageAlloc;
 use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE};
-use crate::reduction::{self};
 use crate::segment::Segments;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::cache_tier::{read_cache_conf, stored_cache_dir};
 use super::{
-    default_metadata_cache_bytes, random_bytes, read_cache_conf, read_whole, stored_cache_dir,
-    CacheDir, InitOptions, OpenOptions, Pool, State, METADATA_CACHE_MIN, SPACE_CHECK_BYTES,
+    default_metadata_cache_bytes, random_bytes, read_whole, CacheDir, InitOptions, OpenOptions,
+    Pool, State, METADATA_CACHE_MIN, SPACE_CHECK_BYTES,
 };
 
 impl Pool {
@@ -328,7 +328,7 @@ fn read_superblock(
         SUPERBLOCK_NAME,
         |bytes| {
             let mut sb = Superblock::decode(bytes)?;
-            let crypto = pool_crypto(&**dir, bytes, &mut sb, opts.key.as_ref(), !opts.read_only)?;
+            let crypto = sb.unlock(bytes, opts.key.as_ref(), !opts.read_only, &dir.describe())?;
             Ok((sb, crypto))
         },
         |_, _| false,
@@ -575,7 +575,7 @@ fn replay_journal(
         crypto.clone(),
         |records, after_damage| {
             if !after_damage
-                && !batch_data_present(segments, &records, block_size, crypto.as_deref())
+                && !segments.batch_data_present(&records, block_size, crypto.as_deref())
             {
                 return Ok(false);
             }
@@ -651,64 +651,6 @@ fn remove_leftovers(
         }
     }
     Ok(())
-}
-
-/// The encryption context of an encrypted pool (`None` for a plain one): unwraps the data key
-/// with `key`, checks the MAC of the superblock (`sb_bytes`, as read) and sets the fingerprint
-/// key in `sb`. With `seal`, the context has a session of its own and can seal; without it, it
-/// only opens. Nothing is written: nonces depend on no file.
-pub(crate) fn pool_crypto(
-    dir: &dyn Dir,
-    sb_bytes: &[u8],
-    sb: &mut Superblock,
-    key: Option<&UserKey>,
-    seal: bool,
-) -> Result<Option<Arc<Crypto>>> {
-    let Some(wrap) = &sb.encryption else {
-        return Ok(None);
-    };
-    let pool = dir.describe();
-    let user = key.ok_or_else(|| Error::KeyRequired(pool.clone()))?;
-    let data_key = crypto::unwrap_data_key(user, wrap, &sb.uuid, &pool)?;
-    let mut c = Crypto::reader(&data_key, sb.uuid, wrap.scheme)?;
-    if wrap.scheme == NonceScheme::Session {
-        Superblock::check_mac(sb_bytes, &c, &pool)?;
-    }
-    if seal {
-        c = c.start_session(&pool)?;
-    }
-    sb.key = crypto::fingerprint_key(&data_key);
-    Ok(Some(Arc::new(c)))
-}
-
-/// True if every chunk the batch introduces (or moves) is whole on disk.
-pub(crate) fn batch_data_present(
-    segments: &Segments,
-    records: &[JournalRecord],
-    block_size: u32,
-    crypto: Option<&Crypto>,
-) -> bool {
-    records.iter().all(|r| match r {
-        JournalRecord::NewChunk { id, loc, .. } | JournalRecord::Relocate { id, loc } => {
-            let fp = match r {
-                JournalRecord::NewChunk { fp, .. } => Some(fp),
-                _ => None,
-            };
-            let Some(file) = segments.file(loc.segment) else {
-                return false;
-            };
-            let mut buf = vec![0u8; loc.record_bytes() as usize];
-            if file.read_at(&mut buf, u64::from(loc.offset)).is_err() {
-                return false;
-            }
-            let Ok(payload) = open_record(&buf, *id, loc, crypto, fp, String::new) else {
-                return false;
-            };
-            let mut out = vec![0u8; block_size as usize];
-            reduction::decompress(loc.codec, &payload, &mut out, String::new).is_ok()
-        }
-        _ => true,
-    })
 }
 
 /// An S3 pool keeps its journal in the local directory `local`. If it is not there: the
