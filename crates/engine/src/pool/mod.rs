@@ -204,7 +204,7 @@ pub struct Pool {
     /// Lost blocks read as zeros through this handle.
     lost_read_as_zeros: AtomicU64,
     /// The scrub's progress and requests ([`crate::scrub`]).
-    pub(crate) scrub: crate::scrub::ScrubState,
+    pub(crate) scrub: crate::scrub::status::ScrubState,
     /// Writes between their hashing and their commit (see [`Pool::write_blocks`]).
     writes_in_flight: std::sync::atomic::AtomicUsize,
     /// Set by a write that found less than `low_space_bytes` free; taken by the
