@@ -15,6 +15,8 @@
 //! - `segment.rs`: segment names and headers, chunk records
 //! - `journal.rs`: journal names and headers, batches, [`JournalRecord`]
 //! - `root.rs`: the checkpoint root
+//! - `cache_tier.rs`: `cache.conf`, the `cache.dat` and `cache.idx` headers, `cache.idx`
+//!   records
 //! - `chunk_slot.rs`: the 32-byte records of chunk-table leaves
 //! - `map_entry.rs`: the 8-byte entries of block-map leaves
 //! - `page.rs`: the `meta.dat` header, page pointers ([`page::Ptr`]) and the stored form of
@@ -23,6 +25,7 @@
 use crate::crypto::MAC_BYTES;
 use crate::error::{Error, Result};
 
+pub mod cache_tier;
 pub mod chunk_slot;
 pub mod journal;
 pub mod map_entry;
