@@ -19,6 +19,8 @@
 //!   records
 //! - `chunk_slot.rs`: the 32-byte records of chunk-table leaves
 //! - `map_entry.rs`: the 8-byte entries of block-map leaves
+//! - `remote.rs`: `remote.conf`, the `lease` object and the write-ahead objects of a pool in
+//!   an object store
 //! - `page.rs`: the `meta.dat` header, page pointers ([`page::Ptr`]) and the stored form of
 //!   a metadata page
 
@@ -30,6 +32,7 @@ pub mod chunk_slot;
 pub mod journal;
 pub mod map_entry;
 pub mod page;
+pub mod remote;
 pub mod root;
 pub mod segment;
 pub mod superblock;
