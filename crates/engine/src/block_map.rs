@@ -9,7 +9,9 @@
 //! `zero_blocks`) are kept with every change, so statistics never walk a map.
 
 use crate::error::Result;
-use crate::format::{CHUNK_ID_LIMIT, ENTRY_LOST, ENTRY_UNMAPPED, ENTRY_ZERO, MAP_PAGE_ENTRIES};
+pub(crate) use crate::format::map_entry::{decode, encode};
+use crate::format::map_entry::{raw_chunk, slot, write_slot};
+use crate::format::{ENTRY_LOST, ENTRY_UNMAPPED, ENTRY_ZERO, MAP_PAGE_ENTRIES};
 use crate::page_cache::{PageCache, TreeId};
 
 const PER: u64 = MAP_PAGE_ENTRIES as u64;
@@ -37,36 +39,6 @@ impl MapCounts {
             *c -= 1
         }
     }
-}
-
-pub(crate) fn decode(raw: u64) -> u64 {
-    match raw {
-        0 => ENTRY_UNMAPPED,
-        1 => ENTRY_ZERO,
-        id => id - 2,
-    }
-}
-
-pub(crate) fn encode(entry: u64) -> u64 {
-    match entry {
-        ENTRY_UNMAPPED => 0,
-        ENTRY_ZERO => 1,
-        id => id + 2,
-    }
-}
-
-/// The chunk a raw slot names: every value but UNMAPPED, ZERO and LOST (a damaged value past
-/// [`CHUNK_ID_LIMIT`] is passed on, for `verify` to name as a chunk that does not exist).
-fn raw_chunk(raw: u64) -> Option<u64> {
-    (raw >= 2 && raw != encode(ENTRY_LOST)).then(|| raw - 2)
-}
-
-const _: () = assert!(ENTRY_LOST >= CHUNK_ID_LIMIT && ENTRY_ZERO >= CHUNK_ID_LIMIT);
-
-fn slot(leaf: &[u8], i: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&leaf[i * 8..i * 8 + 8]);
-    u64::from_le_bytes(b)
 }
 
 /// Leaves a map of `blocks` blocks needs.
@@ -128,7 +100,7 @@ pub fn set(
     }
     let leaf = cache.leaf_mut(tree, block / PER)?;
     let old = decode(slot(leaf, i));
-    leaf[i * 8..i * 8 + 8].copy_from_slice(&encode(entry).to_le_bytes());
+    write_slot(leaf, i, entry);
     counts.count(old, false);
     counts.count(entry, true);
     Ok(old)

@@ -31,22 +31,22 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-/// The file in the pool directory that says a cache is attached.
-pub const CACHE_CONF_NAME: &str = "cache.conf";
+pub(crate) use crate::format::cache_tier::{
+    data_header, index_header, insert_record, parse_index, record, KIND_COUNTERS, KIND_REMOVE,
+    N_COUNTERS,
+};
+use crate::format::cache_tier::{page_fp, page_key};
+pub use crate::format::cache_tier::{
+    CacheConf, CacheMode, CACHE_CONF_NAME, CACHE_DATA_HEADER_BYTES, CACHE_DATA_MAGIC,
+    CACHE_INDEX_HEADER_BYTES, CACHE_INDEX_MAGIC, CACHE_INDEX_RECORD_BYTES, CACHE_VERSION,
+};
+
 /// The slots holding cached records.
 pub const CACHE_DATA_NAME: &str = "cache.dat";
 /// The append-only log of which record is in which slot, and the counters.
 pub const CACHE_INDEX_NAME: &str = "cache.idx";
 const CACHE_INDEX_TMP: &str = "cache.idx.tmp";
 
-pub const CACHE_DATA_MAGIC: [u8; 8] = *b"CNDSCDAT";
-pub const CACHE_INDEX_MAGIC: [u8; 8] = *b"CNDSCIDX";
-pub const CACHE_VERSION: u32 = 1;
-const CONF_FIRST_LINE: &str = "condense-cache 1";
-/// Bytes before the first slot of `cache.dat` (the header, padded).
-pub const CACHE_DATA_HEADER_BYTES: u64 = 4096;
-pub const CACHE_INDEX_HEADER_BYTES: usize = 64;
-pub const CACHE_INDEX_RECORD_BYTES: usize = 64;
 /// Room for the sealing overhead of an encrypted pool in a slot.
 const SLOT_SLACK: u64 = 64;
 /// The smallest cache: this many slots.
@@ -59,87 +59,6 @@ const QUEUE_MAX: usize = 16384;
 const WRITER_BATCH: usize = 1024;
 /// Share of the slots for the small (probationary) FIFO, in percent.
 const SMALL_PERCENT: u64 = 10;
-
-pub(crate) const KIND_INSERT: u8 = 1;
-pub(crate) const KIND_REMOVE: u8 = 2;
-pub(crate) const KIND_COUNTERS: u8 = 3;
-
-/// How the cache treats writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CacheMode {
-    /// Writes go to the pool; the cache holds copies of chunks read (nothing is lost with it).
-    WriteThrough,
-    /// Writes land in the cache first: new segments and the journal are kept in the cache
-    /// directory and destaged to the pool's in whole segments ([`crate::destage`]).
-    WriteBack,
-}
-
-impl CacheMode {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            CacheMode::WriteThrough => "writethrough",
-            CacheMode::WriteBack => "writeback",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<CacheMode> {
-        match s {
-            "writethrough" => Ok(CacheMode::WriteThrough),
-            "writeback" => Ok(CacheMode::WriteBack),
-            _ => Err(Error::Invalid(format!(
-                "unknown cache mode {s:?}: use writethrough or writeback"
-            ))),
-        }
-    }
-}
-
-/// What `cache.conf` in the pool directory says: where the cache is, its size and mode.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CacheConf {
-    pub path: String,
-    pub size_bytes: u64,
-    pub mode: CacheMode,
-}
-
-impl CacheConf {
-    /// The file's text: a versioned first line, then `key=value` lines.
-    pub fn encode(&self) -> String {
-        format!(
-            "{CONF_FIRST_LINE}\npath={}\nsize_bytes={}\nmode={}\n",
-            self.path,
-            self.size_bytes,
-            self.mode.as_str()
-        )
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<CacheConf> {
-        let bad = |d: &str| Error::corrupt(CACHE_CONF_NAME, d.to_string());
-        let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8 text"))?;
-        let mut lines = text.lines();
-        if lines.next() != Some(CONF_FIRST_LINE) {
-            return Err(bad(&format!("first line is not {CONF_FIRST_LINE:?}")));
-        }
-        let (mut path, mut size, mut mode) = (None, None, None);
-        for l in lines {
-            match l.split_once('=') {
-                Some(("path", v)) => path = Some(v.to_string()),
-                Some(("size_bytes", v)) => {
-                    size = Some(
-                        v.parse::<u64>()
-                            .map_err(|_| bad("size_bytes is no number"))?,
-                    )
-                }
-                Some(("mode", v)) => mode = Some(CacheMode::parse(v)?),
-                _ => {}
-            }
-        }
-        Ok(CacheConf {
-            path: path.ok_or_else(|| bad("no path= line"))?,
-            size_bytes: size.ok_or_else(|| bad("no size_bytes= line"))?,
-            mode: mode.ok_or_else(|| bad("no mode= line"))?,
-        })
-    }
-}
 
 /// The cache's counters and figures (`condense cache stats`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -171,8 +90,6 @@ pub struct CacheStats {
     pub dir: String,
 }
 
-/// The persistent counters, in the order they are stored.
-pub(crate) const N_COUNTERS: usize = 7;
 const C_HITS: usize = 0;
 const C_HIT_BYTES: usize = 1;
 const C_MISSES: usize = 2;
@@ -253,23 +170,6 @@ struct Shared {
     page_misses: AtomicU64,
 }
 
-/// Metadata pages share the cache's id space with chunks: chunk ids stay below
-/// [`crate::format::CHUNK_ID_LIMIT`], page keys have the top bit set.
-const PAGE_KEY_BIT: u64 = 1 << 63;
-
-fn page_key(page: u64) -> u64 {
-    PAGE_KEY_BIT | page
-}
-
-/// What stands for a page's fingerprint in its entry: its CRC and length in units.
-fn page_fp(crc32: u32, units: u16) -> Fingerprint {
-    let mut fp = [0u8; 16];
-    fp[..4].copy_from_slice(&crc32.to_le_bytes());
-    fp[4..6].copy_from_slice(&units.to_le_bytes());
-    fp[15] = b'P';
-    fp
-}
-
 struct IndexFile {
     file: Arc<dyn File>,
     len: u64,
@@ -311,113 +211,6 @@ pub fn slot_bytes_for(block_size: u32) -> u64 {
     (RECORD_HEADER_BYTES as u64 + u64::from(block_size) + SLOT_SLACK).div_ceil(64) * 64
 }
 
-pub(crate) fn data_header(uuid: &[u8; 16], slot_bytes: u64, slots: u32) -> Vec<u8> {
-    let mut b = Vec::with_capacity(64);
-    b.extend_from_slice(&CACHE_DATA_MAGIC);
-    b.extend_from_slice(&CACHE_VERSION.to_le_bytes());
-    b.extend_from_slice(&slots.to_le_bytes());
-    b.extend_from_slice(&slot_bytes.to_le_bytes());
-    b.extend_from_slice(uuid);
-    b.resize(60, 0);
-    let c = crc(&b);
-    b.extend_from_slice(&c.to_le_bytes());
-    b
-}
-
-pub(crate) fn index_header(uuid: &[u8; 16], slot_bytes: u64, slots: u32) -> Vec<u8> {
-    let mut b = data_header(uuid, slot_bytes, slots);
-    b[..8].copy_from_slice(&CACHE_INDEX_MAGIC);
-    let c = crc(&b[..60]);
-    b[60..64].copy_from_slice(&c.to_le_bytes());
-    b
-}
-
-pub(crate) fn record(kind: u8, body: &[u8]) -> [u8; CACHE_INDEX_RECORD_BYTES] {
-    let mut r = [0u8; CACHE_INDEX_RECORD_BYTES];
-    r[4] = kind;
-    r[8..8 + body.len()].copy_from_slice(body);
-    let c = crc(&r[4..]);
-    r[..4].copy_from_slice(&c.to_le_bytes());
-    r
-}
-
-pub(crate) fn insert_record(
-    slot: u32,
-    id: u64,
-    fp: &Fingerprint,
-    len: u32,
-    data_crc: u32,
-) -> [u8; 64] {
-    let mut b = Vec::with_capacity(36);
-    b.extend_from_slice(&slot.to_le_bytes());
-    b.extend_from_slice(&len.to_le_bytes());
-    b.extend_from_slice(&id.to_le_bytes());
-    b.extend_from_slice(fp);
-    b.extend_from_slice(&data_crc.to_le_bytes());
-    record(KIND_INSERT, &b)
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
-}
-
-/// What an index log holds.
-pub(crate) struct ParsedIndex {
-    /// slot -> (id, fingerprint, record length, checksum).
-    pub(crate) slots: HashMap<u32, (u64, Fingerprint, u32, u32)>,
-    pub(crate) counters: [u64; N_COUNTERS],
-    /// Bytes of the header and the whole records before the first bad one (a torn tail).
-    pub(crate) good_len: u64,
-    pub(crate) records: u64,
-}
-
-pub(crate) fn parse_index(buf: &[u8], slots: u32) -> ParsedIndex {
-    let mut p = ParsedIndex {
-        slots: HashMap::new(),
-        counters: [0; N_COUNTERS],
-        good_len: CACHE_INDEX_HEADER_BYTES as u64,
-        records: 0,
-    };
-    let body = buf.get(CACHE_INDEX_HEADER_BYTES..).unwrap_or_default();
-    for r in body.chunks_exact(CACHE_INDEX_RECORD_BYTES) {
-        if u32_at(r, 0) != crc(&r[4..]) {
-            break; // a torn tail
-        }
-        let b = &r[8..];
-        match r[4] {
-            KIND_INSERT => {
-                let slot = u32_at(b, 0);
-                if slot < slots {
-                    let mut fp = [0u8; 16];
-                    fp.copy_from_slice(&b[16..32]);
-                    p.slots
-                        .insert(slot, (u64_at(b, 8), fp, u32_at(b, 4), u32_at(b, 32)));
-                }
-            }
-            KIND_REMOVE => {
-                p.slots.remove(&u32_at(b, 0));
-            }
-            KIND_COUNTERS => {
-                for (i, c) in p.counters.iter_mut().enumerate() {
-                    *c = u64_at(b, i * 8);
-                }
-            }
-            _ => break,
-        }
-        p.good_len += CACHE_INDEX_RECORD_BYTES as u64;
-        p.records += 1;
-    }
-    p
-}
-
 /// The figures of a cache that is not open (a read-only open of its pool): read from its
 /// index without changing anything. Zero counts when the directory or index is unreadable.
 pub fn peek_stats(dir: Option<&dyn Dir>, conf: &CacheConf, block_size: u32) -> CacheStats {
@@ -449,6 +242,100 @@ pub fn peek_stats(dir: Option<&dyn Dir>, conf: &CacheConf, block_size: u32) -> C
         mode: conf.mode.as_str().to_string(),
         dir: conf.path.clone(),
     }
+}
+
+/// What a cache's index held at open: the entries (as the policy's main queue), the
+/// counters, and the whole records' extent.
+struct Loaded {
+    policy: Policy,
+    counters: [u64; N_COUNTERS],
+    good_len: u64,
+    records: u64,
+}
+
+impl Loaded {
+    fn empty() -> Loaded {
+        Loaded {
+            policy: Policy::default(),
+            counters: [0; N_COUNTERS],
+            good_len: CACHE_INDEX_HEADER_BYTES as u64,
+            records: 0,
+        }
+    }
+}
+
+type IoError<'a> = &'a dyn Fn(&str, std::io::Error) -> Error;
+
+/// Read the index log of a cache whose headers match, keep its entries that fit their
+/// slots, and cut off its torn tail.
+fn load_index(index: &dyn File, slots: u32, slot_bytes: u64, io: IoError<'_>) -> Result<Loaded> {
+    let len = index.len().map_err(|e| io("reading cache.idx", e))?;
+    let mut buf = vec![0u8; len as usize];
+    index
+        .read_at(&mut buf, 0)
+        .map_err(|e| io("reading cache.idx", e))?;
+    let parsed = parse_index(&buf, slots);
+    let mut policy = Policy::default();
+    let mut slots_sorted: Vec<_> = parsed.slots.into_iter().collect();
+    slots_sorted.sort_by_key(|(s, _)| *s);
+    for (slot, (id, fp, len, c)) in slots_sorted {
+        if u64::from(len) > slot_bytes {
+            // Longer than its slot: not an entry this cache wrote (the slot is free).
+            continue;
+        }
+        let gen = policy.next_gen;
+        policy.next_gen += 1;
+        // A second entry for the same id (should not happen) replaces the first.
+        policy.remove(id);
+        policy.map.insert(
+            id,
+            Entry {
+                slot,
+                fp,
+                len,
+                crc: c,
+                freq: 0,
+                main: true,
+                ready: true,
+                gen,
+            },
+        );
+        policy.main.push_back((id, gen));
+        policy.main_len += 1;
+    }
+    index
+        .set_len(parsed.good_len)
+        .map_err(|e| io("truncating cache.idx", e))?;
+    Ok(Loaded {
+        policy,
+        counters: parsed.counters,
+        good_len: parsed.good_len,
+        records: parsed.records,
+    })
+}
+
+/// A new cache, or another pool's or size's: start empty (header last: until it is
+/// written, the old contents are never trusted).
+fn reset_files(
+    dir: &dyn Dir,
+    data: &dyn File,
+    index: &dyn File,
+    dh: &[u8],
+    ih: &[u8],
+    io: IoError<'_>,
+) -> Result<()> {
+    index
+        .set_len(0)
+        .and_then(|_| index.write_at(ih, 0))
+        .and_then(|_| index.sync())
+        .map_err(|e| io("writing cache.idx", e))?;
+    data.set_len(0)
+        .and_then(|_| data.set_len(CACHE_DATA_HEADER_BYTES))
+        .and_then(|_| data.write_at(dh, 0))
+        .and_then(|_| data.sync())
+        .map_err(|e| io("writing cache.dat", e))?;
+    dir.sync_dir()
+        .map_err(|e| io("syncing the cache directory", e))
 }
 
 impl ChunkCache {
@@ -485,67 +372,18 @@ impl ChunkCache {
         let data_ok = data.read_at(&mut found, 0).is_ok() && found == dh;
         let mut found_i = vec![0u8; 64];
         let index_ok = index.read_at(&mut found_i, 0).is_ok() && found_i == ih;
-        let mut policy = Policy::default();
-        let mut counters = [0u64; N_COUNTERS];
-        let mut good_len = CACHE_INDEX_HEADER_BYTES as u64;
-        let mut records = 0;
-        if data_ok && index_ok {
-            let len = index.len().map_err(|e| io("reading cache.idx", e))?;
-            let mut buf = vec![0u8; len as usize];
-            index
-                .read_at(&mut buf, 0)
-                .map_err(|e| io("reading cache.idx", e))?;
-            let parsed = parse_index(&buf, slots);
-            counters = parsed.counters;
-            good_len = parsed.good_len;
-            records = parsed.records;
-            let slots_map = parsed.slots;
-            let mut slots_sorted: Vec<_> = slots_map.into_iter().collect();
-            slots_sorted.sort_by_key(|(s, _)| *s);
-            for (slot, (id, fp, len, c)) in slots_sorted {
-                if u64::from(len) > slot_bytes {
-                    // Longer than its slot: not an entry this cache wrote (the slot is free).
-                    continue;
-                }
-                let gen = policy.next_gen;
-                policy.next_gen += 1;
-                // A second entry for the same id (should not happen) replaces the first.
-                policy.remove(id);
-                policy.map.insert(
-                    id,
-                    Entry {
-                        slot,
-                        fp,
-                        len,
-                        crc: c,
-                        freq: 0,
-                        main: true,
-                        ready: true,
-                        gen,
-                    },
-                );
-                policy.main.push_back((id, gen));
-                policy.main_len += 1;
-            }
-            index
-                .set_len(good_len)
-                .map_err(|e| io("truncating cache.idx", e))?;
+        let loaded = if data_ok && index_ok {
+            load_index(&*index, slots, slot_bytes, &io)?
         } else {
-            // New, or another pool's or size's: start empty (header last: until it is
-            // written, the old contents are never trusted).
-            index
-                .set_len(0)
-                .and_then(|_| index.write_at(&ih, 0))
-                .and_then(|_| index.sync())
-                .map_err(|e| io("writing cache.idx", e))?;
-            data.set_len(0)
-                .and_then(|_| data.set_len(CACHE_DATA_HEADER_BYTES))
-                .and_then(|_| data.write_at(&dh, 0))
-                .and_then(|_| data.sync())
-                .map_err(|e| io("writing cache.dat", e))?;
-            dir.sync_dir()
-                .map_err(|e| io("syncing the cache directory", e))?;
-        }
+            reset_files(&*dir, &*data, &*index, &dh, &ih, &io)?;
+            Loaded::empty()
+        };
+        let Loaded {
+            mut policy,
+            counters,
+            good_len,
+            records,
+        } = loaded;
         let used: HashSet<u32> = policy.map.values().map(|e| e.slot).collect();
         policy.free = (0..slots).rev().filter(|s| !used.contains(s)).collect();
         let shared = Arc::new(Shared {
@@ -1050,17 +888,6 @@ impl crate::page_cache::PageTier for ChunkCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn conf_round_trips() {
-        let c = CacheConf {
-            path: "/fast/cache".into(),
-            size_bytes: 1 << 30,
-            mode: CacheMode::WriteThrough,
-        };
-        assert_eq!(CacheConf::decode(c.encode().as_bytes()).ok(), Some(c));
-        assert!(CacheConf::decode(b"something else\n").is_err());
-    }
 
     /// Found by fuzzing (cache_index target, an out-of-memory report): an index entry's record
     /// length was trusted at open, and a lookup read that many bytes (2.7 GiB for the fuzzer's

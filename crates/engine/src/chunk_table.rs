@@ -15,74 +15,13 @@
 //!   every reference taken or dropped and are saved in the checkpoint root.
 
 use crate::error::{Error, Result};
-use crate::format::{ChunkCodec, Fingerprint, Location, CHUNKS_PER_PAGE, CHUNK_ID_LIMIT};
+pub(crate) use crate::format::chunk_slot::encode_slot;
+pub use crate::format::chunk_slot::{decode_slot, slots_with_fp, ChunkEntry};
+use crate::format::{Fingerprint, Location, CHUNKS_PER_PAGE, CHUNK_ID_LIMIT};
 use crate::page_cache::{PageCache, CHUNK_TREE};
 use std::collections::HashMap;
 
 const PER: u64 = CHUNKS_PER_PAGE as u64;
-const REC: usize = 32;
-
-/// One chunk's record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChunkEntry {
-    pub fp: Fingerprint,
-    pub loc: Location,
-    pub refs: u32,
-}
-
-impl ChunkEntry {
-    pub fn location(&self) -> Option<Location> {
-        Some(self.loc)
-    }
-}
-
-/// Decode record `i` of a chunk-table page, `None` if free.
-pub fn decode_slot(page: &[u8], i: usize) -> Option<ChunkEntry> {
-    let r = &page[i * REC..(i + 1) * REC];
-    let word = |at: usize| u32::from_le_bytes([r[at], r[at + 1], r[at + 2], r[at + 3]]);
-    let len_codec = word(24);
-    if len_codec == 0 {
-        return None;
-    }
-    let mut fp = [0u8; 16];
-    fp.copy_from_slice(&r[..16]);
-    Some(ChunkEntry {
-        fp,
-        loc: Location {
-            segment: word(16),
-            offset: word(20),
-            stored_len: len_codec & 0x00ff_ffff,
-            codec: ChunkCodec::from_u8((len_codec >> 24) as u8).unwrap_or(ChunkCodec::Raw),
-        },
-        refs: word(28),
-    })
-}
-
-/// The live records of a chunk-table page whose fingerprint is `fp`, with their slots
-/// (fingerprints are compared in place; only matches are decoded).
-pub fn slots_with_fp<'a>(
-    page: &'a [u8],
-    fp: &'a Fingerprint,
-) -> impl Iterator<Item = (usize, ChunkEntry)> + 'a {
-    (0..CHUNKS_PER_PAGE)
-        .filter(move |&i| page[i * REC..i * REC + 16] == fp[..])
-        .filter_map(move |i| decode_slot(page, i).map(|e| (i, e)))
-}
-
-pub(crate) fn encode_slot(page: &mut [u8], i: usize, e: Option<&ChunkEntry>) {
-    let r = &mut page[i * REC..(i + 1) * REC];
-    match e {
-        None => r.fill(0),
-        Some(e) => {
-            r[..16].copy_from_slice(&e.fp);
-            r[16..20].copy_from_slice(&e.loc.segment.to_le_bytes());
-            r[20..24].copy_from_slice(&e.loc.offset.to_le_bytes());
-            let lc = e.loc.stored_len | (e.loc.codec as u32) << 24;
-            r[24..28].copy_from_slice(&lc.to_le_bytes());
-            r[28..32].copy_from_slice(&e.refs.to_le_bytes());
-        }
-    }
-}
 
 /// The page of chunk `id`.
 pub fn page_of(id: u64) -> u64 {

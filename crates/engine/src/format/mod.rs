@@ -15,14 +15,24 @@
 //! - `segment.rs`: segment names and headers, chunk records
 //! - `journal.rs`: journal names and headers, batches, [`JournalRecord`]
 //! - `root.rs`: the checkpoint root
+//! - `cache_tier.rs`: `cache.conf`, the `cache.dat` and `cache.idx` headers, `cache.idx`
+//!   records
+//! - `chunk_slot.rs`: the 32-byte records of chunk-table leaves
+//! - `map_entry.rs`: the 8-byte entries of block-map leaves
+//! - `remote.rs`: `remote.conf`, the `lease` object and the write-ahead objects of a pool in
+//!   an object store
 //! - `page.rs`: the `meta.dat` header, page pointers ([`page::Ptr`]) and the stored form of
 //!   a metadata page
 
 use crate::crypto::MAC_BYTES;
 use crate::error::{Error, Result};
 
+pub mod cache_tier;
+pub mod chunk_slot;
 pub mod journal;
+pub mod map_entry;
 pub mod page;
+pub mod remote;
 pub mod root;
 pub mod segment;
 pub mod superblock;

@@ -1,5 +1,6 @@
-//! `remote.conf` and how to reach the store it names: the pool's URL, the endpoint, the
-//! region, the credentials file ([`RemoteConf`]), and the errors of the store.
+//! How to reach the store `remote.conf` names ([`RemoteConf::backend`]: the pool's URL, the
+//! endpoint, the region, the credentials file), and the errors of the store. The bytes of
+//! `remote.conf` are encoded in [`crate::format::remote`].
 //!
 //! Invariants:
 //! - Credentials never come from a command line: an endpoint or pool URL with a user name or
@@ -9,98 +10,16 @@
 //! - A request the store did not answer is a [`StoreUnavailable`]: it changed nothing, and
 //!   the caller may retry it.
 
-use super::Durability;
 use crate::error::{Error, Result};
+pub use crate::format::remote::{RemoteConf, REMOTE_CONF_NAME};
 pub use crate::io::{is_store_unavailable, StoreUnavailable};
 use condense_object_store::ObjectBackend;
 use std::collections::HashMap;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-/// The local directory's description of its pool in the bucket.
-pub const REMOTE_CONF_NAME: &str = "remote.conf";
-const CONF_FIRST_LINE: &str = "condense-remote 1";
-
-/// `remote.conf`: where the pool is and how this host reaches it. Holds no secret.
-///
-/// The durability is the pool's, stored in its superblock, not here. A `remote.conf` written
-/// by a Condense that kept it here (before issue 23) holds a `durability=` line: for a pool
-/// that stores none yet it is taken once (the first writable open stores it in the pool and
-/// drops the line); for a pool that stores one, the pool's wins.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RemoteConf {
-    /// `s3://BUCKET[/PREFIX]`, or `file:///DIR` (a directory as the object store: tests).
-    pub url: String,
-    /// S3 endpoint (`None`: `$AWS_ENDPOINT_URL`, else AWS).
-    pub endpoint: Option<String>,
-    /// S3 region (`None`: `$AWS_REGION`, else us-east-1).
-    pub region: Option<String>,
-    /// A file of `KEY=VALUE` lines with the credentials (`None`: the environment).
-    pub credentials: Option<PathBuf>,
-    /// A durability for a pool that stores none yet (made before issue 23): the old
-    /// `durability=` line, or `connect --durability` to such a pool. `None` otherwise.
-    pub durability_to_store: Option<Durability>,
-    /// This host only reads the pool (no lease; never writes to the bucket).
-    pub read_only: bool,
-}
-
 impl RemoteConf {
-    pub fn encode(&self) -> String {
-        let mut s = format!("{CONF_FIRST_LINE}\nurl={}\n", self.url);
-        if let Some(e) = &self.endpoint {
-            s += &format!("endpoint={e}\n");
-        }
-        if let Some(r) = &self.region {
-            s += &format!("region={r}\n");
-        }
-        if let Some(c) = &self.credentials {
-            s += &format!("credentials={}\n", c.display());
-        }
-        if let Some(d) = self.durability_to_store {
-            s += &format!("durability={}\n", d.as_str());
-        }
-        s += &format!("read_only={}\n", self.read_only);
-        s
-    }
-
-    pub fn decode(bytes: &[u8]) -> Result<RemoteConf> {
-        let bad = |d: String| Error::corrupt(REMOTE_CONF_NAME, d);
-        let text = std::str::from_utf8(bytes).map_err(|_| bad("not UTF-8 text".into()))?;
-        let mut lines = text.lines();
-        if lines.next() != Some(CONF_FIRST_LINE) {
-            return Err(bad(format!("first line is not {CONF_FIRST_LINE:?}")));
-        }
-        let mut conf = RemoteConf {
-            url: String::new(),
-            endpoint: None,
-            region: None,
-            credentials: None,
-            durability_to_store: None,
-            read_only: false,
-        };
-        for l in lines {
-            match l.split_once('=') {
-                Some(("url", v)) => conf.url = v.to_string(),
-                Some(("endpoint", v)) => conf.endpoint = Some(v.to_string()),
-                Some(("region", v)) => conf.region = Some(v.to_string()),
-                Some(("credentials", v)) => conf.credentials = Some(PathBuf::from(v)),
-                Some(("durability", v)) => {
-                    conf.durability_to_store =
-                        Some(Durability::parse(v).ok_or_else(|| {
-                            bad(format!("durability {v:?} is not local or remote"))
-                        })?)
-                }
-                Some(("read_only", v)) => conf.read_only = v == "true",
-                _ => {}
-            }
-        }
-        if conf.url.is_empty() {
-            return Err(bad("no url= line".into()));
-        }
-        Ok(conf)
-    }
-
     /// Connect to the store this configuration names; `writer`: this open may write the
     /// bucket (a read-only open writes nothing, not even the conditional-put probe).
     pub fn backend(&self, writer: bool) -> Result<Arc<dyn ObjectBackend>> {

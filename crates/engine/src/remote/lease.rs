@@ -10,13 +10,13 @@
 use super::conf::remote_error;
 use super::shared::Shared;
 use crate::error::{Error, Result};
+pub(crate) use crate::format::remote::LeaseBody;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub(super) const LEASE_NAME: &str = "lease";
-const LEASE_FIRST_LINE: &str = "condense-lease 1";
 /// A lease not renewed for this long is free to take.
 pub const LEASE_SECONDS: u64 = 30;
 /// The holder renews its lease this often.
@@ -41,49 +41,7 @@ pub struct Lease {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-pub(crate) struct LeaseBody {
-    host: String,
-    pid: u32,
-    nonce: String,
-    expires: u64,
-    renewed: u64,
-}
-
 impl LeaseBody {
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        format!(
-            "{LEASE_FIRST_LINE}\nhost={}\npid={}\nnonce={}\nexpires_unix={}\nrenewed_unix={}\n",
-            self.host, self.pid, self.nonce, self.expires, self.renewed
-        )
-        .into_bytes()
-    }
-
-    pub(crate) fn decode(b: &[u8]) -> Option<LeaseBody> {
-        let text = std::str::from_utf8(b).ok()?;
-        let mut lines = text.lines();
-        if lines.next()? != LEASE_FIRST_LINE {
-            return None;
-        }
-        let mut l = LeaseBody {
-            host: String::new(),
-            pid: 0,
-            nonce: String::new(),
-            expires: 0,
-            renewed: 0,
-        };
-        for line in lines {
-            match line.split_once('=') {
-                Some(("host", v)) => l.host = v.to_string(),
-                Some(("pid", v)) => l.pid = v.parse().ok()?,
-                Some(("nonce", v)) => l.nonce = v.to_string(),
-                Some(("expires_unix", v)) => l.expires = v.parse().ok()?,
-                Some(("renewed_unix", v)) => l.renewed = v.parse().ok()?,
-                _ => {}
-            }
-        }
-        Some(l)
-    }
-
     pub(crate) fn fresh(nonce: &str) -> LeaseBody {
         let now = unix_now();
         LeaseBody {

@@ -14,6 +14,8 @@ use super::conf::remote_error;
 use super::shared::Shared;
 use super::Durability;
 use crate::error::{Error, Result};
+use crate::format::remote::is_logged;
+pub(crate) use crate::format::remote::{decode_wal, encode_wal};
 use crate::io::{Dir, File, RealDir};
 use std::collections::{BTreeSet, HashMap};
 use std::io;
@@ -21,7 +23,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 const WAL_PREFIX: &str = "wal";
-const WAL_MAGIC: [u8; 8] = *b"CNDSWAL1";
 
 /// The local directory of a `remote`-durability pool: a real directory whose journal and
 /// segment files also upload, at each sync, what was written to them since the last one.
@@ -45,11 +46,6 @@ struct WalLog {
     /// any file logs them first (a flush that failed so is retried by the next flush, which
     /// may not sync those segment files again), in order, before its own bytes.
     unlogged: Mutex<Vec<Arc<WalFile>>>,
-}
-
-fn is_logged(name: &str) -> bool {
-    name.starts_with(crate::format::SEGMENT_PREFIX)
-        || name.starts_with(crate::format::JOURNAL_PREFIX)
 }
 
 impl WalLog {
@@ -167,33 +163,6 @@ impl WalDir {
         }
         Ok(rebuilt.len())
     }
-}
-
-pub(crate) fn encode_wal(name: &str, offset: u64, data: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(32 + name.len() + data.len());
-    v.extend_from_slice(&WAL_MAGIC);
-    v.extend_from_slice(&(name.len() as u16).to_le_bytes());
-    v.extend_from_slice(name.as_bytes());
-    v.extend_from_slice(&offset.to_le_bytes());
-    v.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    v.extend_from_slice(&crc32c::crc32c(data).to_le_bytes());
-    v.extend_from_slice(data);
-    v
-}
-
-pub(crate) fn decode_wal(b: &[u8]) -> Option<(String, u64, &[u8])> {
-    if b.get(..8)? != WAL_MAGIC {
-        return None;
-    }
-    let nlen = u16::from_le_bytes(b.get(8..10)?.try_into().ok()?) as usize;
-    let name = std::str::from_utf8(b.get(10..10 + nlen)?).ok()?.to_string();
-    let at = 10 + nlen;
-    let offset = u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?);
-    let len = usize::try_from(u64::from_le_bytes(b.get(at + 8..at + 16)?.try_into().ok()?)).ok()?;
-    let crc = u32::from_le_bytes(b.get(at + 16..at + 20)?.try_into().ok()?);
-    let data = b.get(at + 20..at.checked_add(20)?.checked_add(len)?)?;
-    let safe = !name.is_empty() && !name.contains('/') && !name.starts_with('.');
-    (crc32c::crc32c(data) == crc && safe && is_logged(&name)).then_some((name, offset, data))
 }
 
 impl Dir for WalDir {
