@@ -6,8 +6,8 @@
 //! to the first one that does not (a torn tail); an insert naming a slot past the cache is
 //! ignored; parsing never panics on any bytes.
 
+use super::common::Fingerprint;
 use crate::error::{Error, Result};
-use crate::format::Fingerprint;
 use std::collections::HashMap;
 
 fn crc(b: &[u8]) -> u32 {
@@ -111,7 +111,7 @@ impl CacheConf {
 pub const N_COUNTERS: usize = 7;
 
 /// Metadata pages share the cache's id space with chunks: chunk ids stay below
-/// [`crate::format::CHUNK_ID_LIMIT`], page keys have the top bit set.
+/// [`super::common::CHUNK_ID_LIMIT`], page keys have the top bit set.
 const PAGE_KEY_BIT: u64 = 1 << 63;
 
 pub fn page_key(page: u64) -> u64 {

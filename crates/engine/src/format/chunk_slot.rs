@@ -6,7 +6,7 @@
 //! as raw, and the record's own check then fails the read); encoding a free slot writes
 //! zeros.
 
-use super::{ChunkCodec, Fingerprint, Location, CHUNKS_PER_PAGE};
+use super::common::{ChunkCodec, Fingerprint, Location, CHUNKS_PER_PAGE};
 
 /// Bytes of one slot.
 pub const REC: usize = 32;

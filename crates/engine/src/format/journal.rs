@@ -5,7 +5,7 @@
 //! record decoder reads only what its buffer holds (a truncated record is an error); the
 //! flush mark is a record every build reads as a no-op.
 
-use super::{
+use super::common::{
     check_crc, check_magic, check_version, crc, put_u16, put_u32, put_u64, Fingerprint, Location,
     Reader, BATCH_HEADER_BYTES, BATCH_MAGIC, FORMAT_VERSION, JOURNAL_HEADER_BYTES, JOURNAL_MAGIC,
     JOURNAL_PREFIX,

@@ -6,7 +6,7 @@
 //! Invariants: every raw value decodes (a damaged value past [`CHUNK_ID_LIMIT`] is a chunk
 //! id that does not exist, for `verify` to name); a zeroed leaf is all UNMAPPED.
 
-use super::{CHUNK_ID_LIMIT, ENTRY_LOST, ENTRY_UNMAPPED, ENTRY_ZERO};
+use super::common::{CHUNK_ID_LIMIT, ENTRY_LOST, ENTRY_UNMAPPED, ENTRY_ZERO};
 
 /// The entry a raw slot value stands for.
 pub fn decode(raw: u64) -> u64 {

@@ -6,7 +6,7 @@
 //! by the page cache); [`decode_page`] returns `None`, never panics, for stored bytes that do
 //! not decode to exactly one page.
 
-use super::{
+use super::common::{
     check_crc, check_magic, check_version, crc, put_u32, Reader, FORMAT_VERSION, META_MAGIC,
 };
 use crate::error::{Error, Result};

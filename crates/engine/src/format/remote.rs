@@ -7,7 +7,8 @@
 //! line, a bad number, a truncated or changed write-ahead object); a write-ahead object
 //! names only a journal or segment file of the local directory (no path, no hidden name).
 
-use super::{Durability, JOURNAL_PREFIX, SEGMENT_PREFIX};
+use super::common::{JOURNAL_PREFIX, SEGMENT_PREFIX};
+use super::superblock::Durability;
 use crate::error::{Error, Result};
 use std::path::PathBuf;
 

@@ -7,7 +7,7 @@
 //! is opened (encrypted) or decompressed; the body's length is never allocated from the
 //! header; counts read from the body are bounded by what the body holds.
 
-use super::{
+use super::common::{
     check_crc, check_magic, check_version, crc, put_u16, put_u32, put_u64, Reader,
     CHECKPOINT_MAGIC, CHECKPOINT_NAME, FORMAT_VERSION,
 };

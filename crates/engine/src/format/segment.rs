@@ -5,7 +5,7 @@
 //! what the chunk table says; in an encrypted pool its payload is authenticated (bound to
 //! its fingerprint and codec) before it is decompressed.
 
-use super::{
+use super::common::{
     check_crc, check_magic, check_version, crc, put_u32, ChunkCodec, Fingerprint, Location, Reader,
     FORMAT_VERSION, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES, SEGMENT_MAGIC, SEGMENT_PREFIX,
 };

@@ -6,7 +6,7 @@
 //! does not read is refused; argon2id parameters are bounded on read (a damaged superblock,
 //! not an allocation); in an encrypted pool the MAC covers every byte before it.
 
-use super::{
+use super::common::{
     check_crc, check_magic, check_version, crc, put_u16, put_u32, put_u64, Reader, BLOCK_SIZE_MAX,
     BLOCK_SIZE_MIN, FORMAT_VERSION, SUPERBLOCK_BYTES, SUPERBLOCK_ENCRYPTED_BYTES,
     SUPERBLOCK_MAC_AT, SUPERBLOCK_MAGIC, SUPERBLOCK_VERSION_ENCRYPTED,

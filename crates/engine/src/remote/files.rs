@@ -9,12 +9,14 @@
 //! - A page that fails its check in the mirror is read again from the bucket's extent and
 //!   the mirror mended ([`MetaFile`]'s `read_other_copy`).
 
-use super::object_dir::META_EXTENT_BYTES;
 use super::shared::{in_parallel, Shared};
 use crate::io::File;
 use std::collections::BTreeSet;
 use std::io;
 use std::sync::{Arc, Mutex};
+
+/// Bytes of one `meta.dat` extent object.
+pub const META_EXTENT_BYTES: u64 = 256 << 10;
 
 /// An object read in place (a destaged segment, the superblock, a checkpoint root).
 pub(super) struct ObjFile {

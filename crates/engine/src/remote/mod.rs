@@ -70,9 +70,10 @@ pub use conf::{
     check_endpoint, is_remote_url, is_store_unavailable, parse_s3_url, RemoteConf,
     StoreUnavailable, REMOTE_CONF_NAME,
 };
+pub use files::META_EXTENT_BYTES;
 pub(crate) use lease::LeaseBody;
 pub use lease::{Lease, LEASE_SECONDS};
-pub use object_dir::{RemoteDir, LOCAL_SUBDIR, META_EXTENT_BYTES, REMOTE_CHECKPOINT_EVERY};
+pub use object_dir::{RemoteDir, LOCAL_SUBDIR, REMOTE_CHECKPOINT_EVERY};
 pub(crate) use setup::open_local;
 pub use setup::{connect, init, is_local_dir};
 pub use wal::WalDir;

@@ -10,11 +10,11 @@
 //!   otherwise the open fetches every extent.
 
 use super::conf::remote_error;
-use super::files::{BufFile, BufState, MetaFile, ObjFile};
+use super::files::{BufFile, BufState, MetaFile, ObjFile, META_EXTENT_BYTES};
 use super::lease::{Lease, LEASE_NAME};
 use super::shared::{in_parallel, Shared};
-use super::Durability;
 use crate::error::{Error, Result};
+use crate::format::Durability;
 use crate::format::{CHECKPOINT_NAME, META_NAME};
 use crate::io::StoreStatus;
 use crate::io::{Dir, File, RealDir};
@@ -27,8 +27,6 @@ use std::time::{Duration, Instant};
 
 /// The subdirectory of the local directory for the `meta.dat` mirror and `cache.conf`.
 pub const LOCAL_SUBDIR: &str = "pool";
-/// Bytes of one `meta.dat` extent object.
-pub const META_EXTENT_BYTES: u64 = 256 << 10;
 const META_SYNCED_NAME: &str = "meta.synced";
 
 /// The pool directory of an S3 pool (see the module docs for the mapping).

@@ -9,7 +9,7 @@
 //!   bytes of an object's older version that this process replaced.
 
 use super::conf::to_io;
-use super::Durability;
+use crate::format::Durability;
 use condense_object_store::ObjectBackend;
 use std::collections::{HashMap, VecDeque};
 use std::io;

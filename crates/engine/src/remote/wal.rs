@@ -12,10 +12,10 @@
 
 use super::conf::remote_error;
 use super::shared::Shared;
-use super::Durability;
 use crate::error::{Error, Result};
 use crate::format::remote::is_logged;
 pub(crate) use crate::format::remote::{decode_wal, encode_wal};
+use crate::format::Durability;
 use crate::io::{Dir, File, RealDir};
 use std::collections::{BTreeSet, HashMap};
 use std::io;
