@@ -104,6 +104,10 @@ impl Pool {
     /// Write a checkpoint of the whole state and start a new journal generation. The caller
     /// holds `sync_lock`.
     pub(crate) fn checkpoint_locked(&self, sync: &MutexGuard<'_, ()>) -> Result<()> {
+        debug_assert!(
+            self.sync_lock.try_lock().is_err(),
+            "the caller holds sync_lock"
+        );
         self.checkpoint_with(sync, &|_| Ok(()), None)
     }
 
@@ -300,6 +304,11 @@ impl Pool {
             st.poisoned = Some(e.to_string());
             return Err(e);
         }
+        // A sync covers what was appended when it started, never more than was appended.
+        debug_assert!(
+            target <= st.appended,
+            "a flush target is a count already appended"
+        );
         st.durable = st.durable.max(target);
         Ok(st)
     }

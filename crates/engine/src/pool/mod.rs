@@ -387,6 +387,11 @@ impl Pool {
             st.journal.append(r);
         }
         st.appended += records.len() as u64;
+        // Group commit: what is durable is a prefix of what was appended (flush_through).
+        debug_assert!(
+            st.durable <= st.appended,
+            "durable records were appended first"
+        );
         crate::counters::add(&self.counters.journal_records, records.len() as u64);
         let appended = st.appended;
         let index_bytes = st.md.index.ram_bytes();
