@@ -11,7 +11,6 @@ mod bench;
 mod cache;
 mod config;
 mod control;
-mod convert;
 mod estimate;
 mod image;
 mod keys;
@@ -551,7 +550,15 @@ fn run(cli: Cli) -> Result<i32> {
                 ),
             };
             let pool = open_pool_with(&cli.pool, false, &a.cache)?;
-            image::import_stdin(&pool, name, size, declared_raw)?;
+            let report = condense_image::import_stdin(
+                &pool,
+                name,
+                size,
+                declared_raw,
+                std::io::stdin(),
+                &image::Bars::default(),
+            )?;
+            println!("{report}");
             pool.close()?;
         }
         Command::Import(a) => {
@@ -578,14 +585,13 @@ fn run(cli: Cli) -> Result<i32> {
                         )
                     })?,
             };
+            let bars = image::Bars::default();
             if checked.format == condense_estimate::probe::Format::Raw {
-                image::import_raw(&pool, &checked.path, &name)?;
+                let report = condense_image::import_raw(&pool, &checked.path, &name, &bars)?;
+                println!("{report}");
             } else {
-                let catalog: Arc<dyn condense_api::Catalog> = pool.clone();
-                pool.set_importing(&name, true)?;
-                let imported = convert::import_image(catalog, &checked, &name, true);
-                pool.set_importing(&name, false)?;
-                imported?;
+                let report = condense_image::convert::import_image(&pool, &checked, &name, &bars)?;
+                println!("{report}");
             }
             pool.close()?;
         }
@@ -593,20 +599,26 @@ fn run(cli: Cli) -> Result<i32> {
             let format = a
                 .format
                 .clone()
-                .unwrap_or_else(|| image::format_from_extension(&a.file));
+                .unwrap_or_else(|| condense_image::format_from_extension(&a.file));
+            let bars = image::Bars::default();
             let pool = if format == "raw" {
                 let pool = open_pool(&cli.pool, true)?;
                 pool.set_lost_reads_zeros(a.lost_as_zeros);
-                image::export_raw(&pool, &a.name, &a.file, a.force)?;
+                let report = condense_image::export_raw(&pool, &a.name, &a.file, a.force, &bars)?;
+                println!("{report}");
                 pool
             } else {
-                if a.force && a.file.exists() {
-                    std::fs::remove_file(&a.file)
-                        .with_context(|| format!("cannot remove {}", a.file.display()))?;
-                }
                 let pool = open_pool(&cli.pool, false)?;
                 pool.set_lost_reads_zeros(a.lost_as_zeros);
-                convert::export_image(pool.clone(), &a.name, &a.file, &format)?;
+                let report = condense_image::convert::export_image(
+                    pool.clone(),
+                    &a.name,
+                    &a.file,
+                    &format,
+                    a.force,
+                    &bars,
+                )?;
+                println!("{report}");
                 pool
             };
             let lost = pool.lost_blocks_read_as_zeros();

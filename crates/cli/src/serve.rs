@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use condense_api::Catalog;
 use condense_engine::Pool;
 use condense_nbd::unix_socket::{self, Access};
-use condense_nbd::{Endpoint, ExportRules, Server, ServerConfig, ServerHandle, TlsConfig, TlsMode};
+use condense_nbd::{Endpoint, ExportRules, Server, ServerConfig, TlsConfig, TlsMode};
 use std::net::ToSocketAddrs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -484,32 +484,6 @@ fn tls_summary(t: &TlsConfig) -> String {
     )
 }
 
-/// Start a server on a Unix socket in a thread of its own, for in-process clients such as
-/// `qemu-img convert` during import and export. Dropping or shutting down the handle stops it
-/// (answering requests in flight) and flushes the pool.
-pub fn spawn_unix(catalog: Arc<dyn Catalog>, socket_path: &Path) -> Result<ServerHandle> {
-    spawn_unix_with(catalog, socket_path, false)
-}
-
-/// [`spawn_unix`], optionally read-only (export never needs to write).
-pub fn spawn_unix_with(
-    catalog: Arc<dyn Catalog>,
-    socket_path: &Path,
-    read_only: bool,
-) -> Result<ServerHandle> {
-    let config = ServerConfig {
-        read_only,
-        ..ServerConfig::default()
-    };
-    let server = Server::bind(
-        catalog,
-        config,
-        &[Endpoint::Unix(socket_path.to_path_buf())],
-    )
-    .with_context(|| format!("cannot serve on {}", socket_path.display()))?;
-    server.spawn().context("cannot start the NBD server")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -675,23 +649,6 @@ mod tests {
                 .is_some_and(|e| e.contains("line 2") && !e.contains(&key)),
             "{err:?}"
         );
-        Ok(())
-    }
-
-    #[test]
-    fn spawned_unix_server_serves_and_flushes_on_shutdown() -> Result<()> {
-        let dir = tempfile::tempdir()?;
-        let path = dir.path().join("s.sock");
-        let cat = Arc::new(condense_api::mem::MemCatalog::new(4096));
-        cat.create("v", 1 << 20)?;
-        let h = spawn_unix(cat, &path)?;
-        let mut s = std::os::unix::net::UnixStream::connect(&path)?;
-        let mut greeting = [0u8; 18];
-        std::io::Read::read_exact(&mut s, &mut greeting)?;
-        assert_eq!(&greeting[..8], b"NBDMAGIC");
-        drop(s);
-        h.shutdown()?;
-        assert!(!path.exists());
         Ok(())
     }
 }

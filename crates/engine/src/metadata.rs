@@ -3,8 +3,10 @@
 //! Owns: the volume list, every block map and the chunk table (paged, behind one
 //! [`PageCache`]), the dedup index, and the named metadata records. Every change is a
 //! [`JournalRecord`] applied by [`Metadata::apply`], live and during replay alike; nothing
-//! else writes these structures. The I/O side (segments, journal, group commit) lives in
-//! [`crate::pool`].
+//! else writes these structures. `condense repair`'s salvage replay goes through the same
+//! interpretation ([`Metadata::apply_in`] in [`Mode::Salvage`]), which tolerates and reports
+//! what a damaged journal leaves inconsistent instead of failing. The I/O side (segments,
+//! journal, group commit) lives in [`crate::pool`].
 //!
 //! Invariants:
 //! - Applying a record to pages already in memory does no I/O; callers load what a record
@@ -23,6 +25,56 @@ use std::collections::{BTreeMap, HashMap};
 
 /// Writes at or above this many references to one chunk store a new copy instead.
 pub(crate) const REFS_MAX: u32 = u32::MAX / 2;
+
+/// How [`Metadata::apply_in`] applies a record.
+pub(crate) enum Mode<'a> {
+    /// Live changes and replay: reference counts are kept; a change to a volume that does not
+    /// exist, or a page that cannot be read, is an error.
+    Strict,
+    /// `condense repair`'s replay of the batches around a damaged stretch of the journal,
+    /// which may name chunks and volumes the damaged batches made: nothing trusts reference
+    /// counts or chunk existence. Map entries are set as written (the rebuild resolves their
+    /// chunks or reports the blocks lost), chunk locations go to the hook, chunk drops are
+    /// ignored (the rebuild drops what nothing names), and a change to a volume that does not
+    /// exist or no longer fits it, or to a page that cannot be read, is skipped and told to
+    /// the hook.
+    Salvage(&'a mut dyn SalvageHook),
+}
+
+/// What a salvage replay keeps aside for the rebuild (implemented by `repair`).
+pub(crate) trait SalvageHook {
+    /// A batch put chunk `id` at `loc`: a new chunk with its fingerprint, or a moved one.
+    fn chunk_placed(&mut self, id: u64, loc: &Location, fp: Option<&Fingerprint>);
+    /// Blocks `[start, end)` of volume `vol` were written (mapped, zeroed or trimmed).
+    fn blocks_written(&mut self, vol: u32, start: u64, end: u64);
+    /// A change that could not be applied, in words.
+    fn skip(&mut self, what: String);
+}
+
+impl Mode<'_> {
+    /// The outcome of a step: strict, an error ends the record; salvage, it is told to the
+    /// hook (`what` describes the step) and the step is skipped (`None`).
+    fn tolerate<T>(
+        &mut self,
+        r: Result<T>,
+        what: impl FnOnce(&Error) -> String,
+    ) -> Result<Option<T>> {
+        match (r, self) {
+            (Ok(v), _) => Ok(Some(v)),
+            (Err(e), Mode::Strict) => Err(e),
+            (Err(e), Mode::Salvage(s)) => {
+                s.skip(what(&e));
+                Ok(None)
+            }
+        }
+    }
+
+    fn blocks_written(&mut self, vol: u32, start: u64, end: u64) {
+        if let Mode::Salvage(s) = self {
+            s.blocks_written(vol, start, end);
+        }
+    }
+}
 
 pub(crate) struct VolumeState {
     pub name: String,
@@ -162,98 +214,33 @@ impl Metadata {
 
     /// Apply one record. The only place the metadata changes.
     pub(crate) fn apply(&mut self, r: &JournalRecord) -> Result<()> {
+        self.apply_in(r, &mut Mode::Strict)
+    }
+
+    /// [`Metadata::apply`] in `mode`: the one interpretation of every journal record, for live
+    /// changes and replay ([`Mode::Strict`]) and for `condense repair`'s salvage replay
+    /// ([`Mode::Salvage`]).
+    pub(crate) fn apply_in(&mut self, r: &JournalRecord, mode: &mut Mode) -> Result<()> {
         match r {
-            JournalRecord::NewChunk { id, loc, fp } => {
-                self.chunks.insert(&mut self.cache, *id, *fp, loc)?;
-                if self.index_ready {
-                    self.index.insert(fp, page_of(*id));
-                }
-            }
+            JournalRecord::NewChunk { id, loc, fp } => self.new_chunk(*id, loc, fp, mode)?,
+            JournalRecord::Relocate { id, loc } => self.relocate_chunk(*id, loc, mode)?,
+            JournalRecord::DropChunk { id } => self.drop_chunk(*id, mode)?,
             JournalRecord::MapRun {
                 vol,
                 start,
                 entries,
-            } => {
-                for (i, &e) in entries.iter().enumerate() {
-                    self.set_entry(*vol, start + i as u64, e)?;
-                }
-            }
+            } => self.map_run(*vol, *start, entries, mode)?,
             JournalRecord::MapFill {
                 vol,
                 start,
                 count,
                 entry,
-            } => {
-                self.vol(*vol)?;
-                if *entry == ENTRY_UNMAPPED {
-                    let mapped = block_map::mapped(
-                        &mut self.cache,
-                        u64::from(*vol),
-                        *start,
-                        start.saturating_add(*count),
-                    )?;
-                    for (b, _) in mapped {
-                        self.set_entry(*vol, b, ENTRY_UNMAPPED)?;
-                    }
-                } else {
-                    for b in *start..start + count {
-                        self.set_entry(*vol, b, *entry)?;
-                    }
-                }
-            }
+            } => self.map_fill(*vol, *start, *count, *entry, mode)?,
             JournalRecord::VolumeCreate { vol, size, name } => {
-                self.volumes.insert(
-                    *vol,
-                    VolumeState {
-                        name: name.clone(),
-                        size: *size,
-                        counts: MapCounts::default(),
-                        snapshot_of: None,
-                        created: 0,
-                    },
-                );
-                self.cache.create_tree(
-                    u64::from(*vol),
-                    block_map::leaves_for(size / u64::from(self.block_size)),
-                );
-                self.names.insert(name.clone(), *vol);
-                self.next_vol = self.next_vol.max(vol + 1);
+                self.create_volume(*vol, *size, name, mode)
             }
-            JournalRecord::VolumeResize { vol, size } => {
-                let bs = u64::from(self.block_size);
-                let old = self.vol(*vol)?.size;
-                if *size < old {
-                    let cut =
-                        block_map::mapped(&mut self.cache, u64::from(*vol), size / bs, old / bs)?;
-                    for (b, _) in cut {
-                        self.set_entry(*vol, b, ENTRY_UNMAPPED)?;
-                    }
-                } else {
-                    self.cache
-                        .grow_tree(u64::from(*vol), block_map::leaves_for(size / bs))?;
-                }
-                if let Some(v) = self.volumes.get_mut(vol) {
-                    v.size = *size;
-                }
-            }
-            JournalRecord::VolumeDelete { vol } => {
-                self.vol(*vol)?;
-                self.release_volume_tree(*vol)?;
-                if let Some(v) = self.volumes.remove(vol) {
-                    self.names.remove(&v.name);
-                }
-            }
-            JournalRecord::Relocate { id, loc } => {
-                self.chunks.relocate(&mut self.cache, *id, loc)?
-            }
-            JournalRecord::DropChunk { id } => {
-                if let Some(e) = self.chunks.get(&mut self.cache, *id)? {
-                    if self.index_ready {
-                        self.index.remove(&e.fp, page_of(*id));
-                    }
-                }
-                self.chunks.remove(&mut self.cache, *id)?;
-            }
+            JournalRecord::VolumeResize { vol, size } => self.resize_volume(*vol, *size, mode)?,
+            JournalRecord::VolumeDelete { vol } => self.delete_volume(*vol, mode)?,
             JournalRecord::MetaPut { key, value } => match value {
                 Some(v) => {
                     self.meta.insert(key.clone(), v.clone());
@@ -262,6 +249,233 @@ impl Metadata {
                     self.meta.remove(key);
                 }
             },
+        }
+        if let Mode::Salvage(_) = mode {
+            // The holders a leaf copied from a shared one gained are the rebuild's to count.
+            self.cache.take_unshared_leaves();
+        }
+        Ok(())
+    }
+
+    /// A new chunk: into the chunk table (and the dedup index, once built). Salvage: set
+    /// aside for the rebuild if its record is on disk.
+    fn new_chunk(
+        &mut self,
+        id: u64,
+        loc: &Location,
+        fp: &Fingerprint,
+        mode: &mut Mode,
+    ) -> Result<()> {
+        if let Mode::Salvage(s) = mode {
+            s.chunk_placed(id, loc, Some(fp));
+            return Ok(());
+        }
+        self.chunks.insert(&mut self.cache, id, *fp, loc)?;
+        if self.index_ready {
+            self.index.insert(fp, page_of(id));
+        }
+        Ok(())
+    }
+
+    /// A chunk moved by GC. Salvage: set aside for the rebuild if its record is on disk.
+    fn relocate_chunk(&mut self, id: u64, loc: &Location, mode: &mut Mode) -> Result<()> {
+        match mode {
+            Mode::Strict => self.chunks.relocate(&mut self.cache, id, loc),
+            Mode::Salvage(s) => {
+                s.chunk_placed(id, loc, None);
+                Ok(())
+            }
+        }
+    }
+
+    /// A chunk nothing names any more. Salvage: ignored (the rebuild drops what nothing names).
+    fn drop_chunk(&mut self, id: u64, mode: &mut Mode) -> Result<()> {
+        if let Mode::Salvage(_) = mode {
+            return Ok(());
+        }
+        if let Some(e) = self.chunks.get(&mut self.cache, id)? {
+            if self.index_ready {
+                self.index.remove(&e.fp, page_of(id));
+            }
+        }
+        self.chunks.remove(&mut self.cache, id)
+    }
+
+    /// Blocks `start..` of `vol` set to `entries`.
+    fn map_run(&mut self, vol: u32, start: u64, entries: &[u64], mode: &mut Mode) -> Result<()> {
+        let end = start + entries.len() as u64;
+        if let Mode::Salvage(s) = mode {
+            if !self.fits(vol, start, end, &mut **s) {
+                return Ok(());
+            }
+        }
+        for (i, &e) in entries.iter().enumerate() {
+            self.set_block(vol, start + i as u64, e, mode)?;
+        }
+        mode.blocks_written(vol, start, end);
+        Ok(())
+    }
+
+    /// Blocks `start..start + count` of `vol` all set to `entry`; unmapping visits only the
+    /// blocks that are mapped.
+    fn map_fill(
+        &mut self,
+        vol: u32,
+        start: u64,
+        count: u64,
+        entry: u64,
+        mode: &mut Mode,
+    ) -> Result<()> {
+        let end = start.saturating_add(count);
+        match mode {
+            Mode::Strict => {
+                self.vol(vol)?;
+            }
+            Mode::Salvage(s) => {
+                if !self.fits(vol, start, end, &mut **s) {
+                    return Ok(());
+                }
+            }
+        }
+        if entry == ENTRY_UNMAPPED {
+            let mapped = block_map::mapped(&mut self.cache, u64::from(vol), start, end);
+            let mapped = mode.tolerate(mapped, |e| {
+                format!("trimming blocks {start}..{end} of volume id {vol}: {e}")
+            })?;
+            for (b, _) in mapped.unwrap_or_default() {
+                self.set_block(vol, b, ENTRY_UNMAPPED, mode)?;
+            }
+        } else {
+            for b in start..end {
+                self.set_block(vol, b, entry, mode)?;
+            }
+        }
+        mode.blocks_written(vol, start, end);
+        Ok(())
+    }
+
+    /// A new, empty volume. Salvage: skipped if its id or name is taken.
+    fn create_volume(&mut self, vol: u32, size: u64, name: &str, mode: &mut Mode) {
+        if let Mode::Salvage(s) = mode {
+            if self.volumes.contains_key(&vol) || self.names.contains_key(name) {
+                s.skip(format!(
+                    "creation of volume {name:?} (id {vol}): the id or name is taken"
+                ));
+                return;
+            }
+        }
+        self.volumes.insert(
+            vol,
+            VolumeState {
+                name: name.to_string(),
+                size,
+                counts: MapCounts::default(),
+                snapshot_of: None,
+                created: 0,
+            },
+        );
+        self.cache.create_tree(
+            u64::from(vol),
+            block_map::leaves_for(size / u64::from(self.block_size)),
+        );
+        self.names.insert(name.to_string(), vol);
+        self.next_vol = self.next_vol.max(vol + 1);
+    }
+
+    /// A volume's new size: shrinking unmaps the blocks past the end, growing grows the map.
+    fn resize_volume(&mut self, vol: u32, size: u64, mode: &mut Mode) -> Result<()> {
+        let bs = u64::from(self.block_size);
+        let old = match (self.volumes.get(&vol), &mut *mode) {
+            (Some(v), _) => v.size,
+            (None, Mode::Strict) => return self.vol(vol).map(|_| ()),
+            (None, Mode::Salvage(s)) => {
+                s.skip(format!("resize of volume id {vol}, which does not exist"));
+                return Ok(());
+            }
+        };
+        if size < old {
+            let cut = block_map::mapped(&mut self.cache, u64::from(vol), size / bs, old / bs);
+            // Salvage: an unreadable page past the new end stays as it is (the rebuild reads
+            // no block past a volume's end).
+            let cut = match mode {
+                Mode::Strict => Some(cut?),
+                Mode::Salvage(_) => cut.ok(),
+            };
+            for (b, _) in cut.unwrap_or_default() {
+                self.set_block(vol, b, ENTRY_UNMAPPED, mode)?;
+            }
+        } else {
+            let grown = self
+                .cache
+                .grow_tree(u64::from(vol), block_map::leaves_for(size / bs));
+            let grown = mode.tolerate(grown, |e| {
+                format!("growing volume id {vol} to {size} bytes: {e}")
+            })?;
+            if grown.is_none() {
+                return Ok(());
+            }
+        }
+        if let Some(v) = self.volumes.get_mut(&vol) {
+            v.size = size;
+        }
+        Ok(())
+    }
+
+    /// A volume and its block map gone. Salvage: its pages are released without reading them
+    /// (the rebuild neither counts references nor reuses pages, so a damaged one does not
+    /// matter), and a volume that does not exist is no change.
+    fn delete_volume(&mut self, vol: u32, mode: &mut Mode) -> Result<()> {
+        match mode {
+            Mode::Strict => {
+                self.vol(vol)?;
+                self.release_volume_tree(vol)?;
+            }
+            Mode::Salvage(_) => {
+                if !self.volumes.contains_key(&vol) {
+                    return Ok(());
+                }
+                let _ = self.cache.release_tree(u64::from(vol), &mut |_| Ok(()));
+            }
+        }
+        if let Some(v) = self.volumes.remove(&vol) {
+            self.names.remove(&v.name);
+        }
+        Ok(())
+    }
+
+    /// Salvage: whether volume `vol` exists and holds blocks `[start, end)`; if not, the
+    /// change is noted as skipped.
+    fn fits(&self, vol: u32, start: u64, end: u64, s: &mut dyn SalvageHook) -> bool {
+        let bs = u64::from(self.block_size);
+        match self.volumes.get(&vol) {
+            Some(v) if end.saturating_mul(bs) <= v.size => true,
+            Some(v) => {
+                s.skip(format!(
+                    "write to blocks {start}..{end} of volume {:?}: past its end",
+                    v.name
+                ));
+                false
+            }
+            None => {
+                s.skip(format!(
+                    "write to blocks {start}..{end} of volume id {vol}, which does not exist (made in a damaged part of the journal?)"
+                ));
+                false
+            }
+        }
+    }
+
+    /// Block `block` of `vol` set to `e`. Strict: with reference counting ([`Metadata::set_entry`]).
+    /// Salvage: the entry alone (the rebuild recounts), an unreadable page noted as skipped.
+    fn set_block(&mut self, vol: u32, block: u64, e: u64, mode: &mut Mode) -> Result<()> {
+        let Mode::Salvage(s) = mode else {
+            return self.set_entry(vol, block, e);
+        };
+        let Some(v) = self.volumes.get_mut(&vol) else {
+            return Ok(());
+        };
+        if let Err(err) = block_map::set(&mut self.cache, u64::from(vol), &mut v.counts, block, e) {
+            s.skip(format!("block {block} of volume {:?}: {err}", v.name));
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! `condense repair`: salvage a pool whose journal is damaged in the middle or whose
 //! checkpoint has an unreadable block-map or chunk-table page, and leave it consistent.
 //!
-//! Owns: the salvage rules for journal batches after damage ([`apply_after_damage`]), the
+//! Owns: what a salvage replay sets aside ([`apply_after_damage`]; the rules of what it
+//! tolerates are `metadata::Mode::Salvage`'s, where every record is interpreted), the
 //! rebuild of every block map and of the chunk table from what is readable, the report of
 //! what was lost (volume, blocks, why), and the backup of the damaged files.
 //!
@@ -10,8 +11,9 @@
 //!    a dry run, copy `superblock`, `checkpoint`, `meta.dat` and the journals into
 //!    `POOL/repair-<UTC time>/` before anything is written.
 //! 2. Open the pool read-only with the journal replayed in salvage mode: damaged stretches
-//!    are skipped and every batch is applied by [`apply_after_damage`], which sets map entries
-//!    without touching reference counts and remembers where the batches put chunks.
+//!    are skipped and every batch is applied by [`apply_after_damage`] (`Metadata::apply_in`
+//!    in salvage mode), which sets map entries without touching reference counts and
+//!    remembers where the batches put chunks.
 //! 3. Build fresh metadata next to the old: every volume and snapshot's map is walked leaf by
 //!    leaf; an unreadable map page loses its blocks; every chunk a map names is taken from the
 //!    batches, else the old chunk table (if the segment it names exists), else found by
@@ -38,7 +40,7 @@ use crate::format::*;
 use crate::io::{Dir, RealDir};
 use crate::journal::{DamagedStretch, Journal};
 use crate::locks::lock;
-use crate::metadata::Metadata;
+use crate::metadata::{Metadata, Mode, SalvageHook};
 use crate::page_alloc::PageAlloc;
 use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE, FANOUT};
 use crate::pool::{OpenOptions, Pool};
@@ -51,12 +53,9 @@ const PER: u64 = MAP_PAGE_ENTRIES as u64;
 
 pub use crate::journal::Salvage;
 
-/// Apply one journal batch in salvage mode. Safe rule: a batch after damage may name chunks
-/// and volumes the damaged batches made, so nothing here trusts reference counts or chunk
-/// existence. Map entries are set as written (chunks are resolved, or the block reported
-/// lost, by the rebuild); chunk locations are kept aside if their data is on disk; chunk
-/// drops are ignored (the rebuild drops what nothing names); a change to a volume that does
-/// not exist, or that no longer fits it, is skipped and reported.
+/// Apply one journal batch in salvage mode ([`Mode::Salvage`]: what it tolerates and sets
+/// aside). Chunk locations are kept in `s` if their data is on disk; with `after_damage`,
+/// the blocks the batch wrote are remembered as written after the damage.
 pub(crate) fn apply_after_damage(
     md: &mut Metadata,
     segments: &Segments,
@@ -65,144 +64,63 @@ pub(crate) fn apply_after_damage(
     after_damage: bool,
     s: &mut Salvage,
 ) -> Result<()> {
-    for r in records {
-        match r {
-            JournalRecord::NewChunk { id, loc, fp } => {
-                let rec = [JournalRecord::NewChunk { id, loc, fp }];
-                if segments.batch_data_present(&rec, md.block_size, crypto) {
-                    s.chunks.insert(id, (loc, Some(fp)));
-                }
-            }
-            JournalRecord::Relocate { id, loc } => {
-                let rec = [JournalRecord::Relocate { id, loc }];
-                if segments.batch_data_present(&rec, md.block_size, crypto) {
-                    let fp = s.chunks.get(&id).and_then(|c| c.1);
-                    s.chunks.insert(id, (loc, fp));
-                }
-            }
-            JournalRecord::DropChunk { .. } => {}
-            JournalRecord::MapRun {
-                vol,
-                start,
-                entries,
-            } => {
-                let end = start + entries.len() as u64;
-                if fits(md, vol, start, end, &mut s.skipped) {
-                    for (i, e) in entries.into_iter().enumerate() {
-                        set_raw(md, vol, start + i as u64, e, &mut s.skipped);
-                    }
-                    if after_damage {
-                        s.written_after.entry(vol).or_default().push((start, end));
-                    }
-                }
-            }
-            JournalRecord::MapFill {
-                vol,
-                start,
-                count,
-                entry,
-            } => {
-                let end = start.saturating_add(count);
-                if fits(md, vol, start, end, &mut s.skipped) {
-                    if entry == ENTRY_UNMAPPED {
-                        match block_map::mapped(&mut md.cache, u64::from(vol), start, end) {
-                            Ok(m) => {
-                                for (b, _) in m {
-                                    set_raw(md, vol, b, ENTRY_UNMAPPED, &mut s.skipped);
-                                }
-                            }
-                            Err(e) => s.skipped.push(format!(
-                                "trimming blocks {start}..{end} of volume id {vol}: {e}"
-                            )),
-                        }
-                    } else {
-                        for b in start..end {
-                            set_raw(md, vol, b, entry, &mut s.skipped);
-                        }
-                    }
-                    if after_damage {
-                        s.written_after.entry(vol).or_default().push((start, end));
-                    }
-                }
-            }
-            JournalRecord::VolumeCreate { vol, size, name } => {
-                if md.volumes.contains_key(&vol) || md.names.contains_key(&name) {
-                    s.skipped.push(format!(
-                        "creation of volume {name:?} (id {vol}): the id or name is taken"
-                    ));
-                } else {
-                    md.apply(&JournalRecord::VolumeCreate { vol, size, name })?;
-                }
-            }
-            JournalRecord::VolumeResize { vol, size } => {
-                let bs = u64::from(md.block_size);
-                let Some(old) = md.volumes.get(&vol).map(|v| v.size) else {
-                    s.skipped
-                        .push(format!("resize of volume id {vol}, which does not exist"));
-                    continue;
-                };
-                if size < old {
-                    if let Ok(cut) =
-                        block_map::mapped(&mut md.cache, u64::from(vol), size / bs, old / bs)
-                    {
-                        for (b, _) in cut {
-                            set_raw(md, vol, b, ENTRY_UNMAPPED, &mut s.skipped);
-                        }
-                    }
-                } else if let Err(e) = md
-                    .cache
-                    .grow_tree(u64::from(vol), block_map::leaves_for(size / bs))
-                {
-                    s.skipped
-                        .push(format!("growing volume id {vol} to {size} bytes: {e}"));
-                    continue;
-                }
-                if let Some(v) = md.volumes.get_mut(&vol) {
-                    v.size = size;
-                }
-            }
-            JournalRecord::VolumeDelete { vol } => {
-                if let Some(v) = md.volumes.remove(&vol) {
-                    md.names.remove(&v.name);
-                    // Pages are not reused by the rebuild, so a damaged one does not matter.
-                    let _ = md.cache.release_tree(u64::from(vol), &mut |_| Ok(()));
-                }
-            }
-            r @ JournalRecord::MetaPut { .. } => md.apply(&r)?,
-        }
-        md.cache.take_unshared_leaves();
+    let mut hook = AfterDamage {
+        segments,
+        crypto,
+        block_size: md.block_size,
+        after_damage,
+        salvage: s,
+    };
+    for r in &records {
+        md.apply_in(r, &mut Mode::Salvage(&mut hook))?;
     }
     md.cache.evict_to_budget()
 }
 
-/// True if volume `vol` exists and holds blocks `[start, end)`; otherwise notes the skip.
-fn fits(md: &Metadata, vol: u32, start: u64, end: u64, skipped: &mut Vec<String>) -> bool {
-    let bs = u64::from(md.block_size);
-    match md.volumes.get(&vol) {
-        Some(v) if end.saturating_mul(bs) <= v.size => true,
-        Some(v) => {
-            skipped.push(format!(
-                "write to blocks {start}..{end} of volume {:?}: past its end",
-                v.name
-            ));
-            false
-        }
-        None => {
-            skipped.push(format!(
-                "write to blocks {start}..{end} of volume id {vol}, which does not exist (made in a damaged part of the journal?)"
-            ));
-            false
-        }
-    }
+/// What a salvage replay keeps for the rebuild: [`Salvage`], filled batch by batch.
+struct AfterDamage<'a> {
+    segments: &'a Segments,
+    crypto: Option<&'a Crypto>,
+    block_size: u32,
+    /// The batch comes after a damaged stretch.
+    after_damage: bool,
+    salvage: &'a mut Salvage,
 }
 
-/// Set a map entry without reference counting (the rebuild recounts).
-fn set_raw(md: &mut Metadata, vol: u32, block: u64, e: u64, skipped: &mut Vec<String>) {
-    let Some(v) = md.volumes.get_mut(&vol) else {
-        return;
-    };
-    if let Err(err) = block_map::set(&mut md.cache, u64::from(vol), &mut v.counts, block, e) {
-        skipped.push(format!("block {block} of volume {:?}: {err}", v.name));
+impl SalvageHook for AfterDamage<'_> {
+    fn chunk_placed(&mut self, id: u64, loc: &Location, fp: Option<&Fingerprint>) {
+        let record = match fp {
+            Some(fp) => JournalRecord::NewChunk {
+                id,
+                loc: *loc,
+                fp: *fp,
+            },
+            None => JournalRecord::Relocate { id, loc: *loc },
+        };
+        if self
+            .segments
+            .batch_data_present(&[record], self.block_size, self.crypto)
+        {
+            // A move keeps the fingerprint an earlier batch gave.
+            let fp = fp
+                .copied()
+                .or_else(|| self.salvage.chunks.get(&id).and_then(|c| c.1));
+            self.salvage.chunks.insert(id, (*loc, fp));
+        }
+    }
+
+    fn blocks_written(&mut self, vol: u32, start: u64, end: u64) {
+        if self.after_damage {
+            self.salvage
+                .written_after
+                .entry(vol)
+                .or_default()
+                .push((start, end));
+        }
+    }
+
+    fn skip(&mut self, what: String) {
+        self.salvage.skipped.push(what);
     }
 }
 
@@ -382,52 +300,15 @@ pub fn repair_with(
         key,
         lost_as_zeros,
     } = opts;
-    if path.join(crate::remote::REMOTE_CONF_NAME).exists() {
-        return Err(Error::Invalid(format!(
-            "{} is the local directory of a pool on S3: repair of a pool on S3 is not built yet. \
-             The bucket holds the pool as of its last checkpoint upload: `condense connect` it \
-             into a new local directory to open it as of then (with `local` durability the \
-             writes since that upload are lost; with `remote` none that was flushed), see docs/S3.md",
-            path.display()
-        )));
-    }
+    refuse_remote(path)?;
     let dir = RealDir::new(path);
-    if !crate::copies::exists(&dir, SUPERBLOCK_NAME)
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
-    {
-        return Err(Error::NotAPool(path.to_path_buf()));
-    }
-    let lock_file = dir
-        .lock(LOCK_NAME)
-        .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
-        .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
-    // Both copies of the superblock and of the root (copies.rs): the ones open would use.
-    let sb_copies = crate::copies::read_both(
-        &dir,
-        SUPERBLOCK_NAME,
-        |bytes| {
-            let sb = Superblock::decode(bytes)?;
-            sb.clone()
-                .unlock(bytes, key.as_ref(), false, &dir.describe())
-                .map(|c| (sb, c))
-        },
-        |_, _| false,
-    )?;
-    let sb_bytes = sb_copies.bytes.clone();
-    let (mut sb, reader) = sb_copies.value;
-    let old_root = crate::copies::read_both(
-        &dir,
-        CHECKPOINT_NAME,
-        |bytes| decode_root(bytes, &sb.uuid, reader.as_deref()),
-        |a, b| (a.journal_gen, a.next_seq) > (b.journal_gen, b.next_seq),
-    )
-    .map_err(|e| {
-        Error::corrupt(
-            format!("checkpoint root of {}", path.display()),
-            format!("{e}; both copies of the root (checkpoint and checkpoint.copy) are damaged, and the root names every map and the chunk table, so repair cannot rebuild the pool: restore it from a backup"),
-        )
-    })?
-    .value;
+    let lock_file = lock_pool(&dir, path)?;
+    let Head {
+        mut sb,
+        sb_bytes,
+        reader,
+        old_root,
+    } = read_head(&dir, path, key.as_ref())?;
     // What the rebuilt metadata is sealed with: a session of its own, as a writable open
     // (refused for a format 3 pool before anything is written).
     let sealer = if dry_run {
@@ -436,39 +317,14 @@ pub fn repair_with(
         sb.unlock(&sb_bytes, key.as_ref(), true, &dir.describe())?
     };
     let backup = if dry_run { None } else { Some(back_up(path)?) };
-    // A writeback cache holds segments and maybe the journal: read them there. If its
-    // directory is lost (or was given up with `cache detach --force`), its segments are
-    // missing and the blocks whose chunks were in them are reported lost.
-    let cache_dir = crate::pool::cache_tier::stored_cache_dir(&dir);
-    let opts = OpenOptions {
-        read_only: true,
-        salvage_journal: true,
-        key,
-        without_writeback_cache: cache_dir.is_none(),
-        cache_dir,
-        ..Default::default()
-    };
-    let pool = Pool::open_with_lock(Arc::new(RealDir::new(path)), opts, Some(lock_file))?;
+    let pool = open_salvaged(&dir, path, key, lock_file)?;
     let mut report = RepairReport {
         dry_run,
         block_size: sb.block_size,
         backup: backup.clone(),
         ..Default::default()
     };
-    // Every chunk's record, checked as `verify` checks it: a damaged one is treated as a chunk
-    // that cannot be located (another valid record of it in the segments is used; else the
-    // blocks naming it are lost).
-    let checked = pool.check_chunks(progress)?;
-    report.chunks_checked = checked.chunks_checked;
-    report.damaged_chunks = checked.bad.len() as u64;
-    let damaged: HashMap<u64, String> = checked.bad.into_iter().collect();
-    let replay = pool.replay_report();
-    report.journal_batches = replay.batches;
-    report.journal_records = replay.records;
-    report.damaged_journal = replay.damaged.clone();
-    let salvage = replay.salvage.clone();
-    report.notes.extend(salvage.skipped.iter().cloned());
-    report.notes.extend(replay.notes.iter().cloned());
+    let (damaged, salvage) = survey(&pool, progress, &mut report)?;
 
     let mut st = lock(&pool.state);
     let st = &mut *st;
@@ -514,23 +370,146 @@ pub fn repair_with(
         report.backup = None;
         return Ok(report);
     }
-    if !report.lost.is_empty() {
-        // The loss stays in the pool's history until an administrator clears it.
-        let secs = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let mut key = format!("{DAMAGE_PREFIX}{}", utc_stamp(secs));
-        let mut n = 1;
-        while new.meta.contains_key(&key) {
-            n += 1;
-            key = format!("{DAMAGE_PREFIX}{}-{n}", utc_stamp(secs));
-        }
-        new.meta.insert(key, encode_damage(&report.lost));
-    }
+    record_loss(&mut new, &report.lost);
     write_new_state(&dir, &sb, &old_root, &mut new, next_seq, sealer)?;
     // Both superblock copies as the one used (a damaged or missing copy is mended).
     crate::copies::write_both(&dir, SUPERBLOCK_NAME, &sb_bytes)?;
     Ok(report)
+}
+
+/// Refuse the local directory of a pool on S3 (its repair is not built).
+fn refuse_remote(path: &Path) -> Result<()> {
+    if path.join(crate::remote::REMOTE_CONF_NAME).exists() {
+        return Err(Error::Invalid(format!(
+            "{} is the local directory of a pool on S3: repair of a pool on S3 is not built yet. \
+             The bucket holds the pool as of its last checkpoint upload: `condense connect` it \
+             into a new local directory to open it as of then (with `local` durability the \
+             writes since that upload are lost; with `remote` none that was flushed), see docs/S3.md",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Take the pool's lock (a running `serve` or `mount` holds it: repair refuses).
+fn lock_pool(dir: &RealDir, path: &Path) -> Result<std::fs::File> {
+    if !crate::copies::exists(dir, SUPERBLOCK_NAME)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
+    {
+        return Err(Error::NotAPool(path.to_path_buf()));
+    }
+    dir.lock(LOCK_NAME)
+        .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
+        .ok_or_else(|| Error::Locked(path.to_path_buf()))
+}
+
+/// The superblock and the checkpoint root, each of the copy open would use (copies.rs).
+struct Head {
+    sb: Superblock,
+    /// The superblock as stored (rewritten into both copies by a repair).
+    sb_bytes: Vec<u8>,
+    /// What reads the pool's sealed objects (an encrypted pool).
+    reader: Option<Arc<Crypto>>,
+    old_root: Root,
+}
+
+fn read_head(dir: &RealDir, path: &Path, key: Option<&UserKey>) -> Result<Head> {
+    let sb_copies = crate::copies::read_both(
+        dir,
+        SUPERBLOCK_NAME,
+        |bytes| {
+            let sb = Superblock::decode(bytes)?;
+            sb.clone()
+                .unlock(bytes, key, false, &dir.describe())
+                .map(|c| (sb, c))
+        },
+        |_, _| false,
+    )?;
+    let sb_bytes = sb_copies.bytes.clone();
+    let (sb, reader) = sb_copies.value;
+    let old_root = crate::copies::read_both(
+        dir,
+        CHECKPOINT_NAME,
+        |bytes| decode_root(bytes, &sb.uuid, reader.as_deref()),
+        |a, b| (a.journal_gen, a.next_seq) > (b.journal_gen, b.next_seq),
+    )
+    .map_err(|e| {
+        Error::corrupt(
+            format!("checkpoint root of {}", path.display()),
+            format!("{e}; both copies of the root (checkpoint and checkpoint.copy) are damaged, and the root names every map and the chunk table, so repair cannot rebuild the pool: restore it from a backup"),
+        )
+    })?
+    .value;
+    Ok(Head {
+        sb,
+        sb_bytes,
+        reader,
+        old_root,
+    })
+}
+
+/// Open the pool read-only under `lock_file` with the journal replayed in salvage mode.
+fn open_salvaged(
+    dir: &RealDir,
+    path: &Path,
+    key: Option<UserKey>,
+    lock_file: std::fs::File,
+) -> Result<Arc<Pool>> {
+    // A writeback cache holds segments and maybe the journal: read them there. If its
+    // directory is lost (or was given up with `cache detach --force`), its segments are
+    // missing and the blocks whose chunks were in them are reported lost.
+    let cache_dir = crate::pool::cache_tier::stored_cache_dir(dir);
+    let opts = OpenOptions {
+        read_only: true,
+        salvage_journal: true,
+        key,
+        without_writeback_cache: cache_dir.is_none(),
+        cache_dir,
+        ..Default::default()
+    };
+    Pool::open_with_lock(Arc::new(RealDir::new(path)), opts, Some(lock_file))
+}
+
+/// Check every chunk's record and read what the salvage replay found into `report`; returns
+/// the damaged chunks (id → why) and what the replay set aside.
+fn survey(
+    pool: &Pool,
+    progress: &(dyn Fn(u64, u64) + Sync),
+    report: &mut RepairReport,
+) -> Result<(HashMap<u64, String>, Salvage)> {
+    // Every chunk's record, checked as `verify` checks it: a damaged one is treated as a chunk
+    // that cannot be located (another valid record of it in the segments is used; else the
+    // blocks naming it are lost).
+    let checked = pool.check_chunks(progress)?;
+    report.chunks_checked = checked.chunks_checked;
+    report.damaged_chunks = checked.bad.len() as u64;
+    let damaged: HashMap<u64, String> = checked.bad.into_iter().collect();
+    let replay = pool.replay_report();
+    report.journal_batches = replay.batches;
+    report.journal_records = replay.records;
+    report.damaged_journal = replay.damaged.clone();
+    let salvage = replay.salvage.clone();
+    report.notes.extend(salvage.skipped.iter().cloned());
+    report.notes.extend(replay.notes.iter().cloned());
+    Ok((damaged, salvage))
+}
+
+/// Keep what was lost in the pool's history (`damage/<UTC time>`) until an administrator
+/// clears it.
+fn record_loss(new: &mut Metadata, lost: &[LostRange]) {
+    if lost.is_empty() {
+        return;
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut key = format!("{DAMAGE_PREFIX}{}", utc_stamp(secs));
+    let mut n = 1;
+    while new.meta.contains_key(&key) {
+        n += 1;
+        key = format!("{DAMAGE_PREFIX}{}-{n}", utc_stamp(secs));
+    }
+    new.meta.insert(key, encode_damage(lost));
 }
 
 /// Copy the metadata files into `POOL/repair-<UTC time>/` and sync them.
@@ -919,9 +898,36 @@ fn rebuild(
     lost: &mut Lost,
     report: &mut RepairReport,
 ) -> Result<()> {
-    let bs = u64::from(old.block_size);
-    let now_reads = lost.now_reads();
-    // Chunk-table pages that cannot be read, for the report.
+    count_unreadable_chunk_pages(old, report)?;
+    let next_id = old
+        .chunks
+        .next_id
+        .max(salvage.chunks.keys().max().map_or(0, |m| m + 1));
+    new.chunks.next_id = next_id;
+    let mut r = Rebuild {
+        now_reads: lost.now_reads(),
+        old,
+        segments,
+        salvage,
+        damaged,
+        new,
+        lost,
+        report,
+        next_id,
+        inserted: Inserted::new(next_id),
+        pending: Vec::new(),
+        why: HashMap::new(),
+        expect: HashMap::new(),
+    };
+    let vols: Vec<u32> = r.old.volumes.keys().copied().collect();
+    for vol in vols {
+        r.volume(vol)?;
+    }
+    r.resolve_from_segments()
+}
+
+/// Count the chunk-table pages that cannot be read, for the report.
+fn count_unreadable_chunk_pages(old: &mut Metadata, report: &mut RepairReport) -> Result<()> {
     let table_pages = old.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
     for p in 0..table_pages {
         if old.cache.leaf(CHUNK_TREE, p).is_err() {
@@ -931,132 +937,166 @@ fn rebuild(
             old.cache.evict_to_budget()?;
         }
     }
-    let next_id = old
-        .chunks
-        .next_id
-        .max(salvage.chunks.keys().max().map_or(0, |m| m + 1));
-    new.chunks.next_id = next_id;
-    let mut inserted = Inserted::new(next_id);
-    // Blocks whose chunk could not be located yet: (volume, block, chunk id).
-    let mut pending: Vec<(u32, u64, u64)> = Vec::new();
-    let mut why: HashMap<u64, String> = HashMap::new();
-    let mut expect: HashMap<u64, Fingerprint> = HashMap::new();
-    let vols: Vec<u32> = old.volumes.keys().copied().collect();
-    for vol in vols {
-        let Some(v) = old.volumes.get(&vol) else {
-            continue;
+    Ok(())
+}
+
+/// The rebuild in progress: the old metadata read, the new written.
+struct Rebuild<'a> {
+    old: &'a mut Metadata,
+    segments: &'a Segments,
+    salvage: &'a Salvage,
+    /// Chunks whose record failed the check: id → why.
+    damaged: &'a HashMap<u64, String>,
+    new: &'a mut Metadata,
+    lost: &'a mut Lost,
+    report: &'a mut RepairReport,
+    /// How lost blocks read afterwards, for the reasons.
+    now_reads: &'static str,
+    /// Past the last id the old table or the batches knew.
+    next_id: u64,
+    inserted: Inserted,
+    /// Blocks whose chunk could not be located yet: (volume, block, chunk id).
+    pending: Vec<(u32, u64, u64)>,
+    /// Why each pending chunk could not be located.
+    why: HashMap<u64, String>,
+    /// The fingerprints pending chunks must have, where the old table knows them.
+    expect: HashMap<u64, Fingerprint>,
+}
+
+impl Rebuild<'_> {
+    /// Volume `vol` in the new metadata, with every map leaf that can be read.
+    fn volume(&mut self, vol: u32) -> Result<()> {
+        let Some(v) = self.old.volumes.get(&vol) else {
+            return Ok(());
         };
         let (name, size, snapshot_of, created) = (v.name.clone(), v.size, v.snapshot_of, v.created);
-        new.apply(&JournalRecord::VolumeCreate {
-            vol,
-            size,
-            name: name.clone(),
-        })?;
-        if let Some(nv) = new.volumes.get_mut(&vol) {
+        self.new
+            .apply(&JournalRecord::VolumeCreate { vol, size, name })?;
+        if let Some(nv) = self.new.volumes.get_mut(&vol) {
             nv.snapshot_of = snapshot_of;
             nv.created = created;
         }
-        let blocks = size / bs;
+        let blocks = size / u64::from(self.old.block_size);
         let leaves = blocks.div_ceil(PER);
-        let tree = u64::from(vol);
         let mut group = 0;
         while group * FANOUT < leaves {
             let (from, to) = (group * FANOUT, ((group + 1) * FANOUT).min(leaves));
             group += 1;
-            let present = match old.cache.present_leaves(tree, from, to) {
+            let present = match self.old.cache.present_leaves(u64::from(vol), from, to) {
                 Ok(p) => p,
                 Err(e) => {
-                    report.unreadable_map_pages += 1;
-                    let reason = format!("block-map page unreadable ({e}); {now_reads}");
-                    lost.give_up(new, vol, from * PER, (to * PER).min(blocks), &reason)?;
+                    self.unreadable_map_page(vol, from * PER, (to * PER).min(blocks), &e)?;
                     continue;
                 }
             };
             for li in present {
-                let mut entries = vec![ENTRY_UNMAPPED; MAP_PAGE_ENTRIES];
-                match old.cache.leaf(tree, li) {
-                    Ok(Some(leaf)) => block_map::leaf_entries_all(leaf, &mut entries),
-                    Ok(None) => continue,
-                    Err(e) => {
-                        report.unreadable_map_pages += 1;
-                        let reason = format!("block-map page unreadable ({e}); {now_reads}");
-                        lost.give_up(new, vol, li * PER, ((li + 1) * PER).min(blocks), &reason)?;
-                        continue;
-                    }
-                }
-                let first = li * PER;
-                entries.truncate(blocks.saturating_sub(first).min(PER) as usize);
-                for (i, e) in entries.iter_mut().enumerate() {
-                    let id = *e;
-                    if id >= CHUNK_ID_LIMIT || inserted.contains(id) {
-                        continue;
-                    }
-                    let located = if id < next_id {
-                        locate(old, salvage, segments, id)
-                    } else {
-                        Err(("is past the last chunk id".into(), None))
-                    };
-                    // Located, but its record failed the check (a missing segment is said
-                    // by `locate` itself).
-                    let located = match (located, damaged.get(&id)) {
-                        (Ok((_, fp)), Some(why)) => {
-                            Err((format!("has a damaged record ({why})"), Some(fp)))
-                        }
-                        (located, _) => located,
-                    };
-                    match located {
-                        Ok((loc, fp)) => {
-                            new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
-                            inserted.add(id);
-                        }
-                        Err((w, fp)) => {
-                            why.entry(id).or_insert(w);
-                            if let Some(fp) = fp {
-                                expect.insert(id, fp);
-                            }
-                            pending.push((vol, first + i as u64, id));
-                            *e = ENTRY_UNMAPPED;
-                        }
-                    }
-                }
-                new.apply(&JournalRecord::MapRun {
-                    vol,
-                    start: first,
-                    entries,
-                })?;
-                old.cache.evict_to_budget()?;
-                new.cache.evict_to_budget()?;
+                self.leaf(vol, li, blocks)?;
             }
         }
+        Ok(())
     }
-    // Chunks no map entry could locate: look for their records in the segments.
-    if !pending.is_empty() {
-        let found = scan_segments(segments, &why, &expect);
-        for (vol, block, id) in pending {
+
+    /// Blocks `[first, end)` of `vol` are lost with a map page that cannot be read.
+    fn unreadable_map_page(&mut self, vol: u32, first: u64, end: u64, e: &Error) -> Result<()> {
+        self.report.unreadable_map_pages += 1;
+        let reason = format!("block-map page unreadable ({e}); {}", self.now_reads);
+        self.lost.give_up(self.new, vol, first, end, &reason)
+    }
+
+    /// Map leaf `li` of `vol` (a volume of `blocks` blocks) into the new map: each chunk it
+    /// names located and put in the new table, or left pending for the segment scan.
+    fn leaf(&mut self, vol: u32, li: u64, blocks: u64) -> Result<()> {
+        let first = li * PER;
+        let mut entries = vec![ENTRY_UNMAPPED; MAP_PAGE_ENTRIES];
+        match self.old.cache.leaf(u64::from(vol), li) {
+            Ok(Some(leaf)) => block_map::leaf_entries_all(leaf, &mut entries),
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                return self.unreadable_map_page(vol, first, ((li + 1) * PER).min(blocks), &e)
+            }
+        }
+        entries.truncate(blocks.saturating_sub(first).min(PER) as usize);
+        for (i, e) in entries.iter_mut().enumerate() {
+            let id = *e;
+            if id >= CHUNK_ID_LIMIT || self.inserted.contains(id) {
+                continue;
+            }
+            match self.locate_checked(id) {
+                Ok((loc, fp)) => {
+                    self.new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
+                    self.inserted.add(id);
+                }
+                Err((w, fp)) => {
+                    self.why.entry(id).or_insert(w);
+                    if let Some(fp) = fp {
+                        self.expect.insert(id, fp);
+                    }
+                    self.pending.push((vol, first + i as u64, id));
+                    *e = ENTRY_UNMAPPED;
+                }
+            }
+        }
+        self.new.apply(&JournalRecord::MapRun {
+            vol,
+            start: first,
+            entries,
+        })?;
+        self.old.cache.evict_to_budget()?;
+        self.new.cache.evict_to_budget()
+    }
+
+    /// Where chunk `id` is ([`locate`]), unless its record failed the check (a missing
+    /// segment is said by `locate` itself).
+    fn locate_checked(
+        &mut self,
+        id: u64,
+    ) -> std::result::Result<(Location, Fingerprint), (String, Option<Fingerprint>)> {
+        let located = if id < self.next_id {
+            locate(self.old, self.salvage, self.segments, id)
+        } else {
+            Err(("is past the last chunk id".into(), None))
+        };
+        match (located, self.damaged.get(&id)) {
+            (Ok((_, fp)), Some(why)) => Err((format!("has a damaged record ({why})"), Some(fp))),
+            (located, _) => located,
+        }
+    }
+
+    /// Chunks no map entry could locate: look for their records in the segments; the blocks
+    /// of those not found are lost.
+    fn resolve_from_segments(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let found = scan_segments(self.segments, &self.why, &self.expect);
+        for (vol, block, id) in std::mem::take(&mut self.pending) {
             match found.get(&id) {
                 Some(&(loc, fp)) => {
-                    if !inserted.contains(id) {
-                        new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
-                        report.chunks_from_segments += 1;
-                        inserted.add(id);
+                    if !self.inserted.contains(id) {
+                        self.new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
+                        self.report.chunks_from_segments += 1;
+                        self.inserted.add(id);
                     }
-                    new.apply(&JournalRecord::MapRun {
+                    self.new.apply(&JournalRecord::MapRun {
                         vol,
                         start: block,
                         entries: vec![id],
                     })?;
                 }
                 None => {
-                    let w = why.get(&id).map_or("is missing", |w| w.as_str());
-                    let reason =
-                        format!("its chunk {w} and no valid copy is in the segments; {now_reads}");
-                    lost.give_up(new, vol, block, block + 1, &reason)?;
+                    let w = self.why.get(&id).map_or("is missing", |w| w.as_str());
+                    let reason = format!(
+                        "its chunk {w} and no valid copy is in the segments; {}",
+                        self.now_reads
+                    );
+                    self.lost
+                        .give_up(self.new, vol, block, block + 1, &reason)?;
                 }
             }
-            new.cache.evict_to_budget()?;
+            self.new.cache.evict_to_budget()?;
         }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The chunk ids the rebuild has put in the new chunk table: a bitmap below the last id the
