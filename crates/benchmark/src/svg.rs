@@ -139,59 +139,47 @@ pub struct Point {
     pub rss: u64,
 }
 
-/// CPU percent and RSS over time, two panels sharing the time axis, with the phases shaded
-/// and named. `phases` are (start, end, name).
-pub fn timeline(title: &str, points: &[Point], phases: &[(f64, f64, String)]) -> String {
-    let (left, plot_w, right) = (70.0, 780.0, 20.0);
-    let panel_h = 170.0;
-    let top1 = 50.0;
-    let top2 = top1 + panel_h + 50.0;
-    let height = top2 + panel_h + 45.0;
-    let width = left + plot_w + right;
-    let t0 = points
-        .first()
-        .map(|p| p.t)
-        .into_iter()
-        .chain(phases.first().map(|p| p.0))
-        .fold(f64::INFINITY, f64::min);
-    let t0 = if t0.is_finite() { t0 } else { 0.0 };
-    let t1 = points
-        .last()
-        .map(|p| p.t)
-        .into_iter()
-        .chain(phases.last().map(|p| p.1))
-        .fold(t0 + 1.0, f64::max);
-    let x = |t: f64| left + (t - t0) / (t1 - t0) * plot_w;
-    let cpu_max = nice_ceil(points.iter().map(|p| p.cpu).fold(100.0, f64::max));
-    let rss_mib: Vec<f64> = points.iter().map(|p| p.rss as f64 / 1048576.0).collect();
-    let rss_max = nice_ceil(rss_mib.iter().copied().fold(1.0, f64::max));
-    let mut o = String::new();
-    let _ = write!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">
-<rect width="100%" height="100%" fill="white"/>
-<text x="10" y="22" font-size="15" font-weight="bold">{}</text>
-"#,
-        escape(title)
-    );
-    for (i, (a, b, name)) in phases.iter().enumerate() {
-        let (xa, xb) = (x(*a), x(*b));
-        let fill = if i % 2 == 0 { "#edf2f7" } else { "#f7fafc" };
-        for top in [top1, top2] {
+/// The timeline's geometry: where the plots are and the time they span.
+struct Frame<'a> {
+    left: f64,
+    plot_w: f64,
+    panel_h: f64,
+    t0: f64,
+    t1: f64,
+    points: &'a [Point],
+}
+
+impl Frame<'_> {
+    /// The x coordinate of time `t`.
+    fn x(&self, t: f64) -> f64 {
+        self.left + (t - self.t0) / (self.t1 - self.t0) * self.plot_w
+    }
+
+    /// The phases as shaded bands across both panels, each named at its top.
+    fn phases(&self, o: &mut String, phases: &[(f64, f64, String)], top1: f64, top2: f64) {
+        let panel_h = self.panel_h;
+        for (i, (a, b, name)) in phases.iter().enumerate() {
+            let (xa, xb) = (self.x(*a), self.x(*b));
+            let fill = if i % 2 == 0 { "#edf2f7" } else { "#f7fafc" };
+            for top in [top1, top2] {
+                let _ = writeln!(
+                    o,
+                    r#"<rect x="{xa:.1}" y="{top}" width="{:.1}" height="{panel_h}" fill="{fill}"/>"#,
+                    (xb - xa).max(0.5)
+                );
+            }
+            let (cx, cy) = ((xa + xb) / 2.0 + 4.0, top1 + 6.0);
             let _ = writeln!(
                 o,
-                r#"<rect x="{xa:.1}" y="{top}" width="{:.1}" height="{panel_h}" fill="{fill}"/>"#,
-                (xb - xa).max(0.5)
+                r##"<text x="{cx:.1}" y="{cy:.1}" transform="rotate(90 {cx:.1} {cy:.1})" fill="#4a5568" font-size="10">{}</text>"##,
+                escape(name)
             );
         }
-        let (cx, cy) = ((xa + xb) / 2.0 + 4.0, top1 + 6.0);
-        let _ = writeln!(
-            o,
-            r##"<text x="{cx:.1}" y="{cy:.1}" transform="rotate(90 {cx:.1} {cy:.1})" fill="#4a5568" font-size="10">{}</text>"##,
-            escape(name)
-        );
     }
-    let panel = |o: &mut String, top: f64, label: &str, max: f64, vals: &[f64], color: &str| {
+
+    /// One panel at `top`: its frame, label, axis ticks up to `max`, and the line of `vals`.
+    fn panel(&self, o: &mut String, top: f64, label: &str, max: f64, vals: &[f64], color: &str) {
+        let (left, plot_w, panel_h) = (self.left, self.plot_w, self.panel_h);
         let y = |v: f64| top + panel_h - v / max * panel_h;
         let _ = writeln!(
             o,
@@ -213,19 +201,71 @@ pub fn timeline(title: &str, points: &[Point], phases: &[(f64, f64, String)]) ->
                 short(v)
             );
         }
-        let pts: Vec<String> = points
+        let pts: Vec<String> = self
+            .points
             .iter()
             .zip(vals)
-            .map(|(p, v)| format!("{:.1},{:.1}", x(p.t), y(*v)))
+            .map(|(p, v)| format!("{:.1},{:.1}", self.x(p.t), y(*v)))
             .collect();
         let _ = writeln!(
             o,
             r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"#,
             pts.join(" ")
         );
+    }
+}
+
+/// The time the timeline spans: from the first point or phase to the last, at least 1 s.
+fn time_span(points: &[Point], phases: &[(f64, f64, String)]) -> (f64, f64) {
+    let t0 = points
+        .first()
+        .map(|p| p.t)
+        .into_iter()
+        .chain(phases.first().map(|p| p.0))
+        .fold(f64::INFINITY, f64::min);
+    let t0 = if t0.is_finite() { t0 } else { 0.0 };
+    let t1 = points
+        .last()
+        .map(|p| p.t)
+        .into_iter()
+        .chain(phases.last().map(|p| p.1))
+        .fold(t0 + 1.0, f64::max);
+    (t0, t1)
+}
+
+/// CPU percent and RSS over time, two panels sharing the time axis, with the phases shaded
+/// and named. `phases` are (start, end, name).
+pub fn timeline(title: &str, points: &[Point], phases: &[(f64, f64, String)]) -> String {
+    let (left, plot_w, right) = (70.0, 780.0, 20.0);
+    let panel_h = 170.0;
+    let top1 = 50.0;
+    let top2 = top1 + panel_h + 50.0;
+    let height = top2 + panel_h + 45.0;
+    let width = left + plot_w + right;
+    let (t0, t1) = time_span(points, phases);
+    let frame = Frame {
+        left,
+        plot_w,
+        panel_h,
+        t0,
+        t1,
+        points,
     };
+    let cpu_max = nice_ceil(points.iter().map(|p| p.cpu).fold(100.0, f64::max));
+    let rss_mib: Vec<f64> = points.iter().map(|p| p.rss as f64 / 1048576.0).collect();
+    let rss_max = nice_ceil(rss_mib.iter().copied().fold(1.0, f64::max));
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">
+<rect width="100%" height="100%" fill="white"/>
+<text x="10" y="22" font-size="15" font-weight="bold">{}</text>
+"#,
+        escape(title)
+    );
+    frame.phases(&mut o, phases, top1, top2);
     let cpu: Vec<f64> = points.iter().map(|p| p.cpu).collect();
-    panel(
+    frame.panel(
         &mut o,
         top1,
         "CPU, % of one core",
@@ -233,7 +273,7 @@ pub fn timeline(title: &str, points: &[Point], phases: &[(f64, f64, String)]) ->
         &cpu,
         CONDENSE_COLOR,
     );
-    panel(
+    frame.panel(
         &mut o,
         top2,
         "Resident memory (RSS), MiB",
@@ -246,7 +286,7 @@ pub fn timeline(title: &str, points: &[Point], phases: &[(f64, f64, String)]) ->
         let _ = writeln!(
             o,
             r#"<text x="{:.1}" y="{}" text-anchor="middle">{:.0} s</text>"#,
-            x(t),
+            frame.x(t),
             top2 + panel_h + 16.0,
             t - t0
         );

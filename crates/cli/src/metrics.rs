@@ -109,9 +109,33 @@ fn collect_cache(c: &condense_engine::CacheStats, e: &mut Encoder) {
     }
 }
 
+/// The pool's figures: activity from its counters, then space from its statistics.
 fn collect_pool(pool: &Pool, e: &mut Encoder) {
-    let seconds = |d: std::time::Duration| d.as_secs_f64();
     let c = pool.counters();
+    collect_activity(&c, e);
+    collect_gc(&c, e);
+    if let Some(cs) = pool.cache_stats() {
+        collect_cache(&cs, e);
+    }
+
+    let s = match pool.stats() {
+        Ok(s) => s,
+        Err(err) => {
+            tracing::warn!("metrics: cannot read the pool's statistics: {err}");
+            return;
+        }
+    };
+    collect_space(&s, e);
+    collect_volumes(&s, e);
+}
+
+/// A duration as Prometheus seconds.
+fn seconds(d: std::time::Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Journal records, and the flushes, journal syncs and checkpoints with their times.
+fn collect_activity(c: &condense_engine::CounterValues, e: &mut Encoder) {
     e.counter(
         "condense_journal_records_total",
         "Metadata records appended to the journal.",
@@ -159,6 +183,10 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
         "How long the last checkpoint took.",
         seconds(c.checkpoint_last_time),
     );
+}
+
+/// Garbage collection: its runs and time, whether one runs, its progress and what it freed.
+fn collect_gc(c: &condense_engine::CounterValues, e: &mut Encoder) {
     if e.family(
         "condense_gc_duration_seconds",
         "Garbage collections run (_count) and their total time.",
@@ -208,17 +236,10 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
         "Segments deleted by garbage collection.",
         c.gc_segments_removed,
     );
-    if let Some(cs) = pool.cache_stats() {
-        collect_cache(&cs, e);
-    }
+}
 
-    let s = match pool.stats() {
-        Ok(s) => s,
-        Err(err) => {
-            tracing::warn!("metrics: cannot read the pool's statistics: {err}");
-            return;
-        }
-    };
+/// Space: the pool's sizes, savings, segments, read errors, scrub and metadata cache.
+fn collect_space(s: &condense_engine::PoolStats, e: &mut Encoder) {
     let gauges: [(&str, &str, f64); 14] = [
         ("condense_pool_block_size_bytes", "The pool's block size.", f64::from(s.block_size)),
         ("condense_pool_logical_bytes", "Sum of the volumes' sizes (what clients see).", s.logical_bytes as f64),
@@ -259,6 +280,10 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
         "Metadata page lookups that read meta.dat.",
         s.metadata_cache_misses,
     );
+}
+
+/// One sample per visible volume for each per-volume figure.
+fn collect_volumes(s: &condense_engine::PoolStats, e: &mut Encoder) {
     // One sample per volume the clients see: hidden volumes (file contents under the FUSE
     // files/ tree) and snapshots are left out, so the label set stays as small as the
     // administrator's list of volumes.

@@ -344,25 +344,39 @@ fn remote_lines(o: &mut String, r: &condense_engine::io::StoreStatus) {
     }
 }
 
+/// The text of `condense stats`: one volume or snapshot with `only`, else the pool and its
+/// volume and snapshot tables.
 pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
     let mut o = String::new();
     if let Some(name) = only {
-        if let Some(v) = s
-            .volumes
-            .iter()
-            .chain(&s.snapshots)
-            .find(|v| v.name == name)
-        {
-            let what = if v.snapshot_of.is_some() {
-                "snapshot"
-            } else {
-                "volume"
-            };
-            let _ = writeln!(o, "{what} {name}");
-            volume_lines(&mut o, v);
-        }
+        one_volume_lines(&mut o, s, name);
         return o;
     }
+    pool_lines(&mut o, s, verbose);
+    volume_tables(&mut o, s, verbose);
+    o
+}
+
+/// `stats NAME`: the volume or snapshot so named (nothing if there is none).
+fn one_volume_lines(o: &mut String, s: &PoolStats, name: &str) {
+    if let Some(v) = s
+        .volumes
+        .iter()
+        .chain(&s.snapshots)
+        .find(|v| v.name == name)
+    {
+        let what = if v.snapshot_of.is_some() {
+            "snapshot"
+        } else {
+            "volume"
+        };
+        let _ = writeln!(o, "{what} {name}");
+        volume_lines(o, v);
+    }
+}
+
+/// The pool's sizes and savings (more with `verbose`), its bucket and its scrub.
+fn pool_lines(o: &mut String, s: &PoolStats, verbose: bool) {
     let _ = writeln!(o, "pool");
     let rows: Vec<(&str, String)> = vec![
         ("logical size (all volumes)", human(s.logical_bytes)),
@@ -416,9 +430,13 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
         let _ = writeln!(o, "  {:<28} {}", "read errors (checksum)", s.read_errors);
     }
     if let Some(r) = &s.remote {
-        remote_lines(&mut o, r);
+        remote_lines(o, r);
     }
     o.push_str(&scrub_text(&s.scrub, &FileNames::none()));
+}
+
+/// The volume table, the snapshot table (if any) and their footnotes.
+fn volume_tables(o: &mut String, s: &PoolStats, verbose: bool) {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
@@ -429,7 +447,7 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
         if v.name.starts_with('.') && !verbose {
             continue;
         }
-        share_row(&mut o, v);
+        share_row(o, v);
     }
     let snaps: Vec<&VolumeStats> = s
         .snapshots
@@ -444,7 +462,7 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
             "snapshot", "logical", "written", "zeros", "physical", "saving"
         );
         for v in snaps {
-            share_row(&mut o, v);
+            share_row(o, v);
         }
     }
     if s.volumes.len() + s.snapshots.len() > 1 {
@@ -460,7 +478,6 @@ pub fn stats_table(s: &PoolStats, only: Option<&str>, verbose: bool) -> String {
     if hidden > 0 && !verbose {
         let _ = writeln!(o, "({hidden} internal volumes, such as FUSE file contents, not shown; --verbose lists them)");
     }
-    o
 }
 
 /// One line of the volume or snapshot table of `stats`.

@@ -1,7 +1,7 @@
 //! From an [`Analysis`] to the figures `condense estimate` reports (schema in docs/ESTIMATE.md).
 //! Bytes on disk come from `condense_engine::projection::project`, the one projection formula.
 
-use super::analysis::{Analysis, Chunk, NOT_SAMPLED};
+use super::analysis::{Analysis, Chunk, ImageAcc, NOT_SAMPLED};
 use super::source::Image;
 use condense_engine::format::RECORD_HEADER_BYTES;
 use condense_engine::projection::{
@@ -264,54 +264,71 @@ fn figures(t: &Tally, selected: Codec, zstd_level: i8, stored: &Stored) -> Figur
     }
 }
 
-/// All figures of one chunking.
-pub fn build(
-    a: &Analysis,
-    images: &[Image],
-    names: &[String],
-    compression: Compression,
-) -> ChunkingFigures {
-    let zstd_level = match compression {
-        Compression::Zstd(l) => l,
-        _ => 3,
-    };
-    let selected = Codec::of(compression);
-    let n = images.len();
-    let stored = Stored::new(&a.chunks);
+/// Per image: its own distinct chunks, and the chunks it adds first (what its import would
+/// store); and the stored payload of all chunks.
+struct PerImage {
+    own_chunks: Vec<u64>,
+    own_bytes: Vec<u64>,
+    own_stored: Vec<[f64; 3]>,
+    new_chunks: Vec<u64>,
+    new_bytes: Vec<u64>,
+    new_records: Vec<[f64; 3]>,
+    total_stored: [f64; 3],
+}
 
-    // Per image: its own distinct chunks, and the chunks it adds first.
-    let mut own_chunks = vec![0u64; n];
-    let mut own_bytes = vec![0u64; n];
-    let mut own_stored = vec![[0f64; 3]; n];
-    let mut new_chunks = vec![0u64; n];
-    let mut new_bytes = vec![0u64; n];
-    let mut new_records = vec![[0f64; 3]; n];
-    let mut total_stored = [0f64; 3];
-    for (id, c) in a.chunks.iter().enumerate() {
-        let st = Codec::ALL.map(|k| stored.get(c, k));
-        let f = c.first_image as usize;
-        new_chunks[f] += 1;
-        new_bytes[f] += u64::from(c.len);
-        for k in Codec::ALL {
-            let i = k.index();
-            total_stored[i] += st[i];
-            new_records[f][i] += RECORD + st[i];
-        }
-        for w in 0..a.words {
-            let mut bits = a.masks[id * a.words + w];
-            while bits != 0 {
-                let img = w * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                own_chunks[img] += 1;
-                own_bytes[img] += u64::from(c.len);
-                for k in Codec::ALL {
-                    own_stored[img][k.index()] += st[k.index()];
+impl PerImage {
+    /// Count every chunk once for the image that adds it first and once for each image that
+    /// holds it.
+    fn count(a: &Analysis, stored: &Stored, n: usize) -> PerImage {
+        let mut own_chunks = vec![0u64; n];
+        let mut own_bytes = vec![0u64; n];
+        let mut own_stored = vec![[0f64; 3]; n];
+        let mut new_chunks = vec![0u64; n];
+        let mut new_bytes = vec![0u64; n];
+        let mut new_records = vec![[0f64; 3]; n];
+        let mut total_stored = [0f64; 3];
+        for (id, c) in a.chunks.iter().enumerate() {
+            let st = Codec::ALL.map(|k| stored.get(c, k));
+            let f = c.first_image as usize;
+            // The image that adds a chunk first holds it.
+            debug_assert!(a.masks[id * a.words + f / 64] & (1 << (f % 64)) != 0);
+            new_chunks[f] += 1;
+            new_bytes[f] += u64::from(c.len);
+            for k in Codec::ALL {
+                let i = k.index();
+                total_stored[i] += st[i];
+                new_records[f][i] += RECORD + st[i];
+            }
+            for w in 0..a.words {
+                let mut bits = a.masks[id * a.words + w];
+                while bits != 0 {
+                    let img = w * 64 + bits.trailing_zeros() as usize;
+                    bits &= bits - 1;
+                    own_chunks[img] += 1;
+                    own_bytes[img] += u64::from(c.len);
+                    for k in Codec::ALL {
+                        own_stored[img][k.index()] += st[k.index()];
+                    }
                 }
             }
         }
+        // Each chunk is added first by exactly one image.
+        debug_assert_eq!(new_chunks.iter().sum::<u64>(), a.chunks.len() as u64);
+        PerImage {
+            own_chunks,
+            own_bytes,
+            own_stored,
+            new_chunks,
+            new_bytes,
+            new_records,
+            total_stored,
+        }
     }
+}
 
-    // Sharing matrix and each image's share of the data bytes.
+/// The sharing matrix (bytes of image i's chunks that image j also holds; the diagonal:
+/// bytes of chunks i holds more than once) and each image's share of the data bytes.
+fn sharing(a: &Analysis, stored: &Stored, selected: Codec, n: usize) -> (Vec<Vec<u64>>, Vec<f64>) {
     let mut sharing_bytes = vec![vec![0u64; n]; n];
     let mut shared_physical = vec![0f64; n];
     let mut counts = vec![0u32; a.chunks.len()];
@@ -342,6 +359,82 @@ pub fn build(
             counts[id as usize] = 0;
         }
     }
+    (sharing_bytes, shared_physical)
+}
+
+/// A byte figure kept as f64 while summing, rounded for the report.
+fn to_u64(v: f64) -> u64 {
+    v.round() as u64
+}
+
+/// What image `i` alone would hold, as if imported into an empty pool.
+fn image_tally(i: usize, img: &Image, acc: &ImageAcc, per: &PerImage, name: &str) -> Tally {
+    Tally {
+        logical: img.logical_bytes,
+        allocated: acc.read_bytes,
+        zero_bytes: acc.zero_bytes,
+        zero_chunks: acc.zero_chunks,
+        nonzero_bytes: acc.nonzero_bytes,
+        nonzero_chunks: acc.nonzero_chunks,
+        unique_chunks: per.own_chunks[i],
+        unique_bytes: per.own_bytes[i],
+        stored: per.own_stored[i],
+        record_bytes_per_import: Codec::ALL.map(|k| {
+            vec![to_u64(
+                per.own_chunks[i] as f64 * RECORD + per.own_stored[i][k.index()],
+            )]
+        }),
+        map_pages: acc.map.pages,
+        map_breaks: acc.map.breaks,
+        volumes: 1,
+        name_bytes: name.len() as u64,
+    }
+}
+
+/// What one pool holding all images, imported in order, would hold.
+fn total_tally(a: &Analysis, images: &[Image], names: &[String], per: &PerImage) -> Tally {
+    Tally {
+        logical: images.iter().map(|i| i.logical_bytes).sum(),
+        allocated: a.images.iter().map(|x| x.read_bytes).sum(),
+        zero_bytes: a.images.iter().map(|x| x.zero_bytes).sum(),
+        zero_chunks: a.images.iter().map(|x| x.zero_chunks).sum(),
+        nonzero_bytes: a.images.iter().map(|x| x.nonzero_bytes).sum(),
+        nonzero_chunks: a.images.iter().map(|x| x.nonzero_chunks).sum(),
+        unique_chunks: a.chunks.len() as u64,
+        unique_bytes: per.new_bytes.iter().sum(),
+        stored: per.total_stored,
+        record_bytes_per_import: Codec::ALL.map(|k| {
+            per.new_records
+                .iter()
+                .map(|r| to_u64(r[k.index()]))
+                .collect()
+        }),
+        map_pages: a.images.iter().map(|x| x.map.pages).sum(),
+        map_breaks: a.images.iter().map(|x| x.map.breaks).sum(),
+        volumes: images.len() as u64,
+        name_bytes: names.iter().map(|s| s.len() as u64).sum(),
+    }
+}
+
+/// All figures of one chunking.
+pub fn build(
+    a: &Analysis,
+    images: &[Image],
+    names: &[String],
+    compression: Compression,
+) -> ChunkingFigures {
+    let zstd_level = match compression {
+        Compression::Zstd(l) => l,
+        _ => 3,
+    };
+    let selected = Codec::of(compression);
+    let n = images.len();
+    // The analysis counted these images, and each has a name.
+    debug_assert_eq!(a.images.len(), n);
+    debug_assert_eq!(names.len(), n);
+    let stored = Stored::new(&a.chunks);
+    let per = PerImage::count(a, &stored, n);
+    let (sharing_bytes, shared_physical) = sharing(a, &stored, selected, n);
     let sharing_percent: Vec<Vec<f64>> = sharing_bytes
         .iter()
         .zip(&a.images)
@@ -352,62 +445,26 @@ pub fn build(
         })
         .collect();
 
-    let to_u64 = |v: f64| v.round() as u64;
     let image_figures: Vec<ImageFigures> = images
         .iter()
         .zip(&a.images)
         .enumerate()
         .map(|(i, (img, acc))| {
-            let t = Tally {
-                logical: img.logical_bytes,
-                allocated: acc.read_bytes,
-                zero_bytes: acc.zero_bytes,
-                zero_chunks: acc.zero_chunks,
-                nonzero_bytes: acc.nonzero_bytes,
-                nonzero_chunks: acc.nonzero_chunks,
-                unique_chunks: own_chunks[i],
-                unique_bytes: own_bytes[i],
-                stored: own_stored[i],
-                record_bytes_per_import: Codec::ALL.map(|k| {
-                    vec![to_u64(
-                        own_chunks[i] as f64 * RECORD + own_stored[i][k.index()],
-                    )]
-                }),
-                map_pages: acc.map.pages,
-                map_breaks: acc.map.breaks,
-                volumes: 1,
-                name_bytes: names[i].len() as u64,
-            };
+            let t = image_tally(i, img, acc, &per, &names[i]);
             ImageFigures {
                 name: names[i].clone(),
                 path: img.path.display().to_string(),
                 format: img.checked.format.name().to_string(),
                 file_bytes: img.file_bytes,
                 figures: figures(&t, selected, zstd_level, &stored),
-                new_chunks: new_chunks[i],
-                new_bytes: new_bytes[i],
+                new_chunks: per.new_chunks[i],
+                new_bytes: per.new_bytes[i],
                 shared_physical_bytes: to_u64(shared_physical[i]),
             }
         })
         .collect();
 
-    let total = Tally {
-        logical: images.iter().map(|i| i.logical_bytes).sum(),
-        allocated: a.images.iter().map(|x| x.read_bytes).sum(),
-        zero_bytes: a.images.iter().map(|x| x.zero_bytes).sum(),
-        zero_chunks: a.images.iter().map(|x| x.zero_chunks).sum(),
-        nonzero_bytes: a.images.iter().map(|x| x.nonzero_bytes).sum(),
-        nonzero_chunks: a.images.iter().map(|x| x.nonzero_chunks).sum(),
-        unique_chunks: a.chunks.len() as u64,
-        unique_bytes: new_bytes.iter().sum(),
-        stored: total_stored,
-        record_bytes_per_import: Codec::ALL
-            .map(|k| new_records.iter().map(|r| to_u64(r[k.index()])).collect()),
-        map_pages: a.images.iter().map(|x| x.map.pages).sum(),
-        map_breaks: a.images.iter().map(|x| x.map.breaks).sum(),
-        volumes: n as u64,
-        name_bytes: names.iter().map(|s| s.len() as u64).sum(),
-    };
+    let total = total_tally(a, images, names, &per);
     ChunkingFigures {
         chunking: a.chunking.label(),
         chunk_bytes: a.chunking.chunk_bytes(),

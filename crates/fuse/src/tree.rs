@@ -105,6 +105,135 @@ fn check_name(name: &[u8]) -> Result<(), Errno> {
     Ok(())
 }
 
+/// The root directory of a new tree, owned by `uid`:`gid`.
+fn empty_root(uid: u32, gid: u32) -> InodeRec {
+    let now = Timestamp::now();
+    InodeRec {
+        kind: Kind::Dir,
+        mode: 0o755,
+        uid,
+        gid,
+        size: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        target: Vec::new(),
+    }
+}
+
+/// The in-memory node of the root directory, its entries not yet loaded.
+fn root_node(rec: InodeRec) -> Node {
+    Node {
+        rec,
+        parent: fuser::INodeNo::ROOT.0,
+        children: Some(BTreeMap::new()),
+        dirty: false,
+        open: 0,
+        unlinked: false,
+    }
+}
+
+/// First use: store the root's inode record, its empty entry list and the superblock.
+fn store_empty_tree(catalog: &dyn Catalog, root: &InodeRec) -> Result<Super, FuseError> {
+    catalog.meta_put(&inode_key(TREE_ROOT), Some(&root.encode()))?;
+    catalog.meta_put(&dir_key(TREE_ROOT), Some(&DirRec::default().encode()))?;
+    let sup = Super {
+        next_ino: FIRST_INO,
+    };
+    catalog.meta_put(SUPER_KEY, Some(&sup.encode()))?;
+    catalog.flush()?;
+    Ok(sup)
+}
+
+/// Read the root's inode record and every directory reachable from it, breadth first,
+/// dropping entries whose inode is out of range, already linked or has no record.
+fn load_nodes(catalog: &dyn Catalog, next_ino: u64) -> Result<HashMap<u64, Node>, FuseError> {
+    let root_key = inode_key(TREE_ROOT);
+    let root = match catalog.meta_get(&root_key)? {
+        Some(bytes) => InodeRec::decode(&root_key, &bytes)?,
+        None => {
+            return Err(FuseError::Corrupt(
+                "file tree: the root directory's inode record is missing".into(),
+            ))
+        }
+    };
+    if root.kind != Kind::Dir {
+        return Err(FuseError::Corrupt(
+            "file tree: the root inode is not a directory".into(),
+        ));
+    }
+    let mut nodes = HashMap::new();
+    nodes.insert(TREE_ROOT, root_node(root));
+    let mut queue = VecDeque::from([TREE_ROOT]);
+    while let Some(dir) = queue.pop_front() {
+        let children = load_dir(catalog, dir, next_ino, &mut nodes, &mut queue)?;
+        // A directory is queued only once its node is in.
+        debug_assert!(nodes.contains_key(&dir));
+        if let Some(node) = nodes.get_mut(&dir) {
+            node.children = Some(children);
+        }
+    }
+    Ok(nodes)
+}
+
+/// Read directory `dir`'s entry list and its entries' inode records into `nodes`, queueing
+/// the subdirectories; returns its entries.
+fn load_dir(
+    catalog: &dyn Catalog,
+    dir: u64,
+    next_ino: u64,
+    nodes: &mut HashMap<u64, Node>,
+    queue: &mut VecDeque<u64>,
+) -> Result<BTreeMap<Vec<u8>, u64>, FuseError> {
+    let key = dir_key(dir);
+    let entries = match catalog.meta_get(&key)? {
+        Some(bytes) => DirRec::decode(&key, &bytes)?.entries,
+        None => {
+            // mkdir stopped between the inode record and the entry list.
+            tracing::warn!("file tree: directory {dir} has no entry list; empty");
+            Vec::new()
+        }
+    };
+    let mut children = BTreeMap::new();
+    for (name, ino) in entries {
+        if !(FIRST_INO..next_ino).contains(&ino) || nodes.contains_key(&ino) {
+            tracing::warn!(
+                "file tree: dropping entry {:?} of directory {dir}: inode {ino} \
+                 is out of range or already linked",
+                String::from_utf8_lossy(&name)
+            );
+            continue;
+        }
+        let ikey = inode_key(ino);
+        let Some(bytes) = catalog.meta_get(&ikey)? else {
+            tracing::warn!(
+                "file tree: dropping entry {:?} of directory {dir}: inode {ino} \
+                 has no record",
+                String::from_utf8_lossy(&name)
+            );
+            continue;
+        };
+        let rec = InodeRec::decode(&ikey, &bytes)?;
+        let is_dir = rec.kind == Kind::Dir;
+        nodes.insert(
+            ino,
+            Node {
+                rec,
+                parent: dir,
+                children: is_dir.then(BTreeMap::new),
+                dirty: false,
+                open: 0,
+                unlinked: false,
+            },
+        );
+        if is_dir {
+            queue.push_back(ino);
+        }
+        children.insert(name, ino);
+    }
+    Ok(children)
+}
+
 impl Tree {
     /// Load the tree from the pool, creating an empty one on first use, and delete the content
     /// volumes no inode refers to (left by a crash during a remove).
@@ -117,32 +246,10 @@ impl Tree {
         let sup = match catalog.meta_get(SUPER_KEY)? {
             Some(bytes) => Super::decode(SUPER_KEY, &bytes)?,
             None => {
-                let now = Timestamp::now();
-                let root = InodeRec {
-                    kind: Kind::Dir,
-                    mode: 0o755,
-                    uid,
-                    gid,
-                    size: 0,
-                    atime: now,
-                    mtime: now,
-                    ctime: now,
-                    target: Vec::new(),
-                };
+                let root = empty_root(uid, gid);
                 if read_only {
                     // Nothing may be written: show an empty tree without storing it.
-                    let mut nodes = HashMap::new();
-                    nodes.insert(
-                        TREE_ROOT,
-                        Node {
-                            rec: root,
-                            parent: fuser::INodeNo::ROOT.0,
-                            children: Some(BTreeMap::new()),
-                            dirty: false,
-                            open: 0,
-                            unlinked: false,
-                        },
-                    );
+                    let nodes = HashMap::from([(TREE_ROOT, root_node(root))]);
                     return Ok(Tree {
                         catalog,
                         nodes,
@@ -151,14 +258,7 @@ impl Tree {
                         read_only,
                     });
                 }
-                catalog.meta_put(&inode_key(TREE_ROOT), Some(&root.encode()))?;
-                catalog.meta_put(&dir_key(TREE_ROOT), Some(&DirRec::default().encode()))?;
-                let sup = Super {
-                    next_ino: FIRST_INO,
-                };
-                catalog.meta_put(SUPER_KEY, Some(&sup.encode()))?;
-                catalog.flush()?;
-                sup
+                store_empty_tree(&*catalog, &root)?
             }
         };
         if sup.next_ino < FIRST_INO || sup.next_ino >= TREE_INO_MAX {
@@ -168,85 +268,7 @@ impl Tree {
             )));
         }
 
-        let root_key = inode_key(TREE_ROOT);
-        let root = match catalog.meta_get(&root_key)? {
-            Some(bytes) => InodeRec::decode(&root_key, &bytes)?,
-            None => {
-                return Err(FuseError::Corrupt(
-                    "file tree: the root directory's inode record is missing".into(),
-                ))
-            }
-        };
-        if root.kind != Kind::Dir {
-            return Err(FuseError::Corrupt(
-                "file tree: the root inode is not a directory".into(),
-            ));
-        }
-        let mut nodes = HashMap::new();
-        nodes.insert(
-            TREE_ROOT,
-            Node {
-                rec: root,
-                parent: fuser::INodeNo::ROOT.0,
-                children: Some(BTreeMap::new()),
-                dirty: false,
-                open: 0,
-                unlinked: false,
-            },
-        );
-        let mut queue = VecDeque::from([TREE_ROOT]);
-        while let Some(dir) = queue.pop_front() {
-            let key = dir_key(dir);
-            let entries = match catalog.meta_get(&key)? {
-                Some(bytes) => DirRec::decode(&key, &bytes)?.entries,
-                None => {
-                    // mkdir stopped between the inode record and the entry list.
-                    tracing::warn!("file tree: directory {dir} has no entry list; empty");
-                    Vec::new()
-                }
-            };
-            let mut children = BTreeMap::new();
-            for (name, ino) in entries {
-                if !(FIRST_INO..sup.next_ino).contains(&ino) || nodes.contains_key(&ino) {
-                    tracing::warn!(
-                        "file tree: dropping entry {:?} of directory {dir}: inode {ino} \
-                         is out of range or already linked",
-                        String::from_utf8_lossy(&name)
-                    );
-                    continue;
-                }
-                let ikey = inode_key(ino);
-                let Some(bytes) = catalog.meta_get(&ikey)? else {
-                    tracing::warn!(
-                        "file tree: dropping entry {:?} of directory {dir}: inode {ino} \
-                         has no record",
-                        String::from_utf8_lossy(&name)
-                    );
-                    continue;
-                };
-                let rec = InodeRec::decode(&ikey, &bytes)?;
-                let is_dir = rec.kind == Kind::Dir;
-                nodes.insert(
-                    ino,
-                    Node {
-                        rec,
-                        parent: dir,
-                        children: is_dir.then(BTreeMap::new),
-                        dirty: false,
-                        open: 0,
-                        unlinked: false,
-                    },
-                );
-                if is_dir {
-                    queue.push_back(ino);
-                }
-                children.insert(name, ino);
-            }
-            if let Some(node) = nodes.get_mut(&dir) {
-                node.children = Some(children);
-            }
-        }
-
+        let nodes = load_nodes(&*catalog, sup.next_ino)?;
         let tree = Tree {
             catalog: catalog.clone(),
             nodes,
@@ -255,21 +277,27 @@ impl Tree {
             read_only,
         };
         if !read_only {
-            for info in catalog.list()? {
-                let Some(ino) = parse_file_volume_name(&info.name) else {
-                    continue;
-                };
-                let live = tree
-                    .nodes
-                    .get(&ino)
-                    .is_some_and(|n| n.rec.kind == Kind::File);
-                if !live {
-                    tracing::info!("file tree: deleting orphan content volume {}", info.name);
-                    catalog.delete(&info.name)?;
-                }
-            }
+            tree.delete_orphan_volumes()?;
         }
         Ok(tree)
+    }
+
+    /// Delete the `.file.<n>` content volumes whose inode is not a file of the tree.
+    fn delete_orphan_volumes(&self) -> Result<(), FuseError> {
+        for info in self.catalog.list()? {
+            let Some(ino) = parse_file_volume_name(&info.name) else {
+                continue;
+            };
+            let live = self
+                .nodes
+                .get(&ino)
+                .is_some_and(|n| n.rec.kind == Kind::File);
+            if !live {
+                tracing::info!("file tree: deleting orphan content volume {}", info.name);
+                self.catalog.delete(&info.name)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn get(&self, ino: u64) -> Option<&Node> {

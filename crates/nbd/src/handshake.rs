@@ -268,40 +268,10 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(Some(Outcome::Close("client aborted")))
         }
         ClientOption::List => {
-            match shared.visible_exports().await {
-                Ok(names) => {
-                    for name in names.iter().filter(|n| state.session.access.allows(n)) {
-                        reply(stream, option, REP_SERVER, &wire::rep_server(name)).await?;
-                    }
-                    reply(stream, option, REP_ACK, &[]).await?;
-                }
-                Err(e) => {
-                    error_reply(stream, option, REP_ERR_UNSUP, &format!("cannot list: {e}")).await?
-                }
-            }
+            list_exports(stream, shared, state, option).await?;
             Ok(None)
         }
-        ClientOption::StartTls => match state.session.security {
-            Security::NoTls => {
-                error_reply(
-                    stream,
-                    option,
-                    REP_ERR_UNSUP,
-                    "TLS is not configured on this server \
-                     (serve with --tls-cert and --tls-key, or --tls-psk)",
-                )
-                .await?;
-                Ok(None)
-            }
-            Security::Plain(_) => {
-                reply(stream, option, REP_ACK, &[]).await?;
-                Ok(Some(Outcome::StartTls))
-            }
-            Security::Tls => {
-                error_reply(stream, option, REP_ERR_INVALID, "TLS is already active").await?;
-                Ok(None)
-            }
-        },
+        ClientOption::StartTls => start_tls(stream, state, option).await,
         ClientOption::StructuredReply => {
             if state.structured {
                 error_reply(
@@ -330,22 +300,7 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(None)
         }
         ClientOption::Go(req) => info_or_go(stream, shared, state, option, req, true).await,
-        ClientOption::ExportName(name) => {
-            let Ok(volume) = open_export(shared, state, &name).await else {
-                return Ok(Some(Outcome::Close(
-                    "NBD_OPT_EXPORT_NAME of an unknown export",
-                )));
-            };
-            let export = make_export(shared, state, volume);
-            let mut out = Vec::with_capacity(134);
-            out.extend_from_slice(&export.negotiated.size.to_be_bytes());
-            out.extend_from_slice(&export.transmission_flags.to_be_bytes());
-            if !state.session.no_zeroes {
-                out.extend_from_slice(&[0u8; 124]);
-            }
-            stream.write_all(&out).await?;
-            Ok(Some(Outcome::Transmission(export)))
-        }
+        ClientOption::ExportName(name) => export_name(stream, shared, state, &name).await,
         ClientOption::Unknown(code) => {
             error_reply(
                 stream,
@@ -357,6 +312,78 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(None)
         }
     }
+}
+
+/// NBD_OPT_LIST: one reply per export this connection may see, then the ack.
+async fn list_exports<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    shared: &Arc<Shared>,
+    state: &Haggle<'_>,
+    option: u32,
+) -> Result<(), HandshakeError> {
+    match shared.visible_exports().await {
+        Ok(names) => {
+            for name in names.iter().filter(|n| state.session.access.allows(n)) {
+                reply(stream, option, REP_SERVER, &wire::rep_server(name)).await?;
+            }
+            reply(stream, option, REP_ACK, &[]).await?;
+        }
+        Err(e) => error_reply(stream, option, REP_ERR_UNSUP, &format!("cannot list: {e}")).await?,
+    }
+    Ok(())
+}
+
+/// NBD_OPT_STARTTLS: start TLS if it is configured and not yet active.
+async fn start_tls<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    state: &Haggle<'_>,
+    option: u32,
+) -> Result<Option<Outcome>, HandshakeError> {
+    match state.session.security {
+        Security::NoTls => {
+            error_reply(
+                stream,
+                option,
+                REP_ERR_UNSUP,
+                "TLS is not configured on this server \
+             (serve with --tls-cert and --tls-key, or --tls-psk)",
+            )
+            .await?;
+            Ok(None)
+        }
+        Security::Plain(_) => {
+            reply(stream, option, REP_ACK, &[]).await?;
+            Ok(Some(Outcome::StartTls))
+        }
+        Security::Tls => {
+            error_reply(stream, option, REP_ERR_INVALID, "TLS is already active").await?;
+            Ok(None)
+        }
+    }
+}
+
+/// NBD_OPT_EXPORT_NAME: open the export and answer in the old style, or hang up (this option
+/// has no error reply).
+async fn export_name<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    shared: &Arc<Shared>,
+    state: &Haggle<'_>,
+    name: &str,
+) -> Result<Option<Outcome>, HandshakeError> {
+    let Ok(volume) = open_export(shared, state, name).await else {
+        return Ok(Some(Outcome::Close(
+            "NBD_OPT_EXPORT_NAME of an unknown export",
+        )));
+    };
+    let export = make_export(shared, state, volume);
+    let mut out = Vec::with_capacity(134);
+    out.extend_from_slice(&export.negotiated.size.to_be_bytes());
+    out.extend_from_slice(&export.transmission_flags.to_be_bytes());
+    if !state.session.no_zeroes {
+        out.extend_from_slice(&[0u8; 124]);
+    }
+    stream.write_all(&out).await?;
+    Ok(Some(Outcome::Transmission(export)))
 }
 
 /// Open an export this connection may see; one it may not is as unknown as a missing one.

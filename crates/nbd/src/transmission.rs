@@ -116,52 +116,73 @@ pub async fn serve<R, W>(
     buffers: &Arc<BufPool>,
     metrics: &Arc<NbdMetrics>,
     budget: ConnBudget,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> End
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    // Pipelined clients send many requests per segment: read them from a buffer, not with
-    // two system calls each. Small (64 KiB, 15 small writes): the part of a large write's
-    // payload that arrives through the buffer is copied twice, the rest goes straight into
-    // the payload buffer (256 KiB cost 2 % of serve's CPU in copies under 1 MiB writes).
-    let mut reader = BufReader::with_capacity(64 * 1024, reader);
     // Unbounded as a channel, bounded by the budget: every reply on it holds a permit.
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
     let writer_task = tokio::spawn(write_replies(writer, rx));
-    let n = export.negotiated;
     let block_size = export.volume.block_size().max(1) as usize;
+    let mut conn = Conn {
+        // Pipelined clients send many requests per segment: read them from a buffer, not with
+        // two system calls each. Small (64 KiB, 15 small writes): the part of a large write's
+        // payload that arrives through the buffer is copied twice, the rest goes straight into
+        // the payload buffer (256 KiB cost 2 % of serve's CPU in copies under 1 MiB writes).
+        reader: BufReader::with_capacity(64 * 1024, reader),
+        tx,
+        export,
+        block_size,
+        workers,
+        buffers,
+        metrics,
+        budget,
+        shutdown,
+    };
 
     let end = loop {
-        let mut raw = [0u8; REQUEST_HEADER_BYTES];
-        if *shutdown.borrow() {
-            break End::Shutdown;
+        if let Err(end) = conn.next_request().await {
+            break end;
         }
-        let read = if reader.buffer().len() >= REQUEST_HEADER_BYTES {
-            reader.read_exact(&mut raw).await
-        } else {
-            tokio::select! {
-                r = reader.read_exact(&mut raw) => r,
-                _ = shutdown.changed() => break End::Shutdown,
-            }
-        };
-        if let Err(e) = read {
-            break if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                End::Closed
-            } else {
-                End::Io(e.to_string())
-            };
-        }
-        let header = match wire::parse_request_header(&raw) {
-            Ok(h) => h,
-            Err(magic) => {
-                break End::ProtocolViolation(format!("request magic {magic:#x}"));
-            }
-        };
+    };
+    // Every request already read gets its reply before the socket closes (at shutdown the
+    // server's drain timeout bounds this for a client that does not read).
+    conn.budget.drained().await;
+    drop(conn.tx);
+    match writer_task.await {
+        Ok(Ok(())) => end,
+        Ok(Err(e)) if end == End::Disconnect || end == End::Shutdown => End::Io(e.to_string()),
+        _ => end,
+    }
+}
+
+/// One connection in the transmission phase: the socket's buffered read half, the channel to
+/// its reply writer, and the server's state its requests use.
+struct Conn<'a, R> {
+    reader: BufReader<R>,
+    tx: mpsc::UnboundedSender<Reply>,
+    export: Export,
+    block_size: usize,
+    workers: &'a Workers,
+    buffers: &'a Arc<BufPool>,
+    metrics: &'a Arc<NbdMetrics>,
+    budget: ConnBudget,
+    shutdown: watch::Receiver<bool>,
+}
+
+/// A request the checks refused: the NBD error, the payload bytes to skip and a message.
+type Refused = (u32, u32, String);
+
+impl<R: AsyncRead + Unpin> Conn<'_, R> {
+    /// Read one request and answer it, or hand it to a worker; `Err` ends the phase.
+    async fn next_request(&mut self) -> Result<(), End> {
+        let header = self.read_header().await?;
+        let n = self.export.negotiated;
         let request = match wire::check_request(&header, &n) {
-            Verdict::Disconnect(why) => break End::ProtocolViolation(why),
-            Verdict::Run(Command::Disc) => break End::Disconnect,
+            Verdict::Disconnect(why) => return Err(End::ProtocolViolation(why)),
+            Verdict::Run(Command::Disc) => return Err(End::Disconnect),
             Verdict::Run(command) => Ok(command),
             Verdict::Reject {
                 error,
@@ -171,58 +192,112 @@ where
         };
         // Wait for room before anything is read or built for this request.
         let cost = request.as_ref().map_or(0, |c| {
-            request_bytes(c, n.structured, block_size, export.contexts.len())
+            request_bytes(c, n.structured, self.block_size, self.export.contexts.len())
         });
-        let permit = match budget.try_acquire(cost) {
-            Some(p) => p,
-            None => tokio::select! {
-                p = budget.acquire(cost) => match p {
-                    Ok(p) => p,
-                    Err(_) => break End::Io("in-flight budget closed".to_string()),
-                },
-                // A client that stopped reading while its budget is spent: end on shutdown too.
-                _ = shutdown.changed() => break End::Shutdown,
-            },
-        };
+        let permit = self.reserve(cost).await?;
         let command = match request {
             Ok(command) => command,
-            Err((error, skip, message)) => {
-                tracing::debug!(?header, error, message, "request refused");
-                metrics.request_refused();
-                if let Err(e) = discard(&mut reader, skip).await {
-                    break End::Io(e.to_string());
-                }
-                let answer = Answer::head(error_reply(&header, n.structured, error, &message));
-                let reply = Reply {
-                    answer,
-                    _permit: permit,
-                };
-                if tx.send(reply).is_err() {
-                    break End::Io("reply writer stopped".to_string());
-                }
-                continue;
-            }
+            Err(refused) => return self.refuse(&header, refused, permit).await,
         };
         let started = Instant::now();
-        let mut payload = None;
-        if let Command::Write { len, .. } = command {
-            let mut buf = buffers.take(len as usize);
-            if let Err(e) = reader.read_exact(buf.as_mut_slice()).await {
-                break End::Io(format!("reading a write payload: {e}"));
-            }
-            payload = Some(buf);
-        }
+        let payload = self.read_payload(&command).await?;
         let job = Job {
-            volume: export.volume.clone(),
+            volume: self.export.volume.clone(),
             cookie: header.cookie,
             structured: n.structured,
             command,
             payload,
-            buffers: buffers.clone(),
-            contexts: export.contexts.clone(),
-            metrics: metrics.clone(),
+            buffers: self.buffers.clone(),
+            contexts: self.export.contexts.clone(),
+            metrics: self.metrics.clone(),
             started,
         };
+        self.dispatch(job, permit)
+    }
+
+    /// The next request's header, unless shutdown comes first or the socket ends.
+    async fn read_header(&mut self) -> Result<RequestHeader, End> {
+        let mut raw = [0u8; REQUEST_HEADER_BYTES];
+        if *self.shutdown.borrow() {
+            return Err(End::Shutdown);
+        }
+        let read = if self.reader.buffer().len() >= REQUEST_HEADER_BYTES {
+            self.reader.read_exact(&mut raw).await
+        } else {
+            tokio::select! {
+                r = self.reader.read_exact(&mut raw) => r,
+                _ = self.shutdown.changed() => return Err(End::Shutdown),
+            }
+        };
+        if let Err(e) = read {
+            return Err(if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                End::Closed
+            } else {
+                End::Io(e.to_string())
+            });
+        }
+        match wire::parse_request_header(&raw) {
+            Ok(h) => Ok(h),
+            Err(magic) => Err(End::ProtocolViolation(format!("request magic {magic:#x}"))),
+        }
+    }
+
+    /// A permit for `cost` bytes of the in-flight budget, waiting for room if it is spent.
+    async fn reserve(&mut self, cost: usize) -> Result<Permit, End> {
+        match self.budget.try_acquire(cost) {
+            Some(p) => Ok(p),
+            None => tokio::select! {
+                p = self.budget.acquire(cost) => match p {
+                    Ok(p) => Ok(p),
+                    Err(_) => Err(End::Io("in-flight budget closed".to_string())),
+                },
+                // A client that stopped reading while its budget is spent: end on shutdown too.
+                _ = self.shutdown.changed() => Err(End::Shutdown),
+            },
+        }
+    }
+
+    /// Answer a refused request with its error, after skipping its payload.
+    async fn refuse(
+        &mut self,
+        header: &RequestHeader,
+        (error, skip, message): Refused,
+        permit: Permit,
+    ) -> Result<(), End> {
+        tracing::debug!(?header, error, message, "request refused");
+        self.metrics.request_refused();
+        if let Err(e) = discard(&mut self.reader, skip).await {
+            return Err(End::Io(e.to_string()));
+        }
+        let structured = self.export.negotiated.structured;
+        let answer = Answer::head(error_reply(header, structured, error, &message));
+        let reply = Reply {
+            answer,
+            _permit: permit,
+        };
+        if self.tx.send(reply).is_err() {
+            return Err(End::Io("reply writer stopped".to_string()));
+        }
+        Ok(())
+    }
+
+    /// A write's payload, read into a buffer from the pool; `None` for other commands.
+    async fn read_payload(&mut self, command: &Command) -> Result<Option<Buf>, End> {
+        let mut payload = None;
+        if let Command::Write { len, .. } = *command {
+            // check_request hung up on larger payloads.
+            debug_assert!(len <= self.export.negotiated.payload_bytes_max);
+            let mut buf = self.buffers.take(len as usize);
+            if let Err(e) = self.reader.read_exact(buf.as_mut_slice()).await {
+                return Err(End::Io(format!("reading a write payload: {e}")));
+            }
+            payload = Some(buf);
+        }
+        Ok(payload)
+    }
+
+    /// Run a small job on this task and queue its reply, or hand it to a worker thread.
+    fn dispatch(&self, job: Job, permit: Permit) -> Result<(), End> {
         // Small reads are answered on this task: a cached block costs a few
         // microseconds, less than waking a worker thread and back.
         let inline = match job.command {
@@ -235,13 +310,13 @@ where
                 answer: run_job(job),
                 _permit: permit,
             };
-            if tx.send(reply).is_err() {
-                break End::Io("reply writer stopped".to_string());
+            if self.tx.send(reply).is_err() {
+                return Err(End::Io("reply writer stopped".to_string()));
             }
-            continue;
+            return Ok(());
         }
-        let tx = tx.clone();
-        workers.submit(Box::new(move || {
+        let tx = self.tx.clone();
+        self.workers.submit(Box::new(move || {
             let reply = Reply {
                 answer: run_job(job),
                 _permit: permit,
@@ -250,15 +325,7 @@ where
             // the reply then releases its budget all the same.
             let _ = tx.send(reply);
         }));
-    };
-    // Every request already read gets its reply before the socket closes (at shutdown the
-    // server's drain timeout bounds this for a client that does not read).
-    budget.drained().await;
-    drop(tx);
-    match writer_task.await {
-        Ok(Ok(())) => end,
-        Ok(Err(e)) if end == End::Disconnect || end == End::Shutdown => End::Io(e.to_string()),
-        _ => end,
+        Ok(())
     }
 }
 

@@ -381,11 +381,21 @@ pub fn check_request(h: &RequestHeader, n: &Negotiated) -> Verdict {
         ));
     }
     let skip = if has_payload { h.len } else { 0 };
-    let reject = |error: u32, message: String| Verdict::Reject {
-        error,
-        skip,
-        message,
-    };
+    match checked_command(h, n) {
+        Ok(command) => Verdict::Run(command),
+        Err((error, message)) => Verdict::Reject {
+            error,
+            skip,
+            message,
+        },
+    }
+}
+
+/// Why a request is refused: the NBD error and a message for the client.
+type Refusal = (u32, String);
+
+/// The flags a request may carry: FUA, and its own command's flags.
+fn check_flags(h: &RequestHeader, n: &Negotiated) -> Result<(), Refusal> {
     let allowed_flags = CMD_FLAG_FUA
         | match h.kind {
             CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
@@ -394,22 +404,28 @@ pub fn check_request(h: &RequestHeader, n: &Negotiated) -> Verdict {
             _ => 0,
         };
     if h.flags & !allowed_flags != 0 {
-        return reject(
+        return Err((
             EINVAL,
             format!(
                 "command flags {:#x} are not valid for command {}",
                 h.flags & !allowed_flags,
                 h.kind
             ),
-        );
+        ));
     }
+    Ok(())
+}
+
+/// The command a request asks for, once its flags, the export's mode and its range allow it.
+fn checked_command(h: &RequestHeader, n: &Negotiated) -> Result<Command, Refusal> {
+    check_flags(h, n)?;
     let fua = h.flags & CMD_FLAG_FUA != 0;
     let (offset, len) = (h.offset, h.len);
     let in_range = offset
         .checked_add(u64::from(len))
         .is_some_and(|end| end <= n.size);
-    let out_of_range = |error: u32| {
-        reject(
+    let out_of_range = |error: u32| -> Refusal {
+        (
             error,
             format!(
                 "{len} bytes at offset {offset} are past the end of the export ({} bytes)",
@@ -419,86 +435,68 @@ pub fn check_request(h: &RequestHeader, n: &Negotiated) -> Verdict {
     };
     let writes = matches!(h.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
     if writes && n.read_only {
-        return reject(EPERM, "the export is read-only".to_string());
+        return Err((EPERM, "the export is read-only".to_string()));
     }
     match h.kind {
         CMD_READ => {
             if len > n.payload_bytes_max {
-                return reject(
+                return Err((
                     EINVAL,
                     format!(
                         "read of {len} bytes exceeds the maximum payload of {}",
                         n.payload_bytes_max
                     ),
-                );
+                ));
             }
             if !in_range {
-                return out_of_range(EINVAL);
+                return Err(out_of_range(EINVAL));
             }
-            Verdict::Run(Command::Read {
+            Ok(Command::Read {
                 offset,
                 len,
                 df: h.flags & CMD_FLAG_DF != 0,
             })
         }
-        CMD_WRITE => {
-            if !in_range {
-                return out_of_range(ENOSPC);
-            }
-            Verdict::Run(Command::Write { offset, len, fua })
+        CMD_WRITE if !in_range => Err(out_of_range(ENOSPC)),
+        CMD_WRITE => Ok(Command::Write { offset, len, fua }),
+        CMD_DISC => Ok(Command::Disc),
+        CMD_FLUSH if offset != 0 || len != 0 => {
+            Err((EINVAL, "flush must have offset and length 0".to_string()))
         }
-        CMD_DISC => Verdict::Run(Command::Disc),
-        CMD_FLUSH => {
-            if offset != 0 || len != 0 {
-                return reject(EINVAL, "flush must have offset and length 0".to_string());
-            }
-            Verdict::Run(Command::Flush)
-        }
-        CMD_TRIM => {
-            if !in_range {
-                return out_of_range(EINVAL);
-            }
-            Verdict::Run(Command::Trim { offset, len, fua })
-        }
-        CMD_CACHE => {
-            if !in_range {
-                return out_of_range(EINVAL);
-            }
-            Verdict::Run(Command::Cache { offset, len })
-        }
-        CMD_WRITE_ZEROES => {
-            if !in_range {
-                return out_of_range(ENOSPC);
-            }
-            Verdict::Run(Command::WriteZeroes {
-                offset,
-                len,
-                fua,
-                may_unmap: h.flags & CMD_FLAG_NO_HOLE == 0,
-                fast: h.flags & CMD_FLAG_FAST_ZERO != 0,
-            })
-        }
+        CMD_FLUSH => Ok(Command::Flush),
+        CMD_TRIM if !in_range => Err(out_of_range(EINVAL)),
+        CMD_TRIM => Ok(Command::Trim { offset, len, fua }),
+        CMD_CACHE if !in_range => Err(out_of_range(EINVAL)),
+        CMD_CACHE => Ok(Command::Cache { offset, len }),
+        CMD_WRITE_ZEROES if !in_range => Err(out_of_range(ENOSPC)),
+        CMD_WRITE_ZEROES => Ok(Command::WriteZeroes {
+            offset,
+            len,
+            fua,
+            may_unmap: h.flags & CMD_FLAG_NO_HOLE == 0,
+            fast: h.flags & CMD_FLAG_FAST_ZERO != 0,
+        }),
         CMD_BLOCK_STATUS => {
             if !n.block_status {
-                return reject(
+                return Err((
                     EINVAL,
                     "block status needs a metadata context selected with NBD_OPT_SET_META_CONTEXT"
                         .to_string(),
-                );
+                ));
             }
             if len == 0 {
-                return reject(EINVAL, "block status of 0 bytes".to_string());
+                return Err((EINVAL, "block status of 0 bytes".to_string()));
             }
             if !in_range {
-                return out_of_range(EINVAL);
+                return Err(out_of_range(EINVAL));
             }
-            Verdict::Run(Command::BlockStatus {
+            Ok(Command::BlockStatus {
                 offset,
                 len,
                 req_one: h.flags & CMD_FLAG_REQ_ONE != 0,
             })
         }
-        other => reject(EINVAL, format!("unknown command {other}")),
+        other => Err((EINVAL, format!("unknown command {other}"))),
     }
 }
 
