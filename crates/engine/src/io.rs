@@ -1,8 +1,14 @@
 //! The narrow I/O seam: every byte the engine reads or writes goes through [`Dir`] and [`File`].
 //!
-//! Two implementations: [`RealDir`] (a directory on a local file system) and
-//! [`crate::sim::SimDir`] (an in-memory disk that loses unsynced writes, tears writes and stops
-//! at the Nth call, for crash simulation).
+//! The storage layers implement it and are composed at open (docs/ARCHITECTURE.md "Storage
+//! layers"): [`RealDir`] (a directory on a local file system), [`crate::sim::SimDir`] (an
+//! in-memory disk that loses unsynced writes, tears writes and stops at the Nth call, for
+//! crash simulation) and [`crate::remote::RemoteDir`] (an S3 bucket, with a local directory).
+//! This module imports nothing above it: the pool asks a directory what it must know of the
+//! store behind it by meaning ([`Dir::whole_files_only`], [`Dir::reads_cost_requests`],
+//! [`Dir::check_reachable`], [`Dir::checkpoint_due`], [`Dir::durability`],
+//! [`Dir::store_status`]), and each layer answers for itself; a local directory keeps the
+//! defaults.
 //!
 //! Assumptions about the media, which the simulation models and the engine relies on:
 //! - `File::sync` makes every completed write and `set_len` of that file durable.
