@@ -137,6 +137,7 @@ impl Pool {
     /// The chunk pass of [`Pool::verify`] and [`Pool::check_chunks`] (the caller holds the GC
     /// lock and has flushed).
     fn chunk_pass(&self, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<ChunkCheck> {
+        debug_assert!(self.gc_lock.try_lock().is_err(), "the caller holds gc_lock");
         let mut check = ChunkCheck::default();
         let (total, next_id) = {
             let st = lock(&self.state);
