@@ -85,33 +85,10 @@ impl Pool {
 
     /// [`Pool::gc`], the caller holding `gc_lock`.
     fn gc_locked(&self, min_dead_percent: u8) -> Result<GcReport> {
+        debug_assert!(self.gc_lock.try_lock().is_err(), "the caller holds gc_lock");
         self.flush()?;
         let mut report = GcReport::default();
-        let (victims, next_id) = {
-            let mut st = lock(&self.state);
-            self.writable(&st)?;
-            st.segments.reap();
-            report.bytes_before = st.segments.total_bytes();
-            let open = st.segments.open_id();
-            // Victims with their files: sealed, so they can be read without the lock.
-            let victims: HashMap<u32, Arc<dyn File>> = st
-                .segments
-                .ids()
-                .filter(|&(id, len)| {
-                    let dead = len.saturating_sub(
-                        SEGMENT_HEADER_BYTES as u64 + st.md.chunks.segment_live_bytes(id),
-                    );
-                    // A sealed segment whose last batches are still being written: its
-                    // records are not all in the file yet (victims are read from the file).
-                    Some(id) != open
-                        && !st.segments.is_writing(id)
-                        && dead > 0
-                        && dead * 100 >= len * u64::from(min_dead_percent)
-                })
-                .filter_map(|(id, _)| st.segments.file(id).map(|f| (id, f)))
-                .collect();
-            (victims, st.md.chunks.next_id)
-        };
+        let (victims, next_id) = self.pick_victims(min_dead_percent, &mut report)?;
         if victims.is_empty() {
             report.bytes_after = report.bytes_before;
             return Ok(report);
@@ -124,58 +101,121 @@ impl Pool {
         let mut page = 0u64;
         while page * per < next_id {
             // 1. Chunks of victim segments in a window of the chunk table.
-            let mut found: Vec<(u64, ChunkEntry)> = Vec::new();
-            {
-                let mut st = lock(&self.state);
-                st.md.cache.for_each_leaf(
-                    CHUNK_TREE,
-                    page,
-                    page + SCAN_PAGES,
-                    &mut |pi, data| {
-                        for i in 0..CHUNKS_PER_PAGE {
-                            if let Some(e) = crate::chunk_table::decode_slot(data, i) {
-                                if victims.contains_key(&e.loc.segment) {
-                                    found.push((pi * per + i as u64, e));
-                                }
-                            }
-                        }
-                        Ok(true)
-                    },
-                )?;
-            }
+            let found = self.victim_chunks(&victims, page)?;
             page += SCAN_PAGES;
             self.counters
                 .gc_scanned_chunk_ids
                 .store((page * per).min(next_id), Relaxed);
             // 2. Read and check the live ones without the state lock; 3. commit in batches.
             for batch in found.chunks(COPY_BATCH) {
-                let mut copies = Vec::with_capacity(batch.len());
-                for (id, e) in batch {
-                    let Some(file) = victims.get(&e.loc.segment).cloned() else {
-                        continue; // found only chunks of victims
-                    };
-                    let buf = if e.refs > 0 {
-                        match read_record(&*file, *id, e, self.crypto.as_deref()) {
-                            Ok(b) => Some(b),
-                            Err(err) if err.is_damage() => {
-                                tracing::warn!(
-                                    "gc: {err}; segment {} is kept (`condense verify` names the blocks, `condense repair` salvages them)",
-                                    e.loc.segment
-                                );
-                                spared.insert(e.loc.segment);
-                                continue;
-                            }
-                            Err(err) => return Err(err),
-                        }
-                    } else {
-                        None
-                    };
-                    copies.push((*id, *e, file, buf));
-                }
+                let copies = self.read_batch(batch, &victims, &mut spared)?;
                 self.commit_copies(copies, &mut report)?;
             }
         }
         // 4. Make the new locations durable, then delete the victims.
+        self.remove_victims(&victims, &spared, &mut report)?;
+        Ok(report)
+    }
+
+    /// The sealed segments with at least `min_dead_percent` dead bytes, with their files, and
+    /// the chunk table's next id; sets `report.bytes_before`.
+    fn pick_victims(
+        &self,
+        min_dead_percent: u8,
+        report: &mut GcReport,
+    ) -> Result<(HashMap<u32, Arc<dyn File>>, u64)> {
+        let mut st = lock(&self.state);
+        self.writable(&st)?;
+        st.segments.reap();
+        report.bytes_before = st.segments.total_bytes();
+        let open = st.segments.open_id();
+        // Victims with their files: sealed, so they can be read without the lock.
+        let victims: HashMap<u32, Arc<dyn File>> = st
+            .segments
+            .ids()
+            .filter(|&(id, len)| {
+                let dead = len.saturating_sub(
+                    SEGMENT_HEADER_BYTES as u64 + st.md.chunks.segment_live_bytes(id),
+                );
+                // A sealed segment whose last batches are still being written: its
+                // records are not all in the file yet (victims are read from the file).
+                Some(id) != open
+                    && !st.segments.is_writing(id)
+                    && dead > 0
+                    && dead * 100 >= len * u64::from(min_dead_percent)
+            })
+            .filter_map(|(id, _)| st.segments.file(id).map(|f| (id, f)))
+            .collect();
+        Ok((victims, st.md.chunks.next_id))
+    }
+
+    /// The chunks of victim segments in chunk-table pages `[page, page + SCAN_PAGES)`.
+    fn victim_chunks(
+        &self,
+        victims: &HashMap<u32, Arc<dyn File>>,
+        page: u64,
+    ) -> Result<Vec<(u64, ChunkEntry)>> {
+        let per = CHUNKS_PER_PAGE as u64;
+        let mut found: Vec<(u64, ChunkEntry)> = Vec::new();
+        let mut st = lock(&self.state);
+        st.md
+            .cache
+            .for_each_leaf(CHUNK_TREE, page, page + SCAN_PAGES, &mut |pi, data| {
+                for i in 0..CHUNKS_PER_PAGE {
+                    if let Some(e) = crate::chunk_table::decode_slot(data, i) {
+                        if victims.contains_key(&e.loc.segment) {
+                            found.push((pi * per + i as u64, e));
+                        }
+                    }
+                }
+                Ok(true)
+            })?;
+        Ok(found)
+    }
+
+    /// Read and check the live records of `batch` without the state lock: the copies to
+    /// commit. A victim with a damaged live record goes into `spared`.
+    fn read_batch(
+        &self,
+        batch: &[(u64, ChunkEntry)],
+        victims: &HashMap<u32, Arc<dyn File>>,
+        spared: &mut HashSet<u32>,
+    ) -> Result<Vec<Copy>> {
+        let mut copies = Vec::with_capacity(batch.len());
+        for (id, e) in batch {
+            debug_assert!(victims.contains_key(&e.loc.segment));
+            let Some(file) = victims.get(&e.loc.segment).cloned() else {
+                continue; // found only chunks of victims
+            };
+            let buf = if e.refs > 0 {
+                match read_record(&*file, *id, e, self.crypto.as_deref()) {
+                    Ok(b) => Some(b),
+                    Err(err) if err.is_damage() => {
+                        tracing::warn!(
+                            "gc: {err}; segment {} is kept (`condense verify` names the blocks, `condense repair` salvages them)",
+                            e.loc.segment
+                        );
+                        spared.insert(e.loc.segment);
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                }
+            } else {
+                None
+            };
+            copies.push((*id, *e, file, buf));
+        }
+        Ok(copies)
+    }
+
+    /// Checkpoint, so the moved chunks' new locations are durable, then delete the victims
+    /// not spared and sync the directories; sets `report.bytes_after`.
+    fn remove_victims(
+        &self,
+        victims: &HashMap<u32, Arc<dyn File>>,
+        spared: &HashSet<u32>,
+        report: &mut GcReport,
+    ) -> Result<()> {
         let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
         let mut st = lock(&self.state);
@@ -192,7 +232,7 @@ impl Pool {
                 .map_err(|e| Error::io("syncing the cache directory", e))?;
         }
         report.bytes_after = st.segments.total_bytes();
-        Ok(report)
+        Ok(())
     }
 
     /// Write chunk `id`'s record again from `record` (a valid copy, e.g. the cache tier's, of

@@ -151,148 +151,35 @@ impl Journal {
         let mut data = vec![0u8; flen as usize];
         file.read_at(&mut data, 0)
             .map_err(|e| Error::io(format!("reading journal {name}"), e))?;
-        let mut report = ReplayReport::default();
-        if crate::format::header_intact(&data) {
-            let found_gen = decode_journal_header(&data, uuid)
-                .map_err(|e| Error::corrupt(format!("journal {name}"), e.to_string()))?;
-            if found_gen != gen {
-                return Err(Error::corrupt(
-                    format!("journal {name}"),
-                    format!("header says generation {found_gen}"),
-                ));
-            }
+        let mut r = Replay {
+            name,
+            data,
+            gen,
+            mode,
+            crypto: crypto.as_deref(),
+            report: ReplayReport::default(),
+            pos: JOURNAL_HEADER_BYTES,
+            seq: first_seq,
+            unreadable: false,
+            after_damage: false,
+        };
+        if crate::format::header_intact(&r.data) {
+            r.check_header(uuid)?;
         } else {
-            // Damaged: every field of the header is known (the generation from the root, the
-            // pool UUID from the superblock), and each batch checks itself. But a header is
-            // synced when the file is made, so no crash damages it: when nothing valid follows
-            // it (a file cut short, a zeroed sector), the batches it held are lost, not torn,
-            // and only repair may drop them (saying so).
-            let nothing_after = data.len() > JOURNAL_HEADER_BYTES
-                && !matches!(
-                    parse_batch(
-                        &data,
-                        JOURNAL_HEADER_BYTES,
-                        first_seq,
-                        gen,
-                        crypto.as_deref()
-                    ),
-                    Some(Ok(_))
-                );
-            if data.len() < JOURNAL_HEADER_BYTES || nothing_after {
-                let what = if data.len() < JOURNAL_HEADER_BYTES {
-                    format!("journal truncated to {} bytes (its header alone is {JOURNAL_HEADER_BYTES})", data.len())
-                } else {
-                    "its header is damaged and no valid batch follows it".to_string()
-                };
-                if mode != ReplayMode::Salvage {
-                    return Err(Error::corrupt(
-                        format!("journal {name}"),
-                        format!("{what}: the writes since the last checkpoint may be lost; stop every user of the pool, run `condense repair --dry-run`, then `condense repair` (it keeps a copy of the damaged files and opens the pool as of its last checkpoint)"),
-                    ));
-                }
-                report.notes.push(format!(
-                    "journal {name}: {what}: the writes it held since the last checkpoint are lost (their blocks keep older content); compare the volumes with a backup"
-                ));
-            }
-            report.notes.push(format!(
-                "the header of journal {name} was damaged; rebuilt from the checkpoint root and the superblock"
-            ));
-            if mode == ReplayMode::Writable {
-                let header = encode_journal_header(gen, uuid);
-                file.write_at(&header, 0)
-                    .and_then(|_| file.sync())
-                    .map_err(|e| Error::io(format!("rewriting the header of journal {name}"), e))?;
-                if data.len() < header.len() {
-                    data = header;
-                } else {
-                    data[..header.len()].copy_from_slice(&header);
-                }
-            }
+            r.mend_header(&*file, uuid)?;
         }
         let flen = flen.max(JOURNAL_HEADER_BYTES as u64);
-        let mut pos = JOURNAL_HEADER_BYTES;
-        let mut seq = first_seq;
-        let mut unreadable = false;
-        let mut after_damage = false;
-        loop {
-            let Some(parsed) = parse_batch(&data, pos, seq, gen, crypto.as_deref()) else {
-                unreadable = pos < data.len();
-                let later = if mode == ReplayMode::Salvage && unreadable {
-                    find_later_batch(&data, pos + 1, seq, gen, crypto.as_deref())
-                } else {
-                    None
-                };
-                let Some(at) = later else { break };
-                let next_seq =
-                    decode_batch_header(&data[at..]).map_or(seq.saturating_add(1), |h| h.seq);
-                let (records, decoded_whole) =
-                    decode_damaged(&data[pos..at], gen, crypto.as_deref());
-                report.damaged.push(DamagedStretch {
-                    file: name.clone(),
-                    offset: pos as u64,
-                    bytes: (at - pos) as u64,
-                    first_seq: seq,
-                    next_seq,
-                    records,
-                    decoded_whole,
-                });
-                after_damage = true;
-                pos = at;
-                seq = next_seq;
-                continue;
-            };
-            let (records, next) = parsed.map_err(|e| match e {
-                Error::Auth { detail, .. } => Error::Auth {
-                    what: format!("journal {name} batch {seq} at offset {pos}"),
-                    detail,
-                },
-                e => e,
-            })?;
-            let n = records.len() as u64;
-            if !apply(records, after_damage)? {
-                if !acknowledged(&data, pos, seq, gen, crypto.as_deref()) {
-                    // Refers to data a crash lost: never acknowledged, nor is anything after.
-                    break;
-                }
-                // Acknowledged, yet its chunk records are not whole: damage, not a crash.
-                if mode != ReplayMode::Salvage {
-                    return Err(Error::corrupt(
-                        format!("journal {name}"),
-                        format!("batch {seq} at offset {pos} names chunk records that are damaged or missing in the segments, although a later flush shows it was acknowledged, so this is damage, not a crash, and opening would drop acknowledged changes; stop every user of the pool, run `condense repair --dry-run` to see which blocks are lost, then `condense repair` to keep the rest"),
-                    ));
-                }
-                // Repair applies it as it applies batches after damage: each chunk is kept
-                // only if its record is whole, else its blocks are reported lost.
-                let Some(Ok((records, _))) = parse_batch(&data, pos, seq, gen, crypto.as_deref())
-                else {
-                    break;
-                };
-                report.notes.push(format!(
-                    "journal batch {seq} was acknowledged but names damaged chunk records"
-                ));
-                apply(records, true)?;
-                after_damage = true;
-            }
-            report.batches += 1;
-            report.records += n;
-            pos = next;
-            // The last sequence number there is (only a crafted root or batch gets there):
-            // the journal ends.
-            let Some(after) = seq.checked_add(1) else {
-                break;
-            };
-            seq = after;
-        }
-        // After unreadable bytes there must not be a later valid batch: that would be damage.
-        if let Some(at) = unreadable
-            .then(|| find_later_batch(&data, pos + 1, seq, gen, crypto.as_deref()))
-            .flatten()
-        {
-            return Err(Error::corrupt(
-                format!("journal {name}"),
-                format!("batch {seq} at offset {pos} is damaged but a later batch follows at offset {at}, so this is damage, not a crash, and opening would drop acknowledged changes; stop every user of the pool, run `condense repair --dry-run` to see what would be lost, then `condense repair` to salvage the rest (it keeps a copy of the damaged files)"),
-            ));
-        }
+        r.apply_batches(&mut apply)?;
+        r.check_nothing_after()?;
+        let Replay {
+            name,
+            pos,
+            seq,
+            mut report,
+            ..
+        } = r;
+        // Batches end inside the file's bytes (its header's, when it was shorter).
+        debug_assert!(pos as u64 <= flen);
         report.torn_bytes = flen - pos as u64;
         if report.torn_bytes > 0 && mode == ReplayMode::Writable {
             file.set_len(pos as u64)
@@ -377,6 +264,208 @@ impl Journal {
         self.buf.clear();
         self.count = 0;
         self.marked = false;
+        Ok(())
+    }
+}
+
+/// One replay of a journal file: its bytes, where replay has got to, and what it found.
+struct Replay<'a> {
+    name: String,
+    data: Vec<u8>,
+    gen: u64,
+    mode: ReplayMode,
+    crypto: Option<&'a Crypto>,
+    report: ReplayReport,
+    /// Offset and sequence number of the next batch.
+    pos: usize,
+    seq: u64,
+    /// Replay stopped at bytes that are no valid batch (not at the end of the file).
+    unreadable: bool,
+    /// A damaged stretch or a damaged acknowledged batch was passed (salvage mode only).
+    after_damage: bool,
+}
+
+impl Replay<'_> {
+    /// An intact header must name this pool and generation.
+    fn check_header(&self, uuid: &[u8; 16]) -> Result<()> {
+        let name = &self.name;
+        let found_gen = decode_journal_header(&self.data, uuid)
+            .map_err(|e| Error::corrupt(format!("journal {name}"), e.to_string()))?;
+        if found_gen != self.gen {
+            return Err(Error::corrupt(
+                format!("journal {name}"),
+                format!("header says generation {found_gen}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A damaged header: rebuild it (on disk too in a writable open), unless nothing valid
+    /// follows it, which only salvage mode accepts.
+    fn mend_header(&mut self, file: &dyn File, uuid: &[u8; 16]) -> Result<()> {
+        let (name, gen, mode) = (&self.name, self.gen, self.mode);
+        let data = &self.data;
+        // Damaged: every field of the header is known (the generation from the root, the
+        // pool UUID from the superblock), and each batch checks itself. But a header is
+        // synced when the file is made, so no crash damages it: when nothing valid follows
+        // it (a file cut short, a zeroed sector), the batches it held are lost, not torn,
+        // and only repair may drop them (saying so).
+        let nothing_after = data.len() > JOURNAL_HEADER_BYTES
+            && !matches!(
+                parse_batch(data, JOURNAL_HEADER_BYTES, self.seq, gen, self.crypto),
+                Some(Ok(_))
+            );
+        if data.len() < JOURNAL_HEADER_BYTES || nothing_after {
+            let what = if data.len() < JOURNAL_HEADER_BYTES {
+                format!(
+                    "journal truncated to {} bytes (its header alone is {JOURNAL_HEADER_BYTES})",
+                    data.len()
+                )
+            } else {
+                "its header is damaged and no valid batch follows it".to_string()
+            };
+            if mode != ReplayMode::Salvage {
+                return Err(Error::corrupt(
+                    format!("journal {name}"),
+                    format!("{what}: the writes since the last checkpoint may be lost; stop every user of the pool, run `condense repair --dry-run`, then `condense repair` (it keeps a copy of the damaged files and opens the pool as of its last checkpoint)"),
+                ));
+            }
+            self.report.notes.push(format!(
+                "journal {name}: {what}: the writes it held since the last checkpoint are lost (their blocks keep older content); compare the volumes with a backup"
+            ));
+        }
+        self.report.notes.push(format!(
+            "the header of journal {name} was damaged; rebuilt from the checkpoint root and the superblock"
+        ));
+        if mode == ReplayMode::Writable {
+            let header = encode_journal_header(gen, uuid);
+            file.write_at(&header, 0)
+                .and_then(|_| file.sync())
+                .map_err(|e| Error::io(format!("rewriting the header of journal {name}"), e))?;
+            if self.data.len() < header.len() {
+                self.data = header;
+            } else {
+                self.data[..header.len()].copy_from_slice(&header);
+            }
+        }
+        Ok(())
+    }
+
+    /// Hand each valid batch to `apply`, in order, until the journal ends.
+    fn apply_batches(
+        &mut self,
+        apply: &mut impl FnMut(Vec<JournalRecord>, bool) -> Result<bool>,
+    ) -> Result<()> {
+        loop {
+            let (name, pos, seq) = (&self.name, self.pos, self.seq);
+            let Some(parsed) = parse_batch(&self.data, pos, seq, self.gen, self.crypto) else {
+                if self.skip_damage() {
+                    continue;
+                }
+                break;
+            };
+            let (records, next) = parsed.map_err(|e| match e {
+                Error::Auth { detail, .. } => Error::Auth {
+                    what: format!("journal {name} batch {seq} at offset {pos}"),
+                    detail,
+                },
+                e => e,
+            })?;
+            // A batch is a header and its payload, inside the file.
+            debug_assert!(pos < next && next <= self.data.len());
+            let n = records.len() as u64;
+            if !apply(records, self.after_damage)? && !self.apply_refused(apply)? {
+                break;
+            }
+            self.report.batches += 1;
+            self.report.records += n;
+            self.pos = next;
+            // The last sequence number there is (only a crafted root or batch gets there):
+            // the journal ends.
+            let Some(after) = self.seq.checked_add(1) else {
+                break;
+            };
+            self.seq = after;
+        }
+        Ok(())
+    }
+
+    /// No valid batch at `pos`: in salvage mode, record the damaged bytes up to the next valid
+    /// batch and go on from there (true); otherwise the journal ends here (false).
+    fn skip_damage(&mut self) -> bool {
+        let (pos, seq, gen, crypto) = (self.pos, self.seq, self.gen, self.crypto);
+        let data = &self.data;
+        self.unreadable = pos < data.len();
+        let later = if self.mode == ReplayMode::Salvage && self.unreadable {
+            find_later_batch(data, pos + 1, seq, gen, crypto)
+        } else {
+            None
+        };
+        let Some(at) = later else { return false };
+        let next_seq = decode_batch_header(&data[at..]).map_or(seq.saturating_add(1), |h| h.seq);
+        // find_later_batch only finds batches after this one, numbered after it.
+        debug_assert!(at > pos && next_seq > seq);
+        let (records, decoded_whole) = decode_damaged(&data[pos..at], gen, crypto);
+        self.report.damaged.push(DamagedStretch {
+            file: self.name.clone(),
+            offset: pos as u64,
+            bytes: (at - pos) as u64,
+            first_seq: seq,
+            next_seq,
+            records,
+            decoded_whole,
+        });
+        self.after_damage = true;
+        self.pos = at;
+        self.seq = next_seq;
+        true
+    }
+
+    /// `apply` refused the batch at `pos` (its chunk records are not whole): whether replay
+    /// goes on past it. Never acknowledged, the journal ends here (a crash lost its data);
+    /// acknowledged, it is damage: an error, or in salvage mode applied as after damage.
+    fn apply_refused(
+        &mut self,
+        apply: &mut impl FnMut(Vec<JournalRecord>, bool) -> Result<bool>,
+    ) -> Result<bool> {
+        let (name, pos, seq, gen, crypto) = (&self.name, self.pos, self.seq, self.gen, self.crypto);
+        if !acknowledged(&self.data, pos, seq, gen, crypto) {
+            // Refers to data a crash lost: never acknowledged, nor is anything after.
+            return Ok(false);
+        }
+        // Acknowledged, yet its chunk records are not whole: damage, not a crash.
+        if self.mode != ReplayMode::Salvage {
+            return Err(Error::corrupt(
+                format!("journal {name}"),
+                format!("batch {seq} at offset {pos} names chunk records that are damaged or missing in the segments, although a later flush shows it was acknowledged, so this is damage, not a crash, and opening would drop acknowledged changes; stop every user of the pool, run `condense repair --dry-run` to see which blocks are lost, then `condense repair` to keep the rest"),
+            ));
+        }
+        // Repair applies it as it applies batches after damage: each chunk is kept
+        // only if its record is whole, else its blocks are reported lost.
+        let Some(Ok((records, _))) = parse_batch(&self.data, pos, seq, gen, crypto) else {
+            return Ok(false);
+        };
+        self.report.notes.push(format!(
+            "journal batch {seq} was acknowledged but names damaged chunk records"
+        ));
+        apply(records, true)?;
+        self.after_damage = true;
+        Ok(true)
+    }
+
+    /// After unreadable bytes there must not be a later valid batch: that would be damage.
+    fn check_nothing_after(&self) -> Result<()> {
+        let (name, pos, seq) = (&self.name, self.pos, self.seq);
+        if let Some(at) = self
+            .unreadable
+            .then(|| find_later_batch(&self.data, pos + 1, seq, self.gen, self.crypto))
+            .flatten()
+        {
+            return Err(Error::corrupt(
+                format!("journal {name}"),
+                format!("batch {seq} at offset {pos} is damaged but a later batch follows at offset {at}, so this is damage, not a crash, and opening would drop acknowledged changes; stop every user of the pool, run `condense repair --dry-run` to see what would be lost, then `condense repair` to salvage the rest (it keeps a copy of the damaged files)"),
+            ));
+        }
         Ok(())
     }
 }

@@ -13,7 +13,9 @@
 use crate::error::{Error, Result};
 use crate::format::{CHUNK_ID_LIMIT, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::locks::lock;
+use crate::metadata::Metadata;
 use crate::pool::Pool;
+use crate::segment::Segments;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -79,6 +81,101 @@ pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {
         0.0
     } else {
         100.0 * (1.0 - used as f64 / of as f64)
+    }
+}
+
+impl PoolStats {
+    /// Each volume's and snapshot's figures, and the volumes' totals.
+    fn add_volumes(&mut self, md: &Metadata, bs: u64) {
+        let total_data_blocks: u64 = md.volumes.values().map(|v| v.counts.data_blocks).sum();
+        let live_record_bytes =
+            md.chunks.live_stored_bytes + md.chunks.live_chunks * RECORD_HEADER_BYTES as u64;
+        for v in md.volumes.values() {
+            let written = v.counts.data_blocks * bs;
+            let share = if total_data_blocks == 0 {
+                0
+            } else {
+                (live_record_bytes as u128 * u128::from(v.counts.data_blocks)
+                    / u128::from(total_data_blocks)) as u64
+            };
+            let snapshot_of = v.snapshot_of.map(|of| {
+                md.volumes
+                    .get(&of)
+                    .map_or_else(String::new, |o| o.name.clone())
+            });
+            let vs = VolumeStats {
+                name: v.name.clone(),
+                logical_bytes: v.size,
+                written_bytes: written,
+                zero_bytes: v.counts.zero_blocks * bs,
+                physical_bytes: share,
+                saving_percent: percent_saved(share, written),
+                snapshot_of,
+            };
+            if vs.snapshot_of.is_some() {
+                self.snapshots.push(vs);
+                continue;
+            }
+            self.volumes.push(vs);
+            self.logical_bytes += v.size;
+            self.written_bytes += written;
+            self.zero_bytes += v.counts.zero_blocks * bs;
+        }
+        self.volumes.sort_by(|a, b| a.name.cmp(&b.name));
+        self.snapshots.sort_by(|a, b| a.name.cmp(&b.name));
+        // Shares are rounded down: together they never exceed the live chunk bytes.
+        debug_assert!(
+            self.volumes
+                .iter()
+                .chain(&self.snapshots)
+                .map(|v| v.physical_bytes)
+                .sum::<u64>()
+                <= live_record_bytes
+        );
+    }
+
+    /// Chunks, segments, the pool's physical bytes and the savings.
+    fn add_space(&mut self, md: &Metadata, segments: &Segments, bs: u64, physical: u64) {
+        self.unique_chunks = md.chunks.live_chunks;
+        self.stored_bytes = md.chunks.live_stored_bytes;
+        self.data_bytes = segments.total_bytes();
+        self.segments = segments.ids().count() as u64;
+        self.dead_bytes = segments
+            .ids()
+            .map(|(id, len)| {
+                len.saturating_sub(SEGMENT_HEADER_BYTES as u64 + md.chunks.segment_live_bytes(id))
+            })
+            .sum();
+        self.physical_bytes = physical;
+        self.metadata_bytes = physical.saturating_sub(self.data_bytes);
+        self.dedup_saving_percent = percent_saved(self.unique_chunks * bs, self.written_bytes);
+        self.compression_saving_percent = percent_saved(self.stored_bytes, self.unique_chunks * bs);
+        self.saving_percent = percent_saved(self.physical_bytes, self.written_bytes);
+    }
+
+    /// RAM held by the dedup index and the metadata page cache, and the page cache's figures.
+    fn add_ram(&mut self, md: &Metadata) {
+        // The index is built by the first write that needs it; until then, show what it will
+        // take, so a read-only look at a pool still answers "how much RAM to serve this".
+        self.dedup_index_bytes = if md.index_ready {
+            md.index.ram_bytes()
+        } else {
+            crate::dedup_index::projected_ram_bytes(md.chunks.live_chunks)
+        };
+        self.index_ram_bytes = self.dedup_index_bytes + md.cache.ram_bytes();
+        self.ram_bytes_per_unique_chunk = if self.unique_chunks == 0 {
+            0.0
+        } else {
+            self.index_ram_bytes as f64 / self.unique_chunks as f64
+        };
+        self.metadata_cache_budget_bytes = md.cache.budget_bytes();
+        self.metadata_cache_used_bytes =
+            md.cache.cached_pages() as u64 * crate::page_cache::PAGE_BYTES as u64;
+        self.metadata_cache_hits = md.cache.counters.hits;
+        self.metadata_cache_misses = md.cache.counters.misses;
+        self.metadata_page_bytes_written = md.meta_bytes_written();
+        self.metadata_page_bytes_live =
+            md.cache.alloc.used_units() * crate::page_cache::UNIT as u64;
     }
 }
 
@@ -175,78 +272,9 @@ impl Pool {
             block_size: self.block_size(),
             ..Default::default()
         };
-        let total_data_blocks: u64 = md.volumes.values().map(|v| v.counts.data_blocks).sum();
-        let live_record_bytes =
-            md.chunks.live_stored_bytes + md.chunks.live_chunks * RECORD_HEADER_BYTES as u64;
-        for v in md.volumes.values() {
-            let written = v.counts.data_blocks * bs;
-            let share = if total_data_blocks == 0 {
-                0
-            } else {
-                (live_record_bytes as u128 * u128::from(v.counts.data_blocks)
-                    / u128::from(total_data_blocks)) as u64
-            };
-            let snapshot_of = v.snapshot_of.map(|of| {
-                md.volumes
-                    .get(&of)
-                    .map_or_else(String::new, |o| o.name.clone())
-            });
-            let vs = VolumeStats {
-                name: v.name.clone(),
-                logical_bytes: v.size,
-                written_bytes: written,
-                zero_bytes: v.counts.zero_blocks * bs,
-                physical_bytes: share,
-                saving_percent: percent_saved(share, written),
-                snapshot_of,
-            };
-            if vs.snapshot_of.is_some() {
-                s.snapshots.push(vs);
-                continue;
-            }
-            s.volumes.push(vs);
-            s.logical_bytes += v.size;
-            s.written_bytes += written;
-            s.zero_bytes += v.counts.zero_blocks * bs;
-        }
-        s.volumes.sort_by(|a, b| a.name.cmp(&b.name));
-        s.snapshots.sort_by(|a, b| a.name.cmp(&b.name));
-        s.unique_chunks = md.chunks.live_chunks;
-        s.stored_bytes = md.chunks.live_stored_bytes;
-        s.data_bytes = st.segments.total_bytes();
-        s.segments = st.segments.ids().count() as u64;
-        s.dead_bytes = st
-            .segments
-            .ids()
-            .map(|(id, len)| {
-                len.saturating_sub(SEGMENT_HEADER_BYTES as u64 + md.chunks.segment_live_bytes(id))
-            })
-            .sum();
-        s.physical_bytes = physical;
-        s.metadata_bytes = physical.saturating_sub(s.data_bytes);
-        s.dedup_saving_percent = percent_saved(s.unique_chunks * bs, s.written_bytes);
-        s.compression_saving_percent = percent_saved(s.stored_bytes, s.unique_chunks * bs);
-        s.saving_percent = percent_saved(s.physical_bytes, s.written_bytes);
-        // The index is built by the first write that needs it; until then, show what it will
-        // take, so a read-only look at a pool still answers "how much RAM to serve this".
-        s.dedup_index_bytes = if md.index_ready {
-            md.index.ram_bytes()
-        } else {
-            crate::dedup_index::projected_ram_bytes(md.chunks.live_chunks)
-        };
-        s.index_ram_bytes = s.dedup_index_bytes + md.cache.ram_bytes();
-        s.ram_bytes_per_unique_chunk = if s.unique_chunks == 0 {
-            0.0
-        } else {
-            s.index_ram_bytes as f64 / s.unique_chunks as f64
-        };
-        s.metadata_cache_budget_bytes = md.cache.budget_bytes();
-        s.metadata_cache_used_bytes =
-            md.cache.cached_pages() as u64 * crate::page_cache::PAGE_BYTES as u64;
-        s.metadata_cache_hits = md.cache.counters.hits;
-        s.metadata_cache_misses = md.cache.counters.misses;
-        s.metadata_page_bytes_written = md.meta_bytes_written();
-        s.metadata_page_bytes_live = md.cache.alloc.used_units() * crate::page_cache::UNIT as u64;
+        s.add_volumes(md, bs);
+        s.add_space(md, &st.segments, bs, physical);
+        s.add_ram(md);
         s.checkpoints = md.checkpoints;
         s.read_errors = self.read_errors.load(std::sync::atomic::Ordering::Relaxed);
         s.remote = remote;

@@ -10,6 +10,7 @@
 use crate::error::Result;
 use crate::format::{open_record, CHUNKS_PER_PAGE, MAP_PAGE_ENTRIES};
 use crate::locks::lock;
+use crate::metadata::Metadata;
 use crate::pool::Pool;
 use crate::reduction;
 use rayon::prelude::*;
@@ -97,8 +98,15 @@ impl Pool {
             next_id,
             ..
         } = checked;
+        // The chunk pass keeps one bit and one count per chunk id below `next_id`.
+        debug_assert_eq!(exists.len() as u64, next_id.div_ceil(64));
+        debug_assert_eq!(stored_refs.len() as u64, next_id);
+        let known = Known {
+            exists: &exists,
+            next_id,
+            bad: &bad,
+        };
         // Maps: every entry names an existing, good chunk; count references.
-        let mut counted: Vec<u32> = vec![0; next_id as usize];
         let mut st = lock(&self.state);
         let vols: Vec<(u32, String, u64)> = st
             .md
@@ -106,109 +114,12 @@ impl Pool {
             .iter()
             .map(|(&id, v)| (id, v.name.clone(), v.size / u64::from(self.block_size())))
             .collect();
-        // A leaf shared by snapshots or clones holds one reference per chunk entry, however
-        // many trees reach it: count each stored leaf once.
-        let mut counted_leaves: HashSet<u64> = HashSet::new();
-        for (vol, name, blocks) in vols {
-            let mut bad_blocks = Vec::new();
-            // Chunks the chunk-table pass did not see: written since (on a live pool), or
-            // missing. Decided below, under the same lock as this walk.
-            let mut unknown: Vec<(u64, u64)> = Vec::new();
-            let leaves = blocks.div_ceil(MAP_PAGE_ENTRIES as u64);
-            let walked =
-                st.md
-                    .cache
-                    .for_each_leaf_page(u64::from(vol), 0, leaves, &mut |li, page, leaf| {
-                        let first_visit = page == 0 || counted_leaves.insert(page);
-                        crate::block_map::leaf_entries(leaf, |i, id| {
-                            let b = li * MAP_PAGE_ENTRIES as u64 + i as u64;
-                            let known =
-                                id < next_id && exists[(id / 64) as usize] & (1 << (id % 64)) != 0;
-                            if !known {
-                                unknown.push((b, id));
-                            } else if bad.contains(&id) {
-                                bad_blocks.push(b);
-                            }
-                            if let Some(c) = counted.get_mut(id as usize).filter(|_| first_visit) {
-                                *c = c.saturating_add(1);
-                            }
-                        });
-                        Ok(true)
-                    });
-            for (b, id) in unknown {
-                let md = &mut st.md;
-                if !matches!(md.chunks.get(&mut md.cache, id), Ok(Some(e)) if e.refs > 0) {
-                    bad_blocks.push(b);
-                }
-            }
-            bad_blocks.sort_unstable();
-            if let Err(e) = walked {
-                report.bad_volumes.push(name.clone());
-                report
-                    .metadata_problems
-                    .push(format!("block map of volume {name:?}: {e}"));
-            }
-            if !bad_blocks.is_empty() {
-                report.bad_blocks.insert(name, bad_blocks);
-            }
+        let counted = walk_maps(&mut st.md, vols, &known, &mut report);
+        if report.metadata_problems.is_empty() {
+            check_shared_pages(&mut st.md, &mut report);
         }
         if report.metadata_problems.is_empty() {
-            match st.md.cache.count_parents() {
-                Ok(parents) => {
-                    let stored = st.md.cache.shared_pages();
-                    let mut wrong: Vec<String> = parents
-                        .iter()
-                        .filter(|(p, &n)| n != stored.get(p).copied().unwrap_or(1))
-                        .map(|(p, &n)| {
-                            format!(
-                                "page at unit {p} has {n} parents, its count says {}",
-                                stored.get(p).copied().unwrap_or(1)
-                            )
-                        })
-                        .collect();
-                    wrong.extend(stored.keys().filter(|p| !parents.contains_key(p)).map(|p| {
-                        format!("page at unit {p} is counted as shared but nothing names it")
-                    }));
-                    if !wrong.is_empty() {
-                        wrong.sort();
-                        report.metadata_problems.push(format!(
-                            "{} shared metadata pages have a wrong count (first: {})",
-                            wrong.len(),
-                            wrong[0]
-                        ));
-                    }
-                }
-                Err(e) => report
-                    .metadata_problems
-                    .push(format!("walking the block maps: {e}")),
-            }
-        }
-        if report.metadata_problems.is_empty() {
-            let mut wrong = 0u64;
-            let mut first = None;
-            for (id, (&c, &s)) in counted.iter().zip(stored_refs.iter()).enumerate() {
-                let known = exists[id / 64] & (1 << (id % 64)) != 0;
-                if known && c != s {
-                    // The count read in the first pass may be older than the maps walked
-                    // now (a live pool): compare with the count as it is under this lock.
-                    let md = &mut st.md;
-                    let now = md
-                        .chunks
-                        .get(&mut md.cache, id as u64)
-                        .ok()
-                        .flatten()
-                        .map_or(0, |e| e.refs);
-                    if now != c {
-                        wrong += 1;
-                        first.get_or_insert((id, c, now));
-                    }
-                }
-            }
-            if let Some((id, c, s)) = first {
-                report.metadata_problems.push(format!(
-                    "{wrong} chunks have a wrong reference count (first: chunk {id} is named by {c} blocks, its count says {s})"
-                ));
-            }
+            check_ref_counts(&mut st.md, &counted, &stored_refs, &exists, &mut report);
         }
         st.md.cache.evict_to_budget()?;
         Ok(report)
@@ -226,6 +137,7 @@ impl Pool {
     /// The chunk pass of [`Pool::verify`] and [`Pool::check_chunks`] (the caller holds the GC
     /// lock and has flushed).
     fn chunk_pass(&self, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<ChunkCheck> {
+        debug_assert!(self.gc_lock.try_lock().is_err(), "the caller holds gc_lock");
         let mut check = ChunkCheck::default();
         let (total, next_id) = {
             let st = lock(&self.state);
@@ -357,5 +269,149 @@ impl Pool {
             );
         }
         (buf.len() as u64, None)
+    }
+}
+
+/// What the chunk pass found, as the map walk checks entries against it.
+struct Known<'a> {
+    /// Bit `id` set: the chunk table held chunk `id`.
+    exists: &'a [u64],
+    next_id: u64,
+    /// Chunks whose record failed its check.
+    bad: &'a HashSet<u64>,
+}
+
+/// Walk every volume's block map (the caller holds the state lock): damaged maps and blocks
+/// naming a bad or missing chunk go into `report`; returns the references counted per chunk.
+fn walk_maps(
+    md: &mut Metadata,
+    vols: Vec<(u32, String, u64)>,
+    known: &Known<'_>,
+    report: &mut VerifyReport,
+) -> Vec<u32> {
+    let Known {
+        exists,
+        next_id,
+        bad,
+    } = *known;
+    let mut counted: Vec<u32> = vec![0; next_id as usize];
+    // A leaf shared by snapshots or clones holds one reference per chunk entry, however
+    // many trees reach it: count each stored leaf once.
+    let mut counted_leaves: HashSet<u64> = HashSet::new();
+    for (vol, name, blocks) in vols {
+        let mut bad_blocks = Vec::new();
+        // Chunks the chunk-table pass did not see: written since (on a live pool), or
+        // missing. Decided below, under the same lock as this walk.
+        let mut unknown: Vec<(u64, u64)> = Vec::new();
+        let leaves = blocks.div_ceil(MAP_PAGE_ENTRIES as u64);
+        let walked =
+            md.cache
+                .for_each_leaf_page(u64::from(vol), 0, leaves, &mut |li, page, leaf| {
+                    let first_visit = page == 0 || counted_leaves.insert(page);
+                    crate::block_map::leaf_entries(leaf, |i, id| {
+                        let b = li * MAP_PAGE_ENTRIES as u64 + i as u64;
+                        let known =
+                            id < next_id && exists[(id / 64) as usize] & (1 << (id % 64)) != 0;
+                        if !known {
+                            unknown.push((b, id));
+                        } else if bad.contains(&id) {
+                            bad_blocks.push(b);
+                        }
+                        if let Some(c) = counted.get_mut(id as usize).filter(|_| first_visit) {
+                            *c = c.saturating_add(1);
+                        }
+                    });
+                    Ok(true)
+                });
+        for (b, id) in unknown {
+            if !matches!(md.chunks.get(&mut md.cache, id), Ok(Some(e)) if e.refs > 0) {
+                bad_blocks.push(b);
+            }
+        }
+        bad_blocks.sort_unstable();
+        if let Err(e) = walked {
+            report.bad_volumes.push(name.clone());
+            report
+                .metadata_problems
+                .push(format!("block map of volume {name:?}: {e}"));
+        }
+        if !bad_blocks.is_empty() {
+            report.bad_blocks.insert(name, bad_blocks);
+        }
+    }
+    counted
+}
+
+/// Every metadata page shared by snapshots or clones must have as many parents as its count
+/// says, and every counted page a parent.
+fn check_shared_pages(md: &mut Metadata, report: &mut VerifyReport) {
+    match md.cache.count_parents() {
+        Ok(parents) => {
+            let stored = md.cache.shared_pages();
+            let mut wrong: Vec<String> = parents
+                .iter()
+                .filter(|(p, &n)| n != stored.get(p).copied().unwrap_or(1))
+                .map(|(p, &n)| {
+                    format!(
+                        "page at unit {p} has {n} parents, its count says {}",
+                        stored.get(p).copied().unwrap_or(1)
+                    )
+                })
+                .collect();
+            wrong.extend(
+                stored
+                    .keys()
+                    .filter(|p| !parents.contains_key(p))
+                    .map(|p| format!("page at unit {p} is counted as shared but nothing names it")),
+            );
+            if !wrong.is_empty() {
+                wrong.sort();
+                report.metadata_problems.push(format!(
+                    "{} shared metadata pages have a wrong count (first: {})",
+                    wrong.len(),
+                    wrong[0]
+                ));
+            }
+        }
+        Err(e) => report
+            .metadata_problems
+            .push(format!("walking the block maps: {e}")),
+    }
+}
+
+/// Each chunk's stored reference count must equal the map entries naming it (re-read under
+/// the state lock where the chunk pass saw another count).
+fn check_ref_counts(
+    md: &mut Metadata,
+    counted: &[u32],
+    stored_refs: &[u32],
+    exists: &[u64],
+    report: &mut VerifyReport,
+) {
+    // Both are indexed by chunk id, up to the chunk pass's next id.
+    debug_assert_eq!(counted.len(), stored_refs.len());
+    let mut wrong = 0u64;
+    let mut first = None;
+    for (id, (&c, &s)) in counted.iter().zip(stored_refs.iter()).enumerate() {
+        let known = exists[id / 64] & (1 << (id % 64)) != 0;
+        if known && c != s {
+            // The count read in the first pass may be older than the maps walked
+            // now (a live pool): compare with the count as it is under this lock.
+            let now = md
+                .chunks
+                .get(&mut md.cache, id as u64)
+                .ok()
+                .flatten()
+                .map_or(0, |e| e.refs);
+            if now != c {
+                wrong += 1;
+                first.get_or_insert((id, c, now));
+            }
+        }
+    }
+    if let Some((id, c, s)) = first {
+        report.metadata_problems.push(format!(
+            "{wrong} chunks have a wrong reference count (first: chunk {id} is named by {c} blocks, its count says {s})"
+        ));
     }
 }
