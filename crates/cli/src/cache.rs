@@ -1,5 +1,5 @@
 //! `condense cache attach | detach | stats`: the cache tier on a fast directory
-//! (docs/CACHE.md). Parses, calls the engine, prints; the work is in `condense_engine::cache`.
+//! (docs/CACHE.md). Parses, calls the engine, prints; the work is in `condense_engine::cache_tier`.
 
 use crate::control::Ctx;
 use crate::size;

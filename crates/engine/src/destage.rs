@@ -3,7 +3,7 @@
 //! Owns: the copy of one staged segment to the pool directory, and the background thread
 //! ([`Destager`]) that does it continuously while a writeback cache is attached.
 //!
-//! With a writeback cache ([`crate::cache::CacheMode::WriteBack`]) new segments and the
+//! With a writeback cache ([`crate::cache_tier::CacheMode::WriteBack`]) new segments and the
 //! journal live in the cache directory, so a flush syncs only the fast device and random
 //! writes cost it sequential appends. A segment that is sealed (no longer written) is
 //! destaged whole, as one large sequential write to the slow device:

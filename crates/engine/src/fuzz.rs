@@ -9,7 +9,7 @@
 //! Encrypted objects are opened with [`FUZZ_DATA_KEY`]; the seed corpus (written by
 //! [`write_seeds`]) holds objects sealed with it, so the fuzzer starts from inputs that open.
 
-use crate::cache::{self, CacheConf, CacheMode, ChunkCache};
+use crate::cache_tier::{self, CacheConf, CacheMode, ChunkCache};
 use crate::chunk_table;
 use crate::crypto::{self, Crypto, Kind, UserKey};
 use crate::format::{self, JournalRecord, Location, Superblock};
@@ -466,18 +466,18 @@ pub fn cache_index(data: &[u8]) -> bool {
     let Some((slots_byte, body)) = split(rest) else {
         return false;
     };
-    let slots = cache::CACHE_SLOTS_MIN as u32 + u32::from(slots_byte);
-    let slot_bytes = cache::slot_bytes_for(FUZZ_BLOCK);
+    let slots = cache_tier::CACHE_SLOTS_MIN as u32 + u32::from(slots_byte);
+    let slot_bytes = cache_tier::slot_bytes_for(FUZZ_BLOCK);
     let uuid = [0x11; 16];
-    let mut buf = cache::index_header(&uuid, slot_bytes, slots);
+    let mut buf = cache_tier::index_header(&uuid, slot_bytes, slots);
     buf.extend_from_slice(body);
     if flags & FIX_CHECKSUMS != 0 {
-        for r in buf[cache::CACHE_INDEX_HEADER_BYTES..].chunks_exact_mut(64) {
+        for r in buf[cache_tier::CACHE_INDEX_HEADER_BYTES..].chunks_exact_mut(64) {
             let c = crc(&[&r[4..]]);
             put_crc(r, 0, c);
         }
     }
-    let parsed = cache::parse_index(&buf, slots);
+    let parsed = cache_tier::parse_index(&buf, slots);
     assert!(parsed.good_len <= buf.len().max(64) as u64);
     assert_eq!(
         parsed.good_len,
@@ -486,16 +486,16 @@ pub fn cache_index(data: &[u8]) -> bool {
     );
     assert!(parsed.slots.keys().all(|&s| s < slots), "slot out of range");
     // Round trip: the entries and counters, logged again, parse to the same.
-    let mut again = cache::index_header(&uuid, slot_bytes, slots);
+    let mut again = cache_tier::index_header(&uuid, slot_bytes, slots);
     for (&slot, &(id, fp, len, c)) in &parsed.slots {
-        again.extend_from_slice(&cache::insert_record(slot, id, &fp, len, c));
+        again.extend_from_slice(&cache_tier::insert_record(slot, id, &fp, len, c));
     }
     let mut counters = Vec::new();
     for c in parsed.counters {
         counters.extend_from_slice(&c.to_le_bytes());
     }
-    again.extend_from_slice(&cache::record(cache::KIND_COUNTERS, &counters));
-    let reparsed = cache::parse_index(&again, slots);
+    again.extend_from_slice(&cache_tier::record(cache_tier::KIND_COUNTERS, &counters));
+    let reparsed = cache_tier::parse_index(&again, slots);
     assert_eq!(reparsed.slots, parsed.slots, "cache index round trip");
     assert_eq!(
         reparsed.counters, parsed.counters,
@@ -511,16 +511,16 @@ fn open_cache(
     slots: u32,
     entries: &HashMap<u32, (u64, format::Fingerprint, u32, u32)>,
 ) {
-    let slot_bytes = cache::slot_bytes_for(FUZZ_BLOCK);
+    let slot_bytes = cache_tier::slot_bytes_for(FUZZ_BLOCK);
     let disk = SimDir::new();
     let dir = SimHandle(disk.clone());
-    let data = cache::data_header(uuid, slot_bytes, slots);
-    if sim_file(&dir, cache::CACHE_INDEX_NAME, index).is_none()
-        || sim_file(&dir, cache::CACHE_DATA_NAME, &data).is_none()
+    let data = cache_tier::data_header(uuid, slot_bytes, slots);
+    if sim_file(&dir, cache_tier::CACHE_INDEX_NAME, index).is_none()
+        || sim_file(&dir, cache_tier::CACHE_DATA_NAME, &data).is_none()
     {
         return;
     }
-    let size = cache::CACHE_DATA_HEADER_BYTES + u64::from(slots) * slot_bytes;
+    let size = cache_tier::CACHE_DATA_HEADER_BYTES + u64::from(slots) * slot_bytes;
     let Ok(c) = ChunkCache::open(
         Arc::new(dir),
         size,

@@ -159,7 +159,7 @@ impl Pool {
         let mut found: Vec<(u64, ChunkEntry)> = Vec::new();
         let mut st = lock(&self.state);
         st.md
-            .cache
+            .pages
             .for_each_leaf(CHUNK_TREE, page, page + SCAN_PAGES, &mut |pi, data| {
                 for i in 0..CHUNKS_PER_PAGE {
                     if let Some(e) = crate::chunk_table::decode_slot(data, i) {
@@ -242,7 +242,7 @@ impl Pool {
         let mut st = lock(&self.state);
         self.writable(&st)?;
         let md = &mut st.md;
-        match md.chunks.get(&mut md.cache, id)? {
+        match md.chunks.get(&mut md.pages, id)? {
             Some(now) if now.loc == *was && now.refs > 0 => {}
             _ => return Ok(false),
         }
@@ -259,7 +259,7 @@ impl Pool {
         let mut records = Vec::new();
         for (id, was, file, buf) in copies {
             let md = &mut st.md;
-            let Some(now) = md.chunks.get(&mut md.cache, id)? else {
+            let Some(now) = md.chunks.get(&mut md.pages, id)? else {
                 continue;
             };
             if now.loc != was.loc {

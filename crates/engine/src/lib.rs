@@ -17,7 +17,7 @@
 //! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush
 //! - [`volume`]: the Volume API over a pool
 //! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
-//! - [`cache`]: the cache tier (chunk records on a fast directory, S3-FIFO, persistent)
+//! - [`cache_tier`]: the cache tier (chunk records on a fast directory, S3-FIFO, persistent)
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
 //! - [`destage`]: moving sealed segments from a writeback cache to the pool directory
 //! - [`remote`]: pools on S3-compatible object storage (the bucket as the pool directory)
@@ -28,7 +28,7 @@
 #![deny(clippy::unwrap_used)]
 
 pub mod block_map;
-pub mod cache;
+pub mod cache_tier;
 pub mod chunk_table;
 pub mod copies;
 pub mod counters;
@@ -61,7 +61,7 @@ pub mod verify;
 pub mod volume;
 pub mod worker;
 
-pub use cache::{CacheConf, CacheMode, CacheStats};
+pub use cache_tier::{CacheConf, CacheMode, CacheStats};
 pub use counters::CounterValues;
 pub use crypto::UserKey;
 pub use error::{Error, Result};

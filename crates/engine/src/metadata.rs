@@ -91,7 +91,7 @@ pub(crate) struct Metadata {
     pub volumes: BTreeMap<u32, VolumeState>,
     pub names: HashMap<String, u32>,
     pub next_vol: u32,
-    pub cache: PageCache,
+    pub pages: PageCache,
     pub chunks: ChunkTable,
     pub index: DedupIndex,
     /// The index holds every chunk of the table. It is built on the first write that needs
@@ -167,7 +167,7 @@ impl Metadata {
         let mut pages = Vec::new();
         self.index.candidates(fp, &mut pages);
         for page in pages {
-            let Ok(Some(p)) = self.cache.leaf(CHUNK_TREE, page) else {
+            let Ok(Some(p)) = self.pages.leaf(CHUNK_TREE, page) else {
                 continue;
             };
             for (i, e) in crate::chunk_table::slots_with_fp(p, fp) {
@@ -185,7 +185,7 @@ impl Metadata {
             match r {
                 JournalRecord::NewChunk { id, .. }
                 | JournalRecord::Relocate { id, .. }
-                | JournalRecord::DropChunk { id } => self.chunks.prefetch(&mut self.cache, *id)?,
+                | JournalRecord::DropChunk { id } => self.chunks.prefetch(&mut self.pages, *id)?,
                 JournalRecord::MapRun {
                     vol,
                     start,
@@ -193,7 +193,7 @@ impl Metadata {
                 } => {
                     let mut old = Vec::with_capacity(entries.len());
                     block_map::get_range(
-                        &mut self.cache,
+                        &mut self.pages,
                         u64::from(*vol),
                         *start,
                         entries.len() as u64,
@@ -201,7 +201,7 @@ impl Metadata {
                     )?;
                     for e in old.iter().chain(entries.iter()) {
                         if *e < CHUNK_ID_LIMIT {
-                            self.chunks.prefetch(&mut self.cache, *e)?;
+                            self.chunks.prefetch(&mut self.pages, *e)?;
                         }
                     }
                 }
@@ -252,7 +252,7 @@ impl Metadata {
         }
         if let Mode::Salvage(_) = mode {
             // The holders a leaf copied from a shared one gained are the rebuild's to count.
-            self.cache.take_unshared_leaves();
+            self.pages.take_unshared_leaves();
         }
         Ok(())
     }
@@ -270,7 +270,7 @@ impl Metadata {
             s.chunk_placed(id, loc, Some(fp));
             return Ok(());
         }
-        self.chunks.insert(&mut self.cache, id, *fp, loc)?;
+        self.chunks.insert(&mut self.pages, id, *fp, loc)?;
         if self.index_ready {
             self.index.insert(fp, page_of(id));
         }
@@ -280,7 +280,7 @@ impl Metadata {
     /// A chunk moved by GC. Salvage: set aside for the rebuild if its record is on disk.
     fn relocate_chunk(&mut self, id: u64, loc: &Location, mode: &mut Mode) -> Result<()> {
         match mode {
-            Mode::Strict => self.chunks.relocate(&mut self.cache, id, loc),
+            Mode::Strict => self.chunks.relocate(&mut self.pages, id, loc),
             Mode::Salvage(s) => {
                 s.chunk_placed(id, loc, None);
                 Ok(())
@@ -293,12 +293,12 @@ impl Metadata {
         if let Mode::Salvage(_) = mode {
             return Ok(());
         }
-        if let Some(e) = self.chunks.get(&mut self.cache, id)? {
+        if let Some(e) = self.chunks.get(&mut self.pages, id)? {
             if self.index_ready {
                 self.index.remove(&e.fp, page_of(id));
             }
         }
-        self.chunks.remove(&mut self.cache, id)
+        self.chunks.remove(&mut self.pages, id)
     }
 
     /// Blocks `start..` of `vol` set to `entries`.
@@ -338,7 +338,7 @@ impl Metadata {
             }
         }
         if entry == ENTRY_UNMAPPED {
-            let mapped = block_map::mapped(&mut self.cache, u64::from(vol), start, end);
+            let mapped = block_map::mapped(&mut self.pages, u64::from(vol), start, end);
             let mapped = mode.tolerate(mapped, |e| {
                 format!("trimming blocks {start}..{end} of volume id {vol}: {e}")
             })?;
@@ -374,7 +374,7 @@ impl Metadata {
                 created: 0,
             },
         );
-        self.cache.create_tree(
+        self.pages.create_tree(
             u64::from(vol),
             block_map::leaves_for(size / u64::from(self.block_size)),
         );
@@ -394,7 +394,7 @@ impl Metadata {
             }
         };
         if size < old {
-            let cut = block_map::mapped(&mut self.cache, u64::from(vol), size / bs, old / bs);
+            let cut = block_map::mapped(&mut self.pages, u64::from(vol), size / bs, old / bs);
             // Salvage: an unreadable page past the new end stays as it is (the rebuild reads
             // no block past a volume's end).
             let cut = match mode {
@@ -406,7 +406,7 @@ impl Metadata {
             }
         } else {
             let grown = self
-                .cache
+                .pages
                 .grow_tree(u64::from(vol), block_map::leaves_for(size / bs));
             let grown = mode.tolerate(grown, |e| {
                 format!("growing volume id {vol} to {size} bytes: {e}")
@@ -434,7 +434,7 @@ impl Metadata {
                 if !self.volumes.contains_key(&vol) {
                     return Ok(());
                 }
-                let _ = self.cache.release_tree(u64::from(vol), &mut |_| Ok(()));
+                let _ = self.pages.release_tree(u64::from(vol), &mut |_| Ok(()));
             }
         }
         if let Some(v) = self.volumes.remove(&vol) {
@@ -474,7 +474,7 @@ impl Metadata {
         let Some(v) = self.volumes.get_mut(&vol) else {
             return Ok(());
         };
-        if let Err(err) = block_map::set(&mut self.cache, u64::from(vol), &mut v.counts, block, e) {
+        if let Err(err) = block_map::set(&mut self.pages, u64::from(vol), &mut v.counts, block, e) {
             s.skip(format!("block {block} of volume {:?}: {err}", v.name));
         }
         Ok(())
@@ -488,24 +488,24 @@ impl Metadata {
 
     fn set_entry(&mut self, vol: u32, block: u64, e: u64) -> Result<()> {
         if e < CHUNK_ID_LIMIT {
-            self.chunks.incref(&mut self.cache, e)?;
+            self.chunks.incref(&mut self.pages, e)?;
         }
         let v = self
             .volumes
             .get_mut(&vol)
             .ok_or_else(|| Error::corrupt("journal", format!("change to unknown volume {vol}")))?;
-        let old = block_map::set(&mut self.cache, u64::from(vol), &mut v.counts, block, e)?;
+        let old = block_map::set(&mut self.pages, u64::from(vol), &mut v.counts, block, e)?;
         // A leaf copied away from a snapshot or clone: its chunks gained a holder (before the
         // old entry's reference goes, which the copy also held).
-        for leaf in self.cache.take_unshared_leaves() {
+        for leaf in self.pages.take_unshared_leaves() {
             let mut ids = Vec::new();
             block_map::leaf_chunks(&leaf, |id| ids.push(id));
             for id in ids {
-                self.chunks.incref(&mut self.cache, id)?;
+                self.chunks.incref(&mut self.pages, id)?;
             }
         }
         if old < CHUNK_ID_LIMIT {
-            self.chunks.decref(&mut self.cache, old)?;
+            self.chunks.decref(&mut self.pages, old)?;
         }
         Ok(())
     }
@@ -514,12 +514,12 @@ impl Metadata {
     /// their entries name lose a reference; pages shared with snapshots or clones stay.
     pub(crate) fn release_volume_tree(&mut self, vol: u32) -> Result<()> {
         let mut ids = Vec::new();
-        self.cache.release_tree(u64::from(vol), &mut |leaf| {
+        self.pages.release_tree(u64::from(vol), &mut |leaf| {
             block_map::leaf_chunks(leaf, |id| ids.push(id));
             Ok(())
         })?;
         for id in ids {
-            self.chunks.decref(&mut self.cache, id)?;
+            self.chunks.decref(&mut self.pages, id)?;
         }
         Ok(())
     }
@@ -529,7 +529,7 @@ impl Metadata {
     pub(crate) fn rebuild_index(&mut self) -> Result<()> {
         let started = std::time::Instant::now();
         let mut index = DedupIndex::with_capacity(self.chunks.live_chunks);
-        let r = self.chunks.for_each(&mut self.cache, &mut |id, e| {
+        let r = self.chunks.for_each(&mut self.pages, &mut |id, e| {
             index.insert(&e.fp, page_of(id));
             Ok(())
         });
@@ -541,7 +541,7 @@ impl Metadata {
         self.index = index;
         self.index_ready = true;
         crate::dedup_index::return_free_memory();
-        self.cache.set_reserved_bytes(self.index.ram_bytes());
+        self.pages.set_reserved_bytes(self.index.ram_bytes());
         r
     }
 
@@ -572,7 +572,7 @@ impl Metadata {
                 })
                 .collect(),
             trees: self
-                .cache
+                .pages
                 .trees()
                 .iter()
                 .map(|(&id, t)| RootTree {
@@ -590,14 +590,14 @@ impl Metadata {
             segment_live,
             meta_bytes_written: self.meta_bytes_written(),
             checkpoints: self.checkpoints,
-            bitmap: self.cache.alloc.bitmap().to_vec(),
+            bitmap: self.pages.alloc.bitmap().to_vec(),
             meta: self
                 .meta
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             shared_pages: self
-                .cache
+                .pages
                 .shared_pages()
                 .iter()
                 .map(|(&p, &r)| (p, r))
@@ -607,6 +607,6 @@ impl Metadata {
 
     /// Metadata page bytes written over the pool's life.
     pub(crate) fn meta_bytes_written(&self) -> u64 {
-        self.meta_bytes_written_before + self.cache.counters.bytes_written
+        self.meta_bytes_written_before + self.pages.counters.bytes_written
     }
 }

@@ -166,7 +166,7 @@ pub struct PageCache {
 }
 
 /// A second level for metadata pages faulted in from meta.dat (the cache tier,
-/// `engine::cache`, implements it): the page cache knows only these two calls.
+/// `engine::cache_tier`, implements it): the page cache knows only these two calls.
 pub trait PageTier: Send + Sync {
     /// The stored bytes of the page at 64-byte unit `page`, if held for a page with this CRC
     /// and length (checked again by the caller).

@@ -74,7 +74,7 @@ pub(crate) fn apply_after_damage(
     for r in &records {
         md.apply_in(r, &mut Mode::Salvage(&mut hook))?;
     }
-    md.cache.evict_to_budget()
+    md.pages.evict_to_budget()
 }
 
 /// What a salvage replay keeps for the rebuild: [`Salvage`], filled batch by batch.
@@ -601,10 +601,10 @@ fn fresh_metadata(
         },
     );
     let mut cache = PageCache::new(
-        old.cache.file().clone(),
+        old.pages.file().clone(),
         PageAlloc::from_bitmap(old_root.bitmap.clone()),
         trees,
-        old.cache.budget_bytes(),
+        old.pages.budget_bytes(),
     );
     if dry_run {
         cache.set_read_only();
@@ -617,7 +617,7 @@ fn fresh_metadata(
         volumes: BTreeMap::new(),
         names: HashMap::new(),
         next_vol: old.next_vol,
-        cache,
+        pages: cache,
         chunks: ChunkTable {
             next_id: old.chunks.next_id,
             ..Default::default()
@@ -821,7 +821,7 @@ fn locate(
             return Ok((*loc, fp));
         }
     }
-    match old.chunks.get(&mut old.cache, id) {
+    match old.chunks.get(&mut old.pages, id) {
         Ok(Some(e)) if segments.file(e.loc.segment).is_none() => Err((
             format!(
                 "was in segment {}, which is missing (a lost writeback cache?)",
@@ -930,11 +930,11 @@ fn rebuild(
 fn count_unreadable_chunk_pages(old: &mut Metadata, report: &mut RepairReport) -> Result<()> {
     let table_pages = old.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
     for p in 0..table_pages {
-        if old.cache.leaf(CHUNK_TREE, p).is_err() {
+        if old.pages.leaf(CHUNK_TREE, p).is_err() {
             report.unreadable_chunk_pages += 1;
         }
         if p % 256 == 255 {
-            old.cache.evict_to_budget()?;
+            old.pages.evict_to_budget()?;
         }
     }
     Ok(())
@@ -982,7 +982,7 @@ impl Rebuild<'_> {
         while group * FANOUT < leaves {
             let (from, to) = (group * FANOUT, ((group + 1) * FANOUT).min(leaves));
             group += 1;
-            let present = match self.old.cache.present_leaves(u64::from(vol), from, to) {
+            let present = match self.old.pages.present_leaves(u64::from(vol), from, to) {
                 Ok(p) => p,
                 Err(e) => {
                     self.unreadable_map_page(vol, from * PER, (to * PER).min(blocks), &e)?;
@@ -1008,7 +1008,7 @@ impl Rebuild<'_> {
     fn leaf(&mut self, vol: u32, li: u64, blocks: u64) -> Result<()> {
         let first = li * PER;
         let mut entries = vec![ENTRY_UNMAPPED; MAP_PAGE_ENTRIES];
-        match self.old.cache.leaf(u64::from(vol), li) {
+        match self.old.pages.leaf(u64::from(vol), li) {
             Ok(Some(leaf)) => block_map::leaf_entries_all(leaf, &mut entries),
             Ok(None) => return Ok(()),
             Err(e) => {
@@ -1041,8 +1041,8 @@ impl Rebuild<'_> {
             start: first,
             entries,
         })?;
-        self.old.cache.evict_to_budget()?;
-        self.new.cache.evict_to_budget()
+        self.old.pages.evict_to_budget()?;
+        self.new.pages.evict_to_budget()
     }
 
     /// Where chunk `id` is ([`locate`]), unless its record failed the check (a missing
@@ -1093,7 +1093,7 @@ impl Rebuild<'_> {
                         .give_up(self.new, vol, block, block + 1, &reason)?;
                 }
             }
-            self.new.cache.evict_to_budget()?;
+            self.new.pages.evict_to_budget()?;
         }
         Ok(())
     }
@@ -1140,8 +1140,8 @@ fn write_new_state(
     next_seq: u64,
     crypto: Option<Arc<Crypto>>,
 ) -> Result<()> {
-    let (mut pages, _) = new.cache.prepare_checkpoint()?;
-    new.cache.write_pages(&mut pages)?;
+    let (mut pages, _) = new.pages.prepare_checkpoint()?;
+    new.pages.write_pages(&mut pages)?;
     let gen = old_root.journal_gen + 1;
     new.checkpoints += 1;
     let mut root = new.root(gen, next_seq);
@@ -1167,7 +1167,7 @@ fn write_new_state(
         .file
         .sync()
         .map_err(|e| Error::io("syncing the new journal", e))?;
-    new.cache
+    new.pages
         .file()
         .sync()
         .map_err(|e| Error::io(format!("syncing {META_NAME}"), e))?;
@@ -1201,7 +1201,7 @@ pub fn chunk_page_offset(pool: &Pool, id: u64) -> Result<Option<u64>> {
 
 fn page_offset(pool: &Pool, tree: u64, leaf: u64) -> Result<Option<u64>> {
     let mut st = lock(&pool.state);
-    let pages = st.md.cache.leaf_pages(tree, leaf, leaf + 1)?;
+    let pages = st.md.pages.leaf_pages(tree, leaf, leaf + 1)?;
     Ok(pages
         .first()
         .filter(|p| p.page != 0)

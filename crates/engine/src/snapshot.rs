@@ -163,7 +163,7 @@ impl Pool {
             created: now_unix(),
         };
         let id = md.next_vol;
-        md.cache.clone_tree(u64::from(src), u64::from(id))?;
+        md.pages.clone_tree(u64::from(src), u64::from(id))?;
         md.volumes.insert(id, state);
         md.next_vol = id + 1;
         Ok(id)
@@ -200,7 +200,7 @@ impl Pool {
                 let vol = volume_id(md, volume)?;
                 let snap = snapshot_id(md, &full)?;
                 md.release_volume_tree(vol)?;
-                md.cache.clone_tree(u64::from(snap), u64::from(vol))?;
+                md.pages.clone_tree(u64::from(snap), u64::from(vol))?;
                 let (size, counts) = md
                     .volumes
                     .get(&snap)
@@ -256,13 +256,13 @@ impl Pool {
         let md = &mut st.md;
         let snap = snapshot_id(md, &full)?;
         let mut held: HashMap<u64, u32> = HashMap::new();
-        let units = md.cache.exclusive_leaves(u64::from(snap), &mut |leaf| {
+        let units = md.pages.exclusive_leaves(u64::from(snap), &mut |leaf| {
             block_map::leaf_chunks(leaf, |id| *held.entry(id).or_default() += 1);
             Ok(())
         })?;
         let mut bytes = units * crate::page_cache::UNIT as u64;
         for (id, n) in held {
-            if let Some(e) = md.chunks.get(&mut md.cache, id)? {
+            if let Some(e) = md.chunks.get(&mut md.pages, id)? {
                 if e.refs <= n {
                     bytes += e.loc.record_bytes();
                 }
@@ -327,10 +327,10 @@ impl Pool {
         let a = u64::from(id_of(md, from)?);
         let b = u64::from(id_of(md, to)?);
         let pa = md
-            .cache
+            .pages
             .leaf_pages_first(a, first_leaf, end_leaf, DIFF_STEP_LEAVES)?;
         let pb = md
-            .cache
+            .pages
             .leaf_pages_first(b, first_leaf, end_leaf, DIFF_STEP_LEAVES)?;
         // Past the last leaf of a map that stopped early, that map is not known yet.
         let mut stop_leaf = end_leaf;
@@ -423,7 +423,7 @@ impl Pool {
 fn leaf_entries(md: &mut Metadata, tree: u64, l: u64, present: bool) -> Result<Vec<u64>> {
     let mut e = vec![ENTRY_UNMAPPED; MAP_PAGE_ENTRIES];
     if present {
-        md.cache.for_each_leaf(tree, l, l + 1, &mut |_, data| {
+        md.pages.for_each_leaf(tree, l, l + 1, &mut |_, data| {
             block_map::leaf_entries_all(data, &mut e);
             Ok(false)
         })?;

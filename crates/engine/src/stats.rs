@@ -162,20 +162,20 @@ impl PoolStats {
         } else {
             crate::dedup_index::projected_ram_bytes(md.chunks.live_chunks)
         };
-        self.index_ram_bytes = self.dedup_index_bytes + md.cache.ram_bytes();
+        self.index_ram_bytes = self.dedup_index_bytes + md.pages.ram_bytes();
         self.ram_bytes_per_unique_chunk = if self.unique_chunks == 0 {
             0.0
         } else {
             self.index_ram_bytes as f64 / self.unique_chunks as f64
         };
-        self.metadata_cache_budget_bytes = md.cache.budget_bytes();
+        self.metadata_cache_budget_bytes = md.pages.budget_bytes();
         self.metadata_cache_used_bytes =
-            md.cache.cached_pages() as u64 * crate::page_cache::PAGE_BYTES as u64;
-        self.metadata_cache_hits = md.cache.counters.hits;
-        self.metadata_cache_misses = md.cache.counters.misses;
+            md.pages.cached_pages() as u64 * crate::page_cache::PAGE_BYTES as u64;
+        self.metadata_cache_hits = md.pages.counters.hits;
+        self.metadata_cache_misses = md.pages.counters.misses;
         self.metadata_page_bytes_written = md.meta_bytes_written();
         self.metadata_page_bytes_live =
-            md.cache.alloc.used_units() * crate::page_cache::UNIT as u64;
+            md.pages.alloc.used_units() * crate::page_cache::UNIT as u64;
     }
 }
 
@@ -195,18 +195,18 @@ impl Pool {
         let blocks = size / u64::from(self.block_size());
         let md = &mut st.md;
         let mut uses: HashMap<u64, u64> = HashMap::new();
-        for (_, e) in crate::block_map::mapped(&mut md.cache, u64::from(vol), 0, blocks)? {
+        for (_, e) in crate::block_map::mapped(&mut md.pages, u64::from(vol), 0, blocks)? {
             if e < CHUNK_ID_LIMIT {
                 *uses.entry(e).or_insert(0) += 1;
             }
         }
         let mut share = 0f64;
         for (id, n) in uses {
-            if let Some(c) = md.chunks.get(&mut md.cache, id)? {
+            if let Some(c) = md.chunks.get(&mut md.pages, id)? {
                 share += c.loc.record_bytes() as f64 * n as f64 / f64::from(c.refs.max(1));
             }
         }
-        md.cache.evict_to_budget()?;
+        md.pages.evict_to_budget()?;
         Ok(share.round() as u64)
     }
 
@@ -229,7 +229,7 @@ impl Pool {
         let vol = self.volume_id(name)?;
         let st = lock(&self.state);
         st.md
-            .cache
+            .pages
             .tree(u64::from(vol))
             .ok_or_else(|| Error::NotFound(name.to_string()))
     }

@@ -121,7 +121,7 @@ impl Pool {
         if report.metadata_problems.is_empty() {
             check_ref_counts(&mut st.md, &counted, &stored_refs, &exists, &mut report);
         }
-        st.md.cache.evict_to_budget()?;
+        st.md.pages.evict_to_budget()?;
         Ok(report)
     }
 
@@ -195,7 +195,7 @@ impl Pool {
         let segments = &st.segments;
         let md = &mut st.md;
         let per = CHUNKS_PER_PAGE as u64;
-        let walked = md.cache.for_each_leaf(
+        let walked = md.pages.for_each_leaf(
             crate::page_cache::CHUNK_TREE,
             page,
             page + pages,
@@ -305,7 +305,7 @@ fn walk_maps(
         let mut unknown: Vec<(u64, u64)> = Vec::new();
         let leaves = blocks.div_ceil(MAP_PAGE_ENTRIES as u64);
         let walked =
-            md.cache
+            md.pages
                 .for_each_leaf_page(u64::from(vol), 0, leaves, &mut |li, page, leaf| {
                     let first_visit = page == 0 || counted_leaves.insert(page);
                     crate::block_map::leaf_entries(leaf, |i, id| {
@@ -324,7 +324,7 @@ fn walk_maps(
                     Ok(true)
                 });
         for (b, id) in unknown {
-            if !matches!(md.chunks.get(&mut md.cache, id), Ok(Some(e)) if e.refs > 0) {
+            if !matches!(md.chunks.get(&mut md.pages, id), Ok(Some(e)) if e.refs > 0) {
                 bad_blocks.push(b);
             }
         }
@@ -345,9 +345,9 @@ fn walk_maps(
 /// Every metadata page shared by snapshots or clones must have as many parents as its count
 /// says, and every counted page a parent.
 fn check_shared_pages(md: &mut Metadata, report: &mut VerifyReport) {
-    match md.cache.count_parents() {
+    match md.pages.count_parents() {
         Ok(parents) => {
-            let stored = md.cache.shared_pages();
+            let stored = md.pages.shared_pages();
             let mut wrong: Vec<String> = parents
                 .iter()
                 .filter(|(p, &n)| n != stored.get(p).copied().unwrap_or(1))
@@ -399,7 +399,7 @@ fn check_ref_counts(
             // now (a live pool): compare with the count as it is under this lock.
             let now = md
                 .chunks
-                .get(&mut md.cache, id as u64)
+                .get(&mut md.pages, id as u64)
                 .ok()
                 .flatten()
                 .map_or(0, |e| e.refs);

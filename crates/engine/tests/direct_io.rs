@@ -7,7 +7,7 @@
 //! same, verify is clean, and a writeback cache destages segments while batches are in
 //! flight without losing any.
 
-use condense_engine::cache::{CacheConf, CacheMode};
+use condense_engine::cache_tier::{CacheConf, CacheMode};
 use condense_engine::io::RealDir;
 use condense_engine::sim::SimRng;
 use condense_engine::{CacheDir, InitOptions, OpenOptions, Pool};

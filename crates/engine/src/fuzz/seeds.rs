@@ -313,7 +313,7 @@ fn small_objects(seeds: &mut Seeds, uuid: [u8; 16]) -> Result<()> {
     let mut body = Vec::new();
     for s in 0..6u32 {
         let fp = [s as u8; 16];
-        body.extend_from_slice(&cache::insert_record(
+        body.extend_from_slice(&cache_tier::insert_record(
             s,
             u64::from(s) * 3,
             &fp,
@@ -321,10 +321,19 @@ fn small_objects(seeds: &mut Seeds, uuid: [u8; 16]) -> Result<()> {
             0xdead,
         ));
     }
-    body.extend_from_slice(&cache::insert_record(7, 1 << 63 | 12, &[0; 16], 192, 1));
-    body.extend_from_slice(&cache::record(cache::KIND_REMOVE, &2u32.to_le_bytes()));
+    body.extend_from_slice(&cache_tier::insert_record(
+        7,
+        1 << 63 | 12,
+        &[0; 16],
+        192,
+        1,
+    ));
+    body.extend_from_slice(&cache_tier::record(
+        cache_tier::KIND_REMOVE,
+        &2u32.to_le_bytes(),
+    ));
     let counters: Vec<u8> = (1..=7u64).flat_map(|c| c.to_le_bytes()).collect();
-    body.extend_from_slice(&cache::record(cache::KIND_COUNTERS, &counters));
+    body.extend_from_slice(&cache_tier::record(cache_tier::KIND_COUNTERS, &counters));
     let mut idx = vec![0u8, 4];
     idx.extend_from_slice(&body);
     seeds.push(("cache_index", "log".into(), idx));

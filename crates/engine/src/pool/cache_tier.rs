@@ -1,6 +1,6 @@
-//! Attaching, opening and detaching the cache tier ([`crate::cache`]) and its figures.
+//! Attaching, opening and detaching the cache tier ([`crate::cache_tier`]) and its figures.
 
-use crate::cache::{
+use crate::cache_tier::{
     slot_budget, writeback_split, CacheConf, CacheMode, CacheStats, ChunkCache, CACHE_CONF_NAME,
 };
 use crate::error::{Error, Result};
@@ -14,8 +14,8 @@ use super::{read_whole, CacheDir, Pool};
 
 impl Pool {
     /// The attached cache, if any.
-    pub(crate) fn cache(&self) -> Option<Arc<ChunkCache>> {
-        self.cache.read().unwrap_or_else(|e| e.into_inner()).clone()
+    pub(crate) fn tier(&self) -> Option<Arc<ChunkCache>> {
+        self.tier.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// What `cache.conf` says, if a cache is attached.
@@ -51,8 +51,8 @@ impl Pool {
         ) {
             Ok(c) => {
                 let c = Arc::new(c);
-                *self.cache.write().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
-                lock(&self.state).md.cache.set_l2(Some(c));
+                *self.tier.write().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
+                lock(&self.state).md.pages.set_l2(Some(c));
             }
             Err(e) => tracing::warn!(
                 "opening the cache tier in {}: {e}; running without it",
@@ -70,7 +70,7 @@ impl Pool {
         }
         let writeback = conf.mode == CacheMode::WriteBack;
         {
-            let mut slot = self.cache.write().unwrap_or_else(|e| e.into_inner());
+            let mut slot = self.tier.write().unwrap_or_else(|e| e.into_inner());
             if slot.is_some() || read_cache_conf(&*self.dir)?.is_some() {
                 return Err(Error::Invalid(format!(
                     "pool {} already has a cache attached; detach it first (`condense cache detach`)",
@@ -106,9 +106,9 @@ impl Pool {
         }
         // (Not under the cache's lock: a read holds the state lock while it looks up the cache.)
         let tier = self
-            .cache()
+            .tier()
             .map(|c| c as Arc<dyn crate::page_cache::PageTier>);
-        lock(&self.state).md.cache.set_l2(tier);
+        lock(&self.state).md.pages.set_l2(tier);
         if writeback {
             let guard = lock(&self.sync_lock);
             lock(&self.state)
@@ -140,7 +140,7 @@ impl Pool {
                 self.dir.describe()
             )));
         }
-        if self.cache().is_none() && read_cache_conf(&*self.dir).ok().flatten().is_none() {
+        if self.tier().is_none() && read_cache_conf(&*self.dir).ok().flatten().is_none() {
             return Err(Error::Invalid(format!(
                 "pool {} has no cache attached",
                 self.dir.describe()
@@ -176,8 +176,8 @@ impl Pool {
             self.checkpoint_locked(&guard)?;
             lock(&self.state).segments.set_staging(None, 0);
         }
-        lock(&self.state).md.cache.set_l2(None);
-        let mut slot = self.cache.write().unwrap_or_else(|e| e.into_inner());
+        lock(&self.state).md.pages.set_l2(None);
+        let mut slot = self.tier.write().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = slot.as_ref() {
             if let Err(e) = c.close() {
                 if !force {
@@ -203,12 +203,12 @@ impl Pool {
     /// The cache tier's counters and figures, if one is attached (read from its index when
     /// it is not open: a read-only open, or a cache directory that could not be opened).
     pub fn cache_stats(&self) -> Option<CacheStats> {
-        let mut s = match self.cache() {
+        let mut s = match self.tier() {
             Some(c) => c.stats(),
             None => {
                 let conf = read_cache_conf(&*self.dir).ok().flatten()?;
                 let dir = self.opts.cache_dir.as_ref().map(|d| &*d.0);
-                crate::cache::peek_stats(dir, &conf, self.sb.block_size)
+                crate::cache_tier::peek_stats(dir, &conf, self.sb.block_size)
             }
         };
         // A writeback cache's dirty bytes are the segments not yet destaged.
@@ -228,7 +228,7 @@ impl Pool {
 
     /// Wait until the cache's queued promotions are written (tests; `cache stats`).
     pub fn cache_drain(&self) {
-        if let Some(c) = self.cache() {
+        if let Some(c) = self.tier() {
             c.drain();
         }
     }

@@ -142,8 +142,8 @@ impl Pool {
         let mut st = self.settle_sync(done, prepared.target)?;
         // The new root no longer names the pages freed before it: they may be reused, and a
         // free tail of meta.dat is given back to the file system.
-        st.md.cache.alloc.release(prepared.freed);
-        st.md.cache.trim_file()?;
+        st.md.pages.alloc.release(prepared.freed);
+        st.md.pages.trim_file()?;
         let took = crate::counters::nanos(started.elapsed());
         let c = &self.counters;
         crate::counters::add(&c.checkpoints, 1);
@@ -169,12 +169,12 @@ impl Pool {
         let new_gen = st.journal.gen + 1;
         let next_seq = st.journal.next_seq();
         let prepared = (|| {
-            let (mut pages, mut freed) = st.md.cache.prepare_checkpoint()?;
-            st.md.cache.write_pages(&mut pages)?;
+            let (mut pages, mut freed) = st.md.pages.prepare_checkpoint()?;
+            st.md.pages.write_pages(&mut pages)?;
             if let Some(change) = change {
                 change(&mut st.md)?;
-                let (mut more, freed_more) = st.md.cache.prepare_checkpoint()?;
-                st.md.cache.write_pages(&mut more)?;
+                let (mut more, freed_more) = st.md.pages.prepare_checkpoint()?;
+                st.md.pages.write_pages(&mut more)?;
                 freed.extend(freed_more);
             }
             Ok::<_, Error>(freed)
@@ -238,7 +238,7 @@ impl Pool {
             old_gen: old.gen,
             old_dir,
             new_journal_file,
-            meta_file: st.md.cache.file().clone(),
+            meta_file: st.md.pages.file().clone(),
             files: dirty.files,
             dirs,
             target: st.appended,

@@ -23,7 +23,7 @@
 //! superblock changed without the key, changes no file); a writable open then seals under a
 //! session of its own (a random salt, a counter in memory), so no file holds nonce state.
 
-use crate::cache::ChunkCache;
+use crate::cache_tier::ChunkCache;
 use crate::crypto::{Crypto, UserKey};
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -216,8 +216,8 @@ pub struct Pool {
     /// Activity counters for monitoring ([`Pool::counters`]).
     pub(crate) counters: crate::counters::Counters,
     pub(crate) replay: ReplayReport,
-    /// The attached cache tier, if any ([`crate::cache`]).
-    pub(crate) cache: RwLock<Option<Arc<ChunkCache>>>,
+    /// The attached cache tier, if any ([`crate::cache_tier`]).
+    pub(crate) tier: RwLock<Option<Arc<ChunkCache>>>,
     /// The background destage thread of a writeback cache ([`crate::destage`]).
     pub(crate) destager: Mutex<Option<crate::worker::Worker>>,
     _lock_file: Option<std::fs::File>,
@@ -289,7 +289,7 @@ impl Pool {
     pub fn close(&self) -> Result<()> {
         if self.read_only {
             // (Only an S3 pool opens its cache tier read-only: keep what it promoted.)
-            if let Some(c) = self.cache() {
+            if let Some(c) = self.tier() {
                 if let Err(e) = c.close() {
                     tracing::warn!("closing the cache tier: {e}");
                 }
@@ -301,7 +301,7 @@ impl Pool {
         let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
         drop(guard);
-        if let Some(c) = self.cache() {
+        if let Some(c) = self.tier() {
             if let Err(e) = c.close() {
                 tracing::warn!("closing the cache tier: {e}");
             }
@@ -395,8 +395,8 @@ impl Pool {
         crate::counters::add(&self.counters.journal_records, records.len() as u64);
         let appended = st.appended;
         let index_bytes = st.md.index.ram_bytes();
-        st.md.cache.set_reserved_bytes(index_bytes);
-        if let Err(e) = st.md.cache.evict_to_budget() {
+        st.md.pages.set_reserved_bytes(index_bytes);
+        if let Err(e) = st.md.pages.evict_to_budget() {
             st.poisoned = Some(e.to_string());
             return Err(e);
         }

@@ -2,7 +2,7 @@
 //! and writeback directories, metadata from the checkpoint root, journal replay (with
 //! salvage), leftovers of interrupted work, and the cache tier attached at open.
 
-use crate::cache::{writeback_split, CacheMode};
+use crate::cache_tier::{writeback_split, CacheMode};
 use crate::crypto::{self, Crypto, NonceScheme};
 use crate::error::{Error, Result};
 use crate::format::*;
@@ -310,7 +310,7 @@ impl Pool {
             spread_writes: std::sync::atomic::AtomicBool::new(true),
             counters: Default::default(),
             replay,
-            cache: RwLock::new(None),
+            tier: RwLock::new(None),
             destager: Mutex::new(None),
             _lock_file: lock_file,
         })
@@ -472,7 +472,7 @@ fn load_metadata(
         volumes: BTreeMap::new(),
         names: HashMap::new(),
         next_vol: root.next_vol,
-        cache,
+        pages: cache,
         chunks: crate::chunk_table::ChunkTable {
             next_id: root.next_chunk,
             live_bytes: root.segment_live.iter().copied().collect(),
@@ -500,10 +500,10 @@ fn load_metadata(
         md.volumes.insert(v.id, state);
         md.names.insert(v.name.clone(), v.id);
     }
-    md.cache
+    md.pages
         .set_shared_pages(root.shared_pages.iter().copied().collect());
     if opts.read_only {
-        md.cache.set_read_only();
+        md.pages.set_read_only();
     }
     md
 }
@@ -593,7 +593,7 @@ fn replay_journal(
             for r in &records {
                 md.apply(r)?;
             }
-            md.cache.evict_to_budget()?;
+            md.pages.evict_to_budget()?;
             Ok(true)
         },
     )?;

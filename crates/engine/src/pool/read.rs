@@ -28,7 +28,7 @@ impl Pool {
         let (wanted, in_memory) = self.locate_blocks(vol, name, first, out)?;
         // The cache tier first: a hit is the record exactly as the segment holds it. A miss
         // is read from its segment, or from memory while it is staged or being written.
-        let cache = self.cache();
+        let cache = self.tier();
         let mut cached: Vec<Option<Vec<u8>>> = vec![None; wanted.len()];
         if let Some(c) = &cache {
             for (k, w) in wanted.iter().enumerate() {
@@ -120,7 +120,7 @@ impl Pool {
         st.md.volume_for(vol, name, "read", first, n as u64)?;
         let mut entries = Vec::with_capacity(n);
         let looked_up = crate::block_map::get_range(
-            &mut st.md.cache,
+            &mut st.md.pages,
             u64::from(vol),
             first,
             n as u64,
@@ -148,7 +148,7 @@ impl Pool {
                 continue;
             }
             let md = &mut st.md;
-            let loc = md.chunks.get(&mut md.cache, e).and_then(|c| {
+            let loc = md.chunks.get(&mut md.pages, e).and_then(|c| {
                 c.map(|c| (c.loc, c.fp)).ok_or_else(|| {
                     Error::corrupt(
                         format!("volume {name:?} block {block}"),
@@ -178,7 +178,7 @@ impl Pool {
                 fp,
             });
         }
-        if let Err(e) = st.md.cache.evict_to_budget() {
+        if let Err(e) = st.md.pages.evict_to_budget() {
             st.poisoned = Some(e.to_string());
             return Err(e);
         }
@@ -218,9 +218,9 @@ impl Pool {
     ) -> Result<Vec<(u64, u64)>> {
         let mut st = lock(&self.state);
         st.md.volume_for(vol, name, "block_status", first, count)?;
-        let r = crate::block_map::mapped(&mut st.md.cache, u64::from(vol), first, first + count)
+        let r = crate::block_map::mapped(&mut st.md.pages, u64::from(vol), first, first + count)
             .map_err(|e| in_volume(e, name, &format!("blocks {first}..{}", first + count)));
-        st.md.cache.evict_to_budget()?;
+        st.md.pages.evict_to_budget()?;
         r
     }
 }

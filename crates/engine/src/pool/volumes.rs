@@ -90,7 +90,7 @@ impl Pool {
         st.md.writable_volume_for(vol, name, "resize", 0, 0)?;
         let first_cut = size / u64::from(self.sb.block_size);
         let first_data =
-            crate::block_map::first_mapped(&mut st.md.cache, u64::from(vol), first_cut)?;
+            crate::block_map::first_mapped(&mut st.md.pages, u64::from(vol), first_cut)?;
         if let Some(block) = first_data {
             if !force {
                 return Err(Error::Invalid(format!(

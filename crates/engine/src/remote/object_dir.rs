@@ -47,7 +47,7 @@ pub struct RemoteDir {
 
 /// Names kept in the local subdirectory, never uploaded.
 fn is_local_name(name: &str) -> bool {
-    name == crate::cache::CACHE_CONF_NAME
+    name == crate::cache_tier::CACHE_CONF_NAME
         || name == "cache.conf.tmp"
         || name == crate::format::LOCK_NAME
 }

@@ -15,7 +15,7 @@ use super::lease::Lease;
 use super::object_dir::{RemoteDir, LOCAL_SUBDIR};
 use super::shared::{ReadBlocks, Shared};
 use super::wal::WalDir;
-use crate::cache::{CacheConf, CacheMode};
+use crate::cache_tier::{CacheConf, CacheMode};
 use crate::error::{Error, Result};
 use crate::format::Durability;
 use crate::format::Superblock;
@@ -49,7 +49,7 @@ fn prepare_local(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> 
     let sub = RealDir::new(&abs.join(LOCAL_SUBDIR));
     crate::io::write_file_atomically(
         &sub,
-        crate::cache::CACHE_CONF_NAME,
+        crate::cache_tier::CACHE_CONF_NAME,
         cache.encode().as_bytes(),
     )?;
     crate::io::write_file_atomically(

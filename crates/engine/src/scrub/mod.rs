@@ -181,7 +181,7 @@ impl Pool {
     /// holds the GC lock.
     fn heal_from_cache(&self, w: &crate::verify::ChunkToCheck) -> bool {
         let Some(good) = self
-            .cache()
+            .tier()
             .and_then(|c| c.lookup(w.id, &w.entry.fp, &w.entry.loc))
         else {
             return false;
@@ -238,7 +238,7 @@ impl Pool {
             let mut st = lock(&self.state);
             let mut hit = Vec::new();
             // A volume deleted since the list was taken has no tree: skipped.
-            let _ = st.md.cache.for_each_leaf_page(
+            let _ = st.md.pages.for_each_leaf_page(
                 u64::from(vol),
                 0,
                 blocks.div_ceil(per),
@@ -251,7 +251,7 @@ impl Pool {
                     Ok(true)
                 },
             );
-            st.md.cache.evict_to_budget()?;
+            st.md.pages.evict_to_budget()?;
             if !hit.is_empty() {
                 hit.sort_unstable();
                 found.insert(name, hit);
