@@ -379,7 +379,7 @@ pub fn repair_with(
 
 /// Refuse the local directory of a pool on S3 (its repair is not built).
 fn refuse_remote(path: &Path) -> Result<()> {
-    if path.join(crate::remote::REMOTE_CONF_NAME).exists() {
+    if path.join(crate::format::remote::REMOTE_CONF_NAME).exists() {
         return Err(Error::Invalid(format!(
             "{} is the local directory of a pool on S3: repair of a pool on S3 is not built yet. \
              The bucket holds the pool as of its last checkpoint upload: `condense connect` it \

@@ -248,7 +248,7 @@ impl Pool {
         let st = lock(&self.state);
         if let Some(r) = &mut remote {
             r.pending_bytes = st.segments.staged_bytes()
-                + if r.durability == crate::remote::Durability::Local {
+                + if r.durability == crate::format::Durability::Local {
                     st.journal.file_bytes()
                 } else {
                     0
