@@ -42,6 +42,9 @@ pub struct GcReport {
     pub bytes_after: u64,
 }
 
+/// The victim segments' files, by segment id.
+type VictimFiles = HashMap<u32, Arc<dyn File>>;
+
 impl Pool {
     /// Dead bytes as a share of all segment bytes (0..1), and the dead bytes.
     pub fn dead_space(&self) -> (f64, u64) {
@@ -123,7 +126,7 @@ impl Pool {
         &self,
         min_dead_percent: u8,
         report: &mut GcReport,
-    ) -> Result<(HashMap<u32, Arc<dyn File>>, u64)> {
+    ) -> Result<(VictimFiles, u64)> {
         let mut st = lock(&self.state);
         self.writable(&st)?;
         st.segments.reap();

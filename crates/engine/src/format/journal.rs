@@ -404,4 +404,50 @@ mod tests {
         }
         Ok(())
     }
+
+    #[test]
+    fn journal_headers_and_batches_round_trip() -> Result<()> {
+        let uuid = [8; 16];
+        assert_eq!(parse_journal_name(&journal_name(0x1234)), Some(0x1234));
+        let h = encode_journal_header(9, &uuid);
+        assert!(header_intact(&h));
+        assert_eq!(decode_journal_header(&h, &uuid)?, 9);
+        assert!(decode_journal_header(&h, &[1; 16]).is_err(), "another pool");
+        for cut in [0, 8, JOURNAL_HEADER_BYTES - 1] {
+            assert!(
+                decode_journal_header(&h[..cut], &uuid).is_err(),
+                "cut {cut}"
+            );
+            assert!(!header_intact(&h[..cut]));
+        }
+        let mut bad = h.clone();
+        bad[16] ^= 1;
+        assert!(!header_intact(&bad) && decode_journal_header(&bad, &uuid).is_err());
+
+        let mut payload = Vec::new();
+        JournalRecord::flush_mark().encode(&mut payload);
+        let b = encode_batch(77, 1, &payload);
+        let bh = decode_batch_header(&b).expect("a batch header");
+        assert_eq!(
+            (bh.payload_len as usize, bh.seq, bh.count),
+            (payload.len(), 77, 1)
+        );
+        let body = &b[BATCH_HEADER_BYTES..];
+        assert!(batch_valid(&b, &bh, body));
+        let mut rd = Reader::new(body, "test");
+        assert!(JournalRecord::decode(&mut rd)?.is_flush_mark());
+        assert!(
+            !batch_valid(&b, &bh, &body[..body.len() - 1]),
+            "short payload"
+        );
+        for cut in 0..BATCH_HEADER_BYTES {
+            let _ = decode_batch_header(&b[..cut]); // None or a header, never a panic
+            assert!(!batch_valid(&b[..cut], &bh, body) || cut >= BATCH_HEADER_BYTES);
+        }
+        assert!(
+            decode_batch_header(b"XXXXXXXXXXXXXXXXXXXXXXXX").is_none(),
+            "bad magic"
+        );
+        Ok(())
+    }
 }

@@ -207,3 +207,72 @@ pub fn page_ctx(page: u64, chunk_table: bool, level: u8) -> [u8; 10] {
     c[9] = level;
     c
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointers_round_trip() {
+        let mut page = vec![0u8; PAGE_BYTES];
+        let p = Ptr {
+            page: 1 << 40,
+            crc: 0xdead_beef,
+            units: 17,
+            codec: 2,
+        };
+        p.write(&mut page, 255);
+        assert_eq!(Ptr::read(&page, 255), p);
+        assert_eq!(Ptr::read(&page, 0), Ptr::NULL);
+    }
+
+    #[test]
+    fn pages_round_trip_and_damage_is_none() {
+        let mut page = vec![0u8; PAGE_BYTES];
+        for (i, w) in page.chunks_exact_mut(8).enumerate() {
+            w.copy_from_slice(&(1000 + i as u64).to_le_bytes());
+        }
+        for stride in [1, 2, 4] {
+            let (codec, stored) = encode_page(&page, stride);
+            assert_ne!(codec, 0, "sequential words compress");
+            assert_eq!(stored.len() % UNIT, 0);
+            assert_eq!(
+                decode_page(codec, &stored, stride).as_deref(),
+                Some(&page[..])
+            );
+            // Cut inside the compressed bytes (the rest of the last unit is padding).
+            let len = usize::from(u16::from_le_bytes([stored[0], stored[1]]));
+            for cut in [0, 1, 2, 2 + len / 2, 2 + len - 1] {
+                assert!(
+                    decode_page(codec, &stored[..cut], stride).is_none(),
+                    "cut {cut}"
+                );
+            }
+            assert!(decode_page(7, &stored, stride).is_none(), "unknown codec");
+        }
+        let noise: Vec<u8> = (0..PAGE_BYTES as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let (codec, stored) = encode_page(&noise, 1);
+        assert_eq!(decode_page(codec, &stored, 1).as_deref(), Some(&noise[..]));
+        assert!(
+            decode_page(0, &stored[..100], 1).is_none(),
+            "a raw page of 100 bytes"
+        );
+    }
+
+    #[test]
+    fn meta_header_round_trips_and_refuses_damage() -> Result<()> {
+        let uuid = [3; 16];
+        let h = encode_meta_header(&uuid);
+        decode_meta_header(&h, &uuid)?;
+        assert!(decode_meta_header(&h, &[4; 16]).is_err(), "another pool");
+        for cut in [0, 8, 63] {
+            assert!(decode_meta_header(&h[..cut], &uuid).is_err(), "cut {cut}");
+        }
+        let mut bad = h.clone();
+        bad[20] ^= 1;
+        assert!(decode_meta_header(&bad, &uuid).is_err(), "CRC");
+        Ok(())
+    }
+}

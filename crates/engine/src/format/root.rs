@@ -398,4 +398,67 @@ mod tests {
         }
         Ok(())
     }
+
+    fn full_root() -> Root {
+        Root {
+            journal_gen: 4,
+            next_seq: 99,
+            next_vol: 3,
+            volumes: vec![
+                RootVolume {
+                    id: 1,
+                    size: 1 << 30,
+                    data_blocks: 10,
+                    zero_blocks: 2,
+                    name: "vm".into(),
+                    snapshot_of: None,
+                    created: 0,
+                },
+                RootVolume {
+                    id: 2,
+                    size: 1 << 30,
+                    data_blocks: 10,
+                    zero_blocks: 2,
+                    name: "vm@s".into(),
+                    snapshot_of: Some(1),
+                    created: 1_700_000_000,
+                },
+            ],
+            trees: vec![RootTree {
+                id: u64::MAX,
+                height: 2,
+                page: 64,
+                crc: 5,
+                units: 3,
+                codec: 1,
+            }],
+            next_chunk: 1000,
+            live_chunks: 900,
+            live_stored_bytes: 1 << 20,
+            segment_live: vec![(1, 4096), (2, 8192)],
+            meta_bytes_written: 1 << 22,
+            checkpoints: 7,
+            bitmap: vec![u64::MAX, 3],
+            meta: vec![("scrub/last".into(), b"started=1".to_vec())],
+            shared_pages: vec![(64, 2)],
+        }
+    }
+
+    #[test]
+    fn a_full_root_round_trips_and_damage_is_an_error() -> Result<()> {
+        let uuid = [5; 16];
+        let root = full_root();
+        let b = encode_root(&root, &uuid, None)?;
+        assert_eq!(decode_root(&b, &uuid, None)?, root);
+        assert!(decode_root(&b, &[6; 16], None).is_err(), "another pool");
+        for cut in 0..b.len() {
+            assert!(decode_root(&b[..cut], &uuid, None).is_err(), "cut {cut}");
+        }
+        for at in [0, 9, 20, 40, 70, b.len() - 1] {
+            let mut bad = b.clone();
+            bad[at] ^= 0x20;
+            assert!(decode_root(&bad, &uuid, None).is_err(), "flip at {at}");
+        }
+        Ok(())
+    }
 }

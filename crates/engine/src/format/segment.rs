@@ -189,4 +189,39 @@ mod tests {
         ));
         Ok(())
     }
+
+    #[test]
+    fn segment_names_and_headers_round_trip() -> Result<()> {
+        let uuid = [6; 16];
+        assert_eq!(parse_segment_name(&segment_name(0xabc)), Some(0xabc));
+        assert_eq!(parse_segment_name("seg-xyz.dat"), None);
+        let h = encode_segment_header(42, &uuid);
+        assert_eq!(h.len(), SEGMENT_HEADER_BYTES);
+        assert_eq!(decode_segment_header(&h, &uuid)?, 42);
+        assert!(decode_segment_header(&h, &[7; 16]).is_err(), "another pool");
+        for cut in [0, 8, SEGMENT_HEADER_BYTES - 1] {
+            assert!(
+                decode_segment_header(&h[..cut], &uuid).is_err(),
+                "cut {cut}"
+            );
+        }
+        let mut bad = h.clone();
+        bad[13] ^= 1;
+        assert!(decode_segment_header(&bad, &uuid).is_err(), "CRC");
+        let mut b = Vec::new();
+        encode_record(&mut b, 7, &[4; 16], ChunkCodec::Raw, b"hello");
+        let loc = Location {
+            segment: 1,
+            offset: 0,
+            stored_len: 5,
+            codec: ChunkCodec::Raw,
+        };
+        for cut in 0..b.len() {
+            assert!(
+                decode_record(&b[..cut], 7, &loc).is_err(),
+                "record cut {cut}"
+            );
+        }
+        Ok(())
+    }
 }

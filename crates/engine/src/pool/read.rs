@@ -105,13 +105,7 @@ impl Pool {
     /// record's bytes if it is still in memory (staged or being written: not in its file
     /// yet); blocks without a chunk are zeroed in `out` here. A lost block fails the read
     /// unless lost blocks read as zeros ([`Pool::set_lost_reads_zeros`]).
-    fn locate_blocks(
-        &self,
-        vol: u32,
-        name: &str,
-        first: u64,
-        out: &mut [u8],
-    ) -> Result<(Vec<Wanted>, Vec<Option<Vec<u8>>>)> {
+    fn locate_blocks(&self, vol: u32, name: &str, first: u64, out: &mut [u8]) -> Result<Located> {
         let bs = self.sb.block_size as usize;
         let n = out.len() / bs;
         let mut wanted = Vec::new();
@@ -224,6 +218,10 @@ impl Pool {
         r
     }
 }
+
+/// What read step 1 found: the blocks whose bytes are a chunk's record, and for each the
+/// record itself while it is still in memory.
+type Located = (Vec<Wanted>, Vec<Option<Vec<u8>>>);
 
 /// A block of a read whose bytes are a chunk's record.
 struct Wanted {
