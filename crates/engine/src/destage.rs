@@ -124,10 +124,11 @@ impl Pool {
         }
     }
 
-    /// An S3 pool checkpoints at least every [`crate::remote::REMOTE_CHECKPOINT_EVERY`] while records are
-    /// appended, so the bucket alone is never far behind (`local` durability), and the
-    /// write-ahead objects stay few (`remote`). Called by the destage thread.
-    fn remote_tick(&self) -> Result<()> {
+    /// A checkpoint when the store behind the pool directory asks for one
+    /// ([`crate::io::Dir::checkpoint_due`]: a bucket, at least every
+    /// [`crate::remote::REMOTE_CHECKPOINT_EVERY`], so it is never far behind) and records were
+    /// appended since the last. Called by the destage thread.
+    fn checkpoint_tick(&self) -> Result<()> {
         if !self.dir.checkpoint_due() {
             return Ok(());
         }
@@ -203,7 +204,7 @@ fn start_destage_thread(pool: &Arc<Pool>) -> Option<Worker> {
                 }
             };
             if !pause.is_zero() {
-                if let Err(e) = pool.remote_tick() {
+                if let Err(e) = pool.checkpoint_tick() {
                     tracing::warn!("checkpointing to {}: {e}", pool.dir.describe());
                     pause = Duration::from_secs(5);
                 }

@@ -41,11 +41,11 @@ impl Pool {
             .collect();
         let groups = adjacent_groups(&wanted, &missed);
         let parallel = wanted.len() >= 32;
-        let read_group = |g: &(usize, usize)| read_group(&wanted, &missed, *g, name);
+        let read_one = |g: &(usize, usize)| read_group(&wanted, &missed, *g, name);
         let bufs: Result<Vec<(u64, Vec<u8>)>> = if parallel && groups.len() >= 4 {
-            groups.par_iter().map(read_group).collect()
+            groups.par_iter().map(read_one).collect()
         } else {
-            groups.iter().map(read_group).collect()
+            groups.iter().map(read_one).collect()
         };
         let result = bufs.and_then(|bufs| {
             // Where each block of `out` comes from: (group, or None for a record from the

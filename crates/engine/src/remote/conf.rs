@@ -12,7 +12,7 @@
 
 use crate::error::{Error, Result};
 pub use crate::format::remote::{RemoteConf, REMOTE_CONF_NAME};
-pub use crate::io::{is_store_unavailable, StoreUnavailable};
+use crate::io::StoreUnavailable;
 use condense_object_store::ObjectBackend;
 use std::collections::HashMap;
 use std::io;

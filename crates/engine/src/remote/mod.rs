@@ -66,10 +66,7 @@ mod shared;
 mod wal;
 
 pub use crate::format::Durability;
-pub use conf::{
-    check_endpoint, is_remote_url, is_store_unavailable, parse_s3_url, RemoteConf,
-    StoreUnavailable, REMOTE_CONF_NAME,
-};
+pub use conf::{check_endpoint, is_remote_url, parse_s3_url, RemoteConf, REMOTE_CONF_NAME};
 pub use files::META_EXTENT_BYTES;
 pub(crate) use lease::LeaseBody;
 pub use lease::{Lease, LEASE_SECONDS};
