@@ -18,6 +18,9 @@ step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --release -- -D warnings
 step "cargo build --release" cargo build --workspace --release --all-targets
 step "cargo test (unit, property, crash simulation, CLI end to end)" cargo test --workspace --release
+# The engine's assertions (debug_assert!: lock order, group commit, paired checks) are
+# compiled only without --release: its tests once more in a debug build (a few minutes).
+step "cargo test -p condense-engine (debug build: assertions on)" cargo test -p condense-engine
 # Every decoder of bytes from disk, a bucket or the network, 15 s each (fuzz/run.sh).
 step "fuzz/run.sh 15" fuzz/run.sh 15
 export CONDENSE="${CARGO_TARGET_DIR:-$PWD/target}/release/condense"

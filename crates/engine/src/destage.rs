@@ -1,28 +1,21 @@
-//! Destaging: moving sealed segments from a writeback cache to the pool directory.
+//! Destaging: moving sealed segments from a writeback cache down to the pool directory.
 //!
-//! Owns: the copy of one staged segment to the pool directory, and the background thread
-//! ([`Destager`]) that does it continuously while a writeback cache is attached.
+//! Owns: which held segment to move down next, and the background thread ([`Destager`])
+//! that does it continuously while a writeback cache (or an S3 pool's local directory)
+//! holds segments.
 //!
-//! With a writeback cache ([`crate::cache_tier::CacheMode::WriteBack`]) new segments and the
-//! journal live in the cache directory, so a flush syncs only the fast device and random
-//! writes cost it sequential appends. A segment that is sealed (no longer written) is
-//! destaged whole, as one large sequential write to the slow device:
+//! With a writeback cache ([`crate::cache_tier::CacheMode::WriteBack`]) the staging layer
+//! ([`crate::staging`]) holds new segments and the journal in the cache directory, so a
+//! flush syncs only the fast device and random writes cost it sequential appends. A segment
+//! that is sealed (no longer written) and whose batches are all written is moved down whole
+//! ([`crate::io::Dir::move_down`]), as one large sequential write to the slow device (an
+//! upload, over a bucket); the layer keeps a whole copy at every point of a crash.
 //!
-//! 1. copy it to `seg-N.dat.partial` in the pool directory and fsync that file;
-//! 2. rename it to `seg-N.dat` and fsync the pool directory;
-//! 3. under the state lock, point the segment at the pool's copy (same id, same bytes, so
-//!    every chunk location stays valid);
-//! 4. remove the staged copy from the cache directory and fsync that directory.
-//!
-//! Invariants: the pool's copy is complete and durable before its final name exists, and the
-//! staged copy is removed only after that, so a crash at any point leaves at least one whole
-//! copy; an open that finds both uses the pool's and removes the other, and removes a
-//! `.partial` file ([`crate::pool`]). The open segment is never destaged. A segment that GC
-//! removed while it was being copied has its copy removed again.
+//! Invariants: the open segment, and a segment with batches still being written, are never
+//! moved ([`crate::segment::Segments::start_destage`]); one move at a time.
 
 use crate::error::{Error, Result};
-use crate::format::{segment_name, PARTIAL_SUFFIX};
-use crate::io::{Dir, File};
+use crate::format::{parse_segment_name, segment_name};
 use crate::locks::lock;
 use crate::pool::Pool;
 use crate::worker::Worker;
@@ -30,58 +23,50 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Bytes per read and write while copying.
-const COPY_BYTES: usize = 8 << 20;
-
 /// How long a checkpoint of an S3 pool waits for its segments to be uploaded.
 const UPLOAD_WAIT: Duration = Duration::from_secs(600);
 
 impl Pool {
-    /// Destage the oldest sealed staged segment, if there is one (see the module docs).
+    /// Destage the oldest sealed held segment, if there is one (see the module docs).
     /// Returns whether a segment was destaged.
     pub fn destage_one(&self) -> Result<bool> {
         if self.read_only {
             return Ok(false);
         }
-        let (id, staged, len, staging) = {
+        let held = self.held_segments()?;
+        let id = {
             let mut st = lock(&self.state);
             self.writable(&st)?;
-            let Some(staging) = st.segments.staging().cloned() else {
+            let Some(id) = st.segments.start_destage(held.iter().map(|&(id, _)| id)) else {
                 return Ok(false);
             };
-            let Some((id, file, len)) = st.segments.start_destage() else {
-                return Ok(false);
-            };
-            (id, file, len, staging)
+            id
         };
         let name = segment_name(id);
-        let copied = self.copy_to_pool(&name, &*staged, len);
-        let mut st = lock(&self.state);
-        let file = match copied {
-            Ok(f) => f,
-            Err(e) => {
-                st.segments.end_destage(id, None);
-                drop(st);
-                // Best effort: an open removes a partial copy too.
-                let _ = self.dir.remove(&format!("{name}{PARTIAL_SUFFIX}"));
-                return Err(e);
-            }
-        };
-        let kept = st.segments.end_destage(id, Some(file));
-        drop(st);
-        let (dir, what): (&dyn Dir, _) = if kept {
-            (&*staging, "the staged copy of")
-        } else {
-            (&*self.dir, "the destaged copy of removed")
-        };
-        dir.remove(&name)
-            .and_then(|_| dir.sync_dir())
-            .map_err(|e| Error::io(format!("removing {what} segment {name}"), e))?;
-        if kept {
+        let moved = self.dir.move_down(&name);
+        lock(&self.state)
+            .segments
+            .end_destage(id, matches!(moved, Ok(true)));
+        let moved = moved.map_err(|e| Error::io(format!("destaging segment {name}"), e))?;
+        if moved {
+            let len = held.iter().find(|&&(h, _)| h == id).map_or(0, |&(_, l)| l);
             crate::counters::add(&self.counters.destaged_segments, 1);
             crate::counters::add(&self.counters.destaged_bytes, len);
         }
-        Ok(true)
+        Ok(moved)
+    }
+
+    /// The segments the staging layer holds (not yet in the pool directory), oldest first,
+    /// with their lengths.
+    pub(crate) fn held_segments(&self) -> Result<Vec<(u32, u64)>> {
+        let held = self
+            .dir
+            .held()
+            .map_err(|e| Error::io("listing the segments held in the cache directory", e))?;
+        Ok(held
+            .into_iter()
+            .filter_map(|(name, len)| Some((parse_segment_name(&name)?, len)))
+            .collect())
     }
 
     /// Destage every sealed staged segment (`condense cache detach`, tests).
@@ -100,7 +85,12 @@ impl Pool {
     pub(crate) fn upload_staged_through(&self, last: u32, retry: bool) -> Result<()> {
         let deadline = std::time::Instant::now() + UPLOAD_WAIT;
         loop {
-            if lock(&self.state).segments.sealed_staged_through(last) == 0 {
+            let open = lock(&self.state).segments.open_id();
+            let waiting = self
+                .held_segments()?
+                .iter()
+                .any(|&(id, _)| id <= last && Some(id) != open);
+            if !waiting {
                 return Ok(());
             }
             match self.destage_one() {
@@ -141,33 +131,6 @@ impl Pool {
             self.checkpoint_locked(&guard)?;
         }
         Ok(())
-    }
-
-    /// Steps 1 and 2: a durable copy of `len` bytes of `from` under `name` in the pool dir.
-    fn copy_to_pool(&self, name: &str, from: &dyn File, len: u64) -> Result<Arc<dyn File>> {
-        let partial = format!("{name}{PARTIAL_SUFFIX}");
-        let io = |what: &str, e| Error::io(format!("{what} while destaging segment {name}"), e);
-        let to = self
-            .dir
-            .open(&partial, true)
-            .map_err(|e| io("creating the copy", e))?;
-        to.set_len(0).map_err(|e| io("truncating the copy", e))?;
-        let mut buf = vec![0u8; COPY_BYTES.min(len as usize)];
-        let mut at = 0u64;
-        while at < len {
-            let n = (len - at).min(buf.len() as u64) as usize;
-            from.read_at(&mut buf[..n], at)
-                .map_err(|e| io("reading the staged copy", e))?;
-            to.write_at(&buf[..n], at)
-                .map_err(|e| io("writing the copy", e))?;
-            at += n as u64;
-        }
-        to.sync().map_err(|e| io("syncing the copy", e))?;
-        self.dir
-            .rename(&partial, name)
-            .and_then(|_| self.dir.sync_dir())
-            .map_err(|e| io("renaming the copy", e))?;
-        Ok(to)
     }
 
     /// Start the background destage thread (idempotent).

@@ -419,7 +419,7 @@ pub fn segment(data: &[u8]) -> bool {
         return false;
     };
     let mut segments = Segments::new(1 << 20, uuid);
-    segments.add_existing(id, file, buf.len() as u64, false);
+    segments.add_existing(id, file, buf.len() as u64);
     let wanted: HashMap<u64, String> = record_ids(&buf)
         .into_iter()
         .map(|i| (i, String::new()))

@@ -229,11 +229,6 @@ impl Pool {
         self.dir
             .sync_dir()
             .map_err(|e| Error::io("syncing the pool directory", e))?;
-        if let Some(staging) = st.segments.staging() {
-            staging
-                .sync_dir()
-                .map_err(|e| Error::io("syncing the cache directory", e))?;
-        }
         report.bytes_after = st.segments.total_bytes();
         Ok(())
     }

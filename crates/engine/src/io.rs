@@ -118,6 +118,35 @@ pub trait Dir: Send + Sync {
     fn open_direct(&self, _name: &str) -> io::Result<Option<Arc<dyn DirectWriter>>> {
         Ok(None)
     }
+
+    // Files held in a faster directory on their way to this one: answered by the writeback
+    // staging layer ([`crate::staging::Staging`]), which the pool composes over every
+    // directory it opens; any other directory holds nothing back.
+
+    /// Hold new segments and journals in `upper` (a faster directory) from now on, segments
+    /// while fewer than `budget` bytes of them are held; `budget` 0 holds no new ones (the
+    /// held ones wait to be moved down). `None` stops holding: refused while anything is
+    /// held.
+    fn hold_in(&self, _upper: Option<(Arc<dyn Dir>, u64)>) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{} cannot hold files in another directory", self.describe()),
+        ))
+    }
+    /// Hold no new files from now on; the held ones wait to be moved down.
+    fn hold_no_new(&self) {}
+    /// The files held in the faster directory (not yet in this one), in name order (segments
+    /// oldest first), with their lengths.
+    fn held(&self) -> io::Result<Vec<(String, u64)>> {
+        Ok(Vec::new())
+    }
+    /// Move held file `name`, which is never written again, down into this directory: its
+    /// copy here is complete and durable before the held one is removed, and handles already
+    /// open on it read the copy here from then on. False if `name` is not held, was removed
+    /// while it was being moved, or another move is running (one at a time).
+    fn move_down(&self, _name: &str) -> io::Result<bool> {
+        Ok(false)
+    }
 }
 
 /// What [`Dir::store_status`] reports: the object store behind a pool directory.

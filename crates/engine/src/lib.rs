@@ -56,6 +56,7 @@ pub mod secret_file;
 pub mod segment;
 pub mod sim;
 pub mod snapshot;
+pub mod staging;
 pub mod stats;
 pub mod verify;
 pub mod volume;

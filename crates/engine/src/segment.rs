@@ -25,12 +25,11 @@
 //!   zeros up to the next page until the segment is sealed and cut to its length. Small
 //!   batches go through the page cache; the kernel keeps the two coherent.
 //! - A segment is reported dirty until the next flush syncs it.
-//! - With a writeback cache tier, a segment lives in one of two directories: the pool's, or
-//!   the cache's *staging* directory (fast device) until [`crate::destage`] has copied it to
-//!   the pool's. New segments are staged while the staged bytes are under `staging_max`;
-//!   past it they go straight to the pool directory. Only sealed segments are destaged, and
-//!   a destaged copy replaces the staged one under the same id, byte for byte, so every
-//!   chunk location stays valid.
+//! - Which directory a segment file is in (a writeback cache's, or the pool's) is the
+//!   staging layer's business ([`crate::staging`]): segments are opened, created and removed
+//!   through the pool's directory only. A sealed segment whose batches are all written may
+//!   be moved down by [`crate::destage`] ([`Segments::start_destage`]); the move keeps its id
+//!   and bytes, so every chunk location stays valid.
 
 use crate::error::{Error, Result};
 use crate::format::{
@@ -247,15 +246,12 @@ pub struct SegmentFile {
     pub file: Arc<dyn File>,
     /// Bytes in the file (including any torn tail found at open).
     pub len: u64,
-    /// In the staging directory (not yet destaged to the pool's).
-    pub staged: bool,
 }
 
-/// Files written since the last flush, and which directories had names created since.
+/// Files written since the last flush, and whether names were created or removed since.
 pub struct Dirty {
     pub files: Vec<Arc<dyn File>>,
-    pub pool_dir: bool,
-    pub staging_dir: bool,
+    pub names_changed: bool,
 }
 
 /// Batches of at least this many bytes are written with direct I/O (see the module doc).
@@ -288,13 +284,9 @@ pub struct Segments {
     spare: Vec<AlignedBuf>,
     dirty: BTreeSet<u32>,
     names_changed: bool,
-    staging_names_changed: bool,
     target_bytes: u64,
     uuid: [u8; 16],
-    /// The writeback cache's directory, where new segments are staged (`None`: no staging).
-    staging: Option<Arc<dyn Dir>>,
-    staging_max: u64,
-    /// The segment a destage is copying now.
+    /// The segment a destage is moving down now.
     destaging: Option<u32>,
 }
 
@@ -315,38 +307,17 @@ impl Segments {
             spare: Vec::new(),
             dirty: BTreeSet::new(),
             names_changed: false,
-            staging_names_changed: false,
             target_bytes,
             uuid,
-            staging: None,
-            staging_max: 0,
             destaging: None,
         }
     }
 
-    /// Register an existing segment found in the pool directory (or, `staged`, in the
-    /// staging directory).
-    pub fn add_existing(&mut self, id: u32, file: Arc<dyn File>, len: u64, staged: bool) {
-        self.files.insert(id, SegmentFile { file, len, staged });
+    /// Register an existing segment found in the pool directory.
+    pub fn add_existing(&mut self, id: u32, file: Arc<dyn File>, len: u64) {
+        self.files.insert(id, SegmentFile { file, len });
         // A file named seg-ffffffff.dat leaves no id: `start_segment` then refuses.
         self.next_id = self.next_id.max(id.saturating_add(1));
-    }
-
-    /// Stage new segments in `dir` while fewer than `max` bytes are staged (`max` 0: create
-    /// them in the pool directory from now on, while staged ones wait to be destaged; `None`
-    /// only once nothing is staged).
-    pub fn set_staging(&mut self, dir: Option<Arc<dyn Dir>>, max: u64) {
-        self.staging = dir;
-        self.staging_max = max;
-    }
-
-    pub fn staging(&self) -> Option<&Arc<dyn Dir>> {
-        self.staging.as_ref()
-    }
-
-    /// New segments (and the journal) go to the staging directory.
-    pub fn stages_new(&self) -> bool {
-        self.staging.is_some() && self.staging_max > 0
     }
 
     /// Seal the open segment (the next record starts a new one), after handing what is
@@ -408,64 +379,38 @@ impl Segments {
         self.pending_base + self.pending.len() as u64
     }
 
-    /// Bytes of the segments not yet destaged (the writeback cache's dirty bytes).
-    pub fn staged_bytes(&self) -> u64 {
-        self.files
-            .values()
-            .filter(|s| s.staged)
-            .map(|s| s.len)
-            .sum()
-    }
-
-    pub fn staged_count(&self) -> usize {
-        self.files.values().filter(|s| s.staged).count()
-    }
-
-    /// Staged segments other than the open one with ids up to `max_id` (what a destage
-    /// can still take).
-    pub fn sealed_staged_through(&self, max_id: u32) -> usize {
-        self.files
-            .range(..=max_id)
-            .filter(|(&id, s)| s.staged && Some(id) != self.open)
-            .count()
-    }
-
     /// The highest segment id handed out so far.
     pub fn last_id(&self) -> Option<u32> {
         self.next_id.checked_sub(1)
     }
 
-    pub fn is_staged(&self, id: u32) -> bool {
-        self.files.get(&id).is_some_and(|s| s.staged)
+    /// Whether segment `id` may be moved down now: it exists, is sealed, and every batch
+    /// of it is written.
+    fn settled(&self, id: u32) -> bool {
+        self.files.contains_key(&id) && Some(id) != self.open && !self.in_flight.contains_key(&id)
     }
 
-    /// The oldest sealed staged segment to destage (marked as being destaged): its id, file
-    /// and length. `None` if a destage is running or nothing sealed is staged.
-    pub fn start_destage(&mut self) -> Option<(u32, Arc<dyn File>, u64)> {
+    /// The first of `held` (segment ids the staging layer holds, oldest first) that may be
+    /// moved down now, marked as being destaged. `None` if a destage is running or none
+    /// may be moved.
+    pub fn start_destage(&mut self, held: impl IntoIterator<Item = u32>) -> Option<u32> {
         if self.destaging.is_some() {
             return None;
         }
         self.reap();
-        let (&id, s) = self.files.iter().find(|(&id, s)| {
-            s.staged && Some(id) != self.open && !self.in_flight.contains_key(&id)
-        })?;
+        let id = held.into_iter().find(|&id| self.settled(id))?;
         self.destaging = Some(id);
-        Some((id, s.file.clone(), s.len))
+        Some(id)
     }
 
-    /// A destage of `id` ended: with `Some(file)` the segment now lives in the pool
-    /// directory as `file`. Returns false if the segment was removed meanwhile (GC).
-    pub fn end_destage(&mut self, id: u32, file: Option<Arc<dyn File>>) -> bool {
+    /// A destage of `id` ended; `moved`: its file is durable in the pool directory, so a
+    /// flush need not sync it again.
+    pub fn end_destage(&mut self, id: u32, moved: bool) {
+        debug_assert_eq!(self.destaging, Some(id));
         self.destaging = None;
-        let Some(s) = self.files.get_mut(&id) else {
-            return false;
-        };
-        if let Some(file) = file {
-            s.file = file;
-            s.staged = false;
+        if moved {
             self.dirty.remove(&id);
         }
-        true
     }
 
     /// True if every chunk the batch introduces (or moves) is whole on disk: journal replay
@@ -580,16 +525,6 @@ impl Segments {
                  named seg-ffffffff.dat?): a new segment would overwrite an existing one",
             ));
         }
-        let staging = self
-            .staging
-            .clone()
-            // A bucket takes whole objects only: an S3 pool stages every segment.
-            .filter(|_| self.staged_bytes() < self.staging_max || dir.whole_files_only());
-        let staged = staging.is_some();
-        let dir: &dyn Dir = match &staging {
-            Some(d) => &**d,
-            None => dir,
-        };
         let file = dir
             .open(&name, true)
             .map_err(|e| Error::io(format!("creating segment {name} in {}", dir.describe()), e))?;
@@ -618,16 +553,11 @@ impl Segments {
             SegmentFile {
                 file,
                 len: header.len() as u64,
-                staged,
             },
         );
         self.open = Some(id);
         self.dirty.insert(id);
-        if staged {
-            self.staging_names_changed = true;
-        } else {
-            self.names_changed = true;
-        }
+        self.names_changed = true;
         Ok(id)
     }
 
@@ -823,25 +753,14 @@ impl Segments {
             .collect();
         Ok(Dirty {
             files,
-            pool_dir: std::mem::take(&mut self.names_changed),
-            staging_dir: std::mem::take(&mut self.staging_names_changed),
+            names_changed: std::mem::take(&mut self.names_changed),
         })
     }
 
-    /// Delete segment `id`'s file (from the pool directory `dir` or the staging directory)
-    /// and forget it. The caller syncs the directory.
+    /// Delete segment `id`'s file from the pool directory `dir` and forget it. The caller
+    /// syncs the directory.
     pub fn remove(&mut self, dir: &dyn Dir, id: u32) -> Result<()> {
         let name = segment_name(id);
-        let staged = self.is_staged(id);
-        let dir: &dyn Dir = match (&self.staging, staged) {
-            (Some(d), true) => &**d,
-            _ => dir,
-        };
-        if staged && self.staging.is_none() {
-            return Err(Error::Invalid(format!(
-                "segment {name} is staged but no staging directory is set"
-            )));
-        }
         dir.remove(&name).map_err(|e| {
             Error::io(
                 format!("removing segment {name} from {}", dir.describe()),
@@ -850,9 +769,7 @@ impl Segments {
         })?;
         self.files.remove(&id);
         self.dirty.remove(&id);
-        if staged {
-            self.staging_names_changed = true;
-        }
+        self.names_changed = true;
         Ok(())
     }
 
@@ -882,10 +799,8 @@ mod tests {
     #[test]
     fn a_segment_with_a_batch_in_flight_is_neither_destaged_nor_collectable() -> Result<()> {
         let pool = SimHandle(SimDir::new());
-        let staging: Arc<dyn Dir> = Arc::new(SimHandle(SimDir::new()));
         // Room for two records a segment.
         let mut segs = Segments::new(64 + 2 * (32 + 4096), [7; 16]);
-        segs.set_staging(Some(staging), 1 << 30);
         segs.background = Some(SegmentWriter::start()?);
         held(&segs, true);
         let first = record(&mut segs, &pool, 0)?;
@@ -904,8 +819,9 @@ mod tests {
         assert_ne!(next.segment, first.segment);
         assert_ne!(segs.open_id(), Some(first.segment));
         assert!(segs.is_writing(first.segment));
+        let all = || [first.segment, next.segment];
         assert!(
-            segs.start_destage().is_none(),
+            segs.start_destage(all()).is_none(),
             "destaged with a batch in flight"
         );
         held(&segs, false);
@@ -919,10 +835,14 @@ mod tests {
         file.read_at(&mut on_disk, u64::from(first.offset))
             .map_err(|e| Error::io("reading back", e))?;
         assert_eq!(on_disk, staged);
-        let (id, _, _) = segs
-            .start_destage()
+        let id = segs
+            .start_destage(all())
             .ok_or(Error::Invalid("nothing to destage".into()))?;
         assert_eq!(id, first.segment);
+        // One destage at a time; the open segment is never one.
+        assert_eq!(segs.start_destage(all()), None);
+        segs.end_destage(id, true);
+        assert_eq!(segs.start_destage([next.segment]), None);
         Ok(())
     }
 
@@ -936,7 +856,7 @@ mod tests {
         let file = pool
             .open(&segment_name(u32::MAX), true)
             .map_err(|e| Error::io("creating", e))?;
-        segs.add_existing(u32::MAX, file, 64, false);
+        segs.add_existing(u32::MAX, file, 64);
         assert_eq!(segs.last_id(), Some(u32::MAX - 1));
         assert!(matches!(
             record(&mut segs, &pool, 0),

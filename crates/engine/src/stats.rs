@@ -17,7 +17,6 @@ use crate::metadata::Metadata;
 use crate::pool::Pool;
 use crate::segment::Segments;
 use std::collections::HashMap;
-use std::sync::Arc;
 
 #[derive(Clone, Debug, Default)]
 pub struct VolumeStats {
@@ -236,36 +235,38 @@ impl Pool {
 
     /// Pool and per-volume figures, from counters (no map is walked).
     pub fn stats(&self) -> Result<PoolStats> {
-        // An S3 pool: one LIST gives the objects and the bytes the bucket holds.
+        // An S3 pool: one LIST gives the objects and the bytes the bucket holds; the files
+        // the local directory holds on their way to it count too (a local pool directory's
+        // total includes a writeback cache's held files).
         let mut remote = self.dir().store_status();
-        let physical = match &remote {
-            Some(r) => r.bytes,
+        let physical = match remote.as_mut() {
+            Some(r) => {
+                let held = self
+                    .dir()
+                    .held()
+                    .map_err(|e| Error::io("measuring the files held in the cache", e))?;
+                let (segments, journal) = held.iter().fold((0, 0), |(s, j), (name, len)| {
+                    match crate::format::parse_segment_name(name) {
+                        Some(_) => (s + len, j),
+                        None => (s, j + len),
+                    }
+                });
+                // Not yet in the bucket: the held segments, and the journal unless every
+                // flush uploads its records (`remote` durability).
+                r.pending_bytes = segments
+                    + if r.durability == crate::format::Durability::Local {
+                        journal
+                    } else {
+                        0
+                    };
+                r.bytes + segments + journal
+            }
             None => self
                 .dir()
                 .total_bytes()
                 .map_err(|e| Error::io("measuring the pool directory", e))?,
         };
         let st = lock(&self.state);
-        if let Some(r) = &mut remote {
-            r.pending_bytes = st.segments.staged_bytes()
-                + if r.durability == crate::format::Durability::Local {
-                    st.journal.file_bytes()
-                } else {
-                    0
-                };
-        }
-        // A writeback cache holds part of the pool: its staged segments and the journal.
-        let physical = physical
-            + st.segments.staged_bytes()
-            + if st
-                .segments
-                .staging()
-                .is_some_and(|d| Arc::ptr_eq(d, &st.journal_dir))
-            {
-                st.journal.file_bytes()
-            } else {
-                0
-            };
         let md = &st.md;
         let bs = u64::from(self.block_size());
         let mut s = PoolStats {

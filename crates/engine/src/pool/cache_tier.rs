@@ -111,9 +111,10 @@ impl Pool {
         lock(&self.state).md.pages.set_l2(tier);
         if writeback {
             let guard = lock(&self.sync_lock);
-            lock(&self.state)
-                .segments
-                .set_staging(Some(dir), writeback_split(conf.size_bytes).1);
+            self.dir
+                .hold_in(Some((dir, writeback_split(conf.size_bytes).1)))
+                .map_err(|e| Error::io("holding new segments in the writeback cache", e))?;
+            // The new journal generation is held in the cache directory.
             self.checkpoint_locked(&guard)?;
             drop(guard);
             if self.opts.destage_in_background {
@@ -147,26 +148,24 @@ impl Pool {
             )));
         }
         self.stop_destager();
-        let staging = lock(&self.state).segments.staging().cloned();
-        if let Some(staging) = staging {
+        let writeback = read_cache_conf(&*self.dir)
+            .ok()
+            .flatten()
+            .is_some_and(|c| c.mode == CacheMode::WriteBack);
+        if writeback || !self.held_segments()?.is_empty() {
             let guard = lock(&self.sync_lock);
             {
                 let mut st = lock(&self.state);
                 self.writable(&st)?;
-                st.segments.set_staging(Some(staging.clone()), 0);
-                if st
-                    .segments
-                    .open_id()
-                    .is_some_and(|id| st.segments.is_staged(id))
-                {
-                    st.segments.seal_open()?;
-                }
+                self.dir.hold_no_new();
+                // The open segment may be held: sealed, so it can be moved down.
+                st.segments.seal_open()?;
             }
             drop(guard);
             self.flush()?;
             while self.destage_one()? {}
             let guard = lock(&self.sync_lock);
-            let left = lock(&self.state).segments.staged_count();
+            let left = self.held_segments()?.len();
             if left > 0 {
                 return Err(Error::Invalid(format!(
                     "{left} segments are still staged in the cache (a destage is running?); retry"
@@ -174,7 +173,9 @@ impl Pool {
             }
             // The new journal generation is created in the pool directory.
             self.checkpoint_locked(&guard)?;
-            lock(&self.state).segments.set_staging(None, 0);
+            self.dir.hold_in(None).map_err(|e| {
+                Error::io("detaching the writeback cache's directory from the pool", e)
+            })?;
         }
         lock(&self.state).md.pages.set_l2(None);
         let mut slot = self.tier.write().unwrap_or_else(|e| e.into_inner());
@@ -212,14 +213,14 @@ impl Pool {
             }
         };
         // A writeback cache's dirty bytes are the segments not yet destaged.
-        let st = lock(&self.state);
-        s.dirty_bytes = st.segments.staged_bytes();
+        s.dirty_bytes = self
+            .held_segments()
+            .map_or(0, |h| h.iter().map(|&(_, len)| len).sum());
         s.used_bytes += s.dirty_bytes;
-        if st.segments.staging().is_some() {
-            s.size_bytes = read_cache_conf(&*self.dir)
-                .ok()
-                .flatten()
-                .map_or(s.size_bytes, |c| c.size_bytes);
+        if let Some(conf) = read_cache_conf(&*self.dir).ok().flatten() {
+            if conf.mode == CacheMode::WriteBack {
+                s.size_bytes = conf.size_bytes;
+            }
         }
         s.destaged_segments = self.counters.destaged_segments.load(Ordering::Relaxed);
         s.destaged_bytes = self.counters.destaged_bytes.load(Ordering::Relaxed);

@@ -2,7 +2,6 @@
 
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::io::Dir;
 use crate::journal::Journal;
 use crate::locks::lock;
 use crate::metadata::Metadata;
@@ -26,7 +25,7 @@ impl Pool {
             return Ok(());
         }
         let guard = lock(&self.sync_lock);
-        let (dirty, staging, journal, target) = {
+        let (dirty, journal, target) = {
             let mut st = lock(&self.state);
             self.writable(&st)?;
             if st.durable == st.appended {
@@ -42,20 +41,15 @@ impl Pool {
                 }
             };
             st.journal.seal_flush()?;
-            let staging = st.segments.staging().cloned().filter(|_| dirty.staging_dir);
-            (dirty, staging, st.journal.file.clone(), st.appended)
+            (dirty, st.journal.file.clone(), st.appended)
         };
         let started = std::time::Instant::now();
         let synced = (|| {
             sync_segments(&dirty.files)?;
-            if dirty.pool_dir {
+            if dirty.names_changed {
                 self.dir
                     .sync_dir()
                     .map_err(|e| Error::io("syncing the pool directory", e))?;
-            }
-            if let Some(s) = staging {
-                s.sync_dir()
-                    .map_err(|e| Error::io("syncing the cache directory", e))?;
             }
             let journal_started = std::time::Instant::now();
             journal
@@ -204,15 +198,9 @@ impl Pool {
             &self.sb.uuid,
             self.crypto.as_deref(),
         )?;
-        // With a writeback cache the journal lives in its directory (fast fsyncs).
-        let journal_dir = st
-            .segments
-            .staging()
-            .filter(|_| st.segments.stages_new())
-            .cloned()
-            .unwrap_or_else(|| self.dir.clone());
+        // With a writeback cache the staging layer holds the journal there (fast fsyncs).
         let journal = Journal::create(
-            &*journal_dir,
+            &*self.dir,
             new_gen,
             &self.sb.uuid,
             next_seq,
@@ -220,7 +208,6 @@ impl Pool {
         )?;
         let new_journal_file = journal.file.clone();
         let old = std::mem::replace(&mut st.journal, journal);
-        let old_dir = std::mem::replace(&mut st.journal_dir, journal_dir);
         let dirty = match st.segments.take_dirty() {
             Ok(d) => d,
             Err(e) => {
@@ -228,19 +215,13 @@ impl Pool {
                 return Err(e);
             }
         };
-        let mut dirs = vec![self.dir.clone()];
-        if let Some(s) = st.segments.staging() {
-            dirs.push(s.clone());
-        }
         Ok(PreparedCheckpoint {
             body,
             upload_through,
             old_gen: old.gen,
-            old_dir,
             new_journal_file,
             meta_file: st.md.pages.file().clone(),
             files: dirty.files,
-            dirs,
             target: st.appended,
             freed,
         })
@@ -261,15 +242,14 @@ impl Pool {
                 .sync()
                 .map_err(|e| Error::io("syncing the new journal", e))
         })?;
-        for d in &p.dirs {
-            d.sync_dir()
-                .map_err(|e| Error::io(format!("syncing {}", d.describe()), e))?;
-        }
+        self.dir
+            .sync_dir()
+            .map_err(|e| Error::io(format!("syncing {}", self.dir.describe()), e))?;
         if let Some(last) = p.upload_through {
             self.upload_staged_through(last, true)?;
         }
         self.store_retry(|| crate::copies::write_both(&*self.dir, CHECKPOINT_NAME, &p.body))?;
-        p.old_dir
+        self.dir
             .remove(&journal_name(p.old_gen))
             .map_err(|e| Error::io("removing the old journal", e))
     }
@@ -328,13 +308,10 @@ struct PreparedCheckpoint {
     /// An S3 pool: the last segment the root can name, uploaded before the root.
     upload_through: Option<u32>,
     old_gen: u64,
-    old_dir: Arc<dyn Dir>,
     new_journal_file: Arc<dyn crate::io::File>,
     meta_file: Arc<dyn crate::io::File>,
     /// Segments written since the last sync.
     files: Vec<Arc<dyn crate::io::File>>,
-    /// Directories whose names changed.
-    dirs: Vec<Arc<dyn Dir>>,
     /// Records appended when the checkpoint was prepared: durable once it is written.
     target: u64,
     /// Pages the new root no longer names.

@@ -168,8 +168,6 @@ pub(crate) struct State {
     pub md: Metadata,
     pub segments: Segments,
     pub journal: Journal,
-    /// The directory the journal is in: the pool's, or a writeback cache's.
-    pub journal_dir: Arc<dyn Dir>,
     /// Records appended so far / made durable so far (counts, for group commit).
     pub appended: u64,
     pub durable: u64,

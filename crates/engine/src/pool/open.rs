@@ -12,6 +12,7 @@ use crate::metadata::{Metadata, VolumeState};
 use crate::page_alloc::PageAlloc;
 use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE};
 use crate::segment::Segments;
+use crate::staging::Staging;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
@@ -212,7 +213,14 @@ impl Pool {
             // Async when the directory honours flushes (a directory fsync succeeds).
             WritePolicy::Auto => dir.sync_dir().is_err(),
         };
-        let (staging, staging_max) = writeback_staging(&*dir, &opts)?;
+        // Storage layers, composed: the writeback staging layer over the pool directory.
+        let (upper, budget) = writeback_staging(&*dir, &opts)?;
+        let writeback = upper.is_some();
+        let staging = Arc::new(
+            Staging::compose(dir, upper, budget)
+                .map_err(|e| Error::io("finding the files held in the cache directory", e))?,
+        );
+        let dir: Arc<dyn Dir> = staging.clone();
 
         // The checkpoint root: the newest valid of its two copies.
         let root_copies = crate::copies::read_both(
@@ -224,24 +232,14 @@ impl Pool {
         let root = &root_copies.value;
         let mut notes = Vec::new();
         let meta_file = open_meta_file(&*dir, &sb, opts.read_only, &mut notes)?;
-        let (mut segments, both) = find_segments(&dir, staging.as_ref(), &sb)?;
+        let segments = find_segments(&dir, &sb)?;
         let mut md = load_metadata(&sb, root, meta_file, crypto.clone(), &opts);
-        let (journal, journal_dir, mut replay) = replay_journal(
-            &dir,
-            staging.as_ref(),
-            root,
-            &sb,
-            crypto.clone(),
-            &opts,
-            &mut md,
-            &segments,
-        )?;
-        segments.set_staging(staging.clone(), staging_max);
+        let (journal, mut replay) =
+            replay_journal(&dir, root, &sb, crypto.clone(), &opts, &mut md, &segments)?;
         let state = State {
             md,
             segments,
             journal,
-            journal_dir,
             appended: 0,
             durable: 0,
             poisoned: None,
@@ -260,10 +258,9 @@ impl Pool {
         if !opts.read_only {
             sb_copies.repair_other(&*dir)?;
             root_copies.repair_other(&*dir)?;
-            remove_leftovers(&dir, staging.as_ref(), &both, state.journal.gen)?;
+            remove_leftovers(&dir, &staging, state.journal.gen)?;
         }
 
-        let writeback = staging.is_some();
         let pool = Pool::assemble(dir, sb, crypto, sync_writes, opts, state, replay, lock_file);
         // An S3 pool's cache is its local directory, which a read-only open (export, a
         // reader host) may use too: every read of the bucket costs a request.
@@ -342,7 +339,8 @@ fn read_superblock(
 }
 
 /// Open step 2: a writeback cache holds segments and the journal, so its directory is part
-/// of the pool; with the bytes it may stage (0 for a read-only open).
+/// of the pool (the staging layer's upper directory); with the bytes of segments it may
+/// hold (0 for a read-only open).
 fn writeback_staging(dir: &dyn Dir, opts: &OpenOptions) -> Result<(Option<Arc<dyn Dir>>, u64)> {
     let conf = read_cache_conf(dir);
     let staging: Option<Arc<dyn Dir>> = match &conf {
@@ -392,38 +390,25 @@ fn open_meta_file(
     Ok(meta_file)
 }
 
-/// Open step 4: every segment of the pool directory and of the writeback cache's. A segment
-/// in both was destaged (the pool's copy is complete and durable before the staged one is
-/// removed): the pool's copy is used, and the staged names are returned for removal.
-fn find_segments(
-    dir: &Arc<dyn Dir>,
-    staging: Option<&Arc<dyn Dir>>,
-    sb: &Superblock,
-) -> Result<(Segments, Vec<String>)> {
+/// Open step 4: every segment of the pool (the staging layer lists the held ones too).
+fn find_segments(dir: &Arc<dyn Dir>, sb: &Superblock) -> Result<Segments> {
     let mut segments = Segments::new(sb.segment_bytes_target, sb.uuid);
-    let mut both = Vec::new();
-    for (d, staged) in std::iter::once((dir, false)).chain(staging.map(|s| (s, true))) {
-        for name in d
-            .list(SEGMENT_PREFIX)
-            .map_err(|e| Error::io(format!("listing segments in {}", d.describe()), e))?
-        {
-            let Some(id) = parse_segment_name(&name) else {
-                continue;
-            };
-            if staged && segments.file(id).is_some() {
-                both.push(name);
-                continue;
-            }
-            let file = d
-                .open(&name, false)
-                .map_err(|e| Error::io(format!("opening {name} in {}", d.describe()), e))?;
-            let len = file
-                .len()
-                .map_err(|e| Error::io(format!("reading {name} in {}", d.describe()), e))?;
-            segments.add_existing(id, file, len, staged);
-        }
+    for name in dir
+        .list(SEGMENT_PREFIX)
+        .map_err(|e| Error::io(format!("listing segments in {}", dir.describe()), e))?
+    {
+        let Some(id) = parse_segment_name(&name) else {
+            continue;
+        };
+        let file = dir
+            .open(&name, false)
+            .map_err(|e| Error::io(format!("opening {name} in {}", dir.describe()), e))?;
+        let len = file
+            .len()
+            .map_err(|e| Error::io(format!("reading {name} in {}", dir.describe()), e))?;
+        segments.add_existing(id, file, len);
     }
-    Ok((segments, both))
+    Ok(segments)
 }
 
 /// Open step 5: the metadata stores as of the checkpoint root, behind a page cache of the
@@ -510,47 +495,32 @@ fn load_metadata(
 
 /// Open step 6: the journal generation the root names, replayed into `md`; each batch only
 /// if the chunks it introduces are on disk (a salvage replay also past damage, through
-/// [`crate::repair::apply_after_damage`]). Returns the journal, its directory (the pool's,
-/// or a writeback cache's) and what replay found.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "what open has found so far, each once"
-)]
+/// [`crate::repair::apply_after_damage`]). Returns the journal and what replay found.
 fn replay_journal(
     dir: &Arc<dyn Dir>,
-    staging: Option<&Arc<dyn Dir>>,
     root: &Root,
     sb: &Superblock,
     crypto: Option<Arc<Crypto>>,
     opts: &OpenOptions,
     md: &mut Metadata,
     segments: &Segments,
-) -> Result<(Journal, Arc<dyn Dir>, crate::journal::ReplayReport)> {
+) -> Result<(Journal, crate::journal::ReplayReport)> {
     let block_size = sb.block_size;
     let mut salvage = crate::repair::Salvage::default();
     let jname = journal_name(root.journal_gen);
-    if let (true, Some(s)) = (dir.whole_files_only(), staging) {
-        local_journal(&**dir, &**s, root, sb, crypto.clone())?;
+    if dir.whole_files_only() {
+        local_journal(&**dir, root, sb, crypto.clone())?;
     }
-    let journal_dir = match staging {
-        Some(s)
-            if s.exists(&jname)
-                .map_err(|e| Error::io("looking for the journal", e))? =>
-        {
-            s.clone()
-        }
-        _ => dir.clone(),
-    };
     if opts.without_writeback_cache
         && !opts.read_only
-        && !journal_dir
+        && !dir
             .exists(&jname)
             .map_err(|e| Error::io("looking for the journal", e))?
     {
         // It was on the lost cache device: the changes since the checkpoint are gone.
         tracing::warn!("journal {jname} was in the lost writeback cache; starting an empty one");
         Journal::create(
-            &*journal_dir,
+            &**dir,
             root.journal_gen,
             &sb.uuid,
             root.next_seq,
@@ -558,7 +528,7 @@ fn replay_journal(
         )?
         .file
         .sync()
-        .and_then(|_| journal_dir.sync_dir())
+        .and_then(|_| dir.sync_dir())
         .map_err(|e| Error::io(format!("creating {jname}"), e))?;
     }
     let mode = match (opts.salvage_journal, opts.read_only) {
@@ -567,7 +537,7 @@ fn replay_journal(
         (false, false) => ReplayMode::Writable,
     };
     let (journal, mut replay) = Journal::replay(
-        &*journal_dir,
+        &**dir,
         root.journal_gen,
         &sb.uuid,
         root.next_seq,
@@ -598,27 +568,20 @@ fn replay_journal(
         },
     )?;
     replay.salvage = salvage;
-    Ok((journal, journal_dir, replay))
+    Ok((journal, replay))
 }
 
 /// Open step 7 (writable opens): leftovers of interrupted checkpoints (other journal
-/// generations, temp files) and of interrupted destages (a partial copy, or a staged copy
-/// already destaged).
-fn remove_leftovers(
-    dir: &Arc<dyn Dir>,
-    staging: Option<&Arc<dyn Dir>>,
-    destaged: &[String],
-    journal_gen: u64,
-) -> Result<()> {
-    for d in std::iter::once(dir).chain(staging) {
-        for name in d
-            .list(JOURNAL_PREFIX)
-            .map_err(|e| Error::io("listing journals", e))?
-        {
-            if parse_journal_name(&name).is_some_and(|g| g != journal_gen) {
-                d.remove(&name)
-                    .map_err(|e| Error::io(format!("removing {name}"), e))?;
-            }
+/// generations, temp files) and of interrupted destages (a partial copy, or a held copy
+/// already moved down).
+fn remove_leftovers(dir: &Arc<dyn Dir>, staging: &Staging, journal_gen: u64) -> Result<()> {
+    for name in dir
+        .list(JOURNAL_PREFIX)
+        .map_err(|e| Error::io("listing journals", e))?
+    {
+        if parse_journal_name(&name).is_some_and(|g| g != journal_gen) {
+            dir.remove(&name)
+                .map_err(|e| Error::io(format!("removing {name}"), e))?;
         }
     }
     for name in dir
@@ -630,12 +593,9 @@ fn remove_leftovers(
                 .map_err(|e| Error::io(format!("removing {name}"), e))?;
         }
     }
-    if let Some(s) = staging {
-        for name in destaged {
-            s.remove(name)
-                .map_err(|e| Error::io(format!("removing destaged {name}"), e))?;
-        }
-    }
+    staging
+        .remove_shadowed()
+        .map_err(|e| Error::io("removing segments already moved out of the cache", e))?;
     for tmp in [CHECKPOINT_NAME, SUPERBLOCK_NAME]
         .into_iter()
         .flat_map(|n| {
@@ -653,13 +613,12 @@ fn remove_leftovers(
     Ok(())
 }
 
-/// An S3 pool keeps its journal in the local directory `local`. If it is not there: the
-/// bucket's copy (the empty first generation `init` wrote), else, on a new host or after a
-/// lost local disk with `local` durability, an empty journal: the pool is as of the last
-/// checkpoint uploaded.
+/// An S3 pool keeps its journal in its local directory (held by the staging layer). If it
+/// is not there: the bucket's copy (the empty first generation `init` wrote), else, on a new
+/// host or after a lost local disk with `local` durability, an empty journal: the pool is
+/// as of the last checkpoint uploaded.
 fn local_journal(
-    bucket: &dyn Dir,
-    local: &dyn Dir,
+    dir: &dyn Dir,
     root: &Root,
     sb: &Superblock,
     crypto: Option<Arc<Crypto>>,
@@ -667,27 +626,27 @@ fn local_journal(
     let jname = journal_name(root.journal_gen);
     let io = |e| {
         Error::io(
-            format!("restoring journal {jname} in {}", local.describe()),
+            format!("restoring journal {jname} in the local directory"),
             e,
         )
     };
-    if local.exists(&jname).map_err(io)? {
+    if dir.held().map_err(io)?.iter().any(|(n, _)| *n == jname) {
         return Ok(());
     }
-    if bucket.exists(&jname).map_err(io)? {
-        let bytes = read_whole(bucket, &jname)?;
-        let f = local.open(&jname, true).map_err(io)?;
+    // Not held: `exists` and `read_whole` ask the bucket; `open(.., true)` creates the held copy.
+    if dir.exists(&jname).map_err(io)? {
+        let bytes = read_whole(dir, &jname)?;
+        let f = dir.open(&jname, true).map_err(io)?;
         f.write_at(&bytes, 0).and_then(|_| f.sync()).map_err(io)?;
     } else {
         tracing::warn!(
-            "journal {jname} is not in {} (a new host, or a lost local disk): the pool opens as of its last checkpoint in {}: all of it after a clean stop; with local durability, writes after that checkpoint are lost",
-            local.describe(),
-            bucket.describe()
+            "journal {jname} is not in the local directory (a new host, or a lost local disk): the pool opens as of its last checkpoint in {}: all of it after a clean stop; with local durability, writes after that checkpoint are lost",
+            dir.describe()
         );
-        Journal::create(local, root.journal_gen, &sb.uuid, root.next_seq, crypto)?
+        Journal::create(dir, root.journal_gen, &sb.uuid, root.next_seq, crypto)?
             .file
             .sync()
             .map_err(io)?;
     }
-    local.sync_dir().map_err(io)
+    dir.sync_dir().map_err(io)
 }
