@@ -88,6 +88,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         "index_ram_bytes": s.index_ram_bytes,
         "ram_bytes_per_unique_chunk": round2(s.ram_bytes_per_unique_chunk),
         "dedup_index_bytes": s.dedup_index_bytes,
+        "dedup_index": s.dedup_index,
         "metadata_cache_budget_bytes": s.metadata_cache_budget_bytes,
         "metadata_cache_used_bytes": s.metadata_cache_used_bytes,
         "metadata_cache_hits": s.metadata_cache_hits,
@@ -410,9 +411,14 @@ fn pool_lines(o: &mut String, s: &PoolStats, verbose: bool) {
         (
             "RAM for index and maps",
             format!(
-                "{} ({:.1} bytes per unique chunk)",
+                "{} ({:.1} bytes per unique chunk; dedup index {})",
                 human(s.index_ram_bytes),
-                s.ram_bytes_per_unique_chunk
+                s.ram_bytes_per_unique_chunk,
+                match s.dedup_index.as_str() {
+                    "loaded" => "loaded at open",
+                    "built" => "built from the chunk table",
+                    _ => "built by the first write",
+                }
             ),
         ),
     ];
@@ -793,6 +799,7 @@ pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), Strin
         index_ram_bytes: u(&v, "index_ram_bytes"),
         ram_bytes_per_unique_chunk: f(&v, "ram_bytes_per_unique_chunk"),
         dedup_index_bytes: u(&v, "dedup_index_bytes"),
+        dedup_index: v["dedup_index"].as_str().unwrap_or_default().to_string(),
         metadata_cache_budget_bytes: u(&v, "metadata_cache_budget_bytes"),
         metadata_cache_used_bytes: u(&v, "metadata_cache_used_bytes"),
         metadata_cache_hits: u(&v, "metadata_cache_hits"),

@@ -19,7 +19,14 @@
 //! Limits: pages past 2^28 − 1 (chunk ids past 2^35, 128 TiB of unique 4 KiB blocks) are not
 //! indexed: their chunks are stored but not deduplicated against.
 
+use crate::error::{Error, Result};
+use crate::format::dedup_index::{
+    decode_dedup_index_header, decode_shard_head, decode_slots, encode_dedup_index_header,
+    encode_shard_head, encode_slots, DedupIndexHeader, IndexStamp, DEDUP_INDEX_HEADER_BYTES,
+    DEDUP_INDEX_NAME, SHARD_HEAD_BYTES, SLOT_BYTES,
+};
 use crate::format::Fingerprint;
+use crate::io::File;
 
 const SHARD_BITS: u32 = 12;
 const SHARDS: usize = 1 << SHARD_BITS;
@@ -315,6 +322,145 @@ impl DedupIndex {
     }
 }
 
+/// A saved index found at open whose header names the root the pool opened at (loaded by
+/// [`crate::metadata::Metadata::build_index`]).
+pub struct SavedIndex {
+    pub file: std::sync::Arc<dyn File>,
+    pub uuid: [u8; 16],
+    pub stamp: IndexStamp,
+}
+
+/// Where the index in RAM came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IndexOrigin {
+    /// Not built yet (the first write that needs it builds it).
+    #[default]
+    NotBuilt,
+    /// Loaded from the index saved at the last clean close.
+    Loaded,
+    /// Built from the chunk table (no saved index, or one of another checkpoint).
+    Built,
+}
+
+impl IndexOrigin {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IndexOrigin::NotBuilt => "not built",
+            IndexOrigin::Loaded => "loaded",
+            IndexOrigin::Built => "built",
+        }
+    }
+}
+
+/// Bytes written or read at a time while saving or loading.
+const FILE_PIECE: usize = 8 << 20;
+
+/// Saving at a clean close and loading at the next open (`dedup.idx`,
+/// [`crate::format::dedup_index`]): the file is the shards' arrays as they are, so loading
+/// costs one read of it, not a walk of the chunk table.
+impl DedupIndex {
+    /// Write the index to `file` (replacing what it held), saved at `stamp` of pool `uuid`.
+    pub fn save(&self, file: &dyn File, uuid: [u8; 16], stamp: IndexStamp) -> Result<()> {
+        let io = |e| Error::io("writing the saved dedup index", e);
+        file.set_len(0).map_err(io)?;
+        let mut at = DEDUP_INDEX_HEADER_BYTES as u64;
+        let mut body_crc = 0u32;
+        let mut buf = Vec::with_capacity(FILE_PIECE + SHARD_HEAD_BYTES);
+        for (i, shard) in self.shards.iter().enumerate() {
+            buf.extend_from_slice(&encode_shard_head(shard.cap() as u32, shard.len as u32));
+            encode_slots(&shard.slots, &mut buf);
+            if buf.len() >= FILE_PIECE || i + 1 == self.shards.len() {
+                body_crc = crc32c::crc32c_append(body_crc, &buf);
+                file.write_at(&buf, at).map_err(io)?;
+                at += buf.len() as u64;
+                buf.clear();
+            }
+        }
+        let header = DedupIndexHeader {
+            uuid,
+            stamp,
+            shards: SHARDS as u32,
+            entries: self.len,
+            body_crc,
+        };
+        file.write_at(&encode_dedup_index_header(&header), 0)
+            .map_err(io)
+    }
+
+    /// The index saved in `file` at `stamp` of pool `uuid`. An error if the file was saved
+    /// at another checkpoint or fails any check: the caller then builds the index from the
+    /// chunk table. Never allocates more than the file holds.
+    pub fn load(file: &dyn File, uuid: [u8; 16], stamp: IndexStamp) -> Result<DedupIndex> {
+        let io = |e| Error::io("reading the saved dedup index", e);
+        let file_len = file.len().map_err(io)?;
+        let mut head = vec![0u8; DEDUP_INDEX_HEADER_BYTES];
+        if file_len < head.len() as u64 {
+            return Err(Error::corrupt(DEDUP_INDEX_NAME, "shorter than its header"));
+        }
+        file.read_at(&mut head, 0).map_err(io)?;
+        let h = decode_dedup_index_header(&head)?;
+        if h.uuid != uuid || h.stamp != stamp || h.shards != SHARDS as u32 {
+            return Err(Error::corrupt(
+                DEDUP_INDEX_NAME,
+                "saved at another checkpoint of the pool (or of another pool)",
+            ));
+        }
+        let mut ix = DedupIndex::default();
+        let mut at = DEDUP_INDEX_HEADER_BYTES as u64;
+        let mut body_crc = 0u32;
+        let mut bytes = Vec::new();
+        for shard in &mut ix.shards {
+            let mut sh = [0u8; SHARD_HEAD_BYTES];
+            if at + SHARD_HEAD_BYTES as u64 > file_len {
+                return Err(Error::corrupt(DEDUP_INDEX_NAME, "truncated"));
+            }
+            file.read_at(&mut sh, at).map_err(io)?;
+            body_crc = crc32c::crc32c_append(body_crc, &sh);
+            at += SHARD_HEAD_BYTES as u64;
+            let (cap, len) = decode_shard_head(&sh);
+            let slot_bytes = u64::from(cap) * SLOT_BYTES as u64;
+            // The load rule of `insert` (at most 90 % full) leaves an empty slot, where every
+            // probe stops.
+            if at + slot_bytes > file_len || u64::from(len) * 10 > u64::from(cap) * 9 {
+                return Err(Error::corrupt(
+                    DEDUP_INDEX_NAME,
+                    format!("a shard of {len} entries in {cap} slots at offset {at}"),
+                ));
+            }
+            bytes.resize(slot_bytes as usize, 0);
+            file.read_at(&mut bytes, at).map_err(io)?;
+            body_crc = crc32c::crc32c_append(body_crc, &bytes);
+            at += slot_bytes;
+            let mut slots = Vec::with_capacity(cap as usize);
+            decode_slots(&bytes, &mut slots);
+            *shard = Shard {
+                slots,
+                len: len as usize,
+            };
+            // Every entry names a page (page + 1 in its low bits), and `len` counts them.
+            let used = (0..shard.cap()).filter(|&i| shard.hi(i) != 0).count();
+            let pageless = (0..shard.cap())
+                .any(|i| shard.hi(i) != 0 && shard.hi(i) & ((1 << PAGE_BITS) - 1) == 0);
+            if used != shard.len || pageless {
+                return Err(Error::corrupt(
+                    DEDUP_INDEX_NAME,
+                    format!("a shard's slots do not match its length at offset {at}"),
+                ));
+            }
+            ix.len += len as u64;
+            ix.slots += u64::from(cap);
+        }
+        if at != file_len || ix.len != h.entries || body_crc != h.body_crc {
+            return Err(Error::Checksum {
+                what: DEDUP_INDEX_NAME.into(),
+                expected: h.body_crc,
+                found: body_crc,
+            });
+        }
+        Ok(ix)
+    }
+}
+
 /// What [`DedupIndex::ram_bytes`] will be after `chunks` inserts spread at random over the
 /// shards (for `condense estimate`, and for `stats` before the index is built): the expected
 /// capacity of a shard under a Poisson load, following the same growth rule as `insert`.
@@ -341,6 +487,7 @@ pub fn projected_ram_bytes(chunks: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn fp(n: u64) -> Fingerprint {
         let h = blake3::hash(&n.to_le_bytes());
@@ -470,5 +617,107 @@ mod tests {
                 "{n} chunks: projected {proj}, real {real}"
             );
         }
+    }
+
+    fn saved(ix: &DedupIndex, stamp: IndexStamp) -> Result<Arc<dyn File>> {
+        let dir = crate::sim::SimHandle(crate::sim::SimDir::new());
+        let f = crate::io::Dir::open(&dir, DEDUP_INDEX_NAME, true)
+            .map_err(|e| Error::io("creating", e))?;
+        ix.save(&*f, [3; 16], stamp)?;
+        Ok(f)
+    }
+
+    fn stamp() -> IndexStamp {
+        IndexStamp {
+            journal_gen: 4,
+            next_seq: 99,
+            live_chunks: 50_000,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_saved_index_loads_with_the_same_answers() -> Result<()> {
+        let mut ix = DedupIndex::default();
+        for i in 0..50_000u64 {
+            ix.insert(&fp(i), i / 128);
+        }
+        for i in (0..50_000u64).step_by(5) {
+            ix.remove(&fp(i), i / 128);
+        }
+        let f = saved(&ix, stamp())?;
+        let back = DedupIndex::load(&*f, [3; 16], stamp())?;
+        assert_eq!(back.len(), ix.len());
+        assert_eq!(back.ram_bytes(), ix.ram_bytes());
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for i in 0..60_000u64 {
+            a.clear();
+            b.clear();
+            ix.candidates(&fp(i), &mut a);
+            back.candidates(&fp(i), &mut b);
+            assert_eq!(a, b, "fingerprint {i}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn another_checkpoint_or_a_damaged_file_is_not_loaded() -> Result<()> {
+        let mut ix = DedupIndex::default();
+        for i in 0..5_000u64 {
+            ix.insert(&fp(i), i / 128);
+        }
+        let f = saved(&ix, stamp())?;
+        let other = IndexStamp {
+            next_seq: 100,
+            ..stamp()
+        };
+        assert!(DedupIndex::load(&*f, [3; 16], other).is_err());
+        assert!(DedupIndex::load(&*f, [4; 16], stamp()).is_err());
+        let len = f.len().map_err(|e| Error::io("len", e))?;
+        for at in [0, 130, len / 2, len - 1] {
+            let g = saved(&ix, stamp())?;
+            let mut b = [0u8; 1];
+            g.read_at(&mut b, at).map_err(|e| Error::io("read", e))?;
+            g.write_at(&[b[0] ^ 0x10], at)
+                .map_err(|e| Error::io("write", e))?;
+            assert!(
+                DedupIndex::load(&*g, [3; 16], stamp()).is_err(),
+                "flip at {at}"
+            );
+        }
+        let g = saved(&ix, stamp())?;
+        g.set_len(len - 6).map_err(|e| Error::io("cut", e))?;
+        assert!(DedupIndex::load(&*g, [3; 16], stamp()).is_err());
+        Ok(())
+    }
+
+    /// A file whose checksums are right but whose shard is full (no empty slot would stop a
+    /// probe) or claims more slots than the file holds is refused, without allocating them.
+    #[test]
+    fn a_hostile_shard_with_good_checksums_is_refused() -> Result<()> {
+        for (cap, len) in [(10u32, 10u32), (u32::MAX, 0)] {
+            let mut body = Vec::new();
+            body.extend_from_slice(&encode_shard_head(cap, len));
+            let slots = vec![[1u16, 1, 0]; 10];
+            encode_slots(&slots, &mut body);
+            let header = DedupIndexHeader {
+                uuid: [3; 16],
+                stamp: stamp(),
+                shards: SHARDS as u32,
+                entries: u64::from(len),
+                body_crc: crc32c::crc32c(&body),
+            };
+            let dir = crate::sim::SimHandle(crate::sim::SimDir::new());
+            let f = crate::io::Dir::open(&dir, DEDUP_INDEX_NAME, true)
+                .map_err(|e| Error::io("creating", e))?;
+            f.write_at(&encode_dedup_index_header(&header), 0)
+                .and_then(|_| f.write_at(&body, DEDUP_INDEX_HEADER_BYTES as u64))
+                .map_err(|e| Error::io("writing", e))?;
+            assert!(
+                DedupIndex::load(&*f, [3; 16], stamp()).is_err(),
+                "{cap}/{len}"
+            );
+        }
+        Ok(())
     }
 }

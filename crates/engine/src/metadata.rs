@@ -17,8 +17,9 @@
 
 use crate::block_map::{self, MapCounts};
 use crate::chunk_table::{page_of, ChunkTable};
-use crate::dedup_index::DedupIndex;
+use crate::dedup_index::{DedupIndex, IndexOrigin, SavedIndex};
 use crate::error::{Error, Result};
+use crate::format::dedup_index::{IndexStamp, DEDUP_INDEX_NAME};
 use crate::format::*;
 use crate::page_cache::{PageCache, CHUNK_TREE};
 use std::collections::{BTreeMap, HashMap};
@@ -98,6 +99,12 @@ pub(crate) struct Metadata {
     /// it (a read-only command or a pool that is only read never pays for it); until then,
     /// new and dropped chunks are left to that build.
     pub index_ready: bool,
+    /// The index saved at the last clean close, if its root is this state's: the build
+    /// loads it instead of walking the chunk table. Dropped once a chunk is added or removed
+    /// before the build (the file would then miss it).
+    pub saved_index: Option<SavedIndex>,
+    /// Where the index in RAM came from (for `stats`).
+    pub index_origin: IndexOrigin,
     pub meta: BTreeMap<String, Vec<u8>>,
     /// Metadata page bytes written before this open (from the root).
     pub meta_bytes_written_before: u64,
@@ -160,7 +167,7 @@ impl Metadata {
 
     pub(crate) fn find_duplicate(&mut self, fp: &Fingerprint) -> Option<u64> {
         if !self.index_ready {
-            if let Err(e) = self.rebuild_index() {
+            if let Err(e) = self.build_index() {
                 tracing::warn!("dedup index built in part ({e}); chunks past the damage are not deduplicated against");
             }
         }
@@ -273,6 +280,8 @@ impl Metadata {
         self.chunks.insert(&mut self.pages, id, *fp, loc)?;
         if self.index_ready {
             self.index.insert(fp, page_of(id));
+        } else {
+            self.saved_index = None;
         }
         Ok(())
     }
@@ -297,6 +306,9 @@ impl Metadata {
             if self.index_ready {
                 self.index.remove(&e.fp, page_of(id));
             }
+        }
+        if !self.index_ready {
+            self.saved_index = None;
         }
         self.chunks.remove(&mut self.pages, id)
     }
@@ -524,9 +536,45 @@ impl Metadata {
         Ok(())
     }
 
-    /// Index every chunk of the chunk table. Pages are streamed, not cached. On an error the
-    /// index keeps what was read (it is advisory) and is marked built anyway.
-    pub(crate) fn rebuild_index(&mut self) -> Result<()> {
+    /// What identifies this state's checkpoint root to a saved index (every field changes
+    /// when the chunk table does): at open, the root's; after a checkpoint, the new one's.
+    pub(crate) fn index_stamp(&self, journal_gen: u64, next_seq: u64) -> IndexStamp {
+        let tree = self.pages.trees().get(&CHUNK_TREE);
+        IndexStamp {
+            journal_gen,
+            next_seq,
+            checkpoints: self.checkpoints,
+            next_chunk: self.chunks.next_id,
+            live_chunks: self.chunks.live_chunks,
+            chunk_tree_page: tree.map_or(0, |t| t.root.page),
+            chunk_tree_crc: tree.map_or(0, |t| t.root.crc),
+        }
+    }
+
+    /// Build the index: from the saved one if it is this state's, else from every chunk of
+    /// the chunk table. On an error the index keeps what was read (it is advisory) and is
+    /// marked built anyway.
+    pub(crate) fn build_index(&mut self) -> Result<()> {
+        if let Some(saved) = self.saved_index.take() {
+            let started = std::time::Instant::now();
+            match DedupIndex::load(&*saved.file, saved.uuid, saved.stamp) {
+                Ok(index) => {
+                    tracing::info!(
+                        "dedup index loaded from {DEDUP_INDEX_NAME}: {} chunks in {:.2} s",
+                        index.len(),
+                        started.elapsed().as_secs_f64()
+                    );
+                    self.index = index;
+                    self.index_ready = true;
+                    self.index_origin = IndexOrigin::Loaded;
+                    self.pages.set_reserved_bytes(self.index.ram_bytes());
+                    return Ok(());
+                }
+                Err(e) => tracing::warn!(
+                    "the saved dedup index was not used ({e}); building it from the chunk table"
+                ),
+            }
+        }
         let started = std::time::Instant::now();
         let mut index = DedupIndex::with_capacity(self.chunks.live_chunks);
         let r = self.chunks.for_each(&mut self.pages, &mut |id, e| {
@@ -540,6 +588,7 @@ impl Metadata {
         );
         self.index = index;
         self.index_ready = true;
+        self.index_origin = IndexOrigin::Built;
         crate::dedup_index::return_free_memory();
         self.pages.set_reserved_bytes(self.index.ram_bytes());
         r

@@ -624,6 +624,8 @@ fn fresh_metadata(
         },
         index: Default::default(),
         index_ready: false,
+        saved_index: None,
+        index_origin: Default::default(),
         meta: old.meta.clone(),
         meta_bytes_written_before: old.meta_bytes_written(),
         checkpoints: old.checkpoints,

@@ -19,6 +19,7 @@
 //! - `cache_tier.rs`: `cache.conf`, the `cache.dat` and `cache.idx` headers, `cache.idx`
 //!   records
 //! - `chunk_slot.rs`: the 32-byte records of chunk-table leaves
+//! - `dedup_index.rs`: `dedup.idx`, the dedup index saved at a clean close
 //! - `map_entry.rs`: the 8-byte entries of block-map leaves
 //! - `remote.rs`: `remote.conf`, the `lease` object and the write-ahead objects of a pool in
 //!   an object store
@@ -28,6 +29,7 @@
 pub mod cache_tier;
 pub mod chunk_slot;
 mod common;
+pub mod dedup_index;
 pub mod journal;
 pub mod map_entry;
 pub mod page;

@@ -41,6 +41,7 @@ mod durability;
 mod flush;
 pub(crate) mod open;
 mod read;
+mod saved_index;
 mod volumes;
 mod write;
 
@@ -299,6 +300,7 @@ impl Pool {
         let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
         drop(guard);
+        self.save_dedup_index();
         if let Some(c) = self.tier() {
             if let Err(e) = c.close() {
                 tracing::warn!("closing the cache tier: {e}");

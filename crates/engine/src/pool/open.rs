@@ -234,6 +234,11 @@ impl Pool {
         let meta_file = open_meta_file(&*dir, &sb, opts.read_only, &mut notes)?;
         let segments = find_segments(&dir, &sb)?;
         let mut md = load_metadata(&sb, root, meta_file, crypto.clone(), &opts);
+        if !opts.read_only {
+            let dir = super::saved_index::index_dir(&dir, &opts);
+            md.saved_index =
+                super::saved_index::find(dir, sb.uuid, &md, root.journal_gen, root.next_seq);
+        }
         let (journal, mut replay) =
             replay_journal(&dir, root, &sb, crypto.clone(), &opts, &mut md, &segments)?;
         let state = State {
@@ -466,6 +471,8 @@ fn load_metadata(
         },
         index: Default::default(),
         index_ready: false,
+        saved_index: None,
+        index_origin: Default::default(),
         meta: root.meta.iter().cloned().collect(),
         meta_bytes_written_before: root.meta_bytes_written,
         checkpoints: root.checkpoints,

@@ -1,0 +1,117 @@
+//! The dedup index saved at a clean close and found again at open (`dedup.idx`,
+//! [`crate::format::dedup_index`]), so a pool of 50M chunks does not walk its chunk table
+//! again (~10 s) at the first write after every restart.
+//!
+//! Invariants: the file is advisory, like the index. An open uses it only if its header
+//! names the root the pool opened at, and the build loads it only if no chunk was added or
+//! removed before ([`crate::metadata::Metadata::saved_index`]); any other file is ignored and
+//! the index built from the chunk table. It lives on the host: in the pool directory, or in
+//! the local directory of a pool whose directory is a bucket (never uploaded).
+
+use crate::dedup_index::SavedIndex;
+use crate::format::dedup_index::{
+    decode_dedup_index_header, encode_dedup_index_header, DEDUP_INDEX_HEADER_BYTES,
+    DEDUP_INDEX_NAME,
+};
+use crate::io::Dir;
+use crate::locks::lock;
+use crate::metadata::Metadata;
+use std::sync::Arc;
+
+use super::{OpenOptions, Pool};
+
+/// Where the saved index lives: the pool directory, or the local one of a bucket's pool.
+pub(super) fn index_dir(dir: &Arc<dyn Dir>, opts: &OpenOptions) -> Option<Arc<dyn Dir>> {
+    if dir.whole_files_only() {
+        opts.cache_dir.as_ref().map(|d| d.0.clone())
+    } else {
+        Some(dir.clone())
+    }
+}
+
+/// Open step 5b (writable opens): the saved index, if its header names the root `md` was
+/// loaded from (`journal_gen`, `next_seq`: the root's).
+pub(super) fn find(
+    dir: Option<Arc<dyn Dir>>,
+    uuid: [u8; 16],
+    md: &Metadata,
+    journal_gen: u64,
+    next_seq: u64,
+) -> Option<SavedIndex> {
+    let dir = dir?;
+    if !dir.exists(DEDUP_INDEX_NAME).unwrap_or(false) {
+        return None;
+    }
+    let file = dir.open(DEDUP_INDEX_NAME, false).ok()?;
+    let mut head = vec![0u8; DEDUP_INDEX_HEADER_BYTES];
+    let header = file
+        .read_at(&mut head, 0)
+        .ok()
+        .and_then(|_| decode_dedup_index_header(&head).ok());
+    let stamp = md.index_stamp(journal_gen, next_seq);
+    match header {
+        Some(h) if h.uuid == uuid && h.stamp == stamp => Some(SavedIndex { file, uuid, stamp }),
+        _ => {
+            tracing::info!(
+                "{DEDUP_INDEX_NAME} in {} is not of this checkpoint (the last close was not clean?): the first write builds the dedup index from the chunk table",
+                dir.describe()
+            );
+            None
+        }
+    }
+}
+
+impl Pool {
+    /// Save the dedup index for the next open, after the closing checkpoint. With the index
+    /// in RAM: written whole (a temporary name, then renamed; not synced: a torn file fails
+    /// its checksums and is rebuilt). Without it, a saved index still exact (no chunk added
+    /// or removed since open) is stamped with the new root. Failures are warnings.
+    pub(super) fn save_dedup_index(&self) {
+        let Some(dir) = index_dir(&self.dir, &self.opts) else {
+            return;
+        };
+        let st = lock(&self.state);
+        if st.appended != st.checkpointed {
+            return;
+        }
+        let stamp = st.md.index_stamp(st.journal.gen, st.journal.next_seq());
+        let tmp = format!("{DEDUP_INDEX_NAME}.tmp");
+        let saved = if st.md.index_ready {
+            let started = std::time::Instant::now();
+            (|| {
+                let f = dir
+                    .open(&tmp, true)
+                    .map_err(|e| crate::Error::io(format!("creating {tmp}"), e))?;
+                st.md.index.save(&*f, self.sb.uuid, stamp)?;
+                dir.rename(&tmp, DEDUP_INDEX_NAME)
+                    .map_err(|e| crate::Error::io(format!("renaming {tmp}"), e))?;
+                tracing::info!(
+                    "dedup index saved in {DEDUP_INDEX_NAME}: {} chunks in {:.2} s",
+                    st.md.index.len(),
+                    started.elapsed().as_secs_f64()
+                );
+                Ok(())
+            })()
+        } else if let Some(s) = &st.md.saved_index {
+            (|| {
+                let mut head = vec![0u8; DEDUP_INDEX_HEADER_BYTES];
+                let io = |e| crate::Error::io(format!("restamping {DEDUP_INDEX_NAME}"), e);
+                s.file.read_at(&mut head, 0).map_err(io)?;
+                let mut h = decode_dedup_index_header(&head)?;
+                h.stamp = stamp;
+                s.file
+                    .write_at(&encode_dedup_index_header(&h), 0)
+                    .map_err(io)
+            })()
+        } else {
+            return;
+        };
+        if let Err(e) = saved {
+            tracing::warn!(
+                "saving the dedup index in {}: {e}; the next open builds it from the chunk table",
+                dir.describe()
+            );
+            let _ = dir.remove(&tmp);
+        }
+    }
+}
