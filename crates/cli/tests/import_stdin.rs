@@ -324,3 +324,57 @@ fn metadata_cache_option_is_accepted_and_checked() {
     );
     assert!(export(&pool, d.path(), "a") == input);
 }
+
+/// The dedup index a clean close saved (`dedup.idx`) is what the next import's first write
+/// loads, instead of walking the chunk table; without the file the index is built, and both
+/// deduplicate every block of an image imported again.
+#[test]
+fn the_next_import_loads_the_dedup_index_the_last_one_saved() {
+    let dir = tmp();
+    let pool = dir.path().join("pool");
+    ok(&pool, &["init"]);
+    let data = Rng(0xd1d1).bytes(4 * MIB);
+    let size = data.len().to_string();
+    // With the engine's log on standard error: where the index came from.
+    let import = |name: &str| {
+        let args = ["import", "-", "--name", name, "--size", &size];
+        let mut child = Command::new(BIN)
+            .arg("--pool")
+            .arg(&pool)
+            .args(args)
+            .env("CONDENSE_LOG", "info")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run condense: {e}"));
+        let mut stdin = child.stdin.take().unwrap_or_else(|| panic!("no stdin"));
+        std::io::Write::write_all(&mut stdin, &data).unwrap_or_else(|e| panic!("stdin: {e}"));
+        drop(stdin);
+        let out = child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("condense import: {e}"));
+        check_ok(&args, out.clone());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let unique = |pool: &Path| json(&ok(pool, &["stats", "--json"]))["unique_chunks"].as_u64();
+    let first = import("a");
+    assert!(first.contains("dedup index saved in dedup.idx"), "{first}");
+    let chunks = unique(&pool);
+    assert_eq!(chunks, Some((4 * MIB / BS) as u64));
+    let second = import("b");
+    assert!(
+        second.contains("dedup index loaded from dedup.idx"),
+        "{second}"
+    );
+    assert_eq!(unique(&pool), chunks, "every block of b deduplicated");
+    fs::remove_file(pool.join("dedup.idx")).unwrap_or_else(|e| panic!("rm dedup.idx: {e}"));
+    let third = import("c");
+    assert!(third.contains("dedup index built"), "{third}");
+    assert_eq!(unique(&pool), chunks, "every block of c deduplicated");
+    assert_eq!(
+        json(&ok(&pool, &["stats", "--json"]))["dedup_index"].as_str(),
+        Some("not built"),
+        "stats, a new open, does not need the index"
+    );
+}
