@@ -423,7 +423,7 @@ fn main() {
     let argv = match config::expand(&Cli::command(), std::env::args_os().collect()) {
         Ok(argv) => argv,
         Err(e) => {
-            eprintln!("condense: error: {e:#}");
+            eprintln!("condense: error: {}", error_text(&e));
             std::process::exit(1);
         }
     };
@@ -432,10 +432,25 @@ fn main() {
     match run(cli) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("condense: error: {e:#}");
+            eprintln!("condense: error: {}", error_text(&e));
             std::process::exit(1);
         }
     }
+}
+
+/// An error and its causes, joined by ": ", each cause said once: the libraries' errors
+/// name their cause in their own message too, and would otherwise end in it twice.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if text.is_empty() {
+            text = c;
+        } else if !text.ends_with(&c) {
+            text = format!("{text}: {c}");
+        }
+    }
+    text
 }
 
 impl Command {
@@ -973,4 +988,33 @@ fn volume_command(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
         } => snapshot::rollback(ctx, &volume, &snap, force)?,
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    /// An error that names its cause in its message, as the libraries' errors do.
+    #[derive(Debug)]
+    struct Listen(std::io::Error);
+    impl std::fmt::Display for Listen {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "cannot listen on nbd://127.0.0.1:1: {}", self.0)
+        }
+    }
+    impl std::error::Error for Listen {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let e = anyhow::Error::new(Listen(std::io::Error::other("Address already in use")))
+            .context("cannot serve");
+        assert_eq!(
+            super::error_text(&e),
+            "cannot serve: cannot listen on nbd://127.0.0.1:1: Address already in use"
+        );
+        let e = anyhow::Error::new(std::io::Error::other("disk full")).context("writing x");
+        assert_eq!(super::error_text(&e), "writing x: disk full");
+    }
 }
