@@ -91,11 +91,16 @@ KINDS = [
     ("s3 local: cache.idx", "s3", "cache.idx"),
     ("segment", "local", "segment"),
     ("s3 local: pool/meta.synced", "s3", "pool/meta.synced"),
+    ("dedup.idx", "local", "dedup.idx"),
 ]
 ROOT_KINDS = {"superblock", "superblock.copy", "checkpoint", "checkpoint.copy"}
 # Copies of what the pool (or the bucket) holds: damage to them must lose nothing, and the
 # pool must open clean (a damaged cache entry is a miss, read again from the segment).
 CACHE_FILES = {"cache.dat", "cache.idx"}
+# Advisory files: the dedup index saved at the last clean close. Damage must lose nothing,
+# and the next write (which loads the index, or builds it when the file is refused) must
+# deduplicate as if the file were whole.
+ADVISORY_FILES = {"dedup.idx"}
 # The S3 local directory's files of which the bucket holds the authoritative copy: nothing may
 # be lost. The pool must open (mending what it must from the bucket) and verify clean, and
 # every export must be the reference.
@@ -373,6 +378,33 @@ def reopen_from_bucket(root, uploaded, live, log):
     return differ
 
 
+def write_after_advisory_damage(pool, name, want, rc, log):
+    """A damaged advisory file: verify clean, and importing volume `name` again (the first
+    write, which needs the dedup index) stores no new chunk and reads back byte-identical."""
+    if rc != 0:
+        raise Broken("a damaged dedup.idx holds nothing the pool needs: verify must be clean:\n"
+                     + "\n".join(log))
+    image = os.path.join(scratch, "again.raw")
+    erc, _, err = run(pool, "export", name, image, "--force")
+    if erc != 0:
+        raise Broken(f"export of {name}: {err[-600:]}\n" + "\n".join(log))
+    chunks = lambda: json.loads(run(pool, "stats", "--json")[1])["unique_chunks"]
+    before = chunks()
+    irc, _, err = run(pool, "import", "--format", "raw", image, "--name", "again")
+    os.remove(image)
+    log.append(f"import of {name} again: exit {irc}; {err.strip()[-300:]}")
+    if irc != 0 or chunks() != before:
+        raise Broken(f"importing {name} again after a damaged dedup.idx: exit {irc}, unique chunks"
+                     f" {before} -> {chunks()} (every block must deduplicate)\n" + "\n".join(log))
+    got, err = export(pool, "again", os.path.join(scratch, "export.raw"))
+    if got != want:
+        raise Broken(f"the re-imported {name} does not read back as written: {err[-300:]}\n"
+                     + "\n".join(log))
+    vrc, _, err = run(pool, "verify")
+    if vrc != 0:
+        raise Broken("verify after the import is not clean:\n" + "\n".join(log) + err[-1000:])
+
+
 def one_round(r, setups):
     rng = random.Random(seed * 1_000_003 + r)
     kind, setup, file = KINDS[r % len(KINDS)]
@@ -423,6 +455,8 @@ def one_round(r, setups):
             raise Broken(
                 f"export of {n} succeeded with wrong data in blocks {bad[:10]}:\n" + "\n".join(log)
             )
+    if os.path.basename(file) in ADVISORY_FILES:
+        write_after_advisory_damage(pool, names[0], reference[names[0]], rc, log)
     lost = {}
     unknown = False
     differ = None  # blocks that differ from the live pool after the S3 fallback

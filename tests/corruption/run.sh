@@ -58,7 +58,7 @@
 #     (the writes since the last upload). The base's bucket is never connected to: only copies,
 #     which hold the lease object a connect takes over.
 #
-#   bash tests/corruption/run.sh                 # ROUNDS=100 SEED=1: the 16 kinds in turn
+#   bash tests/corruption/run.sh                 # ROUNDS=100 SEED=1: the 17 kinds in turn
 #   ROUNDS=300 SEED=7 bash tests/corruption/run.sh
 #   KEEP_GOING=1 bash tests/corruption/run.sh    # every round; the broken ones listed at the end
 #   KEEP=1 bash tests/corruption/run.sh          # a failed run keeps W; one round again with

@@ -461,6 +461,18 @@ impl DedupIndex {
     }
 }
 
+/// Bytes of `dedup.idx` for the index [`projected_ram_bytes`] projects: its slots, the
+/// shards' heads and the header (for `condense estimate`: a clean close leaves the file).
+/// None without chunks: a pool never written to builds no index, and saves none.
+pub fn projected_file_bytes(chunks: u64) -> u64 {
+    if chunks == 0 {
+        return 0;
+    }
+    let fixed = (SHARDS * std::mem::size_of::<Shard>()) as u64;
+    (DEDUP_INDEX_HEADER_BYTES + SHARDS * SHARD_HEAD_BYTES) as u64
+        + projected_ram_bytes(chunks).saturating_sub(fixed)
+}
+
 /// What [`DedupIndex::ram_bytes`] will be after `chunks` inserts spread at random over the
 /// shards (for `condense estimate`, and for `stats` before the index is built): the expected
 /// capacity of a shard under a Poisson load, following the same growth rule as `insert`.

@@ -74,7 +74,8 @@ pub struct ProjectionInput {
 pub struct Projection {
     /// Segment files: headers and records.
     pub data_bytes: u64,
-    /// Superblock and checkpoint root (two copies each), journal header and `meta.dat`.
+    /// Superblock and checkpoint root (two copies each), journal header, `meta.dat` and the
+    /// dedup index a clean close saves (`dedup.idx`).
     pub metadata_bytes: u64,
     /// `data_bytes + metadata_bytes`: what `physical_bytes` will show.
     pub physical_bytes: u64,
@@ -107,8 +108,9 @@ pub fn project(p: &ProjectionInput) -> Projection {
         + (leaves + p.volumes + 1) as f64 * META_BYTES_PER_CHILD;
     let root = ROOT_HEADER_BYTES as f64 + 64.0 + (p.volumes * 40 + p.volume_name_bytes) as f64;
     // The superblock and the root are each kept twice (crate::copies).
-    let metadata_bytes =
-        (2 * SUPERBLOCK_BYTES + JOURNAL_HEADER_BYTES) as u64 + (2.0 * root + meta_file) as u64;
+    let metadata_bytes = (2 * SUPERBLOCK_BYTES + JOURNAL_HEADER_BYTES) as u64
+        + (2.0 * root + meta_file) as u64
+        + crate::dedup_index::projected_file_bytes(p.unique_chunks);
 
     // RAM: the dedup index (the page cache is a fixed budget, not per chunk).
     let index = crate::dedup_index::projected_ram_bytes(p.unique_chunks);
