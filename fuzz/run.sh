@@ -41,6 +41,7 @@ meta_page        4200   1024 64
 segment          65536  1024 256
 cache_index      8192   1024 128
 cache_conf       1024   1024 64
+dedup_index      65536  1024 128
 remote_conf      2048   1024 64
 lease            1024   1024 64
 wal_object       16384  1024 64

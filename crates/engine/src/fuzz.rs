@@ -572,6 +572,47 @@ pub fn cache_conf(data: &[u8]) -> bool {
     true
 }
 
+/// `dedup.idx`, the dedup index saved at a clean close: loaded against the stamp its own
+/// header names (so inputs get past that check), it must load or be refused; what loads
+/// answers lookups without panicking or looping (every probe meets an empty slot).
+pub fn dedup_index(data: &[u8]) -> bool {
+    use crate::format::dedup_index::{BODY_CRC_AT, DEDUP_INDEX_HEADER_BYTES};
+    let Some((flags, rest)) = split(data) else {
+        return false;
+    };
+    let mut buf = rest.to_vec();
+    if flags & FIX_CHECKSUMS != 0 && buf.len() >= DEDUP_INDEX_HEADER_BYTES {
+        // The body's CRC over everything after the header (and the header's shard count
+        // taken as written), then the header's own.
+        let body = crc(&[&buf[DEDUP_INDEX_HEADER_BYTES..]]);
+        put_crc(&mut buf, BODY_CRC_AT, body);
+        let head = crc(&[&buf[..DEDUP_INDEX_HEADER_BYTES - 4]]);
+        put_crc(&mut buf, DEDUP_INDEX_HEADER_BYTES - 4, head);
+    }
+    let Ok(h) = crate::format::dedup_index::decode_dedup_index_header(&buf) else {
+        return false;
+    };
+    let dir = SimHandle(SimDir::new());
+    let Ok(file) = dir.open(format::dedup_index::DEDUP_INDEX_NAME, true) else {
+        return false;
+    };
+    if file.write_at(&buf, 0).is_err() {
+        return false;
+    }
+    let Ok(mut ix) = crate::dedup_index::DedupIndex::load(&*file, h.uuid, h.stamp) else {
+        return false;
+    };
+    // Lookups, inserts (which may grow a shard) and removals on what loaded.
+    let mut out = Vec::new();
+    for i in 0..64u8 {
+        let fp = [i; 16];
+        ix.candidates(&fp, &mut out);
+        ix.insert(&fp, u64::from(i));
+        ix.remove(&fp, u64::from(i));
+    }
+    true
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pools on S3: remote.conf, the lease, write-ahead objects.
 

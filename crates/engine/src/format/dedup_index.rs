@@ -22,6 +22,8 @@ pub const DEDUP_INDEX_HEADER_BYTES: usize = 128;
 pub const SHARD_HEAD_BYTES: usize = 8;
 /// Bytes of one slot.
 pub const SLOT_BYTES: usize = 6;
+/// Where the header holds the body's CRC.
+pub const BODY_CRC_AT: usize = 92;
 
 /// The checkpoint root an index was saved at: every field changes when the chunk table does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -69,6 +71,7 @@ pub fn encode_dedup_index_header(h: &DedupIndexHeader) -> Vec<u8> {
     }
     put_u32(&mut out, s.chunk_tree_crc);
     put_u64(&mut out, h.entries);
+    debug_assert_eq!(out.len(), BODY_CRC_AT);
     put_u32(&mut out, h.body_crc);
     out.resize(DEDUP_INDEX_HEADER_BYTES - 4, 0);
     let c = crc(&[&out]);

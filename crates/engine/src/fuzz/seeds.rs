@@ -72,6 +72,31 @@ pub(super) fn write(out: &Path) -> Result<usize> {
     Ok(seeds.len())
 }
 
+/// A saved dedup index of 1,000 chunks (flags byte 0: its checksums are right as saved).
+fn saved_dedup_index() -> Result<Vec<u8>> {
+    let mut ix = crate::dedup_index::DedupIndex::default();
+    for i in 0..1000u64 {
+        let h = blake3::hash(&i.to_le_bytes());
+        let mut fp = [0u8; 16];
+        fp.copy_from_slice(&h.as_bytes()[..16]);
+        ix.insert(&fp, i / 128);
+    }
+    let dir = SimHandle(SimDir::new());
+    let name = format::dedup_index::DEDUP_INDEX_NAME;
+    let f = dir.open(name, true).map_err(|e| Error::io("seed", e))?;
+    let stamp = format::dedup_index::IndexStamp {
+        journal_gen: 3,
+        next_seq: 42,
+        live_chunks: 1000,
+        next_chunk: 1000,
+        ..Default::default()
+    };
+    ix.save(&*f, [5; 16], stamp)?;
+    let mut bytes = vec![0u8; f.len().map_err(|e| Error::io("seed", e))? as usize];
+    f.read_at(&mut bytes, 0).map_err(|e| Error::io("seed", e))?;
+    Ok(flagged(0, &bytes))
+}
+
 fn flagged(flags: u8, bytes: &[u8]) -> Vec<u8> {
     let mut v = vec![flags];
     v.extend_from_slice(bytes);
@@ -348,6 +373,7 @@ fn small_objects(seeds: &mut Seeds, uuid: [u8; 16]) -> Result<()> {
         };
         seeds.push(("cache_conf", name.into(), conf.encode().into_bytes()));
     }
+    seeds.push(("dedup_index", "saved".into(), saved_dedup_index()?));
     let full = RemoteConf {
         url: "s3://bucket/pools/vm".into(),
         endpoint: Some("http://127.0.0.1:3900".into()),
@@ -427,6 +453,7 @@ mod tests {
                 "segment" => segment,
                 "cache_index" => cache_index,
                 "cache_conf" => cache_conf,
+                "dedup_index" => dedup_index,
                 "remote_conf" => remote_conf,
                 "lease" => lease,
                 "wal_object" => wal_object,
