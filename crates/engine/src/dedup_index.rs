@@ -438,9 +438,14 @@ impl DedupIndex {
                 len: len as usize,
             };
             // Every entry names a page (page + 1 in its low bits), and `len` counts them.
-            let used = (0..shard.cap()).filter(|&i| shard.hi(i) != 0).count();
-            let pageless = (0..shard.cap())
-                .any(|i| shard.hi(i) != 0 && shard.hi(i) & ((1 << PAGE_BITS) - 1) == 0);
+            let (mut used, mut pageless) = (0, false);
+            for i in 0..shard.cap() {
+                let hi = shard.hi(i);
+                if hi != 0 {
+                    used += 1;
+                    pageless |= hi & ((1 << PAGE_BITS) - 1) == 0;
+                }
+            }
             if used != shard.len || pageless {
                 return Err(Error::corrupt(
                     DEDUP_INDEX_NAME,

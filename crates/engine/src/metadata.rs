@@ -95,15 +95,13 @@ pub(crate) struct Metadata {
     pub pages: PageCache,
     pub chunks: ChunkTable,
     pub index: DedupIndex,
-    /// The index holds every chunk of the table. It is built on the first write that needs
-    /// it (a read-only command or a pool that is only read never pays for it); until then,
-    /// new and dropped chunks are left to that build.
-    pub index_ready: bool,
     /// The index saved at the last clean close, if its root is this state's: the build
     /// loads it instead of walking the chunk table. Dropped once a chunk is added or removed
     /// before the build (the file would then miss it).
     pub saved_index: Option<SavedIndex>,
-    /// Where the index in RAM came from (for `stats`).
+    /// Where the index in RAM came from; `NotBuilt` until the first write that needs it
+    /// builds it (a read-only command or a pool that is only read never pays for it): until
+    /// then, new and dropped chunks are left to that build.
     pub index_origin: IndexOrigin,
     pub meta: BTreeMap<String, Vec<u8>>,
     /// Metadata page bytes written before this open (from the root).
@@ -160,13 +158,13 @@ impl Metadata {
     /// Unreadable pages count as misses (the index is advisory).
     /// Warm the dedup index for a coming [`Metadata::find_duplicate`] or insert of `fp`.
     pub(crate) fn prefetch_duplicate(&self, fp: &Fingerprint) {
-        if self.index_ready {
+        if self.index_ready() {
             self.index.prefetch(fp);
         }
     }
 
     pub(crate) fn find_duplicate(&mut self, fp: &Fingerprint) -> Option<u64> {
-        if !self.index_ready {
+        if !self.index_ready() {
             if let Err(e) = self.build_index() {
                 tracing::warn!("dedup index built in part ({e}); chunks past the damage are not deduplicated against");
             }
@@ -278,7 +276,7 @@ impl Metadata {
             return Ok(());
         }
         self.chunks.insert(&mut self.pages, id, *fp, loc)?;
-        if self.index_ready {
+        if self.index_ready() {
             self.index.insert(fp, page_of(id));
         } else {
             self.saved_index = None;
@@ -303,11 +301,11 @@ impl Metadata {
             return Ok(());
         }
         if let Some(e) = self.chunks.get(&mut self.pages, id)? {
-            if self.index_ready {
+            if self.index_ready() {
                 self.index.remove(&e.fp, page_of(id));
             }
         }
-        if !self.index_ready {
+        if !self.index_ready() {
             self.saved_index = None;
         }
         self.chunks.remove(&mut self.pages, id)
@@ -559,15 +557,7 @@ impl Metadata {
             let started = std::time::Instant::now();
             match DedupIndex::load(&*saved.file, saved.uuid, saved.stamp) {
                 Ok(index) => {
-                    tracing::info!(
-                        "dedup index loaded from {DEDUP_INDEX_NAME}: {} chunks in {:.2} s",
-                        index.len(),
-                        started.elapsed().as_secs_f64()
-                    );
-                    self.index = index;
-                    self.index_ready = true;
-                    self.index_origin = IndexOrigin::Loaded;
-                    self.pages.set_reserved_bytes(self.index.ram_bytes());
+                    self.install_index(index, IndexOrigin::Loaded, started);
                     return Ok(());
                 }
                 Err(e) => tracing::warn!(
@@ -581,17 +571,35 @@ impl Metadata {
             index.insert(&e.fp, page_of(id));
             Ok(())
         });
+        self.install_index(index, IndexOrigin::Built, started);
+        crate::dedup_index::return_free_memory();
+        r
+    }
+
+    /// The index holds every chunk of the table (it was built, or loaded).
+    pub(crate) fn index_ready(&self) -> bool {
+        self.index_origin != IndexOrigin::NotBuilt
+    }
+
+    /// Make `index`, loaded or built since `started`, the pool's index.
+    fn install_index(
+        &mut self,
+        index: DedupIndex,
+        origin: IndexOrigin,
+        started: std::time::Instant,
+    ) {
+        let how = match origin {
+            IndexOrigin::Loaded => format!("loaded from {DEDUP_INDEX_NAME}"),
+            _ => "built".to_string(),
+        };
         tracing::info!(
-            "dedup index built: {} chunks in {:.2} s",
+            "dedup index {how}: {} chunks in {:.2} s",
             index.len(),
             started.elapsed().as_secs_f64()
         );
         self.index = index;
-        self.index_ready = true;
-        self.index_origin = IndexOrigin::Built;
-        crate::dedup_index::return_free_memory();
+        self.index_origin = origin;
         self.pages.set_reserved_bytes(self.index.ram_bytes());
-        r
     }
 
     /// The checkpoint root describing this state (trees as last prepared).

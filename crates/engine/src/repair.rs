@@ -623,7 +623,6 @@ fn fresh_metadata(
             ..Default::default()
         },
         index: Default::default(),
-        index_ready: false,
         saved_index: None,
         index_origin: Default::default(),
         meta: old.meta.clone(),

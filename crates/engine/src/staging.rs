@@ -54,6 +54,9 @@ struct Stage {
     held: BTreeMap<String, Arc<HeldFile>>,
     /// The file a move is copying now, and whether it was removed meanwhile.
     moving: Option<(String, bool)>,
+    /// Segments compose found in both directories: their upper copies, for
+    /// [`Staging::remove_shadowed`].
+    shadowed: Vec<String>,
 }
 
 /// A handle on a held file; after a move, on its lower copy.
@@ -104,11 +107,14 @@ impl Staging {
         budget: u64,
     ) -> io::Result<Staging> {
         let mut held = BTreeMap::new();
+        let mut shadowed = Vec::new();
         if let Some(up) = &upper {
             let below: std::collections::BTreeSet<String> =
                 lower.list(SEGMENT_PREFIX)?.into_iter().collect();
             for name in pool_files(&**up)? {
-                if !below.contains(&name) {
+                if below.contains(&name) {
+                    shadowed.push(name);
+                } else {
                     let f = up.open(&name, false).map_err(|e| in_dir(&**up, e))?;
                     held.insert(name, Arc::new(HeldFile(RwLock::new(f))));
                 }
@@ -121,30 +127,26 @@ impl Staging {
                 budget,
                 held,
                 moving: None,
+                shadowed,
             }),
             upper_changed: AtomicBool::new(false),
         })
     }
 
-    /// Remove the upper copies of segments that are in the lower directory too (moves
+    /// Remove the upper copies of segments compose found in the lower directory too (moves
     /// interrupted after the lower copy was durable), and sync the upper directory.
     pub fn remove_shadowed(&self) -> io::Result<()> {
-        let Some(up) = lock(&self.stage).upper.clone() else {
+        let (up, names) = {
+            let mut s = lock(&self.stage);
+            (s.upper.clone(), std::mem::take(&mut s.shadowed))
+        };
+        let Some(up) = up.filter(|_| !names.is_empty()) else {
             return Ok(());
         };
-        let below: std::collections::BTreeSet<String> =
-            self.lower.list(SEGMENT_PREFIX)?.into_iter().collect();
-        let mut removed = false;
-        for name in pool_files(&*up)? {
-            if parse_segment_name(&name).is_some() && below.contains(&name) {
-                up.remove(&name).map_err(|e| in_dir(&*up, e))?;
-                removed = true;
-            }
+        for name in &names {
+            up.remove(name).map_err(|e| in_dir(&*up, e))?;
         }
-        if removed {
-            up.sync_dir().map_err(|e| in_dir(&*up, e))?;
-        }
-        Ok(())
+        up.sync_dir().map_err(|e| in_dir(&*up, e))
     }
 
     /// Whether a new file `name` is held (see the module docs).

@@ -159,7 +159,7 @@ impl PoolStats {
     fn add_ram(&mut self, md: &Metadata) {
         // The index is built by the first write that needs it; until then, show what it will
         // take, so a read-only look at a pool still answers "how much RAM to serve this".
-        self.dedup_index_bytes = if md.index_ready {
+        self.dedup_index_bytes = if md.index_ready() {
             md.index.ram_bytes()
         } else {
             crate::dedup_index::projected_ram_bytes(md.chunks.live_chunks)

@@ -169,8 +169,9 @@ pub fn open_record<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    #[test]
-    fn chunk_record_checks() -> Result<()> {
+
+    /// Chunk 7's record of the payload "hello", at offset 0 of segment 1, and its location.
+    fn hello_record() -> (Vec<u8>, Location) {
         let mut b = Vec::new();
         encode_record(&mut b, 7, &[4; 16], ChunkCodec::Raw, b"hello");
         let loc = Location {
@@ -179,6 +180,12 @@ mod tests {
             stored_len: 5,
             codec: ChunkCodec::Raw,
         };
+        (b, loc)
+    }
+
+    #[test]
+    fn chunk_record_checks() -> Result<()> {
+        let (mut b, loc) = hello_record();
         let (fp, payload) = decode_record(&b, 7, &loc)?;
         assert_eq!((fp, payload), ([4; 16], &b"hello"[..]));
         assert!(decode_record(&b, 8, &loc).is_err());
@@ -208,14 +215,7 @@ mod tests {
         let mut bad = h.clone();
         bad[13] ^= 1;
         assert!(decode_segment_header(&bad, &uuid).is_err(), "CRC");
-        let mut b = Vec::new();
-        encode_record(&mut b, 7, &[4; 16], ChunkCodec::Raw, b"hello");
-        let loc = Location {
-            segment: 1,
-            offset: 0,
-            stored_len: 5,
-            codec: ChunkCodec::Raw,
-        };
+        let (b, loc) = hello_record();
         for cut in 0..b.len() {
             assert!(
                 decode_record(&b[..cut], 7, &loc).is_err(),

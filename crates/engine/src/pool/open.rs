@@ -470,7 +470,6 @@ fn load_metadata(
             live_stored_bytes: root.live_stored_bytes,
         },
         index: Default::default(),
-        index_ready: false,
         saved_index: None,
         index_origin: Default::default(),
         meta: root.meta.iter().cloned().collect(),

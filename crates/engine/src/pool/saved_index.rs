@@ -39,9 +39,7 @@ pub(super) fn find(
     next_seq: u64,
 ) -> Option<SavedIndex> {
     let dir = dir?;
-    if !dir.exists(DEDUP_INDEX_NAME).unwrap_or(false) {
-        return None;
-    }
+    // No file (the first open, or a close that did not save one): nothing to say.
     let file = dir.open(DEDUP_INDEX_NAME, false).ok()?;
     let mut head = vec![0u8; DEDUP_INDEX_HEADER_BYTES];
     let header = file
@@ -76,7 +74,7 @@ impl Pool {
         }
         let stamp = st.md.index_stamp(st.journal.gen, st.journal.next_seq());
         let tmp = format!("{DEDUP_INDEX_NAME}.tmp");
-        let saved = if st.md.index_ready {
+        let saved = if st.md.index_ready() {
             let started = std::time::Instant::now();
             (|| {
                 let f = dir
