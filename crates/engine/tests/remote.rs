@@ -55,18 +55,41 @@ impl Bucket {
         remote::connect(&local, &self.conf(false), None, CACHE).expect("connect");
         local
     }
-    /// The pool's superblock as stored in the bucket.
+    /// The pool's superblock as the bucket's newest root names it, and its object.
+    fn superblock_object(&self) -> (String, Superblock) {
+        let (obj, bytes) = remote::stored_file(&self.conf(false), "superblock")
+            .expect("read the bucket")
+            .expect("a superblock");
+        (obj, Superblock::decode(&bytes).expect("decode superblock"))
+    }
     fn superblock(&self) -> Superblock {
-        let bytes = std::fs::read(self.root.join("store").join("superblock")).expect("superblock");
-        Superblock::decode(&bytes).expect("decode superblock")
+        self.superblock_object().1
+    }
+    /// Every object in the bucket (names relative to the store directory).
+    fn objects(&self) -> Vec<String> {
+        fn walk(dir: &Path, base: &Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).expect("read store").flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, base, out);
+                } else if let Ok(rel) = p.strip_prefix(base) {
+                    out.push(rel.display().to_string());
+                }
+            }
+        }
+        let mut out = Vec::new();
+        let base = self.root.join("store");
+        walk(&base, &base, &mut out);
+        out.sort();
+        out
     }
     fn local(&self, name: &str) -> PathBuf {
         self.root.join(name)
     }
-    /// What a host that died leaves: its lease, until it expires. Tests in one process
-    /// cannot wait 30 s, so they remove it as the expiry would.
+    /// What a host that died leaves: its lease claim, until it expires. Tests in one process
+    /// cannot wait 30 s, so they remove the claims as the expiry would.
     fn expire_lease(&self) {
-        let _ = std::fs::remove_file(self.root.join("store").join("lease"));
+        let _ = std::fs::remove_dir_all(self.root.join("store").join("claims"));
     }
 }
 
@@ -124,13 +147,10 @@ fn a_pool_round_trips_through_the_bucket_and_a_new_host_reads_it() {
     write(&pool, "a", 1, 2048);
     pool.close().expect("close");
     drop(pool);
-    let store = bucket.root.join("store");
-    let segments = std::fs::read_dir(&store)
-        .expect("store")
-        .filter(|e| {
-            e.as_ref()
-                .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("seg-"))
-        })
+    let segments = bucket
+        .objects()
+        .iter()
+        .filter(|o| o.rsplit('/').next().is_some_and(|n| n.starts_with("seg-")))
         .count();
     assert!(
         segments >= 2,
@@ -411,10 +431,12 @@ fn durability_set_is_refused_for_a_local_pool_and_a_reader() {
 /// A pool made before issue 23: no durability in its superblock, `durability=` in the
 /// host's `remote.conf`.
 fn make_it_old(bucket: &Bucket, local: &Path, conf_durability: Option<Durability>) {
-    let path = bucket.root.join("store").join("superblock");
+    // Written over its object in place, as only an older Condense's superblock would be.
+    let (obj, sb) = bucket.superblock_object();
+    let path = bucket.root.join("store").join(obj);
     let sb = Superblock {
         durability: None,
-        ..bucket.superblock()
+        ..sb
     };
     std::fs::write(&path, sb.encode()).expect("old superblock");
     let conf = RemoteConf {

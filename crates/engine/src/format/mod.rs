@@ -21,11 +21,14 @@
 //! - `chunk_slot.rs`: the 32-byte records of chunk-table leaves
 //! - `dedup_index.rs`: `dedup.idx`, the dedup index saved at a clean close
 //! - `map_entry.rs`: the 8-byte entries of block-map leaves
-//! - `remote.rs`: `remote.conf`, the `lease` object and the write-ahead objects of a pool in
-//!   an object store
+//! - `remote.rs`: `remote.conf`, the lease claims' body and the write-ahead objects of a pool
+//!   in an object store
+//! - `bucket.rs`: the names of a pool's objects in a bucket (generations, claims) and the
+//!   manifest of a checkpoint root
 //! - `page.rs`: the `meta.dat` header, page pointers ([`page::Ptr`]) and the stored form of
 //!   a metadata page
 
+pub mod bucket;
 pub mod cache_tier;
 pub mod chunk_slot;
 mod common;

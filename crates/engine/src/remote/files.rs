@@ -4,7 +4,8 @@
 //!
 //! Invariants:
 //! - An object, once stored, is never written again through these files: writes to an
-//!   [`ObjFile`] or a stored [`BufFile`] are refused.
+//!   [`ObjFile`] or a stored [`BufFile`] are refused, and every upload is a new object
+//!   ([`super::names::Names`]).
 //! - A `meta.dat` extent stays dirty until its upload succeeded.
 //! - A page that fails its check in the mirror is read again from the bucket's extent and
 //!   the mirror mended ([`MetaFile`]'s `read_other_copy`).
@@ -52,7 +53,7 @@ impl File for ObjFile {
 
 pub(super) enum BufState {
     Writing(Vec<u8>),
-    /// Uploaded under this name, with this length; read in place from now on.
+    /// Uploaded as this object, with this length; read in place from now on.
     Stored(String, u64),
 }
 
@@ -76,12 +77,22 @@ impl BufFile {
                 )))
             }
         };
-        if let Err(e) = self.shared.put(to, &bytes) {
-            *st = BufState::Writing(bytes);
-            return Err(e);
+        let names = &self.shared.names;
+        let put = if to == crate::format::bucket::ROOT_NAME {
+            names.put_root(&self.shared, &bytes)
+        } else {
+            names.put_file(&self.shared, to, &bytes)
+        };
+        match put {
+            Ok(obj) => {
+                *st = BufState::Stored(obj, bytes.len() as u64);
+                Ok(bytes)
+            }
+            Err(e) => {
+                *st = BufState::Writing(bytes);
+                Err(e)
+            }
         }
-        *st = BufState::Stored(to.to_string(), bytes.len() as u64);
-        Ok(bytes)
     }
 
     fn is_temporary(&self) -> bool {
@@ -148,7 +159,10 @@ impl File for BufFile {
             BufState::Writing(b) => b.clone(),
             BufState::Stored(..) => return Ok(()),
         };
-        self.shared.put(&self.name, &bytes)
+        self.shared
+            .names
+            .put_file(&self.shared, &self.name, &bytes)
+            .map(|_| ())
     }
 }
 
@@ -173,9 +187,11 @@ impl File for MetaFile {
             let e = at / META_EXTENT_BYTES;
             let ext_start = e * META_EXTENT_BYTES;
             let ext_end = (ext_start + META_EXTENT_BYTES).min(end);
-            let obj = self
-                .shared
-                .note(self.shared.store.get(&format!("meta/{e:08x}")))?;
+            let name = format!("meta/{e:08x}");
+            let Some((obj, _)) = self.shared.names.object(&name) else {
+                return Ok(false); // never uploaded: the mirror is the only copy
+            };
+            let obj = self.shared.note(self.shared.store.get(&obj))?;
             let (from, to) = ((at - ext_start) as usize, (ext_end - ext_start) as usize);
             let got = obj.get(from..to).ok_or_else(|| {
                 io::Error::new(
@@ -226,7 +242,11 @@ impl File for MetaFile {
             let mut buf = vec![0u8; len as usize];
             self.local
                 .read_at(&mut buf, start)
-                .and_then(|_| self.shared.put(&format!("meta/{e:08x}"), &buf))
+                .and_then(|_| {
+                    let name = format!("meta/{e:08x}");
+                    self.shared.names.put_file(&self.shared, &name, &buf)
+                })
+                .map(|_| ())
         });
         // An extent stays dirty until its upload succeeded.
         let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());

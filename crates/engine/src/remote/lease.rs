@@ -1,44 +1,76 @@
-//! The one-writer lease of a pool in a bucket ([`Lease`]): the `lease` object, taking it
-//! over, renewing it and releasing it.
+//! The one-writer lease of a pool in a bucket ([`Lease`]): claims that are never replaced,
+//! one winner per round on every store, renewal, the write fence and release (docs/S3.md
+//! "Lease: claims").
+//!
+//! A writer takes the pool by putting a **claim** `claims/E-W-R` ([`claim_object`]): its
+//! generation (epoch `E`, one more than any epoch in the bucket, and a random writer id `W`)
+//! and a renewal number `R`, holding a [`LeaseBody`] (host, pid, expiry). A claim is *live*
+//! while its newest renewal is not past its expiry, not released, and not of a process of
+//! this host that is gone.
+//!
+//! Taking the lease, on any store (conditional PUT or not):
+//! 1. list the claims; any live one refuses the open (held by ...);
+//! 2. put our claim (renewal 0), timing the PUT: a PUT slower than half of [`SETTLE`] is
+//!    withdrawn and tried again (at most 3 times);
+//! 3. wait [`SETTLE`], list the claims again;
+//! 4. of the live claims and ours, the lowest (epoch, writer) wins; a loser deletes its claim.
+//!
+//! Why one winner: two racers both pass step 1 only if each listed before the other's PUT
+//! completed; each PUT took under `SETTLE / 2`, so each one's step-3 listing, `SETTLE` after its
+//! own PUT, comes after the other's PUT completed (stores list what they acknowledged: Garage
+//! and S3 are read-after-write consistent), both see both claims, and both apply the same rule.
 //!
 //! Invariants:
-//! - Only the lease holder writes (best effort on stores without conditional PUT, see
-//!   [`Lease`]); a renewal that finds another holder's nonce marks the lease lost, and every
-//!   later write of this open is refused (`Shared::may_write`).
-//! - A clean close deletes the lease only if it is still this open's.
+//! - No claim object is ever put twice: a renewal is a new object (`R + 1`), the previous
+//!   one deleted after it; a release is a last renewal marked released.
+//! - **The write fence**: this process writes to the bucket only within [`WRITE_FENCE`] of the
+//!   start of its last renewal that succeeded, well inside the [`LEASE_SECONDS`] after which
+//!   another host may take the pool, so a writer cut off from the store (or paused) stops
+//!   before another can start; [`Shared::may_write`] checks it before every PUT and DELETE.
+//! - A claim whose expiry passed is renewed only by taking it again (steps 1, 3 and 4 with
+//!   our own generation), and never if a newer generation or claim is in the bucket.
+//! - A clean close releases the claim (a last renewal with expiry 0): another host takes the
+//!   pool at once.
 
 use super::conf::remote_error;
+use super::names::max_epoch;
 use super::shared::Shared;
 use crate::error::{Error, Result};
+use crate::format::bucket::{claim_object, parse_object, Generation, ObjectKind, CLAIM_PREFIX};
 pub(crate) use crate::format::remote::LeaseBody;
+use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The lease object of pools before generations (an older Condense holding the pool).
 pub(super) const LEASE_NAME: &str = "lease";
-/// A lease not renewed for this long is free to take.
+/// A claim not renewed for this long is free to take.
 pub const LEASE_SECONDS: u64 = 30;
-/// The holder renews its lease this often.
-const LEASE_RENEW: Duration = Duration::from_secs(10);
-/// After writing the lease, wait this long and read it back (stores without conditional PUT).
-const LEASE_SETTLE: Duration = Duration::from_millis(500);
+/// The holder renews its claim this often.
+const RENEW_EVERY: Duration = Duration::from_secs(5);
+/// Writes stop this long after the start of the last renewal that succeeded: the rest of
+/// [`LEASE_SECONDS`] covers clocks that disagree by a few seconds and a request in flight.
+pub(super) const WRITE_FENCE: Duration = Duration::from_secs(15);
+/// After putting a claim, wait this long before listing the claims again.
+const SETTLE: Duration = Duration::from_millis(1000);
 
-/// One writer per pool: the `lease` object names the host and process that writes the pool
-/// and until when; the holder renews it every 10 s and deletes it at a clean close.
-///
-/// On a store that honours conditional PUT the first writer of an absent lease wins
-/// exactly. Garage 2.5.0 does not (tests/s3/README.md): there the taker writes the lease,
-/// waits [`LEASE_SETTLE`], reads it back and holds it only if its nonce is there. That
-/// refuses every writer that comes after the lease is visible; two opens within one round
-/// trip could both win, and the renewal then finds a foreign nonce: that host stops
-/// writing (`health: lease lost`). A lease whose process is gone from this host (kill -9,
-/// a crash) is taken over at once; one of another host after it expires (30 s).
+/// One writer per pool: this process's claim, renewed in the background until dropped.
 pub struct Lease {
     shared: Arc<Shared>,
-    nonce: String,
+    gen: Generation,
+    state: Arc<Mutex<Renewals>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The claim objects of this process not yet deleted, oldest first, and the last renewal.
+struct Renewals {
+    objects: Vec<String>,
+    next: u32,
+    /// When the last renewal that succeeded started.
+    renewed_at: Instant,
 }
 
 impl LeaseBody {
@@ -52,6 +84,67 @@ impl LeaseBody {
             renewed: now,
         }
     }
+
+    fn released(&self) -> bool {
+        self.expires == 0
+    }
+}
+
+/// The newest renewal of one claim.
+struct Claim {
+    gen: Generation,
+    body: Option<LeaseBody>,
+}
+
+/// The claims in the bucket, newest renewal of each (with its body), and the lease object
+/// of an older Condense, if any.
+fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>)> {
+    let url = &shared.url;
+    let listed = shared
+        .store
+        .list(CLAIM_PREFIX.trim_end_matches('/'))
+        .map_err(|e| remote_error(url, e))?;
+    let mut newest: BTreeMap<Generation, (u32, String)> = BTreeMap::new();
+    for (obj, _) in listed {
+        if let Some(ObjectKind::Claim { gen, renewal }) = parse_object(&obj) {
+            let e = newest.entry(gen).or_insert((renewal, obj.clone()));
+            if renewal >= e.0 {
+                *e = (renewal, obj);
+            }
+        }
+    }
+    let mut claims = Vec::new();
+    for (gen, (_, obj)) in newest {
+        let body = match shared.store.get(&obj) {
+            Ok(b) => LeaseBody::decode(&b),
+            Err(e) if e.is_not_found() => continue, // renewed or released meanwhile
+            Err(e) => return Err(remote_error(url, e)),
+        };
+        if body.is_none() {
+            tracing::warn!("{url}: claim {obj} is not readable: ignored");
+        }
+        claims.push(Claim { gen, body });
+    }
+    let legacy = match shared.store.get(LEASE_NAME) {
+        Ok(b) => LeaseBody::decode(&b),
+        Err(e) if e.is_not_found() => None,
+        Err(e) => return Err(remote_error(url, e)),
+    };
+    Ok((claims, legacy))
+}
+
+/// Not expired, not released, and not of a process of this host that is gone.
+fn body_live(b: &LeaseBody) -> bool {
+    !b.released()
+        && b.expires > unix_now()
+        && (b.host != hostname() || pid_alive_after_grace(b.pid))
+}
+
+fn is_live(c: &Claim, dead: &HashSet<Generation>) -> bool {
+    !dead.contains(&c.gen)
+        && c.body
+            .as_ref()
+            .is_some_and(|b| !b.released() && b.expires > unix_now())
 }
 
 fn hostname() -> String {
@@ -101,115 +194,226 @@ fn held_error(url: &str, l: &LeaseBody) -> Error {
 }
 
 impl Lease {
-    pub(super) fn acquire(shared: &Arc<Shared>) -> Result<Lease> {
+    /// Take the pool's lease (see the module docs). `known_epoch`: the highest epoch of the
+    /// generations the caller saw in the bucket.
+    pub(super) fn acquire(shared: &Arc<Shared>, known_epoch: u64) -> Result<Lease> {
         let url = &shared.url;
-        let store = &shared.store;
-        let current = match store.get(LEASE_NAME) {
-            Ok(b) => LeaseBody::decode(&b),
-            Err(e) if e.is_not_found() => None,
-            Err(e) => return Err(remote_error(url, e)),
-        };
-        if let Some(l) = &current {
-            let mine_and_dead = l.host == hostname() && !pid_alive_after_grace(l.pid);
-            if l.expires > unix_now() && !mine_and_dead {
-                return Err(held_error(url, l));
-            }
-            tracing::warn!(
-                "taking over the lease of {url} from {} (pid {}): {}",
-                l.host,
-                l.pid,
-                if mine_and_dead {
-                    "that process is gone"
-                } else {
-                    "it expired"
-                }
-            );
-        }
-        let nonce = blake3::hash(
-            format!(
-                "{}{}{:?}",
-                hostname(),
-                std::process::id(),
-                SystemTime::now()
+        let writer = u64::from_le_bytes(
+            blake3::hash(
+                format!(
+                    "{}{}{:?}",
+                    hostname(),
+                    std::process::id(),
+                    SystemTime::now()
+                )
+                .as_bytes(),
             )
-            .as_bytes(),
-        )
-        .to_hex()[..32]
-            .to_string();
-        let body = LeaseBody::fresh(&nonce).encode();
-        if current.is_none() && store.conditional_put_honoured() {
-            if !store
-                .put_if_absent(LEASE_NAME, &body)
-                .map_err(|e| remote_error(url, e))?
+            .as_bytes()[..8]
+                .try_into()
+                .unwrap_or([1; 8]),
+        );
+        for _ in 0..3 {
+            let (claims, legacy) = list_claims(shared)?;
+            if let Some(l) = legacy.filter(body_live) {
+                return Err(held_error(url, &l));
+            }
+            let mut dead = HashSet::new();
+            for c in &claims {
+                if let Some(b) = &c.body {
+                    if !b.released() && b.expires > unix_now() && !body_live(b) {
+                        tracing::warn!(
+                            "taking over the lease of {url} from {} (pid {}): that process is gone",
+                            b.host,
+                            b.pid
+                        );
+                        dead.insert(c.gen);
+                    }
+                }
+            }
+            if let Some(b) = claims
+                .iter()
+                .find(|c| is_live(c, &dead))
+                .and_then(|c| c.body.as_ref())
             {
-                return Err(Lease::held_now(shared));
+                return Err(held_error(url, b));
             }
-        } else {
-            store
-                .put(LEASE_NAME, &body)
+            let epoch = claims
+                .iter()
+                .map(|c| c.gen.epoch)
+                .chain([known_epoch])
+                .max()
+                .unwrap_or(0)
+                + 1;
+            let gen = Generation { epoch, writer };
+            let obj = claim_object(gen, 0);
+            let started = Instant::now();
+            let body = LeaseBody::fresh(&format!("{writer:016x}")).encode();
+            shared
+                .store
+                .put(&obj, &body)
                 .map_err(|e| remote_error(url, e))?;
-            std::thread::sleep(LEASE_SETTLE);
-            let back = store.get(LEASE_NAME).map_err(|e| remote_error(url, e))?;
-            match LeaseBody::decode(&back) {
-                Some(l) if l.nonce == nonce => {}
-                Some(l) => return Err(held_error(url, &l)),
-                None => return Err(Error::corrupt(format!("{url} lease"), "unreadable")),
+            if started.elapsed() > SETTLE / 2 {
+                tracing::warn!(
+                    "{url}: putting the lease claim took {:?} (more than {:?}): withdrawn, trying again",
+                    started.elapsed(),
+                    SETTLE / 2
+                );
+                let _ = shared.store.delete(&obj);
+                continue;
             }
+            std::thread::sleep(SETTLE);
+            let (after, _) = list_claims(shared)?;
+            let winner = after
+                .iter()
+                .filter(|c| c.gen == gen || is_live(c, &dead))
+                .min_by_key(|c| (c.gen.epoch, c.gen.writer));
+            if let Some(w) = winner.filter(|w| w.gen != gen) {
+                let _ = shared.store.delete(&obj);
+                return Err(match &w.body {
+                    Some(b) => held_error(url, b),
+                    None => Error::Busy(format!("pool {url} is held by another host")),
+                });
+            }
+            // Won: the claims of writers that are gone are of no use to anyone.
+            for c in after
+                .iter()
+                .filter(|c| c.gen != gen && !is_live(c, &HashSet::new()))
+            {
+                delete_claims_of(shared, c.gen);
+            }
+            shared.set_fence(Some(started + WRITE_FENCE));
+            let state = Arc::new(Mutex::new(Renewals {
+                objects: vec![obj],
+                next: 1,
+                renewed_at: started,
+            }));
+            let stop = Arc::new(AtomicBool::new(false));
+            let thread = {
+                let (stop, shared, state) = (stop.clone(), shared.clone(), state.clone());
+                std::thread::Builder::new()
+                    .name("condense-lease".into())
+                    .spawn(move || renew_loop(&shared, gen, &state, &stop))
+                    .map_err(|e| Error::io("starting the lease thread", e))?
+            };
+            return Ok(Lease {
+                shared: shared.clone(),
+                gen,
+                state,
+                stop,
+                thread: Some(thread),
+            });
         }
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = {
-            let (stop, shared, nonce) = (stop.clone(), shared.clone(), nonce.clone());
-            std::thread::Builder::new()
-                .name("condense-lease".into())
-                .spawn(move || Lease::renew_loop(&shared, &nonce, &stop))
-                .map_err(|e| Error::io("starting the lease thread", e))?
+        Err(Error::Busy(format!(
+            "{url}: the store took more than {:?} three times to store a lease claim, too slow to \
+             take the lease safely: try again",
+            SETTLE / 2
+        )))
+    }
+
+    /// The generation this lease writes as.
+    pub(super) fn generation(&self) -> Generation {
+        self.gen
+    }
+}
+
+/// Delete every renewal of the claim of `gen` (best effort).
+fn delete_claims_of(shared: &Shared, gen: Generation) {
+    let Ok(listed) = shared.store.list(CLAIM_PREFIX.trim_end_matches('/')) else {
+        return;
+    };
+    for (obj, _) in listed {
+        if matches!(parse_object(&obj), Some(ObjectKind::Claim { gen: g, .. }) if g == gen) {
+            let _ = shared.store.delete(&obj);
+        }
+    }
+}
+
+/// Put the next renewal of our claim (`released`: the last one); on success the fence moves
+/// and the older renewals are deleted.
+fn put_renewal(
+    shared: &Shared,
+    gen: Generation,
+    state: &Mutex<Renewals>,
+    released: bool,
+) -> io::Result<Instant> {
+    let (obj, started) = {
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        s.next += 1;
+        (claim_object(gen, s.next - 1), Instant::now())
+    };
+    let mut body = LeaseBody::fresh(&format!("{:016x}", gen.writer));
+    if released {
+        body.expires = 0;
+    }
+    shared.note(shared.store.put(&obj, &body.encode()))?;
+    let old = {
+        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        s.renewed_at = started;
+        std::mem::replace(&mut s.objects, vec![obj])
+    };
+    for o in old {
+        let _ = shared.store.delete(&o);
+    }
+    Ok(started)
+}
+
+/// Take our own expired claim again, unless a newer generation or another live claim is in
+/// the bucket (then the lease is lost for good).
+fn retake(
+    shared: &Shared,
+    gen: Generation,
+    state: &Mutex<Renewals>,
+) -> std::result::Result<(), String> {
+    let newer = max_epoch(&*shared.store, &shared.url).map_err(|e| e.to_string())?;
+    let (claims, _) = list_claims(shared).map_err(|e| e.to_string())?;
+    let none = HashSet::new();
+    if newer > gen.epoch
+        || claims
+            .iter()
+            .any(|c| c.gen != gen && (c.gen.epoch > gen.epoch || is_live(c, &none)))
+    {
+        shared.lease_lost.store(true, Ordering::Relaxed);
+        return Err("another host took the pool".into());
+    }
+    put_renewal(shared, gen, state, false).map_err(|e| e.to_string())?;
+    std::thread::sleep(SETTLE);
+    let (after, _) = list_claims(shared).map_err(|e| e.to_string())?;
+    if after.iter().any(|c| {
+        c.gen != gen && is_live(c, &none) && (c.gen.epoch, c.gen.writer) < (gen.epoch, gen.writer)
+    }) {
+        shared.lease_lost.store(true, Ordering::Relaxed);
+        return Err("another host took the pool".into());
+    }
+    Ok(())
+}
+
+fn renew_loop(shared: &Shared, gen: Generation, state: &Mutex<Renewals>, stop: &AtomicBool) {
+    loop {
+        std::thread::park_timeout(RENEW_EVERY);
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let last = state.lock().unwrap_or_else(|e| e.into_inner()).renewed_at;
+        let renewed = if last.elapsed() < Duration::from_secs(LEASE_SECONDS) {
+            put_renewal(shared, gen, state, false)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        } else {
+            retake(shared, gen, state)
         };
-        Ok(Lease {
-            shared: shared.clone(),
-            nonce,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    fn held_now(shared: &Shared) -> Error {
-        match shared
-            .store
-            .get(LEASE_NAME)
-            .ok()
-            .and_then(|b| LeaseBody::decode(&b))
-        {
-            Some(l) => held_error(&shared.url, &l),
-            None => Error::Busy(format!("pool {} is held by another host", shared.url)),
-        }
-    }
-
-    fn renew_loop(shared: &Shared, nonce: &str, stop: &AtomicBool) {
-        loop {
-            std::thread::park_timeout(LEASE_RENEW);
-            if stop.load(Ordering::Relaxed) {
+        match renewed {
+            Ok(()) => {
+                let at = state.lock().unwrap_or_else(|e| e.into_inner()).renewed_at;
+                shared.set_fence(Some(at + WRITE_FENCE));
+            }
+            Err(e) if shared.lease_lost.load(Ordering::Relaxed) => {
+                tracing::error!(
+                    "the lease of {} was lost ({e}): this host stops writing the pool",
+                    shared.url
+                );
                 return;
             }
-            let current = shared.note(shared.store.get(LEASE_NAME));
-            match current.map(|b| LeaseBody::decode(&b)) {
-                Ok(Some(l)) if l.nonce != nonce => {
-                    shared.lease_lost.store(true, Ordering::Relaxed);
-                    tracing::error!(
-                        "the lease of {} was taken by {} (pid {}): this host stops writing the pool",
-                        shared.url,
-                        l.host,
-                        l.pid
-                    );
-                    return;
-                }
-                Err(e) if e.kind() != io::ErrorKind::NotFound => continue,
-                _ => {}
-            }
-            let _ = shared.note(
-                shared
-                    .store
-                    .put(LEASE_NAME, &LeaseBody::fresh(nonce).encode()),
-            );
+            Err(e) => tracing::warn!("renewing the lease of {}: {e}", shared.url),
         }
     }
 }
@@ -224,17 +428,8 @@ impl Drop for Lease {
         if self.shared.lease_lost.load(Ordering::Relaxed) {
             return;
         }
-        let ours = self
-            .shared
-            .store
-            .get(LEASE_NAME)
-            .ok()
-            .and_then(|b| LeaseBody::decode(&b))
-            .is_some_and(|l| l.nonce == self.nonce);
-        if ours {
-            if let Err(e) = self.shared.store.delete(LEASE_NAME) {
-                tracing::warn!("releasing the lease of {}: {e}", self.shared.url);
-            }
+        if let Err(e) = put_renewal(&self.shared, self.gen, &self.state, true) {
+            tracing::warn!("releasing the lease of {}: {e}", self.shared.url);
         }
     }
 }

@@ -4,14 +4,17 @@
 //!
 //! Invariants:
 //! - Names of the local subdirectory (`cache.conf`, the lock) never reach the bucket.
-//! - Only a file being written can be renamed, and the rename is its one PUT; renaming a
-//!   checkpoint root records its hash in `meta.synced` (the mirror matches that root).
-//! - The mirror of `meta.dat` is used only while `meta.synced` names the bucket's root;
+//! - Only a file being written can be renamed, and the rename is its one PUT, of a new object
+//!   ([`super::names`]: no object is ever replaced); renaming a checkpoint root puts its
+//!   manifest first and records the root's hash in `meta.synced` (the mirror matches it).
+//! - The directory is this open's view ([`super::names`]): what the newest root names, and
+//!   what this open uploaded since. Listing it costs no request.
+//! - The mirror of `meta.dat` is used only while `meta.synced` names the root in the view;
 //!   otherwise the open fetches every extent.
 
 use super::conf::remote_error;
 use super::files::{BufFile, BufState, MetaFile, ObjFile, META_EXTENT_BYTES};
-use super::lease::{Lease, LEASE_NAME};
+use super::lease::Lease;
 use super::shared::{in_parallel, Shared};
 use crate::error::{Error, Result};
 use crate::format::Durability;
@@ -36,10 +39,6 @@ pub struct RemoteDir {
     local: RealDir,
     meta: Mutex<Option<Arc<MetaFile>>>,
     opened: Instant,
-    /// Sizes of the objects the last `list` returned, taken by the next `open` of each (an
-    /// open lists the segments, then opens each one: no HEAD per segment). Forgotten when
-    /// this directory writes or removes the name.
-    listed: Mutex<HashMap<String, u64>>,
     /// Files being written whole (`.tmp`, `.partial`, new files), by name, for `rename`.
     writing: Mutex<HashMap<String, Weak<BufFile>>>,
     _lease: Option<Lease>,
@@ -61,7 +60,6 @@ impl RemoteDir {
             meta: Mutex::new(None),
             opened: Instant::now(),
             writing: Mutex::new(HashMap::new()),
-            listed: Mutex::new(HashMap::new()),
             _lease: lease,
         }
     }
@@ -75,12 +73,16 @@ impl RemoteDir {
     pub(super) fn sync_meta_mirror(&self) -> Result<()> {
         // The primary root, or its copy where the primary is missing (a damaged primary only
         // fails to match the mirror's tag: the mirror is fetched again).
+        let names = &self.shared.names;
         let mut found = None;
         for name in [
             CHECKPOINT_NAME.to_string(),
             crate::copies::copy_name(CHECKPOINT_NAME),
         ] {
-            match self.shared.store.get(&name) {
+            let Some((obj, _)) = names.object(&name) else {
+                continue;
+            };
+            match self.shared.store.get(&obj) {
                 Ok(r) => {
                     found = Some(r);
                     break;
@@ -99,32 +101,18 @@ impl RemoteDir {
         if local_tag.trim() == tag && mirror.exists() {
             return Ok(());
         }
-        let extents = self
-            .shared
-            .store
-            .list("meta")
-            .map_err(|e| remote_error(&self.shared.url, e))?;
+        let jobs = names.extents();
         tracing::info!(
             "fetching the metadata of {} ({} extents)",
             self.shared.url,
-            extents.len()
+            jobs.len()
         );
         let file = self
             .local
             .open(META_NAME, true)
             .and_then(|f| f.set_len(0).map(|_| f))
             .map_err(|e| Error::io(format!("creating {}", mirror.display()), e))?;
-        let mut jobs = Vec::new();
-        for (name, _) in &extents {
-            let Some(n) = name
-                .strip_prefix("meta/")
-                .and_then(|h| u64::from_str_radix(h, 16).ok())
-            else {
-                continue;
-            };
-            jobs.push((name.clone(), n));
-        }
-        let fetched = in_parallel(&jobs, |(name, n)| {
+        let fetched = in_parallel(&jobs, |(n, name)| {
             self.shared
                 .note(self.shared.store.get(name))
                 .and_then(|bytes| file.write_at(&bytes, n * META_EXTENT_BYTES))
@@ -163,9 +151,7 @@ impl RemoteDir {
 
     /// Use `d` for the files opened from now on (the caller has stored it in the pool).
     pub(super) fn use_durability(&self, d: Durability) {
-        self.shared
-            .remote_durability
-            .store(d == Durability::Remote, Ordering::Relaxed);
+        self.shared.use_durability(d);
     }
 
     /// Fail at once, changing nothing, if the store's last request failed and it does not
@@ -263,11 +249,6 @@ impl Dir for RemoteDir {
         if name == META_NAME {
             return Ok(self.meta_file(create)? as Arc<dyn File>);
         }
-        let listed = self
-            .listed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
         if create {
             self.shared.may_write(&format!("creating {name}"))?;
             let f = Arc::new(BufFile {
@@ -281,14 +262,10 @@ impl Dir for RemoteDir {
                 .insert(name.to_string(), Arc::downgrade(&f));
             return Ok(f);
         }
-        let size = match listed {
-            Some(len) => Some(len),
-            None => self.shared.note(self.shared.store.head(name))?,
-        };
-        match size {
-            Some(len) => Ok(Arc::new(ObjFile {
+        match self.shared.names.object(name) {
+            Some((obj, len)) => Ok(Arc::new(ObjFile {
                 shared: self.shared.clone(),
-                name: name.to_string(),
+                name: obj,
                 len,
             })),
             None => Err(io::Error::new(
@@ -302,7 +279,7 @@ impl Dir for RemoteDir {
         if is_local_name(name) || name == META_NAME {
             return self.local.exists(name);
         }
-        Ok(self.shared.note(self.shared.store.head(name))?.is_some())
+        Ok(self.shared.names.object(name).is_some())
     }
 
     fn remove(&self, name: &str) -> io::Result<()> {
@@ -313,11 +290,7 @@ impl Dir for RemoteDir {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
-        self.listed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-        self.shared.delete(name)
+        self.shared.names.remove_file(&self.shared, name)
     }
 
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {
@@ -339,10 +312,6 @@ impl Dir for RemoteDir {
                     ),
                 )
             })?;
-        self.listed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(to);
         let bytes = file.store_as(to)?;
         if to == CHECKPOINT_NAME {
             self.uploaded();
@@ -353,16 +322,13 @@ impl Dir for RemoteDir {
     }
 
     fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
-        let all = self.shared.note(self.shared.store.list(""))?;
-        let found: Vec<(String, u64)> = all
+        Ok(self
+            .shared
+            .names
+            .list(prefix)
             .into_iter()
-            .filter(|(n, _)| !n.contains('/') && n.starts_with(prefix) && n != LEASE_NAME)
-            .collect();
-        self.listed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(found.iter().cloned());
-        Ok(found.into_iter().map(|(n, _)| n).collect())
+            .map(|(n, _)| n)
+            .collect())
     }
 
     fn sync_dir(&self) -> io::Result<()> {

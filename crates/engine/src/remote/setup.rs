@@ -1,6 +1,7 @@
 //! Setting up and opening a pool in a bucket: `condense init s3://...` ([`init`]),
 //! `condense connect` ([`connect`]), and the open of its local directory
-//! ([`open_local`]: the lease, the rebuilt local files, the `meta.dat` mirror).
+//! ([`open_local`]: the lease, the view of the bucket, the rebuilt local files, the
+//! `meta.dat` mirror).
 //!
 //! Invariants:
 //! - A local directory is made only in a missing or empty directory, and holds
@@ -12,6 +13,7 @@
 
 use super::conf::{remote_error, RemoteConf, REMOTE_CONF_NAME};
 use super::lease::Lease;
+use super::names::{Names, View};
 use super::object_dir::{RemoteDir, LOCAL_SUBDIR};
 use super::shared::{ReadBlocks, Shared};
 use super::wal::WalDir;
@@ -71,23 +73,12 @@ fn shared_for(
         read_only,
         remote_durability: AtomicBool::new(durability == Durability::Remote),
         lease_lost: AtomicBool::new(false),
+        fence: Mutex::new(None),
+        names: Names::default(),
         last_error: Mutex::new(None),
         last_upload: Mutex::new(None),
         blocks: Mutex::new(ReadBlocks::default()),
     })
-}
-
-fn has_pool(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<bool> {
-    for name in superblock_names() {
-        if store
-            .head(&name)
-            .map_err(|e| remote_error(&conf.url, e))?
-            .is_some()
-        {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }
 
 /// The two copies of the superblock (crate::copies), primary first.
@@ -96,12 +87,19 @@ fn superblock_names() -> [String; 2] {
     [primary.to_string(), crate::copies::copy_name(primary)]
 }
 
-/// The pool's superblock in the bucket (`None`: no pool there): its primary copy, or its
-/// copy where the primary is missing or damaged (the pool's open says which it used).
-fn read_superblock(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<Option<Superblock>> {
+/// The pool's superblock in `view` (`None`: no pool there): its primary copy, or its copy
+/// where the primary is missing or damaged (the pool's open says which it used).
+fn read_superblock(
+    conf: &RemoteConf,
+    store: &dyn ObjectBackend,
+    view: &View,
+) -> Result<Option<Superblock>> {
     let mut first_error = None;
     for name in superblock_names() {
-        match store.get(&name) {
+        let Some((obj, _)) = view.object(&name) else {
+            continue;
+        };
+        match store.get(&obj) {
             Ok(b) => match Superblock::decode(&b) {
                 Ok(sb) => return Ok(Some(sb)),
                 Err(e) => {
@@ -115,6 +113,37 @@ fn read_superblock(conf: &RemoteConf, store: &dyn ObjectBackend) -> Result<Optio
     first_error.map_or(Ok(None), Err)
 }
 
+/// The bytes of pool file `name` as the newest root of the pool in `conf`'s bucket names it
+/// (`None`: no such file): for tests and tools that look inside a bucket.
+pub fn stored_file(conf: &RemoteConf, name: &str) -> Result<Option<(String, Vec<u8>)>> {
+    let store = conf.backend(false)?;
+    let view = View::load(&*store, &conf.url)?;
+    let Some((obj, _)) = view.object(name) else {
+        return Ok(None);
+    };
+    let bytes = store.get(&obj).map_err(|e| remote_error(&conf.url, e))?;
+    Ok(Some((obj, bytes)))
+}
+
+/// Take the lease of the pool in `shared`'s bucket and load the view that lease writes
+/// over: a view loaded after the claim was won, in which no generation is newer than ours.
+fn take_lease(shared: &Arc<Shared>, known_epoch: u64) -> Result<(Lease, View)> {
+    let lease = Lease::acquire(shared, known_epoch)?;
+    let view = View::load(&*shared.store, &shared.url)?;
+    if view.max_epoch >= lease.generation().epoch {
+        return Err(Error::corrupt(
+            format!("{} claims/", shared.url),
+            format!(
+                "objects of epoch {} are in the bucket but the claims name none above {}: the \
+                 claims were removed by hand; restore them or ask for help before writing",
+                view.max_epoch,
+                lease.generation().epoch - 1
+            ),
+        ));
+    }
+    Ok((lease, view))
+}
+
 /// `condense init s3://...`, the bucket side: the local directory `path` set up, and the
 /// bucket as the directory on which [`crate::pool::Pool::init_remote`] creates the pool
 /// (it stores `durability`).
@@ -125,12 +154,17 @@ pub fn init(
     cache_size: u64,
 ) -> Result<RemoteDir> {
     let store = conf.backend(true)?;
-    if has_pool(conf, &*store)? {
-        return Err(Error::Invalid(format!(
+    let holds_pool = |view: &View| superblock_names().iter().any(|n| view.object(n).is_some());
+    let already = || {
+        Error::Invalid(format!(
             "{} already holds a Condense pool: to use it on this host, run `condense connect {} \
              --cache DIR --cache-size SIZE`",
             conf.url, conf.url
-        )));
+        ))
+    };
+    let view = View::load(&*store, &conf.url)?;
+    if holds_pool(&view) {
+        return Err(already());
     }
     let conf = RemoteConf {
         durability_to_store: None,
@@ -138,7 +172,13 @@ pub fn init(
     };
     prepare_local(path, &conf, cache_size)?;
     let shared = shared_for(&conf, store, false, durability);
-    Ok(RemoteDir::new(shared, path, None))
+    let (lease, view) = take_lease(&shared, view.max_epoch)?;
+    if holds_pool(&view) {
+        return Err(already());
+    }
+    shared.names.install(view);
+    shared.names.begin(&shared, lease.generation())?;
+    Ok(RemoteDir::new(shared, path, Some(lease)))
 }
 
 /// `condense connect s3://...`: the local directory `path` for a pool already in the bucket
@@ -153,7 +193,8 @@ pub fn connect(
     cache_size: u64,
 ) -> Result<Option<Durability>> {
     let store = conf.backend(false)?;
-    let Some(sb) = read_superblock(conf, &*store)? else {
+    let view = View::load(&*store, &conf.url)?;
+    let Some(sb) = read_superblock(conf, &*store, &view)? else {
         return Err(Error::Invalid(format!(
             "{} holds no Condense pool: create one with `condense init {} --cache DIR --cache-size SIZE`",
             conf.url, conf.url
@@ -274,7 +315,20 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
     })?)?;
     let read_only = read_only || conf.read_only;
     let store = conf.backend(!read_only)?;
-    let sb = read_superblock(&conf, &*store)?
+    let mut view = View::load(&*store, &conf.url)?;
+    if read_superblock(&conf, &*store, &view)?.is_none() {
+        return Err(Error::NotAPool(PathBuf::from(&conf.url)));
+    }
+    // A writer takes the lease first, and reads the pool as it is once the lease is its own.
+    let shared = shared_for(&conf, store, read_only, Durability::Local);
+    let lease = if read_only {
+        None
+    } else {
+        let (lease, after) = take_lease(&shared, view.max_epoch)?;
+        view = after;
+        Some(lease)
+    };
+    let sb = read_superblock(&conf, &*shared.store, &view)?
         .ok_or_else(|| Error::NotAPool(PathBuf::from(&conf.url)))?;
     let durability = match (sb.durability, conf.durability_to_store) {
         (Some(stored), Some(here)) if stored != here => {
@@ -300,12 +354,11 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
     if sb.durability.is_some() && !read_only {
         forget_conf_durability(path, &conf)?;
     }
-    let shared = shared_for(&conf, store, read_only, durability);
-    let lease = if read_only {
-        None
-    } else {
-        Some(Lease::acquire(&shared)?)
-    };
+    shared.use_durability(durability);
+    shared.names.install(view);
+    if let Some(l) = &lease {
+        shared.names.begin(&shared, l.generation())?;
+    }
     let local = Arc::new(RealDir::new(path));
     // A writer's local directory (even opened read-only, e.g. by `export`) is rebuilt from
     // the write-ahead objects in the bucket, whatever the pool's durability (it may have

@@ -4,11 +4,13 @@
 //!
 //! Invariants:
 //! - Every PUT and DELETE goes through [`Shared::put`] or [`Shared::delete`], which refuse
-//!   on a read-only open and once the lease is lost.
+//!   on a read-only open, once the lease is lost, and past the lease's write fence
+//!   ([`super::lease`]).
 //! - A PUT or DELETE of an object forgets the blocks read of it, so a read never returns
 //!   bytes of an object's older version that this process replaced.
 
 use super::conf::to_io;
+use super::names::Names;
 use crate::format::Durability;
 use condense_object_store::ObjectBackend;
 use std::collections::{HashMap, VecDeque};
@@ -36,6 +38,10 @@ pub(super) struct Shared {
     /// ([`crate::pool::Pool::set_durability`]).
     pub(super) remote_durability: AtomicBool,
     pub(super) lease_lost: AtomicBool,
+    /// Writes stop at this instant unless the lease is renewed first (`None`: no lease yet).
+    pub(super) fence: Mutex<Option<Instant>>,
+    /// Which object each pool file is.
+    pub(super) names: Names,
     /// The last failed request, and when; cleared by the next success.
     pub(super) last_error: Mutex<Option<(Instant, String)>>,
     pub(super) last_upload: Mutex<Option<Instant>>,
@@ -49,6 +55,12 @@ impl Shared {
         } else {
             Durability::Local
         }
+    }
+
+    /// Use `d` for the files opened from now on (the caller has stored it in the pool).
+    pub(super) fn use_durability(&self, d: Durability) {
+        self.remote_durability
+            .store(d == Durability::Remote, Ordering::Relaxed);
     }
 
     pub(super) fn note<T>(&self, r: condense_object_store::Result<T>) -> io::Result<T> {
@@ -89,7 +101,20 @@ impl Shared {
                 self.url
             )));
         }
+        let fence = *self.fence.lock().unwrap_or_else(|e| e.into_inner());
+        if fence.is_some_and(|t| Instant::now() > t) {
+            return Err(io::Error::other(format!(
+                "{what}: the lease of {} was not renewed for {} s (is the store reachable?); \
+                 writes resume once it is",
+                self.url,
+                super::lease::WRITE_FENCE.as_secs()
+            )));
+        }
         Ok(())
+    }
+
+    pub(super) fn set_fence(&self, until: Option<Instant>) {
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = until;
     }
 
     pub(super) fn put(&self, name: &str, bytes: &[u8]) -> io::Result<()> {

@@ -1,6 +1,8 @@
 //! The write-ahead objects of `--durability remote` ([`WalDir`]): each sync of a journal or
 //! staged segment file in the local directory uploads the bytes written since the last one
-//! as `wal/SEQ`, and an open rebuilds missing local files from them.
+//! as `gen/E-W/wal/SEQ` (this writer's generation), and an open rebuilds missing local files
+//! from the write-ahead objects in its view (the newest root's manifest names those of earlier
+//! writers still needed; its writer's own come from the listing), oldest writer first.
 //!
 //! Invariants:
 //! - A sync of a logged file returns only after its write-ahead object is in the bucket; a
@@ -13,6 +15,7 @@
 use super::conf::remote_error;
 use super::shared::Shared;
 use crate::error::{Error, Result};
+use crate::format::bucket::{parse_object, wal_object, ObjectKind};
 use crate::format::remote::is_logged;
 pub(crate) use crate::format::remote::{decode_wal, encode_wal};
 use crate::format::Durability;
@@ -21,8 +24,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-
-const WAL_PREFIX: &str = "wal";
 
 /// The local directory of a `remote`-durability pool: a real directory whose journal and
 /// segment files also upload, at each sync, what was written to them since the last one.
@@ -65,9 +66,16 @@ impl WalLog {
     }
 
     fn append(&self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
+        let gen = self.shared.names.generation().ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("logging {name}: this open does not write the pool"),
+            )
+        })?;
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let obj = format!("{WAL_PREFIX}/{seq:016x}");
+        let obj = wal_object(gen, seq);
         self.shared.put(&obj, &encode_wal(name, offset, data))?;
+        self.shared.names.add_wal(&obj);
         self.by_file
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -99,7 +107,19 @@ impl WalDir {
     pub(super) fn recover(&self) -> Result<usize> {
         let url = &self.log.shared.url;
         let store = &self.log.shared.store;
-        let objects = store.list(WAL_PREFIX).map_err(|e| remote_error(url, e))?;
+        // Oldest writer first, each in its own order.
+        let mut objects: Vec<(crate::format::bucket::Generation, u64, String)> = self
+            .log
+            .shared
+            .names
+            .wal_objects()
+            .into_iter()
+            .filter_map(|o| match parse_object(&o) {
+                Some(ObjectKind::Wal { gen, seq }) => Some((gen, seq, o)),
+                _ => None,
+            })
+            .collect();
+        objects.sort();
         let present: BTreeSet<String> = self
             .local
             .list("")
@@ -107,15 +127,7 @@ impl WalDir {
             .into_iter()
             .collect();
         let mut rebuilt: HashMap<String, Arc<dyn File>> = HashMap::new();
-        let mut next = 0;
-        for (obj, _) in &objects {
-            let Some(seq) = obj
-                .strip_prefix("wal/")
-                .and_then(|s| u64::from_str_radix(s, 16).ok())
-            else {
-                continue;
-            };
-            next = next.max(seq + 1);
+        for (_, _, obj) in &objects {
             let bytes = store.get(obj).map_err(|e| remote_error(url, e))?;
             let (name, offset, data) = decode_wal(&bytes)
                 .ok_or_else(|| Error::corrupt(format!("{url} {obj}"), "bad write-ahead object"))?;
@@ -151,7 +163,6 @@ impl WalDir {
         self.local
             .sync_dir()
             .map_err(|e| Error::io("syncing the local directory", e))?;
-        self.log.next_seq.store(next, Ordering::Relaxed);
         if !rebuilt.is_empty() {
             let mut names: Vec<_> = rebuilt.keys().cloned().collect();
             names.sort();
@@ -197,6 +208,7 @@ impl Dir for WalDir {
         for o in objs {
             // Best effort: a write-ahead object left behind rebuilds a file the next open
             // removes again (an old journal generation, a segment already uploaded).
+            self.log.shared.names.forget_wal(&o);
             if let Err(e) = self.log.shared.delete(&o) {
                 tracing::warn!("deleting {o}: {e}");
             }
