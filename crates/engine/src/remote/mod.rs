@@ -73,6 +73,6 @@ pub(crate) use lease::LeaseBody;
 pub use lease::{Lease, LEASE_SECONDS};
 pub use object_dir::{RemoteDir, LOCAL_SUBDIR, REMOTE_CHECKPOINT_EVERY};
 pub(crate) use setup::open_local;
-pub use setup::{connect, init, is_local_dir, stored_file};
+pub use setup::{connect, init, is_local_dir, stored_file, stored_files};
 pub use wal::WalDir;
 pub(crate) use wal::{decode_wal, encode_wal};

@@ -214,6 +214,10 @@ impl View {
     pub(super) fn object(&self, name: &str) -> Option<(String, u64)> {
         self.files.get(name).cloned()
     }
+
+    pub(super) fn files(self) -> BTreeMap<String, (String, u64)> {
+        self.files
+    }
 }
 
 impl Names {

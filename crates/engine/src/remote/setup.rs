@@ -125,6 +125,15 @@ pub fn stored_file(conf: &RemoteConf, name: &str) -> Result<Option<(String, Vec<
     Ok(Some((obj, bytes)))
 }
 
+/// Every pool file of the pool in `conf`'s bucket as its newest root names it: name →
+/// (object, bytes).
+pub fn stored_files(
+    conf: &RemoteConf,
+) -> Result<std::collections::BTreeMap<String, (String, u64)>> {
+    let store = conf.backend(false)?;
+    Ok(View::load(&*store, &conf.url)?.files())
+}
+
 /// Take the lease of the pool in `shared`'s bucket and load the view that lease writes
 /// over: a view loaded after the claim was won, in which no generation is newer than ours.
 fn take_lease(shared: &Arc<Shared>, known_epoch: u64) -> Result<(Lease, View)> {
