@@ -269,9 +269,16 @@ impl Lease {
                 .min_by_key(|c| (c.gen.epoch, c.gen.writer));
             if let Some(w) = winner.filter(|w| w.gen != gen) {
                 let _ = shared.store.delete(&obj);
-                return Err(match &w.body {
+                let held = match &w.body {
                     Some(b) => held_error(url, b),
                     None => Error::Busy(format!("pool {url} is held by another host")),
+                };
+                return Err(match held {
+                    Error::Busy(m) => Error::Busy(format!(
+                        "{m} (both hosts claimed the pool at once; the lower claim won, as \
+                         docs/S3.md says)"
+                    )),
+                    e => e,
                 });
             }
             // Won: the claims of writers that are gone are of no use to anyone.
