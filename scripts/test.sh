@@ -30,6 +30,8 @@ for t in tests/*/run.sh; do
 done
 # Pools on S3 on a 3-node Garage cluster (after tests/s3/run.sh, which installs Garage).
 step "tests/s3/pool.sh" tests/s3/pool.sh
+# Many hosts on one pool: the claim race (100 rounds) and a takeover after kill -9.
+step "tests/s3/cluster.sh" tests/s3/cluster.sh
 echo
 if [ $failed -gt 0 ]; then echo "failed: ${failures[*]}"; fi
 echo "$passed passed, $failed failed"
