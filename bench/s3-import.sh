@@ -210,10 +210,10 @@ printf 's3: remote_bytes %s + local directory %s (cache, journal, staged, metada
 printf 's3: %s requests for the imports = %.1f per GB imported, %.1f per GB stored; stats --json of the last process: %s\n' \
   "$s3_req_total" "$(echo "$s3_req_total / $gb_in" | bc -l)" \
   "$(echo "$s3_req_total / ($s3_stored / 1000000000)" | bc -l)" "$s3_stats_req"
-echo "s3: requests by kind of object (all processes, imports and cold export; seg-N.dat -> seg):"
+echo "s3: requests by kind of object (all processes, imports and cold export; gen/E-W/seg-N.dat.SEQ -> seg):"
 cat "$work/garage"/node*/log | grep -F 'generic_server:' | grep -F ") " | grep -v 'list-type=2&max-keys=1$' |
   awk -v b="/$bucket/$prefix/" '{m = $(NF - 1); p = $NF
-    if (index(p, b) == 1) { k = substr(p, length(b) + 1); sub(/[\/?].*/, "", k)
+    if (index(p, b) == 1) { k = substr(p, length(b) + 1); sub(/^gen\/[^\/?]*\//, "", k); sub(/[\/?].*/, "", k)
       if (k ~ /^[.]/) k = "(.probe: conditional-put probe)"; else sub(/[-.].*/, "", k) }
     else if (p ~ /list-type/) k = "(list)"; else if (p ~ /[?]delete/) k = "(multi-object delete)"; else k = p
     n[m " " k]++} END {for (x in n) printf "   %6d %s\n", n[x], x}' | sort -rn

@@ -44,6 +44,7 @@ cache_conf       1024   1024 64
 dedup_index      65536  1024 128
 remote_conf      2048   1024 64
 lease            1024   1024 64
+manifest         65536  1024 128
 wal_object       16384  1024 64
 sealed_object    16384  1024 64
 key_file         256    1024 64

@@ -648,6 +648,31 @@ pub fn lease(data: &[u8]) -> bool {
     true
 }
 
+/// A checkpoint root's manifest (`gen/E-W/manifest.SEQ`) of a bucket, and the object names
+/// it holds: every name parses without panic, and an encoded manifest decodes to itself.
+pub fn manifest(data: &[u8]) -> bool {
+    use crate::format::bucket::{parse_object, valid_object_name, Manifest};
+    if let Ok(text) = std::str::from_utf8(data) {
+        for line in text.lines() {
+            if let Some(kind) = parse_object(line) {
+                assert!(valid_object_name(line), "{line:?} parsed as {kind:?}");
+            }
+        }
+    }
+    let Ok(m) = Manifest::decode("fuzz", data) else {
+        return false;
+    };
+    for (name, (obj, _)) in &m.files {
+        assert!(valid_object_name(name) && valid_object_name(obj));
+    }
+    assert_eq!(
+        Manifest::decode("fuzz", &m.encode()).ok().as_ref(),
+        Some(&m),
+        "manifest round trip"
+    );
+    true
+}
+
 /// A write-ahead object (`wal/SEQ`) of a bucket.
 pub fn wal_object(data: &[u8]) -> bool {
     let Some((name, offset, bytes)) = remote::decode_wal(data) else {

@@ -394,6 +394,17 @@ fn small_objects(seeds: &mut Seeds, uuid: [u8; 16]) -> Result<()> {
     seeds.push(("remote_conf", "file".into(), bare.encode().into_bytes()));
     let lease = remote::LeaseBody::fresh("0123456789abcdef");
     seeds.push(("lease", "fresh".into(), lease.encode()));
+    let gen = format::bucket::Generation {
+        epoch: 3,
+        writer: 0x0123_4567_89ab_cdef,
+    };
+    let mut m = format::bucket::Manifest::default();
+    for (name, seq) in [("superblock", 1), ("seg-00000001.dat", 4), ("meta/00000000", 5)] {
+        let obj = format::bucket::gen_object(gen, name, seq);
+        m.files.insert(name.to_string(), (obj, 4096));
+    }
+    m.wal.insert(format::bucket::wal_object(gen, 2));
+    seeds.push(("manifest", "three".into(), m.encode()));
     let journal = sealed_journal(uuid)?;
     let wal = remote::encode_wal(&format::journal_name(5), 64, &journal[64..]);
     seeds.push(("wal_object", "journal".into(), wal));
@@ -456,6 +467,7 @@ mod tests {
                 "dedup_index" => dedup_index,
                 "remote_conf" => remote_conf,
                 "lease" => lease,
+                "manifest" => manifest,
                 "wal_object" => wal_object,
                 "sealed_object" => sealed_object,
                 "key_file" => key_file,
