@@ -399,7 +399,11 @@ fn small_objects(seeds: &mut Seeds, uuid: [u8; 16]) -> Result<()> {
         writer: 0x0123_4567_89ab_cdef,
     };
     let mut m = format::bucket::Manifest::default();
-    for (name, seq) in [("superblock", 1), ("seg-00000001.dat", 4), ("meta/00000000", 5)] {
+    for (name, seq) in [
+        ("superblock", 1),
+        ("seg-00000001.dat", 4),
+        ("meta/00000000", 5),
+    ] {
         let obj = format::bucket::gen_object(gen, name, seq);
         m.files.insert(name.to_string(), (obj, 4096));
     }
