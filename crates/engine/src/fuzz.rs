@@ -648,15 +648,35 @@ pub fn lease(data: &[u8]) -> bool {
     true
 }
 
-/// A checkpoint root's manifest (`gen/E-W/manifest.SEQ`) of a bucket, and the object names
-/// it holds: every name parses without panic, and an encoded manifest decodes to itself.
+/// A checkpoint root's manifest (`gen/E-W/manifest.SEQ`) of a bucket, and object names:
+/// every name parses without panic, a parsed name written again parses to the same thing,
+/// and an encoded manifest decodes to itself.
 pub fn manifest(data: &[u8]) -> bool {
-    use crate::format::bucket::{parse_object, valid_object_name, Manifest};
+    use crate::format::bucket::{
+        claim_object, gen_object, manifest_object, parse_object, valid_object_name, wal_object,
+        Generation, Manifest, ObjectKind,
+    };
     if let Ok(text) = std::str::from_utf8(data) {
         for line in text.lines() {
-            if let Some(kind) = parse_object(line) {
-                assert!(valid_object_name(line), "{line:?} parsed as {kind:?}");
-            }
+            let Some(kind) = parse_object(line) else {
+                continue;
+            };
+            let again = match &kind {
+                ObjectKind::File { gen, name, seq } if *gen != Generation::LEGACY => {
+                    gen_object(*gen, name, *seq)
+                }
+                ObjectKind::Manifest { gen, seq } => manifest_object(*gen, *seq),
+                ObjectKind::Wal { gen, seq } if *gen != Generation::LEGACY => {
+                    wal_object(*gen, *seq)
+                }
+                ObjectKind::Claim { gen, renewal } => claim_object(*gen, *renewal),
+                _ => continue,
+            };
+            assert_eq!(
+                parse_object(&again),
+                Some(kind),
+                "{line:?} written as {again:?}"
+            );
         }
     }
     let Ok(m) = Manifest::decode("fuzz", data) else {

@@ -90,10 +90,11 @@ impl LeaseBody {
     }
 }
 
-/// The newest renewal of one claim.
+/// One claim: the body of its newest renewal, and every renewal object listed.
 struct Claim {
     gen: Generation,
     body: Option<LeaseBody>,
+    objects: Vec<String>,
 }
 
 /// The claims in the bucket, newest renewal of each (with its body), and the lease object
@@ -104,26 +105,29 @@ fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>)> {
         .store
         .list(CLAIM_PREFIX.trim_end_matches('/'))
         .map_err(|e| remote_error(url, e))?;
-    let mut newest: BTreeMap<Generation, (u32, String)> = BTreeMap::new();
+    // Renewal objects of each claim, oldest first (the names sort by renewal).
+    let mut by_gen: BTreeMap<Generation, Vec<(u32, String)>> = BTreeMap::new();
     for (obj, _) in listed {
         if let Some(ObjectKind::Claim { gen, renewal }) = parse_object(&obj) {
-            let e = newest.entry(gen).or_insert((renewal, obj.clone()));
-            if renewal >= e.0 {
-                *e = (renewal, obj);
-            }
+            by_gen.entry(gen).or_default().push((renewal, obj));
         }
     }
     let mut claims = Vec::new();
-    for (gen, (_, obj)) in newest {
-        let body = match shared.store.get(&obj) {
+    for (gen, mut renewals) in by_gen {
+        renewals.sort();
+        let Some((_, newest)) = renewals.last() else {
+            continue;
+        };
+        let body = match shared.store.get(newest) {
             Ok(b) => LeaseBody::decode(&b),
             Err(e) if e.is_not_found() => continue, // renewed or released meanwhile
             Err(e) => return Err(remote_error(url, e)),
         };
         if body.is_none() {
-            tracing::warn!("{url}: claim {obj} is not readable: ignored");
+            tracing::warn!("{url}: claim {newest} is not readable: ignored");
         }
-        claims.push(Claim { gen, body });
+        let objects = renewals.into_iter().map(|(_, o)| o).collect();
+        claims.push(Claim { gen, body, objects });
     }
     let legacy = match shared.store.get(LEASE_NAME) {
         Ok(b) => LeaseBody::decode(&b),
@@ -286,7 +290,9 @@ impl Lease {
                 .iter()
                 .filter(|c| c.gen != gen && !is_live(c, &HashSet::new()))
             {
-                delete_claims_of(shared, c.gen);
+                for o in &c.objects {
+                    let _ = shared.store.delete(o);
+                }
             }
             shared.set_fence(Some(started + WRITE_FENCE));
             let state = Arc::new(Mutex::new(Renewals {
@@ -320,18 +326,6 @@ impl Lease {
     /// The generation this lease writes as.
     pub(super) fn generation(&self) -> Generation {
         self.gen
-    }
-}
-
-/// Delete every renewal of the claim of `gen` (best effort).
-fn delete_claims_of(shared: &Shared, gen: Generation) {
-    let Ok(listed) = shared.store.list(CLAIM_PREFIX.trim_end_matches('/')) else {
-        return;
-    };
-    for (obj, _) in listed {
-        if matches!(parse_object(&obj), Some(ObjectKind::Claim { gen: g, .. }) if g == gen) {
-            let _ = shared.store.delete(&obj);
-        }
     }
 }
 

@@ -51,9 +51,6 @@ pub(super) struct View {
     superseded: Vec<String>,
     /// Objects that left the view before the last root: deleted after the next one.
     due: Vec<String>,
-    /// The generation whose root the view was loaded from (`None`: a pool before
-    /// generations, or one with no root yet).
-    pub root_gen: Option<Generation>,
     /// The highest epoch of any generation with objects in the bucket.
     pub max_epoch: u64,
 }
@@ -97,16 +94,21 @@ fn sort_listing(all: Vec<(String, u64)>) -> Listed {
     l
 }
 
+impl Listed {
+    /// The highest epoch of any generation with objects listed.
+    fn max_epoch(&self) -> u64 {
+        self.files
+            .keys()
+            .chain(self.wal.keys())
+            .map(|g| g.epoch)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 /// The highest epoch of any generation with objects in the bucket (one LIST).
 pub(super) fn max_epoch(store: &dyn ObjectBackend, url: &str) -> Result<u64> {
-    let listed = sort_listing(store.list("").map_err(|e| remote_error(url, e))?);
-    Ok(listed
-        .files
-        .keys()
-        .chain(listed.wal.keys())
-        .map(|g| g.epoch)
-        .max()
-        .unwrap_or(0))
+    Ok(sort_listing(store.list("").map_err(|e| remote_error(url, e))?).max_epoch())
 }
 
 impl View {
@@ -114,13 +116,7 @@ impl View {
     pub(super) fn load(store: &dyn ObjectBackend, url: &str) -> Result<View> {
         let listed = sort_listing(store.list("").map_err(|e| remote_error(url, e))?);
         let mut v = View {
-            max_epoch: listed
-                .files
-                .keys()
-                .chain(listed.wal.keys())
-                .map(|g| g.epoch)
-                .max()
-                .unwrap_or(0),
+            max_epoch: listed.max_epoch(),
             ..View::default()
         };
         // The newest root: of the generations with a root (a checkpoint with its manifest),
@@ -163,7 +159,6 @@ impl View {
             v.wal
                 .extend(listed.wal.get(&g).into_iter().flatten().cloned());
             v.manifest = Some(mobj);
-            v.root_gen = Some(g);
         } else if let Some(legacy) = listed.files.get(&Generation::LEGACY) {
             // A pool made before generations: objects named as its files.
             for (_, name, obj, size) in legacy {
@@ -334,7 +329,6 @@ impl Names {
             if let Some(old) = v.manifest.replace(mobj) {
                 v.superseded.push(old);
             }
-            v.root_gen = Some(gen);
             let next = std::mem::take(&mut v.superseded);
             std::mem::replace(&mut v.due, next)
         };
