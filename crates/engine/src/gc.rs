@@ -36,6 +36,8 @@ const COPY_BATCH: usize = 256;
 #[derive(Clone, Debug, Default)]
 pub struct GcReport {
     pub segments_removed: u64,
+    /// Emptied segments kept until every other host sharing the pool let them go.
+    pub segments_condemned: u64,
     pub chunks_moved: u64,
     pub chunks_dropped: u64,
     pub bytes_before: u64,
@@ -50,7 +52,8 @@ impl Pool {
     pub fn dead_space(&self) -> (f64, u64) {
         let st = lock(&self.state);
         let (mut total, mut dead) = (0u64, 0u64);
-        for (id, len) in st.segments.ids() {
+        let condemned = crate::hosts::condemned_in(&st.md);
+        for (id, len) in st.segments.ids().filter(|(id, _)| !condemned.contains(id)) {
             total += len;
             dead += len
                 .saturating_sub(SEGMENT_HEADER_BYTES as u64 + st.md.chunks.segment_live_bytes(id));
@@ -96,28 +99,41 @@ impl Pool {
             report.bytes_after = report.bytes_before;
             return Ok(report);
         }
+        let spared = self.move_out(&victims, next_id, &mut report)?;
+        // 4. Make the new locations durable, then delete the victims.
+        self.remove_victims(&victims, &spared, &mut report)?;
+        Ok(report)
+    }
+
+    /// Move every chunk of `victims` out of them: live ones copied into the open segment
+    /// (`Relocate`), dead ones dropped (`DropChunk`), scanning chunk ids below `next_id`.
+    /// Returns the victims holding a live record that failed its check: kept (with the
+    /// damaged record where it is, for verify, the scrub and repair), their other chunks
+    /// still moved. The caller holds `gc_lock`.
+    pub(crate) fn move_out(
+        &self,
+        victims: &VictimFiles,
+        next_id: u64,
+        report: &mut GcReport,
+    ) -> Result<HashSet<u32>> {
         let per = CHUNKS_PER_PAGE as u64;
-        // Victims holding a live record that fails its check: kept (with the damaged record
-        // where it is, for verify, the scrub and repair), their other chunks still moved.
         let mut spared: HashSet<u32> = HashSet::new();
         self.counters.gc_chunk_ids.store(next_id, Relaxed);
         let mut page = 0u64;
         while page * per < next_id {
             // 1. Chunks of victim segments in a window of the chunk table.
-            let found = self.victim_chunks(&victims, page)?;
+            let found = self.victim_chunks(victims, page)?;
             page += SCAN_PAGES;
             self.counters
                 .gc_scanned_chunk_ids
                 .store((page * per).min(next_id), Relaxed);
             // 2. Read and check the live ones without the state lock; 3. commit in batches.
             for batch in found.chunks(COPY_BATCH) {
-                let copies = self.read_batch(batch, &victims, &mut spared)?;
-                self.commit_copies(copies, &mut report)?;
+                let copies = self.read_batch(batch, victims, &mut spared)?;
+                self.commit_copies(copies, report)?;
             }
         }
-        // 4. Make the new locations durable, then delete the victims.
-        self.remove_victims(&victims, &spared, &mut report)?;
-        Ok(report)
+        Ok(spared)
     }
 
     /// The sealed segments with at least `min_dead_percent` dead bytes, with their files, and
@@ -132,6 +148,8 @@ impl Pool {
         st.segments.reap();
         report.bytes_before = st.segments.total_bytes();
         let open = st.segments.open_id();
+        // Condemned segments wait for the other hosts sharing the pool (crate::hosts).
+        let condemned = crate::hosts::condemned_in(&st.md);
         // Victims with their files: sealed, so they can be read without the lock.
         let victims: HashMap<u32, Arc<dyn File>> = st
             .segments
@@ -143,6 +161,7 @@ impl Pool {
                 // A sealed segment whose last batches are still being written: its
                 // records are not all in the file yet (victims are read from the file).
                 Some(id) != open
+                    && !condemned.contains(&id)
                     && !st.segments.is_writing(id)
                     && dead > 0
                     && dead * 100 >= len * u64::from(min_dead_percent)
@@ -191,7 +210,7 @@ impl Pool {
                 continue; // found only chunks of victims
             };
             let buf = if e.refs > 0 {
-                match read_record(&*file, *id, e, self.crypto.as_deref()) {
+                match read_record(&*file, *id, e, self.crypto.as_deref(), self.slot) {
                     Ok(b) => Some(b),
                     Err(err) if err.is_damage() => {
                         tracing::warn!(
@@ -221,9 +240,22 @@ impl Pool {
     ) -> Result<()> {
         let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
+        let gone: Vec<u32> = victims
+            .keys()
+            .filter(|id| !spared.contains(id))
+            .copied()
+            .collect();
+        // In a pool other hosts share, their chunks may name these records: condemned, and
+        // deleted once every host let them go (crate::hosts).
+        if self.condemn(&gone, &guard)? {
+            drop(guard);
+            report.segments_condemned += gone.len() as u64;
+            report.bytes_after = lock(&self.state).segments.total_bytes();
+            return Ok(());
+        }
         let mut st = lock(&self.state);
-        for id in victims.keys().filter(|id| !spared.contains(id)) {
-            st.segments.remove(&*self.dir, *id)?;
+        for id in gone {
+            st.segments.remove(&*self.dir, id)?;
             report.segments_removed += 1;
         }
         self.dir
@@ -271,8 +303,13 @@ impl Pool {
             // Referenced again since the scan (deduplicated against): read it now.
             let buf = match buf {
                 Some(b) => b,
-                None => read_record(&*file, id, &now, self.crypto.as_deref())?,
+                None => read_record(&*file, id, &now, self.crypto.as_deref(), self.slot)?,
             };
+            let mut buf = buf;
+            if st.segments.is_foreign(now.loc.segment) {
+                // Another host's record, copied into this host's segment: it carries our id.
+                crate::format::reown_record(&mut buf, id);
+            }
             let new = st.segments.append_raw(&*self.dir, &buf, &now.loc)?;
             records.push(JournalRecord::Relocate { id, loc: new });
             report.chunks_moved += 1;
@@ -291,6 +328,7 @@ fn read_record(
     id: u64,
     e: &ChunkEntry,
     crypto: Option<&crate::crypto::Crypto>,
+    slot: u8,
 ) -> Result<Vec<u8>> {
     let mut buf = vec![0u8; e.loc.record_bytes() as usize];
     file.read_at(&mut buf, u64::from(e.loc.offset))
@@ -300,7 +338,8 @@ fn read_record(
                 err,
             )
         })?;
-    open_record(&buf, id, &e.loc, crypto, Some(&e.fp), || {
+    let rid = crate::format::record_id(id, &e.loc, slot);
+    open_record(&buf, rid, &e.loc, crypto, Some(&e.fp), || {
         format!(
             "chunk {id} in segment {} at offset {}",
             e.loc.segment, e.loc.offset

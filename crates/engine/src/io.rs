@@ -108,6 +108,16 @@ pub trait Dir: Send + Sync {
     fn set_durability(&self, _d: crate::format::Durability) -> bool {
         false
     }
+    /// This host's member slot in a pool several hosts share (docs/S3.md "Many hosts"): the
+    /// high byte of the id of every segment it creates. 0 in a pool of one host.
+    fn segment_slot(&self) -> u8 {
+        0
+    }
+    /// The other hosts that share this pool, each with a local directory prepared to open
+    /// its part read-only (asked anew each time: hosts join). Empty for a pool of one host.
+    fn peers(&self) -> io::Result<Vec<Peer>> {
+        Ok(Vec::new())
+    }
     /// What the store reports beyond its files, for `stats` (a bucket: one LIST).
     fn store_status(&self) -> Option<StoreStatus> {
         None
@@ -147,6 +157,19 @@ pub trait Dir: Send + Sync {
     fn move_down(&self, _name: &str) -> io::Result<bool> {
         Ok(false)
     }
+}
+
+/// Another host sharing the pool ([`Dir::peers`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its member slot (the high byte of its segment ids).
+    pub slot: u8,
+    /// The host name it joined with.
+    pub host: String,
+    /// Where its part of the pool is (`s3://BUCKET/PREFIX/hosts/SS`), for messages.
+    pub url: String,
+    /// A local directory that opens its part read-only ([`crate::pool::Pool::open_path`]).
+    pub local: std::path::PathBuf,
 }
 
 /// What [`Dir::store_status`] reports: the object store behind a pool directory.

@@ -39,6 +39,7 @@ pub mod error;
 pub mod format;
 pub mod fuzz;
 pub mod gc;
+pub mod hosts;
 pub mod importing;
 pub mod io;
 pub mod journal;

@@ -33,8 +33,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::{
-    encode_record_into, encode_segment_header, segment_name, ChunkCodec, Fingerprint, Location,
-    SEGMENT_HEADER_BYTES,
+    encode_record_into, encode_segment_header, segment_name, segment_slot, ChunkCodec, Fingerprint,
+    Location, SEGMENT_HEADER_BYTES, SEGMENT_SLOT_SHIFT,
 };
 use crate::io::{AlignedBuf, Dir, DirectWriter, File, DIRECT_IO_ALIGN};
 use crate::locks::lock;
@@ -288,6 +288,11 @@ pub struct Segments {
     uuid: [u8; 16],
     /// The segment a destage is moving down now.
     destaging: Option<u32>,
+    /// This host's member slot: the high byte of every segment id it creates.
+    slot: u8,
+    /// Other hosts' segments that chunks of this pool refer to (read-only handles on their
+    /// objects; docs/S3.md "Many hosts"): read, never written, listed, moved or removed.
+    foreign: BTreeMap<u32, Arc<dyn File>>,
 }
 
 impl Segments {
@@ -310,7 +315,36 @@ impl Segments {
             target_bytes,
             uuid,
             destaging: None,
+            slot: 0,
+            foreign: BTreeMap::new(),
         }
+    }
+
+    /// Create segments in member slot `slot` from now on (ids `slot << 24 ..`).
+    pub fn set_slot(&mut self, slot: u8) {
+        self.slot = slot;
+        self.next_id = self.next_id.max(u32::from(slot) << SEGMENT_SLOT_SHIFT);
+    }
+
+    /// This host's member slot.
+    pub fn slot(&self) -> u8 {
+        self.slot
+    }
+
+    /// Whether segment `id` is another host's.
+    pub fn is_foreign(&self, id: u32) -> bool {
+        segment_slot(id) != self.slot
+    }
+
+    /// Read another host's segment `id` through `file` from now on.
+    pub fn add_foreign(&mut self, id: u32, file: Arc<dyn File>) {
+        debug_assert!(self.is_foreign(id));
+        self.foreign.insert(id, file);
+    }
+
+    /// Stop reading another host's segment `id` (it was deleted after every host let it go).
+    pub fn forget_foreign(&mut self, id: u32) {
+        self.foreign.remove(&id);
     }
 
     /// Register an existing segment found in the pool directory.
@@ -424,6 +458,11 @@ impl Segments {
         records.iter().all(|r| match r {
             crate::format::JournalRecord::NewChunk { id, loc, .. }
             | crate::format::JournalRecord::Relocate { id, loc } => {
+                // Another host's record was in the bucket, under that host's root, before
+                // this host journaled a reference to it: durable before the batch was.
+                if self.is_foreign(loc.segment) {
+                    return true;
+                }
                 let fp = match r {
                     crate::format::JournalRecord::NewChunk { fp, .. } => Some(fp),
                     _ => None,
@@ -448,7 +487,10 @@ impl Segments {
     }
 
     pub fn file(&self, id: u32) -> Option<Arc<dyn File>> {
-        self.files.get(&id).map(|s| s.file.clone())
+        self.files
+            .get(&id)
+            .map(|s| s.file.clone())
+            .or_else(|| self.foreign.get(&id).cloned())
     }
 
     pub fn ids(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
@@ -518,7 +560,7 @@ impl Segments {
     fn start_segment(&mut self, dir: &dyn Dir) -> Result<u32> {
         let id = self.next_id;
         let name = segment_name(id);
-        if id == u32::MAX || self.files.contains_key(&id) {
+        if id == u32::MAX || self.files.contains_key(&id) || segment_slot(id) != self.slot {
             return Err(Error::corrupt(
                 format!("segment {name}"),
                 "no segment id is left after the highest one in the pool directory (a file \

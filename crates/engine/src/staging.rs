@@ -333,6 +333,12 @@ impl Dir for Staging {
     fn store_status(&self) -> Option<StoreStatus> {
         self.lower.store_status()
     }
+    fn segment_slot(&self) -> u8 {
+        self.lower.segment_slot()
+    }
+    fn peers(&self) -> io::Result<Vec<crate::io::Peer>> {
+        self.lower.peers()
+    }
 
     fn open_direct(&self, name: &str) -> io::Result<Option<Arc<dyn DirectWriter>>> {
         let s = lock(&self.stage);

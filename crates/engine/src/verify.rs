@@ -252,7 +252,8 @@ impl Pool {
                 loc.segment, loc.offset
             )
         };
-        let payload = match open_record(buf, id, &loc, self.crypto.as_deref(), Some(&e.fp), what) {
+        let rid = crate::format::record_id(id, &loc, self.slot);
+        let payload = match open_record(buf, rid, &loc, self.crypto.as_deref(), Some(&e.fp), what) {
             Ok(p) => p,
             Err(err) => return (0, Some((id, err.to_string()))),
         };

@@ -108,7 +108,7 @@ pub enum ObjectKind {
 
 /// Parse an object name of the bucket; `None` for a name that is none of the pool's.
 pub fn parse_object(obj: &str) -> Option<ObjectKind> {
-    if !valid_object_name(obj) {
+    if !valid_object_name(obj) || is_pool_wide(obj) {
         return None;
     }
     if let Some(rest) = obj.strip_prefix(CLAIM_PREFIX) {
@@ -165,6 +165,91 @@ fn parse_seq16(s: &str) -> Option<u64> {
         return None;
     }
     u64::from_str_radix(s, 16).ok()
+}
+
+/// Under a pool's prefix, the trees of the hosts that joined it (`hosts/SS/`, each laid out
+/// as a pool of its own) and their registry (`members/`): the pool's as a whole, never a
+/// file of the first host's tree, whose objects share the prefix (docs/S3.md "Many hosts").
+pub const HOSTS_PREFIX: &str = "hosts/";
+pub const MEMBERS_PREFIX: &str = "members/";
+const MEMBER_FIRST_LINE: &str = "condense-member 1";
+
+/// True for an object of the pool as a whole ([`HOSTS_PREFIX`], [`MEMBERS_PREFIX`]).
+pub fn is_pool_wide(obj: &str) -> bool {
+    obj.starts_with(HOSTS_PREFIX) || obj.starts_with(MEMBERS_PREFIX)
+}
+
+/// The prefix of member `slot`'s tree under the pool's prefix (`""`: the first host's, at
+/// the top).
+pub fn member_dir(slot: u8) -> String {
+    if slot == 0 {
+        String::new()
+    } else {
+        format!("{HOSTS_PREFIX}{slot:02x}")
+    }
+}
+
+/// A host that joined a pool: the registry object `members/SS-W` (slot `SS` as 2 hex
+/// digits, `W` the joining process's random id as 16), put once and never replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub slot: u8,
+    /// Breaks the tie between two hosts that registered one slot at once: the lower wins.
+    pub writer: u64,
+    pub host: String,
+    pub joined_unix: u64,
+}
+
+impl Member {
+    pub fn object(&self) -> String {
+        format!("{MEMBERS_PREFIX}{:02x}-{:016x}", self.slot, self.writer)
+    }
+
+    /// (slot, writer) of a registry object's name.
+    pub fn parse_object(obj: &str) -> Option<(u8, u64)> {
+        let rest = obj.strip_prefix(MEMBERS_PREFIX)?;
+        let (slot, writer) = rest.split_once('-')?;
+        if slot.len() != 2 || writer.len() != 16 {
+            return None;
+        }
+        Some((
+            u8::from_str_radix(slot, 16).ok()?,
+            u64::from_str_radix(writer, 16).ok()?,
+        ))
+    }
+
+    pub fn encode(&self) -> String {
+        format!(
+            "{MEMBER_FIRST_LINE}\nhost={}\njoined_unix={}\n",
+            self.host, self.joined_unix
+        )
+    }
+
+    /// The registry object `obj` with body `bytes`; `None` if either is not one.
+    pub fn decode(obj: &str, bytes: &[u8]) -> Option<Member> {
+        let (slot, writer) = Member::parse_object(obj)?;
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut lines = text.lines();
+        if lines.next()? != MEMBER_FIRST_LINE || slot == 0 {
+            return None;
+        }
+        let (mut host, mut joined_unix) = (None, None);
+        for l in lines {
+            match l.split_once('=') {
+                Some(("host", h)) if h.len() <= 255 && !h.chars().any(char::is_control) => {
+                    host = Some(h.to_string())
+                }
+                Some(("joined_unix", t)) => joined_unix = t.parse().ok(),
+                _ => {}
+            }
+        }
+        Some(Member {
+            slot,
+            writer,
+            host: host?,
+            joined_unix: joined_unix?,
+        })
+    }
 }
 
 /// Write-ahead object `seq` of `gen`.

@@ -21,6 +21,31 @@ pub fn parse_segment_name(name: &str) -> Option<u32> {
     u32::from_str_radix(hex, 16).ok()
 }
 
+/// Bits of a segment id below its member slot: the high byte of every id is the slot of the
+/// host that made the segment (docs/S3.md "Many hosts"; 0 in a pool of one host), so the
+/// segments of the hosts sharing one pool never share an id.
+pub const SEGMENT_SLOT_SHIFT: u32 = 24;
+
+/// The member slot of segment `id`.
+pub fn segment_slot(id: u32) -> u8 {
+    (id >> SEGMENT_SLOT_SHIFT) as u8
+}
+
+/// The chunk id to check a record against: `id` itself in a segment of this host (`slot`),
+/// or [`ANY_RECORD_ID`] in another host's segment, whose record carries that host's chunk id
+/// (it is then bound by its fingerprint instead).
+pub fn record_id(id: u64, loc: &Location, slot: u8) -> u64 {
+    if segment_slot(loc.segment) == slot {
+        id
+    } else {
+        ANY_RECORD_ID
+    }
+}
+
+/// Accept a record whatever chunk id it carries: [`open_record`] then requires the expected
+/// fingerprint instead (a record of another host's segment).
+pub const ANY_RECORD_ID: u64 = u64::MAX;
+
 pub fn encode_segment_header(id: u32, uuid: &[u8; 16]) -> Vec<u8> {
     let mut b = Vec::with_capacity(SEGMENT_HEADER_BYTES);
     b.extend_from_slice(&SEGMENT_MAGIC);
@@ -63,6 +88,20 @@ pub fn encode_record(
     let start = out.len();
     out.resize(start + RECORD_HEADER_BYTES + payload.len(), 0);
     encode_record_into(&mut out[start..], id, fp, codec, payload);
+}
+
+/// Make `record` (a whole record, as a segment holds it) carry chunk id `id`: a record copied
+/// from another host's segment into one of this host's, whose chunk table names it by its own
+/// id. The CRC is computed again; an encrypted payload is bound to its fingerprint and codec,
+/// not the id, so it opens as before.
+pub fn reown_record(record: &mut [u8], id: u64) {
+    if record.len() < RECORD_HEADER_BYTES {
+        return;
+    }
+    record[4..8].copy_from_slice(&(id as u32).to_le_bytes());
+    record[28..32].copy_from_slice(&((id >> 32) as u32).to_le_bytes());
+    let c = crc(&[&record[4..]]);
+    record[..4].copy_from_slice(&c.to_le_bytes());
 }
 
 /// Write one chunk record into `out`, which is exactly `RECORD_HEADER_BYTES + payload.len()`
@@ -108,7 +147,7 @@ pub fn decode_record<'a>(
     let fp: Fingerprint = r.array()?;
     let len_codec = r.u32()?;
     let found_id = u64::from(id_lo) | u64::from(r.u32()?) << 32;
-    if found_id != id || len_codec != loc.len_codec() {
+    if (id != ANY_RECORD_ID && found_id != id) || len_codec != loc.len_codec() {
         return Err(Error::corrupt(
             what(),
             format!(
@@ -141,7 +180,17 @@ pub fn open_record<'a>(
     what: impl Fn() -> String,
 ) -> Result<std::borrow::Cow<'a, [u8]>> {
     let Some(c) = crypto else {
-        return decode_record(buf, id, loc).map(|(_, p)| std::borrow::Cow::Borrowed(p));
+        let (fp, payload) = decode_record(buf, id, loc)?;
+        if id == ANY_RECORD_ID && expected != Some(&fp) {
+            return Err(Error::corrupt(
+                what(),
+                format!(
+                    "the record in segment {} at offset {} holds another chunk's data",
+                    loc.segment, loc.offset
+                ),
+            ));
+        }
+        return Ok(std::borrow::Cow::Borrowed(payload));
     };
     let total = loc.record_bytes() as usize;
     let (Some(header), Some(sealed)) = (
@@ -154,7 +203,7 @@ pub fn open_record<'a>(
     fp.copy_from_slice(&header[8..24]);
     let plain = c.open(Kind::Chunk, &chunk_ctx(&fp, loc.codec), sealed, &what)?;
     decode_record(buf, id, loc)?;
-    if expected.is_some_and(|e| *e != fp) {
+    if expected.is_some_and(|e| *e != fp) || (id == ANY_RECORD_ID && expected.is_none()) {
         return Err(Error::Auth {
             what: what(),
             detail: format!(

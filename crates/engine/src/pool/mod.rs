@@ -219,6 +219,10 @@ pub struct Pool {
     pub(crate) tier: RwLock<Option<Arc<ChunkCache>>>,
     /// The background destage thread of a writeback cache ([`crate::destage`]).
     pub(crate) destager: Mutex<Option<crate::worker::Worker>>,
+    /// This host's member slot in a pool several hosts share (0 otherwise).
+    pub(crate) slot: u8,
+    /// The other hosts' trees, open read-only ([`crate::hosts`]), by slot.
+    pub(crate) peers: Mutex<std::collections::BTreeMap<u8, Arc<Pool>>>,
     _lock_file: Option<std::fs::File>,
 }
 

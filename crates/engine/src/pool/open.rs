@@ -96,6 +96,12 @@ impl Pool {
             }
             None => None,
         };
+        Pool::write_new_pool(dir, &sb, crypto)
+    }
+
+    /// The files of a new, empty pool with superblock `sb` (sealed with `crypto` in an
+    /// encrypted pool): the first journal, `meta.dat`, the root, and the superblock last.
+    fn write_new_pool(dir: &dyn Dir, sb: &Superblock, crypto: Option<Arc<Crypto>>) -> Result<()> {
         let journal = Journal::create(dir, 1, &sb.uuid, 0, crypto.clone())?;
         journal
             .file
@@ -156,7 +162,34 @@ impl Pool {
 
     /// Open the S3 pool whose local directory is `path` (docs/S3.md): its lock file, the
     /// lease, the bucket as the pool directory and `path` as its writeback cache.
-    fn open_remote(path: &Path, mut opts: OpenOptions) -> Result<Arc<Pool>> {
+    fn open_remote(path: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
+        let pool = Pool::open_remote_tree(path, opts)?;
+        // Chunks of this tree may live in other hosts' segments: read them from the start.
+        if let Err(e) = pool.attach_peers() {
+            tracing::warn!(
+                "pool {}: the other hosts' trees could not be read ({e}); chunks stored by \
+                 them fail to read until `condense hosts sync` succeeds",
+                pool.dir.describe()
+            );
+        }
+        Ok(pool)
+    }
+
+    /// Open one host's tree of an S3 pool read-only, from the local directory `path` made
+    /// for it, with the key `key` (an encrypted pool's): a peer of [`crate::hosts`], whose
+    /// own peers are not opened.
+    pub(crate) fn open_peer(path: &Path, key: Option<crate::crypto::UserKey>) -> Result<Arc<Pool>> {
+        let opts = OpenOptions {
+            read_only: true,
+            key,
+            metadata_cache_bytes: Some(METADATA_CACHE_MIN),
+            ..OpenOptions::default()
+        };
+        Pool::open_remote_tree(path, opts)
+    }
+
+    /// [`Pool::open_remote`] without the other hosts' trees.
+    fn open_remote_tree(path: &Path, mut opts: OpenOptions) -> Result<Arc<Pool>> {
         let local = RealDir::new(path);
         let lock = local
             .lock(LOCK_NAME)
@@ -185,6 +218,46 @@ impl Pool {
         let dir = crate::remote::init(path, conf, durability, cache_size)?;
         // Pool::init stores the directory's durability in the superblock.
         Pool::init(&dir, opts)
+    }
+
+    /// Join the pool in a bucket as a new host (docs/S3.md "Many hosts"): register a slot, and
+    /// create this host's tree under it with the pool's superblock (its identity, settings and
+    /// durability; `key` unlocks an encrypted pool) and the local directory `path`. `conf`
+    /// names the pool (its first host's URL). Returns the slot and the tree's URL.
+    pub fn join_remote(
+        path: &Path,
+        conf: &crate::remote::RemoteConf,
+        cache_size: u64,
+        host: &str,
+        key: Option<&crate::crypto::UserKey>,
+    ) -> Result<(u8, String)> {
+        let sb_bytes = crate::remote::stored_file(conf, SUPERBLOCK_NAME)?
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "{} holds no Condense pool to join: create one with `condense init {} \
+                     --cache DIR --cache-size SIZE`",
+                    conf.url, conf.url
+                ))
+            })?
+            .1;
+        let mut sb = Superblock::decode(&sb_bytes)?;
+        // Check the key before anything is written: a wrong key joins nothing.
+        sb.unlock(&sb_bytes, key, false, &conf.url)?;
+        let (pool_url, _) = crate::remote::split_member_url(&conf.url);
+        let pool_conf = crate::remote::RemoteConf {
+            url: pool_url.clone(),
+            ..conf.clone()
+        };
+        let slot = crate::remote::join(&pool_conf, host)?;
+        let member = crate::remote::RemoteConf {
+            url: crate::remote::member_url(&pool_url, slot),
+            ..pool_conf
+        };
+        let durability = sb.durability.unwrap_or_default();
+        let dir = crate::remote::init(path, &member, durability, cache_size)?;
+        let crypto = sb.unlock(&sb_bytes, key, true, &member.url)?;
+        Pool::write_new_pool(&dir, &sb, crypto)?;
+        Ok((slot, member.url))
     }
 
     /// Open the pool in `dir` (no lock file: for the simulator and tests).
@@ -290,7 +363,9 @@ impl Pool {
         replay: crate::journal::ReplayReport,
         lock_file: Option<std::fs::File>,
     ) -> Arc<Pool> {
+        let slot = dir.segment_slot();
         Arc::new_cyclic(|me| Pool {
+            slot,
             dir,
             sb,
             crypto,
@@ -314,6 +389,7 @@ impl Pool {
             replay,
             tier: RwLock::new(None),
             destager: Mutex::new(None),
+            peers: Mutex::new(Default::default()),
             _lock_file: lock_file,
         })
     }
@@ -398,6 +474,7 @@ fn open_meta_file(
 /// Open step 4: every segment of the pool (the staging layer lists the held ones too).
 fn find_segments(dir: &Arc<dyn Dir>, sb: &Superblock) -> Result<Segments> {
     let mut segments = Segments::new(sb.segment_bytes_target, sb.uuid);
+    segments.set_slot(dir.segment_slot());
     for name in dir
         .list(SEGMENT_PREFIX)
         .map_err(|e| Error::io(format!("listing segments in {}", dir.describe()), e))?

@@ -197,7 +197,8 @@ impl Pool {
                 loc.segment, loc.offset
             )
         };
-        let payload = open_record(record, id, loc, self.crypto.as_deref(), Some(&w.fp), what)
+        let rid = record_id(id, loc, self.slot);
+        let payload = open_record(record, rid, loc, self.crypto.as_deref(), Some(&w.fp), what)
             .map_err(|err| with_context(err, &what()))?;
         reduction::decompress(loc.codec, &payload, dst, what)
     }

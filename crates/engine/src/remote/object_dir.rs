@@ -42,6 +42,16 @@ pub struct RemoteDir {
     /// Files being written whole (`.tmp`, `.partial`, new files), by name, for `rename`.
     writing: Mutex<HashMap<String, Weak<BufFile>>>,
     _lease: Option<Lease>,
+    /// This host's place among the hosts sharing the pool (`None`: a reader of one tree).
+    membership: Option<super::members::Membership>,
+}
+
+/// The objects of a listing of this tree's prefix that are its own: not the trees of the
+/// hosts that joined the pool, nor their registry (the first host's prefix holds both).
+fn own_objects(all: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    all.into_iter()
+        .filter(|(o, _)| !crate::format::bucket::is_pool_wide(o))
+        .collect()
 }
 
 /// Names kept in the local subdirectory, never uploaded.
@@ -61,6 +71,7 @@ impl RemoteDir {
             opened: Instant::now(),
             writing: Mutex::new(HashMap::new()),
             _lease: lease,
+            membership: None,
         }
     }
 
@@ -199,10 +210,19 @@ impl RemoteDir {
             .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     }
 
+    /// Take part in the pool as `m` says (its slot, the other members).
+    pub(super) fn with_membership(mut self, m: super::members::Membership) -> RemoteDir {
+        self.membership = Some(m);
+        self
+    }
+
     /// The bucket side of the pool for `stats` (one LIST).
     pub fn status(&self) -> StoreStatus {
         let (objects, bytes) = match self.shared.store.list("") {
-            Ok(l) => (l.len() as u64, l.iter().map(|(_, s)| s).sum()),
+            Ok(l) => {
+                let own = own_objects(l);
+                (own.len() as u64, own.iter().map(|(_, s)| s).sum())
+            }
             Err(_) => (0, 0),
         };
         let health = if self.shared.lease_lost.load(Ordering::Relaxed) {
@@ -337,7 +357,7 @@ impl Dir for RemoteDir {
     }
 
     fn total_bytes(&self) -> io::Result<u64> {
-        let all = self.shared.note(self.shared.store.list(""))?;
+        let all = own_objects(self.shared.note(self.shared.store.list(""))?);
         Ok(all.iter().map(|(_, s)| s).sum())
     }
 
@@ -376,5 +396,16 @@ impl Dir for RemoteDir {
 
     fn store_status(&self) -> Option<StoreStatus> {
         Some(self.status())
+    }
+
+    fn segment_slot(&self) -> u8 {
+        self.membership.as_ref().map_or(0, |m| m.slot)
+    }
+
+    fn peers(&self) -> io::Result<Vec<crate::io::Peer>> {
+        match &self.membership {
+            Some(m) => m.peers(),
+            None => Ok(Vec::new()),
+        }
     }
 }

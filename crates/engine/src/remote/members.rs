@@ -1,0 +1,298 @@
+//! Hosts that share one pool in a bucket (docs/S3.md "Many hosts"): the registry of members
+//! (`members/SS-W`), joining it ([`join`]), and the other members as this host sees them
+//! ([`Membership::peers`]).
+//!
+//! Each host writes its own part of the pool, a tree laid out as a whole pool: the first
+//! host's at the top of the prefix (slot 0), every host that joined under `hosts/SS/`. The
+//! trees share the first host's superblock (its pool UUID, fingerprint key and settings, in
+//! an encrypted pool its wrapped data key), so a chunk has one fingerprint on every host and
+//! a record of one host's segment checks and opens on every other.
+//!
+//! Invariants:
+//! - **A slot is one host's.** A joining host registers the lowest slot above every one in
+//!   the registry, waits [`SETTLE`], and lists again: of two registrations of one slot the
+//!   lower writer id wins and the other host withdraws and tries the next slot (the rule of
+//!   the lease claims, [`super::lease`]). Registry objects are put once, never replaced.
+//! - The high byte of every segment id is its host's slot, so no two hosts ever name a
+//!   segment alike ([`crate::format::SEGMENT_SLOT_SHIFT`]).
+//! - Another member is only ever read: through a read-only open of its tree from a local
+//!   directory of its own under `peers/SS/` in this host's local directory.
+
+use super::conf::{remote_error, RemoteConf};
+use crate::error::{Error, Result};
+use crate::format::bucket::{member_dir, Member, MEMBERS_PREFIX};
+use crate::io::Peer;
+use condense_object_store::ObjectBackend;
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How long a joining host waits between registering a slot and listing the registry again.
+const SETTLE: Duration = Duration::from_secs(1);
+/// Registrations tried before a join gives up.
+const JOIN_TRIES: usize = 8;
+/// The cache of the local directory a peer's tree is read through.
+const PEER_CACHE_BYTES: u64 = 64 << 20;
+/// The subdirectory of the local directory that holds one directory per other member.
+pub const PEERS_SUBDIR: &str = "peers";
+
+/// `s3://BUCKET/PREFIX` and a member slot → the URL of that member's tree.
+pub fn member_url(pool_url: &str, slot: u8) -> String {
+    match member_dir(slot).as_str() {
+        "" => pool_url.to_string(),
+        d => format!("{}/{d}", pool_url.trim_end_matches('/')),
+    }
+}
+
+/// The URL of a member's tree → (the pool's URL, the member's slot).
+pub fn split_member_url(url: &str) -> (String, u8) {
+    let trimmed = url.trim_end_matches('/');
+    if let Some((pool, slot)) = trimmed.rsplit_once("/hosts/") {
+        if let Ok(slot @ 1..) = u8::from_str_radix(slot, 16) {
+            if member_dir(slot) == format!("hosts/{}", &trimmed[pool.len() + 7..]) {
+                return (pool.to_string(), slot);
+            }
+        }
+    }
+    (url.to_string(), 0)
+}
+
+/// This host's place in the pool: its slot, and how to reach the pool's prefix.
+pub(crate) struct Membership {
+    pub slot: u8,
+    pool_url: String,
+    /// The store at the pool's prefix (the registry, the other trees).
+    root: Arc<dyn ObjectBackend>,
+    /// This host's `remote.conf` (endpoint, region and credentials for the peers' too).
+    conf: RemoteConf,
+    /// This host's local directory.
+    local: PathBuf,
+    /// Registry objects read so far (they never change).
+    known: Mutex<BTreeMap<String, Option<Member>>>,
+}
+
+impl Membership {
+    /// The membership of the tree `conf` names, for a host whose local directory is `local`.
+    pub fn new(conf: &RemoteConf, local: &Path) -> Result<Membership> {
+        let (pool_url, slot) = split_member_url(&conf.url);
+        let root_conf = RemoteConf {
+            url: pool_url.clone(),
+            read_only: true,
+            ..conf.clone()
+        };
+        Ok(Membership {
+            slot,
+            root: root_conf.backend(false)?,
+            pool_url,
+            conf: conf.clone(),
+            local: local.to_path_buf(),
+            known: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The hosts that joined the pool, one per slot (one LIST, a GET per new registration).
+    pub fn registered(&self) -> Result<Vec<Member>> {
+        registered(&*self.root, &self.pool_url, &self.known)
+    }
+
+    /// The other members, each with a local directory that opens its tree read-only (made
+    /// under `peers/SS/` the first time).
+    pub fn peers(&self) -> io::Result<Vec<Peer>> {
+        let to_io = |e: Error| io::Error::other(e.to_string());
+        let mut all: Vec<(u8, String)> = self
+            .registered()
+            .map_err(to_io)?
+            .into_iter()
+            .map(|m| (m.slot, m.host))
+            .collect();
+        if all.is_empty() {
+            return Ok(Vec::new()); // nobody joined: the pool is the first host's alone
+        }
+        all.push((0, "(first host)".to_string()));
+        let mut peers = Vec::new();
+        for (slot, host) in all.into_iter().filter(|(s, _)| *s != self.slot) {
+            let url = member_url(&self.pool_url, slot);
+            let local = self.local.join(PEERS_SUBDIR).join(format!("{slot:02x}"));
+            if !super::setup::is_local_dir(&local) {
+                crate::io::create_private_dir(&self.local.join(PEERS_SUBDIR))?;
+                let conf = RemoteConf {
+                    url: url.clone(),
+                    read_only: true,
+                    durability_to_store: None,
+                    ..self.conf.clone()
+                };
+                super::setup::prepare_local(&local, &conf, PEER_CACHE_BYTES).map_err(to_io)?;
+            }
+            peers.push(Peer {
+                slot,
+                host,
+                url,
+                local,
+            });
+        }
+        peers.sort_by_key(|p| p.slot);
+        Ok(peers)
+    }
+}
+
+/// The registry of the pool at `store`: one member per slot (the lowest writer id of a slot
+/// registered twice). `known` caches the objects read (they are never replaced).
+fn registered(
+    store: &dyn ObjectBackend,
+    url: &str,
+    known: &Mutex<BTreeMap<String, Option<Member>>>,
+) -> Result<Vec<Member>> {
+    let listed = store
+        .list(MEMBERS_PREFIX.trim_end_matches('/'))
+        .map_err(|e| remote_error(url, e))?;
+    let mut by_slot: BTreeMap<u8, Member> = BTreeMap::new();
+    for (obj, size) in listed {
+        if Member::parse_object(&obj).is_none() || size > 4096 {
+            continue;
+        }
+        let cached = known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&obj)
+            .cloned();
+        let member = match cached {
+            Some(m) => m,
+            None => {
+                let m = match store.get(&obj) {
+                    Ok(b) => Member::decode(&obj, &b),
+                    Err(e) if e.is_not_found() => continue, // withdrawn meanwhile
+                    Err(e) => return Err(remote_error(url, e)),
+                };
+                if m.is_none() {
+                    tracing::warn!("{url}: registry object {obj} is not readable: ignored");
+                }
+                known
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(obj.clone(), m.clone());
+                m
+            }
+        };
+        let Some(m) = member else { continue };
+        match by_slot.get(&m.slot) {
+            Some(held) if held.writer <= m.writer => {}
+            _ => {
+                by_slot.insert(m.slot, m);
+            }
+        }
+    }
+    Ok(by_slot.into_values().collect())
+}
+
+/// The hosts registered in the pool `conf` names (`conf.url` is the pool's, or any
+/// member's), for `condense hosts`.
+pub fn list_members(conf: &RemoteConf) -> Result<Vec<Member>> {
+    let (pool_url, _) = split_member_url(&conf.url);
+    let conf = RemoteConf {
+        url: pool_url.clone(),
+        ..conf.clone()
+    };
+    registered(
+        &*conf.backend(false)?,
+        &pool_url,
+        &Mutex::new(BTreeMap::new()),
+    )
+}
+
+/// Register `host` in the pool `conf.url` names: the slot it won (see the module docs).
+pub fn join(conf: &RemoteConf, host: &str) -> Result<u8> {
+    let store = conf.backend(true)?;
+    let known = Mutex::new(BTreeMap::new());
+    for _ in 0..JOIN_TRIES {
+        let members = registered(&*store, &conf.url, &known)?;
+        let slot = match members.iter().map(|m| m.slot).max() {
+            None => 1,
+            Some(u8::MAX) => {
+                return Err(Error::Invalid(format!(
+                    "{}: all 255 host slots are taken; no more hosts can join this pool",
+                    conf.url
+                )))
+            }
+            Some(s) => s + 1,
+        };
+        let mut id = [0u8; 8];
+        getrandom::fill(&mut id)
+            .map_err(|e| Error::io("reading random bytes", io::Error::other(e.to_string())))?;
+        let me = Member {
+            slot,
+            writer: u64::from_le_bytes(id),
+            host: host.to_string(),
+            joined_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        store
+            .put(&me.object(), me.encode().as_bytes())
+            .map_err(|e| remote_error(&conf.url, e))?;
+        std::thread::sleep(SETTLE);
+        let now = registered(&*store, &conf.url, &known)?;
+        if now.iter().any(|m| m.slot == slot && m.writer == me.writer) {
+            return Ok(slot);
+        }
+        // Another host registered this slot at once with a lower id: withdraw, try the next.
+        store
+            .delete(&me.object())
+            .map_err(|e| remote_error(&conf.url, e))?;
+    }
+    Err(Error::Invalid(format!(
+        "{}: {JOIN_TRIES} hosts joined at the same moment as this one; run the join again",
+        conf.url
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_urls_round_trip() {
+        assert_eq!(member_url("s3://b/p", 0), "s3://b/p");
+        assert_eq!(member_url("s3://b/p/", 3), "s3://b/p/hosts/03");
+        for slot in [0u8, 1, 0x2a, 255] {
+            let url = member_url("s3://b/p", slot);
+            assert_eq!(split_member_url(&url), ("s3://b/p".to_string(), slot));
+        }
+        // Not a member's tree: the URL is a pool's own.
+        for url in [
+            "s3://b/hosts/zz",
+            "s3://b/p/hosts/00",
+            "s3://b/p/hosts/1",
+            "s3://b/p",
+        ] {
+            assert_eq!(split_member_url(url), (url.to_string(), 0));
+        }
+    }
+
+    #[test]
+    fn a_slot_registered_twice_is_the_lower_writers() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        let url = format!("file://{}", dir.path().display());
+        let store = condense_object_store::LocalBackend::open(dir.path())
+            .map_err(|e| remote_error(&url, e))?;
+        for (slot, writer, host) in [(1u8, 9u64, "b"), (1, 4, "a"), (2, 1, "c")] {
+            let m = Member {
+                slot,
+                writer,
+                host: host.into(),
+                joined_unix: 1,
+            };
+            store
+                .put(&m.object(), m.encode().as_bytes())
+                .map_err(|e| remote_error(&url, e))?;
+        }
+        store
+            .put("members/03-zz", b"junk")
+            .map_err(|e| remote_error(&url, e))?;
+        let got = registered(&store, &url, &Mutex::new(BTreeMap::new()))?;
+        let hosts: Vec<(u8, &str)> = got.iter().map(|m| (m.slot, m.host.as_str())).collect();
+        assert_eq!(hosts, vec![(1, "a"), (2, "c")]);
+        Ok(())
+    }
+}

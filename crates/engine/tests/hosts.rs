@@ -1,0 +1,206 @@
+//! A pool several hosts share (engine::hosts, docs/S3.md "Many hosts"), on a directory used as
+//! the object store: a second host joins, folds the first host's chunks in and stores nothing
+//! of data the first host holds; blocks both stored at once are merged into the lower slot's
+//! copy; a segment the first host's GC emptied is kept until the second host let it go, then
+//! deleted, and every block of both hosts still reads back, also after a reopen.
+
+use condense_engine::remote::{self, Durability, RemoteConf};
+use condense_engine::{InitOptions, OpenOptions, Pool};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const BS: usize = 4096;
+const CACHE: u64 = 1 << 30;
+
+/// Distinct, compressible content for each tag.
+fn block(tag: u64) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..BS)
+        .map(|i| ((i / 16) as u64).wrapping_mul(tag | 1) as u8)
+        .collect();
+    b[..8].copy_from_slice(&tag.to_le_bytes());
+    b
+}
+
+fn conf(store: &Path) -> RemoteConf {
+    RemoteConf {
+        url: format!("file://{}", store.display()),
+        endpoint: None,
+        region: None,
+        credentials: None,
+        durability_to_store: None,
+        read_only: false,
+    }
+}
+
+fn open(path: &Path) -> Arc<Pool> {
+    Pool::open_path(
+        path,
+        OpenOptions {
+            destage_in_background: false,
+            ..Default::default()
+        },
+    )
+    .expect("open")
+}
+
+fn write(pool: &Pool, vol: &str, first_tag: u64, blocks: u64) {
+    pool.create_volume(vol, blocks * BS as u64).expect("create");
+    let h = pool.volume(vol).expect("volume");
+    let data: Vec<u8> = (0..blocks).flat_map(|b| block(first_tag + b)).collect();
+    h.write_at(0, &data, false).expect("write");
+    pool.flush().expect("flush");
+}
+
+fn check(pool: &Pool, vol: &str, first_tag: u64, blocks: u64) {
+    let h = pool.volume(vol).expect("volume");
+    let mut buf = vec![0u8; blocks as usize * BS];
+    h.read_at(0, &mut buf).expect("read");
+    for b in 0..blocks as usize {
+        assert!(
+            buf[b * BS..(b + 1) * BS] == block(first_tag + b as u64)[..],
+            "volume {vol} block {b} differs"
+        );
+    }
+}
+
+/// Bytes of segment objects under `dir` (one host's tree: the first host's excludes `hosts/`).
+fn segment_bytes(dir: &Path, skip_hosts: bool) -> u64 {
+    fn walk(dir: &Path, skip_hosts: bool, out: &mut u64) {
+        for e in std::fs::read_dir(dir).expect("read store").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if !(skip_hosts && (p.ends_with("hosts") || p.ends_with("members"))) {
+                    walk(&p, false, out);
+                }
+            } else if p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("seg-"))
+            {
+                *out += e.metadata().map_or(0, |m| m.len());
+            }
+        }
+    }
+    let mut out = 0;
+    walk(dir, skip_hosts, &mut out);
+    out
+}
+
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    store: PathBuf,
+    a: PathBuf,
+    b: PathBuf,
+}
+
+fn cluster() -> Cluster {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("store dir");
+    let a = tmp.path().join("a");
+    Pool::init_remote(
+        &a,
+        &conf(&store),
+        Durability::Local,
+        CACHE,
+        &InitOptions {
+            segment_bytes_target: 1 << 20,
+            ..Default::default()
+        },
+    )
+    .expect("init");
+    let b = tmp.path().join("b");
+    let (slot, url) = Pool::join_remote(&b, &conf(&store), CACHE, "host-b", None).expect("join");
+    assert_eq!(slot, 1, "the first host to join takes slot 1");
+    assert!(url.ends_with("/hosts/01"), "{url}");
+    Cluster {
+        _tmp: tmp,
+        store,
+        a,
+        b,
+    }
+}
+
+#[test]
+fn a_joined_host_stores_nothing_the_first_host_holds() {
+    let c = cluster();
+    let a = open(&c.a);
+    write(&a, "golden", 0, 512);
+    a.close().expect("close a"); // a clean close uploads everything and puts a root
+    let b = open(&c.b);
+    let r = b.sync_hosts().expect("sync");
+    assert_eq!(r.slot, 1);
+    assert_eq!(r.peers.len(), 1, "{r:?}");
+    assert_eq!(r.peers[0].chunks_folded, 512, "{r:?}");
+    let before = segment_bytes(&c.store.join("hosts"), false);
+    write(&b, "clone", 0, 512);
+    b.close().expect("close b");
+    drop(b);
+    let stored = segment_bytes(&c.store.join("hosts"), false) - before;
+    assert!(
+        stored < 64 << 10,
+        "host b stored {stored} bytes of segments for data host a holds"
+    );
+    // Reopened, host b reads host a's records (attached at open).
+    let b = open(&c.b);
+    check(&b, "clone", 0, 512);
+    let v = b.verify(&|_, _| {}).expect("verify");
+    assert!(v.bad_chunks.is_empty(), "{:?}", v.bad_chunks);
+    // The first host sees host b as a member; its listing of its own tree leaves b's out.
+    assert_eq!(
+        remote::list_members(&conf(&c.store))
+            .expect("members")
+            .iter()
+            .map(|m| (m.slot, m.host.clone()))
+            .collect::<Vec<_>>(),
+        vec![(1, "host-b".to_string())]
+    );
+}
+
+#[test]
+fn blocks_stored_twice_merge_and_a_condemned_segment_waits_for_every_host() {
+    let c = cluster();
+    let a = open(&c.a);
+    let b = open(&c.b);
+    // Both hosts store the same blocks before either folded the other in.
+    write(&a, "va", 1000, 768);
+    write(&b, "vb", 1000, 768);
+    a.sync_hosts().expect("sync a"); // publishes a's chunks in its root
+    let r = b.sync_hosts().expect("sync b");
+    assert_eq!(r.peers[0].chunks_merged, 768, "{r:?}");
+    // b's own copies are dead space now: its GC empties them (condemned: a may name them).
+    let g = b.gc(50).expect("gc b");
+    assert!(g.segments_condemned > 0, "{g:?}");
+    check(&b, "vb", 1000, 768);
+    // Host a deletes its volume and collects: its segments are condemned, not deleted.
+    let segs_before = segment_bytes(&c.store, true);
+    a.delete_volume("va").expect("delete");
+    let g = a.gc(0).expect("gc a");
+    assert!(g.segments_condemned > 0, "{g:?}");
+    assert_eq!(g.segments_removed, 0, "{g:?}");
+    assert_eq!(
+        segment_bytes(&c.store, true),
+        segs_before,
+        "nothing deleted yet"
+    );
+    // Until b let go, a's sync deletes nothing.
+    assert_eq!(a.sync_hosts().expect("sync a").segments_deleted, 0);
+    check(&b, "vb", 1000, 768);
+    let r = b.sync_hosts().expect("sync b");
+    assert!(r.peers[0].chunks_let_go >= 768, "{r:?}");
+    assert!(
+        r.segments_deleted > 0,
+        "a let b's condemned segment go: {r:?}"
+    );
+    let r = a.sync_hosts().expect("sync a");
+    assert!(r.segments_deleted > 0, "{r:?}");
+    assert_eq!(r.segments_condemned, 0, "{r:?}");
+    assert!(segment_bytes(&c.store, true) < segs_before);
+    check(&b, "vb", 1000, 768);
+    b.close().expect("close b");
+    drop(b);
+    let b = open(&c.b);
+    check(&b, "vb", 1000, 768);
+    let v = b.verify(&|_, _| {}).expect("verify");
+    assert!(v.bad_chunks.is_empty(), "{:?}", v.bad_chunks);
+}
