@@ -13,14 +13,21 @@
 #      replaced by that host once its lease expired (30 s); a third host then exports what both
 #      wrote byte-identical and verifies the pool clean.
 #
-# Not yet (issue 25 stays open): volume leases and moves, cross-host dedup and GC (docs/S3.md
+#   c. hosts sharing one pool (`connect --join`): host A imports five images and host B the
+#      other five at the same time (a common base and a part of their own each); after
+#      `hosts sync` and `gc` the bucket holds at most 1.02x what one host importing all ten
+#      stores; a segment host B's GC emptied stays until host A let it go, then is deleted;
+#      a third host reads B's volume through B's part byte-identical (its base blocks are
+#      A's records) and `verify` is clean on every host.
+#
+# Not yet (issue 25 stays open): volume leases and moves, clones across hosts (docs/S3.md
 # "Many hosts: the plan").
 #
 #   bash tests/s3/cluster.sh                 # builds target/release/condense first
 #   ROUNDS=20 CONDENSE=/path/to/condense bash tests/s3/cluster.sh     # KEEP=1 keeps $W on failure
 #
 # Garage as in tests/s3/pool.sh (installed by scripts/install-garage.sh under CI). Needs curl,
-# python3, jq, nbdinfo (libnbd-bin). Ends with "N passed, M failed, K skipped".
+# python3, jq, nbdinfo and nbdcopy (libnbd-bin), qemu-io (qemu-utils), fio. Ends with "N passed, M failed, K skipped".
 
 set -uo pipefail
 
@@ -44,7 +51,7 @@ if ! have_garage; then
     summary
     exit
 fi
-need_tools curl python3 jq timeout cmp nbdinfo
+need_tools curl python3 jq timeout cmp nbdinfo nbdcopy qemu-io fio
 
 W=$(mktemp -d /tmp/condense-s3-cluster.XXXXXX)
 G=$W/garage
@@ -241,6 +248,168 @@ same_export() {
 check "host C exports base byte-identical" same_export base "$W/base.raw"
 check "host C exports late byte-identical" same_export late "$W/late.raw"
 check "verify clean (host C)" h C verify
+
+step "c. hosts sharing one pool: dedup across hosts, GC that waits for every host"
+# Ten images: a common 24 MiB base (the OS every VM was cloned from) and 4 MiB of their own.
+head -c 24M /dev/urandom >"$W/common.raw"
+for i in $(seq 1 10); do
+    { cat "$W/common.raw"; head -c 4M /dev/urandom; } >"$W/img$i.raw"
+done
+ONE_URL=$(s3url single)
+MULTI_URL=$(s3url multi)
+check "init the one-host pool" timeout "$CMD_TIMEOUT" "$CONDENSE" init "$ONE_URL" --cache "$W/S" --cache-size "$CACHE_SIZE"
+one_host() { for i in $(seq 1 10); do h S import "$W/img$i.raw" --name "vm$i" || return 1; done; }
+check "one host imports all ten images" one_host
+check "init the shared pool on host A" timeout "$CMD_TIMEOUT" "$CONDENSE" init "$MULTI_URL" --cache "$W/MA" --cache-size "$CACHE_SIZE"
+check "host B joins the pool" as_host B timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$MULTI_URL" --join --host cluster-B --cache "$W/MB" --cache-size "$CACHE_SIZE"
+listed() { h MA hosts --json | jq -e ".other_hosts | map(.host) | sort == $1" >/dev/null; }
+check "hosts on host A lists B" listed '["cluster-B"]'
+imports() {
+    local host=$1 from=$2
+    for i in $(seq "$from" $((from + 4))); do h "$host" import "$W/img$i.raw" --name "vm$i" || return 1; done
+}
+t_imp=$SECONDS
+imports MA 1 >"$W/impA.log" 2>&1 &
+pa=$!
+imports MB 6 >"$W/impB.log" 2>&1 &
+pb=$!
+check "host A imports five images" wait "$pa"
+check "host B imports the other five at the same time" wait "$pb"
+note "both imports took $((SECONDS - t_imp)) s"
+sync_json() { h "$1" hosts sync --json; }
+check "hosts sync on host A" sync_json MA
+sync_json MB >"$W/syncB.json"
+note "host B's sync: $(jq -c '.other_hosts[] | {host, chunks_folded, chunks_merged}' "$W/syncB.json")"
+check "host B merged the blocks both stored into A's copies" test "$(jq '.other_hosts[0].chunks_merged' "$W/syncB.json")" -gt 6000
+check "host B's GC empties the segments whose blocks it merged" h MB gc
+condemned() { h MB hosts --json | jq '.condemned_segments'; }
+n_condemned=$(condemned)
+note "host B's condemned segments, kept until host A lets them go: $n_condemned"
+check "host B's emptied segments are condemned, not deleted, while A may name them" test "$n_condemned" -gt 0
+check "host B deletes nothing before A let go" sh -c "'$CONDENSE' --pool '$W/MB' hosts sync --json | jq -e '.segments_deleted == 0' >/dev/null"
+h MA hosts sync >/dev/null # A lets go (acknowledged in its next root)
+check "host B deletes its condemned segments once A let go" sh -c "'$CONDENSE' --pool '$W/MB' hosts sync --json | jq -e '.segments_deleted > 0 and .segments_condemned == 0' >/dev/null"
+bytes_under() { bucket_etags "$1" >/dev/null; python3 - "$1" <<'PY'
+import os, subprocess, sys, urllib.parse, xml.etree.ElementTree as ET
+prefix, token, total = sys.argv[1], None, 0
+env = os.environ
+while True:
+    q = "list-type=2&prefix=" + urllib.parse.quote(prefix, safe="")
+    if token:
+        q += "&continuation-token=" + urllib.parse.quote(token, safe="")
+    url = "%s/%s?%s" % (env["AWS_ENDPOINT_URL"], env["CONDENSE_S3_BUCKET"], q)
+    body = subprocess.run(["curl", "-sSf", "--max-time", "30", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+                           "--aws-sigv4", "aws:amz:%s:s3" % env["AWS_REGION"],
+                           "--user", "%s:%s" % (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]), url],
+                          check=True, capture_output=True).stdout
+    root = ET.fromstring(body)
+    ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    total += sum(int(o.findtext(ns + "Size")) for o in root.iter(ns + "Contents"))
+    t = root.find(ns + "NextContinuationToken")
+    if root.findtext(ns + "IsTruncated") != "true" or t is None:
+        break
+    token = t.text
+print(total)
+PY
+}
+one=$(bytes_under single/)
+multi=$(bytes_under multi/)
+note "bucket bytes: one host importing all ten $one, hosts A and B five each $multi ($(python3 -c "print(round($multi / $one, 4))")x)"
+check "the shared pool holds at most 1.02x what one host stores" python3 -c "import sys; sys.exit(0 if $multi <= 1.02 * $one else 1)"
+check "host A reads its images back byte-identical" sh -c "'$CONDENSE' --pool '$W/MA' export vm3 '$W/out3' && cmp '$W/img3.raw' '$W/out3'"
+check "host B reads its images back byte-identical (base blocks from A's records)" sh -c "'$CONDENSE' --pool '$W/MB' export vm8 '$W/out8' && cmp '$W/img8.raw' '$W/out8'"
+check "host C joins the pool" as_host C timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$MULTI_URL" --join --host cluster-C --cache "$W/MC" --cache-size "$CACHE_SIZE"
+check "hosts on host A lists B and C" listed '["cluster-B","cluster-C"]'
+check "hosts sync on host C folds A and B in" sh -c "'$CONDENSE' --pool '$W/MC' hosts sync --json | jq -e '[.other_hosts[].chunks_folded] | add > 10000' >/dev/null"
+check "a reader of B's part exports vm9 byte-identical" sh -c "'$CONDENSE' connect '$MULTI_URL/hosts/01' --read-only --cache '$W/RB' --cache-size 256M >/dev/null && '$CONDENSE' --pool '$W/RB' export vm9 '$W/out9' && cmp '$W/img9.raw' '$W/out9'"
+
+step "d. a golden snapshot of host A cloned on host C, read over NBD; a volume moved from A to B"
+check "host A snapshots vm1 (the golden image)" h MA snapshot create vm1 golden
+h MA hosts sync >/dev/null # published in A's root
+check "host C clones A's golden snapshot (no data copied)" h MC volume clone --from-host first-host vm1@golden web1
+free_port PORTC
+"$CONDENSE" --pool "$W/MC" serve --insecure-listen "127.0.0.1:$PORTC" >"$W/serveC.log" 2>&1 &
+PIDS+=($!)
+servec=$!
+nbd_up() {
+    for _ in $(seq 1 60); do
+        nbdinfo "nbd://127.0.0.1:$1/$2" >/dev/null 2>&1 && return 0
+        sleep 1
+    done
+    return 1
+}
+check "host C serves web1" nbd_up "$PORTC" web1
+check "web1 over NBD is A's golden image byte-identical (nbdcopy)" sh -c "nbdcopy 'nbd://127.0.0.1:$PORTC/web1' '$W/web1.out' && cmp '$W/img1.raw' '$W/web1.out'"
+kill "$servec"
+wait "$servec" 2>/dev/null
+free_port PORTA
+"$CONDENSE" --pool "$W/MA" serve --insecure-listen "127.0.0.1:$PORTA" >"$W/serveA2.log" 2>&1 &
+PIDS+=($!)
+servea2=$!
+check "host A serves vm2" nbd_up "$PORTA" vm2
+# qemu-io exits 0 when a command fails: its output says so.
+qio_write() {
+    local out
+    out=$(qemu-io -f raw -c "write -P $1 0 $2" "$3" 2>&1)
+    echo "$out"
+    ! grep -qi 'failed\|error' <<<"$out"
+}
+# fio writes and verifies vm2 through A's NBD server (4 connections at depth 1, as
+# tests/repair/run.sh: fio's saved verify state then holds exactly the writes it saw complete)
+# while vm2 is handed to B; its writes fail from the hand-over on; then it reconnects to B and
+# verifies every write it saw complete there.
+fio_job() {
+    cat <<JOB
+[global]
+ioengine=nbd
+uri=nbd://127.0.0.1:$1/vm2
+bs=4k
+direct=1
+rw=randwrite
+size=4M
+offset_increment=4M
+numjobs=4
+iodepth=1
+verify=crc32c
+verify_fatal=1
+$2
+[w]
+JOB
+}
+mkdir -p "$W/fio" && cd "$W/fio" || exit 1
+fio_job "$PORTA" "verify_state_save=1
+time_based=1
+runtime=120" >write.fio
+fio --output="$W/fio-write.log" write.fio >/dev/null 2>&1 &
+fio_pid=$!
+sleep 5
+t_move=$SECONDS
+check "host A hands vm2 to host B while fio writes (through its serve's control socket)" h MA volume move vm2 --to cluster-B
+wait "$fio_pid" 2>/dev/null
+check "fio's writes to A fail from the hand-over on (read-only)" grep -qi 'read-only\|error' "$W/fio-write.log"
+refuse "host A can no longer write vm2 (NBD write refused)" "" qio_write 0x11 4k "nbd://127.0.0.1:$PORTA/vm2"
+check "host B adopts vm2" sh -c "'$CONDENSE' --pool '$W/MB' volume adopt vm2 --from-host first-host | tee '$W/adopt.out'"
+note "move: $(cat "$W/adopt.out"); $((SECONDS - t_move)) s from the hand-over to the adopted volume"
+free_port PORTB
+"$CONDENSE" --pool "$W/MB" serve --insecure-listen "127.0.0.1:$PORTB" >"$W/serveB.log" 2>&1 &
+PIDS+=($!)
+serveb=$!
+check "host B serves vm2" nbd_up "$PORTB" vm2
+fio_job "$PORTB" "verify_state_load=1
+verify_only=1" >verify.fio
+check "fio reconnected to B verifies every write it saw complete on A (verify_only)" fio --output="$W/fio-verify.log" verify.fio
+read_io=$(grep -o 'io=[0-9.]*[KMG]i\?B' "$W/fio-verify.log" | head -1)
+check "the verify pass read the writes made on A ($read_io)" test -n "$read_io" -a "$read_io" != "io=0B"
+cd "$W" || exit 1
+check "host B writes vm2 over NBD" qio_write 0x77 4k "nbd://127.0.0.1:$PORTB/vm2"
+kill "$serveb"
+wait "$serveb" 2>/dev/null
+h MB hosts sync >/dev/null # publishes the adoption
+moved_out() { h MA hosts sync --json | jq -e '.volumes_moved_out == 1' >/dev/null; }
+check "host A deletes its copy of vm2 at its next sync" moved_out
+kill "$servea2"
+wait "$servea2" 2>/dev/null
+for host in MA MB MC; do check "verify clean on $host" h "$host" verify; done
 
 echo
 echo "wall time: $((SECONDS - began)) s"

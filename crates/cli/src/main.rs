@@ -103,6 +103,12 @@ enum Command {
     /// Stored with the pool, for every host that uses it (docs/S3.md).
     #[command(subcommand)]
     Durability(s3::DurabilityCommand),
+    /// The hosts that share a pool in an object store (`connect --join`): list them, or
+    /// fold them in now (docs/S3.md "Many hosts").
+    Hosts {
+        #[command(subcommand)]
+        command: Option<s3::HostsCommand>,
+    },
     /// Read and check every chunk and every block map; report damaged volumes and blocks.
     Verify(VerifyArgs),
     /// Salvage a pool with a damaged journal or checkpoint page: keep everything valid, report
@@ -222,6 +228,30 @@ enum VolumeCommand {
         source: String,
         /// Name of the new volume.
         new: String,
+        /// The source is another host's (a pool several hosts share, `condense hosts`), as
+        /// that host's last checkpoint has it: no data is copied, the clone names that host's
+        /// records (a golden image of one hypervisor cloned on another).
+        #[arg(long, value_name = "HOST")]
+        from_host: Option<String>,
+    },
+    /// Move a volume to another host of the pool (a pool several hosts share): its writes are
+    /// refused here from now on, everything written is flushed and published; then run
+    /// `condense volume adopt VOL --from-host THIS-HOST` on HOST, after which this host
+    /// deletes its copy at its next `hosts sync` (serve and mount sync every 30 s).
+    Move {
+        name: String,
+        /// The host to move it to (its name or slot, as `condense hosts` lists them).
+        #[arg(long, value_name = "HOST")]
+        to: String,
+    },
+    /// Take over a volume another host moved to this one (`condense volume move VOL --to
+    /// THIS-HOST` there): the volume as that host flushed it, under the same name, written
+    /// here from now on. No data is copied.
+    Adopt {
+        name: String,
+        /// The host it comes from (its name or slot).
+        #[arg(long, value_name = "HOST")]
+        from_host: String,
     },
     /// Put a volume back to one of its snapshots (its content and its size). What was written
     /// since is lost; later snapshots are kept. Refused while the volume is exported
@@ -467,6 +497,7 @@ impl Command {
                 | Command::Scrub(_)
                 | Command::Cache(_)
                 | Command::Durability(_)
+                | Command::Hosts { .. }
         )
     }
 }
@@ -700,7 +731,8 @@ fn run(cli: Cli) -> Result<i32> {
         | Command::Verify(_)
         | Command::Scrub(_)
         | Command::Cache(_)
-        | Command::Durability(_)) => {
+        | Command::Durability(_)
+        | Command::Hosts { .. }) => {
             // Through the daemon that holds the pool, if one does; else directly.
             if let Some(code) = control::forward(&cli.pool)? {
                 return Ok(code);
@@ -742,6 +774,9 @@ fn daemon(
         )
     });
     let scrubber = scrub.start(&pool);
+    // A pool other hosts share: fold them in every 30 s (dedup across hosts, docs/S3.md).
+    let hosts =
+        condense_engine::hosts::start_background_sync(&pool, std::time::Duration::from_secs(30));
     let status = report::StatusWriter::start(&pool, path);
     let control = match control::ControlServer::start(path, pool.clone(), Arc::new(control_request))
     {
@@ -759,6 +794,7 @@ fn daemon(
     drop(control);
     ran?;
     drop(status);
+    drop(hosts);
     drop(scrubber);
     drop(gc);
     pool.close()?;
@@ -813,6 +849,7 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Scrub(a) => scrub::run(ctx, &a),
         Command::Cache(c) => cache::run(ctx, c),
         Command::Durability(c) => s3::durability_command(ctx, c),
+        Command::Hosts { command } => s3::hosts_command(ctx, command),
         _ => bail!("this command cannot run through the control socket"),
     }
 }
@@ -981,7 +1018,57 @@ fn volume_command(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
             )?;
             ctx.done(&pool)?;
         }
-        VolumeCommand::Clone { source, new } => snapshot::clone(ctx, &source, &new)?,
+        VolumeCommand::Clone {
+            source,
+            new,
+            from_host: None,
+        } => snapshot::clone(ctx, &source, &new)?,
+        VolumeCommand::Clone {
+            source,
+            new,
+            from_host: Some(host),
+        } => {
+            let pool = ctx.pool(false)?;
+            let r = pool
+                .clone_from_host(&host, &source, &new)
+                .with_context(|| format!("cannot clone {source} of host {host}"))?;
+            writeln!(
+                ctx.out,
+                "cloned {source} of host {} as {new}: {} blocks with data, {} chunks new to this host (read from host {}'s records; nothing copied)",
+                r.host, r.data_blocks, r.chunks_added, r.host
+            )?;
+            ctx.done(&pool)?;
+        }
+        VolumeCommand::Move { name, to } => {
+            let pool = ctx.pool(false)?;
+            let r = pool
+                .move_out_volume(&name, &to)
+                .with_context(|| format!("cannot move volume {name:?} to host {to}"))?;
+            writeln!(
+                ctx.out,
+                "volume {name} handed to host {} (slot {}): written there from now on; run `condense volume adopt {name} --from-host HOST` on {}, where HOST is this host's name in `condense hosts`",
+                r.host, r.slot, r.host
+            )?;
+            ctx.done(&pool)?;
+        }
+        VolumeCommand::Adopt { name, from_host } => {
+            let started = std::time::Instant::now();
+            let pool = ctx.pool(false)?;
+            let r = pool
+                .adopt_volume(&name, &from_host)
+                .with_context(|| format!("cannot adopt volume {name:?} from host {from_host}"))?;
+            let c = r.clone.unwrap_or_default();
+            writeln!(
+                ctx.out,
+                "adopted volume {name} from host {} in {:.2} s ({} blocks with data, {} chunks new to this host); host {} deletes its copy at its next sync",
+                r.host,
+                started.elapsed().as_secs_f64(),
+                c.data_blocks,
+                c.chunks_added,
+                r.host
+            )?;
+            ctx.done(&pool)?;
+        }
         VolumeCommand::Rollback {
             target: (volume, snap),
             force,

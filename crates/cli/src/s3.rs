@@ -74,6 +74,34 @@ pub struct ConnectArgs {
     /// snapshots and golden images); sees the pool as of its last upload at each open.
     #[arg(long)]
     pub read_only: bool,
+    /// Join the pool as one more host that writes it (docs/S3.md "Many hosts"): this host
+    /// gets a part of the pool of its own (its volumes, its writes), deduplicated against
+    /// the chunks of every other host; the other hosts go on writing theirs. An encrypted
+    /// pool needs its key (--key-file or --passphrase-file).
+    #[arg(long, conflicts_with_all = ["read_only", "durability"])]
+    pub join: bool,
+    /// With --join: the name this host is listed under in `condense hosts` (default: the
+    /// machine's host name).
+    #[arg(long, value_name = "NAME", requires = "join")]
+    pub host: Option<String>,
+}
+
+/// `condense hosts`: the hosts that share a pool in an object store.
+#[derive(Subcommand, Debug)]
+pub enum HostsCommand {
+    /// List the hosts of the pool: each one's slot, name and how far this host and it have
+    /// folded each other in (the default).
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fold the other hosts in now (a running serve or mount does it every 30 s): their new
+    /// chunks become deduplicated against, blocks both stored are merged into one copy,
+    /// and this host's segments every other host let go are deleted.
+    Sync {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `condense durability`.
@@ -209,6 +237,27 @@ pub fn init(
 pub fn connect(a: &ConnectArgs) -> Result<()> {
     let (dir, size) = check_cache(Some(&a.cache), Some(a.cache_size))?;
     let conf = conf(&a.url, &a.store, a.read_only)?;
+    if a.join {
+        let host = match &a.host {
+            Some(h) => h.clone(),
+            None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown-host".into()),
+        };
+        if host.is_empty() || host.len() > 255 || host.chars().any(char::is_control) {
+            bail!("--host {host:?}: give 1 to 255 printable characters");
+        }
+        let key = crate::keys::user_key()?;
+        let (slot, url) = Pool::join_remote(&dir, &conf, size, &host, key.as_ref())
+            .with_context(|| format!("cannot join the pool in {}", a.url))?;
+        println!(
+            "joined {} as host {host} (slot {slot}, its part at {url}; cache {}): use it as --pool {}",
+            a.url,
+            size::human(size),
+            dir.display()
+        );
+        return Ok(());
+    }
     let stored = remote::connect(&dir, &conf, a.durability, size)
         .with_context(|| format!("cannot connect to the pool in {}", a.url))?;
     let durability = match stored {
@@ -282,5 +331,119 @@ pub fn durability_command(ctx: &mut Ctx, cmd: DurabilityCommand) -> Result<i32> 
             ctx.done(&pool)?;
         }
     }
+    Ok(0)
+}
+
+/// `condense hosts list|sync`: directly, or in the daemon that holds the pool.
+pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
+    let cmd = cmd.unwrap_or(HostsCommand::List { json: false });
+    let pool = ctx.pool(matches!(cmd, HostsCommand::List { .. }))?;
+    if !pool.dir().whole_files_only() {
+        bail!("hosts: the pool is not in an object store; only a pool in a bucket is shared by hosts (docs/S3.md)");
+    }
+    match cmd {
+        HostsCommand::List { json } => {
+            let (slot, condemned, progress) = pool.hosts_state();
+            let peers = pool
+                .dir()
+                .peers()
+                .context("cannot list the hosts of the pool")?;
+            if json {
+                let hosts: Vec<_> = peers
+                    .iter()
+                    .map(|p| {
+                        let pr = progress.get(&p.slot).copied().unwrap_or_default();
+                        serde_json::json!({
+                            "slot": p.slot, "host": p.host, "url": p.url,
+                            "folded_through_chunk": pr.through,
+                            "condemned_acked_through": pr.acked,
+                        })
+                    })
+                    .collect();
+                writeln!(
+                    ctx.out,
+                    "{}",
+                    serde_json::json!({
+                        "slot": slot,
+                        "condemned_segments": condemned,
+                        "other_hosts": hosts,
+                    })
+                )?;
+            } else if peers.is_empty() {
+                writeln!(
+                    ctx.out,
+                    "this host (slot {slot}) is the pool's only host; another joins with `condense connect URL --join --cache DIR --cache-size SIZE`"
+                )?;
+            } else {
+                writeln!(ctx.out, "this host: slot {slot}, {condemned} condemned segments waiting for the other hosts")?;
+                writeln!(
+                    ctx.out,
+                    "{:<5} {:<24} {:>16}  url",
+                    "slot", "host", "folded (chunks)"
+                )?;
+                for p in &peers {
+                    let pr = progress.get(&p.slot).copied().unwrap_or_default();
+                    writeln!(
+                        ctx.out,
+                        "{:<5} {:<24} {:>16}  {}",
+                        p.slot, p.host, pr.through, p.url
+                    )?;
+                }
+            }
+        }
+        HostsCommand::Sync { json } => {
+            let r = pool
+                .sync_hosts()
+                .context("cannot fold the other hosts in")?;
+            if json {
+                let peers: Vec<_> = r
+                    .peers
+                    .iter()
+                    .map(|p| {
+                        serde_json::json!({
+                            "slot": p.slot, "host": p.host, "url": p.url,
+                            "chunks_folded": p.chunks_folded,
+                            "chunks_merged": p.chunks_merged,
+                            "chunks_let_go": p.chunks_let_go,
+                            "folded_through_chunk": p.progress.through,
+                            "its_folded_through_chunk": p.its_progress.through,
+                            "error": p.error,
+                        })
+                    })
+                    .collect();
+                writeln!(
+                    ctx.out,
+                    "{}",
+                    serde_json::json!({
+                        "slot": r.slot,
+                        "segments_deleted": r.segments_deleted,
+                        "segments_condemned": r.segments_condemned,
+                        "other_hosts": peers,
+                    })
+                )?;
+            } else {
+                for p in &r.peers {
+                    match &p.error {
+                        Some(e) => writeln!(ctx.out, "host {} (slot {}): not read: {e}", p.host, p.slot)?,
+                        None => writeln!(
+                            ctx.out,
+                            "host {} (slot {}): {} new chunks to deduplicate against, {} blocks stored twice merged into its copy, {} chunks moved out of its condemned segments",
+                            p.host, p.slot, p.chunks_folded, p.chunks_merged, p.chunks_let_go
+                        )?,
+                    }
+                }
+                writeln!(
+                    ctx.out,
+                    "{} condemned segments of this host deleted, {} waiting for the other hosts",
+                    r.segments_deleted, r.segments_condemned
+                )?;
+            }
+            if r.peers.iter().any(|p| p.error.is_some()) {
+                ctx.done(&pool)?;
+                return Ok(1);
+            }
+        }
+    }
+    ctx.done(&pool)?;
     Ok(0)
 }

@@ -54,6 +54,8 @@ pub enum Error {
     ReadOnly,
     #[error("{0:?} is a snapshot, which is read-only (clone it to get a writable volume: `condense volume clone`)")]
     SnapshotReadOnly(String),
+    #[error("volume {volume:?} was moved to host {host}: it is written there now (this host only reads it until that host adopted it)")]
+    VolumeMoved { volume: String, host: String },
     #[error("{0}")]
     Busy(String),
     #[error("unsupported format version {found} of {what}: this build of condense reads version {supported} only; open the pool with the condense release that wrote it, `condense export` its volumes, and import them into a new pool")]
@@ -122,7 +124,7 @@ impl From<Error> for condense_api::VolumeError {
                 size,
             },
             Error::NoSpace(m) => V::NoSpace(m),
-            Error::ReadOnly | Error::SnapshotReadOnly(_) => V::ReadOnly,
+            Error::ReadOnly | Error::SnapshotReadOnly(_) | Error::VolumeMoved { .. } => V::ReadOnly,
             Error::Busy(m) => V::Busy(m),
             e @ (Error::Checksum { .. }
             | Error::Corrupt { .. }

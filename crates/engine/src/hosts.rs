@@ -163,6 +163,8 @@ pub struct HostsReport {
     pub segments_deleted: u64,
     /// Condemned segments of this host still waiting.
     pub segments_condemned: u64,
+    /// Volumes this host moved out, deleted here now that their new host holds them.
+    pub volumes_moved_out: u64,
 }
 
 impl Pool {
@@ -237,6 +239,8 @@ impl Pool {
             pr.progress = Progress::read(&lock(&self.state).md, peer.slot);
             report.peers.push(pr);
         }
+        let by_slot: BTreeMap<u8, Arc<Pool>> = lock(&self.peers).clone();
+        report.volumes_moved_out = self.finish_moves(&by_slot)?;
         let guard = lock(&self.sync_lock);
         if all_read {
             report.segments_deleted = self.sweep(&opened, &guard)?;
@@ -454,6 +458,438 @@ impl Pool {
             Condemned::read(&st.md).segs.len() as u64,
             progress,
         )
+    }
+}
+
+/// The metadata record of a volume this host released to another (`hosts/released/NAME`:
+/// `to=SS`, the slot, and `host=` its name): written no more here, deleted here once that
+/// host's root holds the volume.
+const RELEASED_PREFIX: &str = "hosts/released/";
+/// The metadata record of a volume this host adopted from another: `hosts/adopted/SS/NAME`.
+const ADOPTED_PREFIX: &str = "hosts/adopted/";
+
+/// The host a volume was released to, if it was (its writes are refused here).
+pub(crate) fn released_to(md: &Metadata, name: &str) -> Option<String> {
+    // On the write path: no allocation unless some volume was released at all.
+    let (first, _) = md
+        .meta
+        .range::<str, _>((
+            std::ops::Bound::Included(RELEASED_PREFIX),
+            std::ops::Bound::Unbounded,
+        ))
+        .next()?;
+    if !first.starts_with(RELEASED_PREFIX) {
+        return None;
+    }
+    let v = md.meta.get(&format!("{RELEASED_PREFIX}{name}"))?;
+    let text = String::from_utf8_lossy(v);
+    Some(
+        text.lines()
+            .find_map(|l| l.strip_prefix("host="))
+            .unwrap_or("another host")
+            .to_string(),
+    )
+}
+
+/// The slot a volume was released to.
+fn released_slot(md: &Metadata, name: &str) -> Option<u8> {
+    let v = md.meta.get(&format!("{RELEASED_PREFIX}{name}"))?;
+    String::from_utf8_lossy(v)
+        .lines()
+        .find_map(|l| l.strip_prefix("to="))
+        .and_then(|s| u8::from_str_radix(s, 16).ok())
+}
+
+/// What [`Pool::move_out_volume`] and [`Pool::adopt_volume`] report.
+#[derive(Clone, Debug, Default)]
+pub struct MoveReport {
+    pub volume: String,
+    /// The other host and its slot.
+    pub host: String,
+    pub slot: u8,
+    /// What the adopting clone did (adopt only).
+    pub clone: Option<CloneReport>,
+}
+
+impl Pool {
+    /// Hand volume `name` over to host `to` (the first half of a move; the second is
+    /// [`Pool::adopt_volume`] on that host): from now on its writes are refused here
+    /// ([`Error::VolumeMoved`]), everything written before is flushed and in a new root,
+    /// which `to` reads. The volume is deleted here by the first sync that finds it in
+    /// `to`'s root.
+    pub fn move_out_volume(&self, name: &str, to: &str) -> Result<MoveReport> {
+        let vol = self.volume_id(name)?;
+        let peer = self
+            .dir
+            .peers()
+            .map_err(|e| Error::io("listing the hosts of the pool", e))?
+            .into_iter()
+            .find(|p| p.host == to || format!("{:02x}", p.slot) == to)
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "host {to} in this pool (`condense hosts` lists them)"
+                ))
+            })?;
+        // The volume's write lock: a partial-block write in flight finishes first.
+        let vol_lock = self.volume_lock(vol);
+        let _w = lock(&vol_lock);
+        {
+            let mut st = lock(&self.state);
+            self.writable(&st)?;
+            let v = st
+                .md
+                .volumes
+                .get(&vol)
+                .ok_or_else(|| Error::NotFound(name.into()))?;
+            if v.snapshot_of.is_some() {
+                return Err(Error::SnapshotReadOnly(name.into()));
+            }
+            let snaps = crate::snapshot::snapshot_names_of(&st.md, vol);
+            if !snaps.is_empty() {
+                return Err(Error::Invalid(format!(
+                    "volume {name:?} has snapshots ({}): a move takes the volume as it is now;                      clone the snapshots on host {to} first if they are wanted there                      (`condense volume clone --from-host HOST {name}@SNAP NEW`), then delete them here",
+                    snaps.join(", ")
+                )));
+            }
+            if let Some(h) = released_to(&st.md, name) {
+                return Err(Error::VolumeMoved {
+                    volume: name.into(),
+                    host: h,
+                });
+            }
+            self.commit(
+                &mut st,
+                vec![JournalRecord::MetaPut {
+                    key: format!("{RELEASED_PREFIX}{name}"),
+                    value: Some(format!("to={:02x}\nhost={}\n", peer.slot, peer.host).into_bytes()),
+                }],
+            )?;
+        }
+        let sync = lock(&self.sync_lock);
+        self.checkpoint_locked(&sync)?;
+        Ok(MoveReport {
+            volume: name.into(),
+            host: peer.host,
+            slot: peer.slot,
+            clone: None,
+        })
+    }
+
+    /// Take volume `name` over from host `from`, which handed it to this host
+    /// ([`Pool::move_out_volume`]): a clone of it under the same name as `from`'s newest root
+    /// has it (everything flushed there before the hand-over), durable on return.
+    pub fn adopt_volume(&self, name: &str, from: &str) -> Result<MoveReport> {
+        let peers = self.attach_peers()?;
+        let (p, peer) = peers
+            .into_iter()
+            .find(|(p, _)| p.host == from || format!("{:02x}", p.slot) == from)
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "host {from} in this pool (`condense hosts` lists them)"
+                ))
+            })?;
+        let peer = peer?;
+        let to_me = released_slot(&lock(&peer.state).md, name);
+        if to_me != Some(self.slot) {
+            return Err(Error::Invalid(format!(
+                "host {from} has not handed volume {name:?} to this host (slot {:02x}){}: run                  `condense volume move {name} --to HOST` on host {from} first",
+                self.slot,
+                match to_me {
+                    Some(s) => format!(" but to slot {s:02x}"),
+                    None => String::new(),
+                }
+            )));
+        }
+        drop(peer);
+        let clone = self.clone_from_host(&p.host, name, name)?;
+        self.meta_put(
+            &format!("{ADOPTED_PREFIX}{:02x}/{name}", p.slot),
+            Some(b"adopted\n"),
+        )?;
+        let sync = lock(&self.sync_lock);
+        self.checkpoint_locked(&sync)?;
+        Ok(MoveReport {
+            volume: name.into(),
+            host: p.host,
+            slot: p.slot,
+            clone: Some(clone),
+        })
+    }
+
+    /// The host whose part holds a volume `name` (as its root this host read last has it),
+    /// unless that host handed it to this one: a new volume of that name is refused here.
+    /// Best effort: two hosts creating one name within a fold interval both succeed (exact
+    /// names across hosts need volume claims, not built).
+    pub(crate) fn held_by_another_host(&self, name: &str) -> Option<String> {
+        let peers = lock(&self.peers).clone();
+        peers.iter().find_map(|(slot, p)| {
+            let st = lock(&p.state);
+            (st.md.names.contains_key(name) && released_slot(&st.md, name) != Some(self.slot)).then(
+                || {
+                    if *slot == 0 {
+                        crate::remote::FIRST_HOST.to_string()
+                    } else {
+                        format!("in slot {slot:02x}")
+                    }
+                },
+            )
+        })
+    }
+
+    /// The volumes this host released that their new host's root now holds: deleted here
+    /// (the second half of a move, at a sync). The number deleted.
+    fn finish_moves(&self, peers: &BTreeMap<u8, Arc<Pool>>) -> Result<u64> {
+        let released: Vec<(String, Option<u8>)> = {
+            let st = lock(&self.state);
+            st.md
+                .meta
+                .range(RELEASED_PREFIX.to_string()..)
+                .take_while(|(k, _)| k.starts_with(RELEASED_PREFIX))
+                .map(|(k, _)| {
+                    let name = k[RELEASED_PREFIX.len()..].to_string();
+                    let slot = released_slot(&st.md, &name);
+                    (name, slot)
+                })
+                .collect()
+        };
+        let mut done = 0;
+        for (name, slot) in released {
+            let adopted = slot.and_then(|s| peers.get(&s)).is_some_and(|p| {
+                let st = lock(&p.state);
+                st.md
+                    .meta
+                    .contains_key(&format!("{ADOPTED_PREFIX}{:02x}/{name}", self.slot))
+                    && st.md.names.contains_key(&name)
+            });
+            if !adopted {
+                continue;
+            }
+            match self.delete_volume(&name) {
+                Ok(()) | Err(Error::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+            self.meta_put(&format!("{RELEASED_PREFIX}{name}"), None)?;
+            done += 1;
+        }
+        Ok(done)
+    }
+}
+
+/// What [`Pool::clone_from_host`] did.
+#[derive(Clone, Debug, Default)]
+pub struct CloneReport {
+    /// The host whose volume was cloned, and its slot.
+    pub host: String,
+    pub slot: u8,
+    /// Blocks of the new volume that name a chunk.
+    pub data_blocks: u64,
+    /// Chunks this host did not know yet (now pointing at their records where they are).
+    pub chunks_added: u64,
+}
+
+/// Blocks of a volume cloned from another host per hold of the state lock.
+const CLONE_BLOCKS: u64 = 8192;
+
+impl Pool {
+    /// Make volume `new` in this host's part with the content of `source` (a volume, or a
+    /// snapshot `VOL@SNAP`) of host `host`'s part, as that host's newest root has it. No data
+    /// moves: every block names the record the source's block names (found by fingerprint
+    /// among this host's chunks, or added as a chunk pointing at it), so the clone costs
+    /// reads of that host's metadata only. Durable on return.
+    pub fn clone_from_host(&self, host: &str, source: &str, new: &str) -> Result<CloneReport> {
+        crate::pool::check_new_volume_name(new)?;
+        // No fold meanwhile: condemnations seen here are the ones this clone checks.
+        let _one_gc = lock(&self.gc_lock);
+        self.writable(&lock(&self.state))?;
+        let peers = self.attach_peers()?;
+        let known: Vec<String> = peers.iter().map(|(p, _)| p.host.clone()).collect();
+        let mut condemned: HashMap<u8, BTreeSet<u32>> = HashMap::new();
+        let mut peer = None;
+        for (p, opened) in &peers {
+            let Ok(pool) = opened else { continue };
+            condemned.insert(
+                p.slot,
+                Condemned::read(&lock(&pool.state).md)
+                    .segs
+                    .into_keys()
+                    .collect(),
+            );
+            if p.host == host || format!("{:02x}", p.slot) == host {
+                peer = Some((p.clone(), pool.clone()));
+            }
+        }
+        let Some((p, peer)) = peer else {
+            if let Some((_, Err(e))) = peers.iter().find(|(p, _)| p.host == host) {
+                return Err(Error::Invalid(format!("host {host}: {e}")));
+            }
+            return Err(Error::NotFound(format!(
+                "host {host} (the other hosts of this pool: {})",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        };
+        let src = peer.volume_id(source).map_err(|_| {
+            Error::NotFound(format!(
+                "{source} on host {host} (as its newest root has it: a volume written there                  since its last checkpoint is not visible yet; `condense hosts sync` on that                  host publishes it)"
+            ))
+        })?;
+        let size = peer.volume_size(src, source)?;
+        self.create_volume(new, size)?;
+        let mut report = CloneReport {
+            host: p.host.clone(),
+            slot: p.slot,
+            ..CloneReport::default()
+        };
+        let cloned = self.fill_clone(&peer, src, (source, host), new, &condemned, &mut report);
+        if let Err(e) = cloned {
+            // Half a clone is no clone: it goes (its chunks return to GC).
+            if let Err(d) = self.delete_volume(new) {
+                tracing::warn!("clone {new} failed ({e}) and could not be removed: {d}");
+            }
+            return Err(e);
+        }
+        Ok(report)
+    }
+
+    /// [`Pool::clone_from_host`] after the new volume was made: its blocks, in batches.
+    fn fill_clone(
+        &self,
+        peer: &Pool,
+        src: u32,
+        (source, host): (&str, &str),
+        new: &str,
+        condemned: &HashMap<u8, BTreeSet<u32>>,
+        report: &mut CloneReport,
+    ) -> Result<()> {
+        let vol = self.volume_id(new)?;
+        let size = self.volume_size(vol, new)?;
+        let blocks = size.div_ceil(u64::from(self.sb.block_size));
+        let mut first = 0;
+        while first < blocks {
+            let n = CLONE_BLOCKS.min(blocks - first);
+            // The source's entries and, for each chunk, its fingerprint and record.
+            let mut entries = Vec::with_capacity(n as usize);
+            let mut chunks = HashMap::new();
+            {
+                let mut st = lock(&peer.state);
+                let md = &mut st.md;
+                crate::block_map::get_range(&mut md.pages, u64::from(src), first, n, &mut entries)?;
+                for &e in &entries {
+                    if e == crate::format::ENTRY_LOST {
+                        return Err(Error::Invalid(format!(
+                            "{source} on host {host} has lost blocks (`condense repair` gave                              them up): clone it on that host, or write those blocks first"
+                        )));
+                    }
+                    if e < crate::format::CHUNK_ID_LIMIT && !chunks.contains_key(&e) {
+                        let c = md.chunks.get(&mut md.pages, e)?.ok_or_else(|| {
+                            Error::corrupt(
+                                format!("{source} on host {host}"),
+                                format!("chunk {e} does not exist (damaged metadata)"),
+                            )
+                        })?;
+                        chunks.insert(e, c);
+                    }
+                }
+            }
+            let mut st = lock(&self.state);
+            let mut records = Vec::new();
+            let mut ids: HashMap<u64, u64> = HashMap::new();
+            for (&theirs, c) in &chunks {
+                let owner = segment_slot(c.loc.segment);
+                let id = match st.md.find_duplicate(&c.fp) {
+                    Some(id) => id,
+                    None => {
+                        let readable = owner != self.slot
+                            && st.segments.file(c.loc.segment).is_some()
+                            && !condemned
+                                .get(&owner)
+                                .is_some_and(|s| s.contains(&c.loc.segment));
+                        if !readable {
+                            return Err(Error::Invalid(format!(
+                                "{source} on host {host}: segment {:08x} of a block is being                                  collected; run `condense hosts sync` on host {host}, then                                  clone again",
+                                c.loc.segment
+                            )));
+                        }
+                        let id = st.md.chunks.allocate_id().ok_or_else(|| {
+                            Error::Invalid("the chunk table has no id left".into())
+                        })?;
+                        records.push(JournalRecord::NewChunk {
+                            id,
+                            loc: c.loc,
+                            fp: c.fp,
+                        });
+                        report.chunks_added += 1;
+                        id
+                    }
+                };
+                ids.insert(theirs, id);
+            }
+            let mapped: Vec<u64> = entries
+                .iter()
+                .map(|e| ids.get(e).copied().unwrap_or(*e))
+                .collect();
+            report.data_blocks += entries
+                .iter()
+                .filter(|e| **e < crate::format::CHUNK_ID_LIMIT)
+                .count() as u64;
+            records.push(JournalRecord::MapRun {
+                vol,
+                start: first,
+                entries: mapped,
+            });
+            self.commit(&mut st, records)?;
+            first += n;
+        }
+        self.flush()
+    }
+}
+
+/// Fold the other hosts in every `interval` while the pool is open writable (`serve`,
+/// `mount`, `import`), in the background; stops when dropped. A pool nobody joined costs one
+/// LIST of the registry per interval.
+pub fn start_background_sync(
+    pool: &Arc<Pool>,
+    interval: std::time::Duration,
+) -> Option<crate::worker::Worker> {
+    if pool.read_only {
+        return None;
+    }
+    let weak = Arc::downgrade(pool);
+    let spawned = crate::worker::Worker::spawn("condense-hosts", move |stop| {
+        let tick = std::time::Duration::from_millis(200);
+        let mut waited = std::time::Duration::ZERO;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::park_timeout(tick);
+            waited += tick;
+            if waited < interval {
+                continue;
+            }
+            waited = std::time::Duration::ZERO;
+            let Some(pool) = weak.upgrade() else { return };
+            if !matches!(pool.is_shared(), Ok(true)) {
+                continue;
+            }
+            match pool.sync_hosts() {
+                Ok(r) => tracing::info!(
+                    "hosts: folded {} chunks, merged {}, let go {}, deleted {} condemned segments",
+                    r.peers.iter().map(|p| p.chunks_folded).sum::<u64>(),
+                    r.peers.iter().map(|p| p.chunks_merged).sum::<u64>(),
+                    r.peers.iter().map(|p| p.chunks_let_go).sum::<u64>(),
+                    r.segments_deleted
+                ),
+                Err(e) => tracing::warn!("hosts: sync failed: {e}"),
+            }
+        }
+    });
+    match spawned {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!("hosts: no background sync thread: {e}");
+            None
+        }
     }
 }
 

@@ -150,6 +150,12 @@ impl Metadata {
         if v.snapshot_of.is_some() {
             return Err(Error::SnapshotReadOnly(v.name.clone()));
         }
+        if let Some(host) = crate::hosts::released_to(self, &v.name) {
+            return Err(Error::VolumeMoved {
+                volume: v.name.clone(),
+                host,
+            });
+        }
         Ok(v)
     }
 

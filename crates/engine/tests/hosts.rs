@@ -204,3 +204,128 @@ fn blocks_stored_twice_merge_and_a_condemned_segment_waits_for_every_host() {
     let v = b.verify(&|_, _| {}).expect("verify");
     assert!(v.bad_chunks.is_empty(), "{:?}", v.bad_chunks);
 }
+
+#[test]
+fn a_volume_cloned_from_another_host_and_moved_between_hosts_reads_back() {
+    let c = cluster();
+    let a = open(&c.a);
+    let b = open(&c.b);
+    write(&a, "golden", 0, 300);
+    a.create_snapshot("golden", "v1").expect("snapshot");
+    write(&a, "vm", 5000, 200);
+    a.sync_hosts().expect("sync a"); // its root now has both
+                                     // A clone of another host's snapshot names that host's records: nothing is stored.
+    let before = segment_bytes(&c.store.join("hosts"), false);
+    let r = b
+        .clone_from_host("first-host", "golden@v1", "web1")
+        .expect("clone");
+    assert_eq!(r.data_blocks, 300, "{r:?}");
+    check(&b, "web1", 0, 300);
+    let missing = b
+        .clone_from_host("first-host", "nope", "x")
+        .expect_err("no such volume");
+    assert!(missing.to_string().contains("nope"), "{missing}");
+    // Move vm from a to b: a refuses its writes at once, b adopts what a flushed.
+    let m = a.move_out_volume("vm", "host-b").expect("move");
+    assert_eq!(m.slot, 1);
+    let h = a.volume("vm").expect("volume");
+    let refused = h
+        .write_at(0, &block(1), false)
+        .expect_err("moved: read-only here");
+    assert!(
+        refused.to_string().contains("moved to host host-b"),
+        "{refused}"
+    );
+    let wrong = a
+        .adopt_volume("golden", "host-b")
+        .expect_err("nothing handed to a");
+    assert!(wrong.to_string().contains("has not handed"), "{wrong}");
+    let r = b.adopt_volume("vm", "first-host").expect("adopt");
+    assert_eq!(r.clone.map(|c| c.data_blocks), Some(200));
+    check(&b, "vm", 5000, 200);
+    write_more(&b, "vm", 7000); // written on b from now on
+    b.flush().expect("flush");
+    b.sync_hosts().expect("sync b"); // publishes the adoption
+    let r = a.sync_hosts().expect("sync a");
+    assert_eq!(r.volumes_moved_out, 1, "{r:?}");
+    assert!(a.volume_id("vm").is_err(), "a deleted its copy");
+    let stored = segment_bytes(&c.store.join("hosts"), false) - before;
+    assert!(
+        stored < 64 << 10,
+        "host b stored {stored} bytes for a clone and a move"
+    );
+    check(&b, "web1", 0, 300);
+    b.close().expect("close b");
+    drop(b);
+    let b = open(&c.b);
+    check(&b, "web1", 0, 300);
+    let h = b.volume("vm").expect("vm");
+    let mut buf = vec![0u8; BS];
+    h.read_at(0, &mut buf).expect("read");
+    assert!(buf == block(7000), "block 0 as b wrote it");
+}
+
+/// Block 0 of `vol` written again with tag `tag`.
+fn write_more(pool: &Pool, vol: &str, tag: u64) {
+    pool.volume(vol)
+        .expect("volume")
+        .write_at(0, &block(tag), false)
+        .expect("write");
+}
+
+#[test]
+fn an_encrypted_pool_is_joined_with_its_key_and_shares_records() {
+    use condense_engine::UserKey;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("store dir");
+    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+    let key = || Some(UserKey::key([7; 32]));
+    Pool::init_remote(
+        &a_dir,
+        &conf(&store),
+        Durability::Local,
+        CACHE,
+        &InitOptions {
+            segment_bytes_target: 1 << 20,
+            encryption: key(),
+            ..Default::default()
+        },
+    )
+    .expect("init");
+    let wrong = Pool::join_remote(
+        &b_dir,
+        &conf(&store),
+        CACHE,
+        "b",
+        Some(&UserKey::key([8; 32])),
+    )
+    .expect_err("a wrong key joins nothing");
+    assert!(
+        !b_dir.exists(),
+        "no local directory made for a refused join: {wrong}"
+    );
+    Pool::join_remote(&b_dir, &conf(&store), CACHE, "b", key().as_ref()).expect("join");
+    let open_key = |p: &Path| {
+        Pool::open_path(
+            p,
+            OpenOptions {
+                destage_in_background: false,
+                key: key(),
+                ..Default::default()
+            },
+        )
+        .expect("open")
+    };
+    let a = open_key(&a_dir);
+    write(&a, "golden", 0, 256);
+    a.sync_hosts().expect("sync a");
+    let b = open_key(&b_dir);
+    let r = b
+        .clone_from_host("first-host", "golden", "copy")
+        .expect("clone");
+    assert_eq!(r.data_blocks, 256);
+    check(&b, "copy", 0, 256);
+    let v = b.verify(&|_, _| {}).expect("verify");
+    assert!(v.bad_chunks.is_empty(), "{:?}", v.bad_chunks);
+}

@@ -24,6 +24,11 @@ impl Pool {
     pub fn create_volume(&self, name: &str, size: u64) -> Result<()> {
         check_new_volume_name(name)?;
         self.check_size(size)?;
+        if let Some(host) = self.held_by_another_host(name) {
+            return Err(Error::AlreadyExists(format!(
+                "{name} (a volume of host {host}, which shares this pool)"
+            )));
+        }
         let mut st = lock(&self.state);
         self.writable(&st)?;
         if st.md.names.contains_key(name) {

@@ -35,6 +35,8 @@ const SETTLE: Duration = Duration::from_secs(1);
 const JOIN_TRIES: usize = 8;
 /// The cache of the local directory a peer's tree is read through.
 const PEER_CACHE_BYTES: u64 = 64 << 20;
+/// The name the first host (slot 0, which made the pool and never registers) goes by.
+pub const FIRST_HOST: &str = "first-host";
 /// The subdirectory of the local directory that holds one directory per other member.
 pub const PEERS_SUBDIR: &str = "peers";
 
@@ -110,7 +112,7 @@ impl Membership {
         if all.is_empty() {
             return Ok(Vec::new()); // nobody joined: the pool is the first host's alone
         }
-        all.push((0, "(first host)".to_string()));
+        all.push((0, FIRST_HOST.to_string()));
         let mut peers = Vec::new();
         for (slot, host) in all.into_iter().filter(|(s, _)| *s != self.slot) {
             let url = member_url(&self.pool_url, slot);

@@ -73,7 +73,7 @@ pub use conf::{check_endpoint, is_remote_url, parse_s3_url, RemoteConf, REMOTE_C
 pub use files::META_EXTENT_BYTES;
 pub(crate) use lease::LeaseBody;
 pub use lease::{Lease, LEASE_SECONDS};
-pub use members::{join, list_members, member_url, split_member_url, PEERS_SUBDIR};
+pub use members::{join, list_members, member_url, split_member_url, FIRST_HOST, PEERS_SUBDIR};
 pub use object_dir::{RemoteDir, LOCAL_SUBDIR, REMOTE_CHECKPOINT_EVERY};
 pub(crate) use setup::open_local;
 pub use setup::{connect, init, is_local_dir, stored_file, stored_files};
