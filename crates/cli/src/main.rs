@@ -108,6 +108,9 @@ enum Command {
     Hosts {
         #[command(subcommand)]
         command: Option<s3::HostsCommand>,
+        /// Without a subcommand: list them as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Read and check every chunk and every block map; report damaged volumes and blocks.
     Verify(VerifyArgs),
@@ -849,7 +852,9 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Scrub(a) => scrub::run(ctx, &a),
         Command::Cache(c) => cache::run(ctx, c),
         Command::Durability(c) => s3::durability_command(ctx, c),
-        Command::Hosts { command } => s3::hosts_command(ctx, command),
+        Command::Hosts { command, json } => {
+            s3::hosts_command(ctx, command.or(Some(s3::HostsCommand::List { json })))
+        }
         _ => bail!("this command cannot run through the control socket"),
     }
 }

@@ -547,7 +547,7 @@ impl Pool {
             let snaps = crate::snapshot::snapshot_names_of(&st.md, vol);
             if !snaps.is_empty() {
                 return Err(Error::Invalid(format!(
-                    "volume {name:?} has snapshots ({}): a move takes the volume as it is now;                      clone the snapshots on host {to} first if they are wanted there                      (`condense volume clone --from-host HOST {name}@SNAP NEW`), then delete them here",
+                    "volume {name:?} has snapshots ({}): a move takes the volume as it is now; clone the snapshots on host {to} first if they are wanted there (`condense volume clone --from-host HOST {name}@SNAP NEW`), then delete them here",
                     snaps.join(", ")
                 )));
             }
@@ -579,20 +579,23 @@ impl Pool {
     /// ([`Pool::move_out_volume`]): a clone of it under the same name as `from`'s newest root
     /// has it (everything flushed there before the hand-over), durable on return.
     pub fn adopt_volume(&self, name: &str, from: &str) -> Result<MoveReport> {
+        let one_gc = lock(&self.gc_lock);
+        self.writable(&lock(&self.state))?;
         let peers = self.attach_peers()?;
         let (p, peer) = peers
-            .into_iter()
+            .iter()
             .find(|(p, _)| p.host == from || format!("{:02x}", p.slot) == from)
             .ok_or_else(|| {
                 Error::NotFound(format!(
                     "host {from} in this pool (`condense hosts` lists them)"
                 ))
             })?;
-        let peer = peer?;
+        let p = p.clone();
+        let peer = peer.as_ref().map_err(|e| Error::Invalid(e.to_string()))?;
         let to_me = released_slot(&lock(&peer.state).md, name);
         if to_me != Some(self.slot) {
             return Err(Error::Invalid(format!(
-                "host {from} has not handed volume {name:?} to this host (slot {:02x}){}: run                  `condense volume move {name} --to HOST` on host {from} first",
+                "host {from} has not handed volume {name:?} to this host (slot {:02x}){}: run `condense volume move {name} --to HOST` on host {from} first",
                 self.slot,
                 match to_me {
                     Some(s) => format!(" but to slot {s:02x}"),
@@ -600,8 +603,8 @@ impl Pool {
                 }
             )));
         }
-        drop(peer);
-        let clone = self.clone_from_host(&p.host, name, name)?;
+        let clone = self.clone_from_peers(&peers, &p.host, name, name)?;
+        drop(one_gc);
         self.meta_put(
             &format!("{ADOPTED_PREFIX}{:02x}/{name}", p.slot),
             Some(b"adopted\n"),
@@ -702,10 +705,22 @@ impl Pool {
         let _one_gc = lock(&self.gc_lock);
         self.writable(&lock(&self.state))?;
         let peers = self.attach_peers()?;
+        self.clone_from_peers(&peers, host, source, new)
+    }
+
+    /// [`Pool::clone_from_host`] with the other hosts' parts just opened; the caller holds
+    /// `gc_lock`.
+    fn clone_from_peers(
+        &self,
+        peers: &[(Peer, Result<Arc<Pool>>)],
+        host: &str,
+        source: &str,
+        new: &str,
+    ) -> Result<CloneReport> {
         let known: Vec<String> = peers.iter().map(|(p, _)| p.host.clone()).collect();
         let mut condemned: HashMap<u8, BTreeSet<u32>> = HashMap::new();
         let mut peer = None;
-        for (p, opened) in &peers {
+        for (p, opened) in peers {
             let Ok(pool) = opened else { continue };
             condemned.insert(
                 p.slot,
@@ -733,7 +748,7 @@ impl Pool {
         };
         let src = peer.volume_id(source).map_err(|_| {
             Error::NotFound(format!(
-                "{source} on host {host} (as its newest root has it: a volume written there                  since its last checkpoint is not visible yet; `condense hosts sync` on that                  host publishes it)"
+                "{source} on host {host} (as its newest root has it: a volume written there since its last checkpoint is not visible yet; `condense hosts sync` on that host publishes it)"
             ))
         })?;
         let size = peer.volume_size(src, source)?;
@@ -780,7 +795,7 @@ impl Pool {
                 for &e in &entries {
                     if e == crate::format::ENTRY_LOST {
                         return Err(Error::Invalid(format!(
-                            "{source} on host {host} has lost blocks (`condense repair` gave                              them up): clone it on that host, or write those blocks first"
+                            "{source} on host {host} has lost blocks (`condense repair` gave them up): clone it on that host, or write those blocks first"
                         )));
                     }
                     if e < crate::format::CHUNK_ID_LIMIT && !chunks.contains_key(&e) {
@@ -809,7 +824,7 @@ impl Pool {
                                 .is_some_and(|s| s.contains(&c.loc.segment));
                         if !readable {
                             return Err(Error::Invalid(format!(
-                                "{source} on host {host}: segment {:08x} of a block is being                                  collected; run `condense hosts sync` on host {host}, then                                  clone again",
+                                "{source} on host {host}: segment {:08x} of a block is being collected; run `condense hosts sync` on host {host}, then clone again",
                                 c.loc.segment
                             )));
                         }

@@ -189,10 +189,13 @@ impl ObjectBackend for LocalBackend {
                 if validate_name(&name).is_err() {
                     continue; // temporaries, foreign files
                 }
-                let meta =
-                    entry
-                        .metadata()
-                        .map_err(self.io(Op::List, &name, "reading its metadata"))?;
+                let meta = match entry.metadata() {
+                    Ok(m) => m,
+                    // Deleted between the directory read and this: not listed, as a store
+                    // lists what it holds at some instant of the call.
+                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                    Err(e) => return Err(self.io(Op::List, &name, "reading its metadata")(e)),
+                };
                 if meta.is_dir() {
                     stack.push((entry.path(), name));
                 } else if meta.is_file() && under(&name, prefix) {

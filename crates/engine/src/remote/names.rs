@@ -244,14 +244,14 @@ impl Names {
             .collect()
     }
 
-    /// The `meta.dat` extents: (extent number, object).
-    pub(super) fn extents(&self) -> Vec<(u64, String)> {
+    /// The `meta.dat` extents: (extent number, object, bytes).
+    pub(super) fn extents(&self) -> Vec<(u64, String, u64)> {
         self.lock()
             .files
             .iter()
-            .filter_map(|(n, (o, _))| {
+            .filter_map(|(n, (o, b))| {
                 let x = n.strip_prefix("meta/")?;
-                Some((u64::from_str_radix(x, 16).ok()?, o.clone()))
+                Some((u64::from_str_radix(x, 16).ok()?, o.clone(), *b))
             })
             .collect()
     }

@@ -106,23 +106,48 @@ impl RemoteDir {
             return Ok(());
         };
         let tag = blake3::hash(&root).to_hex().to_string();
-        let local_tag =
+        let synced =
             std::fs::read_to_string(self.local.path().join(META_SYNCED_NAME)).unwrap_or_default();
         let mirror = self.local.path().join(META_NAME);
+        let mut lines = synced.lines();
+        let local_tag = lines.next().unwrap_or_default();
         if local_tag.trim() == tag && mirror.exists() {
             return Ok(());
         }
-        let jobs = names.extents();
+        // Extents the mirror holds, by the object they came from: an object is never
+        // replaced, so an extent whose object is the same holds the same bytes.
+        let held: HashMap<u64, String> = if mirror.exists() {
+            lines
+                .filter_map(|l| {
+                    let (n, obj) = l.split_once(' ')?;
+                    Some((n.parse().ok()?, obj.to_string()))
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
+        let all = names.extents();
+        let jobs: Vec<(u64, String)> = all
+            .iter()
+            .filter(|(n, obj, _)| held.get(n) != Some(obj))
+            .map(|(n, obj, _)| (*n, obj.clone()))
+            .collect();
         tracing::info!(
-            "fetching the metadata of {} ({} extents)",
+            "fetching the metadata of {} ({} of {} extents changed)",
             self.shared.url,
-            jobs.len()
+            jobs.len(),
+            all.len()
         );
+        // A crash while the mirror changes leaves no claim that it matches anything.
+        match std::fs::remove_file(self.local.path().join(META_SYNCED_NAME)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(format!("removing {META_SYNCED_NAME}"), e)),
+        }
         let file = self
             .local
             .open(META_NAME, true)
-            .and_then(|f| f.set_len(0).map(|_| f))
-            .map_err(|e| Error::io(format!("creating {}", mirror.display()), e))?;
+            .map_err(|e| Error::io(format!("opening {}", mirror.display()), e))?;
         let fetched = in_parallel(&jobs, |(n, name)| {
             self.shared
                 .note(self.shared.store.get(name))
@@ -130,14 +155,26 @@ impl RemoteDir {
                 .map_err(|e| Error::io(format!("fetching {name}"), e))
         });
         fetched.into_iter().collect::<Result<Vec<()>>>()?;
-        file.sync()
+        let end = all
+            .iter()
+            .map(|(n, _, b)| n * META_EXTENT_BYTES + b)
+            .max()
+            .unwrap_or(0);
+        file.set_len(end)
+            .and_then(|()| file.sync())
             .map_err(|e| Error::io(format!("syncing {}", mirror.display()), e))?;
         self.write_meta_synced(&root)
     }
 
+    /// Record that the mirror holds the pages of `root`, and which extent object each of its
+    /// extents came from.
     fn write_meta_synced(&self, root: &[u8]) -> Result<()> {
-        let tag = blake3::hash(root).to_hex().to_string();
-        crate::io::write_file_atomically(&self.local, META_SYNCED_NAME, tag.as_bytes())
+        let mut text = blake3::hash(root).to_hex().to_string();
+        text.push('\n');
+        for (n, obj, _) in self.shared.names.extents() {
+            text += &format!("{n} {obj}\n");
+        }
+        crate::io::write_file_atomically(&self.local, META_SYNCED_NAME, text.as_bytes())
     }
 
     fn meta_file(&self, create: bool) -> io::Result<Arc<MetaFile>> {
