@@ -118,21 +118,25 @@ printf '   %.1f s, %d bytes in the bucket before any fold (%.3fx one host), %d r
   "$three_s" "$raw_bytes" "$(echo "$raw_bytes / $one_bytes" | bc -l)" "$three_req" "$(echo "$three_req / $gb_in" | bc -l)"
 for h in A B C; do printf '   host %s import peak RSS %d MiB\n' "$h" $(($(cat "$work/$h.peak") / 1024)); done
 
-say "fold, merge, GC, fold again (each host in turn)"
+say "fold, merge, GC, fold again (each host in turn) until no condemned segment waits"
 r0=$(requests)
-for round in 1 2; do
+for round in 1 2 3 4; do
+  waiting=0
   for h in A B C; do
     t=$(now)
-    out=$(c --pool "$work/$h" hosts sync --json)
+    out=$(c --pool "$work/$h" hosts sync --json 2>/dev/null)
     printf '   round %d host %s: hosts sync %.2f s: %s\n' "$round" "$h" "$(since "$t")" \
       "$(jq -c '{folded: [.other_hosts[].chunks_folded] | add, merged: [.other_hosts[].chunks_merged] | add, let_go: [.other_hosts[].chunks_let_go] | add, deleted: .segments_deleted, waiting: .segments_condemned}' <<<"$out")"
+    waiting=$((waiting + $(jq '.segments_condemned' <<<"$out")))
   done
   if [ "$round" = 1 ]; then
-    for h in B C; do
+    for h in A B C; do
       t=$(now)
-      c --pool "$work/$h" gc >"$work/gc$h.out"
+      c --pool "$work/$h" gc >"$work/gc$h.out" 2>/dev/null
       printf '   host %s gc %.1f s: %s\n' "$h" "$(since "$t")" "$(tail -1 "$work/gc$h.out")"
     done
+  elif [ "$waiting" = 0 ]; then
+    break
   fi
 done
 fold_req=$(($(requests) - r0))

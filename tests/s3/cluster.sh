@@ -97,9 +97,9 @@ h() {
     as_host "$host" timeout "$CMD_TIMEOUT" "$CONDENSE" --pool "$W/$host" "$@"
 }
 
-# bucket_etags PREFIX: "KEY ETAG" lines of every key under PREFIX, sorted (signed ListObjectsV2
-# through node 1, pages followed).
-bucket_etags() {
+# bucket_list PREFIX: "KEY ETAG SIZE" lines of every key under PREFIX, sorted (signed
+# ListObjectsV2 through node 1, pages followed).
+bucket_list() {
     python3 - "$1" <<'PY'
 import os, subprocess, sys, urllib.parse, xml.etree.ElementTree as ET
 prefix, token, out = sys.argv[1], None, []
@@ -116,7 +116,7 @@ while True:
     root = ET.fromstring(body)
     ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
     for o in root.iter(ns + "Contents"):
-        out.append("%s %s" % (o.findtext(ns + "Key"), o.findtext(ns + "ETag").strip('"')))
+        out.append("%s %s %s" % (o.findtext(ns + "Key"), o.findtext(ns + "ETag").strip('"'), o.findtext(ns + "Size")))
     t = root.find(ns + "NextContinuationToken")
     if root.findtext(ns + "IsTruncated") != "true" or t is None:
         break
@@ -124,6 +124,10 @@ while True:
 print("\n".join(sorted(out)))
 PY
 }
+
+# bucket_etags PREFIX: "KEY ETAG" lines; bytes_under PREFIX: the bytes of its keys.
+bucket_etags() { bucket_list "$1" | cut -d' ' -f1,2; }
+bytes_under() { bucket_list "$1" | awk '{ s += $3 } END { print s + 0 }'; }
 
 # replaced BEFORE AFTER: the keys in both listings whose ETag changed (none expected).
 replaced() { join "$1" "$2" | awk '$2 != $3 { print $1 }'; }
@@ -289,29 +293,6 @@ check "host B's emptied segments are condemned, not deleted, while A may name th
 check "host B deletes nothing before A let go" sh -c "'$CONDENSE' --pool '$W/MB' hosts sync --json | jq -e '.segments_deleted == 0' >/dev/null"
 h MA hosts sync >/dev/null # A lets go (acknowledged in its next root)
 check "host B deletes its condemned segments once A let go" sh -c "'$CONDENSE' --pool '$W/MB' hosts sync --json | jq -e '.segments_deleted > 0 and .segments_condemned == 0' >/dev/null"
-bytes_under() { bucket_etags "$1" >/dev/null; python3 - "$1" <<'PY'
-import os, subprocess, sys, urllib.parse, xml.etree.ElementTree as ET
-prefix, token, total = sys.argv[1], None, 0
-env = os.environ
-while True:
-    q = "list-type=2&prefix=" + urllib.parse.quote(prefix, safe="")
-    if token:
-        q += "&continuation-token=" + urllib.parse.quote(token, safe="")
-    url = "%s/%s?%s" % (env["AWS_ENDPOINT_URL"], env["CONDENSE_S3_BUCKET"], q)
-    body = subprocess.run(["curl", "-sSf", "--max-time", "30", "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD",
-                           "--aws-sigv4", "aws:amz:%s:s3" % env["AWS_REGION"],
-                           "--user", "%s:%s" % (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]), url],
-                          check=True, capture_output=True).stdout
-    root = ET.fromstring(body)
-    ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
-    total += sum(int(o.findtext(ns + "Size")) for o in root.iter(ns + "Contents"))
-    t = root.find(ns + "NextContinuationToken")
-    if root.findtext(ns + "IsTruncated") != "true" or t is None:
-        break
-    token = t.text
-print(total)
-PY
-}
 one=$(bytes_under single/)
 multi=$(bytes_under multi/)
 note "bucket bytes: one host importing all ten $one, hosts A and B five each $multi ($(python3 -c "print(round($multi / $one, 4))")x)"

@@ -329,3 +329,57 @@ fn an_encrypted_pool_is_joined_with_its_key_and_shares_records() {
     let v = b.verify(&|_, _| {}).expect("verify");
     assert!(v.bad_chunks.is_empty(), "{:?}", v.bad_chunks);
 }
+
+/// GC across hosts as a race: host a overwrites, deletes and collects its volumes in a loop
+/// (condemning segments), while host b keeps cloning a's newest volume, writing the same blocks
+/// itself (merges) and folding a in. Every clone b made must read back whole at every moment,
+/// and after the race, once both let go, nothing b names is gone.
+#[test]
+fn gc_on_one_host_while_another_clones_and_folds_never_deletes_what_it_names() {
+    let c = cluster();
+    let a = open(&c.a);
+    let b = open(&c.b);
+    let rounds = 12u64;
+    let mut clones: Vec<(String, u64)> = Vec::new();
+    for r in 0..rounds {
+        // a: a new generation of its volume, the previous one deleted, then collected.
+        let tag = 100_000 * (r + 1);
+        write(&a, &format!("gen{r}"), tag, 200);
+        if r > 0 {
+            a.delete_volume(&format!("gen{}", r - 1)).expect("delete");
+        }
+        a.sync_hosts().expect("sync a");
+        // b: clones a's newest, writes half of it again itself (merged at its next fold).
+        let name = format!("c{r}");
+        b.clone_from_host("first-host", &format!("gen{r}"), &name)
+            .expect("clone");
+        write(&b, &format!("own{r}"), tag, 100);
+        clones.push((name, tag));
+        // GC on a at every round, and on b every other: condemned segments pile up until
+        // the other host let go.
+        a.gc(10).expect("gc a");
+        if r % 2 == 1 {
+            b.gc(10).expect("gc b");
+        }
+        b.sync_hosts().expect("sync b");
+        for (n, t) in &clones {
+            check(&b, n, *t, 200);
+        }
+    }
+    for _ in 0..2 {
+        a.sync_hosts().expect("sync a");
+        b.sync_hosts().expect("sync b");
+    }
+    for (n, t) in &clones {
+        check(&b, n, *t, 200);
+    }
+    for p in [&a, &b] {
+        let v = p.verify(&|_, _| {}).expect("verify");
+        assert!(v.bad_chunks.is_empty(), "{:?}", v.bad_chunks);
+    }
+    let (_, waiting, _) = a.hosts_state();
+    assert_eq!(
+        waiting, 0,
+        "every condemned segment of a was deleted once b let go"
+    );
+}

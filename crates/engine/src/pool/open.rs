@@ -592,7 +592,7 @@ fn replay_journal(
     let mut salvage = crate::repair::Salvage::default();
     let jname = journal_name(root.journal_gen);
     if dir.whole_files_only() {
-        local_journal(&**dir, root, sb, crypto.clone())?;
+        local_journal(&**dir, root, sb, crypto.clone(), opts.read_only)?;
     }
     if opts.without_writeback_cache
         && !opts.read_only
@@ -705,6 +705,7 @@ fn local_journal(
     root: &Root,
     sb: &Superblock,
     crypto: Option<Arc<Crypto>>,
+    read_only: bool,
 ) -> Result<()> {
     let jname = journal_name(root.journal_gen);
     let io = |e| {
@@ -721,6 +722,16 @@ fn local_journal(
         let bytes = read_whole(dir, &jname)?;
         let f = dir.open(&jname, true).map_err(io)?;
         f.write_at(&bytes, 0).and_then(|_| f.sync()).map_err(io)?;
+    } else if read_only {
+        // A reader (another host's part, `connect --read-only`): always as of the last upload.
+        tracing::debug!(
+            "journal {jname}: none here; {} opens as of its last checkpoint",
+            dir.describe()
+        );
+        Journal::create(dir, root.journal_gen, &sb.uuid, root.next_seq, crypto)?
+            .file
+            .sync()
+            .map_err(io)?;
     } else {
         tracing::warn!(
             "journal {jname} is not in the local directory (a new host, or a lost local disk): the pool opens as of its last checkpoint in {}: all of it after a clean stop; with local durability, writes after that checkpoint are lost",

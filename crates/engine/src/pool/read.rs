@@ -76,7 +76,16 @@ impl Pool {
                 let from_segment = cached[k].is_none();
                 if let (Some(c), true) = (&cache, from_segment) {
                     if let Some(r) = record.get(..w.loc.record_bytes() as usize) {
-                        c.offer(w.id, &w.fp, r);
+                        if segment_slot(w.loc.segment) == self.slot {
+                            c.offer(w.id, &w.fp, r);
+                        } else {
+                            // Another host's record carries its id: cached under ours, with
+                            // ours, so it still checks once the chunk moved into this host's
+                            // segments (crate::hosts lets go of condemned segments).
+                            let mut own = r.to_vec();
+                            reown_record(&mut own, w.id);
+                            c.offer(w.id, &w.fp, &own);
+                        }
                     }
                 }
                 Ok(())
