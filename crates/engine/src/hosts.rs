@@ -188,10 +188,19 @@ impl Pool {
         let mut out = Vec::new();
         for peer in peers {
             // The previous open of this peer holds its local directory's lock: close it first.
+            // Another thread may hold it for a moment more (a name check): wait for it.
             lock(&self.peers).remove(&peer.slot);
-            let opened = Pool::open_peer(&peer.local, self.opts.key.clone()).map_err(|e| {
-                Error::Invalid(format!("reading host {} ({}): {e}", peer.host, peer.url))
-            });
+            let mut tries = 0;
+            let opened = loop {
+                match Pool::open_peer(&peer.local, self.opts.key.clone()) {
+                    Err(Error::Locked(_)) if tries < 40 => {
+                        tries += 1;
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                    }
+                    r => break r,
+                }
+            }
+            .map_err(|e| Error::Invalid(format!("reading host {} ({}): {e}", peer.host, peer.url)));
             if let Ok(p) = &opened {
                 let files = p.uploaded_segments();
                 let mut st = lock(&self.state);
