@@ -147,7 +147,8 @@ printf '   after: %d bytes in the bucket (%.4fx one host); the folds, merges and
 say "a served volume moved from host A to host B"
 vol=$(basename "${a_imgs[0]}"); vol=${vol%.*}
 port=$((20000 + RANDOM % 20000))
-c --pool "$work/A" serve --insecure-listen "127.0.0.1:$port" >"$work/serveA.log" 2>&1 & pids+=($!)
+env -u CONDENSE_POOL "$condense" --pool "$work/A" serve --insecure-listen "127.0.0.1:$port" >"$work/serveA.log" 2>&1 &
+pids+=($!)
 for _ in $(seq 1 60); do [ -S "$work/A/control.sock" ] && break; sleep 0.5; done
 t=$(now)
 c --pool "$work/A" volume move "$vol" --to B >/dev/null

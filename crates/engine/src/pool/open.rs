@@ -175,6 +175,10 @@ impl Pool {
         Ok(pool)
     }
 
+    /// The metadata page cache of another host's part open read-only (a fold or a clone walks
+    /// its chunk table: with 16 MiB, a clone of a 1.3 GB volume decoded pages again and again).
+    const PEER_METADATA_CACHE: u64 = 64 << 20;
+
     /// Open one host's tree of an S3 pool read-only, from the local directory `path` made
     /// for it, with the key `key` (an encrypted pool's): a peer of [`crate::hosts`], whose
     /// own peers are not opened.
@@ -182,7 +186,8 @@ impl Pool {
         let opts = OpenOptions {
             read_only: true,
             key,
-            metadata_cache_bytes: Some(METADATA_CACHE_MIN),
+            // Folds and clones walk its chunk table and block maps: room for their pages.
+            metadata_cache_bytes: Some(Pool::PEER_METADATA_CACHE),
             ..OpenOptions::default()
         };
         Pool::open_remote_tree(path, opts)
