@@ -20,8 +20,14 @@
 #      a third host reads B's volume through B's part byte-identical (its base blocks are
 #      A's records) and `verify` is clean on every host.
 #
-# Not yet (issue 25 stays open): volume leases and moves, clones across hosts (docs/S3.md
-# "Many hosts: the plan").
+#   d. host A's golden snapshot cloned on host C (`volume clone --from-host`, no data copied)
+#      and read over NBD byte-identical; a volume moved from A to B (`volume move`, `volume
+#      adopt`) while fio writes through A's NBD server: A refuses the writes after the
+#      hand-over, fio reconnected to B verifies every write it saw complete, A deletes its copy;
+#      verify clean on every host.
+#
+# Not yet (issue 25 stays open): volume claims (a race of two hosts for one volume), a takeover
+# of a dead host's volumes in one step (docs/S3.md "Many hosts").
 #
 #   bash tests/s3/cluster.sh                 # builds target/release/condense first
 #   ROUNDS=20 CONDENSE=/path/to/condense bash tests/s3/cluster.sh     # KEEP=1 keeps $W on failure

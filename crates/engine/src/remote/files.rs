@@ -210,7 +210,7 @@ impl File for MetaFile {
         Ok(true)
     }
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        self.shared.may_write("writing meta.dat")?;
+        self.shared.may_write_local("writing meta.dat")?;
         self.local.write_at(data, offset)?;
         let mut d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
         let last = (offset + data.len().max(1) as u64 - 1) / META_EXTENT_BYTES;

@@ -12,6 +12,7 @@
 use super::conf::to_io;
 use super::names::Names;
 use crate::format::Durability;
+use crate::io::StoreUnavailable;
 use condense_object_store::ObjectBackend;
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -88,7 +89,27 @@ impl Shared {
         }
     }
 
+    /// Whether this open may write the bucket now: not read-only, the lease not lost, and
+    /// within the write fence. Past the fence the refusal is a [`StoreUnavailable`]: nothing
+    /// changed and the write can be retried once the lease is renewed (a checkpoint waits for
+    /// it instead of poisoning the pool).
     pub(super) fn may_write(&self, what: &str) -> io::Result<()> {
+        self.may_write_local(what)?;
+        let fence = *self.fence.lock().unwrap_or_else(|e| e.into_inner());
+        if fence.is_some_and(|t| Instant::now() > t) {
+            return Err(io::Error::other(StoreUnavailable(format!(
+                "{what}: the lease of {} was not renewed for {} s (is the store reachable?); \
+                 writes resume once it is",
+                self.url,
+                super::lease::WRITE_FENCE.as_secs()
+            ))));
+        }
+        Ok(())
+    }
+
+    /// Whether this open may write its local copy of a pool file (the `meta.dat` mirror):
+    /// not read-only, the lease not lost. The fence is the upload's to check.
+    pub(super) fn may_write_local(&self, what: &str) -> io::Result<()> {
         if self.read_only {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
@@ -99,15 +120,6 @@ impl Shared {
             return Err(io::Error::other(format!(
                 "{what}: the lease of {} was taken by another host; this host no longer writes the pool",
                 self.url
-            )));
-        }
-        let fence = *self.fence.lock().unwrap_or_else(|e| e.into_inner());
-        if fence.is_some_and(|t| Instant::now() > t) {
-            return Err(io::Error::other(format!(
-                "{what}: the lease of {} was not renewed for {} s (is the store reachable?); \
-                 writes resume once it is",
-                self.url,
-                super::lease::WRITE_FENCE.as_secs()
             )));
         }
         Ok(())
