@@ -52,7 +52,7 @@ impl Pool {
     pub fn dead_space(&self) -> (f64, u64) {
         let st = lock(&self.state);
         let (mut total, mut dead) = (0u64, 0u64);
-        let condemned = crate::hosts::condemned_in(&st.md);
+        let condemned = crate::format::hosts::condemned_in(&st.md.meta);
         for (id, len) in st.segments.ids().filter(|(id, _)| !condemned.contains(id)) {
             total += len;
             dead += len
@@ -149,7 +149,7 @@ impl Pool {
         report.bytes_before = st.segments.total_bytes();
         let open = st.segments.open_id();
         // Condemned segments wait for the other hosts sharing the pool (crate::hosts).
-        let condemned = crate::hosts::condemned_in(&st.md);
+        let condemned = crate::format::hosts::condemned_in(&st.md.meta);
         // Victims with their files: sealed, so they can be read without the lock.
         let victims: HashMap<u32, Arc<dyn File>> = st
             .segments

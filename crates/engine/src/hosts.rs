@@ -32,106 +32,21 @@
 //!   that host's root, before the journal named it).
 
 use crate::error::{Error, Result};
+use crate::format::hosts::{
+    released_slot, Condemned, ADOPTED_PREFIX, CONDEMNED_KEY, PEER_KEY_PREFIX, RELEASED_PREFIX,
+};
+pub use crate::format::hosts::{released_to, Progress};
+
+/// Chunk-table pages of a peer read per hold of the state lock.
+const FOLD_PAGES: u64 = 64;
 use crate::format::{segment_slot, JournalRecord, CHUNKS_PER_PAGE};
 use crate::gc::GcReport;
 use crate::io::{File, Peer};
 use crate::locks::lock;
-use crate::metadata::Metadata;
 use crate::page_cache::CHUNK_TREE;
 use crate::pool::Pool;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, MutexGuard};
-
-/// The metadata record of this host's condemned segments.
-const CONDEMNED_KEY: &str = "hosts/condemned";
-/// The metadata record of this host's progress with the peer in slot `SS`: `hosts/peer/SS`.
-const PEER_KEY_PREFIX: &str = "hosts/peer/";
-/// Chunk-table pages of a peer read per hold of the state lock.
-const FOLD_PAGES: u64 = 64;
-
-/// This host's segments condemned by its GC, each with its sequence number, and the next one.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Condemned {
-    next: u64,
-    segs: BTreeMap<u32, u64>,
-}
-
-impl Condemned {
-    fn read(md: &Metadata) -> Condemned {
-        md.meta
-            .get(CONDEMNED_KEY)
-            .map(|v| Condemned::decode(v))
-            .unwrap_or_default()
-    }
-
-    /// Text: `next=N`, then a `SEG SEQ` line (decimal) per segment. Lines not understood are
-    /// skipped (a damaged record condemns less, which only delays a deletion).
-    fn decode(v: &[u8]) -> Condemned {
-        let mut c = Condemned::default();
-        for line in String::from_utf8_lossy(v).lines() {
-            if let Some(n) = line.strip_prefix("next=") {
-                c.next = n.parse().unwrap_or(0);
-            } else if let Some((seg, seq)) = line.split_once(' ') {
-                if let (Ok(seg), Ok(seq)) = (seg.parse(), seq.parse()) {
-                    c.segs.insert(seg, seq);
-                }
-            }
-        }
-        c.next = c
-            .next
-            .max(c.segs.values().map(|s| s + 1).max().unwrap_or(0));
-        c
-    }
-
-    fn encode(&self) -> Vec<u8> {
-        let mut s = format!("next={}\n", self.next);
-        for (seg, seq) in &self.segs {
-            s += &format!("{seg} {seq}\n");
-        }
-        s.into_bytes()
-    }
-}
-
-/// The segments this host condemned (not victims of its GC again; not dead space).
-pub(crate) fn condemned_in(md: &Metadata) -> BTreeSet<u32> {
-    Condemned::read(md).segs.into_keys().collect()
-}
-
-/// How far this host has folded a peer in: its chunk ids below `through` are folded, and its
-/// condemned segments with a sequence number below `acked` are let go.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Progress {
-    pub through: u64,
-    pub acked: u64,
-}
-
-impl Progress {
-    fn key(slot: u8) -> String {
-        format!("{PEER_KEY_PREFIX}{slot:02x}")
-    }
-
-    fn read(md: &Metadata, slot: u8) -> Progress {
-        let mut p = Progress::default();
-        let Some(v) = md.meta.get(&Progress::key(slot)) else {
-            return p;
-        };
-        for line in String::from_utf8_lossy(v).lines() {
-            match line.split_once('=') {
-                Some(("through", n)) => p.through = n.parse().unwrap_or(0),
-                Some(("acked", n)) => p.acked = n.parse().unwrap_or(0),
-                _ => {}
-            }
-        }
-        p
-    }
-
-    fn record(&self, slot: u8) -> JournalRecord {
-        JournalRecord::MetaPut {
-            key: Progress::key(slot),
-            value: Some(format!("through={}\nacked={}\n", self.through, self.acked).into_bytes()),
-        }
-    }
-}
 
 /// What one sync did with one other host.
 #[derive(Clone, Debug, Default)]
@@ -245,7 +160,7 @@ impl Pool {
                     pr.error = Some(e.to_string());
                 }
             }
-            pr.progress = Progress::read(&lock(&self.state).md, peer.slot);
+            pr.progress = Progress::read(&lock(&self.state).md.meta, peer.slot);
             report.peers.push(pr);
         }
         let by_slot: BTreeMap<u8, Arc<Pool>> = lock(&self.peers).clone();
@@ -255,16 +170,19 @@ impl Pool {
             report.segments_deleted = self.sweep(&opened, &guard)?;
         }
         self.checkpoint_locked(&guard)?;
-        report.segments_condemned = Condemned::read(&lock(&self.state).md).segs.len() as u64;
+        report.segments_condemned = Condemned::read(&lock(&self.state).md.meta).segs.len() as u64;
         Ok(report)
     }
 
     /// Fold one peer in: let go of its condemned segments, then fold its new chunks.
     fn fold_peer(&self, peer: &Pool, slot: u8, pr: &mut PeerReport) -> Result<()> {
-        let mut progress = Progress::read(&lock(&self.state).md, slot);
+        let mut progress = Progress::read(&lock(&self.state).md.meta, slot);
         let (condemned, its_progress) = {
             let st = lock(&peer.state);
-            (Condemned::read(&st.md), Progress::read(&st.md, self.slot))
+            (
+                Condemned::read(&st.md.meta),
+                Progress::read(&st.md.meta, self.slot),
+            )
         };
         pr.its_progress = its_progress;
         // 1. Let go of its condemned segments not acknowledged yet.
@@ -350,14 +268,14 @@ impl Pool {
     /// Delete this host's condemned segments that every peer let go (each acknowledged the
     /// condemnation and names none of its records); the number deleted.
     fn sweep(&self, peers: &[Arc<Pool>], _sync: &MutexGuard<'_, ()>) -> Result<u64> {
-        let mut condemned = Condemned::read(&lock(&self.state).md);
+        let mut condemned = Condemned::read(&lock(&self.state).md.meta);
         let free: Vec<u32> = condemned
             .segs
             .iter()
             .filter(|(seg, seq)| {
                 peers.iter().all(|p| {
                     let st = lock(&p.state);
-                    Progress::read(&st.md, self.slot).acked > **seq
+                    Progress::read(&st.md.meta, self.slot).acked > **seq
                         && !st.md.chunks.live_bytes.contains_key(seg)
                 })
             })
@@ -393,7 +311,7 @@ impl Pool {
             return Ok(false);
         }
         let mut st = lock(&self.state);
-        let mut c = Condemned::read(&st.md);
+        let mut c = Condemned::read(&st.md.meta);
         for seg in segs {
             c.segs.insert(*seg, c.next);
         }
@@ -459,54 +377,15 @@ impl Pool {
             .take_while(|(k, _)| k.starts_with(PEER_KEY_PREFIX))
             .filter_map(|(k, _)| {
                 let slot = u8::from_str_radix(k.strip_prefix(PEER_KEY_PREFIX)?, 16).ok()?;
-                Some((slot, Progress::read(&st.md, slot)))
+                Some((slot, Progress::read(&st.md.meta, slot)))
             })
             .collect();
         (
             self.slot,
-            Condemned::read(&st.md).segs.len() as u64,
+            Condemned::read(&st.md.meta).segs.len() as u64,
             progress,
         )
     }
-}
-
-/// The metadata record of a volume this host released to another (`hosts/released/NAME`:
-/// `to=SS`, the slot, and `host=` its name): written no more here, deleted here once that
-/// host's root holds the volume.
-const RELEASED_PREFIX: &str = "hosts/released/";
-/// The metadata record of a volume this host adopted from another: `hosts/adopted/SS/NAME`.
-const ADOPTED_PREFIX: &str = "hosts/adopted/";
-
-/// The host a volume was released to, if it was (its writes are refused here).
-pub(crate) fn released_to(md: &Metadata, name: &str) -> Option<String> {
-    // On the write path: no allocation unless some volume was released at all.
-    let (first, _) = md
-        .meta
-        .range::<str, _>((
-            std::ops::Bound::Included(RELEASED_PREFIX),
-            std::ops::Bound::Unbounded,
-        ))
-        .next()?;
-    if !first.starts_with(RELEASED_PREFIX) {
-        return None;
-    }
-    let v = md.meta.get(&format!("{RELEASED_PREFIX}{name}"))?;
-    let text = String::from_utf8_lossy(v);
-    Some(
-        text.lines()
-            .find_map(|l| l.strip_prefix("host="))
-            .unwrap_or("another host")
-            .to_string(),
-    )
-}
-
-/// The slot a volume was released to.
-fn released_slot(md: &Metadata, name: &str) -> Option<u8> {
-    let v = md.meta.get(&format!("{RELEASED_PREFIX}{name}"))?;
-    String::from_utf8_lossy(v)
-        .lines()
-        .find_map(|l| l.strip_prefix("to="))
-        .and_then(|s| u8::from_str_radix(s, 16).ok())
 }
 
 /// What [`Pool::move_out_volume`] and [`Pool::adopt_volume`] report.
@@ -560,7 +439,7 @@ impl Pool {
                     snaps.join(", ")
                 )));
             }
-            if let Some(h) = released_to(&st.md, name) {
+            if let Some(h) = released_to(&st.md.meta, name) {
                 return Err(Error::VolumeMoved {
                     volume: name.into(),
                     host: h,
@@ -601,7 +480,7 @@ impl Pool {
             })?;
         let p = p.clone();
         let peer = peer.as_ref().map_err(|e| Error::Invalid(e.to_string()))?;
-        let to_me = released_slot(&lock(&peer.state).md, name);
+        let to_me = released_slot(&lock(&peer.state).md.meta, name);
         if to_me != Some(self.slot) {
             return Err(Error::Invalid(format!(
                 "host {from} has not handed volume {name:?} to this host (slot {:02x}){}: run `condense volume move {name} --to HOST` on host {from} first",
@@ -636,15 +515,14 @@ impl Pool {
         let peers = lock(&self.peers).clone();
         peers.iter().find_map(|(slot, p)| {
             let st = lock(&p.state);
-            (st.md.names.contains_key(name) && released_slot(&st.md, name) != Some(self.slot)).then(
-                || {
+            (st.md.names.contains_key(name) && released_slot(&st.md.meta, name) != Some(self.slot))
+                .then(|| {
                     if *slot == 0 {
                         crate::remote::FIRST_HOST.to_string()
                     } else {
                         format!("in slot {slot:02x}")
                     }
-                },
-            )
+                })
         })
     }
 
@@ -659,7 +537,7 @@ impl Pool {
                 .take_while(|(k, _)| k.starts_with(RELEASED_PREFIX))
                 .map(|(k, _)| {
                     let name = k[RELEASED_PREFIX.len()..].to_string();
-                    let slot = released_slot(&st.md, &name);
+                    let slot = released_slot(&st.md.meta, &name);
                     (name, slot)
                 })
                 .collect()
@@ -733,7 +611,7 @@ impl Pool {
             let Ok(pool) = opened else { continue };
             condemned.insert(
                 p.slot,
-                Condemned::read(&lock(&pool.state).md)
+                Condemned::read(&lock(&pool.state).md.meta)
                     .segs
                     .into_keys()
                     .collect(),
@@ -914,24 +792,5 @@ pub fn start_background_sync(
             tracing::warn!("hosts: no background sync thread: {e}");
             None
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn condemned_records_round_trip_and_damage_condemns_less() {
-        let mut c = Condemned::default();
-        c.segs.insert(0x0100_0003, 0);
-        c.segs.insert(0x0100_0007, 1);
-        c.next = 2;
-        assert_eq!(Condemned::decode(&c.encode()), c);
-        let mut damaged = c.encode();
-        damaged.extend_from_slice(b"garbage\n12 x\n");
-        assert_eq!(Condemned::decode(&damaged), c);
-        // A lost `next=` line never hands out a sequence number twice.
-        assert_eq!(Condemned::decode(b"5 3\n").next, 4);
     }
 }

@@ -150,7 +150,7 @@ impl Metadata {
         if v.snapshot_of.is_some() {
             return Err(Error::SnapshotReadOnly(v.name.clone()));
         }
-        if let Some(host) = crate::hosts::released_to(self, &v.name) {
+        if let Some(host) = crate::format::hosts::released_to(&self.meta, &v.name) {
             return Err(Error::VolumeMoved {
                 volume: v.name.clone(),
                 host,

@@ -16,6 +16,7 @@
 //! - `segment.rs`: segment names and headers, chunk records
 //! - `journal.rs`: journal names and headers, batches, [`JournalRecord`]
 //! - `root.rs`: the checkpoint root
+//! - `hosts.rs`: the root's records of a pool several hosts share
 //! - `cache_tier.rs`: `cache.conf`, the `cache.dat` and `cache.idx` headers, `cache.idx`
 //!   records
 //! - `chunk_slot.rs`: the 32-byte records of chunk-table leaves
@@ -33,6 +34,7 @@ pub mod cache_tier;
 pub mod chunk_slot;
 mod common;
 pub mod dedup_index;
+pub mod hosts;
 pub mod journal;
 pub mod map_entry;
 pub mod page;

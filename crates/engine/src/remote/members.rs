@@ -18,7 +18,7 @@
 //! - Another member is only ever read: through a read-only open of its tree from a local
 //!   directory of its own under `peers/SS/` in this host's local directory.
 
-use super::conf::{remote_error, RemoteConf};
+use super::conf::{remote_error, RemoteConf, REMOTE_CONF_NAME};
 use crate::error::{Error, Result};
 use crate::format::bucket::{member_dir, Member, MEMBERS_PREFIX};
 use crate::io::Peer;
@@ -73,11 +73,17 @@ pub(crate) struct Membership {
     local: PathBuf,
     /// Registry objects read so far (they never change).
     known: Mutex<BTreeMap<String, Option<Member>>>,
+    /// Makes a local directory that opens another member's part read-only (the caller's:
+    /// `connect --read-only`'s).
+    prepare: PrepareLocal,
 }
+
+/// Make the local directory `path` for the part `conf` names, with a cache of `size` bytes.
+pub(super) type PrepareLocal = fn(&Path, &RemoteConf, u64) -> Result<()>;
 
 impl Membership {
     /// The membership of the tree `conf` names, for a host whose local directory is `local`.
-    pub fn new(conf: &RemoteConf, local: &Path) -> Result<Membership> {
+    pub fn new(conf: &RemoteConf, local: &Path, prepare: PrepareLocal) -> Result<Membership> {
         let (pool_url, slot) = split_member_url(&conf.url);
         let root_conf = RemoteConf {
             url: pool_url.clone(),
@@ -91,6 +97,7 @@ impl Membership {
             conf: conf.clone(),
             local: local.to_path_buf(),
             known: Mutex::new(BTreeMap::new()),
+            prepare,
         })
     }
 
@@ -117,7 +124,7 @@ impl Membership {
         for (slot, host) in all.into_iter().filter(|(s, _)| *s != self.slot) {
             let url = member_url(&self.pool_url, slot);
             let local = self.local.join(PEERS_SUBDIR).join(format!("{slot:02x}"));
-            if !super::setup::is_local_dir(&local) {
+            if !local.join(REMOTE_CONF_NAME).is_file() {
                 crate::io::create_private_dir(&self.local.join(PEERS_SUBDIR))?;
                 let conf = RemoteConf {
                     url: url.clone(),
@@ -125,7 +132,7 @@ impl Membership {
                     durability_to_store: None,
                     ..self.conf.clone()
                 };
-                super::setup::prepare_local(&local, &conf, PEER_CACHE_BYTES).map_err(to_io)?;
+                (self.prepare)(&local, &conf, PEER_CACHE_BYTES).map_err(to_io)?;
             }
             peers.push(Peer {
                 slot,

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 /// Create the local directory `path` for the pool `conf` names, with a writeback cache of
 /// `cache_size` bytes. `path` must be missing or empty.
-pub(super) fn prepare_local(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> {
+fn prepare_local(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> {
     if let Ok(mut entries) = std::fs::read_dir(path) {
         if entries.next().is_some() {
             return Err(Error::Invalid(format!(
@@ -379,8 +379,11 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
         wal.recover()?;
         Arc::new(wal)
     };
-    let dir = RemoteDir::new(shared, path, lease)
-        .with_membership(super::members::Membership::new(&conf, path)?);
+    let dir = RemoteDir::new(shared, path, lease).with_membership(super::members::Membership::new(
+        &conf,
+        path,
+        prepare_local,
+    )?);
     dir.sync_meta_mirror()?;
     Ok(Opened {
         dir: Arc::new(dir),
