@@ -201,6 +201,14 @@ impl Pool {
                     .collect();
                 (victims, st.md.chunks.next_id)
             };
+            // Never acknowledge a segment whose records could not be moved out.
+            if let Some(seg) = pending.iter().find(|s| !victims.contains_key(s)) {
+                return Err(Error::Invalid(format!(
+                    "segment {seg:08x} that host {} condemned is not readable here; its \
+                     condemnation is not acknowledged until it is",
+                    pr.host
+                )));
+            }
             let mut gr = GcReport::default();
             let spared = self.move_out(&victims, next_id, &mut gr)?;
             if let Some(seg) = spared.iter().next() {
