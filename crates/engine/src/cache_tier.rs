@@ -420,11 +420,8 @@ impl ChunkCache {
 
     /// The record of chunk `id` if the cache holds it, checked (see the module invariants).
     pub fn lookup(&self, id: u64, fp: &Fingerprint, loc: &Location) -> Option<Vec<u8>> {
-        // Checked by fingerprint, whatever chunk id the record carries: a record of another
-        // host's segment carries that host's id (crate::hosts), and a record with this
-        // fingerprint holds this chunk's content whichever id it was stored under.
         self.lookup_with(id, fp, loc.record_bytes(), |buf| {
-            decode_record(buf, crate::format::ANY_RECORD_ID, loc).is_ok_and(|(f, _)| f == *fp)
+            decode_record(buf, id, loc).is_ok_and(|(f, _)| f == *fp)
         })
     }
 

@@ -212,7 +212,18 @@ impl ChunkTable {
         cache: &mut PageCache,
         f: &mut dyn FnMut(u64, &ChunkEntry) -> Result<()>,
     ) -> Result<()> {
-        cache.for_each_leaf(CHUNK_TREE, 0, u64::MAX, &mut |pi, page| {
+        self.for_each_in(cache, 0, u64::MAX, f)
+    }
+
+    /// Visit the chunks of pages `[first_page, end_page)`: (id, entry).
+    pub fn for_each_in(
+        &self,
+        cache: &mut PageCache,
+        first_page: u64,
+        end_page: u64,
+        f: &mut dyn FnMut(u64, &ChunkEntry) -> Result<()>,
+    ) -> Result<()> {
+        cache.for_each_leaf(CHUNK_TREE, first_page, end_page, &mut |pi, page| {
             for i in 0..CHUNKS_PER_PAGE {
                 if let Some(e) = decode_slot(page, i) {
                     f(pi * PER + i as u64, &e)?;

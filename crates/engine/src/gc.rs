@@ -19,7 +19,6 @@ use crate::error::{Error, Result};
 use crate::format::{open_record, JournalRecord, Location, CHUNKS_PER_PAGE, SEGMENT_HEADER_BYTES};
 use crate::io::File;
 use crate::locks::lock;
-use crate::page_cache::CHUNK_TREE;
 use crate::pool::Pool;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
@@ -177,20 +176,15 @@ impl Pool {
         victims: &HashMap<u32, Arc<dyn File>>,
         page: u64,
     ) -> Result<Vec<(u64, ChunkEntry)>> {
-        let per = CHUNKS_PER_PAGE as u64;
         let mut found: Vec<(u64, ChunkEntry)> = Vec::new();
         let mut st = lock(&self.state);
-        st.md
-            .pages
-            .for_each_leaf(CHUNK_TREE, page, page + SCAN_PAGES, &mut |pi, data| {
-                for i in 0..CHUNKS_PER_PAGE {
-                    if let Some(e) = crate::chunk_table::decode_slot(data, i) {
-                        if victims.contains_key(&e.loc.segment) {
-                            found.push((pi * per + i as u64, e));
-                        }
-                    }
+        let md = &mut st.md;
+        md.chunks
+            .for_each_in(&mut md.pages, page, page + SCAN_PAGES, &mut |id, e| {
+                if victims.contains_key(&e.loc.segment) {
+                    found.push((id, *e));
                 }
-                Ok(true)
+                Ok(())
             })?;
         Ok(found)
     }

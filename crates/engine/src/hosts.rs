@@ -33,7 +33,7 @@
 
 use crate::error::{Error, Result};
 use crate::format::hosts::{
-    released_slot, Condemned, ADOPTED_PREFIX, CONDEMNED_KEY, PEER_KEY_PREFIX, RELEASED_PREFIX,
+    released_slot, Condemned, ADOPTED_PREFIX, PEER_KEY_PREFIX, RELEASED_PREFIX,
 };
 pub use crate::format::hosts::{released_to, Progress};
 
@@ -43,7 +43,6 @@ use crate::format::{segment_slot, JournalRecord, CHUNKS_PER_PAGE};
 use crate::gc::GcReport;
 use crate::io::{File, Peer};
 use crate::locks::lock;
-use crate::page_cache::CHUNK_TREE;
 use crate::pool::Pool;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, MutexGuard};
@@ -297,13 +296,7 @@ impl Pool {
             st.segments.remove(&*self.dir, *seg)?;
             condemned.segs.remove(seg);
         }
-        self.commit(
-            &mut st,
-            vec![JournalRecord::MetaPut {
-                key: CONDEMNED_KEY.into(),
-                value: Some(condemned.encode()),
-            }],
-        )?;
+        self.commit(&mut st, vec![condemned.record()])?;
         drop(st);
         self.dir
             .sync_dir()
@@ -324,13 +317,7 @@ impl Pool {
             c.segs.insert(*seg, c.next);
         }
         c.next += 1;
-        self.commit(
-            &mut st,
-            vec![JournalRecord::MetaPut {
-                key: CONDEMNED_KEY.into(),
-                value: Some(c.encode()),
-            }],
-        )?;
+        self.commit(&mut st, vec![c.record()])?;
         drop(st);
         self.checkpoint_locked(sync)?;
         Ok(true)
@@ -358,18 +345,13 @@ impl Pool {
         page: u64,
         pages: u64,
     ) -> Result<Vec<(u64, crate::chunk_table::ChunkEntry)>> {
-        let per = CHUNKS_PER_PAGE as u64;
         let mut out = Vec::new();
         let mut st = lock(&self.state);
-        st.md
-            .pages
-            .for_each_leaf(CHUNK_TREE, page, page + pages, &mut |pi, data| {
-                for i in 0..CHUNKS_PER_PAGE {
-                    if let Some(e) = crate::chunk_table::decode_slot(data, i) {
-                        out.push((pi * per + i as u64, e));
-                    }
-                }
-                Ok(true)
+        let md = &mut st.md;
+        md.chunks
+            .for_each_in(&mut md.pages, page, page + pages, &mut |id, e| {
+                out.push((id, *e));
+                Ok(())
             })?;
         Ok(out)
     }

@@ -326,11 +326,6 @@ impl Segments {
         self.next_id = self.next_id.max(u32::from(slot) << SEGMENT_SLOT_SHIFT);
     }
 
-    /// This host's member slot.
-    pub fn slot(&self) -> u8 {
-        self.slot
-    }
-
     /// Whether segment `id` is another host's.
     pub fn is_foreign(&self, id: u32) -> bool {
         segment_slot(id) != self.slot
@@ -340,11 +335,6 @@ impl Segments {
     pub fn add_foreign(&mut self, id: u32, file: Arc<dyn File>) {
         debug_assert!(self.is_foreign(id));
         self.foreign.insert(id, file);
-    }
-
-    /// Stop reading another host's segment `id` (it was deleted after every host let it go).
-    pub fn forget_foreign(&mut self, id: u32) {
-        self.foreign.remove(&id);
     }
 
     /// Register an existing segment found in the pool directory.

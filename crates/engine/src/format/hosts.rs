@@ -51,6 +51,14 @@ impl Condemned {
         c
     }
 
+    /// The journal record that stores it.
+    pub fn record(&self) -> JournalRecord {
+        JournalRecord::MetaPut {
+            key: CONDEMNED_KEY.into(),
+            value: Some(self.encode()),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut s = format!("next={}\n", self.next);
         for (seg, seq) in &self.segs {

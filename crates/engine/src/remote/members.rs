@@ -26,7 +26,7 @@ use condense_object_store::ObjectBackend;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// How long a joining host waits between registering a slot and listing the registry again.
@@ -65,8 +65,9 @@ pub fn split_member_url(url: &str) -> (String, u8) {
 pub(crate) struct Membership {
     pub slot: u8,
     pool_url: String,
-    /// The store at the pool's prefix (the registry, the other trees).
-    root: Arc<dyn ObjectBackend>,
+    /// The store at the pool's prefix (the registry), connected at the first listing: the
+    /// read-only opens of other hosts' parts never list the registry.
+    root: OnceLock<Arc<dyn ObjectBackend>>,
     /// This host's `remote.conf` (endpoint, region and credentials for the peers' too).
     conf: RemoteConf,
     /// This host's local directory.
@@ -83,27 +84,34 @@ pub(super) type PrepareLocal = fn(&Path, &RemoteConf, u64) -> Result<()>;
 
 impl Membership {
     /// The membership of the tree `conf` names, for a host whose local directory is `local`.
-    pub fn new(conf: &RemoteConf, local: &Path, prepare: PrepareLocal) -> Result<Membership> {
+    pub fn new(conf: &RemoteConf, local: &Path, prepare: PrepareLocal) -> Membership {
         let (pool_url, slot) = split_member_url(&conf.url);
-        let root_conf = RemoteConf {
-            url: pool_url.clone(),
-            read_only: true,
-            ..conf.clone()
-        };
-        Ok(Membership {
+        Membership {
             slot,
-            root: root_conf.backend(false)?,
+            root: OnceLock::new(),
             pool_url,
             conf: conf.clone(),
             local: local.to_path_buf(),
             known: Mutex::new(BTreeMap::new()),
             prepare,
-        })
+        }
     }
 
     /// The hosts that joined the pool, one per slot (one LIST, a GET per new registration).
     pub fn registered(&self) -> Result<Vec<Member>> {
-        registered(&*self.root, &self.pool_url, &self.known)
+        let root = match self.root.get() {
+            Some(r) => r.clone(),
+            None => {
+                let conf = RemoteConf {
+                    url: self.pool_url.clone(),
+                    read_only: true,
+                    ..self.conf.clone()
+                };
+                let store = conf.backend(false)?;
+                self.root.get_or_init(|| store).clone()
+            }
+        };
+        registered(&*root, &self.pool_url, &self.known)
     }
 
     /// The other members, each with a local directory that opens its tree read-only (made

@@ -383,7 +383,7 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
         &conf,
         path,
         prepare_local,
-    )?);
+    ));
     dir.sync_meta_mirror()?;
     Ok(Opened {
         dir: Arc::new(dir),
