@@ -8,11 +8,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh || exit 1
-passed=0; failed=0; failures=()
+passed=0; failed=0; failures=(); times=()
 step() {
   local name=$1; shift
+  local t0=$SECONDS
   echo "=== $name"
   if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("$name"); fi
+  times+=("$((SECONDS - t0)) s  $name")
 }
 step "cargo fmt --check" cargo fmt --all -- --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets --release -- -D warnings
@@ -36,6 +38,8 @@ step "tests/s3/pool.sh" tests/s3/pool.sh
 # one pool (dedup across hosts, GC that waits for every host, a clone and a move between hosts).
 step "tests/s3/cluster.sh" tests/s3/cluster.sh
 echo
+echo "time per step (the whole run: $SECONDS s):"
+printf '  %s\n' "${times[@]}"
 if [ $failed -gt 0 ]; then echo "failed: ${failures[*]}"; fi
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
