@@ -247,14 +247,25 @@ enum VolumeCommand {
         #[arg(long, value_name = "HOST")]
         to: String,
     },
-    /// Take over a volume another host moved to this one (`condense volume move VOL --to
-    /// THIS-HOST` there): the volume as that host flushed it, under the same name, written
-    /// here from now on. No data is copied.
+    /// Take over volumes another host moved to this one (`condense volume move VOL --to
+    /// THIS-HOST` there): each volume as that host flushed it, under the same name, written
+    /// here from now on. No data is copied. With --take-over, the other host is gone (crashed,
+    /// powered off): this host waits for that host's lease to expire (30 s after its last
+    /// renewal), takes its part of the pool, hands the volumes over on its behalf with every
+    /// write it flushed (durability `remote`: every write a client saw complete), and adopts
+    /// them.
     Adopt {
-        name: String,
-        /// The host it comes from (its name or slot).
+        #[arg(required = true, value_name = "VOL")]
+        names: Vec<String>,
+        /// The host they come from (its name or slot).
         #[arg(long, value_name = "HOST")]
         from_host: String,
+        /// The host is gone: take its volumes over without its hand-over.
+        #[arg(long)]
+        take_over: bool,
+        /// With --take-over: how long to wait for the host's lease to expire.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+        wait: u64,
     },
     /// Put a volume back to one of its snapshots (its content and its size). What was written
     /// since is lost; later snapshots are kept. Refused while the volume is exported
@@ -1056,22 +1067,45 @@ fn volume_command(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
             )?;
             ctx.done(&pool)?;
         }
-        VolumeCommand::Adopt { name, from_host } => {
+        VolumeCommand::Adopt {
+            names,
+            from_host,
+            take_over,
+            wait,
+        } => {
             let started = std::time::Instant::now();
             let pool = ctx.pool(false)?;
-            let r = pool
-                .adopt_volume(&name, &from_host)
-                .with_context(|| format!("cannot adopt volume {name:?} from host {from_host}"))?;
-            let c = r.clone.unwrap_or_default();
-            writeln!(
-                ctx.out,
-                "adopted volume {name} from host {} in {:.2} s ({} blocks with data, {} chunks new to this host); host {} deletes its copy at its next sync",
-                r.host,
-                started.elapsed().as_secs_f64(),
-                c.data_blocks,
-                c.chunks_added,
-                r.host
-            )?;
+            let reports = if take_over {
+                writeln!(
+                    ctx.out,
+                    "taking {} over from host {from_host}: waiting up to {wait} s for its lease to expire",
+                    names.join(", ")
+                )?;
+                pool.take_over_volumes(&names, &from_host, std::time::Duration::from_secs(wait))
+                    .with_context(|| {
+                        format!(
+                            "cannot take {} over from host {from_host}",
+                            names.join(", ")
+                        )
+                    })?
+            } else {
+                let mut all = Vec::new();
+                for name in &names {
+                    all.push(pool.adopt_volume(name, &from_host).with_context(|| {
+                        format!("cannot adopt volume {name:?} from host {from_host}")
+                    })?);
+                }
+                all
+            };
+            for r in reports {
+                let c = r.clone.unwrap_or_default();
+                writeln!(
+                    ctx.out,
+                    "adopted volume {} from host {} ({} blocks with data, {} chunks new to this host); host {} deletes its copy at its next sync",
+                    r.volume, r.host, c.data_blocks, c.chunks_added, r.host
+                )?;
+            }
+            writeln!(ctx.out, "done in {:.2} s", started.elapsed().as_secs_f64())?;
             ctx.done(&pool)?;
         }
         VolumeCommand::Rollback {

@@ -58,6 +58,13 @@ pub enum Error {
     VolumeMoved { volume: String, host: String },
     #[error("{0}")]
     Busy(String),
+    #[error("volume {volume:?} is held by host {host}, which shares this pool{detail}: pick another name, or move it here (`condense volume move {volume} --to HOST` on that host)")]
+    HeldByHost {
+        volume: String,
+        host: String,
+        /// How it was decided, if not by a claim already there.
+        detail: String,
+    },
     #[error("unsupported format version {found} of {what}: this build of condense reads version {supported} only; open the pool with the condense release that wrote it, `condense export` its volumes, and import them into a new pool")]
     Version {
         what: &'static str,
@@ -126,6 +133,7 @@ impl From<Error> for condense_api::VolumeError {
             Error::NoSpace(m) => V::NoSpace(m),
             Error::ReadOnly | Error::SnapshotReadOnly(_) | Error::VolumeMoved { .. } => V::ReadOnly,
             Error::Busy(m) => V::Busy(m),
+            e @ Error::HeldByHost { .. } => V::Busy(e.to_string()),
             e @ (Error::Checksum { .. }
             | Error::Corrupt { .. }
             | Error::Auth { .. }

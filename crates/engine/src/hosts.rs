@@ -33,7 +33,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::hosts::{
-    released_slot, Condemned, ADOPTED_PREFIX, PEER_KEY_PREFIX, RELEASED_PREFIX,
+    released_slot, released_turn, released_value, Condemned, ADOPTED_PREFIX, PEER_KEY_PREFIX,
+    RELEASED_PREFIX,
 };
 pub use crate::format::hosts::{released_to, Progress};
 
@@ -43,7 +44,7 @@ use crate::format::{segment_slot, JournalRecord, CHUNKS_PER_PAGE};
 use crate::gc::GcReport;
 use crate::io::{File, Peer};
 use crate::locks::lock;
-use crate::pool::Pool;
+use crate::pool::{OpenOptions, Pool};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, MutexGuard};
 
@@ -79,6 +80,10 @@ pub struct HostsReport {
     pub segments_condemned: u64,
     /// Volumes this host moved out, deleted here now that their new host holds them.
     pub volumes_moved_out: u64,
+    /// Volume claims put for volumes held here without one, and this host's claims deleted
+    /// whose volume is not here (crate::volume_claims).
+    pub claims_put: u64,
+    pub claims_deleted: u64,
 }
 
 impl Pool {
@@ -169,7 +174,11 @@ impl Pool {
             report.segments_deleted = self.sweep(&opened, &guard)?;
         }
         self.checkpoint_locked(&guard)?;
+        drop(guard);
         report.segments_condemned = Condemned::read(&lock(&self.state).md.meta).segs.len() as u64;
+        let tidy = self.tidy_volume_claims()?;
+        report.claims_put = tidy.claimed;
+        report.claims_deleted = tidy.deleted;
         Ok(report)
     }
 
@@ -408,6 +417,8 @@ impl Pool {
                     "host {to} in this pool (`condense hosts` lists them)"
                 ))
             })?;
+        // The destination claims the name one turn above this host's claim.
+        let turn = self.own_claim_turn(name)?.unwrap_or(0) + 1;
         // The volume's write lock: a partial-block write in flight finishes first.
         let vol_lock = self.volume_lock(vol);
         let _w = lock(&vol_lock);
@@ -439,7 +450,7 @@ impl Pool {
                 &mut st,
                 vec![JournalRecord::MetaPut {
                     key: format!("{RELEASED_PREFIX}{name}"),
-                    value: Some(format!("to={:02x}\nhost={}\n", peer.slot, peer.host).into_bytes()),
+                    value: Some(released_value(peer.slot, &peer.host, turn)),
                 }],
             )?;
         }
@@ -470,7 +481,13 @@ impl Pool {
             })?;
         let p = p.clone();
         let peer = peer.as_ref().map_err(|e| Error::Invalid(e.to_string()))?;
-        let to_me = released_slot(&lock(&peer.state).md.meta, name);
+        let (to_me, turn) = {
+            let st = lock(&peer.state);
+            (
+                released_slot(&st.md.meta, name),
+                released_turn(&st.md.meta, name).unwrap_or(1),
+            )
+        };
         if to_me != Some(self.slot) {
             return Err(Error::Invalid(format!(
                 "host {from} has not handed volume {name:?} to this host (slot {:02x}){}: run `condense volume move {name} --to HOST` on host {from} first",
@@ -481,7 +498,7 @@ impl Pool {
                 }
             )));
         }
-        let clone = self.clone_from_peers(&peers, &p.host, name, name)?;
+        let clone = self.clone_from_peers(&peers, &p.host, name, (name, turn))?;
         drop(one_gc);
         self.meta_put(
             &format!("{ADOPTED_PREFIX}{:02x}/{name}", p.slot),
@@ -497,23 +514,103 @@ impl Pool {
         })
     }
 
+    /// Take volumes `names` over from host `from`, which is gone (docs/S3.md "Taking over
+    /// a dead host's volumes"): this host takes `from`'s part lease once it expired (waiting
+    /// up to `wait` for that), which replays what `from` flushed (with durability `remote`,
+    /// every write a client saw flushed), hands the volumes to this host there as `volume
+    /// move` would, releases that lease, and adopts them here. `from` deletes its copies when
+    /// it comes back (its writes to them refused meanwhile).
+    pub fn take_over_volumes(
+        &self,
+        names: &[String],
+        from: &str,
+        wait: std::time::Duration,
+    ) -> Result<Vec<MoveReport>> {
+        self.writable(&lock(&self.state))?;
+        let peer = self
+            .dir
+            .peers()
+            .map_err(|e| Error::io("listing the hosts of the pool", e))?
+            .into_iter()
+            .find(|p| p.host == from || format!("{:02x}", p.slot) == from)
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "host {from} in this pool (`condense hosts` lists them)"
+                ))
+            })?;
+        let me = format!("{:02x}", self.slot);
+        let deadline = std::time::Instant::now() + wait;
+        let theirs = loop {
+            let opts = OpenOptions {
+                key: self.opts.key.clone(),
+                ..OpenOptions::default()
+            };
+            match Pool::open_path(&peer.takeover, opts) {
+                Ok(p) => break p,
+                Err(Error::Busy(m)) if std::time::Instant::now() < deadline => {
+                    tracing::info!("waiting for the lease of host {} to expire: {m}", peer.host);
+                    std::thread::sleep(std::time::Duration::from_secs(2));
+                }
+                Err(Error::Busy(m)) => {
+                    return Err(Error::Busy(format!(
+                        "host {} still holds its part of the pool ({m}); if it is alive, run `condense volume move VOL --to HOST` there instead",
+                        peer.host
+                    )))
+                }
+                Err(e) => {
+                    return Err(Error::Invalid(format!(
+                        "taking the part of host {} ({}): {e}",
+                        peer.host, peer.url
+                    )))
+                }
+            }
+        };
+        let handed: Result<()> = names.iter().try_for_each(|name| {
+            match theirs.move_out_volume(name, &me) {
+                Ok(_) => Ok(()),
+                // Handed here already (an earlier takeover that stopped half way).
+                Err(Error::VolumeMoved { .. })
+                    if released_slot(&lock(&theirs.state).md.meta, name) == Some(self.slot) =>
+                {
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        });
+        let closed = theirs.close();
+        drop(theirs);
+        handed?;
+        closed?;
+        names
+            .iter()
+            .map(|name| self.adopt_volume(name, &peer.host))
+            .collect()
+    }
+
     /// The host whose part holds a volume `name` (as its root this host read last has it),
     /// unless that host handed it to this one: a new volume of that name is refused here.
     /// Best effort: two hosts creating one name within a fold interval both succeed (exact
     /// names across hosts need volume claims, not built).
     pub(crate) fn held_by_another_host(&self, name: &str) -> Option<String> {
         let peers = lock(&self.peers).clone();
-        peers.iter().find_map(|(slot, p)| {
+        let slot = peers.iter().find_map(|(slot, p)| {
             let st = lock(&p.state);
             (st.md.names.contains_key(name) && released_slot(&st.md.meta, name) != Some(self.slot))
-                .then(|| {
-                    if *slot == 0 {
-                        crate::remote::FIRST_HOST.to_string()
-                    } else {
-                        format!("in slot {slot:02x}")
-                    }
-                })
-        })
+                .then_some(*slot)
+        })?;
+        Some(self.host_name_of(slot))
+    }
+
+    /// The name of the host in `slot`, as the registry has it.
+    pub(crate) fn host_name_of(&self, slot: u8) -> String {
+        if slot == 0 {
+            return crate::remote::FIRST_HOST.to_string();
+        }
+        self.dir
+            .peers()
+            .ok()
+            .and_then(|ps| ps.into_iter().find(|p| p.slot == slot).map(|p| p.host))
+            .unwrap_or_else(|| format!("in slot {slot:02x}"))
     }
 
     /// The volumes this host released that their new host's root now holds: deleted here
@@ -582,17 +679,17 @@ impl Pool {
         let _one_gc = lock(&self.gc_lock);
         self.writable(&lock(&self.state))?;
         let peers = self.attach_peers()?;
-        self.clone_from_peers(&peers, host, source, new)
+        self.clone_from_peers(&peers, host, source, (new, 0))
     }
 
-    /// [`Pool::clone_from_host`] with the other hosts' parts just opened; the caller holds
-    /// `gc_lock`.
+    /// [`Pool::clone_from_host`] with the other hosts' parts just opened, the new volume's
+    /// name claimed at `turn`; the caller holds `gc_lock`.
     fn clone_from_peers(
         &self,
         peers: &[(Peer, Result<Arc<Pool>>)],
         host: &str,
         source: &str,
-        new: &str,
+        (new, turn): (&str, u32),
     ) -> Result<CloneReport> {
         let known: Vec<String> = peers.iter().map(|(p, _)| p.host.clone()).collect();
         let mut condemned: HashMap<u8, BTreeSet<u32>> = HashMap::new();
@@ -629,7 +726,7 @@ impl Pool {
             ))
         })?;
         let size = peer.volume_size(src, source)?;
-        self.create_volume(new, size)?;
+        self.create_volume_at(new, size, turn)?;
         let mut report = CloneReport {
             host: p.host.clone(),
             slot: p.slot,

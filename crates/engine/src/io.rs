@@ -118,6 +118,11 @@ pub trait Dir: Send + Sync {
     fn peers(&self) -> io::Result<Vec<Peer>> {
         Ok(Vec::new())
     }
+    /// The volume claims of a pool several hosts share, if this directory is a writer's part
+    /// of one (docs/S3.md "Volume claims"); `None` everywhere else.
+    fn volume_claims(&self) -> Option<Arc<dyn VolumeClaims>> {
+        None
+    }
     /// What the store reports beyond its files, for `stats` (a bucket: one LIST).
     fn store_status(&self) -> Option<StoreStatus> {
         None
@@ -159,6 +164,22 @@ pub trait Dir: Send + Sync {
     }
 }
 
+/// The volume claims of a shared pool ([`Dir::volume_claims`]): small objects at the pool's
+/// prefix, each put once and never replaced. The claim protocol on top of them is
+/// [`crate::volume_claims`].
+pub trait VolumeClaims: Send + Sync {
+    /// The claims of volume `name` (`None`: of every volume), as listed now.
+    fn list(&self, name: Option<&str>) -> io::Result<Vec<crate::format::hosts::VolumeClaim>>;
+    /// Put this host's claim of `name` at `turn` (its slot, and the writer id of this
+    /// process): refused past the pool lease's write fence.
+    fn put(&self, name: &str, turn: u32) -> io::Result<crate::format::hosts::VolumeClaim>;
+    /// Delete one claim (gone already is fine).
+    fn delete(&self, claim: &crate::format::hosts::VolumeClaim) -> io::Result<()>;
+    /// The writer id this open's claims carry (a claim of this slot with another one was
+    /// put by an earlier writer of this part).
+    fn writer(&self) -> u64;
+}
+
 /// Another host sharing the pool ([`Dir::peers`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
@@ -170,6 +191,9 @@ pub struct Peer {
     pub url: String,
     /// A local directory that opens its part read-only ([`crate::pool::Pool::open_path`]).
     pub local: std::path::PathBuf,
+    /// A local directory that opens its part writable, to take its volumes over once its
+    /// lease expired (a host that died): [`crate::pool::Pool::take_over_volume`].
+    pub takeover: std::path::PathBuf,
 }
 
 /// What [`Dir::store_status`] reports: the object store behind a pool directory.

@@ -61,6 +61,7 @@ pub mod staging;
 pub mod stats;
 pub mod verify;
 pub mod volume;
+pub mod volume_claims;
 pub mod worker;
 
 pub use cache_tier::{CacheConf, CacheMode, CacheStats};

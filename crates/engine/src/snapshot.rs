@@ -118,6 +118,19 @@ impl Pool {
     /// `VOLUME@SNAPSHOT`), sharing its pages: instant, no data copied.
     pub fn clone_volume(&self, source: &str, new: &str) -> Result<()> {
         check_new_volume_name(new)?;
+        id_of(&lock(&self.state).md, source)?;
+        if lock(&self.state).md.names.contains_key(new) {
+            return Err(Error::AlreadyExists(new.to_string()));
+        }
+        let claimed = self.claim_volume_name(new, 0)?;
+        let made = self.clone_claimed(source, new);
+        if made.is_err() && claimed.is_some() {
+            self.drop_volume_claims(new);
+        }
+        made
+    }
+
+    fn clone_claimed(&self, source: &str, new: &str) -> Result<()> {
         let sync = lock(&self.sync_lock);
         let mut made = None;
         self.checkpoint_with(

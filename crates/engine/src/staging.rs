@@ -339,6 +339,9 @@ impl Dir for Staging {
     fn peers(&self) -> io::Result<Vec<crate::io::Peer>> {
         self.lower.peers()
     }
+    fn volume_claims(&self) -> Option<Arc<dyn crate::io::VolumeClaims>> {
+        self.lower.volume_claims()
+    }
 
     fn open_direct(&self, name: &str) -> io::Result<Option<Arc<dyn DirectWriter>>> {
         let s = lock(&self.stage);

@@ -383,3 +383,130 @@ fn gc_on_one_host_while_another_clones_and_folds_never_deletes_what_it_names() {
         "every condemned segment of a was deleted once b let go"
     );
 }
+
+/// The claims of volume `name` in the store, as (turn, slot).
+fn claims_of(store: &Path, name: &str) -> Vec<(u32, u8)> {
+    use condense_engine::format::hosts::VolumeClaim;
+    let prefix = VolumeClaim::prefix(Some(name));
+    let dir = store.join(prefix.trim_end_matches('/'));
+    let mut out: Vec<(u32, u8)> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    let obj = format!("{prefix}{}", e.file_name().to_string_lossy());
+                    VolumeClaim::parse_object(&obj).map(|c| (c.turn, c.slot))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+#[test]
+fn two_hosts_racing_for_one_volume_name_exactly_one_wins() {
+    let c = cluster();
+    let a = open(&c.a);
+    let b = open(&c.b);
+    let rounds = 6;
+    let mut wins = [0u32; 2];
+    for r in 0..rounds {
+        let name = format!("r{r}");
+        let barrier = std::sync::Barrier::new(2);
+        let (ra, rb) = std::thread::scope(|s| {
+            let ta = s.spawn(|| {
+                barrier.wait();
+                a.create_volume(&name, 1 << 20)
+            });
+            let tb = s.spawn(|| {
+                barrier.wait();
+                b.create_volume(&name, 1 << 20)
+            });
+            (ta.join().expect("thread a"), tb.join().expect("thread b"))
+        });
+        match (&ra, &rb) {
+            (Ok(()), Err(e)) | (Err(e), Ok(())) => {
+                assert!(e.to_string().contains("is held by host"), "round {r}: {e}");
+            }
+            _ => panic!("round {r}: not exactly one winner: a {ra:?}, b {rb:?}"),
+        }
+        let winner = usize::from(ra.is_err());
+        wins[winner] += 1;
+        // The loser withdrew its claim: one claim, the winner's.
+        assert_eq!(
+            claims_of(&c.store, &name),
+            vec![(0, winner as u8)],
+            "round {r}"
+        );
+        let (w, l) = if winner == 0 { (&a, &b) } else { (&b, &a) };
+        assert!(w.volume_id(&name).is_ok() && l.volume_id(&name).is_err());
+    }
+    // A name the other host deleted is free again, and its claim is gone.
+    let (holder, other) = if wins[0] > 0 { (&a, &b) } else { (&b, &a) };
+    let name = (0..rounds)
+        .map(|r| format!("r{r}"))
+        .find(|n| holder.volume_id(n).is_ok())
+        .expect("a round the holder won");
+    holder.delete_volume(&name).expect("delete");
+    assert!(claims_of(&c.store, &name).is_empty());
+    other
+        .create_volume(&name, 1 << 20)
+        .expect("the name is free");
+    let refused = holder
+        .create_volume(&name, 1 << 20)
+        .expect_err("held by the other host now");
+    assert!(refused.to_string().contains("is held by host"), "{refused}");
+}
+
+#[test]
+fn a_moved_volume_is_claimed_one_turn_up_and_a_dead_hosts_volume_is_taken_over() {
+    let c = cluster();
+    let a = open(&c.a);
+    let b = open(&c.b);
+    // A volume made before the pool was shared has no claim until its host's next sync.
+    write(&a, "vm", 0, 64);
+    write(&b, "solo", 900, 64);
+    assert_eq!(claims_of(&c.store, "vm"), vec![(0, 0)]);
+    a.move_out_volume("vm", "host-b").expect("move");
+    b.adopt_volume("vm", "first-host").expect("adopt");
+    assert_eq!(claims_of(&c.store, "vm"), vec![(0, 0), (1, 1)]);
+    b.sync_hosts().expect("sync b");
+    a.sync_hosts().expect("sync a"); // deletes its copy, and its claim with it
+    assert_eq!(claims_of(&c.store, "vm"), vec![(1, 1)]);
+    let refused = a.create_volume("vm", 1 << 20).expect_err("b holds vm");
+    assert!(refused.to_string().contains("host-b"), "{refused}");
+    // b goes away without handing anything over; a takes its volumes (its lease was
+    // released here: a crashed host's expires first, tests/s3/cluster.sh g).
+    write_more(&b, "solo", 901);
+    b.flush().expect("flush b");
+    b.close().expect("close b");
+    drop(b);
+    let took = a
+        .take_over_volumes(
+            &["solo".to_string(), "vm".to_string()],
+            "host-b",
+            std::time::Duration::from_secs(5),
+        )
+        .expect("take over");
+    assert_eq!(took.len(), 2);
+    check(&a, "vm", 0, 64);
+    let h = a.volume("solo").expect("solo");
+    let mut buf = vec![0u8; BS];
+    h.read_at(0, &mut buf).expect("read");
+    assert!(buf == block(901), "solo's block 0 as b flushed it");
+    assert_eq!(claims_of(&c.store, "solo"), vec![(0, 1), (1, 0)]);
+    write_more(&a, "solo", 902); // written on a from now on
+    a.sync_hosts().expect("sync a");
+    // b comes back: it may not write them, and deletes its copies at its sync.
+    let b = open(&c.b);
+    let refused = b
+        .volume("solo")
+        .expect("still listed on b")
+        .write_at(0, &block(1), false)
+        .expect_err("moved");
+    assert!(refused.to_string().contains("moved to host"), "{refused}");
+    let r = b.sync_hosts().expect("sync b");
+    assert_eq!(r.volumes_moved_out, 2, "{r:?}");
+    assert_eq!(claims_of(&c.store, "solo"), vec![(1, 0)]);
+    assert_eq!(claims_of(&c.store, "vm"), vec![(2, 0)]);
+}

@@ -172,11 +172,16 @@ fn parse_seq16(s: &str) -> Option<u64> {
 /// file of the first host's tree, whose objects share the prefix (docs/S3.md "Many hosts").
 pub const HOSTS_PREFIX: &str = "hosts/";
 pub const MEMBERS_PREFIX: &str = "members/";
+/// Volume claims of a shared pool ([`super::hosts::VolumeClaim`]).
+pub const VOLUMES_PREFIX: &str = "volumes/";
 const MEMBER_FIRST_LINE: &str = "condense-member 1";
 
-/// True for an object of the pool as a whole ([`HOSTS_PREFIX`], [`MEMBERS_PREFIX`]).
+/// True for an object of the pool as a whole ([`HOSTS_PREFIX`], [`MEMBERS_PREFIX`],
+/// [`VOLUMES_PREFIX`]).
 pub fn is_pool_wide(obj: &str) -> bool {
-    obj.starts_with(HOSTS_PREFIX) || obj.starts_with(MEMBERS_PREFIX)
+    obj.starts_with(HOSTS_PREFIX)
+        || obj.starts_with(MEMBERS_PREFIX)
+        || obj.starts_with(VOLUMES_PREFIX)
 }
 
 /// The prefix of member `slot`'s tree under the pool's prefix (`""`: the first host's, at

@@ -140,11 +140,115 @@ pub fn released_to(meta: &Meta, name: &str) -> Option<String> {
 
 /// The slot a volume was released to.
 pub fn released_slot(meta: &Meta, name: &str) -> Option<u8> {
+    released_field(meta, name, "to=").and_then(|s| u8::from_str_radix(&s, 16).ok())
+}
+
+/// The claim turn the host a volume was released to claims it at (`turn=`; 1 in a record
+/// written before volume claims).
+pub fn released_turn(meta: &Meta, name: &str) -> Option<u32> {
+    meta.get(&format!("{RELEASED_PREFIX}{name}"))?;
+    Some(
+        released_field(meta, name, "turn=")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1),
+    )
+}
+
+/// The value of a released volume's record: `to=SS`, `host=NAME`, `turn=N` lines.
+pub fn released_value(slot: u8, host: &str, turn: u32) -> Vec<u8> {
+    format!("to={slot:02x}\nhost={host}\nturn={turn}\n").into_bytes()
+}
+
+fn released_field(meta: &Meta, name: &str, field: &str) -> Option<String> {
     let v = meta.get(&format!("{RELEASED_PREFIX}{name}"))?;
     String::from_utf8_lossy(v)
         .lines()
-        .find_map(|l| l.strip_prefix("to="))
-        .and_then(|s| u8::from_str_radix(s, 16).ok())
+        .find_map(|l| l.strip_prefix(field))
+        .map(str::to_string)
+}
+
+/// A host's claim of a volume name in a shared pool (docs/S3.md "Volume claims"): the object
+/// `volumes/HEXNAME/TTTTTTTT-SS-WWWWWWWWWWWWWWWW`, put once and never replaced: the name (hex
+/// of its bytes), the claim's turn (0 for a new volume, one more at each move), the claiming
+/// host's slot and its writer id. Of the claims of one name, the highest turn wins, then the
+/// lowest slot, then the lowest writer ([`VolumeClaim::wins_over`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VolumeClaim {
+    pub name: String,
+    pub turn: u32,
+    pub slot: u8,
+    pub writer: u64,
+}
+
+impl VolumeClaim {
+    /// The prefix of the claims of `name` (`None`: of every name).
+    pub fn prefix(name: Option<&str>) -> String {
+        match name {
+            Some(n) => format!("{}{}/", super::bucket::VOLUMES_PREFIX, hex(n.as_bytes())),
+            None => super::bucket::VOLUMES_PREFIX.to_string(),
+        }
+    }
+
+    pub fn object(&self) -> String {
+        format!(
+            "{}{:08x}-{:02x}-{:016x}",
+            VolumeClaim::prefix(Some(&self.name)),
+            self.turn,
+            self.slot,
+            self.writer
+        )
+    }
+
+    /// The claim an object name holds; `None` for any other name.
+    pub fn parse_object(obj: &str) -> Option<VolumeClaim> {
+        let rest = obj.strip_prefix(super::bucket::VOLUMES_PREFIX)?;
+        let (name, tag) = rest.split_once('/')?;
+        let mut parts = tag.split('-');
+        let (turn, slot, writer) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || turn.len() != 8 || slot.len() != 2 || writer.len() != 16 {
+            return None;
+        }
+        Some(VolumeClaim {
+            name: String::from_utf8(unhex(name)?).ok()?,
+            turn: u32::from_str_radix(turn, 16).ok()?,
+            slot: u8::from_str_radix(slot, 16).ok()?,
+            writer: u64::from_str_radix(writer, 16).ok()?,
+        })
+    }
+
+    /// The claim rule: the higher turn, then the lower slot, then the lower writer.
+    pub fn wins_over(&self, other: &VolumeClaim) -> bool {
+        (
+            self.turn,
+            std::cmp::Reverse(self.slot),
+            std::cmp::Reverse(self.writer),
+        ) > (
+            other.turn,
+            std::cmp::Reverse(other.slot),
+            std::cmp::Reverse(other.writer),
+        )
+    }
+
+    /// The winner of `claims` (all of one name).
+    pub fn winner(claims: &[VolumeClaim]) -> Option<&VolumeClaim> {
+        claims
+            .iter()
+            .reduce(|best, c| if c.wins_over(best) { c } else { best })
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.is_empty() || s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
 }
 
 #[cfg(test)]
@@ -163,5 +267,48 @@ mod tests {
         assert_eq!(Condemned::decode(&damaged), c);
         // A lost `next=` line never hands out a sequence number twice.
         assert_eq!(Condemned::decode(b"5 3\n").next, 4);
+    }
+
+    #[test]
+    fn volume_claims_round_trip_and_the_rule_orders_them() {
+        let c = VolumeClaim {
+            name: "vm 1@x/é".into(),
+            turn: 3,
+            slot: 2,
+            writer: 0xabc,
+        };
+        assert_eq!(VolumeClaim::parse_object(&c.object()), Some(c.clone()));
+        assert!(c.object().starts_with(&VolumeClaim::prefix(Some(&c.name))));
+        for bad in [
+            "volumes/",
+            "volumes/zz/00000000-00-0000000000000000",
+            "volumes/61/0000000-00-0000000000000000",
+            "volumes/61/00000000-00-0000000000000000-1",
+            "volumes//00000000-00-0000000000000000",
+            "volumes/6/00000000-00-0000000000000000",
+            "members/61/00000000-00-0000000000000000",
+        ] {
+            assert_eq!(VolumeClaim::parse_object(bad), None, "{bad}");
+        }
+        let at = |turn, slot, writer| VolumeClaim {
+            name: "v".into(),
+            turn,
+            slot,
+            writer,
+        };
+        // A higher turn (a move) wins over a lower slot; in one turn the lower slot, then
+        // the lower writer.
+        assert!(at(1, 5, 9).wins_over(&at(0, 0, 0)));
+        assert!(at(0, 1, 9).wins_over(&at(0, 2, 0)));
+        assert!(at(0, 1, 3).wins_over(&at(0, 1, 4)));
+        let all = [at(0, 2, 0), at(1, 3, 7), at(1, 3, 5), at(0, 0, 1)];
+        assert_eq!(VolumeClaim::winner(&all), Some(&at(1, 3, 5)));
+        assert_eq!(VolumeClaim::winner(&[]), None);
+        let mut meta = Meta::new();
+        meta.insert(format!("{RELEASED_PREFIX}v"), released_value(4, "h", 7));
+        assert_eq!(released_slot(&meta, "v"), Some(4));
+        assert_eq!(released_turn(&meta, "v"), Some(7));
+        assert_eq!(released_to(&meta, "v").as_deref(), Some("h"));
+        assert_eq!(released_turn(&meta, "w"), None);
     }
 }

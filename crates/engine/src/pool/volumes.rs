@@ -22,13 +22,33 @@ impl Pool {
     }
 
     pub fn create_volume(&self, name: &str, size: u64) -> Result<()> {
+        self.create_volume_at(name, size, 0)
+    }
+
+    /// [`Pool::create_volume`]; in a pool shared with other hosts, once this host's claim of
+    /// the name at `turn` won (crate::volume_claims).
+    pub(crate) fn create_volume_at(&self, name: &str, size: u64, turn: u32) -> Result<()> {
         check_new_volume_name(name)?;
         self.check_size(size)?;
         if let Some(host) = self.held_by_another_host(name) {
-            return Err(Error::AlreadyExists(format!(
-                "{name} (a volume of host {host}, which shares this pool)"
-            )));
+            return Err(Error::HeldByHost {
+                volume: name.into(),
+                host,
+                detail: " (its newest root holds it)".into(),
+            });
         }
+        if lock(&self.state).md.names.contains_key(name) {
+            return Err(Error::AlreadyExists(name.to_string()));
+        }
+        let claimed = self.claim_volume_name(name, turn)?;
+        let made = self.create_claimed(name, size);
+        if made.is_err() && claimed.is_some() {
+            self.drop_volume_claims(name);
+        }
+        made
+    }
+
+    fn create_claimed(&self, name: &str, size: u64) -> Result<()> {
         let mut st = lock(&self.state);
         self.writable(&st)?;
         if st.md.names.contains_key(name) {
@@ -77,6 +97,9 @@ impl Pool {
         }
         self.commit(&mut st, records)?;
         drop(st);
+        if !name.contains('@') {
+            self.drop_volume_claims(name);
+        }
         self.after_metadata_change()
     }
 

@@ -16,12 +16,17 @@
 //! - The high byte of every segment id is its host's slot, so no two hosts ever name a
 //!   segment alike ([`crate::format::SEGMENT_SLOT_SHIFT`]).
 //! - Another member is only ever read: through a read-only open of its tree from a local
-//!   directory of its own under `peers/SS/` in this host's local directory.
+//!   directory of its own under `peers/SS/` in this host's local directory; or, once its
+//!   lease expired, written by taking that lease from a directory under `takeover/SS/`.
+//! - Volume claims ([`ClaimRegistry`], `volumes/`) are put by a part's writer only within its
+//!   lease's write fence, each object once.
 
 use super::conf::{remote_error, RemoteConf, REMOTE_CONF_NAME};
+use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::format::bucket::{member_dir, Member, MEMBERS_PREFIX};
-use crate::io::Peer;
+use crate::format::hosts::VolumeClaim;
+use crate::io::{Peer, VolumeClaims};
 use condense_object_store::ObjectBackend;
 use std::collections::BTreeMap;
 use std::io;
@@ -39,6 +44,9 @@ const PEER_CACHE_BYTES: u64 = 64 << 20;
 pub const FIRST_HOST: &str = "first-host";
 /// The subdirectory of the local directory that holds one directory per other member.
 pub const PEERS_SUBDIR: &str = "peers";
+/// The subdirectory of the local directory that holds a writer's directory per other member,
+/// for taking its volumes over.
+pub const TAKEOVER_SUBDIR: &str = "takeover";
 
 /// `s3://BUCKET/PREFIX` and a member slot → the URL of that member's tree.
 pub fn member_url(pool_url: &str, slot: u8) -> String {
@@ -131,27 +139,109 @@ impl Membership {
         let mut peers = Vec::new();
         for (slot, host) in all.into_iter().filter(|(s, _)| *s != self.slot) {
             let url = member_url(&self.pool_url, slot);
-            let local = self.local.join(PEERS_SUBDIR).join(format!("{slot:02x}"));
-            if !local.join(REMOTE_CONF_NAME).is_file() {
-                crate::io::create_private_dir(&self.local.join(PEERS_SUBDIR))?;
-                let conf = RemoteConf {
-                    url: url.clone(),
-                    read_only: true,
-                    durability_to_store: None,
-                    ..self.conf.clone()
-                };
-                (self.prepare)(&local, &conf, PEER_CACHE_BYTES).map_err(to_io)?;
-            }
+            let dir_for = |sub: &str, read_only: bool| -> io::Result<PathBuf> {
+                let local = self.local.join(sub).join(format!("{slot:02x}"));
+                if !local.join(REMOTE_CONF_NAME).is_file() {
+                    crate::io::create_private_dir(&self.local.join(sub))?;
+                    let conf = RemoteConf {
+                        url: url.clone(),
+                        read_only,
+                        durability_to_store: None,
+                        ..self.conf.clone()
+                    };
+                    (self.prepare)(&local, &conf, PEER_CACHE_BYTES).map_err(to_io)?;
+                }
+                Ok(local)
+            };
             peers.push(Peer {
                 slot,
                 host,
+                local: dir_for(PEERS_SUBDIR, true)?,
+                takeover: dir_for(TAKEOVER_SUBDIR, false)?,
                 url,
-                local,
             });
         }
         peers.sort_by_key(|p| p.slot);
         Ok(peers)
     }
+}
+
+impl Membership {
+    /// The volume claims of the pool as the writer `writer` of this part (`shared`: its
+    /// lease's write fence) puts and deletes them.
+    pub fn claims(&self, shared: Arc<Shared>, writer: u64) -> Result<ClaimRegistry> {
+        let conf = RemoteConf {
+            url: self.pool_url.clone(),
+            read_only: false,
+            ..self.conf.clone()
+        };
+        Ok(ClaimRegistry {
+            store: conf.backend(true)?,
+            url: self.pool_url.clone(),
+            shared,
+            slot: self.slot,
+            writer,
+        })
+    }
+}
+
+/// The volume claims of a shared pool, for one part's writer ([`crate::io::VolumeClaims`]).
+pub(crate) struct ClaimRegistry {
+    /// The store at the pool's prefix.
+    store: Arc<dyn ObjectBackend>,
+    url: String,
+    /// The writer's part: its write fence guards every PUT and DELETE.
+    shared: Arc<Shared>,
+    slot: u8,
+    writer: u64,
+}
+
+impl VolumeClaims for ClaimRegistry {
+    fn list(&self, name: Option<&str>) -> io::Result<Vec<VolumeClaim>> {
+        let prefix = VolumeClaim::prefix(name);
+        let listed = self
+            .store
+            .list(prefix.trim_end_matches('/'))
+            .map_err(|e| io::Error::other(remote_error(&self.url, e).to_string()))?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|(o, _)| VolumeClaim::parse_object(&o))
+            .filter(|c| name.is_none_or(|n| c.name == n))
+            .collect())
+    }
+
+    fn put(&self, name: &str, turn: u32) -> io::Result<VolumeClaim> {
+        let c = VolumeClaim {
+            name: name.to_string(),
+            turn,
+            slot: self.slot,
+            writer: self.writer,
+        };
+        self.shared.may_write(&format!("claiming volume {name}"))?;
+        let body = format!("condense-volume-claim 1\nhost={}\n", hostname_here());
+        self.store
+            .put(&c.object(), body.as_bytes())
+            .map_err(|e| io::Error::other(remote_error(&self.url, e).to_string()))?;
+        Ok(c)
+    }
+
+    fn writer(&self) -> u64 {
+        self.writer
+    }
+
+    fn delete(&self, claim: &VolumeClaim) -> io::Result<()> {
+        self.shared
+            .may_write(&format!("deleting the claim of volume {}", claim.name))?;
+        self.store
+            .delete(&claim.object())
+            .map_err(|e| io::Error::other(remote_error(&self.url, e).to_string()))
+    }
+}
+
+fn hostname_here() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// The registry of the pool at `store`: one member per slot (the lowest writer id of a slot

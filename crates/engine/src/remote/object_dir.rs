@@ -41,9 +41,11 @@ pub struct RemoteDir {
     opened: Instant,
     /// Files being written whole (`.tmp`, `.partial`, new files), by name, for `rename`.
     writing: Mutex<HashMap<String, Weak<BufFile>>>,
-    _lease: Option<Lease>,
+    lease: Option<Lease>,
     /// This host's place among the hosts sharing the pool (`None`: a reader of one tree).
     membership: Option<super::members::Membership>,
+    /// The volume claims, made at the first use (a writer's only).
+    claims: std::sync::OnceLock<Option<Arc<dyn crate::io::VolumeClaims>>>,
 }
 
 /// The objects of a listing of this tree's prefix that are its own: not the trees of the
@@ -70,8 +72,9 @@ impl RemoteDir {
             meta: Mutex::new(None),
             opened: Instant::now(),
             writing: Mutex::new(HashMap::new()),
-            _lease: lease,
+            lease,
             membership: None,
+            claims: std::sync::OnceLock::new(),
         }
     }
 
@@ -444,5 +447,20 @@ impl Dir for RemoteDir {
             Some(m) => m.peers(),
             None => Ok(Vec::new()),
         }
+    }
+
+    fn volume_claims(&self) -> Option<Arc<dyn crate::io::VolumeClaims>> {
+        self.claims
+            .get_or_init(|| {
+                let (m, lease) = (self.membership.as_ref()?, self.lease.as_ref()?);
+                match m.claims(self.shared.clone(), lease.generation().writer) {
+                    Ok(c) => Some(Arc::new(c) as Arc<dyn crate::io::VolumeClaims>),
+                    Err(e) => {
+                        tracing::warn!("{}: volume claims unavailable: {e}", self.shared.url);
+                        None
+                    }
+                }
+            })
+            .clone()
     }
 }
