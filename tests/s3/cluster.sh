@@ -3,7 +3,7 @@
 # (tests/s3/garage.sh), with real processes: each "host" is its own local directory and
 # `condense` processes.
 #
-#   a. two hosts racing to open one pool writable, $ROUNDS rounds (default 100): both start a
+#   a. two hosts racing to open one pool writable, $POOL_ROUNDS rounds (default 20): both start a
 #      writable command (`volume create`) at the same instant; exactly one wins each round, the
 #      other is refused ("held by"), and no object in the bucket is ever replaced: a signed
 #      ListObjectsV2 before and after each round, every key present in both with the same ETag.
@@ -26,11 +26,23 @@
 #      hand-over, fio reconnected to B verifies every write it saw complete, A deletes its copy;
 #      verify clean on every host.
 #
-# Not yet (issue 25 stays open): volume claims (a race of two hosts for one volume), a takeover
-# of a dead host's volumes in one step (docs/S3.md "Many hosts").
+#   e. hosts A and B, both serving, race to make one volume (`volume create` through each
+#      one's control socket at the same instant), $ROUNDS rounds (default 100): exactly one
+#      wins each round (volume claims), the other is refused ("is held by host"), no object in
+#      the bucket is ever replaced (ETags before and after each round), and each name is in
+#      exactly one host's part.
+#   f. GC on host A (a new generation of its volume imported, the one before last deleted,
+#      `gc`, `hosts sync`) while host B imports and collects too and host C clones A's newest
+#      generation and reads it back, all at once for $GC_SECONDS s (default 120): no clone
+#      ever reads wrong, every clone reads back byte-identical at the end, verify clean on
+#      every host.
+#   g. host B serving a volume under durability `remote` killed with kill -9 after a flushed
+#      copy into it: host C takes it over in one step (`volume adopt --take-over`) once B's
+#      lease expired, with every byte B flushed; B, back, deletes its copy.
 #
 #   bash tests/s3/cluster.sh                 # builds target/release/condense first
-#   ROUNDS=20 CONDENSE=/path/to/condense bash tests/s3/cluster.sh     # KEEP=1 keeps $W on failure
+#   ROUNDS=20 POOL_ROUNDS=5 GC_SECONDS=30 CONDENSE=/path/to/condense bash tests/s3/cluster.sh
+#   (KEEP=1 keeps $W on failure)
 #
 # Garage as in tests/s3/pool.sh (installed by scripts/install-garage.sh under CI). Needs curl,
 # python3, jq, nbdinfo and nbdcopy (libnbd-bin), qemu-io (qemu-utils), fio. Ends with "N passed, M failed, K skipped".
@@ -62,6 +74,8 @@ need_tools curl python3 jq timeout cmp nbdinfo nbdcopy qemu-io fio
 W=$(mktemp -d /tmp/condense-s3-cluster.XXXXXX)
 G=$W/garage
 ROUNDS=${ROUNDS:-100}
+POOL_ROUNDS=${POOL_ROUNDS:-20}
+GC_SECONDS=${GC_SECONDS:-120}
 CACHE_SIZE=1G
 CMD_TIMEOUT=${CMD_TIMEOUT:-120}
 cluster=0
@@ -161,11 +175,11 @@ for host in B C; do
     check "connect host $host" timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$POOL_URL" --cache "$W/$host" --cache-size "$CACHE_SIZE"
 done
 
-step "a. two hosts race to open the pool writable, $ROUNDS rounds"
+step "a. two hosts race to open the pool writable, $POOL_ROUNDS rounds"
 PREFIX=shared/
 bad_rounds=0 ruled=0 seen=0 wins_a=0 wins_b=0 replaced_keys=0
 t_race=$SECONDS
-for r in $(seq 1 "$ROUNDS"); do
+for r in $(seq 1 "$POOL_ROUNDS"); do
     bucket_etags "$PREFIX" >"$W/before"
     h A volume create "r$r" --size 1M >"$W/outA" 2>&1 &
     pa=$!
@@ -196,15 +210,15 @@ for r in $(seq 1 "$ROUNDS"); do
         if grep -q "claimed the pool at once" "$loser"; then ruled=$((ruled + 1)); else seen=$((seen + 1)); fi
     fi
 done
-note "$ROUNDS rounds in $((SECONDS - t_race)) s: A won $wins_a, B won $wins_b; decided by the claim rule (both claimed at once) $ruled, loser saw the winner's claim first $seen"
-check "exactly one winner in each of $ROUNDS rounds" test "$bad_rounds" = 0
+note "$POOL_ROUNDS rounds in $((SECONDS - t_race)) s: A won $wins_a, B won $wins_b; decided by the claim rule (both claimed at once) $ruled, loser saw the winner's claim first $seen"
+check "exactly one winner in each of $POOL_ROUNDS rounds" test "$bad_rounds" = 0
 check "the claim rule decided rounds (both hosts had claimed: the race is real)" test "$ruled" -gt 0
-if [ "$ROUNDS" -ge 20 ]; then
+if [ "$POOL_ROUNDS" -ge 20 ]; then
     check "both hosts won rounds (the lower random writer id wins)" test "$wins_a" -gt 0 -a "$wins_b" -gt 0
 fi
 check "no object in the bucket was ever replaced (ETags of keys listed before and after each round)" test "$replaced_keys" = 0
 vols() { h C volume list --json | jq -r '.[].name' | grep -c '^r[0-9]'; }
-check "host C sees the $ROUNDS volumes the winners created" test "$(vols)" = "$ROUNDS"
+check "host C sees the $POOL_ROUNDS volumes the winners created" test "$(vols)" = "$POOL_ROUNDS"
 
 step "b. a host killed while holding the pool; another takes over after the lease expiry"
 head -c 4M /dev/urandom >"$W/late.raw"
@@ -397,6 +411,162 @@ check "host A deleted its copy of vm2 once B adopted it" sh -c "'$CONDENSE' --po
 kill "$servea2"
 wait "$servea2" 2>/dev/null
 for host in MA MB MC; do check "verify clean on $host" h "$host" verify; done
+
+step "e. hosts A and B, both serving, race to make one volume, $ROUNDS rounds (volume claims)"
+# serve_host HOST PORTVAR: serve HOST's part in the background (as that host); its pid in $served_pid.
+serve_host() {
+    local host=$1 port
+    free_port port
+    printf -v "$2" '%s' "$port"
+    if [ "$OWN_NAMES" = 1 ]; then
+        unshare --uts sh -c 'hostname "$0" && exec "$@"' "cluster-$host" \
+            "$CONDENSE" --pool "$W/$host" serve --insecure-listen "127.0.0.1:$port" >"$W/serve$host.log" 2>&1 &
+    else
+        "$CONDENSE" --pool "$W/$host" serve --insecure-listen "127.0.0.1:$port" >"$W/serve$host.log" 2>&1 &
+    fi
+    served_pid=$!
+    PIDS+=("$served_pid")
+}
+serve_host MA PE_A
+pe_a=$served_pid
+serve_host MB PE_B
+pe_b=$served_pid
+check "host A serves (vm1)" nbd_up "$PE_A" vm1
+check "host B serves (vm6)" nbd_up "$PE_B" vm6
+bad_rounds=0 ruled=0 wins_a=0 wins_b=0 replaced_keys=0
+t_race=$SECONDS
+for r in $(seq 1 "$ROUNDS"); do
+    bucket_etags multi/ >"$W/before"
+    h MA volume create "v$r" --size 1M >"$W/outA" 2>&1 &
+    pa=$!
+    h MB volume create "v$r" --size 1M >"$W/outB" 2>&1 &
+    pb=$!
+    wait "$pa"
+    ra=$?
+    wait "$pb"
+    rb=$?
+    bucket_etags multi/ >"$W/after"
+    n=$(replaced "$W/before" "$W/after" | wc -l)
+    replaced_keys=$((replaced_keys + n))
+    if [ "$n" -gt 0 ]; then
+        echo "round $r: replaced objects:"
+        replaced "$W/before" "$W/after" | sed 's/^/      /'
+    fi
+    if [ "$ra" = 0 ] && [ "$rb" != 0 ] && grep -q "is held by host" "$W/outB"; then
+        wins_a=$((wins_a + 1)) loser=$W/outB
+    elif [ "$rb" = 0 ] && [ "$ra" != 0 ] && grep -q "is held by host" "$W/outA"; then
+        wins_b=$((wins_b + 1)) loser=$W/outA
+    else
+        bad_rounds=$((bad_rounds + 1)) loser=
+        echo "round $r: A exit $ra, B exit $rb"
+        sed 's/^/      A: /' "$W/outA" | tail -3
+        sed 's/^/      B: /' "$W/outB" | tail -3
+    fi
+    if [ -n "$loser" ] && grep -q "claimed the name at once" "$loser"; then ruled=$((ruled + 1)); fi
+done
+note "$ROUNDS rounds in $((SECONDS - t_race)) s: A won $wins_a, B won $wins_b; decided by the claim rule (both claimed at once) $ruled"
+check "exactly one winner in each of $ROUNDS rounds" test "$bad_rounds" = 0
+check "the claim rule decided rounds (both hosts had claimed: the race is real)" test "$ruled" -gt 0
+check "no object in the bucket was ever replaced (ETags of keys listed before and after each round)" test "$replaced_keys" = 0
+names_of() { h "$1" volume list --json | jq -r '.[].name' | grep '^v[0-9]' | sort; }
+names_of MA >"$W/namesA"
+names_of MB >"$W/namesB"
+check "every name is in exactly one host's part ($(wc -l <"$W/namesA") on A, $(wc -l <"$W/namesB") on B)" \
+    test "$(sort -u "$W/namesA" "$W/namesB" | wc -l)" = "$ROUNDS" -a "$(comm -12 "$W/namesA" "$W/namesB" | wc -l)" = 0
+stop_pids "$pe_a" "$pe_b"
+
+step "f. GC on host A while host B imports and host C clones A's newest, for $GC_SECONDS s"
+head -c 8M "$W/common.raw" >"$W/small-base.raw"
+stop_at=$((SECONDS + GC_SECONDS))
+# gen_image K: host A's generation K (a common base and 2 MiB of its own).
+gen_image() { [ -f "$W/gen$1.raw" ] || { cat "$W/small-base.raw"; head -c 2M /dev/urandom; } >"$W/gen$1.raw"; }
+loop_a() {
+    local k=0
+    while [ "$SECONDS" -lt "$stop_at" ]; do
+        gen_image "$k"
+        h MA import "$W/gen$k.raw" --name "gen$k" >/dev/null || { echo "A: import gen$k failed"; return 1; }
+        if [ "$k" -ge 2 ]; then h MA volume delete "gen$((k - 2))" >/dev/null || return 1; fi
+        h MA gc >/dev/null || { echo "A: gc failed"; return 1; }
+        h MA hosts sync >/dev/null || { echo "A: hosts sync failed"; return 1; }
+        echo "$k" >"$W/published" # gen$k is in A's newest root
+        k=$((k + 1))
+    done
+    echo "A: $k generations"
+}
+loop_b() {
+    local k=0
+    while [ "$SECONDS" -lt "$stop_at" ]; do
+        { cat "$W/small-base.raw"; head -c 1M /dev/urandom; } >"$W/b.raw"
+        h MB import "$W/b.raw" --name "b$k" >/dev/null || { echo "B: import b$k failed"; return 1; }
+        h MB hosts sync >/dev/null || { echo "B: hosts sync failed"; return 1; }
+        if [ "$k" -ge 2 ]; then h MB volume delete "b$((k - 2))" >/dev/null || return 1; fi
+        h MB gc >/dev/null || { echo "B: gc failed"; return 1; }
+        k=$((k + 1))
+    done
+    echo "B: $k imports"
+}
+loop_c() {
+    local last=-1 k clones=0 gone=0
+    while [ "$SECONDS" -lt "$stop_at" ]; do
+        k=$(cat "$W/published" 2>/dev/null || echo -1)
+        if [ "$k" = "$last" ] || [ "$k" = -1 ]; then sleep 1; continue; fi
+        last=$k
+        if ! h MC volume clone --from-host first-host "gen$k" "c$k" >"$W/clone.out" 2>&1; then
+            # A deletes gen$k two generations on: a clone that comes too late finds nothing.
+            if grep -q "not found" "$W/clone.out"; then gone=$((gone + 1)); continue; fi
+            echo "C: clone of gen$k failed:"; cat "$W/clone.out"; return 1
+        fi
+        rm -f "$W/c.out"
+        h MC export "c$k" "$W/c.out" >/dev/null && cmp "$W/gen$k.raw" "$W/c.out" || { echo "C: c$k reads wrong"; return 1; }
+        h MC hosts sync >/dev/null || { echo "C: hosts sync failed"; return 1; }
+        clones=$((clones + 1))
+        echo "$k" >>"$W/cloned"
+    done
+    echo "C: $clones clones read back byte-identical ($gone came too late)"
+}
+: >"$W/cloned"
+loop_a >"$W/loopA.log" 2>&1 &
+la=$!
+loop_b >"$W/loopB.log" 2>&1 &
+lb=$!
+loop_c >"$W/loopC.log" 2>&1 &
+lc=$!
+check "host A: import, delete, gc, hosts sync in a loop for $GC_SECONDS s" wait "$la"
+check "host B: import, hosts sync, delete, gc in a loop" wait "$lb"
+check "host C: clones of A's newest generation read back byte-identical, at once" wait "$lc"
+note "$(cat "$W/loopA.log" "$W/loopB.log" "$W/loopC.log" | tr '\n' ' ')"
+check "host C cloned at least 3 generations" test "$(wc -l <"$W/cloned")" -ge 3
+for host in MA MB MC MA MB MC; do h "$host" hosts sync >/dev/null; done # every condemnation let go
+all_clones() {
+    local k
+    while read -r k; do
+        rm -f "$W/c.out"
+        h MC export "c$k" "$W/c.out" >/dev/null && cmp "$W/gen$k.raw" "$W/c.out" || { echo "c$k differs"; return 1; }
+    done <"$W/cloned"
+}
+check "every clone on C still reads back byte-identical after A's GC" all_clones
+for host in MA MB MC; do check "verify clean on $host" h "$host" verify; done
+
+step "g. host B killed under durability remote; host C takes its volume after the lease expiry"
+check "durability set remote on host B" h MB durability set remote
+check "host B makes volume k1" h MB volume create k1 --size 16M
+serve_host MB PG_B
+pg_b=$served_pid
+check "host B serves k1" nbd_up "$PG_B" k1
+head -c 8M /dev/urandom >"$W/known.raw"
+check "nbdcopy --flush 8 MiB into k1 through B" nbdcopy --flush "$W/known.raw" "nbd://127.0.0.1:$PG_B/k1"
+kill -9 "$pg_b"
+wait "$pg_b" 2>/dev/null
+t_kill=$SECONDS
+check "host C takes k1 over from B in one step (volume adopt --take-over)" h MC volume adopt k1 --from-host cluster-B --take-over --wait 90
+waited=$((SECONDS - t_kill))
+note "host C adopted k1 $waited s after kill -9 of B (lease: 30 s)"
+if [ "$OWN_NAMES" = 1 ]; then
+    check "host C waited out B's lease (>= 20 s)" test "$waited" -ge 20
+fi
+check "k1 on C holds every byte B flushed" sh -c "'$CONDENSE' --pool '$W/MC' export k1 '$W/k1.out' && cmp -n 8388608 '$W/known.raw' '$W/k1.out'"
+check "host B, back, deletes its copy of k1 at its sync" sh -c "'$CONDENSE' --pool '$W/MB' hosts sync >/dev/null && '$CONDENSE' --pool '$W/MB' volume list --json | jq -e 'map(.name) | index(\"k1\") == null' >/dev/null"
+for host in MB MC; do check "verify clean on $host" h "$host" verify; done
 
 echo
 echo "wall time: $((SECONDS - began)) s"
