@@ -487,7 +487,8 @@ loop_a() {
         h MA import "$W/gen$k.raw" --name "gen$k" >/dev/null || { echo "A: import gen$k failed"; return 1; }
         if [ "$k" -ge 2 ]; then h MA volume delete "gen$((k - 2))" >/dev/null || return 1; fi
         h MA gc >/dev/null || { echo "A: gc failed"; return 1; }
-        h MA hosts sync >/dev/null || { echo "A: hosts sync failed"; return 1; }
+        h MA hosts sync --json >"$W/syncA.json" || { echo "A: hosts sync failed"; return 1; }
+        jq '.segments_deleted' "$W/syncA.json" >>"$W/deletedA"
         echo "$k" >"$W/published" # gen$k is in A's newest root
         k=$((k + 1))
     done
@@ -525,6 +526,7 @@ loop_c() {
     echo "C: $clones clones read back byte-identical ($gone came too late)"
 }
 : >"$W/cloned"
+: >"$W/deletedA"
 loop_a >"$W/loopA.log" 2>&1 &
 la=$!
 loop_b >"$W/loopB.log" 2>&1 &
@@ -536,7 +538,10 @@ check "host B: import, hosts sync, delete, gc in a loop" wait "$lb"
 check "host C: clones of A's newest generation read back byte-identical, at once" wait "$lc"
 note "$(cat "$W/loopA.log" "$W/loopB.log" "$W/loopC.log" | tr '\n' ' ')"
 check "host C cloned at least 3 generations" test "$(wc -l <"$W/cloned")" -ge 3
-for host in MA MB MC MA MB MC; do h "$host" hosts sync >/dev/null; done # every condemnation let go
+for host in MA MB MC MA MB MC; do h "$host" hosts sync --json >"$W/sync.json"; jq '.segments_deleted' "$W/sync.json" >>"$W/deleted$host"; done # every condemnation let go
+deleted_a=$(awk '{ s += $1 } END { print s + 0 }' "$W/deletedMA" "$W/deletedA")
+note "segments host A's GC emptied and deleted once B and C let go: $deleted_a"
+check "host A's GC deleted segments while the others cloned and folded (the race is real)" test "$deleted_a" -gt 0
 all_clones() {
     local k
     while read -r k; do
