@@ -321,6 +321,12 @@ check "host A reads its images back byte-identical" sh -c "'$CONDENSE' --pool '$
 check "host B reads its images back byte-identical (base blocks from A's records)" sh -c "'$CONDENSE' --pool '$W/MB' export vm8 '$W/out8' && cmp '$W/img8.raw' '$W/out8'"
 check "host C joins the pool" as_host C timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$MULTI_URL" --join --host cluster-C --cache "$W/MC" --cache-size "$CACHE_SIZE"
 check "hosts on host A lists B and C" listed '["cluster-B","cluster-C"]'
+h MA hosts --json >"$W/hosts.json"
+note "hosts on A: $(jq -c '[.hosts[] | {host, volumes, bucket_bytes, chunks_published, lease: .lease.state}], .whole_pool' "$W/hosts.json" | tr '\n' ' ')"
+check "hosts shows every host's volumes (5 on A, 5 on B) and the whole pool's bucket bytes" \
+    jq -e '([.hosts[] | select(.slot <= 1) | .volumes] == [5, 5]) and .whole_pool.bucket_bytes > 0 and (.hosts | length) == 3' "$W/hosts.json"
+check "hosts shows B's lease released (B closed cleanly) and what B published" \
+    jq -e '.hosts[] | select(.host == "cluster-B") | .lease.state == "released" and .chunks_published > 0' "$W/hosts.json"
 check "hosts sync on host C folds A and B in" sh -c "'$CONDENSE' --pool '$W/MC' hosts sync --json | jq -e '[.other_hosts[].chunks_folded] | add > 10000' >/dev/null"
 check "a reader of B's part exports vm9 byte-identical" sh -c "'$CONDENSE' connect '$MULTI_URL/hosts/01' --read-only --cache '$W/RB' --cache-size 1G >/dev/null && '$CONDENSE' --pool '$W/RB' export vm9 '$W/out9' && cmp '$W/img9.raw' '$W/out9'"
 
@@ -563,6 +569,8 @@ check "nbdcopy --flush 8 MiB into k1 through B" nbdcopy --flush "$W/known.raw" "
 kill -9 "$pg_b"
 wait "$pg_b" 2>/dev/null
 t_kill=$SECONDS
+check "hosts on C shows B's lease still held (B is dead, its lease not expired yet)" \
+    sh -c "'$CONDENSE' --pool '$W/MC' hosts --json | jq -e '.hosts[] | select(.host == \"cluster-B\") | .lease.state == \"held\"' >/dev/null"
 check "host C takes k1 over from B in one step (volume adopt --take-over)" h MC volume adopt k1 --from-host cluster-B --take-over --wait 90
 waited=$((SECONDS - t_kill))
 note "host C adopted k1 $waited s after kill -9 of B (lease: 30 s)"

@@ -335,6 +335,38 @@ pub fn durability_command(ctx: &mut Ctx, cmd: DurabilityCommand) -> Result<i32> 
 }
 
 /// `condense hosts list|sync`: directly, or in the daemon that holds the pool.
+/// A part's lease for `condense hosts`: held (by whom, renewed when), released or expired.
+fn lease_text(l: Option<&remote::LeaseBody>, now: u64) -> String {
+    match l {
+        None => "no lease".into(),
+        Some(l) if l.expires == 0 => format!("released by {} (pid {})", l.host, l.pid),
+        Some(l) if l.expires <= now => format!(
+            "expired {} s ago ({} pid {})",
+            now - l.expires,
+            l.host,
+            l.pid
+        ),
+        Some(l) => format!(
+            "held by {} pid {}, renewed {} s ago, expires in {} s",
+            l.host,
+            l.pid,
+            now.saturating_sub(l.renewed),
+            l.expires - now
+        ),
+    }
+}
+
+fn lease_json(l: Option<&remote::LeaseBody>, now: u64) -> serde_json::Value {
+    match l {
+        None => serde_json::Value::Null,
+        Some(l) => serde_json::json!({
+            "state": if l.expires == 0 { "released" } else if l.expires <= now { "expired" } else { "held" },
+            "host": l.host, "pid": l.pid,
+            "renewed_unix": l.renewed, "expires_unix": l.expires,
+        }),
+    }
+}
+
 pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
     let cmd = cmd.unwrap_or(HostsCommand::List { json: false });
     let pool = ctx.pool(matches!(cmd, HostsCommand::List { .. }))?;
@@ -343,22 +375,37 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
     }
     match cmd {
         HostsCommand::List { json } => {
-            let (slot, condemned, progress) = pool.hosts_state();
-            let peers = pool
-                .dir()
-                .peers()
+            let (slot, condemned, _) = pool.hosts_state();
+            let hosts = pool
+                .hosts_overview(&ctx.path)
                 .context("cannot list the hosts of the pool")?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let total_written: u64 = hosts.iter().map(|h| h.written_bytes).sum();
+            let total_bucket: u64 = hosts.iter().map(|h| h.bucket_bytes).sum();
             if json {
-                let hosts: Vec<_> = peers
+                let rows: Vec<_> = hosts
                     .iter()
-                    .map(|p| {
-                        let pr = progress.get(&p.slot).copied().unwrap_or_default();
+                    .map(|h| {
                         serde_json::json!({
-                            "slot": p.slot, "host": p.host, "url": p.url,
-                            "folded_through_chunk": pr.through,
-                            "condemned_acked_through": pr.acked,
+                            "slot": h.slot, "host": h.host, "url": h.url,
+                            "this_host": h.this_host,
+                            "volumes": h.volumes, "snapshots": h.snapshots,
+                            "written_bytes": h.written_bytes,
+                            "bucket_objects": h.bucket_objects,
+                            "bucket_bytes": h.bucket_bytes,
+                            "chunks_published": h.chunks_published,
+                            "folded_through_chunk": h.folded_through,
+                            "lease": lease_json(h.lease.as_ref(), now),
+                            "error": h.error,
                         })
                     })
+                    .collect();
+                let others: Vec<_> = rows
+                    .iter()
+                    .filter(|r| r["this_host"] == false)
+                    .cloned()
                     .collect();
                 writeln!(
                     ctx.out,
@@ -366,29 +413,59 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                     serde_json::json!({
                         "slot": slot,
                         "condemned_segments": condemned,
-                        "other_hosts": hosts,
+                        "hosts": rows,
+                        "other_hosts": others,
+                        "whole_pool": {
+                            "hosts": hosts.len(),
+                            "written_bytes": total_written,
+                            "bucket_bytes": total_bucket,
+                        },
                     })
                 )?;
-            } else if peers.is_empty() {
+            } else if hosts.len() <= 1 {
                 writeln!(
                     ctx.out,
                     "this host (slot {slot}) is the pool's only host; another joins with `condense connect URL --join --cache DIR --cache-size SIZE`"
                 )?;
             } else {
-                writeln!(ctx.out, "this host: slot {slot}, {condemned} condemned segments waiting for the other hosts")?;
                 writeln!(
                     ctx.out,
-                    "{:<5} {:<24} {:>16}  url",
-                    "slot", "host", "folded (chunks)"
+                    "this host: slot {slot}; {condemned} condemned segments waiting for the other hosts to let go"
                 )?;
-                for p in &peers {
-                    let pr = progress.get(&p.slot).copied().unwrap_or_default();
+                writeln!(
+                    ctx.out,
+                    "{:<4} {:<18} {:>7} {:>10} {:>10} {:>12} {:>12}  lease",
+                    "slot", "host", "volumes", "written", "in bucket", "published", "folded here"
+                )?;
+                for h in &hosts {
                     writeln!(
                         ctx.out,
-                        "{:<5} {:<24} {:>16}  {}",
-                        p.slot, p.host, pr.through, p.url
+                        "{:<4} {:<18} {:>7} {:>10} {:>10} {:>12} {:>12}  {}{}",
+                        format!("{:02x}", h.slot),
+                        if h.this_host {
+                            format!("{} (this)", h.host)
+                        } else {
+                            h.host.clone()
+                        },
+                        h.volumes,
+                        size::human(h.written_bytes),
+                        size::human(h.bucket_bytes),
+                        h.chunks_published,
+                        h.folded_through.map_or("-".to_string(), |t| t.to_string()),
+                        lease_text(h.lease.as_ref(), now),
+                        h.error
+                            .as_ref()
+                            .map_or(String::new(), |e| format!(" (error: {e})")),
                     )?;
                 }
+                writeln!(
+                    ctx.out,
+                    "whole pool: {} hosts, {} written, {} in the bucket ({:.2}x); published = chunk ids in a host's newest root, folded here = how far this host folded it in",
+                    hosts.len(),
+                    size::human(total_written),
+                    size::human(total_bucket),
+                    total_written as f64 / total_bucket.max(1) as f64
+                )?;
             }
         }
         HostsCommand::Sync { json } => {

@@ -387,6 +387,98 @@ impl Pool {
     }
 }
 
+/// One host's part of a shared pool, for `condense hosts` ([`Pool::hosts_overview`]).
+#[derive(Clone, Debug, Default)]
+pub struct HostOverview {
+    pub slot: u8,
+    pub host: String,
+    pub url: String,
+    /// This host's own part.
+    pub this_host: bool,
+    /// Volumes (not snapshots) and snapshots of its part, and the bytes written to them.
+    pub volumes: u64,
+    pub snapshots: u64,
+    pub written_bytes: u64,
+    /// Objects and bytes of its part in the bucket.
+    pub bucket_objects: u64,
+    pub bucket_bytes: u64,
+    /// Chunk ids it has published (its newest root's next chunk id, as this host read it).
+    pub chunks_published: u64,
+    /// How far this host folded it in (another host's part only).
+    pub folded_through: Option<u64>,
+    /// Its lease: the holder now, or the last one (released: expiry 0).
+    pub lease: Option<crate::remote::LeaseBody>,
+    /// Why something of it could not be read.
+    pub error: Option<String>,
+}
+
+impl Pool {
+    /// Every host's part of this shared pool (this host's first; its local directory is
+    /// `own_local`), as this host's last read of each has it: volumes, bucket bytes,
+    /// publication, lease. One LIST of each part's claims and of each part's prefix.
+    pub fn hosts_overview(&self, own_local: &std::path::Path) -> Result<Vec<HostOverview>> {
+        let (_, _, progress) = self.hosts_state();
+        let peers = self
+            .dir
+            .peers()
+            .map_err(|e| Error::io("listing the hosts of the pool", e))?;
+        let opened = lock(&self.peers).clone();
+        let mut out = Vec::new();
+        let own = HostOverview {
+            slot: self.slot,
+            host: if self.slot == 0 {
+                crate::remote::FIRST_HOST.to_string()
+            } else {
+                self.host_name_of(self.slot)
+            },
+            url: self.dir.describe(),
+            this_host: true,
+            ..HostOverview::default()
+        };
+        let mut parts = vec![(own, Some(self), own_local.to_path_buf())];
+        for p in &peers {
+            let h = HostOverview {
+                slot: p.slot,
+                host: p.host.clone(),
+                url: p.url.clone(),
+                folded_through: Some(progress.get(&p.slot).map_or(0, |pr| pr.through)),
+                ..HostOverview::default()
+            };
+            parts.push((h, opened.get(&p.slot).map(|x| &**x), p.local.clone()));
+        }
+        for (mut h, pool, local) in parts {
+            match crate::remote::part_lease(&local) {
+                Ok(l) => h.lease = l,
+                Err(e) => h.error = Some(format!("its lease: {e}")),
+            }
+            let Some(pool) = pool else {
+                h.error
+                    .get_or_insert_with(|| "its part could not be opened".into());
+                out.push(h);
+                continue;
+            };
+            {
+                let st = lock(&pool.state);
+                h.chunks_published = st.md.chunks.next_id;
+            }
+            match pool.stats() {
+                Ok(s) => {
+                    h.volumes = s.volumes.len() as u64;
+                    h.snapshots = s.snapshots.len() as u64;
+                    h.written_bytes = s.volumes.iter().map(|v| v.written_bytes).sum();
+                    if let Some(r) = s.remote {
+                        h.bucket_objects = r.objects;
+                        h.bucket_bytes = r.bytes;
+                    }
+                }
+                Err(e) => h.error = Some(e.to_string()),
+            }
+            out.push(h);
+        }
+        Ok(out)
+    }
+}
+
 /// What [`Pool::move_out_volume`] and [`Pool::adopt_volume`] report.
 #[derive(Clone, Debug, Default)]
 pub struct MoveReport {

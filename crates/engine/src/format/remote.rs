@@ -98,6 +98,7 @@ impl RemoteConf {
     }
 }
 
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseBody {
     pub host: String,
     pub pid: u32,

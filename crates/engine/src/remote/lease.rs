@@ -37,7 +37,7 @@ use super::names::max_epoch;
 use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::format::bucket::{claim_object, parse_object, Generation, ObjectKind, CLAIM_PREFIX};
-pub(crate) use crate::format::remote::LeaseBody;
+pub use crate::format::remote::LeaseBody;
 use std::collections::{BTreeMap, HashSet};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -180,6 +180,19 @@ fn pid_alive_after_grace(pid: u32) -> bool {
         std::thread::sleep(Duration::from_millis(100));
     }
     false
+}
+
+/// Who holds the pool's lease now: the body of the winning live claim; else of the newest
+/// claim (released or expired); `None` if no claim is readable.
+pub(super) fn holder(shared: &Shared) -> Result<Option<LeaseBody>> {
+    let (claims, legacy) = list_claims(shared)?;
+    let none = HashSet::new();
+    let live = claims
+        .iter()
+        .filter(|c| is_live(c, &none))
+        .min_by_key(|c| (c.gen.epoch, c.gen.writer));
+    let newest = claims.iter().max_by_key(|c| (c.gen.epoch, c.gen.writer));
+    Ok(live.or(newest).and_then(|c| c.body.clone()).or(legacy))
 }
 
 fn held_error(url: &str, l: &LeaseBody) -> Error {

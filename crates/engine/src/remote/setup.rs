@@ -315,6 +315,17 @@ fn forget_conf_durability(path: &Path, conf: &RemoteConf) -> Result<()> {
 /// Open the bucket side of the pool whose local directory is `path`: take the lease (unless
 /// read-only), rebuild lost local files from write-ahead objects, bring the metadata mirror
 /// up to date. The durability comes from the pool's superblock.
+/// The lease of the part whose local directory is `path` (one LIST, a GET per claim), for
+/// `condense hosts`: its holder now, or its last holder (released or expired).
+pub fn part_lease(path: &Path) -> Result<Option<super::lease::LeaseBody>> {
+    let conf = RemoteConf::decode(
+        &std::fs::read(path.join(REMOTE_CONF_NAME))
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?,
+    )?;
+    let shared = shared_for(&conf, conf.backend(false)?, true, Durability::Local);
+    super::lease::holder(&shared)
+}
+
 pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
     let conf = RemoteConf::decode(&std::fs::read(path.join(REMOTE_CONF_NAME)).map_err(|e| {
         Error::io(
