@@ -325,6 +325,8 @@ h MA hosts --json >"$W/hosts.json"
 note "hosts on A: $(jq -c '[.hosts[] | {host, volumes, bucket_bytes, chunks_published, lease: .lease.state}], .whole_pool' "$W/hosts.json" | tr '\n' ' ')"
 check "hosts shows every host's volumes (5 on A, 5 on B) and the whole pool's bucket bytes" \
     jq -e '([.hosts[] | select(.slot <= 1) | .volumes] == [5, 5]) and .whole_pool.bucket_bytes > 0 and (.hosts | length) == 3' "$W/hosts.json"
+check "stats on B shows the whole pool beside its own part (shared_pool)" \
+    sh -c "'$CONDENSE' --pool '$W/MB' stats --json | jq -e '.shared_pool.whole_pool.hosts == 3 and .shared_pool.whole_pool.written_bytes > .shared_pool.whole_pool.bucket_bytes' >/dev/null"
 check "hosts shows B's lease released (B closed cleanly) and what B published" \
     jq -e '.hosts[] | select(.host == "cluster-B") | .lease.state == "released" and .chunks_published > 0' "$W/hosts.json"
 check "hosts sync on host C folds A and B in" sh -c "'$CONDENSE' --pool '$W/MC' hosts sync --json | jq -e '[.other_hosts[].chunks_folded] | add > 10000' >/dev/null"

@@ -872,10 +872,19 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
 
 fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
     let mut cache_stats = None;
+    let mut hosts = Vec::new();
     let stats = match ctx.pool(true) {
         Ok(pool) => {
             let s = pool.stats().context("cannot read pool statistics")?;
             cache_stats = pool.cache_stats();
+            // A pool several hosts share: this host's part above, every part and the whole
+            // pool below (one LIST per part).
+            if a.name.is_none() && pool.is_shared().unwrap_or(false) {
+                match pool.hosts_overview(&ctx.path) {
+                    Ok(h) => hosts = h,
+                    Err(e) => writeln!(ctx.err, "condense: warning: the other hosts' parts: {e}")?,
+                }
+            }
             ctx.done(&pool)?;
             s
         }
@@ -907,6 +916,9 @@ fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
     if a.json {
         let mut v = report::stats_json(&stats, a.name.as_deref());
         cache::add_to_json(&mut v, cache_stats.as_ref());
+        if !hosts.is_empty() {
+            v["shared_pool"] = report::hosts_json(&hosts);
+        }
         writeln!(ctx.out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         write!(
@@ -916,6 +928,9 @@ fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
         )?;
         if let (Some(c), None) = (&cache_stats, &a.name) {
             write!(ctx.out, "\n{}", cache::stats_text(c))?;
+        }
+        if !hosts.is_empty() {
+            write!(ctx.out, "\n{}", report::hosts_text(&hosts))?;
         }
     }
     Ok(0)

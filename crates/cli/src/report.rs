@@ -814,3 +814,66 @@ pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), Strin
     };
     Ok((stats, age, u(&v, "pid")))
 }
+
+/// The parts of a pool several hosts share and the whole pool, for `stats` (key
+/// `shared_pool`, docs/STATS.md).
+pub fn hosts_json(hosts: &[condense_engine::hosts::HostOverview]) -> Value {
+    let rows: Vec<Value> = hosts
+        .iter()
+        .map(|h| {
+            json!({
+                "slot": h.slot, "host": h.host, "this_host": h.this_host,
+                "volumes": h.volumes, "snapshots": h.snapshots,
+                "written_bytes": h.written_bytes, "bucket_bytes": h.bucket_bytes,
+            })
+        })
+        .collect();
+    let written: u64 = hosts.iter().map(|h| h.written_bytes).sum();
+    let bucket: u64 = hosts.iter().map(|h| h.bucket_bytes).sum();
+    json!({
+        "hosts": rows,
+        "whole_pool": {
+            "hosts": hosts.len(),
+            "volumes": hosts.iter().map(|h| h.volumes).sum::<u64>(),
+            "written_bytes": written,
+            "bucket_bytes": bucket,
+            "saving_percent": round2(100.0 * (1.0 - bucket as f64 / written.max(1) as f64)),
+        },
+    })
+}
+
+/// [`hosts_json`] as text.
+pub fn hosts_text(hosts: &[condense_engine::hosts::HostOverview]) -> String {
+    let mut o = String::new();
+    let written: u64 = hosts.iter().map(|h| h.written_bytes).sum();
+    let bucket: u64 = hosts.iter().map(|h| h.bucket_bytes).sum();
+    let _ = writeln!(
+        o,
+        "shared pool: {} hosts (`condense hosts` for leases and publication)",
+        hosts.len()
+    );
+    for h in hosts {
+        let _ = writeln!(
+            o,
+            "  {:<24} {:>4} volumes  {:>10} written  {:>10} in the bucket",
+            if h.this_host {
+                format!("{} (this host)", h.host)
+            } else {
+                h.host.clone()
+            },
+            h.volumes,
+            human(h.written_bytes),
+            human(h.bucket_bytes)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  {:<24} {:>4} volumes  {:>10} written  {:>10} in the bucket ({:.1} % saved across hosts)",
+        "whole pool",
+        hosts.iter().map(|h| h.volumes).sum::<u64>(),
+        human(written),
+        human(bucket),
+        100.0 * (1.0 - bucket as f64 / written.max(1) as f64)
+    );
+    o
+}
