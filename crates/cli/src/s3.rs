@@ -495,6 +495,9 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                         "slot": r.slot,
                         "segments_deleted": r.segments_deleted,
                         "segments_condemned": r.segments_condemned,
+                        "volumes_moved_out": r.volumes_moved_out,
+                        "volume_claims_put": r.claims_put,
+                        "volume_claims_deleted": r.claims_deleted,
                         "other_hosts": peers,
                     })
                 )?;
@@ -514,6 +517,20 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                     "{} condemned segments of this host deleted, {} waiting for the other hosts",
                     r.segments_deleted, r.segments_condemned
                 )?;
+                if r.volumes_moved_out > 0 {
+                    writeln!(
+                        ctx.out,
+                        "{} volumes moved to other hosts deleted here (their new host holds them)",
+                        r.volumes_moved_out
+                    )?;
+                }
+                if r.claims_put + r.claims_deleted > 0 {
+                    writeln!(
+                        ctx.out,
+                        "volume claims: {} put for volumes of this host without one, {} stale ones deleted",
+                        r.claims_put, r.claims_deleted
+                    )?;
+                }
             }
             if r.peers.iter().any(|p| p.error.is_some()) {
                 ctx.done(&pool)?;
