@@ -125,7 +125,7 @@ impl Pool {
         let claimed = self.claim_volume_name(new, 0)?;
         let made = self.clone_claimed(source, new);
         if made.is_err() && claimed.is_some() {
-            self.drop_volume_claims(new);
+            self.drop_claims_unless_held(new);
         }
         made
     }

@@ -132,6 +132,14 @@ impl Pool {
         }
     }
 
+    /// After a volume `name` failed to be made: delete this host's claims of it, unless a
+    /// volume of that name is here (made by a concurrent command, whose claim it is).
+    pub(crate) fn drop_claims_unless_held(&self, name: &str) {
+        if !lock(&self.state).md.names.contains_key(name) {
+            self.drop_volume_claims(name);
+        }
+    }
+
     /// The claim of `name` this host's part holds, if any (the turn a move hands on).
     pub(crate) fn own_claim_turn(&self, name: &str) -> Result<Option<u32>> {
         let Some(reg) = self.claims_if_shared()? else {

@@ -43,7 +43,7 @@ impl Pool {
         let claimed = self.claim_volume_name(name, turn)?;
         let made = self.create_claimed(name, size);
         if made.is_err() && claimed.is_some() {
-            self.drop_volume_claims(name);
+            self.drop_claims_unless_held(name);
         }
         made
     }
