@@ -3,7 +3,7 @@
 # suite (crates/object-store/src/conformance.rs) on a 3-node Garage cluster with replication factor 3.
 #
 #   install the pinned Garage (scripts/install-garage.sh; ~9.5 min once per machine, then < 1 s)
-#   -> tests/s3/garage.sh start -> CONDENSE_S3_TEST=1 cargo test --release -p condense-object-store
+#   -> tests/s3/garage.sh start -> CONDENSE_S3_TEST=1 cargo test -p condense-object-store
 #   (every test of the crate, the S3 conformance included) -> freeze every node (SIGSTOP): a
 #   GET fails in bounded time with "store unreachable", then works after SIGCONT -> kill node 2 -> the S3 conformance
 #   again (RF 3 keeps a quorum of 2) -> restart node 2 -> stop the cluster.
@@ -56,21 +56,21 @@ started=1
 . "$G/credentials.env"
 
 timed "cargo test -p condense-object-store, S3 conformance on 3 nodes" \
-    env CONDENSE_S3_TEST=1 cargo test --release -p condense-object-store -- --nocapture
+    env CONDENSE_S3_TEST=1 cargo test -p condense-object-store -- --nocapture
 conformance_lines
 if ! grep -q '^conformance s3' "$W/out"; then fail "the S3 conformance suite ran (no figures in its output)"; fi
 
 # A hung store (every node SIGSTOPped): a GET fails within the backend's timeouts, then works.
 mapfile -t pids < <(cat "$G"/node*/pid)
 timed "frozen store: GET fails in bounded time, works after SIGCONT" \
-    env CONDENSE_S3_TEST=1 CONDENSE_S3_FREEZE_PIDS="${pids[*]}" cargo test --release -p condense-object-store \
+    env CONDENSE_S3_TEST=1 CONDENSE_S3_FREEZE_PIDS="${pids[*]}" cargo test -p condense-object-store \
     --test conformance -- --nocapture --exact s3_frozen_store_fails_in_bounded_time
 grep -E '^(frozen store|after thaw: GET)' "$W/out" | sed 's/^/    /'
 kill -CONT "${pids[@]}" 2>/dev/null # in case the test died before it thawed them
 
 timed "node 2 killed" "$GARAGE_SH" kill "$G" 2
 timed "S3 conformance with node 2 down" \
-    env CONDENSE_S3_TEST=1 cargo test --release -p condense-object-store --test conformance \
+    env CONDENSE_S3_TEST=1 cargo test -p condense-object-store --test conformance \
     -- --nocapture --exact s3_backend_conforms
 conformance_lines
 
