@@ -255,6 +255,7 @@ enum VolumeCommand {
     /// write it flushed (durability `remote`: every write a client saw complete), and adopts
     /// them.
     Adopt {
+        /// The volumes (names as on the other host).
         #[arg(required = true, value_name = "VOL")]
         names: Vec<String>,
         /// The host they come from (its name or slot).

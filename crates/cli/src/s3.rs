@@ -89,8 +89,10 @@ pub struct ConnectArgs {
 /// `condense hosts`: the hosts that share a pool in an object store.
 #[derive(Subcommand, Debug)]
 pub enum HostsCommand {
-    /// List the hosts of the pool: each one's slot, name and how far this host and it have
-    /// folded each other in (the default).
+    /// List the hosts of the pool (the default): each one's slot and name, its volumes, the
+    /// bytes written to them and its part's bytes in the bucket, the chunk ids it published
+    /// and how far this host folded them in, and its lease (held by which host and process
+    /// and for how long, released, or expired); then the whole pool.
     List {
         #[arg(long)]
         json: bool,
