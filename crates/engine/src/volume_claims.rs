@@ -17,7 +17,10 @@
 //! `remote::lease`: every PUT took under `SETTLE / 2`, each relists `SETTLE` after its own), so
 //! both apply one rule and one wins. A move raises the turn: the source records the next turn
 //! in its hand-over, and the destination's claim at that turn wins over the source's older one,
-//! which the source deletes with its copy of the volume.
+//! which the source deletes with its copy of the volume. An adoption's claim (turn > 0) skips
+//! steps 3 and 4: the hand-over names one slot, so no other host claims that turn, and every
+//! other claim of the name is of a lower one (a new volume's, turn 0, is refused at step 1 by
+//! the source's claim, which stays until the adopter holds the volume).
 //!
 //! Invariants:
 //! - a host holds the volumes of its part, each with a winning claim of its slot (claims are
@@ -81,6 +84,11 @@ impl Pool {
             }
             let started = Instant::now();
             let mine = reg.put(name, turn).map_err(io)?;
+            if turn > 0 {
+                // An adoption: the hand-over named this host's slot and this turn, so no other
+                // host claims it, and every other claim of the name is of a lower turn.
+                return Ok(Some(mine));
+            }
             if started.elapsed() > SETTLE / 2 {
                 tracing::warn!(
                     "claiming volume {name}: the PUT took {:?} (more than {:?}): withdrawn, trying again",
