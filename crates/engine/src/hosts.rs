@@ -173,8 +173,10 @@ impl Pool {
         if all_read {
             report.segments_deleted = self.sweep(&opened, &guard)?;
         }
+        let deleted = self.deleted_names_now();
         self.checkpoint_locked(&guard)?;
         drop(guard);
+        self.drop_claims_of_deleted(deleted);
         report.segments_condemned = Condemned::read(&lock(&self.state).md.meta).segs.len() as u64;
         let tidy = self.tidy_volume_claims()?;
         report.claims_put = tidy.claimed;

@@ -26,8 +26,9 @@
 //! - a host holds the volumes of its part, each with a winning claim of its slot (claims are
 //!   made before the volume, and put afterwards for volumes made before the pool was shared:
 //!   [`Pool::tidy_volume_claims`]);
-//! - a claim is deleted only by its slot's writer, once the volume is gone from its part (or
-//!   never made); a claim left by a crash is deleted by the next writer of that slot;
+//! - a claim is deleted only by its slot's writer, once a root of its part holds the volume's
+//!   deletion (the sync or close after it), or when the volume was never made; a claim left by
+//!   a crash is deleted by the next writer of that slot;
 //! - in a pool of one host (nobody joined) nothing here runs: the pool lease is enough.
 
 use crate::error::{Error, Result};
@@ -137,6 +138,21 @@ impl Pool {
             tracing::warn!(
                 "deleting this host's claim of volume {name}: {e} (deleted at a later sync)"
             );
+        }
+    }
+
+    /// The volumes deleted so far whose claims wait: taken before a checkpoint, whose root
+    /// then holds every one of these deletions.
+    pub(crate) fn deleted_names_now(&self) -> std::collections::BTreeSet<String> {
+        lock(&self.deleted_names).clone()
+    }
+
+    /// After the checkpoint that followed [`Pool::deleted_names_now`]: drop this host's claims
+    /// of those names (unless a volume of that name was made again meanwhile).
+    pub(crate) fn drop_claims_of_deleted(&self, names: std::collections::BTreeSet<String>) {
+        for name in names {
+            lock(&self.deleted_names).remove(&name);
+            self.drop_claims_unless_held(&name);
         }
     }
 

@@ -448,6 +448,9 @@ fn two_hosts_racing_for_one_volume_name_exactly_one_wins() {
         .find(|n| holder.volume_id(n).is_ok())
         .expect("a round the holder won");
     holder.delete_volume(&name).expect("delete");
+    // Its claim stays until a root holds the deletion (the next sync or close).
+    assert_eq!(claims_of(&c.store, &name).len(), 1);
+    holder.sync_hosts().expect("sync");
     assert!(claims_of(&c.store, &name).is_empty());
     other
         .create_volume(&name, 1 << 20)

@@ -223,6 +223,9 @@ pub struct Pool {
     pub(crate) slot: u8,
     /// The other hosts' trees, open read-only ([`crate::hosts`]), by slot.
     pub(crate) peers: Mutex<std::collections::BTreeMap<u8, Arc<Pool>>>,
+    /// Volumes deleted since the last checkpoint whose claims wait for a root that holds the
+    /// deletion ([`crate::volume_claims`]).
+    pub(crate) deleted_names: Mutex<std::collections::BTreeSet<String>>,
     _lock_file: Option<std::fs::File>,
 }
 
@@ -301,9 +304,11 @@ impl Pool {
         }
         self.stop_destager();
         self.flush()?;
+        let deleted = self.deleted_names_now();
         let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
         drop(guard);
+        self.drop_claims_of_deleted(deleted);
         self.save_dedup_index();
         if let Some(c) = self.tier() {
             if let Err(e) = c.close() {

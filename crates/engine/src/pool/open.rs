@@ -395,6 +395,7 @@ impl Pool {
             tier: RwLock::new(None),
             destager: Mutex::new(None),
             peers: Mutex::new(Default::default()),
+            deleted_names: Mutex::new(Default::default()),
             _lock_file: lock_file,
         })
     }

@@ -98,7 +98,8 @@ impl Pool {
         self.commit(&mut st, records)?;
         drop(st);
         if !name.contains('@') {
-            self.drop_volume_claims(name);
+            // Its claim goes once a root holds the deletion (the next sync or close).
+            lock(&self.deleted_names).insert(name.to_string());
         }
         self.after_metadata_change()
     }
