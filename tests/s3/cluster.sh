@@ -558,6 +558,10 @@ all_clones() {
     done <"$W/cloned"
 }
 check "every clone on C still reads back byte-identical after A's GC" all_clones
+# Volume claims: one per volume of every host, none left of a deleted volume.
+n_vols=$(for host in MA MB MC; do h "$host" volume list --json | jq -r '.[].name' | grep -vc '@'; done | awk '{ s += $1 } END { print s }')
+n_claims=$(bucket_list multi/volumes/ | wc -l)
+check "one volume claim per volume of every host ($n_vols volumes, $n_claims claims): none outlives its volume" test "$n_vols" = "$n_claims"
 for host in MA MB MC; do check "verify clean on $host" h "$host" verify; done
 
 step "g. host B killed under durability remote; host C takes its volume after the lease expiry"
