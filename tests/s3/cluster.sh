@@ -152,6 +152,47 @@ bytes_under() { bucket_list "$1" | awk '{ s += $3 } END { print s + 0 }'; }
 # replaced BEFORE AFTER: the keys in both listings whose ETag changed (none expected).
 replaced() { join "$1" "$2" | awk '$2 != $3 { print $1 }'; }
 
+# race HOST_A HOST_B NAME ROUNDS BUCKET_PREFIX HELD RULED: ROUNDS rounds in which both hosts
+# run `volume create NAME$r` at the same instant. Counts wins_a, wins_b, bad_rounds (not
+# exactly one winner whose loser says HELD), ruled (the loser says RULED: both claims were
+# put), seen (the other losers) and replaced_keys (ETags changed under BUCKET_PREFIX, listed
+# before and after each round).
+race() {
+    local ha=$1 hb=$2 name=$3 rounds=$4 prefix=$5 held=$6 rule=$7 r pa pb ra rb n loser
+    bad_rounds=0 ruled=0 seen=0 wins_a=0 wins_b=0 replaced_keys=0
+    for r in $(seq 1 "$rounds"); do
+        bucket_etags "$prefix" >"$W/before"
+        h "$ha" volume create "$name$r" --size 1M >"$W/outA" 2>&1 &
+        pa=$!
+        h "$hb" volume create "$name$r" --size 1M >"$W/outB" 2>&1 &
+        pb=$!
+        wait "$pa"
+        ra=$?
+        wait "$pb"
+        rb=$?
+        bucket_etags "$prefix" >"$W/after"
+        n=$(replaced "$W/before" "$W/after" | wc -l)
+        replaced_keys=$((replaced_keys + n))
+        if [ "$n" -gt 0 ]; then
+            echo "round $r: replaced objects:"
+            replaced "$W/before" "$W/after" | sed 's/^/      /'
+        fi
+        if [ "$ra" = 0 ] && [ "$rb" != 0 ] && grep -q "$held" "$W/outB"; then
+            wins_a=$((wins_a + 1)) loser=$W/outB
+        elif [ "$rb" = 0 ] && [ "$ra" != 0 ] && grep -q "$held" "$W/outA"; then
+            wins_b=$((wins_b + 1)) loser=$W/outA
+        else
+            bad_rounds=$((bad_rounds + 1)) loser=
+            echo "round $r: A exit $ra, B exit $rb"
+            sed 's/^/      A: /' "$W/outA" | tail -3
+            sed 's/^/      B: /' "$W/outB" | tail -3
+        fi
+        if [ -n "$loser" ]; then
+            if grep -q "$rule" "$loser"; then ruled=$((ruled + 1)); else seen=$((seen + 1)); fi
+        fi
+    done
+}
+
 CONDENSE=$(realpath "$CONDENSE")
 cd "$W" || exit 1
 
@@ -177,39 +218,8 @@ done
 
 step "a. two hosts race to open the pool writable, $POOL_ROUNDS rounds"
 PREFIX=shared/
-bad_rounds=0 ruled=0 seen=0 wins_a=0 wins_b=0 replaced_keys=0
 t_race=$SECONDS
-for r in $(seq 1 "$POOL_ROUNDS"); do
-    bucket_etags "$PREFIX" >"$W/before"
-    h A volume create "r$r" --size 1M >"$W/outA" 2>&1 &
-    pa=$!
-    h B volume create "r$r" --size 1M >"$W/outB" 2>&1 &
-    pb=$!
-    wait "$pa"
-    ra=$?
-    wait "$pb"
-    rb=$?
-    bucket_etags "$PREFIX" >"$W/after"
-    n=$(replaced "$W/before" "$W/after" | wc -l)
-    replaced_keys=$((replaced_keys + n))
-    if [ "$n" -gt 0 ]; then
-        echo "round $r: replaced objects:"
-        replaced "$W/before" "$W/after" | sed 's/^/      /'
-    fi
-    if [ "$ra" = 0 ] && [ "$rb" != 0 ] && grep -q "held by" "$W/outB"; then
-        wins_a=$((wins_a + 1)) loser=$W/outB
-    elif [ "$rb" = 0 ] && [ "$ra" != 0 ] && grep -q "held by" "$W/outA"; then
-        wins_b=$((wins_b + 1)) loser=$W/outA
-    else
-        bad_rounds=$((bad_rounds + 1)) loser=
-        echo "round $r: A exit $ra, B exit $rb"
-        sed 's/^/      A: /' "$W/outA" | tail -3
-        sed 's/^/      B: /' "$W/outB" | tail -3
-    fi
-    if [ -n "$loser" ]; then
-        if grep -q "claimed the pool at once" "$loser"; then ruled=$((ruled + 1)); else seen=$((seen + 1)); fi
-    fi
-done
+race A B r "$POOL_ROUNDS" "$PREFIX" "held by" "claimed the pool at once"
 note "$POOL_ROUNDS rounds in $((SECONDS - t_race)) s: A won $wins_a, B won $wins_b; decided by the claim rule (both claimed at once) $ruled, loser saw the winner's claim first $seen"
 check "exactly one winner in each of $POOL_ROUNDS rounds" test "$bad_rounds" = 0
 check "the claim rule decided rounds (both hosts had claimed: the race is real)" test "$ruled" -gt 0
@@ -441,37 +451,8 @@ serve_host MB PE_B
 pe_b=$served_pid
 check "host A serves (vm1)" nbd_up "$PE_A" vm1
 check "host B serves (vm6)" nbd_up "$PE_B" vm6
-bad_rounds=0 ruled=0 wins_a=0 wins_b=0 replaced_keys=0
 t_race=$SECONDS
-for r in $(seq 1 "$ROUNDS"); do
-    bucket_etags multi/ >"$W/before"
-    h MA volume create "v$r" --size 1M >"$W/outA" 2>&1 &
-    pa=$!
-    h MB volume create "v$r" --size 1M >"$W/outB" 2>&1 &
-    pb=$!
-    wait "$pa"
-    ra=$?
-    wait "$pb"
-    rb=$?
-    bucket_etags multi/ >"$W/after"
-    n=$(replaced "$W/before" "$W/after" | wc -l)
-    replaced_keys=$((replaced_keys + n))
-    if [ "$n" -gt 0 ]; then
-        echo "round $r: replaced objects:"
-        replaced "$W/before" "$W/after" | sed 's/^/      /'
-    fi
-    if [ "$ra" = 0 ] && [ "$rb" != 0 ] && grep -q "is held by host" "$W/outB"; then
-        wins_a=$((wins_a + 1)) loser=$W/outB
-    elif [ "$rb" = 0 ] && [ "$ra" != 0 ] && grep -q "is held by host" "$W/outA"; then
-        wins_b=$((wins_b + 1)) loser=$W/outA
-    else
-        bad_rounds=$((bad_rounds + 1)) loser=
-        echo "round $r: A exit $ra, B exit $rb"
-        sed 's/^/      A: /' "$W/outA" | tail -3
-        sed 's/^/      B: /' "$W/outB" | tail -3
-    fi
-    if [ -n "$loser" ] && grep -q "claimed the name at once" "$loser"; then ruled=$((ruled + 1)); fi
-done
+race MA MB v "$ROUNDS" multi/ "is held by host" "claimed the name at once"
 note "$ROUNDS rounds in $((SECONDS - t_race)) s: A won $wins_a, B won $wins_b; decided by the claim rule (both claimed at once) $ruled"
 check "exactly one winner in each of $ROUNDS rounds" test "$bad_rounds" = 0
 check "the claim rule decided rounds (both hosts had claimed: the race is real)" test "$ruled" -gt 0

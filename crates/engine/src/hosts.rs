@@ -500,17 +500,7 @@ impl Pool {
     /// `to`'s root.
     pub fn move_out_volume(&self, name: &str, to: &str) -> Result<MoveReport> {
         let vol = self.volume_id(name)?;
-        let peer = self
-            .dir
-            .peers()
-            .map_err(|e| Error::io("listing the hosts of the pool", e))?
-            .into_iter()
-            .find(|p| p.host == to || format!("{:02x}", p.slot) == to)
-            .ok_or_else(|| {
-                Error::NotFound(format!(
-                    "host {to} in this pool (`condense hosts` lists them)"
-                ))
-            })?;
+        let peer = self.peer_named(to)?;
         // The destination claims the name one turn above this host's claim.
         let turn = self.own_claim_turn(name)?.unwrap_or(0) + 1;
         // The volume's write lock: a partial-block write in flight finishes first.
@@ -567,7 +557,7 @@ impl Pool {
         let peers = self.attach_peers()?;
         let (p, peer) = peers
             .iter()
-            .find(|(p, _)| p.host == from || format!("{:02x}", p.slot) == from)
+            .find(|(p, _)| p.answers_to(from))
             .ok_or_else(|| {
                 Error::NotFound(format!(
                     "host {from} in this pool (`condense hosts` lists them)"
@@ -621,17 +611,7 @@ impl Pool {
         wait: std::time::Duration,
     ) -> Result<Vec<MoveReport>> {
         self.writable(&lock(&self.state))?;
-        let peer = self
-            .dir
-            .peers()
-            .map_err(|e| Error::io("listing the hosts of the pool", e))?
-            .into_iter()
-            .find(|p| p.host == from || format!("{:02x}", p.slot) == from)
-            .ok_or_else(|| {
-                Error::NotFound(format!(
-                    "host {from} in this pool (`condense hosts` lists them)"
-                ))
-            })?;
+        let peer = self.peer_named(from)?;
         let me = format!("{:02x}", self.slot);
         let deadline = std::time::Instant::now() + wait;
         let theirs = loop {
@@ -693,6 +673,20 @@ impl Pool {
                 .then_some(*slot)
         })?;
         Some(self.host_name_of(slot))
+    }
+
+    /// The other host `host` names (its name or slot), as the registry has it.
+    fn peer_named(&self, host: &str) -> Result<Peer> {
+        self.dir
+            .peers()
+            .map_err(|e| Error::io("listing the hosts of the pool", e))?
+            .into_iter()
+            .find(|p| p.answers_to(host))
+            .ok_or_else(|| {
+                Error::NotFound(format!(
+                    "host {host} in this pool (`condense hosts` lists them)"
+                ))
+            })
     }
 
     /// The name of the host in `slot`, as the registry has it.
@@ -797,7 +791,7 @@ impl Pool {
                     .into_keys()
                     .collect(),
             );
-            if p.host == host || format!("{:02x}", p.slot) == host {
+            if p.answers_to(host) {
                 peer = Some((p.clone(), pool.clone()));
             }
         }

@@ -196,6 +196,14 @@ pub struct Peer {
     pub takeover: std::path::PathBuf,
 }
 
+impl Peer {
+    /// Whether `host` names this peer: its host name, or its slot as 2 hex digits (as
+    /// `condense hosts` lists them).
+    pub fn answers_to(&self, host: &str) -> bool {
+        self.host == host || format!("{:02x}", self.slot) == host
+    }
+}
+
 /// What [`Dir::store_status`] reports: the object store behind a pool directory.
 #[derive(Clone, Debug, Default)]
 pub struct StoreStatus {
