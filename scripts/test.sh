@@ -8,6 +8,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh || exit 1
+# The builds below take ~6 GB and the end-to-end tests a few more; say so up front, since a full
+# disk fails every later step with errors that look like anything but that.
+df -h . | tail -1 | awk '{print "disk: " $4 " free of " $2 " where the suite runs"}'
 passed=0; failed=0; failures=(); times=()
 step() {
   local name=$1; shift
@@ -28,6 +31,8 @@ step "cargo test (unit, property, crash simulation, CLI; assertions on)" cargo t
 # Every decoder of bytes from disk, a bucket or the network, 5 s each under ASan (fuzz/run.sh;
 # its build takes ~8 minutes of CI; longer runs by hand: `fuzz/run.sh 300 TARGET`).
 step "fuzz/run.sh 5" fuzz/run.sh 5
+# The fuzz build (~2 GB under ASan) is needed by nothing after it.
+[ "${CI:-}" = true ] && rm -rf "${FUZZ_TARGET_DIR:-fuzz/target}"
 export CONDENSE="${CARGO_TARGET_DIR:-$PWD/target}/release/condense"
 for t in tests/*/run.sh; do
   [ -x "$t" ] || continue
@@ -42,6 +47,7 @@ step "tests/s3/pool.sh" tests/s3/pool.sh
 step "tests/s3/cluster.sh" tests/s3/cluster.sh
 echo
 echo "time per step (the whole run: $SECONDS s):"
+df -h . | tail -1 | awk '{print "disk at the end: " $4 " free"}'
 printf '  %s\n' "${times[@]}"
 if [ $failed -gt 0 ]; then echo "failed: ${failures[*]}"; fi
 echo "$passed passed, $failed failed"
