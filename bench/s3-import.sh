@@ -23,6 +23,7 @@
 #                      (default 3600) for it
 #   COLD_EXPORT=0      skip the cold export
 #   DROP_CACHES=0      keep the page cache (default: dropped before each side, as root)
+#   BASELINE=PATH      another condense binary whose cold export runs beside ours (before/after)
 #
 # Request counts come from the Garage nodes' logs (each S3 request is logged once, by the node
 # that received it): they cover every process, whereas stats --json counts only the process
@@ -33,7 +34,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 case "${1:-}" in
   import) shift ;;
   boot) shift; exec env S3=1 "$here/bench/boot-vm.sh" "$@" ;;
-  -h | --help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 work=${WORK:-/work/s3-bench}
 comp=${COMPRESSION:-lz4}
@@ -176,24 +177,37 @@ garage_bytes=$(du -cb "$work/garage"/node*/data | tail -1 | cut -f1)
 echo "   stats --json (this process only): $(jq -c '{remote_durability, remote_objects, remote_bytes, remote_puts, remote_gets, remote_health}' "$work/stats-s3.json")"
 
 # --- cold export ------------------------------------------------------------------------------------------
+# cold_export BINARY LABEL: export the first image from a fresh connect directory with BINARY;
+# appends its line to $cold.
 cold=""
-if [ "${COLD_EXPORT:-1}" = 1 ]; then
-  img=${images[0]}
+cold_export() {
+  local bin=$1 label=$2 img=${images[0]} name dir start cold_s same written line
   name=$(basename "$img"); name=${name%.*}
-  say "cold export of $name: a fresh connect directory, every chunk from the bucket"
+  dir=$work/s3-cold-$label
+  say "cold export of $name by $label ($bin): a fresh connect directory, every chunk from the bucket"
   snapshot_requests >"$work/req1"
-  env -u CONDENSE_POOL "$condense" connect "$s3_url" --cache "$work/s3-cold" --cache-size "$cache_size" >/dev/null
+  env -u CONDENSE_POOL "$bin" connect "$s3_url" --cache "$dir" --cache-size "$cache_size" >/dev/null
   drop_caches
   start=$(now)
-  "$condense" --pool "$work/s3-cold" export "$name" "$work/$name.out"
+  "$bin" --pool "$dir" export "$name" "$work/$name.out"
   cold_s=$(since "$start")
-  delta_requests "$work/req1"; cold_req=$req_line
+  delta_requests "$work/req1"
   if cmp "$img" "$work/$name.out"; then same=identical; else same="DIFFERENT"; fi
-  rm -f "$work/$name.out"
+  rm -rf "$work/$name.out" "$dir"
   written=$(jq -r --arg n "$name" '.volumes[] | select(.name == $n) | .written_bytes' "$work/stats-local.json")
-  cold=$(printf 'cold export of %s (%s bytes written): %.1f s, %.1f MB/s; requests: %s; export %s' \
-    "$name" "$written" "$cold_s" "$(echo "$written / $cold_s / 1000000" | bc -l)" "$cold_req" "$same")
-  echo "   $cold"
+  line=$(printf 'cold export of %s (%s bytes written) by %s: %.1f s, %.1f MB/s; requests: %s; export %s' \
+    "$name" "$written" "$label" "$cold_s" "$(echo "$written / $cold_s / 1000000" | bc -l)" "$req_line" "$same")
+  echo "   $line"
+  cold+="$line"$'\n'
+}
+if [ "${COLD_EXPORT:-1}" = 1 ]; then
+  # BASELINE=PATH: also a build to compare with, in the same run (baseline, ours, ours, baseline).
+  if [ -n "${BASELINE:-}" ]; then
+    cold_export "$BASELINE" baseline; cold_export "$condense" ours
+    cold_export "$condense" ours-2; cold_export "$BASELINE" baseline-2
+  else
+    cold_export "$condense" ours
+  fi
 fi
 
 # --- figures ----------------------------------------------------------------------------------------------

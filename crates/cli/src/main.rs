@@ -145,7 +145,8 @@ struct InitArgs {
     /// Block size: the unit of deduplication, 4K to 64K, a power of two.
     #[arg(long, default_value = "4K", value_parser = size::parse_size)]
     block_size: u64,
-    /// Compression of new chunks: lz4 (fast), zstd or zstd:LEVEL (1-22, denser), or none.
+    /// Compression of new chunks: lz4 (fast), zstd or zstd:LEVEL (1-22, denser; -1 to -7,
+    /// zstd's fast levels: on VM images zstd:-1 stores ~15 % less than lz4), or none.
     #[arg(long, default_value = "lz4", value_parser = parse_compression)]
     compression: Compression,
     /// When writes are acknowledged: sync (durable first), async (durable at the next flush),
@@ -353,9 +354,10 @@ fn parse_compression(s: &str) -> Result<Compression, String> {
         "none" => Ok(Compression::None),
         "zstd" => Ok(Compression::Zstd(3)),
         _ => match s.strip_prefix("zstd:").and_then(|l| l.parse::<i8>().ok()) {
-            Some(l) if (1..=22).contains(&l) => Ok(Compression::Zstd(l)),
+            Some(l) if Compression::zstd_level_ok(l) => Ok(Compression::Zstd(l)),
             _ => Err(format!(
-                "unknown compression {s:?}: use lz4, zstd, zstd:LEVEL (1-22) or none"
+                "unknown compression {s:?}: use lz4, zstd, zstd:LEVEL (1 to 22, or -1 to -7 for \
+                 zstd's fast levels) or none"
             )),
         },
     }
@@ -1134,6 +1136,19 @@ fn volume_command(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn compression_levels_accepted_and_refused() {
+        use super::{parse_compression, Compression};
+        assert_eq!(parse_compression("zstd"), Ok(Compression::Zstd(3)));
+        assert_eq!(parse_compression("zstd:-1"), Ok(Compression::Zstd(-1)));
+        assert_eq!(parse_compression("zstd:-7"), Ok(Compression::Zstd(-7)));
+        assert_eq!(parse_compression("zstd:22"), Ok(Compression::Zstd(22)));
+        for bad in ["zstd:0", "zstd:-8", "zstd:23", "zstd:x", "lz5"] {
+            let e = parse_compression(bad).expect_err(bad);
+            assert!(e.contains("-1 to -7"), "{bad}: {e}");
+        }
+    }
+
     /// An error that names its cause in its message, as the libraries' errors do.
     #[derive(Debug)]
     struct Listen(std::io::Error);

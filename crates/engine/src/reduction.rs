@@ -396,7 +396,13 @@ mod tests {
         let text: Vec<u8> = (0..4096u32)
             .map(|i| b"condense "[(i % 9) as usize])
             .collect();
-        for c in [Compression::Lz4, Compression::Zstd(3), Compression::None] {
+        for c in [
+            Compression::Lz4,
+            Compression::Zstd(3),
+            Compression::Zstd(-1),
+            Compression::Zstd(-7),
+            Compression::None,
+        ] {
             let (codec, stored) = compress(c, &text);
             let mut out = vec![0u8; 4096];
             decompress(codec, &stored, &mut out, || "test".into())?;

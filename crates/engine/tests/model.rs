@@ -396,6 +396,12 @@ proptest! {
         run(ops, Compression::Zstd(3), None, None);
     }
 
+    /// zstd's fast levels (negative), which write the same codec.
+    #[test]
+    fn engine_matches_model_zstd_fast(ops in proptest::collection::vec(op(), 1..60)) {
+        run(ops, Compression::Zstd(-1), None, None);
+    }
+
     /// The LZ4 run on an encrypted pool.
     #[test]
     fn engine_matches_model_encrypted(ops in proptest::collection::vec(op(), 1..120)) {

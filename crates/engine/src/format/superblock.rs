@@ -25,6 +25,15 @@ pub enum Compression {
     Zstd(i8),
 }
 
+impl Compression {
+    /// The zstd levels a pool may use: 1 to 22, and the fast levels -1 to -7 (faster than
+    /// level 1, and on VM images denser than LZ4: bench/README.md "dictionary-bench"). Every
+    /// level writes the same codec, so a level changes nothing a reader sees.
+    pub fn zstd_level_ok(level: i8) -> bool {
+        (1..=22).contains(&level) || (-7..=-1).contains(&level)
+    }
+}
+
 /// `none`, `lz4`, `zstd:LEVEL`: as `condense init --compression` takes it.
 impl std::fmt::Display for Compression {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -49,8 +49,10 @@ impl Pool {
             )));
         }
         if let Compression::Zstd(l) = opts.compression {
-            if !(1..=22).contains(&l) {
-                return Err(Error::Invalid(format!("zstd level {l} must be 1 to 22")));
+            if !Compression::zstd_level_ok(l) {
+                return Err(Error::Invalid(format!(
+                    "zstd level {l} must be 1 to 22, or -1 to -7 (zstd's fast levels)"
+                )));
             }
         }
         if opts.segment_bytes_target < 1 << 16 || opts.segment_bytes_target > 1 << 31 {

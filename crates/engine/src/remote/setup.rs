@@ -78,6 +78,7 @@ fn shared_for(
         last_error: Mutex::new(None),
         last_upload: Mutex::new(None),
         blocks: Mutex::new(ReadBlocks::default()),
+        prefetched: std::sync::Condvar::new(),
     })
 }
 
