@@ -113,7 +113,7 @@ fn start_tls(mut c: Client, pki: &Pki, id: Option<&Identity>) -> io::Result<Tls>
     let mut roots = rustls::RootCertStore::empty();
     roots.add(pki.ca.clone()).map_err(io::Error::other)?;
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .map_err(io::Error::other)?
@@ -354,5 +354,145 @@ fn bad_certificate_files_are_refused_with_the_file_named() -> TestResult {
     // A key file given as the certificate.
     let e = load(&pki.path("server-key.pem"), &pki.path("server-key.pem"));
     assert!(e.contains("holds no PEM CERTIFICATE"), "{e}");
+    Ok(())
+}
+
+/// Read one reply message over any stream: a simple reply (its data `simple_len` bytes when it
+/// is not an error) or one structured chunk, checked as the strict client checks it.
+fn read_reply_from<S: Read>(s: &mut S, simple_len: impl Fn(u64) -> usize) -> io::Result<Reply> {
+    let m = read_exact_vec(s, 4)?;
+    match be32(&m) {
+        SIMPLE_REPLY_MAGIC => {
+            let h = read_exact_vec(s, 12)?;
+            let (error, cookie) = (be32(&h), be64(&h[4..]));
+            let n = if error == 0 { simple_len(cookie) } else { 0 };
+            let data = read_exact_vec(s, n)?;
+            Ok(Reply::Simple {
+                cookie,
+                error,
+                data,
+            })
+        }
+        STRUCTURED_REPLY_MAGIC => {
+            let h = read_exact_vec(s, 16)?;
+            let len = be32(&h[12..16]) as usize;
+            assert!(len <= (32 << 20) + 8, "chunk of {len} bytes");
+            let r = Reply::Chunk {
+                cookie: be64(&h[4..12]),
+                flags: be16(&h[..2]),
+                kind: be16(&h[2..4]),
+                payload: read_exact_vec(s, len)?,
+            };
+            check_chunk(&r);
+            Ok(r)
+        }
+        other => panic!("reply magic {other:#x}"),
+    }
+}
+
+fn request<S: Write>(
+    s: &mut S,
+    kind: u16,
+    flags: u16,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    payload: &[u8],
+) -> io::Result<()> {
+    let mut m = Vec::with_capacity(28 + payload.len());
+    m.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    m.extend_from_slice(&flags.to_be_bytes());
+    m.extend_from_slice(&kind.to_be_bytes());
+    m.extend_from_slice(&cookie.to_be_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&len.to_be_bytes());
+    m.extend_from_slice(payload);
+    s.write_all(&m)
+}
+
+/// Large and odd-sized reads over TLS, pipelined, with simple and with structured replies
+/// (data and hole chunks): every reply spans many TLS records and shares them with its
+/// header and with the replies around it; the bytes read must be the bytes written.
+#[test]
+fn pipelined_large_reads_over_tls_are_byte_identical() -> TestResult {
+    let pki = pki()?;
+    let h = start(catalog(), pki.server(TlsMode::Require, false, &[]));
+    // vm1 (8 MiB): data in [0, 3 MiB) and [5 MiB - 4097, 6 MiB + 12345), holes elsewhere.
+    let mut image = vec![0u8; 8 * MIB as usize];
+    let writes = [
+        (0u64, 3 * MIB as usize),
+        (5 * MIB - 4097, MIB as usize + 16442),
+    ];
+    for structured in [true, false] {
+        let mut tls = start_tls(plain(addr(&h))?, &pki, None)?;
+        if structured {
+            let r = option(&mut tls, OPT_STRUCTURED_REPLY, &[])?;
+            assert_eq!(final_kind(&r), Some(REP_ACK), "{r:?}");
+        }
+        let r = option(&mut tls, OPT_GO, &go_data("vm1", &[]))?;
+        assert_eq!(final_kind(&r), Some(REP_ACK), "{r:?}");
+        if structured {
+            // The first connection writes; the second reads what it wrote.
+            for (i, &(offset, len)) in writes.iter().enumerate() {
+                let data = pattern(i as u64 + 1, len);
+                image[offset as usize..offset as usize + len].copy_from_slice(&data);
+                request(
+                    &mut tls,
+                    CMD_WRITE,
+                    0,
+                    100 + i as u64,
+                    offset,
+                    len as u32,
+                    &data,
+                )?;
+            }
+            tls.flush()?;
+            for _ in writes {
+                let r = read_reply_from(&mut tls, |_| 0)?;
+                assert_eq!(r.error(), 0, "write: {r:?}");
+            }
+        }
+        // Reads: a whole MiB, one across data and a hole at odd ends, a few bytes on each
+        // side of a data/hole edge, the whole volume, and one with DF (one data chunk).
+        let reads: Vec<(u64, u32, u16)> = vec![
+            (MIB, MIB as u32, 0),
+            (12345, 3 * MIB as u32 + 777, 0),
+            (3 * MIB - 100, 200, 0),
+            (0, 8 * MIB as u32, 0),
+            (5 * MIB - 5000, 20000, 0),
+            (
+                4 * MIB + 1,
+                MIB as u32 + 3,
+                if structured { CMD_FLAG_DF } else { 0 },
+            ),
+        ];
+        for (cookie, &(offset, len, flags)) in reads.iter().enumerate() {
+            request(&mut tls, CMD_READ, flags, cookie as u64, offset, len, &[])?;
+        }
+        tls.flush()?;
+        let mut replies: Vec<Vec<Reply>> = vec![Vec::new(); reads.len()];
+        let mut done = 0;
+        while done < reads.len() {
+            let r = read_reply_from(&mut tls, |cookie| reads[cookie as usize].1 as usize)?;
+            let cookie = r.cookie() as usize;
+            assert!(cookie < reads.len(), "reply for cookie {cookie}");
+            if r.done() {
+                done += 1;
+            }
+            replies[cookie].push(r);
+        }
+        for (cookie, &(offset, len, flags)) in reads.iter().enumerate() {
+            let got = assemble_read(&replies[cookie], offset, len)
+                .map_err(|e| format!("read {cookie}: error {e}"))?;
+            let want = &image[offset as usize..offset as usize + len as usize];
+            assert!(
+                got == want,
+                "read {cookie} ({offset}+{len}, structured {structured}) differs"
+            );
+            if flags == CMD_FLAG_DF {
+                assert_eq!(replies[cookie].len(), 1, "DF: one chunk");
+            }
+        }
+    }
     Ok(())
 }

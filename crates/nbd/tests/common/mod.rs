@@ -366,7 +366,7 @@ impl Client {
 }
 
 /// Check the internal consistency of a structured chunk.
-fn check_chunk(r: &Reply) {
+pub fn check_chunk(r: &Reply) {
     let Reply::Chunk {
         kind,
         payload,
