@@ -158,21 +158,25 @@ pub fn spawn(
         path: mountpoint.to_path_buf(),
         source,
     };
-    let meta = match std::fs::metadata(mountpoint) {
-        // A mount left by a daemon that died (kill -9): detach it and mount afresh.
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            tracing::warn!(
-                "{} is a dead FUSE mount (its daemon is gone): detaching it",
-                mountpoint.display()
-            );
-            Unmounter {
-                mountpoint: mountpoint.to_path_buf(),
-            }
-            .unmount_lazy()?;
-            std::fs::metadata(mountpoint).map_err(mount_err)?
+    // A mount left by a daemon that died (kill -9): detach it and mount afresh. statfs asks
+    // the daemon every time, where a stat can be answered from the kernel's attribute cache
+    // for a second after the daemon died (and mounting on top then fails with ENOTCONN).
+    let dead = matches!(
+        nix::sys::statfs::statfs(mountpoint),
+        Err(nix::errno::Errno::ENOTCONN)
+    ) || matches!(std::fs::metadata(mountpoint),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    if dead {
+        tracing::warn!(
+            "{} is a dead FUSE mount (its daemon is gone): detaching it",
+            mountpoint.display()
+        );
+        Unmounter {
+            mountpoint: mountpoint.to_path_buf(),
         }
-        other => other.map_err(mount_err)?,
-    };
+        .unmount_lazy()?;
+    }
+    let meta = std::fs::metadata(mountpoint).map_err(mount_err)?;
     if !meta.is_dir() {
         return Err(mount_err(io::Error::new(
             io::ErrorKind::NotADirectory,
