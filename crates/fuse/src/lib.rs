@@ -80,6 +80,7 @@ pub struct MountOptions {
     /// files it caches, and written data reaches the pool at writeback, fsync, close or
     /// unmount. `volumes/` files are opened in direct-I/O mode instead (no page cache), so that
     /// a volume's size stays the pool's and every write reaches the pool before it returns.
+    /// The mount raises its dirty-page limit to [`WRITEBACK_MAX_RATIO`] (root only).
     /// Off by default; ignored on a read-only mount or a kernel without it. See `docs/FUSE.md`.
     pub writeback_cache: bool,
 }
