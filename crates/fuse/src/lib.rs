@@ -80,6 +80,7 @@ pub struct MountOptions {
     /// files it caches, and written data reaches the pool at writeback, fsync, close or
     /// unmount. `volumes/` files are opened in direct-I/O mode instead (no page cache), so that
     /// a volume's size stays the pool's and every write reaches the pool before it returns.
+    /// The mount raises its dirty-page limit to [`WRITEBACK_MAX_RATIO`] (root only).
     /// Off by default; ignored on a read-only mount or a kernel without it. See `docs/FUSE.md`.
     pub writeback_cache: bool,
 }
@@ -158,21 +159,25 @@ pub fn spawn(
         path: mountpoint.to_path_buf(),
         source,
     };
-    let meta = match std::fs::metadata(mountpoint) {
-        // A mount left by a daemon that died (kill -9): detach it and mount afresh.
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-            tracing::warn!(
-                "{} is a dead FUSE mount (its daemon is gone): detaching it",
-                mountpoint.display()
-            );
-            Unmounter {
-                mountpoint: mountpoint.to_path_buf(),
-            }
-            .unmount_lazy()?;
-            std::fs::metadata(mountpoint).map_err(mount_err)?
+    // A mount left by a daemon that died (kill -9): detach it and mount afresh. statfs asks
+    // the daemon every time, where a stat can be answered from the kernel's attribute cache
+    // for a second after the daemon died (and mounting on top then fails with ENOTCONN).
+    let dead = matches!(
+        nix::sys::statfs::statfs(mountpoint),
+        Err(nix::errno::Errno::ENOTCONN)
+    ) || matches!(std::fs::metadata(mountpoint),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    if dead {
+        tracing::warn!(
+            "{} is a dead FUSE mount (its daemon is gone): detaching it",
+            mountpoint.display()
+        );
+        Unmounter {
+            mountpoint: mountpoint.to_path_buf(),
         }
-        other => other.map_err(mount_err)?,
-    };
+        .unmount_lazy()?;
+    }
+    let meta = std::fs::metadata(mountpoint).map_err(mount_err)?;
     if !meta.is_dir() {
         return Err(mount_err(io::Error::new(
             io::ErrorKind::NotADirectory,
@@ -220,12 +225,70 @@ pub fn spawn(
             source,
         })?;
     tracing::info!("mounted at {}", mountpoint.display());
+    if writeback_cache {
+        match raise_dirty_limit(&mountpoint) {
+            Ok(Some(path)) => tracing::info!(
+                "{}: the writeback cache may hold up to {WRITEBACK_MAX_RATIO} % of the \
+                 system's dirty-page limit",
+                path.display()
+            ),
+            Ok(None) => {}
+            // Not root: the cache works, but the kernel's 1 % limit throttles it.
+            Err((path, e)) => tracing::warn!(
+                "cannot raise the writeback cache's dirty limit ({e}): buffered writes to \
+                 files/ are throttled at 1 % of the dirty-page limit; as root: \
+                 echo {WRITEBACK_MAX_RATIO} > {}",
+                path.display()
+            ),
+        }
+    }
     Ok(Mounted {
         mountpoint,
         thread: Some(thread),
         fs: inner,
         writeback_cache,
     })
+}
+
+/// The share of the system's dirty-page limit (`vm.dirty_ratio`, percent of it) that the
+/// mount's pages may hold with the writeback cache on: the `max_ratio` of its backing device
+/// (`/sys/class/bdi/MAJOR:MINOR/`), which the kernel sets to 1 for every FUSE mount, with
+/// `strict_limit`. At 1 % the kernel throttles a buffered writer of `files/` almost at once,
+/// and random 4 KiB writes with the cache were slower than without it (docs/FUSE.md). `strict_limit` stays on: the mount's dirty pages
+/// stay bounded by this share whatever other devices do. The setting ends with the mount.
+pub const WRITEBACK_MAX_RATIO: u32 = 20;
+
+/// Raise the `max_ratio` of the mount's backing device to [`WRITEBACK_MAX_RATIO`] unless it
+/// is that high already. The file's path if it was raised, or with the error if it could not
+/// be (only root may write it).
+fn raise_dirty_limit(mountpoint: &Path) -> Result<Option<PathBuf>, (PathBuf, io::Error)> {
+    use std::os::unix::fs::MetadataExt;
+    let unknown = PathBuf::from("/sys/class/bdi/MAJOR:MINOR/max_ratio");
+    // The mount's root, answered by the mount itself: its device is the FUSE connection's.
+    let dev = std::fs::metadata(mountpoint)
+        .map_err(|e| (unknown, e))?
+        .dev();
+    let path = PathBuf::from(format!(
+        "/sys/class/bdi/{}:{}/max_ratio",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev)
+    ));
+    let now = match std::fs::read_to_string(&path) {
+        Ok(s) => s.trim().parse::<u32>().map_err(|e| {
+            (
+                path.clone(),
+                io::Error::new(io::ErrorKind::InvalidData, format!("{s:?}: {e}")),
+            )
+        })?,
+        Err(e) => return Err((path, e)),
+    };
+    if now >= WRITEBACK_MAX_RATIO {
+        return Ok(None);
+    }
+    match std::fs::write(&path, format!("{WRITEBACK_MAX_RATIO}\n")) {
+        Ok(()) => Ok(Some(path)),
+        Err(e) => Err((path, e)),
+    }
 }
 
 impl Mounted {

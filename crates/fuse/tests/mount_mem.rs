@@ -813,3 +813,66 @@ fn snapshots_are_readable_on_a_read_only_mount() {
     let e = fs::remove_file(&snap).expect_err("unlink");
     assert_eq!(errno(&e), libc::EROFS);
 }
+
+/// The `max_ratio` of the backing device of the mount at `root` (root's device).
+fn dirty_max_ratio(root: &Path) -> u32 {
+    let dev = fs::metadata(root).expect("stat mount").dev();
+    let path = format!(
+        "/sys/class/bdi/{}:{}/max_ratio",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev)
+    );
+    fs::read_to_string(&path)
+        .expect("read max_ratio")
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// With the writeback cache the mount raises its dirty-page limit (the kernel's 1 % for FUSE
+/// throttled buffered writers: docs/FUSE.md), and 4 KiB pages written buffered in random
+/// order, many of them twice, are all in the pool once fsynced.
+#[test]
+fn writeback_cache_raises_the_dirty_limit_and_keeps_fsynced_pages() {
+    if !common::fuse_usable() {
+        return;
+    }
+    let opts = MountOptions {
+        writeback_cache: true,
+        ..MountOptions::default()
+    };
+    let m = TestMount::with_catalog(Arc::new(MemCatalog::new(BLOCK as u32)), opts);
+    if nix::unistd::geteuid().is_root() {
+        assert_eq!(
+            dirty_max_ratio(m.root()),
+            condense_fuse::WRITEBACK_MAX_RATIO
+        );
+    } else {
+        eprintln!("not root: the mount's dirty limit is not checked (only root may set it)");
+    }
+    let len = 8 * MIB as usize;
+    let pages = len / BLOCK as usize;
+    let mut want = vec![0u8; len];
+    let path = m.files().join("random.dat");
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .expect("create");
+    f.set_len(len as u64).expect("set_len");
+    let order = pseudo_random(42, 3 * pages * 8);
+    for (i, word) in order.chunks_exact(8).enumerate() {
+        let n = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+        let at = (n % pages as u64) as usize * BLOCK as usize;
+        let page = pseudo_random(1000 + i as u64, BLOCK as usize);
+        want[at..at + page.len()].copy_from_slice(&page);
+        f.write_all_at(&page, at as u64).expect("write page");
+    }
+    f.sync_all().expect("fsync");
+    drop(f);
+    // Remounted without the cache: what is read comes from the pool.
+    let again = TestMount::with_catalog(m.unmount(), MountOptions::default());
+    assert!(fs::read(again.files().join("random.dat")).expect("read back") == want);
+}
