@@ -31,9 +31,9 @@ const READ_BLOCK_BYTES: u64 = 256 << 10;
 const READ_AHEAD_BLOCKS: u64 = 16;
 /// Blocks kept by the read LRU (64 MiB).
 const READ_BLOCKS_KEPT: usize = 256;
-/// Blocks of one background read-ahead GET (8 MiB).
-const PREFETCH_BLOCKS: u64 = 32;
-/// How far a sequential reader is read ahead, in blocks (32 MiB: four GETs of
+/// Blocks of one background read-ahead GET (4 MiB).
+const PREFETCH_BLOCKS: u64 = 16;
+/// How far a sequential reader is read ahead, in blocks (16 MiB: four GETs of
 /// [`PREFETCH_BLOCKS`], fetched in the background while the reader consumes the blocks
 /// before them). One GET at a time gave a cold sequential read ~80 MB/s on Garage: a
 /// request's latency, not the bandwidth, set the pace.
