@@ -91,6 +91,13 @@ stop_mount() {
     return $rc
 }
 
+# kill -9 of the daemon, as a crash: the dead mount stays behind until start_mount detaches it.
+kill_mount() {
+    kill -KILL "$MOUNT_PID"
+    wait "$MOUNT_PID" 2>/dev/null
+    MOUNT_PID=
+}
+
 # Checksums of every file under DIR, relative paths, sorted.
 sums() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
 
@@ -322,9 +329,7 @@ check "write + fsync a file (dd conv=fsync)" dd if="$W/synced" of="$MNT/files/sy
 check "write + fsync a volume range (dd conv=notrunc,fsync)" dd if="$W/synced" of="$MNT/volumes/small" bs=512K count=1 conv=notrunc,fsync status=none
 mkdir -p "$MNT/files/dir-synced" && python3 -c "import os; fd = os.open('$MNT/files/dir-synced', os.O_RDONLY); os.fsync(fd)"
 head -c 1M /dev/urandom >"$MNT/files/not-synced"
-kill -KILL "$MOUNT_PID"
-wait "$MOUNT_PID" 2>/dev/null
-MOUNT_PID=
+kill_mount
 # The dead mount is left behind ("Transport endpoint is not connected"): condense mount
 # detaches it by itself.
 if start_mount; then ok "remount after kill -9 over the dead mount"; else fail "remount after kill -9" "$W/mount.log"; finish; fi
@@ -402,9 +407,7 @@ wb_roundtrip() {
         rc=1
     fi
     python3 "$W/wb.py" "$MNT" "$W/wb.ref" || rc=1
-    kill -KILL "$MOUNT_PID"
-    wait "$MOUNT_PID" 2>/dev/null
-    MOUNT_PID=
+    kill_mount
     [ "$rc" = 0 ] || return 1
     start_mount || return 1
     cmp "$W/wb.ref" "$MNT/files/wb.dat" || rc=1
@@ -445,9 +448,7 @@ wb_random_kill() {
         [ "$ratio" = 20 ] || { echo "the mount's max_ratio is $ratio, not 20"; rc=1; }
     fi
     python3 "$W/wb-rand.py" "$MNT/files/wb-rand.dat" "$W/wb-rand.ref" || rc=1
-    kill -KILL "$MOUNT_PID"
-    wait "$MOUNT_PID" 2>/dev/null
-    MOUNT_PID=
+    kill_mount
     [ "$rc" = 0 ] || return 1
     start_mount || return 1
     cmp "$W/wb-rand.ref" "$MNT/files/wb-rand.dat" || rc=1
@@ -473,9 +474,7 @@ wb_detach() {
         sleep 0.1
     done
     [ "$(grep -c "detached" "$W/mount.log")" -gt "$before" ] || { echo "not detached"; rc=1; }
-    kill -KILL "$MOUNT_PID"
-    wait "$MOUNT_PID" 2>/dev/null
-    MOUNT_PID=
+    kill_mount
     exec 4>&-
     start_mount || return 1
     cmp "$W/wb-open.ref" "$MNT/files/wb-open" || rc=1

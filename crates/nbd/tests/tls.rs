@@ -136,12 +136,6 @@ fn start_tls(mut c: Client, pki: &Pki, id: Option<&Identity>) -> io::Result<Tls>
     Ok(tls)
 }
 
-fn read_exact_vec<S: Read>(s: &mut S, n: usize) -> io::Result<Vec<u8>> {
-    let mut b = vec![0u8; n];
-    s.read_exact(&mut b)?;
-    Ok(b)
-}
-
 /// Send an option over any stream and read its replies up to ACK or an error.
 fn option<S: Read + Write>(s: &mut S, option: u32, data: &[u8]) -> io::Result<Vec<OptReply>> {
     let mut m = Vec::new();
@@ -357,59 +351,6 @@ fn bad_certificate_files_are_refused_with_the_file_named() -> TestResult {
     Ok(())
 }
 
-/// Read one reply message over any stream: a simple reply (its data `simple_len` bytes when it
-/// is not an error) or one structured chunk, checked as the strict client checks it.
-fn read_reply_from<S: Read>(s: &mut S, simple_len: impl Fn(u64) -> usize) -> io::Result<Reply> {
-    let m = read_exact_vec(s, 4)?;
-    match be32(&m) {
-        SIMPLE_REPLY_MAGIC => {
-            let h = read_exact_vec(s, 12)?;
-            let (error, cookie) = (be32(&h), be64(&h[4..]));
-            let n = if error == 0 { simple_len(cookie) } else { 0 };
-            let data = read_exact_vec(s, n)?;
-            Ok(Reply::Simple {
-                cookie,
-                error,
-                data,
-            })
-        }
-        STRUCTURED_REPLY_MAGIC => {
-            let h = read_exact_vec(s, 16)?;
-            let len = be32(&h[12..16]) as usize;
-            assert!(len <= (32 << 20) + 8, "chunk of {len} bytes");
-            let r = Reply::Chunk {
-                cookie: be64(&h[4..12]),
-                flags: be16(&h[..2]),
-                kind: be16(&h[2..4]),
-                payload: read_exact_vec(s, len)?,
-            };
-            check_chunk(&r);
-            Ok(r)
-        }
-        other => panic!("reply magic {other:#x}"),
-    }
-}
-
-fn request<S: Write>(
-    s: &mut S,
-    kind: u16,
-    flags: u16,
-    cookie: u64,
-    offset: u64,
-    len: u32,
-    payload: &[u8],
-) -> io::Result<()> {
-    let mut m = Vec::with_capacity(28 + payload.len());
-    m.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-    m.extend_from_slice(&flags.to_be_bytes());
-    m.extend_from_slice(&kind.to_be_bytes());
-    m.extend_from_slice(&cookie.to_be_bytes());
-    m.extend_from_slice(&offset.to_be_bytes());
-    m.extend_from_slice(&len.to_be_bytes());
-    m.extend_from_slice(payload);
-    s.write_all(&m)
-}
-
 /// Large and odd-sized reads over TLS, pipelined, with simple and with structured replies
 /// (data and hole chunks): every reply spans many TLS records and shares them with its
 /// header and with the replies around it; the bytes read must be the bytes written.
@@ -436,15 +377,14 @@ fn pipelined_large_reads_over_tls_are_byte_identical() -> TestResult {
             for (i, &(offset, len)) in writes.iter().enumerate() {
                 let data = pattern(i as u64 + 1, len);
                 image[offset as usize..offset as usize + len].copy_from_slice(&data);
-                request(
-                    &mut tls,
+                tls.write_all(&encode_request(
                     CMD_WRITE,
                     0,
                     100 + i as u64,
                     offset,
                     len as u32,
                     &data,
-                )?;
+                ))?;
             }
             tls.flush()?;
             for _ in writes {
@@ -467,7 +407,14 @@ fn pipelined_large_reads_over_tls_are_byte_identical() -> TestResult {
             ),
         ];
         for (cookie, &(offset, len, flags)) in reads.iter().enumerate() {
-            request(&mut tls, CMD_READ, flags, cookie as u64, offset, len, &[])?;
+            tls.write_all(&encode_request(
+                CMD_READ,
+                flags,
+                cookie as u64,
+                offset,
+                len,
+                &[],
+            ))?;
         }
         tls.flush()?;
         let mut replies: Vec<Vec<Reply>> = vec![Vec::new(); reads.len()];

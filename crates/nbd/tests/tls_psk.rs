@@ -78,12 +78,6 @@ fn start_tls(mut c: Client, user: &str, key: &str, offer: Offer) -> io::Result<T
         .map_err(|e| io::Error::other(e.to_string()))
 }
 
-fn read_exact_vec<S: Read>(s: &mut S, n: usize) -> io::Result<Vec<u8>> {
-    let mut b = vec![0u8; n];
-    s.read_exact(&mut b)?;
-    Ok(b)
-}
-
 /// Send an option over any stream and read its replies up to ACK or an error.
 fn option<S: Read + Write>(s: &mut S, option: u32, data: &[u8]) -> io::Result<Vec<OptReply>> {
     let mut m = Vec::new();

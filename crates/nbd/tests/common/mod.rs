@@ -223,14 +223,7 @@ impl Client {
         len: u32,
         payload: &[u8],
     ) -> io::Result<()> {
-        let mut m = Vec::with_capacity(28 + payload.len());
-        m.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
-        m.extend_from_slice(&flags.to_be_bytes());
-        m.extend_from_slice(&kind.to_be_bytes());
-        m.extend_from_slice(&cookie.to_be_bytes());
-        m.extend_from_slice(&offset.to_be_bytes());
-        m.extend_from_slice(&len.to_be_bytes());
-        m.extend_from_slice(payload);
+        let m = encode_request(kind, flags, cookie, offset, len, payload);
         if kind == CMD_READ && !self.structured {
             self.pending_simple_reads.insert(cookie, len);
         }
@@ -239,41 +232,15 @@ impl Client {
 
     /// Read one reply message (a simple reply, or one structured chunk).
     pub fn read_reply(&mut self) -> io::Result<Reply> {
-        let m = self.read_n(4)?;
-        match be32(&m) {
-            SIMPLE_REPLY_MAGIC => {
-                let h = self.read_n(12)?;
-                let error = be32(&h[..4]);
-                let cookie = be64(&h[4..]);
-                let len = self.pending_simple_reads.remove(&cookie).unwrap_or(0);
-                let data = if error == 0 {
-                    self.read_n(len as usize)?
-                } else {
-                    Vec::new()
-                };
-                Ok(Reply::Simple {
-                    cookie,
-                    error,
-                    data,
-                })
-            }
-            STRUCTURED_REPLY_MAGIC => {
-                assert!(self.structured, "structured chunk without negotiation");
-                let h = self.read_n(16)?;
-                let len = be32(&h[12..16]) as usize;
-                assert!(len <= (32 << 20) + 8, "chunk of {len} bytes");
-                let payload = self.read_n(len)?;
-                let r = Reply::Chunk {
-                    cookie: be64(&h[4..12]),
-                    flags: be16(&h[..2]),
-                    kind: be16(&h[2..4]),
-                    payload,
-                };
-                check_chunk(&r);
-                Ok(r)
-            }
-            other => panic!("reply magic {other:#x}"),
-        }
+        let pending = &mut self.pending_simple_reads;
+        let r = read_reply_from(&mut self.s, |cookie| {
+            pending.remove(&cookie).unwrap_or(0) as usize
+        })?;
+        assert!(
+            self.structured || matches!(r, Reply::Simple { .. }),
+            "structured chunk without negotiation"
+        );
+        Ok(r)
     }
 
     /// Read all chunks of the reply to one request (no other requests in flight).
@@ -365,8 +332,71 @@ impl Client {
     }
 }
 
+/// One transmission request: header, then `payload` (a write's data).
+pub fn encode_request(
+    kind: u16,
+    flags: u16,
+    cookie: u64,
+    offset: u64,
+    len: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut m = Vec::with_capacity(28 + payload.len());
+    m.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    m.extend_from_slice(&flags.to_be_bytes());
+    m.extend_from_slice(&kind.to_be_bytes());
+    m.extend_from_slice(&cookie.to_be_bytes());
+    m.extend_from_slice(&offset.to_be_bytes());
+    m.extend_from_slice(&len.to_be_bytes());
+    m.extend_from_slice(payload);
+    m
+}
+
+pub fn read_exact_vec<S: Read>(s: &mut S, n: usize) -> io::Result<Vec<u8>> {
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b)?;
+    Ok(b)
+}
+
+/// Read one reply message over any stream: a simple reply (its data `simple_len(cookie)` bytes
+/// when it is not an error) or one structured chunk, checked by [`check_chunk`].
+pub fn read_reply_from<S: Read>(
+    s: &mut S,
+    mut simple_len: impl FnMut(u64) -> usize,
+) -> io::Result<Reply> {
+    let m = read_exact_vec(s, 4)?;
+    match be32(&m) {
+        SIMPLE_REPLY_MAGIC => {
+            let h = read_exact_vec(s, 12)?;
+            let (error, cookie) = (be32(&h), be64(&h[4..]));
+            // The read's length is taken even for an error, which carries no data.
+            let len = simple_len(cookie);
+            let data = read_exact_vec(s, if error == 0 { len } else { 0 })?;
+            Ok(Reply::Simple {
+                cookie,
+                error,
+                data,
+            })
+        }
+        STRUCTURED_REPLY_MAGIC => {
+            let h = read_exact_vec(s, 16)?;
+            let len = be32(&h[12..16]) as usize;
+            assert!(len <= (32 << 20) + 8, "chunk of {len} bytes");
+            let r = Reply::Chunk {
+                cookie: be64(&h[4..12]),
+                flags: be16(&h[..2]),
+                kind: be16(&h[2..4]),
+                payload: read_exact_vec(s, len)?,
+            };
+            check_chunk(&r);
+            Ok(r)
+        }
+        other => panic!("reply magic {other:#x}"),
+    }
+}
+
 /// Check the internal consistency of a structured chunk.
-pub fn check_chunk(r: &Reply) {
+fn check_chunk(r: &Reply) {
     let Reply::Chunk {
         kind,
         payload,
