@@ -425,6 +425,15 @@ impl ChunkCache {
         })
     }
 
+    /// Whether the cache holds chunk `id` with fingerprint `fp` (its slot unread: a lookup
+    /// may still find it damaged).
+    pub fn holds(&self, id: u64, fp: &Fingerprint) -> bool {
+        plock(&self.shared.policy)
+            .map
+            .get(&id)
+            .is_some_and(|e| e.ready && e.fp == *fp)
+    }
+
     /// The stored bytes of the metadata page at 64-byte unit `page` of meta.dat, if the cache
     /// holds them for a page with this CRC and length (pages are copy-on-write: a unit reused
     /// for another page has another CRC, so a stale entry is never served).

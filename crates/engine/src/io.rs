@@ -51,6 +51,10 @@ pub trait File: Send + Sync {
     fn read_other_copy(&self, _buf: &mut [u8], _offset: u64) -> io::Result<bool> {
         Ok(false)
     }
+    /// A hint: `len` bytes at `offset` will be read soon. A file whose reads cost requests (an
+    /// object in a bucket) may start fetching them in the background; others ignore it. Never
+    /// an error and never a wait: a hint that cannot be taken is dropped.
+    fn will_need(&self, _offset: u64, _len: u64) {}
 }
 
 /// A directory of files: the pool.

@@ -90,6 +90,9 @@ impl File for HeldFile {
     fn read_other_copy(&self, buf: &mut [u8], offset: u64) -> io::Result<bool> {
         self.now().read_other_copy(buf, offset)
     }
+    fn will_need(&self, offset: u64, len: u64) {
+        self.now().will_need(offset, len)
+    }
 }
 
 /// `e`, saying which directory it came from.

@@ -41,6 +41,7 @@ mod durability;
 mod flush;
 pub(crate) mod open;
 mod read;
+mod read_ahead;
 mod saved_index;
 mod volumes;
 mod write;
@@ -226,6 +227,9 @@ pub struct Pool {
     /// Volumes deleted since the last checkpoint whose claims wait for a root that holds the
     /// deletion ([`crate::volume_claims`]).
     pub(crate) deleted_names: Mutex<std::collections::BTreeSet<String>>,
+    /// Sequential readers of each volume, read ahead through the block map on a store whose
+    /// reads cost requests ([`read_ahead`]).
+    read_ahead: read_ahead::ReadAhead,
     _lock_file: Option<std::fs::File>,
 }
 

@@ -395,6 +395,7 @@ impl Pool {
             counters: Default::default(),
             replay,
             tier: RwLock::new(None),
+            read_ahead: Default::default(),
             destager: Mutex::new(None),
             peers: Mutex::new(Default::default()),
             deleted_names: Mutex::new(Default::default()),

@@ -40,6 +40,21 @@ impl Pool {
             .filter(|&k| cached[k].is_none() && in_memory[k].is_none())
             .collect();
         let groups = adjacent_groups(&wanted, &missed);
+        if self.dir.reads_cost_requests() {
+            // Each group is a request: hinted all at once, they are fetched side by side
+            // rather than one or two at a time by this read's threads; then the blocks ahead.
+            if groups.len() > 1 {
+                for &g in &groups {
+                    let (start, len) = group_span(&wanted, &missed, g);
+                    wanted[missed[g.0]].file.will_need(start, len);
+                }
+            }
+            let count = (out.len() / bs) as u64;
+            let bs32 = self.sb.block_size;
+            if let Some((from, to)) = self.read_ahead.next_window(vol, first, count, bs32) {
+                self.hint_blocks(vol, from, to);
+            }
+        }
         let parallel = wanted.len() >= 32;
         let read_one = |g: &(usize, usize)| read_group(&wanted, &missed, *g, name);
         let bufs: Result<Vec<(u64, Vec<u8>)>> = if parallel && groups.len() >= 4 {
@@ -265,6 +280,17 @@ fn adjacent_groups(wanted: &[Wanted], missed: &[usize]) -> Vec<(usize, usize)> {
     groups
 }
 
+/// The offset and length of one group's records in their segment.
+fn group_span(wanted: &[Wanted], missed: &[usize], (s, e): (usize, usize)) -> (u64, u64) {
+    let first_loc = &wanted[missed[s]].loc;
+    let last_loc = &wanted[missed[e - 1]].loc;
+    let start = u64::from(first_loc.offset);
+    (
+        start,
+        u64::from(last_loc.offset) + last_loc.record_bytes() - start,
+    )
+}
+
 /// Read step 3: one group's records with one read; returns its offset and bytes.
 fn read_group(
     wanted: &[Wanted],
@@ -274,10 +300,8 @@ fn read_group(
 ) -> Result<(u64, Vec<u8>)> {
     let first = &wanted[missed[s]];
     let first_loc = &first.loc;
-    let last_loc = &wanted[missed[e - 1]].loc;
-    let start = u64::from(first_loc.offset);
-    let len = (u64::from(last_loc.offset) + last_loc.record_bytes() - start) as usize;
-    let mut buf = vec![0u8; len];
+    let (start, len) = group_span(wanted, missed, (s, e));
+    let mut buf = vec![0u8; len as usize];
     first.file.read_at(&mut buf, start).map_err(|err| {
         Error::io(
             format!(

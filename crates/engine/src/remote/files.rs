@@ -49,6 +49,9 @@ impl File for ObjFile {
     fn sync(&self) -> io::Result<()> {
         Ok(())
     }
+    fn will_need(&self, offset: u64, len: u64) {
+        self.shared.will_need(&self.name, self.len, offset, len)
+    }
 }
 
 pub(super) enum BufState {
@@ -163,6 +166,15 @@ impl File for BufFile {
             .names
             .put_file(&self.shared, &self.name, &bytes)
             .map(|_| ())
+    }
+    fn will_need(&self, offset: u64, len: u64) {
+        let stored = match &*self.state.lock().unwrap_or_else(|e| e.into_inner()) {
+            BufState::Stored(n, len) => Some((n.clone(), *len)),
+            BufState::Writing(_) => None,
+        };
+        if let Some((n, size)) = stored {
+            self.shared.will_need(&n, size, offset, len);
+        }
     }
 }
 

@@ -12,6 +12,9 @@
 //!   at most [`PREFETCHES_IN_FLIGHT`] GETs in flight for the whole process. A reader that
 //!   needs a block being prefetched waits for that GET instead of asking again; if the
 //!   prefetch failed it asks itself, so an error reaches the reader that needs the bytes.
+//! - Hints ([`Shared::will_need`], the pool's read-ahead through a volume's block map) share
+//!   those GET slots and hold at most [`HINTED_BLOCKS_MAX`] blocks queued or in flight; a
+//!   hint never fails and never makes its caller wait.
 
 use super::conf::to_io;
 use super::names::Names;
@@ -40,6 +43,9 @@ const PREFETCH_BLOCKS: u64 = 16;
 const AHEAD_BLOCKS: u64 = 4 * PREFETCH_BLOCKS;
 /// Background read-ahead GETs in flight at once, for all objects.
 const PREFETCHES_IN_FLIGHT: usize = 8;
+/// Blocks that hints may hold queued or in flight (32 MiB: half the LRU, so what they fetch
+/// is not evicted before it is read).
+const HINTED_BLOCKS_MAX: u64 = READ_BLOCKS_KEPT as u64 / 2;
 /// Uploads and downloads of extents run this many at a time.
 const PARALLEL_REQUESTS: usize = 8;
 
@@ -183,7 +189,7 @@ impl Shared {
             let pos = offset + at as u64;
             let b = pos / READ_BLOCK_BYTES;
             let start = b * READ_BLOCK_BYTES;
-            let (cached, sequential) = {
+            let (cached, sequential, want) = {
                 let mut blocks = self.lock_blocks();
                 let sequential = blocks.follows(name, b);
                 let mut cached = blocks.get(name, b);
@@ -196,12 +202,20 @@ impl Shared {
                         .0;
                     cached = blocks.get(name, b);
                 }
-                (cached, sequential)
+                // A sequential reader fetches the blocks after this one too, up to the first
+                // one held or being fetched (not twice).
+                let mut want = 1;
+                while sequential
+                    && want < READ_AHEAD_BLOCKS
+                    && !blocks.held_or_coming(name, b + want)
+                {
+                    want += 1;
+                }
+                (cached, sequential, want)
             };
             let block = match cached {
                 Some(x) => x,
                 None => {
-                    let want = if sequential { READ_AHEAD_BLOCKS } else { 1 };
                     let len = (want * READ_BLOCK_BYTES).min(size - start);
                     let got = self.note(self.store.get_range(name, start, len))?;
                     let mut blocks = self.lock_blocks();
@@ -232,13 +246,16 @@ impl Shared {
     }
 
     /// Start the next read-ahead GET of `name` (of `size` bytes) for a sequential reader at
-    /// block `b`, if it is less than [`AHEAD_BLOCKS`] ahead and a GET slot is free. The GET
-    /// runs on its own thread and puts its blocks in the LRU.
+    /// block `b`, if it is less than [`AHEAD_BLOCKS`] ahead and a GET slot is free. Blocks
+    /// already held or being fetched (a hint's GET, [`Shared::will_need`]) are skipped.
     fn read_ahead(self: &Arc<Self>, name: &str, size: u64, b: u64) {
         let last_block = size.div_ceil(READ_BLOCK_BYTES);
         let (from, to) = {
             let mut blocks = self.lock_blocks();
-            let from = blocks.ahead_of(name).max(b + 1);
+            let mut from = blocks.ahead_of(name).max(b + 1);
+            while from < last_block && blocks.held_or_coming(name, from) {
+                from += 1;
+            }
             if from >= last_block
                 || from >= b + AHEAD_BLOCKS
                 || blocks.in_flight.len() >= PREFETCHES_IN_FLIGHT
@@ -250,8 +267,81 @@ impl Shared {
             blocks.in_flight.push((name.to_string(), from, to));
             (from, to)
         };
+        self.fetch_in_background(name.to_string(), size, from, to);
+    }
+
+    /// A hint that `len` bytes at `offset` of object `name` (of `size` bytes) will be read
+    /// soon (the pool reads ahead through a volume's block map: records that are not in
+    /// order in their segments, such as blocks deduplicated against older data). The blocks
+    /// not held or being fetched are queued for background GETs of up to [`PREFETCH_BLOCKS`]
+    /// each; a hint that would hold more than [`HINTED_BLOCKS_MAX`] blocks queued or in
+    /// flight is dropped (the reader then fetches them itself).
+    pub(super) fn will_need(self: &Arc<Self>, name: &str, size: u64, offset: u64, len: u64) {
+        let last_block = size.div_ceil(READ_BLOCK_BYTES);
+        let end = offset
+            .saturating_add(len)
+            .div_ceil(READ_BLOCK_BYTES)
+            .min(last_block);
+        {
+            let mut blocks = self.lock_blocks();
+            let mut b = offset / READ_BLOCK_BYTES;
+            while b < end {
+                if blocks.held_or_coming(name, b) {
+                    b += 1;
+                    continue;
+                }
+                let mut to = b + 1;
+                while to < end && to - b < PREFETCH_BLOCKS && !blocks.held_or_coming(name, to) {
+                    to += 1;
+                }
+                if blocks.hinted_blocks() + (to - b) > HINTED_BLOCKS_MAX {
+                    break;
+                }
+                blocks.hinted.push_back(Hint {
+                    name: name.to_string(),
+                    size,
+                    from: b,
+                    to,
+                });
+                b = to;
+            }
+        }
+        self.start_hinted();
+    }
+
+    /// Start queued hints' GETs while GET slots are free.
+    fn start_hinted(self: &Arc<Self>) {
+        loop {
+            let hint = {
+                let mut blocks = self.lock_blocks();
+                if blocks.in_flight.len() >= PREFETCHES_IN_FLIGHT {
+                    return;
+                }
+                let Some(mut h) = blocks.hinted.pop_front() else {
+                    return;
+                };
+                // Blocks a reader fetched meanwhile are not fetched again.
+                while h.from < h.to && blocks.held_or_coming(&h.name, h.from) {
+                    h.from += 1;
+                }
+                while h.to > h.from && blocks.held_or_coming(&h.name, h.to - 1) {
+                    h.to -= 1;
+                }
+                if h.from == h.to {
+                    continue;
+                }
+                blocks.in_flight.push((h.name.clone(), h.from, h.to));
+                h
+            };
+            self.fetch_in_background(hint.name, hint.size, hint.from, hint.to);
+        }
+    }
+
+    /// GET blocks `from..to` of `name` (of `size` bytes) on a thread of its own, which puts
+    /// them in the LRU and then starts queued hints; the caller has listed the GET in
+    /// `in_flight`.
+    fn fetch_in_background(self: &Arc<Self>, name: String, size: u64, from: u64, to: u64) {
         let shared = Arc::clone(self);
-        let name = name.to_string();
         let spawned = std::thread::Builder::new()
             .name("s3-read-ahead".into())
             .spawn({
@@ -260,24 +350,36 @@ impl Shared {
                     let start = from * READ_BLOCK_BYTES;
                     let len = (to * READ_BLOCK_BYTES).min(size) - start;
                     let got = shared.note(shared.store.get_range(&name, start, len));
-                    let mut blocks = shared.lock_blocks();
-                    // Not if the object was put or deleted meanwhile (`forget`).
-                    let wanted = blocks
-                        .in_flight
-                        .iter()
-                        .any(|(n, f, _)| *n == name && *f == from);
-                    if let (true, Ok(bytes)) = (wanted, got) {
-                        blocks.put_range(&name, from, &bytes);
+                    {
+                        let mut blocks = shared.lock_blocks();
+                        // Not if the object was put or deleted meanwhile (`forget`).
+                        let wanted = blocks
+                            .in_flight
+                            .iter()
+                            .any(|(n, f, _)| *n == name && *f == from);
+                        if let (true, Ok(bytes)) = (wanted, got) {
+                            blocks.put_range(&name, from, &bytes);
+                        }
+                        blocks.landed(&name, from);
                     }
-                    blocks.landed(&name, from);
                     shared.prefetched.notify_all();
+                    shared.start_hinted();
                 }
             });
         if spawned.is_err() {
             // No thread: the reader fetches these blocks itself when it gets there.
             self.lock_blocks().landed(&name, from);
+            self.prefetched.notify_all();
         }
     }
+}
+
+/// Blocks of an object a hint asked for, waiting for a GET slot.
+pub(super) struct Hint {
+    name: String,
+    size: u64,
+    from: u64,
+    to: u64,
 }
 
 /// The most recently used blocks of objects read.
@@ -291,6 +393,8 @@ pub(super) struct ReadBlocks {
     pub(super) in_flight: Vec<(String, u64, u64)>,
     /// The sequential reader's object and the block its reads were fetched up to.
     pub(super) ahead: Option<(String, u64)>,
+    /// Hints waiting for a GET slot, oldest first.
+    pub(super) hinted: VecDeque<Hint>,
 }
 
 impl ReadBlocks {
@@ -309,6 +413,18 @@ impl ReadBlocks {
         self.in_flight
             .iter()
             .any(|(n, from, to)| n == name && (*from..*to).contains(&b))
+    }
+
+    /// Whether block `b` of `name` is in the LRU or being fetched.
+    fn held_or_coming(&self, name: &str, b: u64) -> bool {
+        self.map.contains_key(&(name.to_string(), b)) || self.in_flight(name, b)
+    }
+
+    /// Blocks queued by hints or being fetched.
+    fn hinted_blocks(&self) -> u64 {
+        let queued: u64 = self.hinted.iter().map(|h| h.to - h.from).sum();
+        let fetching: u64 = self.in_flight.iter().map(|(_, f, t)| t - f).sum();
+        queued + fetching
     }
 
     /// The read-ahead GET of `name` starting at `from` ended.
@@ -364,6 +480,7 @@ impl ReadBlocks {
         self.map.retain(|k, _| k.0 != name);
         self.order.retain(|k| k.0 != name);
         self.in_flight.retain(|(n, _, _)| n != name);
+        self.hinted.retain(|h| h.name != name);
         if self.ahead.as_ref().is_some_and(|(n, _)| n == name) {
             self.ahead = None;
         }
