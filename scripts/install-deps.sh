@@ -14,10 +14,11 @@
 # libvirt-daemon-system (libvirtd), libvirt-clients (virsh, virt-xml-validate, which runs
 #   libxml2-utils' xmllint), qemu-system-x86: tests/libvirt; installed without their recommends
 #   (qemu's GUI, firmware, libvirt's network helpers), which nothing here uses. The guest's
-#   kernel and BusyBox are fetched by scripts/build-guest-image.sh (`apt-get download`).
+#   kernel and BusyBox are fetched by scripts/build-guest-image.sh (`apt-get download`); kmod:
+#   its depmod and modprobe, which order the modules of the guest's initrd.
 set -euo pipefail
 packages=("$@")
-[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux passwd bc time jq systemd python3 openssl libssl-dev gnutls-bin prometheus curl libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86)
+[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux passwd bc time jq systemd python3 openssl libssl-dev gnutls-bin prometheus curl kmod libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86)
 without_recommends=" libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86 "
 missing=() lean=()
 for p in "${packages[@]}"; do

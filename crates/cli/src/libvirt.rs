@@ -101,21 +101,14 @@ pub fn run(ctx: &mut Ctx, a: &LibvirtXmlArgs) -> Result<()> {
 
 /// The endpoint the options name; the default is serve's default socket in `pool_dir`.
 fn endpoint(a: &LibvirtXmlArgs, pool_dir: &Path) -> Result<Endpoint> {
-    if let Some(hp) = &a.tls {
-        let (host, port) = host_port(hp).context("bad --tls")?;
-        return Ok(Endpoint::Tcp {
-            host,
-            port,
-            tls: true,
-        });
-    }
-    if let Some(hp) = &a.insecure_tcp {
-        let (host, port) = host_port(hp).context("bad --insecure-tcp")?;
-        return Ok(Endpoint::Tcp {
-            host,
-            port,
-            tls: false,
-        });
+    for (given, tls, option) in [
+        (&a.tls, true, "--tls"),
+        (&a.insecure_tcp, false, "--insecure-tcp"),
+    ] {
+        if let Some(hp) = given {
+            let (host, port) = host_port(hp).with_context(|| format!("bad {option}"))?;
+            return Ok(Endpoint::Tcp { host, port, tls });
+        }
     }
     match &a.socket {
         Some(p) if p.is_absolute() => Ok(Endpoint::Unix(p.clone())),
@@ -303,20 +296,29 @@ mod tests {
     }
 
     #[test]
-    fn relative_sockets_are_refused_and_the_default_is_serves() -> Result<()> {
-        let args = |socket: Option<&str>| LibvirtXmlArgs {
-            name: "vm1".to_string(),
-            socket: socket.map(PathBuf::from),
-            tls: None,
-            insecure_tcp: None,
-            target: "vda".to_string(),
-            readonly: false,
-        };
-        assert!(endpoint(&args(Some("x.sock")), Path::new("/p")).is_err());
+    fn endpoints_from_the_options() -> Result<()> {
+        let args =
+            |socket: Option<&str>, tls: Option<&str>, insecure: Option<&str>| LibvirtXmlArgs {
+                name: "vm1".to_string(),
+                socket: socket.map(PathBuf::from),
+                tls: tls.map(str::to_string),
+                insecure_tcp: insecure.map(str::to_string),
+                target: "vda".to_string(),
+                readonly: false,
+            };
+        let pool = Path::new("/srv/pool");
+        assert!(endpoint(&args(Some("x.sock"), None, None), pool).is_err());
         assert_eq!(
-            endpoint(&args(None), Path::new("/srv/pool"))?,
+            endpoint(&args(None, None, None), pool)?,
             Endpoint::Unix(PathBuf::from("/srv/pool/nbd.sock"))
         );
+        let tcp = |tls| Endpoint::Tcp {
+            host: "h".to_string(),
+            port: 99,
+            tls,
+        };
+        assert_eq!(endpoint(&args(None, Some("h:99"), None), pool)?, tcp(true));
+        assert_eq!(endpoint(&args(None, None, Some("h:99")), pool)?, tcp(false));
         Ok(())
     }
 }
