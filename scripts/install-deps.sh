@@ -11,16 +11,24 @@
 # libssl-dev (with pkg-config): OpenSSL for TLS-PSK (crates/nbd); gnutls-bin: psktool (tests/security/psk.sh)
 # prometheus (the server and promtool), curl: tests/metrics (scrape, promtool check metrics, queries)
 # passwd (useradd, groupadd), util-linux (runuser): the second Unix account of tests/security/access.sh
+# libvirt-daemon-system (libvirtd), libvirt-clients (virsh, virt-xml-validate, which runs
+#   libxml2-utils' xmllint), qemu-system-x86: tests/libvirt; installed without their recommends
+#   (qemu's GUI, firmware, libvirt's network helpers), which nothing here uses. The guest's
+#   kernel and BusyBox are fetched by scripts/build-guest-image.sh (`apt-get download`); kmod:
+#   its depmod and modprobe, which order the modules of the guest's initrd.
 set -euo pipefail
 packages=("$@")
-[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux passwd bc time jq systemd python3 openssl libssl-dev gnutls-bin prometheus curl)
-missing=()
+[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux passwd bc time jq systemd python3 openssl libssl-dev gnutls-bin prometheus curl kmod libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86)
+without_recommends=" libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86 "
+missing=() lean=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && continue
+  case "$without_recommends" in *" $p "*) lean+=("$p") ;; *) missing+=("$p") ;; esac
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
+if [ $((${#missing[@]} + ${#lean[@]})) -gt 0 ]; then
+  echo "installing: ${missing[*]} ${lean[*]}"
   SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  [ ${#missing[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  [ ${#lean[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${lean[@]}"
 fi

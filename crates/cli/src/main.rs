@@ -14,6 +14,7 @@ mod control;
 mod estimate;
 mod image;
 mod keys;
+mod libvirt;
 mod metrics;
 mod mount;
 mod notify;
@@ -281,6 +282,15 @@ enum VolumeCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Print the libvirt <disk> element of a volume or snapshot as `condense serve` exports it.
+    ///
+    /// The disk is a volume, or a snapshot VOLUME@SNAPSHOT (read-only), reached over serve's
+    /// Unix socket (default POOL/nbd.sock, or --socket PATH) or over TCP with TLS (--tls
+    /// HOST[:PORT]). Put it in the domain's <devices> (`virsh edit`), or attach it: `condense
+    /// volume libvirt-xml vm1 --target vdb > disk.xml; virsh attach-device DOMAIN disk.xml
+    /// --config`. Permissions, the TLS settings of qemu.conf, snapshots, clones and migration:
+    /// docs/LIBVIRT.md.
+    LibvirtXml(libvirt::LibvirtXmlArgs),
 }
 
 #[derive(Args)]
@@ -1130,6 +1140,7 @@ fn volume_command(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
             target: (volume, snap),
             force,
         } => snapshot::rollback(ctx, &volume, &snap, force)?,
+        VolumeCommand::LibvirtXml(a) => libvirt::run(ctx, &a)?,
     }
     Ok(0)
 }
