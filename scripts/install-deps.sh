@@ -25,10 +25,39 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && continue
   case "$without_recommends" in *" $p "*) lean+=("$p") ;; *) missing+=("$p") ;; esac
 done
+# qemu-system-x86 must come from where qemu-utils came from: on a machine whose qemu-utils is
+# bookworm-backports' (the CI image has 10.0), bookworm's qemu-system 7.2 would make apt remove
+# qemu-utils (qemu-img, qemu-io, qemu-nbd). There qemu-system and its firmware come from
+# backports, through apt options that leave /etc/apt as it is: their own list of sources
+# (bookworm and its backports) and their own package lists.
+from_backports=0
+case " ${lean[*]} " in
+  *" qemu-system-x86 "*) [[ $(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null) == *bpo12* ]] && from_backports=1 ;;
+esac
 if [ $((${#missing[@]} + ${#lean[@]})) -gt 0 ]; then
   echo "installing: ${missing[*]} ${lean[*]}"
   SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -q
   [ ${#missing[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
-  [ ${#lean[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${lean[@]}"
+  apt_opts=()
+  if [ $from_backports = 1 ]; then
+    bpo=$(mktemp -d /tmp/condense-apt-XXXXXX)
+    trap '$SUDO rm -rf "$bpo"' EXIT
+    mkdir -p "$bpo/lists/partial" "$bpo/archives/partial"
+    keys=/usr/share/keyrings/debian-archive-keyring.gpg
+    {
+      for suite in bookworm bookworm-updates bookworm-backports; do
+        echo "deb [signed-by=$keys] http://deb.debian.org/debian $suite main"
+      done
+      echo "deb [signed-by=$keys] http://deb.debian.org/debian-security bookworm-security main"
+    } >"$bpo/sources.list"
+    apt_opts=(-o "Dir::Etc::sourcelist=$bpo/sources.list" -o Dir::Etc::sourceparts=- \
+      -o "Dir::State::lists=$bpo/lists" -o "Dir::Cache::archives=$bpo/archives" -o APT::Sandbox::User=root)
+    $SUDO apt-get "${apt_opts[@]}" update -q
+    for i in "${!lean[@]}"; do
+      case ${lean[$i]} in qemu-system-x86) lean[$i]=qemu-system-x86/bookworm-backports ;; esac
+    done
+    lean+=(qemu-system-common/bookworm-backports qemu-system-data/bookworm-backports seabios/bookworm-backports)
+  fi
+  [ ${#lean[@]} -eq 0 ] || DEBIAN_FRONTEND=noninteractive $SUDO apt-get "${apt_opts[@]}" install -y -q --no-install-recommends "${lean[@]}"
 fi
