@@ -292,26 +292,59 @@ fn collect_volumes(s: &condense_engine::PoolStats, e: &mut Encoder) {
         .iter()
         .filter(|v| !v.name.starts_with('.'))
         .collect();
-    type Field = fn(&condense_engine::VolumeStats) -> u64;
-    let per_volume: [(&str, &str, Field); 3] = [
+    type Field = fn(&condense_engine::VolumeStats) -> Option<f64>;
+    let per_volume: [(&str, &str, Field); 9] = [
         ("condense_volume_logical_bytes", "A volume's size.", |v| {
-            v.logical_bytes
+            Some(v.logical_bytes as f64)
         }),
         (
             "condense_volume_written_bytes",
             "Bytes of a volume's blocks that hold data.",
-            |v| v.written_bytes,
+            |v| Some(v.written_bytes as f64),
         ),
         (
             "condense_volume_physical_bytes",
             "A volume's share of the stored chunk bytes, in proportion to its data blocks.",
-            |v| v.physical_bytes,
+            |v| Some(v.physical_bytes as f64),
+        ),
+        (
+            "condense_volume_exclusive_bytes",
+            "Chunk record bytes only this volume references: what deleting it frees after gc.",
+            |v| v.exclusive_bytes().map(|b| b as f64),
+        ),
+        (
+            "condense_volume_shared_bytes",
+            "Chunk record bytes this volume references that other volumes or snapshots reference too.",
+            |v| v.shared_bytes().map(|b| b as f64),
+        ),
+        (
+            "condense_volume_exclusive_chunks",
+            "Chunks only this volume references.",
+            |v| v.space.map(|s| s.exclusive.chunks as f64),
+        ),
+        (
+            "condense_volume_shared_chunks",
+            "Chunks this volume references that other volumes or snapshots reference too.",
+            |v| v.space.map(|s| s.shared.chunks as f64),
+        ),
+        (
+            "condense_volume_dedup_ratio",
+            "A volume's written blocks per distinct chunk it references.",
+            |v| v.dedup_ratio,
+        ),
+        (
+            "condense_volume_compression_ratio",
+            "Block bytes of the distinct chunks a volume references per stored payload byte.",
+            |v| v.compression_ratio,
         ),
     ];
     for (name, help, get) in per_volume {
         if e.family(name, help, Kind::Gauge) {
+            // A figure the pool could not count (see `condense stats`) has no sample.
             for v in &volumes {
-                e.sample(name, &[("volume", &v.name)], get(v) as f64);
+                if let Some(x) = get(v) {
+                    e.sample(name, &[("volume", &v.name)], x);
+                }
             }
         }
     }

@@ -42,6 +42,13 @@ fn volume_fields(v: &VolumeStats) -> Value {
         "zero_bytes": v.zero_bytes,
         "physical_bytes": v.physical_bytes,
         "saving_percent": round2(v.saving_percent),
+        "exclusive_bytes": v.exclusive_bytes(),
+        "exclusive_chunks": v.space.map(|s| s.exclusive.chunks),
+        "shared_bytes": v.shared_bytes(),
+        "shared_chunks": v.space.map(|s| s.shared.chunks),
+        "referenced_bytes": v.space.map(|s| s.referenced().record_bytes()),
+        "dedup_ratio": v.dedup_ratio.map(round2),
+        "compression_ratio": v.compression_ratio.map(round2),
     })
 }
 
@@ -77,6 +84,11 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         "zero_bytes": s.zero_bytes,
         "unique_chunks": s.unique_chunks,
         "stored_bytes": s.stored_bytes,
+        "chunk_bytes": s.chunk_bytes,
+        "shared_bytes": s.shared.map(|x| x.record_bytes()),
+        "shared_chunks": s.shared.map(|x| x.chunks),
+        "attribution_ram_bytes": s.attribution_ram_bytes,
+        "attribution_error": s.attribution_error,
         "data_bytes": s.data_bytes,
         "metadata_bytes": s.metadata_bytes,
         "physical_bytes": s.physical_bytes,
@@ -441,14 +453,19 @@ fn pool_lines(o: &mut String, s: &PoolStats, verbose: bool) {
     o.push_str(&scrub_text(&s.scrub, &FileNames::none()));
 }
 
+/// The header of the volume or snapshot table of `stats`.
+fn table_header(o: &mut String, what: &str) {
+    let _ = writeln!(
+        o,
+        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
+        what, "logical", "written", "would free", "shared", "dedup", "compr"
+    );
+}
+
 /// The volume table, the snapshot table (if any) and their footnotes.
 fn volume_tables(o: &mut String, s: &PoolStats, verbose: bool) {
     let _ = writeln!(o);
-    let _ = writeln!(
-        o,
-        "{:<24} {:>12} {:>12} {:>12} {:>12} {:>8}",
-        "volume", "logical", "written", "zeros", "physical", "saving"
-    );
+    table_header(o, "volume");
     for v in &s.volumes {
         if v.name.starts_with('.') && !verbose {
             continue;
@@ -462,23 +479,28 @@ fn volume_tables(o: &mut String, s: &PoolStats, verbose: bool) {
         .collect();
     if !snaps.is_empty() {
         let _ = writeln!(o);
-        let _ = writeln!(
-            o,
-            "{:<24} {:>12} {:>12} {:>12} {:>12} {:>8}",
-            "snapshot", "logical", "written", "zeros", "physical", "saving"
-        );
+        table_header(o, "snapshot");
         for v in snaps {
             share_row(o, v);
         }
     }
-    if s.volumes.len() + s.snapshots.len() > 1 {
-        let _ = writeln!(
-            o,
-            "(per-volume and per-snapshot physical: the pool's chunk bytes shared out by written \
-             blocks, from counters, so they add up to the chunk bytes; `condense volume info NAME` \
-             walks one map for its exact share; `condense snapshot list` shows what deleting a \
-             snapshot would free)"
-        );
+    match (&s.attribution_error, s.shared) {
+        (Some(e), _) => {
+            let _ = writeln!(o, "(per-volume figures unavailable: {e})");
+        }
+        (None, Some(shared)) => {
+            let _ = writeln!(
+                o,
+                "(would free: stored chunks only it references, freed by deleting it and `condense gc`; \
+                 shared: stored chunks other volumes or snapshots reference too, {} in the pool; \
+                 everything's `would free` plus that is the pool's {} of live chunks. \
+                 dedup and compr: its own written blocks per distinct chunk, and block bytes per \
+                 stored byte)",
+                human(shared.record_bytes()),
+                human(s.chunk_bytes)
+            );
+        }
+        (None, None) => {}
     }
     let hidden = s.volumes.iter().filter(|v| v.name.starts_with('.')).count();
     if hidden > 0 && !verbose {
@@ -486,17 +508,28 @@ fn volume_tables(o: &mut String, s: &PoolStats, verbose: bool) {
     }
 }
 
+/// `n` bytes, or `-` when the figure is missing.
+fn human_or_dash(n: Option<u64>) -> String {
+    n.map_or_else(|| "-".to_string(), human)
+}
+
+/// A ratio as `1.23x`, or `-` when there is none.
+fn ratio(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x"))
+}
+
 /// One line of the volume or snapshot table of `stats`.
 fn share_row(o: &mut String, v: &VolumeStats) {
     let _ = writeln!(
         o,
-        "{:<24} {:>12} {:>12} {:>12} {:>12} {:>7.1}%",
+        "{:<24} {:>10} {:>10} {:>10} {:>10} {:>7} {:>7}",
         v.name,
         human(v.logical_bytes),
         human(v.written_bytes),
-        human(v.zero_bytes),
-        human(v.physical_bytes),
-        v.saving_percent,
+        human_or_dash(v.exclusive_bytes()),
+        human_or_dash(v.shared_bytes()),
+        ratio(v.dedup_ratio),
+        ratio(v.compression_ratio),
     );
 }
 
@@ -509,6 +542,25 @@ fn volume_lines(o: &mut String, v: &VolumeStats) {
         human(v.written_bytes)
     );
     let _ = writeln!(o, "  {:<24} {}", "zero blocks written", human(v.zero_bytes));
+    let _ = writeln!(
+        o,
+        "  {:<24} {}",
+        "would free if deleted",
+        human_or_dash(v.exclusive_bytes())
+    );
+    let _ = writeln!(
+        o,
+        "  {:<24} {}",
+        "shared with others",
+        human_or_dash(v.shared_bytes())
+    );
+    let _ = writeln!(
+        o,
+        "  {:<24} dedup {}, compression {}",
+        "own reduction",
+        ratio(v.dedup_ratio),
+        ratio(v.compression_ratio)
+    );
     let _ = writeln!(o, "  {:<24} {}", "physical share", human(v.physical_bytes));
     let _ = writeln!(o, "  {:<24} {:.1} %", "saving", v.saving_percent);
 }
@@ -776,6 +828,7 @@ pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), Strin
                     physical_bytes: u(j, "physical_bytes"),
                     saving_percent: f(j, "saving_percent"),
                     snapshot_of: None,
+                    ..Default::default()
                 })
                 .collect()
         })
@@ -811,6 +864,7 @@ pub fn read_status(dir: &std::path::Path) -> Result<(PoolStats, u64, u64), Strin
         volumes,
         remote: None,
         scrub: v.get("scrub").map(scrub_from_json).unwrap_or_default(),
+        ..Default::default()
     };
     Ok((stats, age, u(&v, "pid")))
 }

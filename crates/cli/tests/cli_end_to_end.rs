@@ -588,3 +588,94 @@ fn volume_info_gives_the_exact_physical_share() {
     assert_eq!(share("b"), records / 2);
     assert_eq!(share("c"), records);
 }
+
+/// `stats` tells what each VM costs: three VMs from one base image, each with data of its
+/// own, show different "would free" figures that add up with the shared part to the pool's
+/// chunk bytes; deleting one and running gc frees what its figure said.
+#[test]
+fn stats_say_what_deleting_a_vm_frees() {
+    let d = tmp();
+    let pool = d.path().join("pool");
+    ok(&pool, &["init"]);
+    let base = Rng(1).bytes(4 << 20);
+    for i in 1..=3u64 {
+        let img = d.path().join(format!("vm{i}.img"));
+        let own = Rng(10 + i).bytes((i << 20) as usize);
+        make_image(&img, 16 << 20, &[(0, base.clone()), (8 << 20, own)]);
+        let name = format!("vm{i}");
+        ok(
+            &pool,
+            &["import", img.to_str().unwrap_or_default(), "--name", &name],
+        );
+    }
+    let n =
+        |j: &serde_json::Value, k: &str| j[k].as_u64().unwrap_or_else(|| panic!("no {k} in {j}"));
+    let vm = |s: &serde_json::Value, name: &str| {
+        s["volumes"]
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .chain(s["snapshots"].as_array().into_iter().flatten())
+                    .find(|v| v["name"] == name)
+                    .cloned()
+            })
+            .unwrap_or_else(|| panic!("no {name} in {s}"))
+    };
+    // The sum rule: every volume's and snapshot's exclusive part plus the shared part.
+    let sums_exact = |s: &serde_json::Value| {
+        let exclusive: u64 = s["volumes"]
+            .as_array()
+            .into_iter()
+            .chain(s["snapshots"].as_array())
+            .flatten()
+            .map(|v| n(v, "exclusive_bytes"))
+            .sum();
+        assert_eq!(exclusive + n(s, "shared_bytes"), n(s, "chunk_bytes"), "{s}");
+    };
+    let s = json(&ok(&pool, &["stats", "--json"]));
+    for i in 1..=3u64 {
+        let v = vm(&s, &format!("vm{i}"));
+        // Random data is stored raw: its own blocks are its alone, the base is shared.
+        assert_eq!(n(&v, "exclusive_chunks"), i * 256, "{v}");
+        assert_eq!(n(&v, "exclusive_bytes"), i * 256 * (4096 + 32), "{v}");
+        assert_eq!(n(&v, "shared_chunks"), 1024, "{v}");
+        assert_eq!(v["dedup_ratio"].as_f64(), Some(1.0), "{v}");
+    }
+    assert_eq!(n(&s, "shared_chunks"), 1024);
+    sums_exact(&s);
+    let text = ok(&pool, &["stats"]);
+    assert!(
+        text.contains("would free") && text.contains("1.00x"),
+        "{text}"
+    );
+
+    // A snapshot of vm1 shares all of it; vm1 alone would free nothing now.
+    ok(&pool, &["snapshot", "create", "vm1", "s"]);
+    let s = json(&ok(&pool, &["stats", "--json"]));
+    assert_eq!(n(&vm(&s, "vm1"), "exclusive_bytes"), 0);
+    assert_eq!(n(&vm(&s, "vm1@s"), "exclusive_bytes"), 0);
+    assert_eq!(n(&vm(&s, "vm1@s"), "shared_chunks"), 1024 + 256);
+    sums_exact(&s);
+
+    // Deleting vm3 and running gc frees what its figure said: the live chunk bytes exactly;
+    // the segment files by as much, less the dead bytes gc left and up to segment headers.
+    let frees = n(&vm(&s, "vm3"), "exclusive_bytes");
+    ok(&pool, &["volume", "delete", "vm3"]);
+    ok(&pool, &["gc", "--min-dead-percent", "1"]);
+    let after = json(&ok(&pool, &["stats", "--json"]));
+    assert_eq!(n(&s, "chunk_bytes") - n(&after, "chunk_bytes"), frees);
+    let files = |j: &serde_json::Value| n(j, "data_bytes") - n(j, "dead_bytes");
+    let freed = files(&s) - files(&after);
+    assert!(
+        freed.abs_diff(frees) <= 4096 * n(&s, "segments"),
+        "freed {freed}, figure {frees}"
+    );
+    assert!(
+        n(&after, "data_bytes") < n(&s, "data_bytes") - frees / 2,
+        "{after}"
+    );
+    // The base is still shared by vm1, its snapshot and vm2.
+    assert_eq!(n(&vm(&after, "vm2"), "exclusive_chunks"), 512);
+    assert_eq!(n(&after, "shared_chunks"), 1024 + 256);
+    sums_exact(&after);
+}

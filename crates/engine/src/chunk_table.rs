@@ -125,7 +125,8 @@ impl ChunkTable {
         .map(drop)
     }
 
-    pub fn relocate(&mut self, cache: &mut PageCache, id: u64, loc: &Location) -> Result<()> {
+    /// Move chunk `id` to `loc`; returns its payload length before the move.
+    pub fn relocate(&mut self, cache: &mut PageCache, id: u64, loc: &Location) -> Result<u32> {
         let (old, new) = self.update(cache, id, |old| match old {
             None => Err(Error::corrupt(
                 "journal",
@@ -139,7 +140,7 @@ impl ChunkTable {
                 self.account(&new, true);
             }
         }
-        Ok(())
+        Ok(old.map_or(0, |o| o.loc.stored_len))
     }
 
     /// Forget chunk `id` (it has no references).
@@ -154,8 +155,8 @@ impl ChunkTable {
         .map(drop)
     }
 
-    /// Take a reference.
-    pub fn incref(&mut self, cache: &mut PageCache, id: u64) -> Result<()> {
+    /// Take a reference; returns the chunk's payload length.
+    pub fn incref(&mut self, cache: &mut PageCache, id: u64) -> Result<u32> {
         let (old, new) = self.update(cache, id, |old| match old {
             None => Err(Error::corrupt(
                 "block map",
@@ -173,11 +174,11 @@ impl ChunkTable {
                 self.account(&n, true);
             }
         }
-        Ok(())
+        Ok(new.map_or(0, |n| n.loc.stored_len))
     }
 
-    /// Drop a reference.
-    pub fn decref(&mut self, cache: &mut PageCache, id: u64) -> Result<()> {
+    /// Drop a reference; returns the chunk's payload length.
+    pub fn decref(&mut self, cache: &mut PageCache, id: u64) -> Result<u32> {
         let (old, new) = self.update(cache, id, |old| match old {
             None => Err(Error::corrupt(
                 "block map",
@@ -198,7 +199,7 @@ impl ChunkTable {
             }
         }
         let _ = old;
-        Ok(())
+        Ok(new.map_or(0, |n| n.loc.stored_len))
     }
 
     /// Live bytes of records in `segment`.

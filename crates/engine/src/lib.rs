@@ -13,6 +13,8 @@
 //!   bounded cache, and where their pages go in `meta.dat`
 //! - [`chunk_table`], [`dedup_index`], [`block_map`]: the metadata
 //! - [`metadata`]: the metadata stores together and the one `apply` that changes them
+//! - [`attribution`]: which volumes and snapshots name each chunk: per volume, the bytes only
+//!   it references (what deleting it frees) and those it shares
 //! - [`journal`]: making metadata changes durable between checkpoints
 //! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush
 //! - [`volume`]: the Volume API over a pool
@@ -27,6 +29,7 @@
 
 #![deny(clippy::unwrap_used)]
 
+pub mod attribution;
 pub mod block_map;
 pub mod cache_tier;
 pub mod chunk_table;

@@ -14,7 +14,10 @@
 //!   request cleanly instead of half-applying it.
 //! - The counters (per volume: data and zero blocks; chunk table: live chunks and bytes) are
 //!   exact after every record, so statistics never walk a map.
+//! - Once built, the space attribution ([`crate::attribution`]) changes with every map entry
+//!   set and every tree added or released, so it stays exact too; a salvage replay drops it.
 
+use crate::attribution::Attribution;
 use crate::block_map::{self, MapCounts};
 use crate::chunk_table::{page_of, ChunkTable};
 use crate::dedup_index::{DedupIndex, IndexOrigin, SavedIndex};
@@ -107,6 +110,9 @@ pub(crate) struct Metadata {
     /// Metadata page bytes written before this open (from the root).
     pub meta_bytes_written_before: u64,
     pub checkpoints: u64,
+    /// Which volumes and snapshots name each chunk; `None` until the first figure asked for
+    /// builds it ([`Metadata::attribution`]): until then the write path pays nothing for it.
+    pub attribution: Option<Attribution>,
 }
 
 impl Metadata {
@@ -262,8 +268,10 @@ impl Metadata {
             },
         }
         if let Mode::Salvage(_) = mode {
-            // The holders a leaf copied from a shared one gained are the rebuild's to count.
+            // The holders a leaf copied from a shared one gained are the rebuild's to count,
+            // and so is the attribution of chunks to volumes.
             self.pages.take_unshared_leaves();
+            self.attribution = None;
         }
         Ok(())
     }
@@ -293,7 +301,15 @@ impl Metadata {
     /// A chunk moved by GC. Salvage: set aside for the rebuild if its record is on disk.
     fn relocate_chunk(&mut self, id: u64, loc: &Location, mode: &mut Mode) -> Result<()> {
         match mode {
-            Mode::Strict => self.chunks.relocate(&mut self.pages, id, loc),
+            Mode::Strict => {
+                let before = self.chunks.relocate(&mut self.pages, id, loc)?;
+                if before != loc.stored_len {
+                    // GC copies records verbatim; a record that changed length is counted
+                    // again from scratch.
+                    self.attribution = None;
+                }
+                Ok(())
+            }
             Mode::Salvage(s) => {
                 s.chunk_placed(id, loc, None);
                 Ok(())
@@ -504,7 +520,10 @@ impl Metadata {
 
     fn set_entry(&mut self, vol: u32, block: u64, e: u64) -> Result<()> {
         if e < CHUNK_ID_LIMIT {
-            self.chunks.incref(&mut self.pages, e)?;
+            let stored = self.chunks.incref(&mut self.pages, e)?;
+            if let Some(a) = self.attribution.as_mut() {
+                a.add(vol, e, 1, stored);
+            }
         }
         let v = self
             .volumes
@@ -521,7 +540,10 @@ impl Metadata {
             }
         }
         if old < CHUNK_ID_LIMIT {
-            self.chunks.decref(&mut self.pages, old)?;
+            let stored = self.chunks.decref(&mut self.pages, old)?;
+            if let Some(a) = self.attribution.as_mut() {
+                a.remove(vol, old, 1, stored);
+            }
         }
         Ok(())
     }
@@ -529,6 +551,7 @@ impl Metadata {
     /// Release volume `vol`'s block map: pages it alone holds are freed and the chunks
     /// their entries name lose a reference; pages shared with snapshots or clones stay.
     pub(crate) fn release_volume_tree(&mut self, vol: u32) -> Result<()> {
+        self.attribute_tree(vol, false)?;
         let mut ids = Vec::new();
         self.pages.release_tree(u64::from(vol), &mut |leaf| {
             block_map::leaf_chunks(leaf, |id| ids.push(id));
@@ -538,6 +561,106 @@ impl Metadata {
             self.chunks.decref(&mut self.pages, id)?;
         }
         Ok(())
+    }
+
+    /// Each chunk volume `vol`'s map names, with how many of its entries name it.
+    fn tree_chunks(&mut self, vol: u32) -> Result<HashMap<u64, u32>> {
+        let mut held: HashMap<u64, u32> = HashMap::new();
+        self.pages
+            .for_each_leaf(u64::from(vol), 0, u64::MAX, &mut |_, leaf| {
+                block_map::leaf_chunks(leaf, |id| *held.entry(id).or_default() += 1);
+                Ok(true)
+            })?;
+        Ok(held)
+    }
+
+    /// Tell the attribution (if built) that volume `vol`'s whole map was added (a snapshot,
+    /// clone or rollback, after its tree was made) or is about to be released (`add` false).
+    pub(crate) fn attribute_tree(&mut self, vol: u32, add: bool) -> Result<()> {
+        if self.attribution.is_none() {
+            return Ok(());
+        }
+        let held = self.tree_chunks(vol)?;
+        let mut stored = Vec::with_capacity(held.len());
+        for (&id, &n) in &held {
+            let len = self
+                .chunks
+                .get(&mut self.pages, id)?
+                .map(|c| c.loc.stored_len);
+            stored.push((id, n, len.unwrap_or(0)));
+        }
+        if let Some(a) = self.attribution.as_mut() {
+            for (id, n, len) in stored {
+                if add {
+                    a.add(vol, id, n, len);
+                } else {
+                    a.remove(vol, id, n, len);
+                }
+            }
+            if !add {
+                a.forget_tree(vol);
+            }
+        }
+        Ok(())
+    }
+
+    /// The attribution of chunks to volumes and snapshots: built from every map and the
+    /// chunk table the first time it is asked for after an open (or after it broke), then
+    /// kept by every change.
+    pub(crate) fn attribution(&mut self) -> Result<&Attribution> {
+        if self
+            .attribution
+            .as_ref()
+            .is_none_or(|a| a.broken().is_some())
+        {
+            self.attribution = None;
+            let built = self.build_attribution()?;
+            self.attribution = Some(built);
+        }
+        self.attribution
+            .as_ref()
+            .ok_or_else(|| Error::corrupt("metadata", "the space attribution vanished"))
+    }
+
+    /// An attribution counted from scratch: every volume's and snapshot's map walked, each
+    /// chunk's length from the chunk table. Refuses a map naming a chunk that is not live.
+    pub(crate) fn build_attribution(&mut self) -> Result<Attribution> {
+        let started = std::time::Instant::now();
+        let mut stored: HashMap<u64, u32> =
+            HashMap::with_capacity(usize::try_from(self.chunks.live_chunks).unwrap_or(0));
+        self.chunks.for_each(&mut self.pages, &mut |id, e| {
+            if e.refs > 0 {
+                stored.insert(id, e.loc.stored_len);
+            }
+            Ok(())
+        })?;
+        let mut a = Attribution::default();
+        let vols: Vec<u32> = self.volumes.keys().copied().collect();
+        for vol in vols {
+            let mut missing = None;
+            self.pages
+                .for_each_leaf(u64::from(vol), 0, u64::MAX, &mut |_, leaf| {
+                    block_map::leaf_chunks(leaf, |id| match stored.get(&id) {
+                        Some(&len) => a.add(vol, id, 1, len),
+                        None => missing = Some(id),
+                    });
+                    Ok(true)
+                })?;
+            if let Some(id) = missing {
+                return Err(Error::corrupt(
+                    "block map",
+                    format!(
+                        "volume id {vol} names chunk {id}, which is not live; run condense verify"
+                    ),
+                ));
+            }
+        }
+        tracing::info!(
+            "space attribution built: {} chunks in {:.2} s",
+            self.chunks.live_chunks,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(a)
     }
 
     /// What identifies this state's checkpoint root to a saved index (every field changes

@@ -628,6 +628,7 @@ fn fresh_metadata(
         meta: old.meta.clone(),
         meta_bytes_written_before: old.meta_bytes_written(),
         checkpoints: old.checkpoints,
+        attribution: None,
     }
 }
 

@@ -9,7 +9,13 @@
 //! - `compression_saving_percent` = 100 × (1 − stored payload bytes / (unique_chunks × block size)).
 //! - A volume's `physical_bytes` is its share: each block counts its chunk's record bytes
 //!   divided by the number of blocks sharing that chunk.
+//! - A volume's or snapshot's exact figures come from the space attribution
+//!   ([`crate::attribution`]): `exclusive` (chunks only it names: what deleting it frees),
+//!   `shared` (chunks others name too), and its own dedup and compression ratios. Sum rule:
+//!   the exclusive parts of all volumes and snapshots plus the pool's shared part are the
+//!   pool's live chunks (`chunk_bytes`).
 
+use crate::attribution::{Space, TreeSpace};
 use crate::error::{Error, Result};
 use crate::format::{CHUNK_ID_LIMIT, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
 use crate::locks::lock;
@@ -30,6 +36,36 @@ pub struct VolumeStats {
     pub saving_percent: f64,
     /// For a snapshot (`name` is `VOLUME@SNAPSHOT`): the volume it was taken of.
     pub snapshot_of: Option<String>,
+    /// Exact: the chunks only it names and those it shares (`None`: the attribution could
+    /// not be built, see [`PoolStats::attribution_error`]).
+    pub space: Option<TreeSpace>,
+    /// Written blocks per distinct chunk it names (`None`: nothing written, or no figures).
+    pub dedup_ratio: Option<f64>,
+    /// Block bytes of the distinct chunks it names per stored payload byte.
+    pub compression_ratio: Option<f64>,
+}
+
+impl VolumeStats {
+    /// Bytes of chunk records only this volume or snapshot names: what deleting it frees
+    /// (once GC runs).
+    pub fn exclusive_bytes(&self) -> Option<u64> {
+        self.space.map(|s| s.exclusive.record_bytes())
+    }
+
+    /// Bytes of chunk records it names that another volume or snapshot names too.
+    pub fn shared_bytes(&self) -> Option<u64> {
+        self.space.map(|s| s.shared.record_bytes())
+    }
+
+    /// Its own ratios from its written blocks and what it names.
+    fn set_ratios(&mut self, bs: u64) {
+        let Some(r) = self.space.map(|s| s.referenced()) else {
+            return;
+        };
+        let ratio = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
+        self.dedup_ratio = ratio(self.written_bytes, r.chunks * bs);
+        self.compression_ratio = ratio(r.chunks * bs, r.stored_bytes);
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -41,6 +77,14 @@ pub struct PoolStats {
     pub unique_chunks: u64,
     /// Payload bytes of live chunks after compression.
     pub stored_bytes: u64,
+    /// Record bytes of live chunks (payload and record headers): what segments hold live.
+    pub chunk_bytes: u64,
+    /// Chunks two or more volumes or snapshots name (`None`: no figures).
+    pub shared: Option<Space>,
+    /// RAM the space attribution holds.
+    pub attribution_ram_bytes: u64,
+    /// Why the per-volume figures are missing, if they are.
+    pub attribution_error: Option<String>,
     pub data_bytes: u64,
     pub metadata_bytes: u64,
     pub physical_bytes: u64,
@@ -92,7 +136,7 @@ impl PoolStats {
         let total_data_blocks: u64 = md.volumes.values().map(|v| v.counts.data_blocks).sum();
         let live_record_bytes =
             md.chunks.live_stored_bytes + md.chunks.live_chunks * RECORD_HEADER_BYTES as u64;
-        for v in md.volumes.values() {
+        for (id, v) in &md.volumes {
             let written = v.counts.data_blocks * bs;
             let share = if total_data_blocks == 0 {
                 0
@@ -105,7 +149,7 @@ impl PoolStats {
                     .get(&of)
                     .map_or_else(String::new, |o| o.name.clone())
             });
-            let vs = VolumeStats {
+            let mut vs = VolumeStats {
                 name: v.name.clone(),
                 logical_bytes: v.size,
                 written_bytes: written,
@@ -113,7 +157,10 @@ impl PoolStats {
                 physical_bytes: share,
                 saving_percent: percent_saved(share, written),
                 snapshot_of,
+                space: md.attribution.as_ref().map(|a| a.tree(*id)),
+                ..Default::default()
             };
+            vs.set_ratios(bs);
             if vs.snapshot_of.is_some() {
                 self.snapshots.push(vs);
                 continue;
@@ -140,6 +187,10 @@ impl PoolStats {
     fn add_space(&mut self, md: &Metadata, segments: &Segments, bs: u64, physical: u64) {
         self.unique_chunks = md.chunks.live_chunks;
         self.stored_bytes = md.chunks.live_stored_bytes;
+        self.chunk_bytes =
+            md.chunks.live_stored_bytes + md.chunks.live_chunks * RECORD_HEADER_BYTES as u64;
+        self.shared = md.attribution.as_ref().map(|a| a.shared());
+        self.attribution_ram_bytes = md.attribution.as_ref().map_or(0, |a| a.ram_bytes());
         self.data_bytes = segments.total_bytes();
         self.segments = segments.ids().count() as u64;
         self.dead_bytes = segments
@@ -227,6 +278,54 @@ impl Pool {
         Ok(v)
     }
 
+    /// The space attribution kept as the pool changed, compared with one counted from
+    /// scratch, and its sum rule against the chunk table's counters. An error says what
+    /// differs (for tests and `verify`-like checks; walks every map).
+    pub fn check_attribution(&self) -> Result<()> {
+        let mut st = lock(&self.state);
+        let md = &mut st.md;
+        if let Some(why) = md.attribution.as_ref().and_then(|a| a.broken()) {
+            return Err(Error::corrupt("space attribution", why.to_string()));
+        }
+        let kept = md.attribution()?.clone();
+        let fresh = md.build_attribution()?;
+        let live = Space {
+            chunks: md.chunks.live_chunks,
+            stored_bytes: md.chunks.live_stored_bytes,
+        };
+        if kept.totals() != live {
+            return Err(Error::corrupt(
+                "space attribution",
+                format!(
+                    "exclusive + shared = {:?}, live chunks {live:?}",
+                    kept.totals()
+                ),
+            ));
+        }
+        let differs = md.volumes.keys().find(|&&v| kept.tree(v) != fresh.tree(v));
+        if let Some(v) = differs {
+            return Err(Error::corrupt(
+                "space attribution",
+                format!(
+                    "volume id {v}: kept {:?}, counted {:?}",
+                    kept.tree(*v),
+                    fresh.tree(*v)
+                ),
+            ));
+        }
+        if kept.shared() != fresh.shared() {
+            return Err(Error::corrupt(
+                "space attribution",
+                format!(
+                    "shared: kept {:?}, counted {:?}",
+                    kept.shared(),
+                    fresh.shared()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The shape of a volume's block-map tree and where its root page is (diagnostics).
     pub fn map_root(&self, name: &str) -> Result<crate::page_cache::TreeInfo> {
         let vol = self.volume_id(name)?;
@@ -270,11 +369,14 @@ impl Pool {
                 .total_bytes()
                 .map_err(|e| Error::io("measuring the pool directory", e))?,
         };
-        let st = lock(&self.state);
+        let mut st = lock(&self.state);
+        // Built without filling the page cache (its walks read pages past it).
+        let built = st.md.attribution().map(drop);
         let md = &st.md;
         let bs = u64::from(self.block_size());
         let mut s = PoolStats {
             block_size: self.block_size(),
+            attribution_error: built.err().map(|e| e.to_string()),
             ..Default::default()
         };
         s.add_volumes(md, bs);

@@ -469,10 +469,15 @@ fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool
     if !report.is_clean() {
         return Err(format!("verify after recovery: {report:?}"));
     }
+    // The per-volume figures counted after replay obey the sum rule (docs/STATS.md).
+    pool.check_attribution()
+        .map_err(|e| format!("space attribution after recovery: {e}"))?;
     // The recovered pool takes writes and survives another clean reopen.
     let h = pool.volume(VOLUMES[0]).map_err(|e| e.to_string())?;
     h.write_at(0, &bytes_of(Content::Tag(42)), true)
         .map_err(|e| format!("write after recovery: {e}"))?;
+    pool.check_attribution()
+        .map_err(|e| format!("space attribution after a write: {e}"))?;
     pool.close()
         .map_err(|e| format!("close after recovery: {e}"))?;
     drop(h);

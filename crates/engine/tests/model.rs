@@ -342,6 +342,11 @@ fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, mode: Optio
                 }
             }
         }
+        // The per-volume figures kept through the change equal a count from scratch, and
+        // exclusive + shared is every live chunk (docs/STATS.md).
+        if let Err(e) = pool.check_attribution() {
+            panic!("space attribution after {op:?}: {e}");
+        }
     }
     check_all(&pool, &model);
     // Everything written survives a reopen, and verify finds nothing wrong.

@@ -561,6 +561,7 @@ fn load_metadata(
         meta: root.meta.iter().cloned().collect(),
         meta_bytes_written_before: root.meta_bytes_written,
         checkpoints: root.checkpoints,
+        attribution: None,
     };
     for v in &root.volumes {
         let counts = crate::block_map::MapCounts {

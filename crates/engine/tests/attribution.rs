@@ -1,0 +1,157 @@
+//! Exact per-volume and per-snapshot figures (docs/STATS.md): the chunks only one volume or
+//! snapshot names and those it shares, kept as volumes are written, snapshotted, cloned,
+//! rolled back and deleted; what deleting one frees is what its figure said; the sum rule.
+
+use condense_engine::sim::{SimDir, SimHandle, SimRng};
+use condense_engine::{Compression, InitOptions, OpenOptions, Pool, PoolStats, VolumeStats};
+use std::sync::Arc;
+
+type R = Result<(), Box<dyn std::error::Error>>;
+
+const BS: usize = 4096;
+
+fn random_blocks(rng: &mut SimRng, blocks: usize) -> Vec<u8> {
+    (0..blocks * BS / 8)
+        .flat_map(|_| rng.next_u64().to_le_bytes())
+        .collect()
+}
+
+fn find<'a>(s: &'a PoolStats, name: &str) -> &'a VolumeStats {
+    match s
+        .volumes
+        .iter()
+        .chain(&s.snapshots)
+        .find(|v| v.name == name)
+    {
+        Some(v) => v,
+        None => panic!("{name} is not in the statistics"),
+    }
+}
+
+/// (exclusive chunks, shared chunks) of `name`.
+fn chunks(s: &PoolStats, name: &str) -> (u64, u64) {
+    match find(s, name).space {
+        Some(t) => (t.exclusive.chunks, t.shared.chunks),
+        None => panic!("no figures for {name}: {:?}", s.attribution_error),
+    }
+}
+
+/// Every volume's and snapshot's exclusive bytes plus the pool's shared bytes are the live
+/// chunk bytes.
+fn sum_rule_holds(s: &PoolStats) {
+    let exclusive: u64 = s
+        .volumes
+        .iter()
+        .chain(&s.snapshots)
+        .filter_map(|v| v.exclusive_bytes())
+        .sum();
+    let shared = s.shared.map_or(0, |x| x.record_bytes());
+    assert_eq!(exclusive + shared, s.chunk_bytes, "sum rule");
+}
+
+#[test]
+fn figures_follow_writes_snapshots_clones_and_deletes() -> R {
+    let disk = SimDir::new();
+    let init = InitOptions {
+        compression: Compression::None,
+        ..Default::default()
+    };
+    Pool::init(&SimHandle(disk.clone()), &init)?;
+    let pool = Pool::open(Arc::new(SimHandle(disk)), OpenOptions::default())?;
+    let mut rng = SimRng::new(27);
+    let common = random_blocks(&mut rng, 16);
+    let a_own = random_blocks(&mut rng, 24);
+    let b_own = random_blocks(&mut rng, 8);
+    for v in ["a", "b"] {
+        pool.create_volume(v, 1 << 20)?;
+        pool.volume(v)?.write_at(0, &common, false)?;
+    }
+    // Figures asked for once: from now on they are kept, not counted.
+    pool.stats()?;
+    pool.volume("a")?.write_at(64 << 10, &a_own, false)?;
+    // The same 8 blocks twice in b: 8 chunks, 16 blocks, dedup 2x within b.
+    pool.volume("b")?.write_at(64 << 10, &b_own, false)?;
+    pool.volume("b")?.write_at(128 << 10, &b_own, false)?;
+    let s = pool.stats()?;
+    assert_eq!(chunks(&s, "a"), (24, 16));
+    assert_eq!(chunks(&s, "b"), (8, 16));
+    assert_eq!(s.shared.map(|x| x.chunks), Some(16));
+    assert_eq!(find(&s, "b").dedup_ratio, Some(32.0 / 24.0));
+    assert_eq!(find(&s, "a").dedup_ratio, Some(1.0));
+    sum_rule_holds(&s);
+    pool.check_attribution()?;
+
+    // A snapshot names everything a does: nothing is a's alone any more. Overwriting 4
+    // blocks of a leaves their old chunks to the snapshot alone.
+    pool.create_snapshot("a", "s")?;
+    let s = pool.stats()?;
+    assert_eq!(chunks(&s, "a"), (0, 40));
+    assert_eq!(chunks(&s, "a@s"), (0, 40));
+    pool.volume("a")?
+        .write_at(64 << 10, &random_blocks(&mut rng, 4), false)?;
+    let s = pool.stats()?;
+    assert_eq!(chunks(&s, "a"), (4, 36));
+    assert_eq!(chunks(&s, "a@s"), (4, 36));
+    sum_rule_holds(&s);
+    pool.check_attribution()?;
+
+    // A clone of b and a rollback of a to its snapshot.
+    pool.clone_volume("b", "c")?;
+    pool.rollback_volume("a", "s", false)?;
+    let s = pool.stats()?;
+    assert_eq!(chunks(&s, "a"), (0, 40));
+    assert_eq!(chunks(&s, "b"), (0, 24));
+    assert_eq!(chunks(&s, "c"), (0, 24));
+    sum_rule_holds(&s);
+    pool.check_attribution()?;
+
+    // Deleting the clone gives b its 8 chunks back; deleting b then frees exactly what its
+    // figure said, once GC runs.
+    pool.delete_volume("c")?;
+    let s = pool.stats()?;
+    assert_eq!(chunks(&s, "b"), (8, 16));
+    let freeable = find(&s, "b").exclusive_bytes();
+    let before = s.chunk_bytes;
+    pool.delete_volume("b")?;
+    pool.gc(0)?;
+    let s = pool.stats()?;
+    assert_eq!(Some(before - s.chunk_bytes), freeable);
+    // The 16 common chunks are a's and its snapshot's now, shared by the two of them.
+    assert_eq!(chunks(&s, "a"), (0, 40));
+    sum_rule_holds(&s);
+    pool.check_attribution()?;
+
+    // After a reopen the figures are counted again, and agree.
+    pool.close()?;
+    Ok(())
+}
+
+#[test]
+fn a_reopened_pool_counts_the_same_figures() -> R {
+    let disk = SimDir::new();
+    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())?;
+    let mut rng = SimRng::new(3);
+    let data = random_blocks(&mut rng, 32);
+    let kept = {
+        let pool = Pool::open(Arc::new(SimHandle(disk.clone())), OpenOptions::default())?;
+        pool.create_volume("x", 1 << 20)?;
+        pool.stats()?;
+        pool.volume("x")?.write_at(0, &data, false)?;
+        pool.create_snapshot("x", "one")?;
+        pool.volume("x")?.write_at(4096, &data[..8 * BS], false)?;
+        let s = pool.stats()?;
+        pool.close()?;
+        s
+    };
+    let pool = Pool::open(Arc::new(SimHandle(disk)), OpenOptions::default())?;
+    let counted = pool.stats()?;
+    for name in ["x", "x@one"] {
+        assert_eq!(
+            find(&kept, name).space,
+            find(&counted, name).space,
+            "{name}"
+        );
+    }
+    sum_rule_holds(&counted);
+    Ok(())
+}
