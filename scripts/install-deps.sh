@@ -10,10 +10,11 @@
 # openssl: certificates for the NBD-over-TLS test (tests/tls) and bench (bench/nbd/tls-bench.sh)
 # libssl-dev (with pkg-config): OpenSSL for TLS-PSK (crates/nbd); gnutls-bin: psktool (tests/security/psk.sh)
 # prometheus (the server and promtool), curl: tests/metrics (scrape, promtool check metrics, queries)
+# tmux: drives `condense top`'s full-screen view in tests/top (send-keys, capture-pane)
 # passwd (useradd, groupadd), util-linux (runuser): the second Unix account of tests/security/access.sh
 set -euo pipefail
 packages=("$@")
-[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux passwd bc time jq systemd python3 openssl libssl-dev gnutls-bin prometheus curl)
+[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux passwd bc time jq systemd python3 openssl libssl-dev gnutls-bin prometheus curl tmux)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
