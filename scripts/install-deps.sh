@@ -10,6 +10,7 @@
 # openssl: certificates for the NBD-over-TLS test (tests/tls) and bench (bench/nbd/tls-bench.sh)
 # libssl-dev (with pkg-config): OpenSSL for TLS-PSK (crates/nbd); gnutls-bin: psktool (tests/security/psk.sh)
 # prometheus (the server and promtool), curl: tests/metrics (scrape, promtool check metrics, queries)
+# tmux: drives `condense top`'s full-screen view in tests/top (send-keys, capture-pane)
 # passwd (useradd, groupadd), util-linux (runuser): the second Unix account of tests/security/access.sh
 # libvirt-daemon-system (libvirtd), libvirt-clients (virsh, virt-xml-validate, which runs
 #   libxml2-utils' xmllint), qemu-system-x86: tests/libvirt; installed without their recommends
@@ -18,7 +19,7 @@
 #   its depmod and modprobe, which order the modules of the guest's initrd.
 set -euo pipefail
 packages=("$@")
-[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux passwd bc time jq systemd python3 openssl libssl-dev gnutls-bin prometheus curl kmod libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86)
+[ $# -gt 0 ] || packages=(build-essential pkg-config qemu-utils libnbd-bin nbdkit fio fuse3 libfuse3-dev xfsprogs e2fsprogs util-linux passwd bc time jq systemd python3 openssl libssl-dev gnutls-bin prometheus curl tmux kmod libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86)
 without_recommends=" libvirt-daemon-system libvirt-clients libxml2-utils qemu-system-x86 "
 missing=() lean=()
 for p in "${packages[@]}"; do

@@ -172,18 +172,6 @@ pub fn request_argv(args: &[OsString], pool_abs: &Path) -> Vec<OsString> {
 /// returns its exit status. `None` when there is no control socket or nobody listens on it
 /// (then the command opens the pool itself).
 pub fn forward(pool: &Path) -> Result<Option<i32>> {
-    let sock = pool.join(SOCKET_NAME);
-    if std::fs::symlink_metadata(&sock).is_err() {
-        return Ok(None);
-    }
-    let mut stream = match UnixStream::connect(&sock) {
-        Ok(s) => s,
-        // Refused: a daemon that was killed left its socket behind, nobody holds the pool.
-        // Or the socket is not ours to use (another user's daemon), or cannot be reached at
-        // all (a path too long for a socket): opening the pool directly then says that a
-        // process holds it (and `stats` shows what that process publishes).
-        Err(_) => return Ok(None),
-    };
     let abs = std::path::absolute(pool)
         .with_context(|| format!("cannot resolve the pool path {}", pool.display()))?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
@@ -197,6 +185,40 @@ pub fn forward(pool: &Path) -> Result<Option<i32>> {
             })
         })
         .collect::<Result<_>>()?;
+    let Some(reply) = ask(pool, &argv)? else {
+        return Ok(None);
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(reply.stdout.as_bytes())?;
+    out.flush()?;
+    let mut err = std::io::stderr().lock();
+    err.write_all(reply.stderr.as_bytes())?;
+    err.flush()?;
+    Ok(Some(reply.code))
+}
+
+/// What the daemon answered to one request.
+pub struct Reply {
+    pub stdout: String,
+    pub stderr: String,
+    pub code: i32,
+}
+
+/// Run `argv` (a command line after the program name, with `--pool` absolute) in the daemon
+/// holding `pool`. `None` when there is no control socket or nobody listens on it.
+pub fn ask(pool: &Path, argv: &[String]) -> Result<Option<Reply>> {
+    let sock = pool.join(SOCKET_NAME);
+    if std::fs::symlink_metadata(&sock).is_err() {
+        return Ok(None);
+    }
+    let mut stream = match UnixStream::connect(&sock) {
+        Ok(s) => s,
+        // Refused: a daemon that was killed left its socket behind, nobody holds the pool.
+        // Or the socket is not ours to use (another user's daemon), or cannot be reached at
+        // all (a path too long for a socket): opening the pool directly then says that a
+        // process holds it (and `stats` shows what that process publishes).
+        Err(_) => return Ok(None),
+    };
     let mut line = serde_json::to_vec(&json!({ "argv": argv }))?;
     line.push(b'\n');
     let what = || format!("control socket {}", sock.display());
@@ -221,13 +243,11 @@ pub fn forward(pool: &Path) -> Result<Option<i32>> {
         .as_i64()
         .and_then(|c| i32::try_from(c).ok())
         .with_context(|| format!("reply without an exit status on {}", sock.display()))?;
-    let mut out = std::io::stdout().lock();
-    out.write_all(text("stdout").as_bytes())?;
-    out.flush()?;
-    let mut err = std::io::stderr().lock();
-    err.write_all(text("stderr").as_bytes())?;
-    err.flush()?;
-    Ok(Some(code))
+    Ok(Some(Reply {
+        stdout: text("stdout"),
+        stderr: text("stderr"),
+        code,
+    }))
 }
 
 // ---------------------------------------------------------------------------------------------

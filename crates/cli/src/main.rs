@@ -25,6 +25,7 @@ mod scrub;
 mod serve;
 mod size;
 mod snapshot;
+mod top;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -94,6 +95,10 @@ enum Command {
     Mount(mount::MountArgs),
     /// How much the pool saves: logical vs physical bytes, dedup and compression, RAM.
     Stats(StatsArgs),
+    /// A live view of a served pool, per volume: IOPS, MiB/s, latency, dedup, compression
+    /// and cache hits of the I/O now (like `zpool iostat -v 1`). Also `condense iostat`.
+    #[command(visible_alias = "iostat", long_about = top::LONG_ABOUT)]
+    Top(top::TopArgs),
     /// Reclaim the space of chunks no block refers to any more.
     Gc(GcArgs),
     /// A cache of hot chunks on a fast directory in front of the pool: attach, detach, stats
@@ -525,7 +530,7 @@ impl Command {
                 | Command::Cache(_)
                 | Command::Durability(_)
                 | Command::Hosts { .. }
-        )
+        ) || matches!(self, Command::Top(a) if a.counters())
     }
 }
 
@@ -733,6 +738,7 @@ fn run(cli: Cli) -> Result<i32> {
             )?
         }
         Command::Connect(a) => s3::connect(&a)?,
+        Command::Top(a) => return top::run(&cli.pool, &a),
         Command::Bench(a) => bench::run(&cli.pool, &a)?,
         Command::Repair(a) => return repair::run(&cli.pool, &a),
         Command::Estimate(a) => estimate::run(&a)?,
@@ -879,6 +885,7 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Hosts { command, json } => {
             s3::hosts_command(ctx, command.or(Some(s3::HostsCommand::List { json })))
         }
+        Command::Top(a) if a.counters() => top::counters(ctx),
         _ => bail!("this command cannot run through the control socket"),
     }
 }

@@ -21,6 +21,7 @@
 //! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
 //! - [`cache_tier`]: the cache tier (chunk records on a fast directory, S3-FIFO, persistent)
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
+//! - [`volume_io`]: per-volume I/O counters for the live view (`condense top`)
 //! - [`destage`]: moving sealed segments from a writeback cache to the pool directory
 //! - [`remote`]: pools on S3-compatible object storage (the bucket as the pool directory)
 //! - [`secret_file`]: reading key, passphrase, credentials and PSK files (owner-only)
@@ -65,6 +66,7 @@ pub mod stats;
 pub mod verify;
 pub mod volume;
 pub mod volume_claims;
+pub mod volume_io;
 pub mod worker;
 
 pub use cache_tier::{CacheConf, CacheMode, CacheStats};
@@ -77,3 +79,4 @@ pub use pool::{
 };
 pub use stats::{PoolStats, VolumeStats};
 pub use volume::VolumeHandle;
+pub use volume_io::{OpValues, VolumeIoValues, LATENCY_BUCKETS};

@@ -2,13 +2,17 @@
 //!
 //! Owns: turning byte ranges into whole-block operations. Partial blocks at the edges of a
 //! write are read, patched and written whole under the volume's write lock, so concurrent
-//! writes to different bytes of one block never lose each other.
+//! writes to different bytes of one block never lose each other. Each read, write and
+//! zeroing is counted, with its latency, in the name's [`VolumeIo`] (a few relaxed atomic
+//! adds: [`crate::volume_io`]).
 
 use crate::error::{Error, Result};
 use crate::format::{ENTRY_UNMAPPED, ENTRY_ZERO};
 use crate::pool::Pool;
+use crate::volume_io::{Reduced, VolumeIo};
 use condense_api::{Extent, ExtentKind, VolumeError};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// An open volume.
 pub struct VolumeHandle {
@@ -18,6 +22,8 @@ pub struct VolumeHandle {
     /// A snapshot, or a pool opened read-only. Writable handles are counted in
     /// `Pool::writers` while they live.
     read_only: bool,
+    /// The I/O counters of `name`, shared with its other handles.
+    io: Arc<VolumeIo>,
 }
 
 impl Drop for VolumeHandle {
@@ -36,12 +42,22 @@ impl Drop for VolumeHandle {
 
 impl VolumeHandle {
     pub(crate) fn new(pool: Arc<Pool>, vol: u32, name: String, read_only: bool) -> VolumeHandle {
+        let io = pool.volume_io_for(&name);
         VolumeHandle {
             pool,
             vol,
             name,
             read_only,
+            io,
         }
+    }
+
+    /// `r`, counted as an error in the volume's I/O counters if it is one.
+    fn counted<T>(&self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.io.error();
+        }
+        r
     }
 
     pub fn pool(&self) -> &Arc<Pool> {
@@ -78,6 +94,14 @@ impl VolumeHandle {
 
     /// Read `buf.len()` bytes at `offset` (any alignment).
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let started = Instant::now();
+        let cache_use = self.counted(self.read_any(offset, buf))?;
+        self.io.read(buf.len() as u64, started.elapsed(), cache_use);
+        Ok(())
+    }
+
+    /// [`VolumeHandle::read_at`], uncounted; returns the cache tier's hits and misses.
+    fn read_any(&self, offset: u64, buf: &mut [u8]) -> Result<(u64, u64)> {
         let bs = self.bs();
         if self.whole_blocks(offset, buf.len()) {
             // read_blocks checks the range under the pool's lock (one lock taken, not two).
@@ -87,23 +111,32 @@ impl VolumeHandle {
         }
         self.range("read", offset, buf.len() as u64)?;
         if buf.is_empty() {
-            return Ok(());
+            return Ok((0, 0));
         }
         let first = offset / bs;
         let end = offset + buf.len() as u64;
         let last = end.div_ceil(bs);
         let mut tmp = vec![0u8; ((last - first) * bs) as usize];
-        self.pool
+        let cache_use = self
+            .pool
             .read_blocks(self.vol, &self.name, first, &mut tmp)?;
         let at = (offset - first * bs) as usize;
         buf.copy_from_slice(&tmp[at..at + buf.len()]);
-        Ok(())
+        Ok(cache_use)
     }
 
     /// Write `data` at `offset` (any alignment); durable on return with `fua` or in sync mode.
     pub fn write_at(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        let started = Instant::now();
+        let reduced = self.counted(self.write_any(offset, data, fua))?;
+        self.io.write(data.len() as u64, started.elapsed(), reduced);
+        Ok(())
+    }
+
+    /// [`VolumeHandle::write_at`], uncounted; returns what became of the blocks written.
+    fn write_any(&self, offset: u64, data: &[u8], fua: bool) -> Result<Reduced> {
         let bs = self.bs();
-        let seq = if self.whole_blocks(offset, data.len()) {
+        let (seq, reduced) = if self.whole_blocks(offset, data.len()) {
             // Whole blocks need no volume lock: concurrent writers hash and compress in
             // parallel and commit under the pool's state lock, which also checks the range.
             // (A write overlapping another in flight may land before or after it, as on any
@@ -113,7 +146,7 @@ impl VolumeHandle {
         } else {
             self.range("write", offset, data.len() as u64)?;
             if data.is_empty() {
-                return Ok(());
+                return Ok(Reduced::default());
             }
             let first = offset / bs;
             let end = offset + data.len() as u64;
@@ -136,7 +169,8 @@ impl VolumeHandle {
             tmp[at..at + data.len()].copy_from_slice(data);
             self.pool.write_blocks(self.vol, &self.name, first, &tmp)?
         };
-        self.finish(seq, fua)
+        self.finish(seq, fua)?;
+        Ok(reduced)
     }
 
     fn finish(&self, seq: u64, fua: bool) -> Result<()> {
@@ -149,9 +183,19 @@ impl VolumeHandle {
     /// Zero a range: whole blocks become ZERO (or UNMAPPED with `may_unmap`); partial edge
     /// blocks are patched with zeros.
     pub fn zero_at(&self, offset: u64, len: u64, may_unmap: bool, fua: bool) -> Result<()> {
+        let started = Instant::now();
+        let reduced = self.counted(self.zero_any(offset, len, may_unmap, fua))?;
+        self.io.zero(len, started.elapsed(), reduced);
+        Ok(())
+    }
+
+    /// [`VolumeHandle::zero_at`], uncounted; returns what became of the edge blocks
+    /// rewritten.
+    fn zero_any(&self, offset: u64, len: u64, may_unmap: bool, fua: bool) -> Result<Reduced> {
         self.range("write_zeroes", offset, len)?;
+        let mut reduced = Reduced::default();
         if len == 0 {
-            return Ok(());
+            return Ok(reduced);
         }
         let bs = self.bs();
         let end = offset + len;
@@ -199,9 +243,12 @@ impl VolumeHandle {
             self.pool
                 .read_blocks(self.vol, &self.name, block, &mut tmp)?;
             tmp[(s - block * bs) as usize..(e - block * bs) as usize].fill(0);
-            seq = self.pool.write_blocks(self.vol, &self.name, block, &tmp)?;
+            let (edge_seq, edge) = self.pool.write_blocks(self.vol, &self.name, block, &tmp)?;
+            seq = edge_seq;
+            reduced.add(edge);
         }
-        self.finish(seq, fua)
+        self.finish(seq, fua)?;
+        Ok(reduced)
     }
 
     /// Extents of `[offset, offset+len)`.

@@ -18,6 +18,11 @@ impl Pool {
         self.tier.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Whether a cache tier is open in front of the pool now.
+    pub fn has_cache_tier(&self) -> bool {
+        self.tier().is_some()
+    }
+
     /// What `cache.conf` says, if a cache is attached.
     pub fn cache_conf(&self) -> Result<Option<CacheConf>> {
         read_cache_conf(&*self.dir)

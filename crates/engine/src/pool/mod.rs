@@ -196,6 +196,8 @@ pub struct Pool {
     vol_locks: Mutex<HashMap<u32, Arc<Mutex<()>>>>,
     /// Open writable handles per volume (rollback refuses while any is open).
     pub(crate) writers: Mutex<HashMap<u32, usize>>,
+    /// Per-volume I/O counters, by name ([`crate::volume_io`]).
+    pub(crate) volume_io: crate::volume_io::VolumeIoMap,
     pub(crate) me: Weak<Pool>,
     pub(crate) read_errors: AtomicU64,
     /// Blocks repair declared lost ([`ENTRY_LOST`]) read as zeros instead of failing

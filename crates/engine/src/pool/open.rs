@@ -384,6 +384,7 @@ impl Pool {
             gc_lock: Mutex::new(()),
             vol_locks: Mutex::new(HashMap::new()),
             writers: Mutex::new(HashMap::new()),
+            volume_io: Default::default(),
             me: me.clone(),
             read_errors: AtomicU64::new(0),
             lost_reads_zeros: std::sync::atomic::AtomicBool::new(false),

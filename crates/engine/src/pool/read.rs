@@ -16,14 +16,15 @@ impl Pool {
     /// Steps: (1) under the state lock, each block's map entry and its chunk's location
     /// (zeros written for zero, unmapped and lost-as-zeros blocks); then without it (2) the
     /// cache tier looked up, (3) the records it lacks read from their segments, adjacent ones
-    /// with one call, and (4) every record checked and decoded into `out`.
+    /// with one call, and (4) every record checked and decoded into `out`. Returns the cache
+    /// tier's hits and misses (zeros without a cache tier).
     pub(crate) fn read_blocks(
         &self,
         vol: u32,
         name: &str,
         first: u64,
         out: &mut [u8],
-    ) -> Result<()> {
+    ) -> Result<(u64, u64)> {
         let bs = self.sb.block_size as usize;
         let (wanted, in_memory) = self.locate_blocks(vol, name, first, out)?;
         // The cache tier first: a hit is the record exactly as the segment holds it. A miss
@@ -111,9 +112,11 @@ impl Pool {
                 out.chunks_mut(bs).enumerate().try_for_each(decode)
             }
         });
+        let mut cache_use = (0, 0);
         if let Some(c) = &cache {
             let hits = (wanted.len() - cache_misses) as u64;
             c.count(hits, cache_misses as u64, bs as u64);
+            cache_use = (hits, cache_misses as u64);
         }
         if let Err(e) = &result {
             if e.is_damage() {
@@ -122,7 +125,7 @@ impl Pool {
                 tracing::error!("read failed: {e}");
             }
         }
-        result
+        result.map(|()| cache_use)
     }
 
     /// Read step 1, under the state lock: the chunk behind each block of the read, with the

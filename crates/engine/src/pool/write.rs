@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::format::*;
 use crate::locks::lock;
 use crate::reduction::{self, Compressor};
+use crate::volume_io::Reduced;
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -20,13 +21,14 @@ impl Pool {
     /// Steps: (1) zero detection and fingerprints, (2) which blocks are new chunks, (3) their
     /// compression (and sealing), all without the state lock; then under it (4) the new
     /// records staged in the open segment and (5) the changes applied and journaled.
+    /// Returns the journal sequence to flush through and what became of the blocks.
     pub(crate) fn write_blocks(
         &self,
         vol: u32,
         name: &str,
         first: u64,
         data: &[u8],
-    ) -> Result<u64> {
+    ) -> Result<(u64, Reduced)> {
         let bs = self.sb.block_size as usize;
         debug_assert_eq!(data.len() % bs, 0);
         // Hash and compress on every core only while this is the only write in flight (and
@@ -56,7 +58,7 @@ impl Pool {
         // No chunk was added since step 2 (ids are taken and committed under one hold of the
         // lock): its misses are misses still, and are not looked up again.
         let misses_hold = ids_at_lookup == Some(first_new_id);
-        let (mut records, entries) =
+        let (mut records, entries, reduced) =
             match self.stage_new_chunks(&mut st, &storer, &fps, &compressed, misses_hold) {
                 Ok(staged) => staged,
                 Err(e) => {
@@ -80,10 +82,10 @@ impl Pool {
             if st.poisoned.is_none() {
                 Self::unwind(&mut st, first_new_id, mark);
             }
-            return committed;
+            return committed.map(|seq| (seq, reduced));
         }
         st.segments.write_full_batch()?;
-        committed
+        committed.map(|seq| (seq, reduced))
     }
 
     /// Write step 1: zero detection and fingerprints, `None` for an all-zero block (small
@@ -130,8 +132,8 @@ impl Pool {
 
     /// Write step 4, under the state lock: each block's map entry; a duplicate names the
     /// chunk it found (in the pool or earlier in this write), a new chunk is given an id and
-    /// its record is appended to the open segment. Returns the `NewChunk` records and the
-    /// entries; on an error the caller unwinds what was staged.
+    /// its record is appended to the open segment. Returns the `NewChunk` records, the
+    /// entries and what became of the blocks; on an error the caller unwinds what was staged.
     fn stage_new_chunks<'d>(
         &self,
         st: &mut State,
@@ -139,8 +141,9 @@ impl Pool {
         fps: &[Option<Fingerprint>],
         compressed: &[Option<Stored<'d>>],
         misses_hold: bool,
-    ) -> Result<(Vec<JournalRecord>, Vec<u64>)> {
+    ) -> Result<(Vec<JournalRecord>, Vec<u64>, Reduced)> {
         let mut records = Vec::new();
+        let mut reduced = Reduced::default();
         let mut entries = Vec::with_capacity(fps.len());
         let mut batch_new: HashMap<Fingerprint, u64, FpHash> =
             HashMap::with_capacity_and_hasher(fps.len(), FpHash);
@@ -152,16 +155,19 @@ impl Pool {
             }
             let Some(fp) = fp else {
                 entries.push(ENTRY_ZERO);
+                reduced.zero += 1;
                 continue;
             };
             if let Some(&id) = batch_new.get(fp) {
                 entries.push(id);
+                reduced.dedup += 1;
                 continue;
             }
             let known_miss = misses_hold && compressed[i].is_some();
             if !known_miss {
                 if let Some(id) = st.md.find_duplicate(fp) {
                     entries.push(id);
+                    reduced.dedup += 1;
                     continue;
                 }
             }
@@ -183,8 +189,10 @@ impl Pool {
             records.push(JournalRecord::NewChunk { id, loc, fp: *fp });
             batch_new.insert(*fp, id);
             entries.push(id);
+            reduced.new += 1;
+            reduced.stored_bytes += payload.len() as u64;
         }
-        Ok((records, entries))
+        Ok((records, entries, reduced))
     }
 
     /// Give back the ids and staged records of a write that failed before anything of it
