@@ -61,7 +61,7 @@ fn under(root: &str, s: &str) -> String {
 
 fn round_trips(b: &dyn ObjectBackend, root: &str) {
     let n = |s: &str| under(root, s);
-    // Round trips: 0 B, 1 B, 4 KiB, 33 MiB (bigger than one 32 MiB segment; in parts on S3).
+    // Round trips: 0 B, 1 B, 4 KiB, 33 MiB (bigger than one 32 MiB segment).
     for (i, len) in [0usize, 1, 4096, 33 << 20].into_iter().enumerate() {
         let name = n(&format!("size/{len}"));
         let data = pattern(len, i as u64 + 1);
@@ -73,8 +73,8 @@ fn round_trips(b: &dyn ObjectBackend, root: &str) {
             "get {name}: {} bytes back, not the {len} put",
             got.len()
         );
-        // Across the 16 MiB seam of a multipart upload's parts (S3 puts objects this big in
-        // parts), and its last byte.
+        // A range across 16 MiB (where a multipart upload's parts would meet), and the last
+        // byte.
         if len > 16 << 20 {
             let at = (16 << 20) - 10;
             let seam = b.get_range(&name, at as u64, 20).unwrap();

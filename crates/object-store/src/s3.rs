@@ -46,11 +46,6 @@ const NONCE_KEY: &str = "condense-nonce";
 /// How long a best-effort `put_if_absent` waits, beyond its PUT's own time, before it reads
 /// the object back.
 const SETTLE: Duration = Duration::from_millis(500);
-/// Objects of at least this many bytes (sealed segments) are put as a multipart upload whose
-/// parts of [`PART_BYTES`] are sent side by side: to a 3-node Garage on 2 cores one PUT ran
-/// at 46 MB/s and four at once at 75 MB/s (bench/README.md "s3-import.sh").
-const MULTIPART_FROM_BYTES: usize = 24 << 20;
-const PART_BYTES: usize = 16 << 20;
 
 /// Timeouts and retries of every request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -513,59 +508,8 @@ impl Drop for S3Backend {
     }
 }
 
-impl S3Backend {
-    /// `bytes` as `name` by a multipart upload: parts of [`PART_BYTES`] sent side by side,
-    /// then completed (the object appears whole, as with one PUT); a failed part aborts the
-    /// upload, so no parts are left behind.
-    fn put_in_parts(&self, name: &str, bytes: &[u8]) -> Result<()> {
-        let path = self.path(name)?;
-        let store = self.store.clone();
-        let parts: Vec<PutPayload> = bytes
-            .chunks(PART_BYTES)
-            .map(|p| {
-                self.stats.put(p.len());
-                PutPayload::from(p.to_vec())
-            })
-            .collect();
-        // The create and the complete are requests too.
-        self.stats.put(0);
-        self.stats.put(0);
-        self.run(Op::Put, name, async move {
-            let mut upload = store.put_multipart(&path).await?;
-            let sent: Vec<_> = parts
-                .into_iter()
-                .map(|p| tokio::spawn(upload.put_part(p)))
-                .collect();
-            let mut failed = None;
-            for s in sent {
-                let r = s.await.unwrap_or_else(|e| {
-                    Err(object_store::Error::Generic {
-                        store: "S3",
-                        source: Box::new(e),
-                    })
-                });
-                if let Err(e) = r {
-                    failed.get_or_insert(e);
-                }
-            }
-            let done = match failed {
-                None => upload.complete().await.map(|_| ()),
-                Some(e) => Err(e),
-            };
-            if done.is_err() {
-                let _ = upload.abort().await;
-            }
-            done
-        })?
-        .map_err(|e| self.error(Op::Put, name, e))
-    }
-}
-
 impl ObjectBackend for S3Backend {
     fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
-        if bytes.len() >= MULTIPART_FROM_BYTES {
-            return self.put_in_parts(name, bytes);
-        }
         let path = self.path(name)?;
         let store = self.store.clone();
         let payload = PutPayload::from(bytes.to_vec());
