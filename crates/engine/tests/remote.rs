@@ -731,14 +731,8 @@ fn noise_block(tag: u64) -> Vec<u8> {
         .collect()
 }
 
-/// A cold sequential read on a new host is read ahead: after the first 256 KiB the store has
-/// answered GETs the reader never made (blocks ahead of it), the whole read fetches no byte
-/// twice, in GETs of about 4 MiB, every byte reads back as written, and so do reads out of
-/// order afterwards.
-#[test]
-fn a_cold_sequential_read_is_read_ahead_and_reads_every_byte() {
-    const BLOCKS: u64 = 24 * 256; // 24 MiB of incompressible blocks: one segment
-    let bucket = Bucket::new();
+/// A pool in `bucket` whose segments are 64 MiB (one per test's data), opened on host 1.
+fn pool_of_big_segments(bucket: &Bucket) -> Arc<Pool> {
     let local = bucket.local("host1");
     Pool::init_remote(
         &local,
@@ -751,7 +745,27 @@ fn a_cold_sequential_read_is_read_ahead_and_reads_every_byte() {
         },
     )
     .expect("init");
-    let pool = open(&local).expect("open");
+    open(&local).expect("open")
+}
+
+/// The requests `pool`'s store answered so far.
+fn store_requests(pool: &Pool) -> condense_object_store::BackendStats {
+    pool.stats()
+        .expect("stats")
+        .remote
+        .expect("remote stats")
+        .requests
+}
+
+/// A cold sequential read on a new host is read ahead: after the first 256 KiB the store has
+/// answered GETs the reader never made (blocks ahead of it), the whole read fetches no byte
+/// twice, in GETs of about 4 MiB, every byte reads back as written, and so do reads out of
+/// order afterwards.
+#[test]
+fn a_cold_sequential_read_is_read_ahead_and_reads_every_byte() {
+    const BLOCKS: u64 = 24 * 256; // 24 MiB of incompressible blocks: one segment
+    let bucket = Bucket::new();
+    let pool = pool_of_big_segments(&bucket);
     pool.create_volume("n", BLOCKS * BS as u64).expect("create");
     let h = pool.volume("n").expect("volume");
     let data: Vec<u8> = (0..BLOCKS).flat_map(noise_block).collect();
@@ -762,22 +776,8 @@ fn a_cold_sequential_read_is_read_ahead_and_reads_every_byte() {
 
     let host2 = bucket.connect("host2");
     let pool = open(&host2).expect("open on host 2");
-    let gets = || {
-        pool.stats()
-            .expect("stats")
-            .remote
-            .expect("remote stats")
-            .requests
-            .get_requests
-    };
-    let get_bytes = || {
-        pool.stats()
-            .expect("stats")
-            .remote
-            .expect("remote stats")
-            .requests
-            .get_bytes
-    };
+    let gets = || store_requests(&pool).get_requests;
+    let get_bytes = || store_requests(&pool).get_bytes;
     let h = pool.volume("n").expect("volume");
     let before = gets();
     let bytes_before = get_bytes();
@@ -840,19 +840,7 @@ fn a_cold_read_of_deduplicated_blocks_is_read_ahead_through_the_block_map() {
     const BLOCKS: u64 = 16 * 256; // 16 MiB: one segment of the first volume, one window
     const PIECE: usize = 256 << 10;
     let bucket = Bucket::new();
-    let local = bucket.local("host1");
-    Pool::init_remote(
-        &local,
-        &bucket.conf(false),
-        Durability::Local,
-        CACHE,
-        &InitOptions {
-            segment_bytes_target: 64 << 20,
-            ..Default::default()
-        },
-    )
-    .expect("init");
-    let pool = open(&local).expect("open");
+    let pool = pool_of_big_segments(&bucket);
     let size = BLOCKS * BS as u64;
     pool.create_volume("a", size).expect("create a");
     pool.create_volume("b", size).expect("create b");
@@ -875,14 +863,7 @@ fn a_cold_read_of_deduplicated_blocks_is_read_ahead_through_the_block_map() {
 
     let host2 = bucket.connect("host2");
     let pool = open(&host2).expect("open on host 2");
-    let gets = || {
-        pool.stats()
-            .expect("stats")
-            .remote
-            .expect("remote stats")
-            .requests
-            .get_requests
-    };
+    let gets = || store_requests(&pool).get_requests;
     let h = pool.volume("b").expect("volume b");
     let mut buf = vec![0u8; PIECE];
     for i in 0..2 {
