@@ -527,6 +527,10 @@ impl Metadata {
     fn set_entry(&mut self, vol: u32, block: u64, e: u64) -> Result<()> {
         if e < CHUNK_ID_LIMIT {
             let stored = self.chunks.incref(&mut self.pages, e)?;
+            if e >= ATTRIBUTION_CHUNKS_MAX {
+                // The pool grew past what the figures are kept for: dropped, not grown.
+                self.attribution = None;
+            }
             if let Some(a) = self.attribution.as_mut() {
                 a.add(vol, e, 1, stored);
             }
@@ -614,22 +618,24 @@ impl Metadata {
     /// chunk table the first time it is asked for after an open (or after it broke), then
     /// kept by every change.
     pub(crate) fn attribution(&mut self) -> Result<&Attribution> {
+        if self.chunks.next_id > ATTRIBUTION_CHUNKS_MAX {
+            // Past the limit (at open, or grown past it since the figures were built).
+            self.attribution = None;
+            return Err(Error::Invalid(format!(
+                "the exact per-volume figures are kept in RAM for pools of up to {} chunk \
+                 ids (~{} GiB of unique 4 KiB blocks); this pool has {}, so stats shows \
+                 the proportional share instead",
+                ATTRIBUTION_CHUNKS_MAX,
+                (ATTRIBUTION_CHUNKS_MAX * 4096) >> 30,
+                self.chunks.next_id
+            )));
+        }
         if self
             .attribution
             .as_ref()
             .is_none_or(|a| a.broken().is_some())
         {
             self.attribution = None;
-            if self.chunks.next_id > ATTRIBUTION_CHUNKS_MAX {
-                return Err(Error::Invalid(format!(
-                    "the exact per-volume figures are kept in RAM for pools of up to {} chunk \
-                     ids (~{} GiB of unique 4 KiB blocks); this pool has {}, so stats shows \
-                     the proportional share instead",
-                    ATTRIBUTION_CHUNKS_MAX,
-                    (ATTRIBUTION_CHUNKS_MAX * 4096) >> 30,
-                    self.chunks.next_id
-                )));
-            }
             let built = self.build_attribution()?;
             self.attribution = Some(built);
         }

@@ -113,7 +113,11 @@ impl Pool {
                 }
                 ranges.push((c.loc.segment, u64::from(c.loc.offset), c.loc.record_bytes()));
             }
-            let _ = md.pages.evict_to_budget();
+            if let Err(e) = md.pages.evict_to_budget() {
+                // As a read's own lookup does: the pool cannot go on from a failed eviction.
+                st.poisoned = Some(e.to_string());
+                return;
+            }
             ranges.sort_unstable();
             ranges.dedup();
             let mut merged: Vec<(u32, u64, u64)> = Vec::new();
