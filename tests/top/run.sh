@@ -134,11 +134,12 @@ refuse "top refuses a bad interval" "invalid interval" condense top --interval 0
 
 # ---------------------------------------------------------------------------------------
 # The full-screen view in a terminal (tmux): the first report (after 1 s) shows busy writing
-# and idle quiet, busy above idle; q quits and the terminal is left as it was.
-screen_test() { # NAME KEY: start top in tmux, check its first report, press KEY
+# and idle quiet, busy above idle; q, Ctrl-C and SIGTERM each end it, and the terminal is left
+# as it was: the normal screen, echo and canonical input back on (stty).
+screen_test() { # NAME KEY: start top in tmux, check its first report, press KEY (or send SIGTERM)
     local name=$1 key=$2 started report="" waited
     t kill-server 2>/dev/null
-    t new-session -d -x 160 -y 30 -s top "$CONDENSE --pool $POOL top; echo exited \$?; sleep 30"
+    t new-session -d -x 160 -y 30 -s top "$CONDENSE --pool $POOL top; echo exited \$?; stty -a | grep -q ' icanon .* echo ' && echo terminal-restored; sleep 30"
     started=$(date +%s%N)
     for _ in $(seq 1 100); do
         t capture-pane -p -t top >"$W/pane" 2>/dev/null
@@ -152,14 +153,19 @@ screen_test() { # NAME KEY: start top in tmux, check its first report, press KEY
     else
         fail "$name: the first report shows busy writing, idle quiet (waited ${waited} ms)" "$W/pane"
     fi
-    t send-keys -t top "$key"
+    if [ "$key" = SIGTERM ]; then
+        # The pane's shell runs top as its only child.
+        kill -TERM $(cat "/proc/$(t list-panes -t top -F '#{pane_pid}')/task/"*/children)
+    else
+        t send-keys -t top "$key"
+    fi
     for _ in $(seq 1 40); do
         t capture-pane -p -t top >"$W/pane" 2>/dev/null
-        grep -q '^exited' "$W/pane" && break
+        grep -q '^terminal-restored' "$W/pane" && break
         sleep 0.05
     done
     # Back on the normal screen: the table is gone, the shell's line is there.
-    if grep -q '^exited 0' "$W/pane" && ! grep -q 'VOLUME' "$W/pane"; then
+    if grep -q '^exited 0' "$W/pane" && grep -q '^terminal-restored' "$W/pane" && ! grep -q 'VOLUME' "$W/pane"; then
         ok "$name: quits with status 0 and restores the screen"
     else
         fail "$name: quits with status 0 and restores the screen" "$W/pane"
@@ -168,6 +174,7 @@ screen_test() { # NAME KEY: start top in tmux, check its first report, press KEY
 }
 screen_test "top in a terminal, q" q
 screen_test "top in a terminal, Ctrl-C" C-c
+screen_test "top in a terminal, SIGTERM" SIGTERM
 
 stop_pids "$FIO_PID"
 FIO_PID=

@@ -4,7 +4,8 @@
 //! counters through the control socket, once per interval (the request `top --counters`,
 //! answered inside the daemon by [`counters`]); turning two samples into rates, latency
 //! percentiles and reduction ratios ([`Row`]); and showing them: a full-screen view on a
-//! terminal (busiest volume first; `q` or Ctrl-C quits and restores the terminal), one JSON
+//! terminal (busiest volume first; `q`, Ctrl-C, SIGTERM or SIGHUP quits and restores the
+//! terminal), one JSON
 //! object per interval (`--json`, keys in docs/TOP.md), or one plain line per
 //! volume per interval (`--plain`, the default when standard output is not a terminal).
 //!
@@ -21,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
@@ -535,8 +537,33 @@ pub fn run(pool: &Path, a: &TopArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Set by SIGTERM, SIGHUP or SIGINT while the full-screen view is up: the loop ends and the
+/// terminal is restored, where the default action would kill the process with the terminal
+/// still in raw mode on the alternate screen.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Catch SIGTERM, SIGHUP and SIGINT into [`STOP`], without `SA_RESTART`, so a `poll` waiting
+/// for a key returns at once.
+fn catch_stop_signals() {
+    for sig in [libc::SIGTERM, libc::SIGHUP, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction with a valid handler and an empty mask; the handler only
+        // stores to an atomic, which is async-signal-safe.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = on_stop_signal as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut act.sa_mask);
+            libc::sigaction(sig, &act, std::ptr::null_mut());
+        }
+    }
+}
+
 /// The full-screen view: the terminal in its alternate screen, keys read one at a time
-/// without echo (Ctrl-C is read as a key too, so quitting always restores the terminal).
+/// without echo (Ctrl-C is read as a key too, so quitting always restores the terminal; so
+/// do SIGTERM and SIGHUP, see [`STOP`]).
 struct Screen {
     title: String,
     /// The terminal's settings before, when standard input is one.
@@ -545,6 +572,7 @@ struct Screen {
 
 impl Screen {
     fn enter(pool: &Path, interval: Duration) -> Result<Screen> {
+        catch_stop_signals();
         let mut saved = None;
         if std::io::stdin().is_terminal() {
             // SAFETY: a zeroed termios is a valid out-parameter; fd 0 is a terminal.
@@ -583,16 +611,20 @@ impl Screen {
         Ok(screen)
     }
 
-    /// Wait `d`; true if q, Q or Ctrl-C was pressed meanwhile.
+    /// Wait `d`; true if q, Q or Ctrl-C was pressed meanwhile, or a stop signal came.
     fn quit_within(&self, d: Duration) -> Result<bool> {
         let until = Instant::now() + d;
         loop {
+            if STOP.load(Ordering::Relaxed) {
+                return Ok(true);
+            }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Ok(false);
             }
             if self.saved.is_none() {
-                std::thread::sleep(left);
+                // No terminal to poll: short sleeps, so a signal is seen within 50 ms.
+                std::thread::sleep(left.min(Duration::from_millis(50)));
                 continue;
             }
             let mut p = libc::pollfd {
@@ -604,7 +636,7 @@ impl Screen {
             // SAFETY: one valid pollfd.
             let n = unsafe { libc::poll(&mut p, 1, ms) };
             if n <= 0 {
-                continue; // the time is up, or a signal (the loop checks the time)
+                continue; // the time is up, or a signal (the loop checks both)
             }
             let mut key = [0u8; 16];
             // SAFETY: `key` is valid for writes of its length.
