@@ -5,9 +5,8 @@
 //! answered inside the daemon by [`counters`]); turning two samples into rates, latency
 //! percentiles and reduction ratios ([`Row`]); and showing them: a full-screen view on a
 //! terminal (busiest volume first; `q`, Ctrl-C, SIGTERM or SIGHUP quits and restores the
-//! terminal), one JSON
-//! object per interval (`--json`, keys in docs/TOP.md), or one plain line per
-//! volume per interval (`--plain`, the default when standard output is not a terminal).
+//! terminal), one JSON object per interval (`--json`, keys in docs/TOP.md), or one plain line
+//! per volume per interval (`--plain`, the default when standard output is not a terminal).
 //!
 //! Invariants: the daemon only ever sends totals since it opened the pool
 //! (`condense_engine::volume_io`); a rate is the difference of two samples divided by the time
