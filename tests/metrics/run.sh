@@ -91,6 +91,21 @@ expect "pool written bytes: the 8 MiB now in the volume" \
     "$(value after condense_pool_written_bytes)" 8388608
 expect "per-volume written bytes" \
     "$(value after 'condense_volume_written_bytes{volume="vm"}')" 8388608
+# Per-volume I/O, counted beneath NBD: the same writes, bytes and blocks.
+V_IO='condense_volume_io_duration_seconds_count{volume="vm",op="write"}'
+expect "per-volume I/O: vm's write bytes are the NBD write bytes" \
+    "$(value after 'condense_volume_io_bytes_total{volume="vm",op="write"}')" "$(value after "$W_BYTES")"
+expect "per-volume I/O: vm's write histogram counts every NBD write" \
+    "$(value after "$V_IO")" "$(value after "$W_REQS")"
+expect "per-volume I/O: its +Inf bucket equals its count" \
+    "$(value after 'condense_volume_io_duration_seconds_bucket{volume="vm",op="write",le="+Inf"}')" \
+    "$(value after "$V_IO")"
+# 12 MiB in 4 KiB blocks: 3072 blocks written; the 8 MiB of random data are 2048 new chunks,
+# the 4 MiB of one pattern one new chunk and 1023 deduplicated blocks.
+blocks() { value after "condense_volume_blocks_written_total{volume=\"vm\",kind=\"$1\"}"; }
+expect "per-volume I/O: vm's blocks written by kind (zero, dedup, new)" \
+    "$(blocks zero) $(blocks dedup) $(blocks new)" "0 1023 2049"
+expect "per-volume I/O: no errors" "$(value after 'condense_volume_io_errors_total{volume="vm"}')" 0
 check "savings ratio, dead bytes, journal, checkpoint and GC metrics are exposed" bash -c "
     for m in condense_pool_savings_ratio condense_pool_dead_bytes condense_pool_saved_bytes \
              condense_journal_records_total condense_journal_sync_duration_seconds_count \

@@ -11,7 +11,7 @@
 
 use anyhow::{Context, Result};
 use condense_engine::Pool;
-use condense_metrics::{Collect, Encoder, Kind, MetricsServer, Registry};
+use condense_metrics::{Collect, Encoder, HistogramSnapshot, Kind, MetricsServer, Registry};
 use std::sync::{Arc, Weak};
 
 /// A running endpoint.
@@ -127,6 +127,125 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
     };
     collect_space(&s, e);
     collect_volumes(&s, e);
+    collect_volume_io(&pool.volume_io(), e);
+}
+
+/// Upper bounds of the per-volume latency histograms: every other power of two microseconds,
+/// 32 µs to ~2.1 s, so each is the end of one of the engine's log2 buckets
+/// (`condense_engine::volume_io::Latency`) and the counts below it are exact.
+const VOLUME_LATENCY_LOG2_US: [usize; 9] = [5, 7, 9, 11, 13, 15, 17, 19, 21];
+
+/// One operation kind's histogram in Prometheus' form: the engine's bucket `i` holds
+/// `[2^(i-1), 2^i)` µs, so the cumulative count through bucket `i` is `le = 2^i` µs.
+fn latency_histogram(v: &condense_engine::OpValues) -> HistogramSnapshot {
+    let buckets = VOLUME_LATENCY_LOG2_US
+        .iter()
+        .map(|&i| {
+            let below: u64 = v.latency.iter().take(i + 1).sum();
+            ((1u64 << i) as f64 / 1e6, below)
+        })
+        .collect();
+    HistogramSnapshot {
+        buckets,
+        count: v.ops,
+        sum: v.time_us as f64 / 1e6,
+    }
+}
+
+/// Per-volume I/O since the pool was opened: what `condense top` shows, as counters for
+/// Prometheus' `rate()`. Hidden names (FUSE file contents) are left out, as in
+/// [`collect_volumes`]; a snapshot appears once something opened it.
+fn collect_volume_io(io: &[(String, condense_engine::VolumeIoValues)], e: &mut Encoder) {
+    let io: Vec<_> = io.iter().filter(|(n, _)| !n.starts_with('.')).collect();
+    type Op = fn(&condense_engine::VolumeIoValues) -> &condense_engine::OpValues;
+    let ops: [(&str, Op); 3] = [
+        ("read", |v| &v.read),
+        ("write", |v| &v.write),
+        ("zero", |v| &v.zero),
+    ];
+    let name = "condense_volume_io_duration_seconds";
+    if e.family(
+        name,
+        "A volume's reads, writes and zeroing (write-zeroes, trim) by how long each took, \
+         as the engine saw them.",
+        Kind::Histogram,
+    ) {
+        for (vol, v) in &io {
+            for (op, get) in ops {
+                e.histogram(
+                    name,
+                    &[("volume", vol), ("op", op)],
+                    &latency_histogram(get(v)),
+                );
+            }
+        }
+    }
+    let name = "condense_volume_io_bytes_total";
+    if e.family(
+        name,
+        "Bytes a volume's reads, writes and zeroing covered.",
+        Kind::Counter,
+    ) {
+        for (vol, v) in &io {
+            for (op, get) in ops {
+                e.sample(name, &[("volume", vol), ("op", op)], get(v).bytes as f64);
+            }
+        }
+    }
+    let name = "condense_volume_io_errors_total";
+    if e.family(name, "A volume's operations that failed.", Kind::Counter) {
+        for (vol, v) in &io {
+            e.sample(name, &[("volume", vol)], v.errors as f64);
+        }
+    }
+    type Blocks = fn(&condense_engine::VolumeIoValues) -> u64;
+    let kinds: [(&str, Blocks); 3] = [
+        ("zero", |v| v.zero_blocks),
+        ("dedup", |v| v.dedup_blocks),
+        ("new", |v| v.new_blocks),
+    ];
+    let name = "condense_volume_blocks_written_total";
+    if e.family(
+        name,
+        "Blocks written to a volume, by what the write path did: all zeros (no chunk), \
+         deduplicated against a chunk the pool held, or stored as a new chunk.",
+        Kind::Counter,
+    ) {
+        for (vol, v) in &io {
+            for (kind, get) in kinds {
+                e.sample(name, &[("volume", vol), ("kind", kind)], get(v) as f64);
+            }
+        }
+    }
+    let name = "condense_volume_new_stored_bytes_total";
+    if e.family(
+        name,
+        "Bytes of a volume's new chunks as stored (compressed, sealed when encrypted).",
+        Kind::Counter,
+    ) {
+        for (vol, v) in &io {
+            e.sample(name, &[("volume", vol)], v.new_stored_bytes as f64);
+        }
+    }
+    let name = "condense_volume_cache_reads_total";
+    if e.family(
+        name,
+        "Chunks of a volume's reads found in (hit) or missing from (miss) the cache tier.",
+        Kind::Counter,
+    ) {
+        for (vol, v) in &io {
+            e.sample(
+                name,
+                &[("volume", vol), ("result", "hit")],
+                v.cache_hits as f64,
+            );
+            e.sample(
+                name,
+                &[("volume", vol), ("result", "miss")],
+                v.cache_misses as f64,
+            );
+        }
+    }
 }
 
 /// A duration as Prometheus seconds.

@@ -59,6 +59,8 @@ impl Latency {
 struct OpCounter {
     ops: AtomicU64,
     bytes: AtomicU64,
+    /// Microseconds the operations took, in all.
+    time_us: AtomicU64,
     latency: Latency,
 }
 
@@ -66,6 +68,8 @@ impl OpCounter {
     fn record(&self, bytes: u64, took: Duration) {
         self.ops.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.time_us.fetch_add(us, Ordering::Relaxed);
         self.latency.record(took);
     }
 
@@ -73,6 +77,7 @@ impl OpCounter {
         OpValues {
             ops: self.ops.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
+            time_us: self.time_us.load(Ordering::Relaxed),
             latency: self.latency.values(),
         }
     }
@@ -171,6 +176,8 @@ fn add(c: &AtomicU64, n: u64) {
 pub struct OpValues {
     pub ops: u64,
     pub bytes: u64,
+    /// Microseconds the operations took, in all.
+    pub time_us: u64,
     /// Operations per latency bucket ([`Latency`]).
     pub latency: [u64; LATENCY_BUCKETS],
 }
