@@ -106,6 +106,16 @@ blocks() { value after "condense_volume_blocks_written_total{volume=\"vm\",kind=
 expect "per-volume I/O: vm's blocks written by kind (zero, dedup, new)" \
     "$(blocks zero) $(blocks dedup) $(blocks new)" "0 1023 2049"
 expect "per-volume I/O: no errors" "$(value after 'condense_volume_io_errors_total{volume="vm"}')" 0
+# A read of a range never written is answered over NBD with a hole chunk, and still counts
+# as one read of its bytes (as a read of data does).
+R_OPS='condense_volume_io_duration_seconds_count{volume="vm",op="read"}'
+R_BYTES='condense_volume_io_bytes_total{volume="vm",op="read"}'
+scrape "$METRICS" before_hole
+check "qemu-io reads 1 MiB never written" qemu-io -f raw -c "read -P 0 32M 1M" "$URI/vm"
+scrape "$METRICS" after_hole
+expect "per-volume I/O: the hole read counts as one read of 1 MiB" \
+    "$(($(value after_hole "$R_OPS") - $(value before_hole "$R_OPS"))) $(($(value after_hole "$R_BYTES") - $(value before_hole "$R_BYTES")))" \
+    "1 1048576"
 check "savings ratio, dead bytes, journal, checkpoint and GC metrics are exposed" bash -c "
     for m in condense_pool_savings_ratio condense_pool_dead_bytes condense_pool_saved_bytes \
              condense_journal_records_total condense_journal_sync_duration_seconds_count \

@@ -119,6 +119,16 @@ pub trait Volume: Send + Sync {
     fn flush(&self) -> Result<()>;
     /// The extents covering `[offset, offset+len)`, in order, merged where adjacent and equal.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>>;
+    /// One read for a reader that sends holes as holes (NBD's structured replies): the
+    /// extents of `[offset, offset + buf.len())` as [`Volume::block_status`] gives them, with
+    /// the bytes of its [`ExtentKind::Data`] extents read into `buf` (the rest of `buf` is
+    /// left as it was). An implementation that counts its reads counts this as one read of
+    /// `buf.len()` bytes, holes included, as a plain [`Volume::read`] of the range would be.
+    fn read_sparse(&self, offset: u64, buf: &mut [u8]) -> Result<Vec<Extent>> {
+        let extents = self.block_status(offset, buf.len() as u64)?;
+        read_data_extents(self, &extents, offset, buf)?;
+        Ok(extents)
+    }
     /// Bytes of the pool's disk this volume accounts for after deduplication and compression
     /// (shared data divided among its users), if the implementation knows; what `du` shows.
     fn physical_bytes(&self) -> Option<u64> {
@@ -143,6 +153,27 @@ pub struct Change {
     pub offset: u64,
     pub len: u64,
     pub changed: bool,
+}
+
+/// Read the parts of the [`ExtentKind::Data`] extents among `extents` that lie inside
+/// `[offset, offset + buf.len())` into their places in `buf`, with [`Volume::read`].
+pub fn read_data_extents<V: Volume + ?Sized>(
+    v: &V,
+    extents: &[Extent],
+    offset: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    let end = offset.saturating_add(buf.len() as u64);
+    for e in extents.iter().filter(|e| e.kind == ExtentKind::Data) {
+        let from = e.offset.max(offset);
+        let to = e.offset.saturating_add(e.len).min(end);
+        if from < to {
+            // Both lie inside the buffer's range, which fits in usize.
+            let dst = &mut buf[(from - offset) as usize..(to - offset) as usize];
+            v.read(from, dst)?;
+        }
+    }
+    Ok(())
 }
 
 /// Append a run, merging it with the previous one when adjacent and equal.

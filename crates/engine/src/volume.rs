@@ -100,6 +100,36 @@ impl VolumeHandle {
         Ok(())
     }
 
+    /// The extents of `[offset, offset + buf.len())`, with the data extents' bytes read into
+    /// `buf` (see [`condense_api::Volume::read_sparse`]): counted as one read of the whole
+    /// range, holes included, as [`VolumeHandle::read_at`] counts it.
+    pub fn read_sparse_at(&self, offset: u64, buf: &mut [u8]) -> Result<Vec<Extent>> {
+        let started = Instant::now();
+        let mut read = || -> Result<(Vec<Extent>, (u64, u64))> {
+            let extents = self.extents(offset, buf.len() as u64)?;
+            let mut cache_use = (0, 0);
+            for e in extents.iter().filter(|e| e.kind == ExtentKind::Data) {
+                // `extents` covers exactly the range read, in order.
+                let at = (e.offset - offset) as usize;
+                let Some(dst) = buf.get_mut(at..at + e.len as usize) else {
+                    return Err(Error::corrupt(
+                        "block map",
+                        format!(
+                            "extent {}+{} outside the read of volume {:?}",
+                            e.offset, e.len, self.name
+                        ),
+                    ));
+                };
+                let (h, m) = self.read_any(e.offset, dst)?;
+                cache_use = (cache_use.0 + h, cache_use.1 + m);
+            }
+            Ok((extents, cache_use))
+        };
+        let (extents, cache_use) = self.counted(read())?;
+        self.io.read(buf.len() as u64, started.elapsed(), cache_use);
+        Ok(extents)
+    }
+
     /// [`VolumeHandle::read_at`], uncounted; returns the cache tier's hits and misses.
     fn read_any(&self, offset: u64, buf: &mut [u8]) -> Result<(u64, u64)> {
         let bs = self.bs();
@@ -323,6 +353,9 @@ impl condense_api::Volume for VolumeHandle {
     }
     fn block_status(&self, offset: u64, len: u64) -> condense_api::Result<Vec<Extent>> {
         Ok(self.extents(offset, len)?)
+    }
+    fn read_sparse(&self, offset: u64, buf: &mut [u8]) -> condense_api::Result<Vec<Extent>> {
+        Ok(self.read_sparse_at(offset, buf)?)
     }
     fn physical_bytes(&self) -> Option<u64> {
         self.pool.volume_physical_bytes(&self.name).ok()

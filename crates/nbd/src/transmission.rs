@@ -614,27 +614,29 @@ fn read_structured(
         wire::put_chunk_header(&mut out, cookie, REPLY_FLAG_DONE, REPLY_TYPE_NONE, 0);
         return Ok(Answer::head(out));
     }
+    let mut data = buffers.take(len as usize);
+    // One call reads the data and says where the holes are (counted by the volume as one
+    // read). Extents that do not cover the request exactly (a volume's bug) would leave bytes
+    // of the buffer unread: then the whole range is read and sent as data.
     let pieces = if df {
-        vec![wire::ReadPiece {
-            offset,
-            len,
-            hole: false,
-        }]
+        None
     } else {
-        match v.block_status(offset, u64::from(len)) {
-            Ok(extents) => wire::plan_read(&extents, offset, len),
-            // Without a map the whole range is read as data: slower, still correct.
-            Err(_) => vec![wire::ReadPiece {
+        let extents = v.read_sparse(offset, data.as_mut_slice())?;
+        wire::covers(&extents, offset, u64::from(len))
+            .then(|| wire::plan_read(&extents, offset, len))
+    };
+    let pieces = match pieces {
+        Some(p) => p,
+        None => {
+            v.read(offset, data.as_mut_slice())?;
+            vec![wire::ReadPiece {
                 offset,
                 len,
                 hole: false,
-            }],
+            }]
         }
     };
-    let mut data = pieces
-        .iter()
-        .any(|p| !p.hole)
-        .then(|| buffers.take(len as usize));
+    let mut data = pieces.iter().any(|p| !p.hole).then_some(data);
     let last = pieces.len().saturating_sub(1);
     let mut parts = Vec::with_capacity(pieces.len() * 2);
     let mut head = Vec::new();
@@ -649,16 +651,15 @@ fn read_structured(
         // Pieces lie inside [offset, offset + len) (plan_read clips them).
         let at = p.offset.saturating_sub(offset) as usize;
         let range = at..at + p.len as usize;
-        let Some(dst) = data
-            .as_mut()
-            .and_then(|b| b.as_mut_slice().get_mut(range.clone()))
-        else {
+        if data
+            .as_ref()
+            .is_none_or(|b| b.as_slice().get(range.clone()).is_none())
+        {
             return Err(condense_api::VolumeError::Io(format!(
                 "read plan piece {}+{} outside the request {offset}+{len}",
                 p.offset, p.len
             )));
-        };
-        v.read(p.offset, dst)?;
+        }
         wire::put_data_chunk_header(&mut head, cookie, final_chunk, p.offset, p.len);
         parts.push(Part::Head(mark..head.len()));
         parts.push(Part::Data(range));

@@ -630,6 +630,25 @@ pub struct ReadPiece {
     pub hole: bool,
 }
 
+/// Whether `extents` (in order) cover all of `[offset, offset+len)`, with no gap; they may
+/// reach past either end.
+pub fn covers(extents: &[Extent], offset: u64, len: u64) -> bool {
+    let Some(end) = offset.checked_add(len) else {
+        return false;
+    };
+    let mut pos = offset;
+    for e in extents {
+        if pos >= end {
+            break;
+        }
+        if e.offset > pos {
+            return false;
+        }
+        pos = pos.max(e.offset.saturating_add(e.len));
+    }
+    pos >= end
+}
+
 /// Split a read of `[offset, offset+len)` into data and hole pieces by the volume's extents.
 pub fn plan_read(extents: &[Extent], offset: u64, len: u32) -> Vec<ReadPiece> {
     let mut out: Vec<ReadPiece> = Vec::new();
@@ -1117,6 +1136,22 @@ mod tests {
         let big = [ch(0, 1 << 33, true)];
         let d = dirty_bitmap_descriptors(&big, 0, 1 << 33, false);
         assert_eq!(d.iter().map(|x| u64::from(x.0)).sum::<u64>(), 1 << 33);
+    }
+
+    #[test]
+    fn extents_cover_a_read_only_without_gaps() {
+        use ExtentKind::*;
+        let e = [ext(0, 4096, Unmapped), ext(4096, 4096, Data)];
+        assert!(covers(&e, 0, 8192));
+        assert!(covers(&e, 10, 5000), "extents may reach past both ends");
+        assert!(!covers(&e, 0, 8193), "the end is not covered");
+        assert!(!covers(&e[1..], 0, 8192), "the start is not covered");
+        let gap = [ext(0, 4096, Data), ext(8192, 4096, Data)];
+        assert!(!covers(&gap, 0, 12288));
+        assert!(covers(&gap, 8192, 10));
+        assert!(!covers(&[], 0, 1));
+        assert!(covers(&[], 0, 0));
+        assert!(!covers(&e, u64::MAX, 2));
     }
 
     #[test]
