@@ -7,6 +7,8 @@
 //! Kept in RAM only: built from the block maps and the chunk table the first time a figure is
 //! asked for after an open (see [`crate::metadata::Metadata::attribution`]), then changed by
 //! every map change [`crate::metadata::Metadata`] applies, so `stats` never walks a map.
+//! A daemon counts in steps ([`Counting`]), letting go of the state lock between them, so
+//! I/O goes on while the figures are first counted.
 //!
 //! Invariants:
 //! - A chunk is in exactly one state: named by no tree, by one tree (with that tree's entry
@@ -18,8 +20,8 @@
 //! - A change that contradicts the state (a tree dropping an entry it does not hold) marks the
 //!   attribution broken; broken figures are never shown, they are rebuilt.
 
-use crate::format::RECORD_HEADER_BYTES;
-use std::collections::HashMap;
+use crate::format::{MAP_PAGE_ENTRIES, RECORD_HEADER_BYTES};
+use std::collections::{HashMap, VecDeque};
 
 /// No tree names the chunk.
 const NOBODY: u32 = u32::MAX;
@@ -226,6 +228,56 @@ impl Attribution {
     }
 }
 
+/// A count from scratch made in steps, between which the pool goes on changing
+/// ([`crate::metadata::Metadata::count_attribution_step`]): first the chunk table's stored
+/// lengths, then each tree's leaves in order.
+///
+/// Invariant: `a` holds exactly the entries of the map parts already walked. A change to an
+/// entry the walk has passed ([`Counting::passed`]) is applied to `a` as it happens; a change
+/// ahead of the walk is left for the walk to see. A tree added or released while counting
+/// (snapshot, clone, rollback, delete) ends the count, which then starts again.
+#[derive(Debug, Default)]
+pub struct Counting {
+    pub(crate) a: Attribution,
+    /// Stored length of each chunk live when its chunk-table page was scanned; a chunk made
+    /// after that is looked up in the chunk table by the walk.
+    pub(crate) stored: HashMap<u64, u32>,
+    /// The next chunk-table page to scan; `None` once the scan is done.
+    pub(crate) chunk_page: Option<u64>,
+    /// Trees not walked yet, in the order they will be; the first is being walked.
+    pub(crate) trees: VecDeque<u32>,
+    /// The next leaf of the tree being walked.
+    pub(crate) next_leaf: u64,
+}
+
+impl Counting {
+    /// A count of `trees`, the trees there are when it starts (a tree made later has an
+    /// empty map at first: its changes all go to `a`).
+    pub fn new(trees: impl IntoIterator<Item = u32>) -> Counting {
+        Counting {
+            chunk_page: Some(0),
+            trees: trees.into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Whether entry `block` of tree `tree` is behind the walk (a change to it goes to `a`).
+    pub fn passed(&self, tree: u32, block: u64) -> bool {
+        match self.trees.iter().position(|&t| t == tree) {
+            None => true,
+            Some(0) if self.chunk_page.is_none() => {
+                block / (MAP_PAGE_ENTRIES as u64) < self.next_leaf
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// Every tree walked.
+    pub fn done(&self) -> bool {
+        self.chunk_page.is_none() && self.trees.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,5 +330,30 @@ mod tests {
         let mut b = Attribution::default();
         b.remove(1, 99, 1, 10);
         assert!(b.broken().is_some());
+    }
+
+    #[test]
+    fn the_walk_passes_trees_in_order_after_the_chunk_table() {
+        let mut c = Counting::new([4, 9]);
+        assert!(
+            !c.passed(4, 0),
+            "nothing is passed while the chunk table is scanned"
+        );
+        assert!(
+            c.passed(7, 0),
+            "a tree made after the count began is passed"
+        );
+        c.chunk_page = None;
+        c.next_leaf = 2;
+        let per = MAP_PAGE_ENTRIES as u64;
+        assert!(c.passed(4, 2 * per - 1));
+        assert!(!c.passed(4, 2 * per));
+        assert!(!c.passed(9, 0));
+        c.trees.pop_front();
+        c.next_leaf = 0;
+        assert!(c.passed(4, 5 * per), "a walked tree is passed everywhere");
+        assert!(!c.passed(9, 0));
+        c.trees.pop_front();
+        assert!(c.done());
     }
 }

@@ -17,7 +17,7 @@
 //! - Once built, the space attribution ([`crate::attribution`]) changes with every map entry
 //!   set and every tree added or released, so it stays exact too; a salvage replay drops it.
 
-use crate::attribution::Attribution;
+use crate::attribution::{Attribution, Counting};
 use crate::block_map::{self, MapCounts};
 use crate::chunk_table::{page_of, ChunkTable};
 use crate::dedup_index::{DedupIndex, IndexOrigin, SavedIndex};
@@ -113,12 +113,15 @@ pub(crate) struct Metadata {
     /// Which volumes and snapshots name each chunk; `None` until the first figure asked for
     /// builds it ([`Metadata::attribution`]): until then the write path pays nothing for it.
     pub attribution: Option<Attribution>,
+    /// A count of the attribution from scratch under way in steps (then `attribution` is
+    /// `None`): see [`Metadata::count_attribution_step`].
+    pub counting: Option<Counting>,
 }
 
 /// The largest chunk id space the space attribution ([`crate::attribution`]) is built for: it
 /// is held in RAM (8 bytes per chunk id, ~120 per chunk several volumes name) and its first
-/// count walks every map under the state lock (3 s for the corpus' 0.46M chunks), which a
-/// pool far beyond RAM cannot afford. Beyond it, `stats` says why the figures are missing.
+/// count walks every map (3 s for the corpus' 0.46M chunks, in steps), which a pool far beyond
+/// RAM cannot afford. Beyond it, `stats` says why the figures are missing.
 pub(crate) const ATTRIBUTION_CHUNKS_MAX: u64 = 4 << 20;
 
 impl Metadata {
@@ -277,7 +280,7 @@ impl Metadata {
             // The holders a leaf copied from a shared one gained are the rebuild's to count,
             // and so is the attribution of chunks to volumes.
             self.pages.take_unshared_leaves();
-            self.attribution = None;
+            self.drop_attribution();
         }
         Ok(())
     }
@@ -312,7 +315,7 @@ impl Metadata {
                 if before != loc.stored_len {
                     // GC copies records verbatim; a record that changed length is counted
                     // again from scratch.
-                    self.attribution = None;
+                    self.drop_attribution();
                 }
                 Ok(())
             }
@@ -529,9 +532,9 @@ impl Metadata {
             let stored = self.chunks.incref(&mut self.pages, e)?;
             if e >= ATTRIBUTION_CHUNKS_MAX {
                 // The pool grew past what the figures are kept for: dropped, not grown.
-                self.attribution = None;
+                self.drop_attribution();
             }
-            if let Some(a) = self.attribution.as_mut() {
+            if let Some(a) = self.attribution_for(vol, block) {
                 a.add(vol, e, 1, stored);
             }
         }
@@ -551,7 +554,7 @@ impl Metadata {
         }
         if old < CHUNK_ID_LIMIT {
             let stored = self.chunks.decref(&mut self.pages, old)?;
-            if let Some(a) = self.attribution.as_mut() {
+            if let Some(a) = self.attribution_for(vol, block) {
                 a.remove(vol, old, 1, stored);
             }
         }
@@ -587,6 +590,8 @@ impl Metadata {
     /// Tell the attribution (if built) that volume `vol`'s whole map was added (a snapshot,
     /// clone or rollback, after its tree was made) or is about to be released (`add` false).
     pub(crate) fn attribute_tree(&mut self, vol: u32, add: bool) -> Result<()> {
+        // A count under way starts again: its walk cannot tell what of the tree it has seen.
+        self.counting = None;
         if self.attribution.is_none() {
             return Ok(());
         }
@@ -614,34 +619,143 @@ impl Metadata {
         Ok(())
     }
 
+    /// The attribution that entry `block` of tree `vol` changes in: the kept one, or the
+    /// count under way if its walk has passed that entry (else the walk will see the change).
+    fn attribution_for(&mut self, vol: u32, block: u64) -> Option<&mut Attribution> {
+        match (&mut self.attribution, &mut self.counting) {
+            (Some(a), _) => Some(a),
+            (None, Some(c)) if c.passed(vol, block) => Some(&mut c.a),
+            _ => None,
+        }
+    }
+
+    /// Forget the attribution and any count of it under way (counted again when next asked).
+    fn drop_attribution(&mut self) {
+        self.attribution = None;
+        self.counting = None;
+    }
+
+    /// Past the limit (at open, or grown past it since the figures were built): the figures
+    /// are dropped and this says why.
+    fn past_attribution_limit(&mut self) -> Option<Error> {
+        if self.chunks.next_id <= ATTRIBUTION_CHUNKS_MAX {
+            return None;
+        }
+        self.drop_attribution();
+        Some(Error::Invalid(format!(
+            "the exact per-volume figures are kept in RAM for pools of up to {} chunk \
+             ids (~{} GiB of unique 4 KiB blocks); this pool has {}, so stats shows \
+             the proportional share instead",
+            ATTRIBUTION_CHUNKS_MAX,
+            (ATTRIBUTION_CHUNKS_MAX * 4096) >> 30,
+            self.chunks.next_id
+        )))
+    }
+
     /// The attribution of chunks to volumes and snapshots: built from every map and the
     /// chunk table the first time it is asked for after an open (or after it broke), then
-    /// kept by every change.
+    /// kept by every change. A count under way in steps is finished here, at once.
     pub(crate) fn attribution(&mut self) -> Result<&Attribution> {
-        if self.chunks.next_id > ATTRIBUTION_CHUNKS_MAX {
-            // Past the limit (at open, or grown past it since the figures were built).
-            self.attribution = None;
-            return Err(Error::Invalid(format!(
-                "the exact per-volume figures are kept in RAM for pools of up to {} chunk \
-                 ids (~{} GiB of unique 4 KiB blocks); this pool has {}, so stats shows \
-                 the proportional share instead",
-                ATTRIBUTION_CHUNKS_MAX,
-                (ATTRIBUTION_CHUNKS_MAX * 4096) >> 30,
-                self.chunks.next_id
-            )));
+        if let Some(e) = self.past_attribution_limit() {
+            return Err(e);
         }
         if self
             .attribution
             .as_ref()
-            .is_none_or(|a| a.broken().is_some())
+            .is_some_and(|a| a.broken().is_some())
         {
-            self.attribution = None;
-            let built = self.build_attribution()?;
-            self.attribution = Some(built);
+            self.drop_attribution();
+        }
+        if self.attribution.is_none() {
+            while !self.count_attribution_step()? {}
         }
         self.attribution
             .as_ref()
             .ok_or_else(|| Error::corrupt("metadata", "the space attribution vanished"))
+    }
+
+    /// One bounded step of counting the attribution from scratch (the chunk table's lengths
+    /// 64 pages at a time, then the maps 64 leaves at a time: a few milliseconds each), for a
+    /// caller that lets go of the state lock between steps so I/O goes on
+    /// ([`crate::attribution::Counting`] keeps what changes meanwhile). True once the
+    /// attribution is there; a count that fails is dropped.
+    pub(crate) fn count_attribution_step(&mut self) -> Result<bool> {
+        const CHUNK_PAGES_PER_STEP: u64 = 64;
+        const LEAVES_PER_STEP: u64 = 64;
+        if let Some(e) = self.past_attribution_limit() {
+            return Err(e);
+        }
+        if let Some(a) = &self.attribution {
+            if a.broken().is_none() {
+                return Ok(true);
+            }
+            self.attribution = None;
+        }
+        let mut c = match self.counting.take() {
+            Some(c) => c,
+            None => Counting::new(self.volumes.keys().copied()),
+        };
+        if let Some(page) = c.chunk_page {
+            let end = page + CHUNK_PAGES_PER_STEP;
+            let stored = &mut c.stored;
+            self.chunks
+                .for_each_in(&mut self.pages, page, end, &mut |id, e| {
+                    if e.refs > 0 {
+                        stored.insert(id, e.loc.stored_len);
+                    }
+                    Ok(())
+                })?;
+            let pages = self.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
+            c.chunk_page = (end < pages).then_some(end);
+        } else if let Some(&vol) = c.trees.front() {
+            let from = c.next_leaf;
+            let to = from + LEAVES_PER_STEP;
+            let mut later = Vec::new();
+            let (a, stored) = (&mut c.a, &c.stored);
+            self.pages
+                .for_each_leaf(u64::from(vol), from, to, &mut |_, leaf| {
+                    block_map::leaf_chunks(leaf, |id| match stored.get(&id) {
+                        Some(&len) => a.add(vol, id, 1, len),
+                        None => later.push(id),
+                    });
+                    Ok(true)
+                })?;
+            // Chunks made after their chunk-table page was scanned.
+            for id in later {
+                match self.chunks.get(&mut self.pages, id)? {
+                    Some(e) if e.refs > 0 => c.a.add(vol, id, 1, e.loc.stored_len),
+                    _ => {
+                        return Err(Error::corrupt(
+                            "block map",
+                            format!(
+                                "volume id {vol} names chunk {id}, which is not live; run \
+                                 condense verify"
+                            ),
+                        ))
+                    }
+                }
+            }
+            let leaves = self
+                .pages
+                .tree(u64::from(vol))
+                .map_or(0, |t| crate::page_cache::capacity(t.height));
+            if to >= leaves {
+                c.trees.pop_front();
+                c.next_leaf = 0;
+            } else {
+                c.next_leaf = to;
+            }
+        }
+        if !c.done() {
+            self.counting = Some(c);
+            return Ok(false);
+        }
+        tracing::info!(
+            "space attribution counted: {} chunks",
+            self.chunks.live_chunks
+        );
+        self.attribution = Some(c.a);
+        Ok(true)
     }
 
     /// An attribution counted from scratch: every volume's and snapshot's map walked, each

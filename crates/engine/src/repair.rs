@@ -629,6 +629,7 @@ fn fresh_metadata(
         meta_bytes_written_before: old.meta_bytes_written(),
         checkpoints: old.checkpoints,
         attribution: None,
+        counting: None,
     }
 }
 

@@ -278,6 +278,19 @@ impl Pool {
         Ok(v)
     }
 
+    /// Count the exact per-volume figures if they are not there yet (the first time after an
+    /// open): in steps, the state lock taken for each and let go between them, so reads and
+    /// writes go on meanwhile ([`crate::attribution::Counting`]).
+    pub fn count_figures(&self) -> Result<()> {
+        while !self.count_figures_step()? {}
+        Ok(())
+    }
+
+    /// One step of [`Pool::count_figures`]: true once the figures are there.
+    pub fn count_figures_step(&self) -> Result<bool> {
+        lock(&self.state).md.count_attribution_step()
+    }
+
     /// The space attribution kept as the pool changed, compared with one counted from
     /// scratch, and its sum rule against the chunk table's counters. An error says what
     /// differs (for tests and `verify`-like checks; walks every map).
@@ -369,6 +382,9 @@ impl Pool {
                 .total_bytes()
                 .map_err(|e| Error::io("measuring the pool directory", e))?,
         };
+        // The figures' first count, in steps that each take the state lock for a few
+        // milliseconds, so I/O goes on meanwhile; an error is reported below.
+        let _ = self.count_figures();
         let mut st = lock(&self.state);
         // Built without filling the page cache (its walks read pages past it).
         let built = st.md.attribution().map(drop);

@@ -563,6 +563,7 @@ fn load_metadata(
         meta_bytes_written_before: root.meta_bytes_written,
         checkpoints: root.checkpoints,
         attribution: None,
+        counting: None,
     };
     for v in &root.volumes {
         let counts = crate::block_map::MapCounts {
