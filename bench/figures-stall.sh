@@ -26,8 +26,8 @@ for bin in "${bins[@]}"; do
     server=$!
     for _ in $(seq 1 100); do [ -S "$sock" ] && break; sleep 0.1; done
     fio --name=qd1 --ioengine=nbd --uri="nbd+unix:///$volume?socket=$sock" --rw=randread --bs=4k \
-        --iodepth=1 --time_based --runtime="$runtime" --size=1G --output-format=json \
-        >"$work/fio.json" 2>"$work/fio.err" &
+        --iodepth=1 --time_based --runtime="$runtime" --size=1G --output-format=json --output="$work/fio.json" \
+        >"$work/fio.out" 2>&1 &
     fio_pid=$!
     sleep 3
     t0=$(date +%s.%N)

@@ -248,13 +248,24 @@ pub struct Counting {
     pub(crate) trees: VecDeque<u32>,
     /// The next leaf of the tree being walked.
     pub(crate) next_leaf: u64,
+    /// Steps made, the longest one, and when the first began (for the log).
+    pub(crate) steps: u64,
+    pub(crate) longest: std::time::Duration,
+    pub(crate) started: Option<std::time::Instant>,
 }
 
 impl Counting {
     /// A count of `trees`, the trees there are when it starts (a tree made later has an
     /// empty map at first: its changes all go to `a`).
-    pub fn new(trees: impl IntoIterator<Item = u32>) -> Counting {
+    /// Room is made up front for `chunk_ids` ids and `live` live chunks, so no step pays for
+    /// growing a table of them.
+    pub fn new(trees: impl IntoIterator<Item = u32>, chunk_ids: u64, live: u64) -> Counting {
+        let mut a = Attribution::default();
+        a.owner
+            .reserve_exact(usize::try_from(chunk_ids).unwrap_or(0));
         Counting {
+            a,
+            stored: HashMap::with_capacity(usize::try_from(live).unwrap_or(0)),
             chunk_page: Some(0),
             trees: trees.into_iter().collect(),
             ..Default::default()
@@ -334,7 +345,7 @@ mod tests {
 
     #[test]
     fn the_walk_passes_trees_in_order_after_the_chunk_table() {
-        let mut c = Counting::new([4, 9]);
+        let mut c = Counting::new([4, 9], 0, 0);
         assert!(
             !c.passed(4, 0),
             "nothing is passed while the chunk table is scanned"

@@ -675,13 +675,13 @@ impl Metadata {
     }
 
     /// One bounded step of counting the attribution from scratch (the chunk table's lengths
-    /// 64 pages at a time, then the maps 64 leaves at a time: a few milliseconds each), for a
+    /// 64 pages at a time, then the maps 16 leaves at a time: a few milliseconds each), for a
     /// caller that lets go of the state lock between steps so I/O goes on
     /// ([`crate::attribution::Counting`] keeps what changes meanwhile). True once the
     /// attribution is there; a count that fails is dropped.
     pub(crate) fn count_attribution_step(&mut self) -> Result<bool> {
         const CHUNK_PAGES_PER_STEP: u64 = 64;
-        const LEAVES_PER_STEP: u64 = 64;
+        const LEAVES_PER_STEP: u64 = 16;
         if let Some(e) = self.past_attribution_limit() {
             return Err(e);
         }
@@ -693,8 +693,15 @@ impl Metadata {
         }
         let mut c = match self.counting.take() {
             Some(c) => c,
-            None => Counting::new(self.volumes.keys().copied()),
+            None => Counting::new(
+                self.volumes.keys().copied(),
+                self.chunks.next_id,
+                self.chunks.live_chunks,
+            ),
         };
+        let step_began = std::time::Instant::now();
+        c.started.get_or_insert(step_began);
+        c.steps += 1;
         if let Some(page) = c.chunk_page {
             let end = page + CHUNK_PAGES_PER_STEP;
             let stored = &mut c.stored;
@@ -746,13 +753,17 @@ impl Metadata {
                 c.next_leaf = to;
             }
         }
+        c.longest = c.longest.max(step_began.elapsed());
         if !c.done() {
             self.counting = Some(c);
             return Ok(false);
         }
         tracing::info!(
-            "space attribution counted: {} chunks",
-            self.chunks.live_chunks
+            "space attribution counted: {} chunks in {:.2} s, {} steps, the longest {:.1} ms",
+            self.chunks.live_chunks,
+            c.started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            c.steps,
+            c.longest.as_secs_f64() * 1000.0
         );
         self.attribution = Some(c.a);
         Ok(true)

@@ -383,16 +383,7 @@ impl condense_api::Volume for VolumeHandle {
 
 impl condense_api::Catalog for Pool {
     fn list(&self) -> condense_api::Result<Vec<condense_api::VolumeInfo>> {
-        Ok(self
-            .stats()?
-            .volumes
-            .into_iter()
-            .map(|v| condense_api::VolumeInfo {
-                name: v.name,
-                size_bytes: v.logical_bytes,
-                written_bytes: v.written_bytes,
-            })
-            .collect())
+        Ok(self.volume_infos())
     }
     fn open(&self, name: &str) -> condense_api::Result<Arc<dyn condense_api::Volume>> {
         Ok(Arc::new(self.volume(name)?))

@@ -148,6 +148,27 @@ impl Pool {
         v
     }
 
+    /// Names, sizes and written bytes of all volumes (not snapshots), sorted by name: from
+    /// the metadata in memory, without the statistics' directory walk, bucket listing or
+    /// per-volume figures (NBD's export list and FUSE's directory read it often).
+    pub fn volume_infos(&self) -> Vec<condense_api::VolumeInfo> {
+        let bs = u64::from(self.block_size());
+        let st = lock(&self.state);
+        let mut v: Vec<_> = st
+            .md
+            .volumes
+            .values()
+            .filter(|v| v.snapshot_of.is_none())
+            .map(|v| condense_api::VolumeInfo {
+                name: v.name.clone(),
+                size_bytes: v.size,
+                written_bytes: v.counts.data_blocks * bs,
+            })
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
     pub fn volume_id(&self, name: &str) -> Result<u32> {
         lock(&self.state)
             .md
