@@ -282,7 +282,11 @@ impl Pool {
     /// open): in steps, the state lock taken for each and let go between them, so reads and
     /// writes go on meanwhile ([`crate::attribution::Counting`]).
     pub fn count_figures(&self) -> Result<()> {
-        while !self.count_figures_step()? {}
+        while !self.count_figures_step()? {
+            // The lock is not fair: without a pause this thread would take it back before a
+            // waiting read or write is scheduled.
+            std::thread::yield_now();
+        }
         Ok(())
     }
 
