@@ -136,16 +136,10 @@ impl Pool {
 
     /// Names and sizes of all volumes (not snapshots), sorted by name.
     pub fn volumes(&self) -> Vec<(String, u64)> {
-        let st = lock(&self.state);
-        let mut v: Vec<_> = st
-            .md
-            .volumes
-            .values()
-            .filter(|v| v.snapshot_of.is_none())
-            .map(|v| (v.name.clone(), v.size))
-            .collect();
-        v.sort();
-        v
+        self.volume_infos()
+            .into_iter()
+            .map(|v| (v.name, v.size_bytes))
+            .collect()
     }
 
     /// Names, sizes and written bytes of all volumes (not snapshots), sorted by name: from
