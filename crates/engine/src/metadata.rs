@@ -715,17 +715,20 @@ impl Metadata {
             let pages = self.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
             c.chunk_page = (end < pages).then_some(end);
         } else if let Some(&vol) = c.trees.front() {
-            let from = c.next_leaf;
-            let to = from + LEAVES_PER_STEP;
+            // The next LEAVES_PER_STEP leaves that exist (a sparse map's empty ranges cost
+            // nothing: an exabyte volume has as few leaves as it has data).
             let mut later = Vec::new();
+            let (mut visited, mut last) = (0, None);
             let (a, stored) = (&mut c.a, &c.stored);
             self.pages
-                .for_each_leaf(u64::from(vol), from, to, &mut |_, leaf| {
+                .for_each_leaf(u64::from(vol), c.next_leaf, u64::MAX, &mut |i, leaf| {
                     block_map::leaf_chunks(leaf, |id| match stored.get(&id) {
                         Some(&len) => a.add(vol, id, 1, len),
                         None => later.push(id),
                     });
-                    Ok(true)
+                    visited += 1;
+                    last = Some(i);
+                    Ok(visited < LEAVES_PER_STEP)
                 })?;
             // Chunks made after their chunk-table page was scanned.
             for id in later {
@@ -742,15 +745,12 @@ impl Metadata {
                     }
                 }
             }
-            let leaves = self
-                .pages
-                .tree(u64::from(vol))
-                .map_or(0, |t| crate::page_cache::capacity(t.height));
-            if to >= leaves {
-                c.trees.pop_front();
-                c.next_leaf = 0;
-            } else {
-                c.next_leaf = to;
+            match last {
+                Some(i) if visited == LEAVES_PER_STEP => c.next_leaf = i + 1,
+                _ => {
+                    c.trees.pop_front();
+                    c.next_leaf = 0;
+                }
             }
         }
         c.longest = c.longest.max(step_began.elapsed());

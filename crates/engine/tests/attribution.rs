@@ -217,3 +217,31 @@ fn figures_counted_in_steps_while_volumes_change_match_a_count_from_scratch() ->
     sum_rule_holds(&pool.stats()?);
     Ok(())
 }
+
+/// The count's steps go from one existing leaf to the next: an exabyte volume with a block at
+/// each end takes a handful of steps, not one per 16 leaves of its address space.
+#[test]
+fn counting_a_huge_sparse_volume_takes_steps_per_leaf_written() -> R {
+    let disk = SimDir::new();
+    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())?;
+    let mut rng = SimRng::new(1);
+    let size = 1u64 << 60;
+    {
+        let pool = Pool::open(Arc::new(SimHandle(disk.clone())), OpenOptions::default())?;
+        pool.create_volume("huge", size)?;
+        let h = pool.volume("huge")?;
+        for at in [0, size / 2, size - BS as u64] {
+            h.write_at(at, &random_blocks(&mut rng, 1), false)?;
+        }
+        pool.close()?;
+    }
+    let pool = Pool::open(Arc::new(SimHandle(disk)), OpenOptions::default())?;
+    let mut steps = 0;
+    while !pool.count_figures_step()? {
+        steps += 1;
+        assert!(steps < 100, "{steps} steps for 3 leaves");
+    }
+    assert_eq!(chunks(&pool.stats()?, "huge"), (3, 0));
+    pool.check_attribution()?;
+    Ok(())
+}
