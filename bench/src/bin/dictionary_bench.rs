@@ -14,16 +14,13 @@
 //!
 //! Prints figures; asserts nothing.
 
+#[path = "../corpus.rs"]
+mod corpus;
+
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use condense_engine::reduction::{fingerprint, is_zero};
-use std::collections::HashSet;
-use std::fs::File;
-use std::io::Read;
-use std::os::fd::AsRawFd;
+use corpus::{unique_blocks, BLOCK};
 use std::time::Instant;
-
-const BLOCK: usize = 4096;
 
 #[derive(Parser)]
 #[command(about = "Stored bytes and speed of dictionaries, codecs and block groups on VM images")]
@@ -39,74 +36,6 @@ struct Args {
     /// Seed of the sample.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-}
-
-/// The unique non-zero blocks of every image, in first-write order.
-fn unique_blocks(images: &[String]) -> Result<Vec<u8>> {
-    let key = [0u8; 32];
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 1 << 24];
-    for path in images {
-        let mut f = File::open(path).with_context(|| format!("opening {path}"))?;
-        for (start, end) in data_extents(&f)? {
-            let mut pos = start - start % BLOCK as u64;
-            while pos < end {
-                let want = ((end - pos) as usize).min(buf.len());
-                let want = want.div_ceil(BLOCK) * BLOCK;
-                let n = read_at(&mut f, pos, &mut buf[..want])?;
-                if n == 0 {
-                    break;
-                }
-                for b in buf[..n - n % BLOCK].chunks_exact(BLOCK) {
-                    if !is_zero(b) && seen.insert(fingerprint(&key, b)) {
-                        out.extend_from_slice(b);
-                    }
-                }
-                pos += n as u64;
-            }
-        }
-        eprintln!("{path}: {} unique blocks so far", out.len() / BLOCK);
-    }
-    Ok(out)
-}
-
-fn read_at(f: &mut File, pos: u64, buf: &mut [u8]) -> Result<usize> {
-    use std::io::{Seek, SeekFrom};
-    f.seek(SeekFrom::Start(pos))?;
-    let mut n = 0;
-    while n < buf.len() {
-        match f.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
-}
-
-/// (start, end) of each data extent of `f` (SEEK_DATA / SEEK_HOLE), or the whole file where
-/// the filesystem cannot tell.
-fn data_extents(f: &File) -> Result<Vec<(u64, u64)>> {
-    let size = f.metadata()?.len();
-    let fd = f.as_raw_fd();
-    let mut out = Vec::new();
-    let mut off = 0i64;
-    while (off as u64) < size {
-        // SAFETY: lseek on an open descriptor we own; it only moves the file offset.
-        let data = unsafe { libc::lseek(fd, off, libc::SEEK_DATA) };
-        if data < 0 {
-            break; // ENXIO: no data past `off`
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
-        if hole < 0 {
-            out.push((data as u64, size));
-            break;
-        }
-        out.push((data as u64, hole as u64));
-        off = hole;
-    }
-    Ok(out)
 }
 
 /// A small deterministic generator for the sample (xorshift64*).
