@@ -1,7 +1,7 @@
 //! The corpus as the compression benchmarks see it (`dictionary-bench`, `similarity-bench`):
 //! the unique non-zero 4 KiB blocks of raw disk images, in first-write order.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use condense_engine::reduction::{fingerprint, is_zero};
 use std::collections::HashSet;
 use std::fs::File;
@@ -76,4 +76,22 @@ fn data_extents(f: &File) -> Result<Vec<(u64, u64)>> {
         off = hole;
     }
     Ok(out)
+}
+
+/// [`unique_blocks`] of the images named on a bench's command line (none is an error), with a
+/// line saying how many there are and how long reading them took.
+pub fn unique_blocks_announced(images: &[String]) -> Result<Vec<u8>> {
+    if images.is_empty() {
+        bail!("name the raw images to read (e.g. /work/corpus/images/*.raw)");
+    }
+    let t0 = std::time::Instant::now();
+    let blocks = unique_blocks(images)?;
+    println!(
+        "{} images: {} unique non-zero 4 KiB blocks ({:.3} GB) read in {:.0} s",
+        images.len(),
+        blocks.len() / BLOCK,
+        blocks.len() as f64 / 1e9,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(blocks)
 }

@@ -19,7 +19,7 @@ mod corpus;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use corpus::{unique_blocks, BLOCK};
+use corpus::{unique_blocks_announced, BLOCK};
 use std::time::Instant;
 
 #[derive(Parser)]
@@ -168,18 +168,7 @@ fn run_lz4(blocks: &[u8], unit: usize, dict: &[u8]) -> Result<Figures> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    if args.images.is_empty() {
-        bail!("name the raw images to read (e.g. /work/corpus/images/*.raw)");
-    }
-    let t0 = Instant::now();
-    let blocks = unique_blocks(&args.images)?;
-    let unique = blocks.len() / BLOCK;
-    println!(
-        "{} images: {unique} unique non-zero 4 KiB blocks ({:.3} GB) read in {:.0} s",
-        args.images.len(),
-        blocks.len() as f64 / 1e9,
-        t0.elapsed().as_secs_f64()
-    );
+    let blocks = unique_blocks_announced(&args.images)?;
     let t1 = Instant::now();
     let samples = sample(&blocks, args.sample, args.seed);
     let dict =

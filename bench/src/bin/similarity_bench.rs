@@ -36,11 +36,10 @@ mod corpus;
 
 use anyhow::{anyhow, bail, Result};
 use clap::Parser;
-use corpus::{unique_blocks, BLOCK};
+use corpus::{unique_blocks_announced, BLOCK};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io::Write;
-use std::time::Instant;
 use zstd::zstd_safe::{self, CCtx, DCtx};
 
 /// The pool's rule: a compressed record is kept only if it saves 1/8 of the block.
@@ -722,21 +721,11 @@ fn configs(bound_tries: usize) -> Vec<Config> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    if args.images.is_empty() {
-        bail!("name the raw images to read (e.g. /work/corpus/images/*.raw)");
-    }
     if ![16, 32, 64].contains(&args.window) {
         bail!("--window is 64, 32 or 16");
     }
-    let t0 = Instant::now();
-    let blocks = unique_blocks(&args.images)?;
+    let blocks = unique_blocks_announced(&args.images)?;
     let unique = blocks.len() / BLOCK;
-    println!(
-        "{} images: {unique} unique non-zero 4 KiB blocks ({:.3} GB) read in {:.0} s",
-        args.images.len(),
-        blocks.len() as f64 / 1e9,
-        t0.elapsed().as_secs_f64()
-    );
     let sketcher = Sketcher::new(args.sample_bits, args.window);
     let t1 = cpu_seconds();
     let mut unsampled = 0;
