@@ -284,8 +284,8 @@ impl Pool {
     pub fn count_figures(&self) -> Result<()> {
         while !self.count_figures_step()? {
             // The lock is not fair: without a pause this thread would take it back before a
-            // waiting read or write is scheduled.
-            std::thread::yield_now();
+            // waiting read or write is scheduled (a yield is not enough on 2 cores).
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
         Ok(())
     }
