@@ -157,7 +157,7 @@ pub struct Change {
 
 /// Read the parts of the [`ExtentKind::Data`] extents among `extents` that lie inside
 /// `[offset, offset + buf.len())` into their places in `buf`, with [`Volume::read`].
-pub fn read_data_extents<V: Volume + ?Sized>(
+fn read_data_extents<V: Volume + ?Sized>(
     v: &V,
     extents: &[Extent],
     offset: u64,

@@ -202,6 +202,15 @@ impl ChunkTable {
         Ok(new.map_or(0, |n| n.loc.stored_len))
     }
 
+    /// The live chunks and their stored payload bytes (`record_bytes()`: what the segments
+    /// hold live).
+    pub fn live(&self) -> crate::attribution::Space {
+        crate::attribution::Space {
+            chunks: self.live_chunks,
+            stored_bytes: self.live_stored_bytes,
+        }
+    }
+
     /// Live bytes of records in `segment`.
     pub fn segment_live_bytes(&self, segment: u32) -> u64 {
         self.live_bytes.get(&segment).copied().unwrap_or(0)

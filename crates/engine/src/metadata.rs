@@ -769,8 +769,10 @@ impl Metadata {
         Ok(true)
     }
 
-    /// An attribution counted from scratch: every volume's and snapshot's map walked, each
-    /// chunk's length from the chunk table. Refuses a map naming a chunk that is not live.
+    /// An attribution counted from scratch in one go: every volume's and snapshot's map
+    /// walked, each chunk's length from the chunk table. Refuses a map naming a chunk that is
+    /// not live. The oracle of [`crate::Pool::check_attribution`], written apart from the
+    /// stepwise count on purpose, so the check also catches a fault in the steps.
     pub(crate) fn build_attribution(&mut self) -> Result<Attribution> {
         let started = std::time::Instant::now();
         let mut stored: HashMap<u64, u32> =

@@ -17,7 +17,7 @@
 
 use crate::attribution::{Space, TreeSpace};
 use crate::error::{Error, Result};
-use crate::format::{CHUNK_ID_LIMIT, RECORD_HEADER_BYTES, SEGMENT_HEADER_BYTES};
+use crate::format::{CHUNK_ID_LIMIT, SEGMENT_HEADER_BYTES};
 use crate::locks::lock;
 use crate::metadata::Metadata;
 use crate::pool::Pool;
@@ -134,8 +134,7 @@ impl PoolStats {
     /// Each volume's and snapshot's figures, and the volumes' totals.
     fn add_volumes(&mut self, md: &Metadata, bs: u64) {
         let total_data_blocks: u64 = md.volumes.values().map(|v| v.counts.data_blocks).sum();
-        let live_record_bytes =
-            md.chunks.live_stored_bytes + md.chunks.live_chunks * RECORD_HEADER_BYTES as u64;
+        let live_record_bytes = md.chunks.live().record_bytes();
         for (id, v) in &md.volumes {
             let written = v.counts.data_blocks * bs;
             let share = if total_data_blocks == 0 {
@@ -187,8 +186,7 @@ impl PoolStats {
     fn add_space(&mut self, md: &Metadata, segments: &Segments, bs: u64, physical: u64) {
         self.unique_chunks = md.chunks.live_chunks;
         self.stored_bytes = md.chunks.live_stored_bytes;
-        self.chunk_bytes =
-            md.chunks.live_stored_bytes + md.chunks.live_chunks * RECORD_HEADER_BYTES as u64;
+        self.chunk_bytes = md.chunks.live().record_bytes();
         self.shared = md.attribution.as_ref().map(|a| a.shared());
         self.attribution_ram_bytes = md.attribution.as_ref().map_or(0, |a| a.ram_bytes());
         self.data_bytes = segments.total_bytes();
@@ -306,10 +304,7 @@ impl Pool {
         }
         let kept = md.attribution()?.clone();
         let fresh = md.build_attribution()?;
-        let live = Space {
-            chunks: md.chunks.live_chunks,
-            stored_bytes: md.chunks.live_stored_bytes,
-        };
+        let live = md.chunks.live();
         if kept.totals() != live {
             return Err(Error::corrupt(
                 "space attribution",

@@ -49,15 +49,28 @@ fn sum_rule_holds(s: &PoolStats) {
     assert_eq!(exclusive + shared, s.chunk_bytes, "sum rule");
 }
 
+/// A simulated disk holding a new pool made with `init`.
+fn new_disk(init: &InitOptions) -> Result<Arc<SimDir>, Box<dyn std::error::Error>> {
+    let disk = SimDir::new();
+    Pool::init(&SimHandle(disk.clone()), init)?;
+    Ok(disk)
+}
+
+/// The pool on `disk`, opened (again).
+fn open(disk: &Arc<SimDir>) -> Result<Arc<Pool>, Box<dyn std::error::Error>> {
+    Ok(Pool::open(
+        Arc::new(SimHandle(disk.clone())),
+        OpenOptions::default(),
+    )?)
+}
+
 #[test]
 fn figures_follow_writes_snapshots_clones_and_deletes() -> R {
-    let disk = SimDir::new();
     let init = InitOptions {
         compression: Compression::None,
         ..Default::default()
     };
-    Pool::init(&SimHandle(disk.clone()), &init)?;
-    let pool = Pool::open(Arc::new(SimHandle(disk)), OpenOptions::default())?;
+    let pool = open(&new_disk(&init)?)?;
     let mut rng = SimRng::new(27);
     let common = random_blocks(&mut rng, 16);
     let a_own = random_blocks(&mut rng, 24);
@@ -128,12 +141,11 @@ fn figures_follow_writes_snapshots_clones_and_deletes() -> R {
 
 #[test]
 fn a_reopened_pool_counts_the_same_figures() -> R {
-    let disk = SimDir::new();
-    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())?;
+    let disk = new_disk(&InitOptions::default())?;
     let mut rng = SimRng::new(3);
     let data = random_blocks(&mut rng, 32);
     let kept = {
-        let pool = Pool::open(Arc::new(SimHandle(disk.clone())), OpenOptions::default())?;
+        let pool = open(&disk)?;
         pool.create_volume("x", 1 << 20)?;
         pool.stats()?;
         pool.volume("x")?.write_at(0, &data, false)?;
@@ -143,7 +155,7 @@ fn a_reopened_pool_counts_the_same_figures() -> R {
         pool.close()?;
         s
     };
-    let pool = Pool::open(Arc::new(SimHandle(disk)), OpenOptions::default())?;
+    let pool = open(&disk)?;
     let counted = pool.stats()?;
     for name in ["x", "x@one"] {
         assert_eq!(
@@ -164,13 +176,12 @@ fn a_reopened_pool_counts_the_same_figures() -> R {
 fn figures_counted_in_steps_while_volumes_change_match_a_count_from_scratch() -> R {
     const LEAF_BLOCKS: u64 = 512;
     const LEAVES: u64 = 256; // 4 steps of 64 leaves per volume
-    let disk = SimDir::new();
-    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())?;
+    let disk = new_disk(&InitOptions::default())?;
     let mut rng = SimRng::new(26);
     let shared = random_blocks(&mut rng, 8);
     let vols = ["p", "q", "r"];
     {
-        let pool = Pool::open(Arc::new(SimHandle(disk.clone())), OpenOptions::default())?;
+        let pool = open(&disk)?;
         for v in vols {
             pool.create_volume(v, LEAVES * LEAF_BLOCKS * BS as u64)?;
             let h = pool.volume(v)?;
@@ -187,7 +198,7 @@ fn figures_counted_in_steps_while_volumes_change_match_a_count_from_scratch() ->
         }
         pool.close()?;
     }
-    let pool = Pool::open(Arc::new(SimHandle(disk)), OpenOptions::default())?;
+    let pool = open(&disk)?;
     let (mut steps, mut snapshot_made) = (0, false);
     while !pool.count_figures_step()? {
         steps += 1;
@@ -222,12 +233,11 @@ fn figures_counted_in_steps_while_volumes_change_match_a_count_from_scratch() ->
 /// each end takes a handful of steps, not one per 16 leaves of its address space.
 #[test]
 fn counting_a_huge_sparse_volume_takes_steps_per_leaf_written() -> R {
-    let disk = SimDir::new();
-    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())?;
+    let disk = new_disk(&InitOptions::default())?;
     let mut rng = SimRng::new(1);
     let size = 1u64 << 60;
     {
-        let pool = Pool::open(Arc::new(SimHandle(disk.clone())), OpenOptions::default())?;
+        let pool = open(&disk)?;
         pool.create_volume("huge", size)?;
         let h = pool.volume("huge")?;
         for at in [0, size / 2, size - BS as u64] {
@@ -235,7 +245,7 @@ fn counting_a_huge_sparse_volume_takes_steps_per_leaf_written() -> R {
         }
         pool.close()?;
     }
-    let pool = Pool::open(Arc::new(SimHandle(disk)), OpenOptions::default())?;
+    let pool = open(&disk)?;
     let mut steps = 0;
     while !pool.count_figures_step()? {
         steps += 1;
