@@ -88,6 +88,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
         "shared_bytes": s.shared.map(|x| x.record_bytes()),
         "shared_chunks": s.shared.map(|x| x.chunks),
         "attribution_ram_bytes": s.attribution_ram_bytes,
+        "attribution_scratch_bytes": s.attribution_scratch_bytes,
         "attribution_error": s.attribution_error,
         "data_bytes": s.data_bytes,
         "metadata_bytes": s.metadata_bytes,

@@ -21,12 +21,71 @@
 //!   attribution broken; broken figures are never shown, they are rebuilt.
 
 use crate::format::{MAP_PAGE_ENTRIES, RECORD_HEADER_BYTES};
+use crate::io::Dir;
+use crate::spill::{Spill, PAGE_WORDS};
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
-/// No tree names the chunk.
-const NOBODY: u32 = u32::MAX;
-/// Two or more trees name the chunk: see `holders`.
-const SEVERAL: u32 = u32::MAX - 1;
+/// The tree field of an owner word whose chunk two or more trees name: its low half is then
+/// the first node of the holder chain, plus one.
+const SEVERAL: u32 = u32::MAX;
+/// Words of a holder-chain node: `NODE_HOLDERS` holder words (0: empty), then the next
+/// node plus one (0: the chain ends).
+const NODE_WORDS: u64 = 4;
+const NODE_HOLDERS: u64 = NODE_WORDS - 1;
+
+/// An owner or holder word: `tree` names the chunk with `n` (at least 1) entries.
+fn holder(tree: u32, n: u32) -> u64 {
+    (u64::from(tree) << 32) | u64::from(n)
+}
+
+fn unpack(w: u64) -> (u32, u32) {
+    ((w >> 32) as u32, w as u32)
+}
+
+/// Where the attribution's pages go past their RAM budget, and that budget.
+#[derive(Clone)]
+pub struct SpillTo {
+    /// The directory giving scratch files ([`Dir::scratch_file`]); `None`: all in RAM.
+    pub dir: Option<Arc<dyn Dir>>,
+    /// Words per page.
+    pub page_words: usize,
+    /// Pages each array (owner words, holder chains, a count's stored lengths) keeps in RAM.
+    pub pages: usize,
+}
+
+/// RAM each of the attribution's arrays keeps by default: 32 MiB.
+pub const SPILL_RAM_PAGES: usize = 512;
+
+impl Default for SpillTo {
+    /// All in RAM (the simulator's default, repair, and the check's oracle).
+    fn default() -> SpillTo {
+        SpillTo {
+            dir: None,
+            page_words: PAGE_WORDS,
+            pages: SPILL_RAM_PAGES,
+        }
+    }
+}
+
+impl SpillTo {
+    /// A new array: on a scratch file of `dir` when it gives one, else in RAM. A scratch
+    /// file that cannot be made is the array's error (the figures then say why).
+    fn array(&self) -> Spill {
+        let Some(dir) = &self.dir else {
+            return Spill::in_ram(self.page_words);
+        };
+        match dir.scratch_file() {
+            Ok(Some(f)) => Spill::on_file(f, self.page_words, self.pages),
+            Ok(None) => Spill::in_ram(self.page_words),
+            Err(e) => Spill::failed(format!(
+                "no scratch file in {} for the per-volume figures: {e} (they need about 8 \
+                 bytes per chunk there; check the directory's permissions and free space)",
+                dir.describe()
+            )),
+        }
+    }
+}
 
 /// A number of chunks and their stored (compressed, sealed) payload bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,12 +131,18 @@ impl TreeSpace {
 }
 
 /// The attribution of every live chunk to the trees naming it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct Attribution {
-    /// Per chunk id: (the one tree naming it, its entry count), or (`NOBODY` / `SEVERAL`, 0).
-    owner: Vec<(u32, u32)>,
-    /// The chunks several trees name: each tree and its entry count.
-    holders: HashMap<u64, Vec<(u32, u32)>>,
+    /// Per chunk id one word: 0 (no tree names it), [`holder`] (the one tree naming it and
+    /// its entry count), or [`SEVERAL`] with the first node of its holder chain.
+    owner: Spill,
+    /// The holder chains of chunks several trees name, in nodes of [`NODE_WORDS`]; free
+    /// nodes are chained from `free`.
+    nodes: Spill,
+    /// Nodes ever handed out.
+    next_node: u64,
+    /// The first free node plus one (0: none).
+    free: u64,
     trees: HashMap<u32, TreeSpace>,
     /// Chunks two or more trees name (each counted once).
     shared: Space,
@@ -86,37 +151,39 @@ pub struct Attribution {
 }
 
 impl Attribution {
+    /// An empty attribution whose pages go where `to` says past its RAM budget.
+    pub fn new(to: &SpillTo) -> Attribution {
+        Attribution {
+            owner: to.array(),
+            nodes: to.array(),
+            ..Default::default()
+        }
+    }
+
     /// `n` more entries of `tree` name chunk `id` (of `stored` payload bytes).
     pub fn add(&mut self, tree: u32, id: u64, n: u32, stored: u32) {
         if n == 0 {
             return;
         }
-        let Ok(i) = usize::try_from(id) else {
-            return self.broke(format!("chunk id {id} does not fit in memory"));
-        };
-        if i >= self.owner.len() {
-            self.owner.resize(i + 1, (NOBODY, 0));
+        if tree == SEVERAL {
+            return self.broke(format!("volume id {tree} is out of range"));
         }
-        match self.owner[i] {
-            (NOBODY, _) => {
-                self.owner[i] = (tree, n);
+        match unpack(self.owner.get(id)) {
+            (_, 0) => {
+                self.owner.set(id, holder(tree, n));
                 self.trees.entry(tree).or_default().exclusive.add(stored);
             }
-            (t, k) if t == tree => self.owner[i] = (t, k + n),
-            (SEVERAL, _) => {
-                let h = self.holders.entry(id).or_default();
-                match h.iter().position(|&(t, _)| t == tree) {
-                    Some(at) => h[at].1 += n,
-                    None => {
-                        h.push((tree, n));
-                        self.trees.entry(tree).or_default().shared.add(stored);
-                    }
-                }
-            }
+            (t, k) if t == tree => match k.checked_add(n) {
+                Some(k) => self.owner.set(id, holder(t, k)),
+                None => self.broke(format!("volume id {tree} names chunk {id} 4G times")),
+            },
+            (SEVERAL, head) => self.add_shared(tree, id, head, n, stored),
             (other, k) => {
                 // A second tree: the chunk stops being the first one's alone.
-                self.owner[i] = (SEVERAL, 0);
-                self.holders.insert(id, vec![(other, k), (tree, n)]);
+                let Some(head) = self.new_node(holder(other, k), holder(tree, n), 0) else {
+                    return;
+                };
+                self.owner.set(id, holder(SEVERAL, head));
                 let o = self.trees.entry(other).or_default();
                 o.exclusive.sub(stored);
                 o.shared.add(stored);
@@ -126,51 +193,164 @@ impl Attribution {
         }
     }
 
+    fn add_shared(&mut self, tree: u32, id: u64, head: u32, n: u32, stored: u32) {
+        let (found, empty) = self.find(head, tree);
+        if let Some((at, k)) = found {
+            match k.checked_add(n) {
+                Some(k) => self.nodes.set(at, holder(tree, k)),
+                None => self.broke(format!("volume id {tree} names chunk {id} 4G times")),
+            }
+            return;
+        }
+        match empty {
+            Some(at) => self.nodes.set(at, holder(tree, n)),
+            None => {
+                let Some(first) = self.new_node(holder(tree, n), 0, u64::from(head)) else {
+                    return;
+                };
+                self.owner.set(id, holder(SEVERAL, first));
+            }
+        }
+        self.trees.entry(tree).or_default().shared.add(stored);
+    }
+
     /// `n` entries of `tree` naming chunk `id` are gone.
     pub fn remove(&mut self, tree: u32, id: u64, n: u32, stored: u32) {
         if n == 0 {
             return;
         }
-        let state = usize::try_from(id)
-            .ok()
-            .and_then(|i| self.owner.get(i).map(|&o| (i, o)));
-        match state {
-            Some((i, (t, k))) if t == tree && k >= n => {
-                self.owner[i] = if k == n { (NOBODY, 0) } else { (t, k - n) };
+        match unpack(self.owner.get(id)) {
+            (t, k) if t == tree && k >= n => {
+                self.owner
+                    .set(id, if k == n { 0 } else { holder(t, k - n) });
                 if k == n {
                     self.trees.entry(tree).or_default().exclusive.sub(stored);
                 }
             }
-            Some((i, (SEVERAL, _))) => self.remove_shared(tree, i, id, n, stored),
+            (SEVERAL, head) if head > 0 => self.remove_shared(tree, id, head, n, stored),
             _ => self.broke(format!(
                 "volume id {tree} dropped {n} entries naming chunk {id}, which it did not hold"
             )),
         }
     }
 
-    fn remove_shared(&mut self, tree: u32, i: usize, id: u64, n: u32, stored: u32) {
-        let Some(h) = self.holders.get_mut(&id) else {
-            return self.broke(format!("shared chunk {id} has no holders"));
-        };
-        let Some(at) = h.iter().position(|&(t, k)| t == tree && k >= n) else {
+    fn remove_shared(&mut self, tree: u32, id: u64, head: u32, n: u32, stored: u32) {
+        let Some((at, k)) = self.find(head, tree).0.filter(|&(_, k)| k >= n) else {
             return self.broke(format!(
                 "volume id {tree} dropped {n} entries naming chunk {id}, which it did not hold"
             ));
         };
-        h[at].1 -= n;
-        if h[at].1 > 0 {
-            return;
+        if k > n {
+            return self.nodes.set(at, holder(tree, k - n));
         }
-        h.swap_remove(at);
+        self.nodes.set(at, 0);
         self.trees.entry(tree).or_default().shared.sub(stored);
-        if let [(last, k)] = h[..] {
+        let (left, nodes) = self.chain(head);
+        if let [(last, k)] = left[..] {
             // One tree left: the chunk is now that tree's alone.
-            self.holders.remove(&id);
-            self.owner[i] = (last, k);
+            self.free_chain(head);
+            self.owner.set(id, holder(last, k));
             let o = self.trees.entry(last).or_default();
             o.shared.sub(stored);
             o.exclusive.add(stored);
             self.shared.sub(stored);
+        } else if nodes > (left.len() as u64).div_ceil(NODE_HOLDERS) {
+            // Holders left fit in fewer nodes: the chain is written again, packed.
+            self.free_chain(head);
+            let mut next = 0;
+            for part in left.rchunks(NODE_HOLDERS as usize) {
+                let w = |i: usize| part.get(i).map_or(0, |&(t, k)| holder(t, k));
+                match self.new_node(w(0), w(1), next) {
+                    Some(node) => {
+                        self.nodes.set(u64::from(node - 1) * NODE_WORDS + 2, w(2));
+                        next = u64::from(node);
+                    }
+                    None => return,
+                }
+            }
+            self.owner.set(id, holder(SEVERAL, next as u32));
+        }
+    }
+
+    /// Tree `tree`'s holder word in the chain from `head` (its word's index and count), and
+    /// the first empty holder word met.
+    fn find(&mut self, head: u32, tree: u32) -> (Option<(u64, u32)>, Option<u64>) {
+        let mut empty = None;
+        let mut node = u64::from(head);
+        let mut steps = 0;
+        while node > 0 && steps <= self.next_node {
+            let base = (node - 1) * NODE_WORDS;
+            for at in base..base + NODE_HOLDERS {
+                match unpack(self.nodes.get(at)) {
+                    (_, 0) => {
+                        empty.get_or_insert(at);
+                    }
+                    (t, k) if t == tree => return (Some((at, k)), empty),
+                    _ => {}
+                }
+            }
+            node = self.nodes.get(base + NODE_HOLDERS);
+            steps += 1;
+        }
+        (None, empty)
+    }
+
+    /// The holders of the chain from `head`, and its number of nodes.
+    fn chain(&mut self, head: u32) -> (Vec<(u32, u32)>, u64) {
+        let (mut held, mut nodes) = (Vec::new(), 0);
+        let mut node = u64::from(head);
+        while node > 0 && nodes <= self.next_node {
+            let base = (node - 1) * NODE_WORDS;
+            for at in base..base + NODE_HOLDERS {
+                let (t, k) = unpack(self.nodes.get(at));
+                if k > 0 {
+                    held.push((t, k));
+                }
+            }
+            node = self.nodes.get(base + NODE_HOLDERS);
+            nodes += 1;
+        }
+        (held, nodes)
+    }
+
+    /// A node holding `a` and `b` (and an empty third word) followed by node `next` (plus
+    /// one); its number plus one.
+    fn new_node(&mut self, a: u64, b: u64, next: u64) -> Option<u32> {
+        let node = match self.free {
+            0 => {
+                self.next_node += 1;
+                self.next_node
+            }
+            f => {
+                self.free = self.nodes.get((f - 1) * NODE_WORDS + NODE_HOLDERS);
+                f
+            }
+        };
+        let Ok(number) = u32::try_from(node) else {
+            self.broke("more than 4G chunks shared between volumes".into());
+            return None;
+        };
+        let base = (node - 1) * NODE_WORDS;
+        for (i, w) in [a, b, 0, next].into_iter().enumerate() {
+            self.nodes.set(base + i as u64, w);
+        }
+        Some(number)
+    }
+
+    /// Every node of the chain from `head` to the free list.
+    fn free_chain(&mut self, head: u32) {
+        let mut node = u64::from(head);
+        let mut steps = 0;
+        while node > 0 && steps <= self.next_node {
+            let base = (node - 1) * NODE_WORDS;
+            let next = self.nodes.get(base + NODE_HOLDERS);
+            for at in base..base + NODE_HOLDERS {
+                self.nodes.set(at, 0);
+            }
+            self.nodes.set(base + NODE_HOLDERS, self.free);
+            self.free = node;
+            node = next;
+            steps += 1;
         }
     }
 
@@ -195,9 +375,13 @@ impl Attribution {
         }
     }
 
-    /// The first contradiction met, if any: the figures are wrong and must be rebuilt.
+    /// The first contradiction or scratch-file failure met, if any: the figures are wrong
+    /// and must be rebuilt.
     pub fn broken(&self) -> Option<&str> {
-        self.broken.as_deref()
+        self.broken
+            .as_deref()
+            .or(self.owner.error())
+            .or(self.nodes.error())
     }
 
     /// Tree `tree`'s figures (zero for a tree that names no chunk).
@@ -218,13 +402,16 @@ impl Attribution {
         })
     }
 
-    /// RAM held: 8 bytes per chunk id, and the holder lists of shared chunks.
+    /// RAM held: the pages in RAM and the trees' figures.
     pub fn ram_bytes(&self) -> u64 {
-        let per_shared = std::mem::size_of::<(u64, Vec<(u32, u32)>)>() as u64 + 8;
-        let lists: u64 = self.holders.values().map(|h| h.capacity() as u64 * 8).sum();
-        (self.owner.capacity() * std::mem::size_of::<(u32, u32)>()) as u64
-            + self.holders.capacity() as u64 * per_shared
-            + lists
+        self.owner.ram_bytes()
+            + self.nodes.ram_bytes()
+            + self.trees.capacity() as u64 * std::mem::size_of::<(u32, TreeSpace)>() as u64
+    }
+
+    /// Bytes of pages spilled to scratch files past the RAM budget.
+    pub fn scratch_bytes(&self) -> u64 {
+        self.owner.file_bytes() + self.nodes.file_bytes()
     }
 }
 
@@ -239,9 +426,10 @@ impl Attribution {
 #[derive(Debug, Default)]
 pub struct Counting {
     pub(crate) a: Attribution,
-    /// Stored length of each chunk live when its chunk-table page was scanned; a chunk made
-    /// after that is looked up in the chunk table by the walk.
-    pub(crate) stored: HashMap<u64, u32>,
+    /// Per chunk id, its stored length plus one if it was live when its chunk-table page was
+    /// scanned (0: not then; a chunk made after that is looked up in the chunk table by the
+    /// walk). Spilled like the attribution's own pages.
+    pub(crate) stored: Spill,
     /// The next chunk-table page to scan; `None` once the scan is done.
     pub(crate) chunk_page: Option<u64>,
     /// Trees not walked yet, in the order they will be; the first is being walked.
@@ -256,20 +444,20 @@ pub struct Counting {
 
 impl Counting {
     /// A count of `trees`, the trees there are when it starts (a tree made later has an
-    /// empty map at first: its changes all go to `a`).
-    /// Room is made up front for `chunk_ids` ids and `live` live chunks, so no step pays for
-    /// growing a table of them.
-    pub fn new(trees: impl IntoIterator<Item = u32>, chunk_ids: u64, live: u64) -> Counting {
-        let mut a = Attribution::default();
-        a.owner
-            .reserve_exact(usize::try_from(chunk_ids).unwrap_or(0));
+    /// empty map at first: its changes all go to `a`), its pages going where `to` says.
+    pub fn new(trees: impl IntoIterator<Item = u32>, to: &SpillTo) -> Counting {
         Counting {
-            a,
-            stored: HashMap::with_capacity(usize::try_from(live).unwrap_or(0)),
+            a: Attribution::new(to),
+            stored: to.array(),
             chunk_page: Some(0),
             trees: trees.into_iter().collect(),
             ..Default::default()
         }
+    }
+
+    /// A count that met an error (a scratch file failing) must be dropped.
+    pub(crate) fn error(&self) -> Option<&str> {
+        self.a.broken().or(self.stored.error())
     }
 
     /// Whether entry `block` of tree `tree` is behind the walk (a change to it goes to `a`).
@@ -332,6 +520,68 @@ mod tests {
         assert!(a.broken().is_none());
     }
 
+    /// Figures counted from scratch from every (tree, chunk) entry count.
+    fn from_scratch(held: &HashMap<(u32, u64), u32>, len: impl Fn(u64) -> u32) -> Attribution {
+        let mut a = Attribution::default();
+        let mut keys: Vec<_> = held.iter().filter(|(_, &n)| n > 0).collect();
+        keys.sort();
+        for (&(t, id), &n) in keys {
+            a.add(t, id, n, len(id));
+        }
+        a
+    }
+
+    #[test]
+    fn figures_spilled_to_a_scratch_file_match_a_count_from_scratch() {
+        use rand::{Rng, SeedableRng};
+        // 8-word pages, 2 in RAM per array: almost every step reads a page back from the file.
+        let to = SpillTo {
+            dir: Some(Arc::new(crate::sim::SimHandle(crate::sim::SimDir::new()))),
+            page_words: 8,
+            pages: 2,
+        };
+        let mut a = Attribution::new(&to);
+        let len = |id: u64| (id * 37 % 4000) as u32 + 1;
+        let mut held: HashMap<(u32, u64), u32> = HashMap::new();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for step in 0..30_000 {
+            let (tree, id) = (rng.random_range(1..8u32), rng.random_range(0..300u64));
+            let n = rng.random_range(1..3u32);
+            let k = held.entry((tree, id)).or_default();
+            if rng.random_bool(0.55) || *k < n {
+                *k += n;
+                a.add(tree, id, n, len(id));
+            } else {
+                *k -= n;
+                a.remove(tree, id, n, len(id));
+            }
+            if step % 1000 == 999 {
+                let b = from_scratch(&held, len);
+                assert!(a.broken().is_none(), "{:?}", a.broken());
+                for t in 1..8 {
+                    assert_eq!(a.tree(t), b.tree(t), "tree {t} at step {step}");
+                }
+                assert_eq!(a.shared(), b.shared(), "shared at step {step}");
+                assert_eq!(a.totals(), b.totals());
+            }
+        }
+        assert!(a.scratch_bytes() > 0, "pages went to the scratch file");
+        assert!(a.ram_bytes() < 4 * 8 * 8 + 1024, "RAM kept to the budget");
+        // Every entry dropped: nothing is left, and every chain node went back to the free list.
+        for (&(t, id), &n) in &held {
+            a.remove(t, id, n, len(id));
+        }
+        assert_eq!(a.totals(), Space::default());
+        assert_eq!(a.shared(), Space::default());
+        assert!(a.broken().is_none(), "{:?}", a.broken());
+        let (mut free, mut node) = (0, a.free);
+        while node > 0 {
+            free += 1;
+            node = a.nodes.get((node - 1) * NODE_WORDS + NODE_HOLDERS);
+        }
+        assert_eq!(free, a.next_node, "every node is free again");
+    }
+
     #[test]
     fn a_drop_of_what_a_tree_does_not_hold_breaks_it() {
         let mut a = Attribution::default();
@@ -345,7 +595,7 @@ mod tests {
 
     #[test]
     fn the_walk_passes_trees_in_order_after_the_chunk_table() {
-        let mut c = Counting::new([4, 9], 0, 0);
+        let mut c = Counting::new([4, 9], &SpillTo::default());
         assert!(
             !c.passed(4, 0),
             "nothing is passed while the chunk table is scanned"

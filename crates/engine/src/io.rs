@@ -131,6 +131,13 @@ pub trait Dir: Send + Sync {
     fn store_status(&self) -> Option<StoreStatus> {
         None
     }
+    /// A new file for bytes that matter only to this process while the pool is open (the
+    /// space attribution's pages past its RAM budget, [`crate::spill`]): nameless, gone when
+    /// its last handle closes, never seen by another open, its bytes sealed by its user.
+    /// `None`: this store has no such file, and those bytes stay in RAM.
+    fn scratch_file(&self) -> io::Result<Option<Arc<dyn File>>> {
+        Ok(None)
+    }
     /// A second handle on an existing file for direct I/O (`O_DIRECT`: no page cache), if
     /// this directory's file system offers it; reads, lengths and syncs go through the
     /// file's ordinary handle.
@@ -509,6 +516,35 @@ impl DirectWriter for DirectFile {
 }
 
 impl Dir for RealDir {
+    fn scratch_file(&self) -> io::Result<Option<Arc<dyn File>>> {
+        let tmpfile = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .mode(FILE_MODE)
+            .open(&self.path);
+        let file = match tmpfile {
+            Ok(f) => f,
+            // A file system without O_TMPFILE: a named file, unlinked at once.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let path = self
+                    .path
+                    .join(format!(".scratch-{}-{n}", std::process::id()));
+                let f = fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(FILE_MODE)
+                    .open(&path)?;
+                fs::remove_file(&path)?;
+                f
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Some(Arc::new(RealFile { file })))
+    }
     fn open_direct(&self, name: &str) -> io::Result<Option<Arc<dyn DirectWriter>>> {
         match fs::OpenOptions::new()
             .write(true)

@@ -61,6 +61,7 @@ pub mod secret_file;
 pub mod segment;
 pub mod sim;
 pub mod snapshot;
+pub mod spill;
 pub mod staging;
 pub mod stats;
 pub mod verify;

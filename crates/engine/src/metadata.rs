@@ -17,7 +17,7 @@
 //! - Once built, the space attribution ([`crate::attribution`]) changes with every map entry
 //!   set and every tree added or released, so it stays exact too; a salvage replay drops it.
 
-use crate::attribution::{Attribution, Counting};
+use crate::attribution::{Attribution, Counting, SpillTo};
 use crate::block_map::{self, MapCounts};
 use crate::chunk_table::{page_of, ChunkTable};
 use crate::dedup_index::{DedupIndex, IndexOrigin, SavedIndex};
@@ -116,13 +116,9 @@ pub(crate) struct Metadata {
     /// A count of the attribution from scratch under way in steps (then `attribution` is
     /// `None`): see [`Metadata::count_attribution_step`].
     pub counting: Option<Counting>,
+    /// Where the attribution's pages go past their RAM budget (the pool's directory).
+    pub spill: SpillTo,
 }
-
-/// The largest chunk id space the space attribution ([`crate::attribution`]) is built for: it
-/// is held in RAM (8 bytes per chunk id, ~120 per chunk several volumes name) and its first
-/// count walks every map (3 s for the corpus' 0.46M chunks, in steps), which a pool far beyond
-/// RAM cannot afford. Beyond it, `stats` says why the figures are missing.
-pub(crate) const ATTRIBUTION_CHUNKS_MAX: u64 = 4 << 20;
 
 impl Metadata {
     /// Volume `vol`, checked to exist and to hold blocks `[first, first + count)`.
@@ -530,10 +526,6 @@ impl Metadata {
     fn set_entry(&mut self, vol: u32, block: u64, e: u64) -> Result<()> {
         if e < CHUNK_ID_LIMIT {
             let stored = self.chunks.incref(&mut self.pages, e)?;
-            if e >= ATTRIBUTION_CHUNKS_MAX {
-                // The pool grew past what the figures are kept for: dropped, not grown.
-                self.drop_attribution();
-            }
             if let Some(a) = self.attribution_for(vol, block) {
                 a.add(vol, e, 1, stored);
             }
@@ -635,30 +627,10 @@ impl Metadata {
         self.counting = None;
     }
 
-    /// Past the limit (at open, or grown past it since the figures were built): the figures
-    /// are dropped and this says why.
-    fn past_attribution_limit(&mut self) -> Option<Error> {
-        if self.chunks.next_id <= ATTRIBUTION_CHUNKS_MAX {
-            return None;
-        }
-        self.drop_attribution();
-        Some(Error::Invalid(format!(
-            "the exact per-volume figures are kept in RAM for pools of up to {} chunk \
-             ids (~{} GiB of unique 4 KiB blocks); this pool has {}, so stats shows \
-             the proportional share instead",
-            ATTRIBUTION_CHUNKS_MAX,
-            (ATTRIBUTION_CHUNKS_MAX * 4096) >> 30,
-            self.chunks.next_id
-        )))
-    }
-
     /// The attribution of chunks to volumes and snapshots: built from every map and the
     /// chunk table the first time it is asked for after an open (or after it broke), then
     /// kept by every change. A count under way in steps is finished here, at once.
     pub(crate) fn attribution(&mut self) -> Result<&Attribution> {
-        if let Some(e) = self.past_attribution_limit() {
-            return Err(e);
-        }
         if self
             .attribution
             .as_ref()
@@ -682,9 +654,6 @@ impl Metadata {
     pub(crate) fn count_attribution_step(&mut self) -> Result<bool> {
         const CHUNK_PAGES_PER_STEP: u64 = 64;
         const LEAVES_PER_STEP: u64 = 16;
-        if let Some(e) = self.past_attribution_limit() {
-            return Err(e);
-        }
         if let Some(a) = &self.attribution {
             if a.broken().is_none() {
                 return Ok(true);
@@ -693,11 +662,7 @@ impl Metadata {
         }
         let mut c = match self.counting.take() {
             Some(c) => c,
-            None => Counting::new(
-                self.volumes.keys().copied(),
-                self.chunks.next_id,
-                self.chunks.live_chunks,
-            ),
+            None => Counting::new(self.volumes.keys().copied(), &self.spill),
         };
         let step_began = std::time::Instant::now();
         c.started.get_or_insert(step_began);
@@ -708,7 +673,7 @@ impl Metadata {
             self.chunks
                 .for_each_in(&mut self.pages, page, end, &mut |id, e| {
                     if e.refs > 0 {
-                        stored.insert(id, e.loc.stored_len);
+                        stored.set(id, u64::from(e.loc.stored_len) + 1);
                     }
                     Ok(())
                 })?;
@@ -719,12 +684,12 @@ impl Metadata {
             // nothing: an exabyte volume has as few leaves as it has data).
             let mut later = Vec::new();
             let (mut visited, mut last) = (0, None);
-            let (a, stored) = (&mut c.a, &c.stored);
+            let (a, stored) = (&mut c.a, &mut c.stored);
             self.pages
                 .for_each_leaf(u64::from(vol), c.next_leaf, u64::MAX, &mut |i, leaf| {
-                    block_map::leaf_chunks(leaf, |id| match stored.get(&id) {
-                        Some(&len) => a.add(vol, id, 1, len),
-                        None => later.push(id),
+                    block_map::leaf_chunks(leaf, |id| match stored.get(id) {
+                        0 => later.push(id),
+                        w => a.add(vol, id, 1, (w - 1) as u32),
                     });
                     visited += 1;
                     last = Some(i);
@@ -754,6 +719,11 @@ impl Metadata {
             }
         }
         c.longest = c.longest.max(step_began.elapsed());
+        if let Some(e) = c.error() {
+            return Err(Error::Invalid(format!(
+                "the per-volume figures could not be counted: {e}"
+            )));
+        }
         if !c.done() {
             self.counting = Some(c);
             return Ok(false);

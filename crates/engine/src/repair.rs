@@ -630,6 +630,7 @@ fn fresh_metadata(
         checkpoints: old.checkpoints,
         attribution: None,
         counting: None,
+        spill: old.spill.clone(),
     }
 }
 

@@ -263,11 +263,53 @@ impl File for SimFile {
     }
 }
 
+/// A scratch file of the simulated disk ([`Dir::scratch_file`]): bytes in RAM that no crash
+/// or injected failure touches, since nothing of them outlives the open.
+#[derive(Default)]
+struct SimScratch(Mutex<Vec<u8>>);
+
+impl File for SimScratch {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let f = lock(&self.0);
+        let at = usize::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+        match f.get(at..at.saturating_add(buf.len())) {
+            Some(b) => {
+                buf.copy_from_slice(b);
+                Ok(())
+            }
+            None => Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+        }
+    }
+    fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        let mut f = lock(&self.0);
+        let at = usize::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+        if f.len() < at + data.len() {
+            f.resize(at + data.len(), 0);
+        }
+        f[at..at + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(lock(&self.0).len() as u64)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let len = usize::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
+        lock(&self.0).resize(len, 0);
+        Ok(())
+    }
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A handle to a [`SimDir`] usable as a [`Dir`] (files keep a reference to their disk).
 #[derive(Clone)]
 pub struct SimHandle(pub Arc<SimDir>);
 
 impl Dir for SimHandle {
+    fn scratch_file(&self) -> io::Result<Option<Arc<dyn File>>> {
+        Ok(Some(Arc::new(SimScratch::default())))
+    }
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
         self.0.tick()?;
         let mut st = lock(&self.0.state);

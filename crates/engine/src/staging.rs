@@ -311,6 +311,10 @@ impl Dir for Staging {
         self.lower.available_bytes()
     }
 
+    fn scratch_file(&self) -> io::Result<Option<Arc<dyn File>>> {
+        self.lower.scratch_file()
+    }
+
     fn describe(&self) -> String {
         self.lower.describe()
     }

@@ -83,6 +83,8 @@ pub struct PoolStats {
     pub shared: Option<Space>,
     /// RAM the space attribution holds.
     pub attribution_ram_bytes: u64,
+    /// Bytes of the figures' pages spilled to scratch files past their RAM budget.
+    pub attribution_scratch_bytes: u64,
     /// Why the per-volume figures are missing, if they are.
     pub attribution_error: Option<String>,
     pub data_bytes: u64,
@@ -189,6 +191,7 @@ impl PoolStats {
         self.chunk_bytes = md.chunks.live().record_bytes();
         self.shared = md.attribution.as_ref().map(|a| a.shared());
         self.attribution_ram_bytes = md.attribution.as_ref().map_or(0, |a| a.ram_bytes());
+        self.attribution_scratch_bytes = md.attribution.as_ref().map_or(0, |a| a.scratch_bytes());
         self.data_bytes = segments.total_bytes();
         self.segments = segments.ids().count() as u64;
         self.dead_bytes = segments
@@ -302,37 +305,28 @@ impl Pool {
         if let Some(why) = md.attribution.as_ref().and_then(|a| a.broken()) {
             return Err(Error::corrupt("space attribution", why.to_string()));
         }
-        let kept = md.attribution()?.clone();
+        let vols: Vec<u32> = md.volumes.keys().copied().collect();
+        let a = md.attribution()?;
+        let (kept_totals, kept_shared) = (a.totals(), a.shared());
+        let kept: Vec<(u32, TreeSpace)> = vols.into_iter().map(|v| (v, a.tree(v))).collect();
         let fresh = md.build_attribution()?;
         let live = md.chunks.live();
-        if kept.totals() != live {
+        if kept_totals != live {
             return Err(Error::corrupt(
                 "space attribution",
-                format!(
-                    "exclusive + shared = {:?}, live chunks {live:?}",
-                    kept.totals()
-                ),
+                format!("exclusive + shared = {kept_totals:?}, live chunks {live:?}"),
             ));
         }
-        let differs = md.volumes.keys().find(|&&v| kept.tree(v) != fresh.tree(v));
-        if let Some(v) = differs {
+        if let Some((v, t)) = kept.iter().find(|&&(v, t)| t != fresh.tree(v)) {
             return Err(Error::corrupt(
                 "space attribution",
-                format!(
-                    "volume id {v}: kept {:?}, counted {:?}",
-                    kept.tree(*v),
-                    fresh.tree(*v)
-                ),
+                format!("volume id {v}: kept {t:?}, counted {:?}", fresh.tree(*v)),
             ));
         }
-        if kept.shared() != fresh.shared() {
+        if kept_shared != fresh.shared() {
             return Err(Error::corrupt(
                 "space attribution",
-                format!(
-                    "shared: kept {:?}, counted {:?}",
-                    kept.shared(),
-                    fresh.shared()
-                ),
+                format!("shared: kept {kept_shared:?}, counted {:?}", fresh.shared()),
             ));
         }
         Ok(())

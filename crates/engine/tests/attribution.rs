@@ -56,11 +56,16 @@ fn new_disk(init: &InitOptions) -> Result<Arc<SimDir>, Box<dyn std::error::Error
     Ok(disk)
 }
 
-/// The pool on `disk`, opened (again).
+/// The pool on `disk`, opened (again). The figures' pages are 16 words and each array keeps
+/// 2 in RAM, so every test here runs with them spilled to the scratch file as a pool far
+/// beyond RAM would.
 fn open(disk: &Arc<SimDir>) -> Result<Arc<Pool>, Box<dyn std::error::Error>> {
     Ok(Pool::open(
         Arc::new(SimHandle(disk.clone())),
-        OpenOptions::default(),
+        OpenOptions {
+            attribution_pages: Some((16, 2)),
+            ..Default::default()
+        },
     )?)
 }
 
@@ -93,6 +98,10 @@ fn figures_follow_writes_snapshots_clones_and_deletes() -> R {
     assert_eq!(find(&s, "a").dedup_ratio, Some(1.0));
     sum_rule_holds(&s);
     pool.check_attribution()?;
+    assert!(
+        s.attribution_scratch_bytes > 0,
+        "the figures' pages went to the scratch file"
+    );
 
     // A snapshot names everything a does: nothing is a's alone any more. Overwriting 4
     // blocks of a leaves their old chunks to the snapshot alone.

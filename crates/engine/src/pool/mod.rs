@@ -126,6 +126,10 @@ pub struct OpenOptions {
     /// With a writeback cache, destage sealed segments in a background thread (the crash
     /// simulator turns this off and calls [`Pool::destage_one`] itself, to stay deterministic).
     pub destage_in_background: bool,
+    /// The per-volume figures' pages: (words per page, pages each of their arrays keeps in
+    /// RAM before the rest go to a scratch file in the pool directory). `None`: 64 KiB pages,
+    /// 32 MiB per array ([`crate::attribution::SpillTo`]). Small values are for tests.
+    pub attribution_pages: Option<(usize, usize)>,
 }
 
 /// The directory of a cache tier (a newtype so that [`OpenOptions`] stays `Debug`).
@@ -152,6 +156,7 @@ impl Default for OpenOptions {
             cache_dir: None,
             without_writeback_cache: false,
             destage_in_background: true,
+            attribution_pages: None,
         }
     }
 }

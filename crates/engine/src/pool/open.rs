@@ -314,6 +314,11 @@ impl Pool {
         let meta_file = open_meta_file(&*dir, &sb, opts.read_only, &mut notes)?;
         let segments = find_segments(&dir, &sb)?;
         let mut md = load_metadata(&sb, root, meta_file, crypto.clone(), &opts);
+        md.spill.dir = Some(dir.clone());
+        if let Some((page_words, pages)) = opts.attribution_pages {
+            md.spill.page_words = page_words;
+            md.spill.pages = pages;
+        }
         if !opts.read_only {
             let dir = super::saved_index::index_dir(&dir, &opts);
             md.saved_index =
@@ -564,6 +569,7 @@ fn load_metadata(
         checkpoints: root.checkpoints,
         attribution: None,
         counting: None,
+        spill: Default::default(),
     };
     for v in &root.volumes {
         let counts = crate::block_map::MapCounts {

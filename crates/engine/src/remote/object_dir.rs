@@ -405,6 +405,11 @@ impl Dir for RemoteDir {
         Ok(u64::MAX / 4)
     }
 
+    /// In the local directory (`LOCAL/pool/`): scratch bytes never go to the bucket.
+    fn scratch_file(&self) -> io::Result<Option<Arc<dyn crate::io::File>>> {
+        self.local.scratch_file()
+    }
+
     fn describe(&self) -> String {
         self.shared.url.clone()
     }

@@ -230,6 +230,9 @@ impl Dir for WalDir {
     fn available_bytes(&self) -> io::Result<u64> {
         self.local.available_bytes()
     }
+    fn scratch_file(&self) -> io::Result<Option<Arc<dyn File>>> {
+        self.local.scratch_file()
+    }
     fn describe(&self) -> String {
         self.local.describe()
     }
