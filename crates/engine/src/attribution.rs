@@ -54,8 +54,9 @@ pub struct SpillTo {
     pub pages: usize,
 }
 
-/// RAM each of the attribution's arrays keeps by default: 32 MiB.
-pub const SPILL_RAM_PAGES: usize = 512;
+/// Pages each of the attribution's arrays keeps in RAM by default: 32 MiB of 4 KiB pages
+/// (the owner words of 4M chunk ids).
+pub const SPILL_RAM_PAGES: usize = 8192;
 
 impl Default for SpillTo {
     /// All in RAM (the simulator's default, repair, and the check's oracle).

@@ -15,6 +15,8 @@
 //! - [`metadata`]: the metadata stores together and the one `apply` that changes them
 //! - [`attribution`]: which volumes and snapshots name each chunk: per volume, the bytes only
 //!   it references (what deleting it frees) and those it shares
+//! - [`spill`]: arrays of words paged to a sealed scratch file past a RAM budget (the
+//!   attribution's, so it covers a pool far beyond RAM)
 //! - [`journal`]: making metadata changes durable between checkpoints
 //! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush
 //! - [`volume`]: the Volume API over a pool

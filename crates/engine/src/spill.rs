@@ -24,8 +24,9 @@ use std::sync::Arc;
 /// Bytes a sealed page takes in the file beyond its words: the nonce and the tag.
 const SEAL_BYTES: usize = NONCE_LEN + 16;
 
-/// Words per page by default: 64 KiB pages.
-pub const PAGE_WORDS: usize = 8192;
+/// Words per page by default: 4 KiB pages, so a page missed by a random chunk id costs one
+/// small read and seal, not a large one.
+pub const PAGE_WORDS: usize = 512;
 
 struct Slot {
     page: u64,

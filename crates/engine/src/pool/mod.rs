@@ -127,7 +127,7 @@ pub struct OpenOptions {
     /// simulator turns this off and calls [`Pool::destage_one`] itself, to stay deterministic).
     pub destage_in_background: bool,
     /// The per-volume figures' pages: (words per page, pages each of their arrays keeps in
-    /// RAM before the rest go to a scratch file in the pool directory). `None`: 64 KiB pages,
+    /// RAM before the rest go to a scratch file in the pool directory). `None`: 4 KiB pages,
     /// 32 MiB per array ([`crate::attribution::SpillTo`]). Small values are for tests.
     pub attribution_pages: Option<(usize, usize)>,
 }
