@@ -70,8 +70,9 @@ impl Default for SpillTo {
 }
 
 impl SpillTo {
-    /// A new array: on a scratch file of `dir` when it gives one, else in RAM. A scratch
-    /// file that cannot be made is the array's error (the figures then say why).
+    /// A new array: on a scratch file of `dir` when it gives one, else in RAM. Without the
+    /// scratch file `dir` should have given, the array stays in RAM up to its budget and
+    /// fails past it, saying why (the figures are then missing, with that message).
     fn array(&self) -> Spill {
         let Some(dir) = &self.dir else {
             return Spill::in_ram(self.page_words);
@@ -79,11 +80,17 @@ impl SpillTo {
         match dir.scratch_file() {
             Ok(Some(f)) => Spill::on_file(f, self.page_words, self.pages),
             Ok(None) => Spill::in_ram(self.page_words),
-            Err(e) => Spill::failed(format!(
-                "no scratch file in {} for the per-volume figures: {e} (they need about 8 \
-                 bytes per chunk there; check the directory's permissions and free space)",
-                dir.describe()
-            )),
+            // A read-only directory, say: enough for a pool whose figures fit in RAM.
+            Err(e) => Spill::in_ram_up_to(
+                self.page_words,
+                self.pages,
+                format!(
+                    "no scratch file could be made in {} ({e}); the figures of a pool this \
+                     large need one there (about 8 bytes per chunk): check the directory's \
+                     permissions and free space",
+                    dir.describe()
+                ),
+            ),
         }
     }
 }

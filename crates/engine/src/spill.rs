@@ -52,6 +52,8 @@ pub struct Spill {
     last: Option<(u64, usize)>,
     /// Pages written to the file at least once.
     on_file: HashSet<u64>,
+    /// Why there is no file, when the budget still holds ([`Spill::in_ram_up_to`]).
+    no_file: Option<String>,
     error: Option<String>,
 }
 
@@ -86,6 +88,7 @@ impl Spill {
             hand: 0,
             last: None,
             on_file: HashSet::new(),
+            no_file: None,
             error: None,
         }
     }
@@ -109,11 +112,12 @@ impl Spill {
         s
     }
 
-    /// An array that failed before its first word: every word reads 0, and `what` is its
-    /// error.
-    pub fn failed(what: String) -> Spill {
-        let mut s = Spill::in_ram(1);
-        s.fail(what);
+    /// Pages kept in RAM up to `budget_pages` (at least 2), for want of a scratch file: past
+    /// that the array fails with `why` (the reason there is no file) instead of growing.
+    pub fn in_ram_up_to(page_words: usize, budget_pages: usize, why: String) -> Spill {
+        let mut s = Spill::in_ram(page_words);
+        s.budget_pages = budget_pages.max(2);
+        s.no_file = Some(why);
         s
     }
 
@@ -189,6 +193,12 @@ impl Spill {
     }
 
     fn load(&mut self, page: u64) -> Option<usize> {
+        if self.slots.len() >= self.budget_pages && self.file.is_none() {
+            if let Some(why) = self.no_file.take() {
+                self.fail(format!("more than {} pages, and {why}", self.budget_pages));
+                return None;
+            }
+        }
         let s = if self.slots.len() < self.budget_pages || self.file.is_none() {
             self.slots.push(Slot {
                 page,
@@ -359,6 +369,19 @@ mod tests {
         file.write_at(&b, NONCE_LEN as u64 + 3).expect("write");
         assert_eq!(s.get(0), 0);
         assert!(s.error().is_some_and(|e| e.contains("failed its check")));
+    }
+
+    #[test]
+    fn without_a_scratch_file_the_budget_is_a_limit() {
+        let mut s = Spill::in_ram_up_to(4, 2, "no scratch file: read-only".into());
+        for i in 0..8 {
+            s.set(i, i + 1);
+        }
+        assert_eq!(s.get(7), 8, "two pages fit");
+        assert!(s.error().is_none());
+        s.set(8, 1);
+        assert!(s.error().is_some_and(|e| e.contains("read-only")));
+        assert_eq!(s.ram_bytes(), 2 * 4 * 8, "never grew past the budget");
     }
 
     #[test]
