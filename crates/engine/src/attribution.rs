@@ -468,6 +468,17 @@ impl Counting {
         self.a.broken().or(self.stored.error())
     }
 
+    /// The walk of one tree added to the kept attribution `a` (a snapshot, clone or
+    /// rollback): `a` holds every other tree whole, so their changes all go to it.
+    pub fn resume(a: Attribution, tree: u32) -> Counting {
+        Counting {
+            a,
+            chunk_page: None,
+            trees: VecDeque::from([tree]),
+            ..Default::default()
+        }
+    }
+
     /// Whether entry `block` of tree `tree` is behind the walk (a change to it goes to `a`).
     pub fn passed(&self, tree: u32, block: u64) -> bool {
         match self.trees.iter().position(|&t| t == tree) {

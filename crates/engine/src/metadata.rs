@@ -120,6 +120,10 @@ pub(crate) struct Metadata {
     pub spill: SpillTo,
 }
 
+/// The most written blocks a released tree may have for the figures to take it off at once
+/// (a walk of a few milliseconds); past it they are counted again in steps.
+pub(crate) const RELEASE_WALK_BLOCKS_MAX: u64 = 1 << 16;
+
 impl Metadata {
     /// Volume `vol`, checked to exist and to hold blocks `[first, first + count)`.
     pub(crate) fn volume_for(
@@ -556,7 +560,7 @@ impl Metadata {
     /// Release volume `vol`'s block map: pages it alone holds are freed and the chunks
     /// their entries name lose a reference; pages shared with snapshots or clones stay.
     pub(crate) fn release_volume_tree(&mut self, vol: u32) -> Result<()> {
-        self.attribute_tree(vol, false)?;
+        self.tree_released(vol)?;
         let mut ids = Vec::new();
         self.pages.release_tree(u64::from(vol), &mut |leaf| {
             block_map::leaf_chunks(leaf, |id| ids.push(id));
@@ -579,12 +583,42 @@ impl Metadata {
         Ok(held)
     }
 
-    /// Tell the attribution (if built) that volume `vol`'s whole map was added (a snapshot,
-    /// clone or rollback, after its tree was made) or is about to be released (`add` false).
-    pub(crate) fn attribute_tree(&mut self, vol: u32, add: bool) -> Result<()> {
-        // A count under way starts again: its walk cannot tell what of the tree it has seen.
-        self.counting = None;
+    /// Tell the attribution that volume `vol`'s whole map was added (a snapshot, clone or
+    /// rollback, after its tree was made). Its entries are counted in steps, as the first
+    /// count walks a map ([`Metadata::count_attribution_step`]): a snapshot of a big volume
+    /// never holds the state lock for a walk of its map. The figures are whole again once
+    /// that walk is done (`stats` finishes it first).
+    pub(crate) fn tree_added(&mut self, vol: u32) {
+        if let Some(c) = &mut self.counting {
+            // Walked after the trees already queued; until then its changes are the walk's.
+            c.trees.push_back(vol);
+        } else if let Some(a) = self.attribution.take() {
+            self.counting = Some(Counting::resume(a, vol));
+        }
+    }
+
+    /// Tell the attribution that volume `vol`'s whole map is about to be released (a delete
+    /// or rollback). A tree of at most [`RELEASE_WALK_BLOCKS_MAX`] written blocks is taken
+    /// off at once, by a walk of a few milliseconds; a larger one drops the figures, which are
+    /// counted again in steps, so no delete holds the state lock for a walk of a big map.
+    pub(crate) fn tree_released(&mut self, vol: u32) -> Result<()> {
+        if let Some(c) = &mut self.counting {
+            match c.trees.iter().position(|&t| t == vol) {
+                // Not walked yet: the count never saw it.
+                Some(at) if at > 0 || c.chunk_page.is_some() => {
+                    c.trees.remove(at);
+                }
+                // Walked in part or whole: the count cannot tell what of it it holds.
+                _ => self.counting = None,
+            }
+            return Ok(());
+        }
         if self.attribution.is_none() {
+            return Ok(());
+        }
+        let blocks = self.volumes.get(&vol).map_or(0, |v| v.counts.data_blocks);
+        if blocks > RELEASE_WALK_BLOCKS_MAX {
+            self.drop_attribution();
             return Ok(());
         }
         let held = self.tree_chunks(vol)?;
@@ -598,15 +632,9 @@ impl Metadata {
         }
         if let Some(a) = self.attribution.as_mut() {
             for (id, n, len) in stored {
-                if add {
-                    a.add(vol, id, n, len);
-                } else {
-                    a.remove(vol, id, n, len);
-                }
+                a.remove(vol, id, n, len);
             }
-            if !add {
-                a.forget_tree(vol);
-            }
+            a.forget_tree(vol);
         }
         Ok(())
     }

@@ -179,7 +179,7 @@ impl Pool {
         md.pages.clone_tree(u64::from(src), u64::from(id))?;
         md.volumes.insert(id, state);
         md.next_vol = id + 1;
-        md.attribute_tree(id, true)?;
+        md.tree_added(id);
         Ok(id)
     }
 
@@ -215,7 +215,7 @@ impl Pool {
                 let snap = snapshot_id(md, &full)?;
                 md.release_volume_tree(vol)?;
                 md.pages.clone_tree(u64::from(snap), u64::from(vol))?;
-                md.attribute_tree(vol, true)?;
+                md.tree_added(vol);
                 let (size, counts) = md
                     .volumes
                     .get(&snap)

@@ -124,6 +124,13 @@ impl Spill {
     /// Word `i` (0 if never set).
     pub fn get(&mut self, i: u64) -> u64 {
         let (page, at) = self.split(i);
+        let absent = self.last.is_none_or(|(p, _)| p != page)
+            && !self.index.contains_key(&page)
+            && !self.on_file.contains(&page);
+        if absent {
+            // Never set: no page is made for a read.
+            return 0;
+        }
         match self.slot(page) {
             Some(s) => self.slots[s].words[at],
             None => 0,

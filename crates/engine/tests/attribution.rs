@@ -240,6 +240,63 @@ fn figures_counted_in_steps_while_volumes_change_match_a_count_from_scratch() ->
 
 /// The count's steps go from one existing leaf to the next: an exabyte volume with a block at
 /// each end takes a handful of steps, not one per 16 leaves of its address space.
+/// A snapshot or clone of a volume, made while the figures are kept, is counted in steps (the
+/// state lock let go between them) while the source, the clone and others are written; a
+/// delete meanwhile is handled too. The figures then match a count from scratch.
+#[test]
+fn snapshots_and_clones_made_while_figures_are_kept_are_counted_in_steps() -> R {
+    const LEAF_BLOCKS: u64 = 512;
+    const LEAVES: u64 = 128;
+    let pool = open(&new_disk(&InitOptions::default())?)?;
+    let mut rng = SimRng::new(28);
+    let shared = random_blocks(&mut rng, 8);
+    let block_of = |rng: &mut SimRng| {
+        if rng.chance(40) {
+            let i = rng.below(8) as usize;
+            shared[i * BS..(i + 1) * BS].to_vec()
+        } else {
+            random_blocks(rng, 1)
+        }
+    };
+    for v in ["p", "q"] {
+        pool.create_volume(v, LEAVES * LEAF_BLOCKS * BS as u64)?;
+        for leaf in 0..LEAVES {
+            let data = block_of(&mut rng);
+            pool.volume(v)?
+                .write_at(leaf * LEAF_BLOCKS * BS as u64, &data, false)?;
+        }
+    }
+    pool.count_figures()?;
+    pool.check_attribution()?;
+    // Figures kept: a snapshot and a clone of p are walked in steps, not at once.
+    pool.create_snapshot("p", "s")?;
+    pool.clone_volume("p@s", "c")?;
+    let mut steps = 0;
+    while !pool.count_figures_step()? {
+        steps += 1;
+        for v in ["p", "c", "q", "c"] {
+            let block = rng.below(LEAVES) * LEAF_BLOCKS + rng.below(2);
+            let data = block_of(&mut rng);
+            pool.volume(v)?.write_at(block * BS as u64, &data, false)?;
+        }
+        if steps == 3 {
+            // A tree queued behind the walk, then released before it was walked.
+            pool.create_snapshot("q", "gone")?;
+            pool.delete_snapshot("q", "gone")?;
+        }
+        assert!(steps < 10_000, "the walk never ends");
+    }
+    assert!(
+        steps >= 8,
+        "{steps} steps: the new trees were not walked in steps"
+    );
+    pool.check_attribution()?;
+    let s = pool.stats()?;
+    sum_rule_holds(&s);
+    assert!(chunks(&s, "p@s").1 > 0, "the snapshot shares p's chunks");
+    Ok(())
+}
+
 #[test]
 fn counting_a_huge_sparse_volume_takes_steps_per_leaf_written() -> R {
     let disk = new_disk(&InitOptions::default())?;
