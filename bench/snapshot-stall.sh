@@ -8,19 +8,21 @@
 #
 #   POOL=/work/fs-pristine VOLUME=a bench/snapshot-stall.sh [CONDENSE_BINARY...]
 #
-# Needs fio (nbd engine), nbdinfo, jq; WORK (default /work/snapshot-stall) holds the copies.
+# ACTION replaces the snapshot (e.g. ACTION="volume delete b"). Needs fio (nbd engine),
+# nbdinfo, jq; WORK (default /work/snapshot-stall) holds the copies.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 pool=${POOL:?POOL=/path/to/pool}
 volume=${VOLUME:-a}
 runtime=${RUNTIME:-15}
 work=${WORK:-/work/snapshot-stall}
+read -r -a action <<<"${ACTION:-snapshot create $volume stall}"
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=("$here/target/release/condense")
 server=
 cleanup() { [ -n "$server" ] && kill "$server" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
-echo "| binary | snapshot create wall s | reads p99.99 ms | reads max ms | next stats s |"
+echo "| binary | ${action[*]}: wall s | reads p99.99 ms | reads max ms | next stats s |"
 echo "|---|---|---|---|---|"
 for bin in "${bins[@]}"; do
     rm -rf "$work"; mkdir -p "$work"
@@ -36,7 +38,7 @@ for bin in "${bins[@]}"; do
     fio_pid=$!
     sleep $((runtime / 3))
     t0=$EPOCHREALTIME
-    "$bin" --pool "$work/pool" snapshot create "$volume" stall >/dev/null
+    "$bin" --pool "$work/pool" "${action[@]}" >/dev/null
     snap=$(echo "$EPOCHREALTIME - $t0" | bc)
     wait $fio_pid
     t0=$EPOCHREALTIME
