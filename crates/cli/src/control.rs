@@ -100,6 +100,17 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// [`Ctx::pool`] for a command that shows the per-volume figures. A pool this command
+    /// opened has them counted at once (nothing else uses it meanwhile); a held one counts
+    /// them in steps, as its I/O goes on. A count that fails is left for `stats` to report.
+    pub fn pool_for_figures(&self, read_only: bool) -> Result<Arc<Pool>> {
+        let pool = self.pool(read_only)?;
+        if self.held.is_none() {
+            let _ = pool.count_figures_at_once();
+        }
+        Ok(pool)
+    }
+
     /// End a command's use of `pool`: close a pool the command opened; flush a held one.
     pub fn done(&self, pool: &Pool) -> Result<()> {
         if self.held.is_some() {

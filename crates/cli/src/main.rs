@@ -893,7 +893,7 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
 fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
     let mut cache_stats = None;
     let mut hosts = Vec::new();
-    let stats = match ctx.pool(true) {
+    let stats = match ctx.pool_for_figures(true) {
         Ok(pool) => {
             let s = pool.stats().context("cannot read pool statistics")?;
             cache_stats = pool.cache_stats();
@@ -1015,7 +1015,7 @@ fn volume_command(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
             ctx.done(&pool)?;
         }
         VolumeCommand::List { json, all } => {
-            let pool = ctx.pool(true)?;
+            let pool = ctx.pool_for_figures(true)?;
             let stats = pool.stats()?;
             let vols: Vec<_> = stats
                 .volumes
