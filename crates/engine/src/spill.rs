@@ -109,6 +109,7 @@ impl Spill {
             },
             Err(e) => s.fail(format!("no random key for the scratch file: {e}")),
         }
+        zeroize::Zeroize::zeroize(&mut key);
         s
     }
 
