@@ -116,6 +116,10 @@ scrape "$METRICS" after_hole
 expect "per-volume I/O: the hole read counts as one read of 1 MiB" \
     "$(($(value after_hole "$R_OPS") - $(value before_hole "$R_OPS"))) $(($(value after_hole "$R_BYTES") - $(value before_hole "$R_BYTES")))" \
     "1 1048576"
+# The scrape counts the per-volume figures (a few KiB of pages here), and nothing spills.
+expect "the per-volume figures' RAM and scratch bytes are exported (RAM > 0, scratch 0)" \
+    "$(awk '$1 > 0 { print "ram" }' <<<"$(value after condense_pool_figures_ram_bytes)") $(value after condense_pool_figures_scratch_bytes)" \
+    "ram 0"
 check "savings ratio, dead bytes, journal, checkpoint and GC metrics are exposed" bash -c "
     for m in condense_pool_savings_ratio condense_pool_dead_bytes condense_pool_saved_bytes \
              condense_journal_records_total condense_journal_sync_duration_seconds_count \

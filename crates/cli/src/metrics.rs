@@ -359,7 +359,7 @@ fn collect_gc(c: &condense_engine::CounterValues, e: &mut Encoder) {
 
 /// Space: the pool's sizes, savings, segments, read errors, scrub and metadata cache.
 fn collect_space(s: &condense_engine::PoolStats, e: &mut Encoder) {
-    let gauges: [(&str, &str, f64); 14] = [
+    let gauges: [(&str, &str, f64); 16] = [
         ("condense_pool_block_size_bytes", "The pool's block size.", f64::from(s.block_size)),
         ("condense_pool_logical_bytes", "Sum of the volumes' sizes (what clients see).", s.logical_bytes as f64),
         ("condense_pool_written_bytes", "Bytes of volume blocks that hold data (not zero, not unmapped).", s.written_bytes as f64),
@@ -374,6 +374,8 @@ fn collect_space(s: &condense_engine::PoolStats, e: &mut Encoder) {
         ("condense_pool_dead_bytes", "Segment bytes no block refers to any more (what garbage collection can reclaim).", s.dead_bytes as f64),
         ("condense_pool_unique_chunks", "Chunks stored once each (after deduplication).", s.unique_chunks as f64),
         ("condense_pool_index_ram_bytes", "RAM held by the dedup index and the metadata page cache.", s.index_ram_bytes as f64),
+        ("condense_pool_figures_ram_bytes", "RAM held by the exact per-volume figures (0 until first counted).", s.attribution_ram_bytes as f64),
+        ("condense_pool_figures_scratch_bytes", "Disk held by the per-volume figures' pages past their RAM budget (a nameless scratch file: df counts it, du does not).", s.attribution_scratch_bytes as f64),
     ];
     for (name, help, v) in gauges {
         e.gauge(name, help, v);

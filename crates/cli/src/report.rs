@@ -434,6 +434,18 @@ fn pool_lines(o: &mut String, s: &PoolStats, verbose: bool) {
                 }
             ),
         ),
+        (
+            "per-volume figures",
+            match (&s.attribution_error, s.attribution_scratch_bytes) {
+                (Some(_), _) => "not available (why: below)".to_string(),
+                (None, 0) => format!("{} of RAM", human(s.attribution_ram_bytes)),
+                (None, n) => format!(
+                    "{} of RAM, {} in a scratch file (df counts it, du does not)",
+                    human(s.attribution_ram_bytes),
+                    human(n)
+                ),
+            },
+        ),
     ];
     for (k, v) in rows {
         let _ = writeln!(o, "  {k:<28} {v}");
