@@ -4,11 +4,14 @@
 //! Owns: per chunk, which tree (a volume's or snapshot's block map) names it and how many of
 //! that tree's entries do, or, for a chunk several trees name, each of them with its count;
 //! and per tree the totals: exclusive chunks and their stored bytes, shared chunks and theirs.
-//! Kept in RAM only: built from the block maps and the chunk table the first time a figure is
-//! asked for after an open (see [`crate::metadata::Metadata::attribution`]), then changed by
-//! every map change [`crate::metadata::Metadata`] applies, so `stats` never walks a map.
-//! A daemon counts in steps ([`Counting`]), letting go of the state lock between them, so
-//! I/O goes on while the figures are first counted.
+//! Not stored with the pool: built from the block maps and the chunk table the first time a
+//! figure is asked for after an open (see [`crate::metadata::Metadata::attribution`]), then
+//! changed by every map change [`crate::metadata::Metadata`] applies, so `stats` never walks a
+//! map. A daemon counts in steps ([`Counting`]), letting go of the state lock between them, so
+//! I/O goes on while the figures are first counted, and walks a tree a snapshot, clone or
+//! rollback adds the same way ([`Counting::resume`]).
+//! The per-chunk words live in [`Spill`] arrays: pages past a RAM budget go to a sealed
+//! scratch file ([`SpillTo`]), so a pool far beyond RAM has its figures too.
 //!
 //! Invariants:
 //! - A chunk is in exactly one state: named by no tree, by one tree (with that tree's entry
@@ -17,8 +20,10 @@
 //!   names its chunks for both trees, whatever the chunk table's reference count says.
 //! - Sum rule: the exclusive chunks of all trees plus the pool's shared chunks are the live
 //!   chunks, and likewise their stored bytes ([`Attribution::totals`]).
-//! - A change that contradicts the state (a tree dropping an entry it does not hold) marks the
-//!   attribution broken; broken figures are never shown, they are rebuilt.
+//! - A change that contradicts the state (a tree dropping an entry it does not hold), or a
+//!   scratch file failing, marks the attribution broken; broken figures are never shown, they
+//!   are rebuilt.
+//! - Every node of a holder chain is in one chain or on the free list.
 
 use crate::format::{MAP_PAGE_ENTRIES, RECORD_HEADER_BYTES};
 use crate::io::Dir;
