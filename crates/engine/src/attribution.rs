@@ -193,7 +193,7 @@ impl Attribution {
             (SEVERAL, head) => self.add_shared(tree, id, head, n, stored),
             (other, k) => {
                 // A second tree: the chunk stops being the first one's alone.
-                let Some(head) = self.new_node(holder(other, k), holder(tree, n), 0) else {
+                let Some(head) = self.new_node([holder(other, k), holder(tree, n), 0], 0) else {
                     return;
                 };
                 self.owner.set(id, holder(SEVERAL, head));
@@ -218,7 +218,7 @@ impl Attribution {
         match empty {
             Some(at) => self.nodes.set(at, holder(tree, n)),
             None => {
-                let Some(first) = self.new_node(holder(tree, n), 0, u64::from(head)) else {
+                let Some(first) = self.new_node([holder(tree, n), 0, 0], u64::from(head)) else {
                     return;
                 };
                 self.owner.set(id, holder(SEVERAL, first));
@@ -273,11 +273,8 @@ impl Attribution {
             let mut next = 0;
             for part in left.rchunks(NODE_HOLDERS as usize) {
                 let w = |i: usize| part.get(i).map_or(0, |&(t, k)| holder(t, k));
-                match self.new_node(w(0), w(1), next) {
-                    Some(node) => {
-                        self.nodes.set(u64::from(node - 1) * NODE_WORDS + 2, w(2));
-                        next = u64::from(node);
-                    }
+                match self.new_node([w(0), w(1), w(2)], next) {
+                    Some(node) => next = u64::from(node),
                     None => return,
                 }
             }
@@ -285,50 +282,64 @@ impl Attribution {
         }
     }
 
+    /// Calls `visit` with the nodes and the first word of each node of the chain from `head`,
+    /// in order, until it answers false. The next node is read before the visit (which may
+    /// rewrite it), and a chain is never walked past the nodes ever handed out, so a damaged
+    /// one cannot loop.
+    fn walk(&mut self, head: u32, mut visit: impl FnMut(&mut Spill, u64) -> bool) {
+        let (mut node, mut steps) = (u64::from(head), 0);
+        while node > 0 && steps <= self.next_node {
+            let base = (node - 1) * NODE_WORDS;
+            let next = self.nodes.get(base + NODE_HOLDERS);
+            if !visit(&mut self.nodes, base) {
+                return;
+            }
+            node = next;
+            steps += 1;
+        }
+    }
+
     /// Tree `tree`'s holder word in the chain from `head` (its word's index and count), and
     /// the first empty holder word met.
     fn find(&mut self, head: u32, tree: u32) -> (Option<(u64, u32)>, Option<u64>) {
-        let mut empty = None;
-        let mut node = u64::from(head);
-        let mut steps = 0;
-        while node > 0 && steps <= self.next_node {
-            let base = (node - 1) * NODE_WORDS;
+        let (mut found, mut empty) = (None, None);
+        self.walk(head, |nodes, base| {
             for at in base..base + NODE_HOLDERS {
-                match unpack(self.nodes.get(at)) {
+                match unpack(nodes.get(at)) {
                     (_, 0) => {
                         empty.get_or_insert(at);
                     }
-                    (t, k) if t == tree => return (Some((at, k)), empty),
+                    (t, k) if t == tree => {
+                        found = Some((at, k));
+                        return false;
+                    }
                     _ => {}
                 }
             }
-            node = self.nodes.get(base + NODE_HOLDERS);
-            steps += 1;
-        }
-        (None, empty)
+            true
+        });
+        (found, empty)
     }
 
     /// The holders of the chain from `head`, and its number of nodes.
     fn chain(&mut self, head: u32) -> (Vec<(u32, u32)>, u64) {
         let (mut held, mut nodes) = (Vec::new(), 0);
-        let mut node = u64::from(head);
-        while node > 0 && nodes <= self.next_node {
-            let base = (node - 1) * NODE_WORDS;
+        self.walk(head, |words, base| {
+            nodes += 1;
             for at in base..base + NODE_HOLDERS {
-                let (t, k) = unpack(self.nodes.get(at));
+                let (t, k) = unpack(words.get(at));
                 if k > 0 {
                     held.push((t, k));
                 }
             }
-            node = self.nodes.get(base + NODE_HOLDERS);
-            nodes += 1;
-        }
+            true
+        });
         (held, nodes)
     }
 
-    /// A node holding `a` and `b` (and an empty third word) followed by node `next` (plus
-    /// one); its number plus one.
-    fn new_node(&mut self, a: u64, b: u64, next: u64) -> Option<u32> {
+    /// A node holding `holders` (0: an empty word) followed by node `next` (plus one); its
+    /// number plus one.
+    fn new_node(&mut self, holders: [u64; NODE_HOLDERS as usize], next: u64) -> Option<u32> {
         let node = match self.free {
             0 => {
                 self.next_node += 1;
@@ -344,7 +355,7 @@ impl Attribution {
             return None;
         };
         let base = (node - 1) * NODE_WORDS;
-        for (i, w) in [a, b, 0, next].into_iter().enumerate() {
+        for (i, w) in holders.into_iter().chain([next]).enumerate() {
             self.nodes.set(base + i as u64, w);
         }
         Some(number)
@@ -352,19 +363,16 @@ impl Attribution {
 
     /// Every node of the chain from `head` to the free list.
     fn free_chain(&mut self, head: u32) {
-        let mut node = u64::from(head);
-        let mut steps = 0;
-        while node > 0 && steps <= self.next_node {
-            let base = (node - 1) * NODE_WORDS;
-            let next = self.nodes.get(base + NODE_HOLDERS);
+        let mut free = self.free;
+        self.walk(head, |nodes, base| {
             for at in base..base + NODE_HOLDERS {
-                self.nodes.set(at, 0);
+                nodes.set(at, 0);
             }
-            self.nodes.set(base + NODE_HOLDERS, self.free);
-            self.free = node;
-            node = next;
-            steps += 1;
-        }
+            nodes.set(base + NODE_HOLDERS, free);
+            free = base / NODE_WORDS + 1;
+            true
+        });
+        self.free = free;
     }
 
     /// A tree that names no chunk any more is forgotten.

@@ -281,20 +281,14 @@ impl File for SimScratch {
         }
     }
     fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
-        let mut f = lock(&self.0);
-        let at = usize::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
-        if f.len() < at + data.len() {
-            f.resize(at + data.len(), 0);
-        }
-        f[at..at + data.len()].copy_from_slice(data);
+        apply(&mut lock(&self.0), &FileOp::Write(offset, data.to_vec()));
         Ok(())
     }
     fn len(&self) -> io::Result<u64> {
         Ok(lock(&self.0).len() as u64)
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        let len = usize::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
-        lock(&self.0).resize(len, 0);
+        apply(&mut lock(&self.0), &FileOp::SetLen(len));
         Ok(())
     }
     fn sync(&self) -> io::Result<()> {
