@@ -149,7 +149,7 @@ refuse "passphrase pool: a wrong passphrase is refused" "the key does not open p
 
 # A flipped byte in the payload of every chunk record (headers are in the clear: walk them),
 # so whichever block a reader meets first is damaged.
-python3 - "$ENC" <<'EOF'
+if python3 - "$ENC" >"$W/flip.out" 2>&1 <<'EOF'
 import glob, struct, sys
 n = 0
 for seg in sorted(glob.glob(sys.argv[1] + "/seg-*.dat")):
@@ -157,14 +157,21 @@ for seg in sorted(glob.glob(sys.argv[1] + "/seg-*.dat")):
     at = 64                                   # segment header
     while at + 32 <= len(b):
         length = struct.unpack_from("<I", b, at + 24)[0] & 0xFFFFFF
-        if at + 32 + length > len(b):
-            break                             # a torn tail
+        if length == 0 or at + 32 + length > len(b):
+            break                             # the zero tail of an open segment, or a torn record
         b[at + 32 + length // 2] ^= 0x20      # the middle of the sealed payload
         at += 32 + length
         n += 1
     open(seg, "wb").write(b)
+if n == 0:
+    sys.exit("no chunk record found in the segments")
 print(f"flipped a byte in {n} records")
 EOF
+then
+    ok "$(cat "$W/flip.out")"
+else
+    fail "could not flip a byte in the chunk records: $(cat "$W/flip.out")"
+fi
 start_server "$ENC" "${K[@]}"
 if nbdcopy "$URI/vm" "$W/back2.raw" >"$W/out" 2>&1; then
     fail "reading the whole volume over NBD succeeded despite a flipped byte"
