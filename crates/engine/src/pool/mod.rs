@@ -237,6 +237,8 @@ pub struct Pool {
     /// Sequential readers of each volume, read ahead through the block map on a store whose
     /// reads cost requests ([`read_ahead`]).
     read_ahead: read_ahead::ReadAhead,
+    /// Buffers of finished reads, reused by the next ones ([`read::ReadBuffers`]).
+    read_buffers: read::ReadBuffers,
     _lock_file: Option<std::fs::File>,
 }
 

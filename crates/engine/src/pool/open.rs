@@ -402,6 +402,7 @@ impl Pool {
             replay,
             tier: RwLock::new(None),
             read_ahead: Default::default(),
+            read_buffers: Default::default(),
             destager: Mutex::new(None),
             peers: Mutex::new(Default::default()),
             deleted_names: Mutex::new(Default::default()),
