@@ -33,7 +33,7 @@ use crate::locks::lock;
 use crate::metadata::Metadata;
 use crate::segment::Segments;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 pub(crate) mod cache_tier;
@@ -213,7 +213,9 @@ pub struct Pool {
     /// The scrub's progress and requests ([`crate::scrub`]).
     pub(crate) scrub: crate::scrub::status::ScrubState,
     /// Writes between their hashing and their commit (see [`Pool::write_blocks`]).
-    writes_in_flight: std::sync::atomic::AtomicUsize,
+    writes_in_flight: AtomicUsize,
+    /// Reads between their start and their end (see [`Pool::read_blocks`]).
+    reads_in_flight: AtomicUsize,
     /// Set by a write that found less than `low_space_bytes` free; taken by the
     /// background GC ([`Pool::take_space_low`]).
     space_low: std::sync::atomic::AtomicBool,
@@ -240,6 +242,31 @@ pub struct Pool {
     /// Buffers of finished reads, reused by the next ones ([`read::ReadBuffers`]).
     read_buffers: read::ReadBuffers,
     _lock_file: Option<std::fs::File>,
+}
+
+/// One read or write counted in [`Pool::reads_in_flight`] or [`Pool::writes_in_flight`]
+/// while it lives.
+struct InFlight<'a> {
+    count: &'a AtomicUsize,
+    before: usize,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a AtomicUsize) -> InFlight<'a> {
+        let before = count.fetch_add(1, Ordering::Relaxed);
+        InFlight { count, before }
+    }
+
+    /// No other one was in flight when this one started.
+    fn alone(&self) -> bool {
+        self.before == 0
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Check a volume name: what NBD export names and file names can both carry.

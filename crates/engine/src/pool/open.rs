@@ -396,6 +396,7 @@ impl Pool {
             lost_read_as_zeros: AtomicU64::new(0),
             scrub: Default::default(),
             writes_in_flight: Default::default(),
+            reads_in_flight: Default::default(),
             space_low: Default::default(),
             spread_writes: std::sync::atomic::AtomicBool::new(true),
             counters: Default::default(),

@@ -35,7 +35,7 @@ impl Pool {
         // the pool is not behind the NBD server: `set_spread_writes`): with more (an NBD
         // client's queue, FUSE's threads) each write on its own thread keeps both cores busy
         // without the cost of handing blocks between threads.
-        let in_flight = InFlight::enter(&self.writes_in_flight);
+        let in_flight = super::InFlight::enter(&self.writes_in_flight);
         let spread = in_flight.alone() && self.spread_writes.load(Ordering::Relaxed);
         let fps = self.fingerprints(data, spread);
         let (misses, ids_at_lookup) = self.find_misses(&fps)?;
@@ -284,30 +284,6 @@ type Stored<'a> = (ChunkCodec, Cow<'a, [u8]>);
 
 /// Writes of at most this many blocks compress their new chunks under the state lock.
 const SMALL_WRITE_BLOCKS: usize = 4;
-
-/// One write counted in [`Pool::writes_in_flight`] while it lives.
-struct InFlight<'a> {
-    count: &'a std::sync::atomic::AtomicUsize,
-    before: usize,
-}
-
-impl<'a> InFlight<'a> {
-    fn enter(count: &'a std::sync::atomic::AtomicUsize) -> InFlight<'a> {
-        let before = count.fetch_add(1, Ordering::Relaxed);
-        InFlight { count, before }
-    }
-
-    /// No other write was in flight when this one started.
-    fn alone(&self) -> bool {
-        self.before == 0
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// How many blocks ahead a write's loops over fingerprints prefetch the dedup index.
 const PREFETCH_AHEAD: usize = 8;
