@@ -29,7 +29,8 @@ impl Pool {
         // Read and decode on every core only while this is the only read in flight: with
         // more (an NBD client's queue, FUSE's threads) each read on its own thread keeps the
         // cores busy, and handing blocks to rayon's workers only cost CPU (at queue depth 4,
-        // 11-13 % of the server's CPU per 1 MiB read). A read alone still gains from it.
+        // 6-11 % of the server's CPU per 1 MiB read; bench/README.md). A read alone still
+        // gains from it.
         let in_flight = super::InFlight::enter(&self.reads_in_flight);
         let (wanted, in_memory) = self.locate_blocks(vol, name, first, out)?;
         // The cache tier first: a hit is the record exactly as the segment holds it. A miss
