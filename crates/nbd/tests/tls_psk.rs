@@ -9,7 +9,7 @@ use common::*;
 use condense_nbd::proto::*;
 use condense_nbd::{ExportRules, ServerConfig, TlsConfig, TlsMode};
 use openssl::ssl::{SslConnector, SslMethod, SslVersion};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -76,43 +76,6 @@ fn start_tls(mut c: Client, user: &str, key: &str, offer: Offer) -> io::Result<T
     config
         .connect("localhost", c.s)
         .map_err(|e| io::Error::other(e.to_string()))
-}
-
-/// Send an option over any stream and read its replies up to ACK or an error.
-fn option<S: Read + Write>(s: &mut S, option: u32, data: &[u8]) -> io::Result<Vec<OptReply>> {
-    let mut m = Vec::new();
-    m.extend_from_slice(&OPTS_MAGIC.to_be_bytes());
-    m.extend_from_slice(&option.to_be_bytes());
-    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    m.extend_from_slice(data);
-    s.write_all(&m)?;
-    s.flush()?;
-    let mut out = Vec::new();
-    loop {
-        let h = read_exact_vec(s, 20)?;
-        assert_eq!(be64(&h[..8]), REP_MAGIC);
-        assert_eq!(be32(&h[8..12]), option);
-        let kind = be32(&h[12..16]);
-        let data = read_exact_vec(s, be32(&h[16..20]) as usize)?;
-        let last = kind == REP_ACK || kind & (1 << 31) != 0;
-        out.push(OptReply { option, kind, data });
-        if last {
-            return Ok(out);
-        }
-    }
-}
-
-fn listed<S: Read + Write>(s: &mut S) -> io::Result<Vec<String>> {
-    let r = option(s, OPT_LIST, &[])?;
-    assert_eq!(r.last().map(|r| r.kind), Some(REP_ACK), "{r:?}");
-    Ok(r.iter()
-        .filter(|r| r.kind == REP_SERVER)
-        .map(|r| String::from_utf8_lossy(&r.data[4..4 + be32(&r.data) as usize]).into_owned())
-        .collect())
-}
-
-fn final_kind(r: &[OptReply]) -> Option<u32> {
-    r.last().map(|r| r.kind)
 }
 
 /// Whether a client is kept out: its handshake fails, or the first option over it does (TLS

@@ -141,39 +141,16 @@ impl Client {
     }
 
     pub fn send_option(&mut self, option: u32, data: &[u8]) -> io::Result<()> {
-        let mut m = Vec::new();
-        m.extend_from_slice(&OPTS_MAGIC.to_be_bytes());
-        m.extend_from_slice(&option.to_be_bytes());
-        m.extend_from_slice(&(data.len() as u32).to_be_bytes());
-        m.extend_from_slice(data);
-        self.s.write_all(&m)
+        send_option_to(&mut self.s, option, data)
     }
 
     pub fn read_opt_reply(&mut self) -> io::Result<OptReply> {
-        let h = self.read_n(20)?;
-        assert_eq!(be64(&h[..8]), REP_MAGIC, "option reply magic");
-        let len = be32(&h[16..20]) as usize;
-        assert!(len < 1 << 20, "option reply of {len} bytes");
-        Ok(OptReply {
-            option: be32(&h[8..12]),
-            kind: be32(&h[12..16]),
-            data: self.read_n(len)?,
-        })
+        read_opt_reply_from(&mut self.s)
     }
 
     /// Send an option and read replies up to the final one (ACK or an error).
-    pub fn option(&mut self, option: u32, data: &[u8]) -> io::Result<Vec<OptReply>> {
-        self.send_option(option, data)?;
-        let mut out = Vec::new();
-        loop {
-            let r = self.read_opt_reply()?;
-            assert_eq!(r.option, option, "reply names the option");
-            let last = r.kind == REP_ACK || r.kind & (1 << 31) != 0;
-            out.push(r);
-            if last {
-                return Ok(out);
-            }
-        }
+    pub fn option(&mut self, kind: u32, data: &[u8]) -> io::Result<Vec<OptReply>> {
+        option(&mut self.s, kind, data)
     }
 
     pub fn structured_reply(&mut self) -> io::Result<()> {
@@ -350,6 +327,61 @@ pub fn encode_request(
     m.extend_from_slice(&len.to_be_bytes());
     m.extend_from_slice(payload);
     m
+}
+
+/// Write an option request to any stream (plain TCP or TLS).
+pub fn send_option_to<S: Write>(s: &mut S, option: u32, data: &[u8]) -> io::Result<()> {
+    let mut m = Vec::new();
+    m.extend_from_slice(&OPTS_MAGIC.to_be_bytes());
+    m.extend_from_slice(&option.to_be_bytes());
+    m.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    m.extend_from_slice(data);
+    s.write_all(&m)?;
+    s.flush()
+}
+
+/// Read one option reply from any stream.
+pub fn read_opt_reply_from<S: Read>(s: &mut S) -> io::Result<OptReply> {
+    let h = read_exact_vec(s, 20)?;
+    assert_eq!(be64(&h[..8]), REP_MAGIC, "option reply magic");
+    let len = be32(&h[16..20]) as usize;
+    assert!(len < 1 << 20, "option reply of {len} bytes");
+    Ok(OptReply {
+        option: be32(&h[8..12]),
+        kind: be32(&h[12..16]),
+        data: read_exact_vec(s, len)?,
+    })
+}
+
+/// Send an option over any stream and read its replies up to the final one (ACK or an
+/// error).
+pub fn option<S: Read + Write>(s: &mut S, option: u32, data: &[u8]) -> io::Result<Vec<OptReply>> {
+    send_option_to(s, option, data)?;
+    let mut out = Vec::new();
+    loop {
+        let r = read_opt_reply_from(s)?;
+        assert_eq!(r.option, option, "reply names the option");
+        let last = r.kind == REP_ACK || r.kind & (1 << 31) != 0;
+        out.push(r);
+        if last {
+            return Ok(out);
+        }
+    }
+}
+
+/// The export names NBD_OPT_LIST gives over any stream.
+pub fn listed<S: Read + Write>(s: &mut S) -> io::Result<Vec<String>> {
+    let r = option(s, OPT_LIST, &[])?;
+    assert_eq!(r.last().map(|r| r.kind), Some(REP_ACK), "{r:?}");
+    Ok(r.iter()
+        .filter(|r| r.kind == REP_SERVER)
+        .map(|r| String::from_utf8_lossy(&r.data[4..4 + be32(&r.data) as usize]).into_owned())
+        .collect())
+}
+
+/// The kind of an option's final reply.
+pub fn final_kind(r: &[OptReply]) -> Option<u32> {
+    r.last().map(|r| r.kind)
 }
 
 pub fn read_exact_vec<S: Read>(s: &mut S, n: usize) -> io::Result<Vec<u8>> {
