@@ -135,17 +135,11 @@ impl Client {
     }
 
     pub fn read_n(&mut self, n: usize) -> io::Result<Vec<u8>> {
-        let mut b = vec![0u8; n];
-        self.s.read_exact(&mut b)?;
-        Ok(b)
+        read_exact_vec(&mut self.s, n)
     }
 
     pub fn send_option(&mut self, option: u32, data: &[u8]) -> io::Result<()> {
         send_option_to(&mut self.s, option, data)
-    }
-
-    pub fn read_opt_reply(&mut self) -> io::Result<OptReply> {
-        read_opt_reply_from(&mut self.s)
     }
 
     /// Send an option and read replies up to the final one (ACK or an error).
