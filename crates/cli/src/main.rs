@@ -393,6 +393,21 @@ pub(crate) fn open_pool(path: &Path, read_only: bool) -> Result<Arc<Pool>> {
     open_pool_with(path, read_only, &MetadataCacheArg::default())
 }
 
+/// `r`, the outcome of a command's work on `pool`, which the command opened. On failure the
+/// pool is closed before the error is returned, so that a refused command (an import whose
+/// input is longer than `--size`, say, which deletes what it wrote) leaves the pool clean
+/// rather than needing recovery at the next open. The command's error wins over one of the
+/// close, which is only printed.
+fn closing<T, E: Into<anyhow::Error>>(pool: &Pool, r: std::result::Result<T, E>) -> Result<T> {
+    let r = r.map_err(Into::into);
+    if r.is_err() {
+        if let Err(e) = pool.close() {
+            eprintln!("condense: warning: closing the pool after the error below failed: {e}");
+        }
+    }
+    r
+}
+
 /// [`open_pool`] for a pool whose writeback cache directory is lost (`cache detach --force`).
 pub(crate) fn open_pool_without_writeback_cache(path: &Path) -> Result<Arc<Pool>> {
     open_pool_opts(
@@ -628,13 +643,16 @@ fn run(cli: Cli) -> Result<i32> {
                 ),
             };
             let pool = open_pool_with(&cli.pool, false, &a.cache)?;
-            let report = condense_image::import_stdin(
+            let report = closing(
                 &pool,
-                name,
-                size,
-                declared_raw,
-                std::io::stdin(),
-                &image::Bars::default(),
+                condense_image::import_stdin(
+                    &pool,
+                    name,
+                    size,
+                    declared_raw,
+                    std::io::stdin(),
+                    &image::Bars::default(),
+                ),
             )?;
             println!("{report}");
             pool.close()?;
@@ -665,10 +683,16 @@ fn run(cli: Cli) -> Result<i32> {
             };
             let bars = image::Bars::default();
             if checked.format == condense_estimate::probe::Format::Raw {
-                let report = condense_image::import_raw(&pool, &checked.path, &name, &bars)?;
+                let report = closing(
+                    &pool,
+                    condense_image::import_raw(&pool, &checked.path, &name, &bars),
+                )?;
                 println!("{report}");
             } else {
-                let report = condense_image::convert::import_image(&pool, &checked, &name, &bars)?;
+                let report = closing(
+                    &pool,
+                    condense_image::convert::import_image(&pool, &checked, &name, &bars),
+                )?;
                 println!("{report}");
             }
             pool.close()?;
@@ -688,13 +712,16 @@ fn run(cli: Cli) -> Result<i32> {
             } else {
                 let pool = open_pool(&cli.pool, false)?;
                 pool.set_lost_reads_zeros(a.lost_as_zeros);
-                let report = condense_image::convert::export_image(
-                    pool.clone(),
-                    &a.name,
-                    &a.file,
-                    &format,
-                    a.force,
-                    &bars,
+                let report = closing(
+                    &pool,
+                    condense_image::convert::export_image(
+                        pool.clone(),
+                        &a.name,
+                        &a.file,
+                        &format,
+                        a.force,
+                        &bars,
+                    ),
                 )?;
                 println!("{report}");
                 pool

@@ -44,6 +44,8 @@ pub enum Error {
     KeyRequired(String),
     #[error("{0}")]
     WrongKey(String),
+    #[error("pool {0} is not encrypted, yet a key was given (--key-file, --passphrase-file, $CONDENSE_KEY_FILE, $CONDENSE_PASSPHRASE_FILE or a config file): nothing was written in the clear. If this pool should be encrypted, its directory may have been replaced: find out by whom before writing to it. If it is meant to be plaintext, drop the key option")]
+    NotEncrypted(String),
     #[error("{0} is not a Condense pool (no superblock); create one with `condense init`")]
     NotAPool(PathBuf),
     #[error("the pool's writeback cache directory {0} is missing or unreadable: it holds writes not yet destaged to the pool's own directory. Make it available at that path again (mount the cache device), or, if the device is lost, run `condense cache detach --force` to open the pool without it (the writes it held are lost; `condense repair` then reports the blocks affected)")]

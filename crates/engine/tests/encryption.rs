@@ -187,6 +187,61 @@ fn missing_or_wrong_key_opens_nothing_and_changes_nothing() -> R {
 }
 
 #[test]
+fn a_key_given_to_a_plain_pool_opens_nothing_and_changes_nothing() -> R {
+    let t = tempfile::tempdir()?;
+    let dir = t.path().join("p");
+    init(&dir, None)?;
+    let pool = open(&dir, None, false)?;
+    fill(&pool)?;
+    pool.close()?;
+    drop(pool);
+    let before = files(&dir)?;
+    for (k, read_only) in [
+        (key(), false),
+        (key(), true),
+        (
+            Some(UserKey::passphrase(b"correct horse battery staple")),
+            false,
+        ),
+    ] {
+        let refused = open(&dir, k, read_only).err();
+        assert!(
+            matches!(&refused, Some(Error::NotEncrypted(_))),
+            "{refused:?}"
+        );
+        assert!(refused
+            .map(|e| e.to_string())
+            .is_some_and(|m| m.contains("is not encrypted, yet a key was given")));
+    }
+    assert_eq!(files(&dir)?, before, "a refused open changed the pool");
+    // Without a key it opens as before.
+    drop(open(&dir, None, true)?);
+    Ok(())
+}
+
+#[test]
+fn a_refused_init_leaves_nothing_behind() -> R {
+    let t = tempfile::tempdir()?;
+    let dir = t.path().join("p");
+    let short = init(&dir, Some(UserKey::passphrase(b"short")));
+    assert!(short.is_err(), "a 5-character passphrase made a pool");
+    assert!(
+        !dir.exists(),
+        "a refused init left {} behind",
+        dir.display()
+    );
+    // In a directory that was there already (empty): it stays, and stays empty.
+    std::fs::create_dir(&dir)?;
+    assert!(init(&dir, Some(UserKey::passphrase(b"short"))).is_err());
+    assert!(
+        std::fs::read_dir(&dir)?.next().is_none(),
+        "a refused init left files in {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+#[test]
 fn passphrase_pool_opens_with_its_passphrase_only() -> R {
     let t = tempfile::tempdir()?;
     let dir = t.path().join("p");

@@ -569,6 +569,27 @@ fn an_endpoint_with_a_password_is_refused_without_showing_it() {
         assert!(remote::check_endpoint(endpoint).is_err());
     }
     assert!(remote::check_endpoint("http://127.0.0.1:3900").is_ok());
+    for endpoint in [
+        "https://s3.example.net/?X-Amz-Credential=AK&password=hunter2",
+        "https://admin:pw@s3.example.net?x=hunter2",
+        "http://127.0.0.1:3900#hunter2",
+    ] {
+        let e = match s3_conf(Some(endpoint), Some(&creds)).backend(false) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("endpoint {endpoint} accepted"),
+        };
+        assert!(
+            !e.contains("hunter2") && !e.contains("pw@") && e.contains("?***"),
+            "{e}"
+        );
+    }
+    let e = remote::parse_s3_url("s3://bucket/p?secret=hunter2")
+        .expect_err("a query in the pool URL")
+        .to_string();
+    assert!(
+        !e.contains("hunter2") && e.contains("s3://bucket/p?***"),
+        "{e}"
+    );
     let e = remote::parse_s3_url("s3://key:hunter2@bucket/p")
         .expect_err("credentials in the pool URL")
         .to_string();

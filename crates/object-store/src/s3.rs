@@ -143,13 +143,15 @@ impl S3Config {
         }
     }
 
-    /// The endpoint as `scheme://host[:port]`, checked (no panic later inside signing).
+    /// The endpoint as `scheme://host[:port]`, checked (no panic later inside signing). Its
+    /// errors show it without what may be a secret ([`redacted`]).
     fn checked_endpoint(&self) -> Result<Option<String>> {
         let Some(raw) = &self.endpoint else {
             return Ok(None);
         };
+        let shown = redacted(raw);
         let bad = |why: String| Error::Config {
-            what: format!("endpoint {raw:?} {why}"),
+            what: format!("endpoint {shown:?} {why}"),
             fix: "give it as http(s)://HOST[:PORT], e.g. http://127.0.0.1:3900 (AWS_ENDPOINT_URL \
                   or --endpoint)"
                 .into(),
@@ -658,5 +660,39 @@ impl ObjectBackend for S3Backend {
 
     fn describe(&self) -> String {
         format!("{} at {}", self.url, self.endpoint)
+    }
+}
+
+/// `url` as an error may show it: a user name or password (between `://` and the last `@`
+/// before the path) and a query or fragment (`?...`, `#...`) replaced by `***`, since any of
+/// them may hold a secret.
+fn redacted(url: &str) -> String {
+    let (head, tail) = match url.find(['?', '#']) {
+        Some(cut) => (&url[..cut], "?***"),
+        None => (url, ""),
+    };
+    let start = head.find("://").map_or(0, |i| i + 3);
+    let authority_end = head[start..].find('/').map_or(head.len(), |i| start + i);
+    match head[start..authority_end].rfind('@') {
+        Some(at) => format!("{}***{}{tail}", &head[..start], &head[start + at..]),
+        None => format!("{head}{tail}"),
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::redacted;
+
+    #[test]
+    fn secrets_in_an_endpoint_are_not_shown() {
+        for (url, shown) in [
+            ("https://h:9000", "https://h:9000"),
+            ("https://u:hunter2@h:9000/", "https://***@h:9000/"),
+            ("https://h/?password=hunter2", "https://h/?***"),
+            ("https://h#hunter2", "https://h?***"),
+            ("u:hunter2@h", "***@h"),
+        ] {
+            assert_eq!(redacted(url), shown);
+        }
     }
 }

@@ -322,6 +322,12 @@ impl Superblock {
         pool: &str,
     ) -> Result<Option<std::sync::Arc<Crypto>>> {
         let Some(wrap) = &self.encryption else {
+            // A key means an encrypted pool: a plaintext pool under a key is a pool swapped
+            // in (or a configuration that is wrong), and writing to it would store in the
+            // clear what its owner meant to encrypt (docs/ENCRYPTION.md).
+            if key.is_some() {
+                return Err(Error::NotEncrypted(pool.to_string()));
+            }
             return Ok(None);
         };
         let user = key.ok_or_else(|| Error::KeyRequired(pool.to_string()))?;

@@ -28,14 +28,30 @@ impl Pool {
     /// Create a new pool in the directory `path` (created if missing, owner-only; must hold
     /// no pool).
     pub fn init_path(path: &Path, opts: &InitOptions) -> Result<()> {
+        let dir_existed = path.exists();
+        let lock_path = path.join(LOCK_NAME);
+        let lock_existed = lock_path.exists();
         crate::io::create_private_dir(path)
             .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
         let dir = RealDir::new(path);
-        let _lock = dir
+        let lock = dir
             .lock(LOCK_NAME)
             .map_err(|e| Error::io(format!("locking {}", path.display()), e))?
             .ok_or_else(|| Error::Locked(path.to_path_buf()))?;
-        Pool::init(&dir, opts)
+        let made = Pool::init(&dir, opts);
+        if made.is_err() {
+            // A refused init (a short passphrase, a bad option) leaves nothing behind: the
+            // lock file and the directory go again if this call made them. `remove_dir`
+            // removes only an empty directory, so nothing else is ever deleted.
+            drop(lock);
+            if !lock_existed {
+                let _ = std::fs::remove_file(&lock_path);
+            }
+            if !dir_existed {
+                let _ = std::fs::remove_dir(path);
+            }
+        }
+        made
     }
 
     /// Create a new pool in `dir`.
