@@ -6,6 +6,7 @@
 #   access.sh     a second Unix account reaches nothing; TCP needs authentication
 #   psk.sh        TLS-PSK with qemu-img and nbdinfo
 #   resources.sh  clients that never read, connection floods, huge sparse diffs, SIGTERM
+#   metrics-flood.sh  1,000 and more slow metrics clients while a scrape every second succeeds
 # Run one part alone with tests/security/PART.sh.
 set -uo pipefail
 cd "$(dirname "$0")"
