@@ -199,9 +199,15 @@ wait_ready "$SERVER_PID" "$W/serve.log" curl -sf "$METRICS" || finish
 fds_idle=$(fds "$SERVER_PID")
 rss_idle=$(kib "$SERVER_PID" VmRSS)
 cap=$(metric condense_metrics_connections_max)
+nofile=$(awk '/^Max open files/ { print $4 }' "/proc/$SERVER_PID/limits")
 echo "    (serve: $fds_idle open files, RSS $rss_idle KiB; connection cap ${cap:-?}," \
-    "open-files limit $(awk '/^Max open files/ { print $4 }' "/proc/$SERVER_PID/limits"))"
-expect_ge "the connection cap holds a flood of 1,000" "${cap:-0}" 1024
+    "open-files limit $nofile)"
+if [ "${nofile:-0}" -ge 8192 ]; then
+    expect_ge "the connection cap holds a flood of 1,000" "${cap:-0}" 1024
+else
+    skip "the connection cap holds a flood of 1,000" \
+        "the open-files limit is $nofile (hard), so the cap is a quarter of it"
+fi
 
 # --- 1. 1,000 slow clients -----------------------------------------------------------------
 if flood "1,000 slow clients" 500 450 50 20 15; then
