@@ -11,6 +11,7 @@
 #   CONDENSE=target/release/condense BENCH_DIR=/mnt/disk bash bench/nbd/fio-bench.sh
 #   CONDENSE_OLD=/tmp/condense-before bash bench/nbd/fio-bench.sh   # old and new binary, one run
 #   JOBS="seqwrite1m randwrite4k lat4k" bash bench/nbd/fio-bench.sh  # only these jobs
+#   SUMMARY_JSON=/tmp/fio.json ...      # also write the table's figures as JSON (bench/regress.sh)
 #   # the cost of the background scrub at its default rate, one binary both ways ("old" is off):
 #   # (a scrubbing server is never below 5 % of a core: IDLE_TICKS=20 takes 20 % as idle)
 #   CONDENSE_OLD=target/release/condense CONDENSE_ARGS="--scrub-every 0" \
@@ -201,9 +202,9 @@ for j in "${jobs[@]}"; do
     done
 done
 
-python3 - "$W" "$SIZE" "$RUNTIME" "$PLAIN_ENGINE" "${CONDENSE_OLD:-}" <<'EOF'
+python3 - "$W" "$SIZE" "$RUNTIME" "$PLAIN_ENGINE" "${CONDENSE_OLD:-}" "${SUMMARY_JSON:-}" <<'EOF'
 import json, sys, os
-w, size, runtime, engine, old = sys.argv[1:6]
+w, size, runtime, engine, old, summary = sys.argv[1:7]
 
 def load(target, name):
     path = os.path.join(w, f"{target}-{name}.json")
@@ -264,6 +265,9 @@ for label, f in rows:
     print(line)
 print("(for latencies a ratio above 1 means Condense is slower)")
 print()
+if summary:
+    with open(summary, "w") as f:
+        json.dump(values, f)
 def goal(label, col, want, at_most=False, or_mib=None):
     if label not in values:
         return

@@ -7,6 +7,7 @@
 #   psk.sh        TLS-PSK with qemu-img and nbdinfo
 #   resources.sh  clients that never read, connection floods, huge sparse diffs, SIGTERM
 #   keys.sh       a key on a plaintext pool is refused; refused init/import leave nothing behind
+#   metrics-flood.sh  1,000 and more slow metrics clients while a scrape every second succeeds
 # Run one part alone with tests/security/PART.sh.
 set -uo pipefail
 cd "$(dirname "$0")"

@@ -27,6 +27,7 @@ impl Endpoint {
         let Some(addr) = addr else {
             return Ok(None);
         };
+        raise_open_files_limit();
         let registry = Arc::new(Registry::default());
         registry.register(Arc::new(PoolCollector(Arc::downgrade(pool))));
         let server = MetricsServer::start(addr, registry.clone())
@@ -47,6 +48,21 @@ impl Endpoint {
     /// The address bound.
     pub fn addr(&self) -> std::net::SocketAddr {
         self.server.local_addr()
+    }
+}
+
+/// Raise the open-files limit's soft value to the hard one (as far as the system lets an
+/// unprivileged process), so that the endpoint's connection cap, a share of it, holds a
+/// flood of slow clients (docs/METRICS.md). A failure leaves the limit, and a smaller cap.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft < hard {
+        if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            tracing::warn!("cannot raise the open-files limit from {soft} to {hard}: {e}");
+        }
     }
 }
 

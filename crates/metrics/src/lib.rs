@@ -12,8 +12,9 @@
 //!   help text and label values; histograms as cumulative `_bucket{le=…}` with `+Inf`, `_sum`
 //!   and `_count`);
 //! - [`MetricsServer`]: `GET /metrics` over HTTP/1.1 (hyper, on a small tokio runtime of its
-//!   own thread): concurrent clients, header and connection timeouts, a connection cap (one
-//!   request per connection, `Connection: close`).
+//!   own thread): concurrent clients, header and connection deadlines from each accept, a
+//!   connection cap that closes the oldest client still sending its request to make room for
+//!   a new one (one request per connection, `Connection: close`).
 //!
 //! Invariants: every sample of a metric family follows its `# TYPE` line, families are
 //! declared once per scrape (the encoder refuses to declare one twice by ignoring the repeat),
@@ -37,7 +38,9 @@
 mod http;
 mod text;
 
-pub use http::{MetricsServer, CONNECTIONS_MAX, CONNECTION_TIMEOUT, HEADER_TIMEOUT};
+pub use http::{
+    MetricsServer, CONNECTIONS_MAX, CONNECTION_TIMEOUT, HEADER_TIMEOUT, REQUEST_HEAD_BYTES_MAX,
+};
 pub use text::{Encoder, Kind};
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
