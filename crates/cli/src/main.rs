@@ -665,7 +665,7 @@ fn run(cli: Cli) -> Result<i32> {
             };
             let bars = image::Bars::default();
             if checked.format == condense_estimate::probe::Format::Raw {
-                let report = condense_image::import_raw(&pool, &checked.path, &name, &bars)?;
+                let report = condense_image::import_raw(&pool, &checked, &name, &bars)?;
                 println!("{report}");
             } else {
                 let report = condense_image::convert::import_image(&pool, &checked, &name, &bars)?;
