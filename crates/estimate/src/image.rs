@@ -24,15 +24,16 @@
 //! descriptor ([`CheckedImage::share_with`]) and is given the image as
 //! [`CheckedImage::qemu_args`]: the format pinned to what the checks found (`-f` and the
 //! driver), the inherited descriptor as `/proc/self/fd/N` through the `file` (or `host_device`)
-//! driver, `"backing": null` (no backing file is opened) and a `data-file` that names no node
-//! (an image that wants an external data file fails to open), so that even an image rewritten
-//! in place after the checks opens no backing or data file. An image whose size or
-//! modification time moved while it was read ([`CheckedImage::is_unchanged`]) is refused
-//! afterwards. What remains for an image its owner rewrites in place while it is read: qemu
-//! has no option that stops a VMDK from opening the extents its descriptor names, so a sparse
-//! VMDK rewritten into a descriptor between the checks and qemu's open (and its modification
-//! time set back) would be read with them; import images from where their uploader can no
-//! longer write (docs/SECURITY.md).
+//! driver, and `"backing": null`, so that not even an image rewritten in place after the
+//! checks opens a backing file. An image whose size or modification time moved while it was
+//! read ([`CheckedImage::is_unchanged`]) is refused afterwards.
+//!
+//! What remains: the owner of an image who rewrites it in place while it is read, and sets its
+//! modification time back. qemu 10 has no option that stops a qcow2 from opening the external
+//! data file its header names (a `data-file` option is refused for images without one, so it
+//! cannot be forced off) or a VMDK descriptor from opening its extents; such a rewrite between
+//! the checks and qemu's open would be read with them. Import images from where their
+//! uploader can no longer write (docs/SECURITY.md).
 //!
 //! `--allow-backing-file` skips the refusals of steps 3 and 4 and the two overrides, and
 //! names the file by its path (qemu resolves relative backing file names against it), for
@@ -50,10 +51,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
-
-/// The `data-file` qcow2 is given: a node name that no node has (node names start with a
-/// letter), which names what happened in qemu's error.
-const NO_DATA_FILE: &str = "condense-refuses-external-data-files";
 
 /// How to treat an image file: what the administrator told us about it.
 #[derive(Debug, Clone, Default)]
@@ -308,7 +305,7 @@ impl CheckedImage {
 
     /// The image as a qemu tool's arguments: `-f FORMAT json:{...}`, naming the driver, the
     /// checked file's descriptor (never a name, never a protocol) and, unless references are
-    /// allowed, no backing file and no data file. The tool must inherit the descriptor:
+    /// allowed, no backing file. The tool must inherit the descriptor:
     /// [`Self::share_with`].
     pub fn qemu_args(&self) -> Vec<OsString> {
         vec![
@@ -343,12 +340,6 @@ impl CheckedImage {
         });
         if !self.allow_references {
             spec["backing"] = serde_json::Value::Null;
-            if self.format == Format::Qcow2 {
-                // A node name no node has: a qcow2 that wants an external data file (one
-                // rewritten after the checks) fails to open instead of opening the file it
-                // names; one without ignores the option.
-                spec["data-file"] = NO_DATA_FILE.into();
-            }
         }
         format!("json:{spec}")
     }
@@ -469,7 +460,7 @@ mod tests {
     }
 
     #[test]
-    fn qemu_args_name_the_descriptor_no_backing_and_no_data_file() -> Result<()> {
+    fn qemu_args_name_the_descriptor_and_no_backing() -> Result<()> {
         let file = tempfile::tempfile()?;
         let meta = file.metadata()?;
         let fd = file.as_raw_fd();
@@ -489,14 +480,14 @@ mod tests {
         assert_eq!(json["file"]["driver"], "file");
         assert_eq!(json["file"]["filename"], format!("/proc/self/fd/{fd}"));
         assert!(json["backing"].is_null() && json.get("backing").is_some());
-        assert_eq!(json["data-file"], NO_DATA_FILE);
+        assert!(json.get("data-file").is_none());
         assert!(image.is_unchanged());
         image.file.set_len(4096)?;
         assert!(!image.is_unchanged(), "a write is seen");
         image.allow_references = true;
         image.block_device = true;
         let spec = image.qemu_spec();
-        assert!(!spec.contains("backing") && !spec.contains("data-file"));
+        assert!(!spec.contains("backing"));
         assert!(spec.contains("host_device") && spec.contains("/srv/a"));
         Ok(())
     }
