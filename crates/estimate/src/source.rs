@@ -171,7 +171,10 @@ pub fn open(path: &Path, align: u64, opts: &ImageOptions) -> Result<Image> {
 /// Reads guest bytes of one image.
 pub enum Reader {
     /// The checked file itself.
-    Raw { file: Arc<File>, size: u64 },
+    Raw {
+        file: Arc<File>,
+        size: u64,
+    },
     Nbd(NbdSource),
 }
 
