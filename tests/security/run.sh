@@ -2,6 +2,7 @@
 # Security end to end (issue "nothing gets in, out or lost"): every part script in this
 # directory, each a self-contained test with real clients (tests/lib.sh harness):
 #   images.sh     untrusted images: backing files, host extents, guest-written headers
+#   swap.sh       an image swapped under its name while it is checked and imported
 #   nonces.sh     copied and rolled-back pools never seal twice under one nonce
 #   access.sh     a second Unix account reaches nothing; TCP needs authentication
 #   psk.sh        TLS-PSK with qemu-img and nbdinfo

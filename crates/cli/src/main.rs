@@ -685,7 +685,7 @@ fn run(cli: Cli) -> Result<i32> {
             if checked.format == condense_estimate::probe::Format::Raw {
                 let report = closing(
                     &pool,
-                    condense_image::import_raw(&pool, &checked.path, &name, &bars),
+                    condense_image::import_raw(&pool, &checked, &name, &bars),
                 )?;
                 println!("{report}");
             } else {

@@ -28,6 +28,7 @@ use condense_api::size::human;
 use condense_engine::Compression;
 use error::{bail, Context};
 use figures::ChunkingFigures;
+use probe::Format;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -212,6 +213,15 @@ pub fn run(args: &Options, progress: &dyn Fn(u64, u64)) -> Result<Report> {
     });
     let read = read?;
     let elapsed = started.elapsed().as_secs_f64();
+    if let Some(img) = images
+        .iter()
+        .find(|i| i.checked.format != Format::Raw && !i.checked.is_unchanged())
+    {
+        bail!(
+            "refusing {}: the image changed while it was read (its size or modification time moved), so what was checked is not what was read; estimate an image nobody is writing to",
+            img.path.display()
+        );
+    }
     if let Some(a) = analyses.iter().find(|a| a.overflow) {
         bail!(
             "with {} these images hold more than 2^32 unique chunks, more than one pool can; estimate fewer images or use a larger chunk size",

@@ -1,22 +1,24 @@
 //! Disk images as the guest sees them: which ranges hold data, and their bytes.
 //!
 //! Every image is first checked by [`crate::image::open`] (it reads no file but itself, and is
-//! consistent). Raw images are read directly; their holes are found with SEEK_DATA/SEEK_HOLE
+//! consistent), and from then on read only through the file it opened, never by name again.
+//! Raw images are read directly from that file; their holes are found with SEEK_DATA/SEEK_HOLE
 //! and never read. Every other format (qcow2, vmdk, vdi, vhdx, vpc) goes through the qemu
-//! tools, given the image as [`CheckedImage::qemu_args`]: `qemu-img map` says which guest
+//! tools, which inherit the file's descriptor ([`CheckedImage::share_with`]) and are given the
+//! image as [`CheckedImage::qemu_args`]: `qemu-img map` says which guest
 //! ranges read as zeros (skipped without reading), and the data comes from `qemu-nbd -r` on a
 //! private Unix socket through [`NbdClient`]. Condense reads no image data format itself.
 
 use super::nbd_client::NbdClient;
 use crate::error::{bail, Context, Result};
-use crate::image::{qemu_nbd, run_qemu_img, CheckedImage, ImageOptions};
+use crate::image::{qemu_nbd, CheckedImage, ImageOptions};
 use crate::probe::Format;
-use std::ffi::OsString;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// One image to estimate, with its data ranges found but nothing read yet.
@@ -139,21 +141,22 @@ pub fn open(path: &Path, align: u64, opts: &ImageOptions) -> Result<Image> {
         .unwrap_or("image")
         .to_string();
     let checked = crate::image::open(path, opts)?;
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("cannot open image {}", path.display()))?;
+    let meta = checked
+        .file()
+        .metadata()
+        .with_context(|| format!("cannot examine image {}", path.display()))?;
     let file_bytes = meta.blocks() * 512;
     let size = checked.virtual_size;
     let ranges = if checked.format != Format::Raw {
-        let mut args: Vec<OsString> = vec!["map".into(), "--output=json".into()];
-        args.extend(checked.qemu_args());
-        parse_map(&run_qemu_img(&args, &format!("map {}", path.display()))?)?
+        parse_map(&checked.run_qemu_img(
+            &["map", "--output=json"],
+            &format!("map {}", path.display()),
+        )?)?
     } else if checked.block_device {
         // A device has no holes to find: all of it is read.
         vec![(0, size)]
     } else {
-        let f =
-            File::open(path).with_context(|| format!("cannot open image {}", path.display()))?;
-        raw_extents(&f, size, path)?
+        raw_extents(checked.file(), size, path)?
     };
     Ok(Image {
         path: path.to_path_buf(),
@@ -167,7 +170,11 @@ pub fn open(path: &Path, align: u64, opts: &ImageOptions) -> Result<Image> {
 
 /// Reads guest bytes of one image.
 pub enum Reader {
-    Raw { file: File, size: u64 },
+    /// The checked file itself.
+    Raw {
+        file: Arc<File>,
+        size: u64,
+    },
     Nbd(NbdSource),
 }
 
@@ -181,10 +188,8 @@ pub struct NbdSource {
 impl Reader {
     pub fn open(image: &Image) -> Result<Reader> {
         if image.checked.format == Format::Raw {
-            let file = File::open(&image.path)
-                .with_context(|| format!("cannot open image {}", image.path.display()))?;
             return Ok(Reader::Raw {
-                file,
+                file: image.checked.file().clone(),
                 size: image.logical_bytes,
             });
         }
@@ -230,7 +235,10 @@ impl NbdSource {
         let spawned = File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))
             .and_then(|log| {
-                qemu_nbd()
+                let mut cmd = qemu_nbd();
+                image
+                    .checked
+                    .share_with(&mut cmd)
                     .arg("-r")
                     .arg("--socket")
                     .arg(&socket)

@@ -4,8 +4,10 @@
 //! skips zero ranges and reads our block status.
 //!
 //! An imported image has been checked by `condense_estimate::image::open` (it reads no file
-//! but itself, and is consistent), and qemu-img gets it only as `CheckedImage::qemu_args`:
-//! the format explicit, the local file driver, no backing file.
+//! but itself, and is consistent), and qemu-img gets only the file that was checked: it
+//! inherits its descriptor (`CheckedImage::share_with`), named by `CheckedImage::qemu_args`
+//! with the format pinned, the local file driver, no backing file and no data file. An image
+//! that changed while it was converted is refused, and its volume deleted.
 
 use crate::error::{Error, Result};
 use crate::export::create_private;
@@ -148,9 +150,18 @@ fn nbd_uri(name: &str, socket: &Path) -> String {
     format!("nbd+unix:///{escaped}?socket={}", socket.display())
 }
 
-/// Run `qemu-img convert -p ARGS`, reporting its progress as step `what`.
-fn run_convert(args: &[std::ffi::OsString], what: &str, progress: &dyn Progress) -> Result<()> {
+/// Run `qemu-img convert -p ARGS`, reporting its progress as step `what`; `image`, the source
+/// of an import that ARGS names, is inherited by qemu-img.
+fn run_convert(
+    args: &[std::ffi::OsString],
+    image: Option<&CheckedImage>,
+    what: &str,
+    progress: &dyn Progress,
+) -> Result<()> {
     let mut cmd = qemu_img();
+    if let Some(image) = image {
+        image.share_with(&mut cmd);
+    }
     cmd.arg("convert")
         .arg("-p")
         .args(args)
@@ -247,7 +258,16 @@ fn import_marked(
             volume: name.to_string(),
             source: source.into(),
         })?;
-    if let Err(e) = convert_into(&catalog, checked, name, progress) {
+    let converted = convert_into(&catalog, checked, name, progress).and_then(|()| {
+        if checked.is_unchanged() {
+            Ok(())
+        } else {
+            Err(Error::ImageChanged {
+                path: image.to_path_buf(),
+            })
+        }
+    });
+    if let Err(e) = converted {
         if let Err(d) = catalog.delete(name) {
             progress.warn(&format!(
                 "could not delete the half-imported volume {name:?}: {d}"
@@ -298,7 +318,7 @@ fn convert_into(
         "raw".into(),
         nbd_uri(name, &dir.socket()).into(),
     ]);
-    let converted = run_convert(&args, &format!("importing {name}"), progress);
+    let converted = run_convert(&args, Some(checked), &format!("importing {name}"), progress);
     // Shut down (and flush) whether or not qemu-img succeeded.
     let stopped = server.shutdown().map_err(|source| Error::StopServer {
         direction: "import",
@@ -365,7 +385,7 @@ pub fn export_image(
     } else {
         args.push(out.as_os_str().to_owned());
     }
-    let converted = run_convert(&args, &format!("exporting {name}"), progress);
+    let converted = run_convert(&args, None, &format!("exporting {name}"), progress);
     let stopped = server.shutdown().map_err(|source| Error::StopServer {
         direction: "export",
         source,

@@ -17,8 +17,6 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     // The image file an import reads.
-    #[error("cannot open image {}", .path.display())]
-    OpenImage { path: PathBuf, source: io::Error },
     #[error("cannot examine image {}", .path.display())]
     ExamineImage { path: PathBuf, source: io::Error },
     #[error("image {} is empty", .path.display())]
@@ -198,6 +196,11 @@ pub enum Error {
         status: std::process::ExitStatus,
         message: String,
     },
+    #[error(
+        "image {} changed while it was imported (its size or modification time moved), so what was checked is not what was read; import an image nobody is writing to",
+        .path.display()
+    )]
+    ImageChanged { path: PathBuf },
     #[error("import of {} failed", .path.display())]
     ConvertFailed { path: PathBuf, source: Box<Error> },
 }

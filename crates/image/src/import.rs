@@ -1,5 +1,7 @@
 //! Raw images into new volumes: a file (only its data extents are read, so holes stay holes)
-//! or a stream on standard input (all-zero blocks are skipped and stay holes).
+//! or a stream on standard input (all-zero blocks are skipped and stay holes). A file is read
+//! through the descriptor `condense_estimate::image::open` opened and checked, never by its
+//! name again.
 //!
 //! The pieces are read on a thread that stays ahead of the engine ([`copy_pieces`]). The new
 //! volume is marked as importing until the end, so an interrupted import is visible in `volume
@@ -11,9 +13,8 @@ use crate::{Progress, Unit, PIECE};
 use condense_api::size::human;
 use condense_engine::reduction::is_zero;
 use condense_engine::{Pool, VolumeHandle};
-use std::fs::File;
+use condense_estimate::image::CheckedImage;
 use std::io::Read;
-use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Instant;
 
@@ -68,18 +69,17 @@ impl std::fmt::Display for ImportReport {
     }
 }
 
-/// `condense import FILE` of a raw image: a new volume `name` of the file's size, holding its
-/// data extents.
+/// `condense import FILE` of a raw image, checked and opened by
+/// `condense_estimate::image::open`: a new volume `name` of the file's size, holding its data
+/// extents, read from the file that was opened.
 pub fn import_raw(
     pool: &Pool,
-    path: &Path,
+    image: &CheckedImage,
     name: &str,
     progress: &dyn Progress,
 ) -> Result<ImportReport> {
-    let f = File::open(path).map_err(|source| Error::OpenImage {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let path = image.path.as_path();
+    let f = image.file().clone();
     let size = f
         .metadata()
         .map_err(|source| Error::ExamineImage {

@@ -44,9 +44,10 @@ pub(crate) fn data_extents(f: &File, size: u64) -> Vec<(u64, u64)> {
     out
 }
 
-/// The data extents of a sparse file, aligned to blocks, in pieces of [`PIECE`].
+/// The data extents of a sparse file, aligned to blocks, in pieces of [`PIECE`]. The file is
+/// the one that was opened and checked (`CheckedImage::file`), never reopened by name.
 pub(crate) struct ExtentSource {
-    file: File,
+    file: Arc<File>,
     extents: std::vec::IntoIter<(u64, u64)>,
     bs: u64,
     /// The rest of the current extent: (position, end).
@@ -54,7 +55,7 @@ pub(crate) struct ExtentSource {
 }
 
 impl ExtentSource {
-    pub(crate) fn new(file: File, extents: Vec<(u64, u64)>, block_size: u64) -> ExtentSource {
+    pub(crate) fn new(file: Arc<File>, extents: Vec<(u64, u64)>, block_size: u64) -> ExtentSource {
         ExtentSource {
             file,
             extents: extents.into_iter(),

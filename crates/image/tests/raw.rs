@@ -15,6 +15,17 @@ fn pool(dir: &std::path::Path) -> Result<Arc<Pool>, Box<dyn std::error::Error>> 
     Ok(Pool::open_path(&path, OpenOptions::default())?)
 }
 
+/// `path` opened and checked as a raw image, as `condense import` does.
+fn checked(
+    path: &std::path::Path,
+) -> Result<condense_estimate::image::CheckedImage, Box<dyn std::error::Error>> {
+    let opts = condense_estimate::image::ImageOptions {
+        format: Some(condense_estimate::probe::Format::Raw),
+        allow_backing_file: false,
+    };
+    Ok(condense_estimate::image::open(path, &opts)?)
+}
+
 /// 4 MiB with data at the start, in the middle (not block-aligned) and a hole elsewhere.
 fn sparse_image(path: &std::path::Path) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
     let mut content = vec![0u8; 4 << 20];
@@ -36,7 +47,7 @@ fn a_raw_image_comes_back_byte_identical_with_its_holes() -> TestResult {
     let image = dir.path().join("vm.raw");
     let content = sparse_image(&image)?;
 
-    let report = import_raw(&pool, &image, "vm", &Silent)?;
+    let report = import_raw(&pool, &checked(&image)?, "vm", &Silent)?;
     assert_eq!((report.size, report.volume.as_str()), (4 << 20, "vm"));
     assert!(
         report.read < 1 << 20,
@@ -61,7 +72,7 @@ fn an_export_never_overwrites_without_force() -> TestResult {
     let pool = pool(dir.path())?;
     let image = dir.path().join("vm.raw");
     let content = sparse_image(&image)?;
-    import_raw(&pool, &image, "vm", &Silent)?;
+    import_raw(&pool, &checked(&image)?, "vm", &Silent)?;
     let out = dir.path().join("out.raw");
     std::fs::write(&out, b"old")?;
     let e = export_raw(&pool, "vm", &out, false, &Silent).err();
