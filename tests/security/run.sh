@@ -4,6 +4,7 @@
 #   images.sh     untrusted images: backing files, host extents, guest-written headers
 #   nonces.sh     copied and rolled-back pools never seal twice under one nonce
 #   access.sh     a second Unix account reaches nothing; TCP needs authentication
+#   daemon.sh     the CLI trusts only the pool owner's (or root's) daemon, reads it bounded
 #   psk.sh        TLS-PSK with qemu-img and nbdinfo
 #   resources.sh  clients that never read, connection floods, huge sparse diffs, SIGTERM
 # Run one part alone with tests/security/PART.sh.
