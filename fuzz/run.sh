@@ -52,6 +52,7 @@ fuse_records     8192   1024 64
 image_header     327680 1024 64
 qemu_img_json    16384  1024 128
 config_file      4096   1024 128
+control_reply    8192   1024 64
 "
 all=$(awk 'NF { print $1 }' <<<"$limits")
 targets=${*:-$all}

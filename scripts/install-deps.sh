@@ -12,6 +12,7 @@
 # prometheus (the server and promtool), curl: tests/metrics (scrape, promtool check metrics, queries)
 # tmux: drives `condense top`'s full-screen view in tests/top (send-keys, capture-pane)
 # passwd (useradd, groupadd), util-linux (runuser): the second Unix account of tests/security/access.sh
+#   and tests/security/daemon.sh (whose forged daemons are python3, its peak RSS from time)
 # libvirt-daemon-system (libvirtd), libvirt-clients (virsh, virt-xml-validate, which runs
 #   libxml2-utils' xmllint), qemu-system-x86: tests/libvirt; installed without their recommends
 #   (qemu's GUI, firmware, libvirt's network helpers), which nothing here uses. The guest's

@@ -5,6 +5,7 @@
 #   swap.sh       an image swapped under its name while it is checked and imported
 #   nonces.sh     copied and rolled-back pools never seal twice under one nonce
 #   access.sh     a second Unix account reaches nothing; TCP needs authentication
+#   daemon.sh     the CLI trusts only the pool owner's (or root's) daemon, reads it bounded
 #   psk.sh        TLS-PSK with qemu-img and nbdinfo
 #   resources.sh  clients that never read, connection floods, huge sparse diffs, SIGTERM
 #   keys.sh       a key on a plaintext pool is refused; refused init/import leave nothing behind

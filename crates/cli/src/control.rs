@@ -8,7 +8,11 @@
 //!
 //! The client side ([`forward`]) is tried first by the commands that can run through it
 //! ([`Routed`]): when the socket exists and answers, its reply is printed; when nobody
-//! listens (a daemon that was killed), the command opens the pool directly.
+//! listens (a daemon that was killed), the command opens the pool directly. The client trusts
+//! the listener only if it runs as the pool directory's owner or as root (SO_PEERCRED again,
+//! see [`ask`]): anyone else who could put a socket there (a pool directory others may write
+//! to) gets an error, not an audience. Even a trusted reply is bounded and printed without
+//! control characters ([`reply`]).
 //!
 //! Long commands stop when nobody waits for them: a command asks [`Ctx::should_stop`] between
 //! bounded steps, which is true once its client has closed the socket (Ctrl-C on `condense
@@ -20,13 +24,15 @@ use condense_engine::Pool;
 use condense_nbd::unix_socket::Access;
 use serde_json::{json, Value};
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+mod reply;
 
 /// The control socket's file name inside the pool directory.
 pub const SOCKET_NAME: &str = "control.sock";
@@ -208,17 +214,38 @@ pub fn forward(pool: &Path) -> Result<Option<i32>> {
     Ok(Some(reply.code))
 }
 
-/// What the daemon answered to one request.
-pub struct Reply {
-    pub stdout: String,
-    pub stderr: String,
-    pub code: i32,
-}
+pub use reply::Reply;
 
 /// Run `argv` (a command line after the program name, with `--pool` absolute) in the daemon
 /// holding `pool`. `None` when there is no control socket or nobody listens on it.
+///
+/// The listener must run as the owner of the pool directory or as root (SO_PEERCRED; the owner
+/// from an `fstat` of the directory opened once, and the socket reached through that same
+/// descriptor, so a directory or socket swapped meanwhile changes nothing): any other process
+/// is refused with an error before the request is sent. Its reply is then read as [`reply`]
+/// says: bounded, decoded strictly, made printable.
 pub fn ask(pool: &Path, argv: &[String]) -> Result<Option<Reply>> {
-    let sock = pool.join(SOCKET_NAME);
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let shown = pool.join(SOCKET_NAME);
+    // No directory (or none this user may reach): the direct open says why.
+    let Ok(dir) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(pool)
+    else {
+        return Ok(None);
+    };
+    let owner = dir
+        .metadata()
+        .with_context(|| format!("cannot read the owner of pool directory {}", pool.display()))?
+        .uid();
+    let via_fd = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    let sock = if via_fd.is_dir() {
+        via_fd.join(SOCKET_NAME)
+    } else {
+        shown.clone() // no /proc: the path, as the peer check below holds either way
+    };
     if std::fs::symlink_metadata(&sock).is_err() {
         return Ok(None);
     }
@@ -226,39 +253,49 @@ pub fn ask(pool: &Path, argv: &[String]) -> Result<Option<Reply>> {
         Ok(s) => s,
         // Refused: a daemon that was killed left its socket behind, nobody holds the pool.
         // Or the socket is not ours to use (another user's daemon), or cannot be reached at
-        // all (a path too long for a socket): opening the pool directly then says that a
-        // process holds it (and `stats` shows what that process publishes).
+        // all: opening the pool directly then says that a process holds it (and `stats` shows
+        // what that process publishes).
         Err(_) => return Ok(None),
     };
+    drop(dir);
+    let server = peer_uid(&stream).with_context(|| {
+        format!(
+            "cannot tell who listens on control socket {}",
+            shown.display()
+        )
+    })?;
+    if server != owner && server != 0 {
+        bail!(
+            "refusing control socket {s}: the process listening on it runs as uid {server}, but \
+             pool {p} belongs to uid {owner}, and only a daemon run by the pool's owner or by root \
+             may answer for it. Nothing was sent to it and its answer is not trusted. A process \
+             of uid {server} may be posing as the pool's daemon: stop it, remove {s} (as root or \
+             uid {owner}) and let only the owner write to {p} (chmod 700 {p})",
+            s = shown.display(),
+            p = pool.display(),
+        );
+    }
     let mut line = serde_json::to_vec(&json!({ "argv": argv }))?;
     line.push(b'\n');
-    let what = || format!("control socket {}", sock.display());
+    let what = || format!("control socket {}", shown.display());
     stream.write_all(&line).with_context(what)?;
     stream
         .shutdown(std::net::Shutdown::Write)
         .with_context(what)?;
-    let mut reply = String::new();
-    BufReader::new(stream)
-        .read_line(&mut reply)
-        .with_context(what)?;
+    let from = || {
+        format!(
+            "the process on control socket {} (uid {server})",
+            shown.display()
+        )
+    };
+    let reply = reply::read(&stream, reply::MAX_REPLY).with_context(from)?;
     if reply.is_empty() {
         bail!(
             "the process holding pool {} closed its control socket without answering (did it stop?); retry",
             pool.display()
         );
     }
-    let v: Value = serde_json::from_str(&reply)
-        .with_context(|| format!("unreadable reply on {}", sock.display()))?;
-    let text = |k: &str| v[k].as_str().unwrap_or_default().to_string();
-    let code = v["code"]
-        .as_i64()
-        .and_then(|c| i32::try_from(c).ok())
-        .with_context(|| format!("reply without an exit status on {}", sock.display()))?;
-    Ok(Some(Reply {
-        stdout: text("stdout"),
-        stderr: text("stderr"),
-        code,
-    }))
+    Ok(Some(reply::decode(reply).with_context(from)?))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -435,3 +435,61 @@ fn snapshot_commands_through_the_control_socket() {
     assert!(err.contains("v@s1"), "{err}");
     daemon.stop();
 }
+
+/// A process of the pool owner's uid listening on `pool/control.sock` in place of a daemon:
+/// answers each connection with `answer` (after the request line), on threads, until the test
+/// ends.
+fn forged_daemon(pool: &Path, answer: fn(&mut UnixStream) -> std::io::Result<()>) {
+    use std::io::{BufRead, BufReader};
+    let listener = std::os::unix::net::UnixListener::bind(pool.join("control.sock"))
+        .unwrap_or_else(|e| panic!("bind the forged control socket: {e}"));
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut request = String::new();
+                let _ = BufReader::new(&conn).read_line(&mut request);
+                let _ = answer(&mut conn);
+            });
+        }
+    });
+}
+
+#[test]
+fn a_trusted_daemon_s_reply_is_bounded_printable_and_gives_a_real_exit_status() {
+    use std::io::Write;
+    let d = tmp();
+    let pool = d.path().join("pool");
+    ok(&pool, &["init"]);
+    // An endless reply: the CLI stops at its limit, with an error naming it.
+    forged_daemon(&pool, |c| {
+        c.write_all(b"{\"stdout\": \"")?;
+        let chunk = b"\\u001b[2J no damage ".repeat(4096);
+        loop {
+            c.write_all(&chunk)?;
+        }
+    });
+    let err = fails(&pool, &["verify"]);
+    assert!(
+        err.contains("control.sock (uid") && err.contains("past 67108864 bytes"),
+        "{err}"
+    );
+    std::fs::remove_file(pool.join("control.sock")).unwrap_or_else(|e| panic!("{e}"));
+    // Escape sequences (C0, C1) in its text are not printed; its exit status is relayed.
+    forged_daemon(&pool, |c| {
+        c.write_all(
+            b"{\"stdout\": \"\\u001b]0;x\\u0007\\u009b2Jno damage found\\r\\n\", \"stderr\": \"\\u001b[31mwarn\\n\", \"code\": 3}\n",
+        )
+    });
+    let o = condense(&pool, &["verify"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(text(&o.stdout), "]0;x2Jno damage found\n");
+    assert_eq!(text(&o.stderr), "[31mwarn\n");
+    std::fs::remove_file(pool.join("control.sock")).unwrap_or_else(|e| panic!("{e}"));
+    // An exit status no process can have (exit(256) would be a success) is an error.
+    forged_daemon(&pool, |c| {
+        c.write_all(b"{\"stdout\": \"no damage found\\n\", \"code\": 256}\n")
+    });
+    let err = fails(&pool, &["verify"]);
+    assert!(err.contains("exit status 256"), "{err}");
+}
