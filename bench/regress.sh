@@ -3,7 +3,7 @@
 # the commit before), alternated on one machine, on the product's main job and its I/O paths:
 #
 #   1. the corpus import (bench/corpus-import.sh's job: every IMAGES_DIR/*.raw imported into a
-#      fresh pool, page cache dropped first): wall, CPU (user + system) and peak RSS of the
+#      fresh pool, page cache dropped first): wall, user and system CPU and peak RSS of the
 #      imports, and bytes stored;
 #   2. bench/nbd/fio-bench.sh with both servers in each run (CONDENSE_OLD), its jobs' figures.
 #
@@ -61,23 +61,24 @@ import_round() {
     rm -rf "$pool"
     "$bin" init "$pool" --compression "$COMPRESSION" >/dev/null
     drop_caches
-    local start end peak=0 cpu=0 rss t
+    local start end peak=0 user=0 sys=0 rss t
     start=$(date +%s.%N)
     for img in "$IMAGES"/*.raw; do
         /usr/bin/time -f "%M %U %S" -o "$WORK/time" "$bin" --pool "$pool" import "$img" >/dev/null
         read -r rss u s <"$WORK/time"
         [ "$rss" -gt "$peak" ] && peak=$rss
-        cpu=$(echo "$cpu + $u + $s" | bc)
+        user=$(echo "$user + $u" | bc)
+        sys=$(echo "$sys + $s" | bc)
     done
     sync
     end=$(date +%s.%N)
     t=$(echo "$end - $start" | bc)
     local stored
     stored=$(du -sb "$pool" | cut -f1)
-    printf '{"kind":"import","build":"%s","wall_s":%s,"cpu_s":%s,"peak_rss_mb":%s,"stored_bytes":%s}\n' \
-        "$which" "$t" "$cpu" "$((peak / 1024))" "$stored" >>"$RESULTS"
-    printf '   %s: %.1f s wall, %.1f s CPU, peak RSS %d MB, %s bytes stored\n' \
-        "$which" "$t" "$cpu" "$((peak / 1024))" "$stored"
+    printf '{"kind":"import","build":"%s","wall_s":%s,"user_s":%s,"sys_s":%s,"peak_rss_mb":%s,"stored_bytes":%s}\n' \
+        "$which" "$t" "$user" "$sys" "$((peak / 1024))" "$stored" >>"$RESULTS"
+    printf '   %s: %.1f s wall, %.1f s user, %.1f s system, peak RSS %d MB, %s bytes stored\n' \
+        "$which" "$t" "$user" "$sys" "$((peak / 1024))" "$stored"
     rm -rf "$pool"
 }
 
@@ -142,7 +143,8 @@ imp = {}
 for r in rows:
     if r["kind"] != "import":
         continue
-    for key, label in (("wall_s", "import wall (s)"), ("cpu_s", "import CPU (s)"),
+    for key, label in (("wall_s", "import wall (s)"), ("user_s", "import user CPU (s)"),
+                       ("sys_s", "import system CPU (s)"),
                        ("peak_rss_mb", "import peak RSS (MB)"), ("stored_bytes", "stored (MB)")):
         val = r[key] / 1e6 if key == "stored_bytes" else r[key]
         imp.setdefault(label, {"old": [], "new": []})[r["build"]].append(val)

@@ -349,8 +349,15 @@ impl Pool {
             .ok_or_else(|| Error::NotFound(name.to_string()))
     }
 
-    /// Pool and per-volume figures, from counters (no map is walked).
-    pub fn stats(&self) -> Result<PoolStats> {
+    /// The bytes the pool takes where it is stored (`physical_bytes` of [`Pool::stats`]), alone:
+    /// no per-volume figures are counted, so the write path goes on paying nothing for them
+    /// (an import measures its pool's growth with this).
+    pub fn physical_bytes(&self) -> Result<u64> {
+        Ok(self.physical_and_remote()?.0)
+    }
+
+    /// The pool's physical bytes, and on S3 what the bucket holds.
+    fn physical_and_remote(&self) -> Result<(u64, Option<crate::io::StoreStatus>)> {
         // An S3 pool: one LIST gives the objects and the bytes the bucket holds; the files
         // the local directory holds on their way to it count too (a local pool directory's
         // total includes a writeback cache's held files).
@@ -382,6 +389,12 @@ impl Pool {
                 .total_bytes()
                 .map_err(|e| Error::io("measuring the pool directory", e))?,
         };
+        Ok((physical, remote))
+    }
+
+    /// Pool and per-volume figures, from counters (no map is walked).
+    pub fn stats(&self) -> Result<PoolStats> {
+        let (physical, remote) = self.physical_and_remote()?;
         // The figures' first count, in steps that each take the state lock for a few
         // milliseconds, so I/O goes on meanwhile; an error is reported below.
         let _ = self.count_figures();

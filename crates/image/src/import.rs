@@ -201,10 +201,12 @@ fn import_volume(
     progress: &dyn Progress,
     copy: impl FnOnce(&dyn Progress) -> Result<u64>,
 ) -> Result<ImportReport> {
+    // The pool's size and the volume's written bytes only: `stats()` would count the
+    // per-volume figures, which every write of the import then keeps up to date (measured:
+    // ~12 % of a corpus import's CPU, bench/README.md "Import without the figures").
     let before = pool
-        .stats()
-        .map_err(|source| Error::Stats { source })?
-        .physical_bytes;
+        .physical_bytes()
+        .map_err(|source| Error::Stats { source })?;
     pool.create_volume(name, size)
         .map_err(|source| Error::CreateVolume {
             volume: name.to_string(),
@@ -235,10 +237,12 @@ fn import_volume(
         .map_err(|source| Error::MakeDurable { source })?;
     progress.finish();
     let seconds = started.elapsed().as_secs_f64();
-    let after = pool.stats().map_err(|source| Error::Stats { source })?;
-    let nonzero = after
-        .volumes
-        .iter()
+    let after = pool
+        .physical_bytes()
+        .map_err(|source| Error::Stats { source })?;
+    let nonzero = pool
+        .volume_infos()
+        .into_iter()
         .find(|v| v.name == name)
         .map_or(0, |v| v.written_bytes);
     Ok(ImportReport {
@@ -247,7 +251,7 @@ fn import_volume(
         size,
         read,
         nonzero,
-        pool_growth: after.physical_bytes.saturating_sub(before),
+        pool_growth: after.saturating_sub(before),
         seconds,
         ended_early: false,
     })
