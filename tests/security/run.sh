@@ -6,6 +6,7 @@
 #   access.sh     a second Unix account reaches nothing; TCP needs authentication
 #   psk.sh        TLS-PSK with qemu-img and nbdinfo
 #   resources.sh  clients that never read, connection floods, huge sparse diffs, SIGTERM
+#   preauth.sh    floods without credentials (TLS-PSK, Unix socket), SIGTERM and RSS bounds
 # Run one part alone with tests/security/PART.sh.
 set -uo pipefail
 cd "$(dirname "$0")"

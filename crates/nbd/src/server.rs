@@ -658,7 +658,7 @@ async fn transmit<S: Stream>(
 ) -> End {
     tracing::debug!(export = export.volume.name(), "transmission");
     let (r, w) = tokio::io::split(stream);
-    transmission::serve(
+    let end = transmission::serve(
         r,
         w,
         export,
@@ -668,7 +668,20 @@ async fn transmit<S: Stream>(
         shared.budget.connection(shared.config.inflight_bytes_max),
         stop,
     )
-    .await
+    .await;
+    // The export, and its slot, are dropped: the last client gone, the server's memory goes
+    // back to its idle size.
+    if shared.slots.available_permits()
+        == shared
+            .config
+            .max_connections
+            .clamp(1, Semaphore::MAX_PERMITS)
+    {
+        let buffers = shared.buffers.clone();
+        // Off the async threads: trimming the heap walks it.
+        drop(tokio::task::spawn_blocking(move || buffers.release_idle()));
+    }
+    end
 }
 
 /// Serve one already-connected stream (a socketpair, an in-memory duplex) until it closes.
