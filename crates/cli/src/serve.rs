@@ -84,7 +84,7 @@ pub struct ServeArgs {
     /// beyond the cap the client is refused (NBD_REP_ERR_POLICY; counted in
     /// condense_nbd_connections_refused_total, and logged at most every 10 seconds).
     /// Connections still in the handshake have limits of their own: 10 seconds, 128 at once
-    /// and 32 per address, the oldest closed first (docs/SECURITY.md).
+    /// and 32 per address, the one idle longest closed first (docs/SECURITY.md).
     #[arg(long, value_name = "N", default_value_t = condense_nbd::DEFAULT_MAX_CONNECTIONS as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,

@@ -12,11 +12,12 @@
 //!   socket clients have no address: only the total applies to them).
 //! - A new connection is never refused while an older one can make room: as sshd's
 //!   MaxStartups and nginx's limits keep floods from filling a server, but a flood keeps
-//!   closing *its own* connections instead of turning others away. The one closed is, in
-//!   order: from the address with the most handshakes (the same address when its own limit is
-//!   reached), the least advanced ([`Stage`]), the oldest. A real client completes its
-//!   handshake in milliseconds, so an idle or stalled flood — even from the client's own
-//!   address — cannot keep it out; clients from other addresses are never closed for a
+//!   closing *its own* connections instead of turning others away. The one closed is from
+//!   the address with the most handshakes (the same address when its own limit is reached),
+//!   and of those the one that has waited longest without moving on a [`Stage`]. A real
+//!   client moves on every few milliseconds, so an idle or stalled flood — even from the
+//!   client's own address — must open a whole limit's worth of connections during one step
+//!   of its handshake to close it; clients from other addresses are never closed for a
 //!   flood that holds more handshakes than they do.
 //! - A connection that has authenticated (TLS with a client certificate or pre-shared key) is
 //!   never closed to make room; only when every registered connection has is a new one
@@ -31,7 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// How far a connection has come in its handshake; less advanced ones are closed first.
+/// How far a connection has come in its handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Stage {
     /// Greeting sent; the client flags have not come yet (idle sockets stay here).
@@ -48,6 +49,8 @@ pub enum Stage {
 struct Entry {
     source: Option<IpAddr>,
     stage: Stage,
+    /// When the connection last moved on a [`Stage`] (a tick of `Pending::next_id`).
+    progress: u64,
     /// Dropped to close the connection ([`Ticket::evicted`] then resolves).
     _evict: oneshot::Sender<()>,
 }
@@ -81,13 +84,14 @@ impl Pending {
     }
 
     /// The connection to close for room: among those not authenticated (from `only` if
-    /// given), the one from the address with the most handshakes, least advanced, oldest.
+    /// given), the one from the address with the most handshakes that has waited longest
+    /// without moving on a stage.
     fn victim(&self, only: Option<IpAddr>) -> Option<u64> {
         self.entries
             .iter()
             .filter(|(_, e)| e.stage < Stage::Authenticated)
             .filter(|(_, e)| only.is_none() || e.source == only)
-            .min_by_key(|(id, e)| (std::cmp::Reverse(self.count(e.source)), e.stage, **id))
+            .min_by_key(|(_, e)| (std::cmp::Reverse(self.count(e.source)), e.progress))
             .map(|(id, _)| *id)
     }
 }
@@ -182,6 +186,7 @@ impl Handshakes {
             Entry {
                 source,
                 stage: Stage::Greeted,
+                progress: id,
                 _evict: tx,
             },
         );
@@ -228,8 +233,12 @@ impl Handshakes {
 impl Place {
     /// Record how far the handshake has come.
     pub fn advance(&self, stage: Stage) {
-        if let Some(e) = self.register.lock().entries.get_mut(&self.id) {
+        let mut p = self.register.lock();
+        let tick = p.next_id;
+        p.next_id += 1;
+        if let Some(e) = p.entries.get_mut(&self.id) {
             e.stage = e.stage.max(stage);
+            e.progress = tick;
         }
     }
 }
@@ -292,13 +301,16 @@ mod tests {
     }
 
     #[test]
-    fn the_least_advanced_oldest_connection_of_an_address_goes_first() {
+    fn the_connection_idle_longest_goes_first() {
         let r = register(4, 4);
         let mut advanced = r.admit(None).expect("room");
-        advanced.place.advance(Stage::Tls);
         let mut idle: Vec<Ticket> = (0..3).filter_map(|_| r.admit(None)).collect();
+        advanced.place.advance(Stage::Tls);
         let _new = r.admit(None).expect("room made");
-        assert!(!is_evicted(&mut advanced), "ahead of idle ones");
+        assert!(
+            !is_evicted(&mut advanced),
+            "it moved on after the idle ones came"
+        );
         assert!(is_evicted(&mut idle[0]), "the oldest idle one went");
         assert!(!is_evicted(&mut idle[1]));
     }

@@ -72,7 +72,7 @@
 //! [`ServerConfig::max_connections`] connections are in transmission, a slot taken only once
 //! the client has chosen its export (after TLS when it is required). Connections still in the
 //! handshake have a deadline and a register of their own, with a per-address limit on TCP,
-//! which closes the oldest least advanced unauthenticated ones to make room
+//! which closes the unauthenticated ones idle longest to make room
 //! ([`ServerConfig::max_handshakes`]): a flood of sockets without credentials cannot keep a
 //! client with them out. Shutdown gives clients [`ServerConfig::drain_timeout`] to take their
 //! last replies.

@@ -3,7 +3,7 @@
 //! Owns: the listening sockets, the caps on connections, and each connection from accept to
 //! close. A connection first joins the register of handshakes ([`crate::admission`]: at most
 //! [`ServerConfig::max_handshakes`], [`ServerConfig::max_handshakes_per_address`] per TCP
-//! source address, the oldest least advanced one closed to make room) and has
+//! source address, the one idle longest closed to make room) and has
 //! [`ServerConfig::handshake_timeout`] from accept to choosing an export, TLS handshake
 //! included. Only then does it take one of the [`ServerConfig::max_connections`] transmission
 //! slots: a client without credentials never holds one. A client that chooses an export while
@@ -63,8 +63,8 @@ pub struct ServerConfig {
     /// Connections in the transmission phase at once; a client choosing an export beyond it
     /// is refused.
     pub max_connections: usize,
-    /// Connections in the handshake (accepted, no export chosen) at once; beyond it the oldest
-    /// least advanced unauthenticated one is closed ([`crate::admission`]).
+    /// Connections in the handshake (accepted, no export chosen) at once; beyond it the
+    /// unauthenticated one idle longest is closed ([`crate::admission`]).
     pub max_handshakes: usize,
     /// Connections in the handshake at once from one TCP source address (IPv6: one /64).
     pub max_handshakes_per_address: usize,
