@@ -10,6 +10,7 @@
 #   resources.sh  clients that never read, connection floods, huge sparse diffs, SIGTERM
 #   keys.sh       a key on a plaintext pool is refused; refused init/import leave nothing behind
 #   metrics-flood.sh  1,000 and more slow metrics clients while a scrape every second succeeds
+#   preauth.sh    floods without credentials (TLS-PSK, Unix socket), SIGTERM and RSS bounds
 # Run one part alone with tests/security/PART.sh.
 set -uo pipefail
 cd "$(dirname "$0")"

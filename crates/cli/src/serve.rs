@@ -79,9 +79,12 @@ pub struct ServeArgs {
     pub metrics_listen: Option<String>,
     /// Most NBD connections served at once (default 64: qemu opens one per disk, nbdcopy
     /// four). Each connection may keep up to 32 MiB of requests in flight, all of them
-    /// together 64 MiB plus 1 MiB each, so the cap bounds the server's memory. Connections
-    /// beyond it are closed as soon as they are accepted (counted in
+    /// together 64 MiB plus 1 MiB each, so the cap bounds the server's memory. A connection
+    /// takes its slot when the client chooses an export (after TLS, which authenticates it);
+    /// beyond the cap the client is refused (NBD_REP_ERR_POLICY; counted in
     /// condense_nbd_connections_refused_total, and logged at most every 10 seconds).
+    /// Connections still in the handshake have limits of their own: 10 seconds, 128 at once
+    /// and 32 per address, the one idle longest closed first (docs/SECURITY.md).
     #[arg(long, value_name = "N", default_value_t = condense_nbd::DEFAULT_MAX_CONNECTIONS as u32,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,

@@ -5,6 +5,10 @@
 //! 64 KiB and more are instead taken from a pool by power-of-two size class and go back to it
 //! when dropped; their bytes stay initialized, so reuse costs nothing. Smaller requests use
 //! plain vectors: zeroing a few KiB is cheaper than the pool's lock.
+//!
+//! The idle buffers (at most [`IDLE_BYTES_MAX`]) are kept only while clients are in
+//! transmission: when the last one leaves, the server calls [`BufPool::release_idle`], so
+//! what a burst of large requests made does not stay resident in an idle server.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -93,6 +97,26 @@ impl BufPool {
     }
 }
 
+impl BufPool {
+    /// Free every idle buffer, and ask the allocator to hand the freed memory back to the
+    /// OS (glibc keeps freed heap pages otherwise). For when no client is in transmission.
+    pub fn release_idle(&self) {
+        let freed = std::mem::take(&mut *self.lock());
+        drop(freed);
+        return_free_memory();
+    }
+}
+
+/// Hand the allocator's free heap pages back to the OS.
+fn return_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free pages of glibc's heaps; it takes no pointers
+    // and is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A data buffer; pooled ones return to their pool on drop.
 pub struct Buf {
     v: Vec<u8>,
@@ -136,6 +160,16 @@ mod tests {
         assert_eq!(BufPool::alloc_bytes(100), 100);
         let small = pool.take(100);
         assert_eq!(small.as_slice(), &[0u8; 100][..]);
+    }
+
+    #[test]
+    fn release_idle_frees_every_idle_buffer() {
+        let pool = Arc::new(BufPool::default());
+        drop(pool.take(1 << 20));
+        assert_eq!(pool.lock().bytes, 1 << 20);
+        pool.release_idle();
+        assert_eq!(pool.lock().bytes, 0);
+        assert!(pool.lock().by_class.is_empty());
     }
 
     #[test]

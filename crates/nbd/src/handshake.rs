@@ -16,7 +16,7 @@ use crate::wire::{self, ClientOption, GoRequest, MetaContext, MetaRequest, Negot
 use condense_api::Volume;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::watch;
+use tokio::sync::{watch, OwnedSemaphorePermit};
 
 /// Option data accepted in one option; larger data is skipped and answered `ERR_TOO_BIG`.
 pub const OPTION_DATA_BYTES_MAX: u32 = 64 * 1024;
@@ -32,6 +32,9 @@ pub struct Export {
     pub transmission_flags: u16,
     /// The metadata contexts selected for this export, with their ids, in id order.
     pub contexts: Arc<[(u32, MetaContext)]>,
+    /// The transmission slot the connection holds while it serves this export (taken when
+    /// the client chooses it; none for NBD_OPT_INFO).
+    pub slot: Option<OwnedSemaphorePermit>,
 }
 
 /// How the handshake ended.
@@ -375,7 +378,14 @@ async fn export_name<S: AsyncRead + AsyncWrite + Unpin>(
             "NBD_OPT_EXPORT_NAME of an unknown export",
         )));
     };
-    let export = make_export(shared, state, volume);
+    // NBD_OPT_EXPORT_NAME has no error reply: without a slot the only answer is to hang up.
+    let Some(slot) = shared.transmission_slot() else {
+        return Ok(Some(Outcome::Close(
+            "NBD_OPT_EXPORT_NAME with every transmission slot taken",
+        )));
+    };
+    let mut export = make_export(shared, state, volume);
+    export.slot = Some(slot);
     let mut out = Vec::with_capacity(134);
     out.extend_from_slice(&export.negotiated.size.to_be_bytes());
     out.extend_from_slice(&export.transmission_flags.to_be_bytes());
@@ -433,6 +443,7 @@ fn make_export(shared: &Shared, state: &Haggle<'_>, volume: Arc<dyn Volume>) -> 
         transmission_flags: flags,
         volume,
         contexts,
+        slot: None,
     }
 }
 
@@ -461,7 +472,24 @@ async fn info_or_go<S: AsyncRead + AsyncWrite + Unpin>(
             return Ok(None);
         }
     };
-    let export = make_export(shared, state, volume);
+    let mut export = make_export(shared, state, volume);
+    if go {
+        let Some(slot) = shared.transmission_slot() else {
+            error_reply(
+                stream,
+                option,
+                REP_ERR_POLICY,
+                &format!(
+                    "the server serves its maximum of {} connections (serve \
+                     --max-connections); try again later",
+                    shared.config.max_connections
+                ),
+            )
+            .await?;
+            return Ok(None);
+        };
+        export.slot = Some(slot);
+    }
     let mut out = Vec::new();
     wire::put_option_reply(
         &mut out,

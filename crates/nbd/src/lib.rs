@@ -69,7 +69,13 @@
 //! until its reply is written (per connection [`ServerConfig::inflight_bytes_max`], server-wide
 //! [`ServerConfig::server_inflight_bytes_max`] plus a small reserve per connection), so a
 //! client that never reads its replies stops being read; at most
-//! [`ServerConfig::max_connections`] connections are served, more are closed on accept.
+//! [`ServerConfig::max_connections`] connections are in transmission, a slot taken only once
+//! the client has chosen its export (after TLS when it is required). Connections still in the
+//! handshake have a deadline and a register of their own, with a per-address limit on TCP,
+//! which closes the unauthenticated ones idle longest to make room
+//! ([`ServerConfig::max_handshakes`]): a flood of sockets without credentials cannot keep a
+//! client with them out. Shutdown gives clients [`ServerConfig::drain_timeout`] to take their
+//! last replies.
 //!
 //! [`Volume::flush_is_pool_wide`]: condense_api::Volume::flush_is_pool_wide
 //! [`Volume::is_read_only`]: condense_api::Volume::is_read_only
@@ -90,6 +96,7 @@
 
 #![deny(clippy::unwrap_used)]
 
+mod admission;
 mod budget;
 mod buffers;
 #[doc(hidden)]
@@ -105,10 +112,11 @@ pub mod unix_socket;
 pub mod wire;
 mod workers;
 
-pub use metrics::NbdMetrics;
+pub use metrics::{Dropped, NbdMetrics};
 pub use server::{
     is_exportable, serve_stream, Endpoint, Server, ServerConfig, ServerHandle,
-    DEFAULT_MAX_CONNECTIONS, HANDSHAKE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_ADDRESS,
+    HANDSHAKE_TIMEOUT,
 };
 pub use tls::{ExportRules, TlsConfig, TlsError, TlsMode};
 pub use transmission::End;

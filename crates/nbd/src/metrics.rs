@@ -9,15 +9,31 @@
 //! the latency histogram's `_count` agree); its latency runs from the moment its header was
 //! read to the moment its reply was built (queueing on the worker threads included, writing
 //! to the socket not); a request refused before it runs (bad range, read-only export) is
-//! counted in `condense_nbd_requests_refused_total` only; a connection closed at once because
-//! the server has `max_connections` already is counted in
-//! `condense_nbd_connections_refused_total` only.
+//! counted in `condense_nbd_requests_refused_total` only; a client refused its export because
+//! the server has `max_connections` in transmission already is counted in
+//! `condense_nbd_connections_refused_total` only; a connection closed before choosing an
+//! export by the pre-authentication limits ([`crate::admission`], the handshake deadline) is
+//! counted once in `condense_nbd_handshakes_dropped_total`, by reason.
 
 use crate::wire::Command;
 use condense_metrics::{
     Collect, Counter, Encoder, Gauge, Histogram, Kind, LATENCY_BUCKETS_SECONDS,
 };
 use std::time::Duration;
+
+/// Why a connection was closed before it chose an export.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dropped {
+    /// The handshake deadline passed.
+    Timeout,
+    /// Its source address had the most handshakes allowed (the oldest of them is closed).
+    AddressLimit,
+    /// The server had the most handshakes allowed.
+    HandshakeLimit,
+}
+
+/// Label values of [`Dropped`], in its order.
+const DROPPED: [&str; 3] = ["timeout", "address_limit", "handshake_limit"];
 
 /// Label values of the commands measured, in index order.
 const COMMANDS: [&str; 7] = [
@@ -47,6 +63,8 @@ pub struct NbdMetrics {
     refused: Counter,
     connections_refused: Counter,
     inflight_bytes: Gauge,
+    handshakes: Gauge,
+    handshakes_dropped: [Counter; DROPPED.len()],
 }
 
 impl Default for NbdMetrics {
@@ -63,6 +81,8 @@ impl Default for NbdMetrics {
             refused: Counter::default(),
             connections_refused: Counter::default(),
             inflight_bytes: Gauge::default(),
+            handshakes: Gauge::default(),
+            handshakes_dropped: Default::default(),
         }
     }
 }
@@ -107,9 +127,29 @@ impl NbdMetrics {
         ClientGuard(self.clone())
     }
 
-    /// A connection closed at once: the server had its maximum of connections.
+    /// A client refused its export: the server had its maximum of connections.
     pub(crate) fn connection_refused(&self) {
         self.connections_refused.inc();
+    }
+
+    /// A connection closed (or refused) before it chose an export.
+    pub(crate) fn handshake_dropped(&self, why: Dropped) {
+        self.handshakes_dropped[why as usize].inc();
+    }
+
+    /// Connections in the handshake now.
+    pub(crate) fn handshakes_set(&self, n: usize) {
+        self.handshakes.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Connections closed before choosing an export, for `why`.
+    pub fn handshakes_dropped(&self, why: Dropped) -> u64 {
+        self.handshakes_dropped[why as usize].get()
+    }
+
+    /// Connections in the handshake now.
+    pub fn handshakes(&self) -> i64 {
+        self.handshakes.get()
     }
 
     pub(crate) fn inflight_bytes_add(&self, n: i64) {
@@ -209,10 +249,29 @@ impl Collect for NbdMetrics {
         );
         e.counter(
             "condense_nbd_connections_refused_total",
-            "NBD connections closed at once because the server had --max-connections \
-             connections already.",
+            "NBD clients refused the export they chose (NBD_REP_ERR_POLICY, or closed after \
+             NBD_OPT_EXPORT_NAME) because the server served --max-connections connections \
+             already.",
             self.connections_refused.get(),
         );
+        e.gauge(
+            "condense_nbd_handshakes",
+            "NBD connections in the handshake now (accepted, no export chosen yet).",
+            self.handshakes.get() as f64,
+        );
+        let name = "condense_nbd_handshakes_dropped_total";
+        if e.family(
+            name,
+            "NBD connections closed before choosing an export, by reason: timeout (the \
+             handshake deadline passed), address_limit (their source address had the most \
+             handshakes allowed), handshake_limit (the server had the most handshakes \
+             allowed).",
+            Kind::Counter,
+        ) {
+            for (label, c) in DROPPED.iter().zip(&self.handshakes_dropped) {
+                e.sample(name, &[("reason", label)], c.get() as f64);
+            }
+        }
         e.gauge(
             "condense_nbd_inflight_bytes",
             "Bytes of the in-flight budget held now by NBD requests whose replies are not \
@@ -258,6 +317,10 @@ mod tests {
             "condense_nbd_connections_total 1",
             "condense_nbd_connections_refused_total 0",
             "condense_nbd_inflight_bytes 0",
+            "condense_nbd_handshakes 0",
+            "condense_nbd_handshakes_dropped_total{reason=\"timeout\"} 0",
+            "condense_nbd_handshakes_dropped_total{reason=\"address_limit\"} 0",
+            "condense_nbd_handshakes_dropped_total{reason=\"handshake_limit\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

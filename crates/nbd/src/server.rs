@@ -1,27 +1,32 @@
 //! Listeners, connections and shutdown.
 //!
-//! Owns: the listening sockets, the cap on connections, and each connection from accept to
-//! close. A connection beyond [`ServerConfig::max_connections`] is closed as soon as it is
-//! accepted, before the greeting (nothing is allocated for it), counted in
-//! `condense_nbd_connections_refused_total`, and logged at most once per
-//! [`REFUSAL_LOG_INTERVAL`]. A client gets [`HANDSHAKE_TIMEOUT`] from accept to the end of
-//! option haggling, so idle sockets cannot keep the slots of the cap forever.
-
+//! Owns: the listening sockets, the caps on connections, and each connection from accept to
+//! close. A connection first joins the register of handshakes ([`crate::admission`]: at most
+//! [`ServerConfig::max_handshakes`], [`ServerConfig::max_handshakes_per_address`] per TCP
+//! source address, the one idle longest closed to make room) and has
+//! [`ServerConfig::handshake_timeout`] from accept to choosing an export, TLS handshake
+//! included. Only then does it take one of the [`ServerConfig::max_connections`] transmission
+//! slots: a client without credentials never holds one. A client that chooses an export while
+//! every slot is taken is refused with `NBD_REP_ERR_POLICY` (NBD_OPT_GO) or a hang-up
+//! (NBD_OPT_EXPORT_NAME), counted in `condense_nbd_connections_refused_total` and logged at
+//! most once per [`crate::admission::LOG_INTERVAL`]. At shutdown connections get
+//! [`ServerConfig::drain_timeout`] to take the replies of requests in flight, then are closed.
+use crate::admission::{Handshakes, RateLimitedLog, Stage, Ticket};
 use crate::budget::Budget;
 use crate::buffers::BufPool;
 use crate::handshake::{self, Outcome, Security, Session};
-use crate::metrics::NbdMetrics;
-use crate::tls::{Access, TlsConfig};
+use crate::metrics::{Dropped, NbdMetrics};
+use crate::tls::{Access, TlsConfig, TlsStream};
 use crate::transmission::{self, End};
 use crate::workers::Workers;
 use crate::NbdError;
 use condense_api::{Catalog, Volume, VolumeError};
 use std::fmt;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -55,9 +60,19 @@ pub struct ServerConfig {
     /// Bytes of requests and replies all connections together may have in flight, beyond the
     /// 1 MiB each connection always has of its own ([`crate::budget::RESERVE_BYTES`]).
     pub server_inflight_bytes_max: usize,
-    /// Connections served at once (handshake or transmission); more are closed on accept.
+    /// Connections in the transmission phase at once; a client choosing an export beyond it
+    /// is refused.
     pub max_connections: usize,
-    /// How long shutdown waits for connections to answer what they have in flight.
+    /// Connections in the handshake (accepted, no export chosen) at once; beyond it the
+    /// unauthenticated one idle longest is closed ([`crate::admission`]).
+    pub max_handshakes: usize,
+    /// Connections in the handshake at once from one TCP source address (IPv6: one /64).
+    pub max_handshakes_per_address: usize,
+    /// How long a client may take from accept to choosing an export (greeting, options, TLS
+    /// handshake).
+    pub handshake_timeout: Duration,
+    /// How long shutdown waits for connections to take the replies of what they have in
+    /// flight before closing them.
     pub drain_timeout: Duration,
     /// Threads that run Volume API calls for all connections.
     pub worker_threads: usize,
@@ -79,7 +94,12 @@ impl Default for ServerConfig {
             // Twice one connection: two clients that never read cannot take more.
             server_inflight_bytes_max: 64 * 1024 * 1024,
             max_connections: DEFAULT_MAX_CONNECTIONS,
-            drain_timeout: Duration::from_secs(30),
+            max_handshakes: DEFAULT_MAX_HANDSHAKES,
+            max_handshakes_per_address: DEFAULT_MAX_HANDSHAKES_PER_ADDRESS,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            // Clients that read take their replies in milliseconds; this bounds shutdown for
+            // those that do not.
+            drain_timeout: Duration::from_secs(3),
             worker_threads: 4,
             tls: None,
             socket_access: crate::unix_socket::Access::Owner,
@@ -92,12 +112,18 @@ impl Default for ServerConfig {
 /// (1 MiB each) and buffers stay small.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 
-/// How long a client may take from connecting to choosing an export (greeting, options,
-/// TLS handshake): clients take milliseconds; an idle socket loses its slot after this.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections in the handshake at once by default: twice the transmission slots, so clients
+/// connecting together are never short of room, yet a flood of idle or unauthenticated
+/// sockets holds little (no buffers, no volume).
+pub const DEFAULT_MAX_HANDSHAKES: usize = 128;
 
-/// Connections refused beyond the cap are logged at most once per this interval.
-pub const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Connections in the handshake at once from one TCP source address by default: more than a
+/// host starting many VMs at once opens, a quarter of [`DEFAULT_MAX_HANDSHAKES`].
+pub const DEFAULT_MAX_HANDSHAKES_PER_ADDRESS: usize = 32;
+
+/// How long a client may take from connecting to choosing an export (greeting, options,
+/// TLS handshake) by default: clients take milliseconds, even over a slow link.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What every connection shares.
 pub struct Shared {
@@ -108,10 +134,12 @@ pub struct Shared {
     pub metrics: Arc<NbdMetrics>,
     /// The server-wide in-flight budget.
     pub budget: Budget,
-    /// One permit per connection being served.
+    /// One permit per connection in the transmission phase.
     slots: Arc<Semaphore>,
-    /// Refusals not logged yet, and when the last log line was written.
-    refusals: Mutex<(u64, Option<Instant>)>,
+    /// Connections in the handshake.
+    handshakes: Arc<Handshakes>,
+    /// Refusals for want of a transmission slot.
+    refusals: RateLimitedLog,
 }
 
 impl Shared {
@@ -124,7 +152,12 @@ impl Shared {
             slots: Arc::new(Semaphore::new(
                 config.max_connections.clamp(1, Semaphore::MAX_PERMITS),
             )),
-            refusals: Mutex::new((0, None)),
+            handshakes: Arc::new(Handshakes::new(
+                config.max_handshakes,
+                config.max_handshakes_per_address,
+                metrics.clone(),
+            )),
+            refusals: RateLimitedLog::default(),
             config,
             workers,
             buffers: Arc::new(BufPool::default()),
@@ -132,23 +165,20 @@ impl Shared {
         })
     }
 
-    /// A slot for a new connection, or `None` (counted and logged) when all are taken.
-    fn admit(&self) -> Option<OwnedSemaphorePermit> {
+    /// A transmission slot for a client that chose its export, or `None` (counted and
+    /// logged) when all are taken.
+    pub(crate) fn transmission_slot(&self) -> Option<OwnedSemaphorePermit> {
         if let Ok(slot) = self.slots.clone().try_acquire_owned() {
             return Some(slot);
         }
         self.metrics.connection_refused();
-        let mut r = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
-        r.0 += 1;
-        if r.1.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_INTERVAL) {
+        self.refusals.event(|n| {
             tracing::warn!(
-                "refused {} NBD connection(s) since the last report: {} clients are connected, \
-                 the maximum (--max-connections)",
-                r.0,
+                "refused {n} NBD client(s) their export since the last report: {} clients \
+                 are served, the maximum (--max-connections)",
                 self.config.max_connections
             );
-            *r = (0, Some(Instant::now()));
-        }
+        });
         None
     }
 }
@@ -276,10 +306,15 @@ impl Server {
                 config.payload_bytes_max
             )));
         }
-        if config.max_connections == 0 {
-            return Err(NbdError::Config(
-                "max_connections is 0: no client could connect".to_string(),
-            ));
+        if config.max_connections == 0
+            || config.max_handshakes == 0
+            || config.max_handshakes_per_address == 0
+        {
+            return Err(NbdError::Config(format!(
+                "max_connections {}, max_handshakes {} and max_handshakes_per_address {} must \
+                 all be at least 1, or no client could connect",
+                config.max_connections, config.max_handshakes, config.max_handshakes_per_address
+            )));
         }
         let mut listeners = Vec::new();
         let mut bound = Vec::new();
@@ -426,27 +461,44 @@ impl Drop for ServerHandle {
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
 
+/// A connection just accepted: the socket, its source for the per-address limit (none for
+/// Unix sockets), and the peer for the log.
+type Accepted<C> = (C, Option<IpAddr>, String);
+
 /// A listener of either kind.
 trait Acceptor: Send + 'static {
     type Conn: Stream;
-    fn accept_one(&self) -> impl Future<Output = std::io::Result<(Self::Conn, String)>> + Send;
+    fn accept_one(&self) -> impl Future<Output = std::io::Result<Accepted<Self::Conn>>> + Send;
 }
 
 impl Acceptor for tokio::net::TcpListener {
     type Conn = tokio::net::TcpStream;
-    async fn accept_one(&self) -> std::io::Result<(Self::Conn, String)> {
+    async fn accept_one(&self) -> std::io::Result<Accepted<Self::Conn>> {
         let (s, peer) = self.accept().await?;
         // Replies are written whole; delaying small ones only adds latency.
         s.set_nodelay(true)?;
-        Ok((s, peer.to_string()))
+        Ok((s, Some(source_address(peer.ip())), peer.to_string()))
     }
 }
 
 impl Acceptor for tokio::net::UnixListener {
     type Conn = tokio::net::UnixStream;
-    async fn accept_one(&self) -> std::io::Result<(Self::Conn, String)> {
+    async fn accept_one(&self) -> std::io::Result<Accepted<Self::Conn>> {
         let (s, _) = self.accept().await?;
-        Ok((s, "unix".to_string()))
+        Ok((s, None, "unix".to_string()))
+    }
+}
+
+/// The source a TCP peer counts under for the per-address limit: its IPv4 address (also when
+/// mapped into IPv6), or its IPv6 /64 (one host usually has a whole /64 to pick from).
+fn source_address(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let mut o = v6.octets();
+            o[8..].fill(0);
+            IpAddr::from(o)
+        }
+        v4 => v4,
     }
 }
 
@@ -463,9 +515,9 @@ async fn accept_loop<A: Acceptor>(
             _ = stop.changed() => break,
         };
         match accepted {
-            Ok((stream, peer)) => {
-                // Beyond the cap: closed now, before the greeting allocates anything.
-                let Some(slot) = shared.admit() else {
+            Ok((stream, source, peer)) => {
+                // No room even after closing older handshakes: closed now, before the greeting.
+                let Some(ticket) = shared.handshakes.admit(source) else {
                     drop(stream);
                     continue;
                 };
@@ -473,8 +525,7 @@ async fn accept_loop<A: Acceptor>(
                 let shared = shared.clone();
                 let stop = stop.clone();
                 conns.spawn(async move {
-                    let end = connection(stream, shared, stop).await;
-                    drop(slot);
+                    let end = connection(stream, shared, stop, ticket).await;
                     tracing::debug!(peer, ?end, "connection closed");
                 });
             }
@@ -494,26 +545,56 @@ async fn accept_loop<A: Acceptor>(
     }
 }
 
-/// How long a client may take over its TLS handshake.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A connection whose handshake chose an export, holding its transmission slot.
+enum Ready<S> {
+    Plain(S, handshake::Export),
+    Tls(Box<TlsStream<S>>, handshake::Export),
+}
 
 /// Serve one connection from greeting to close: plaintext, or upgraded to TLS by STARTTLS
-/// (then everything after it, transmission included, is encrypted).
+/// (then everything after it, transmission included, is encrypted). The handshake ends at
+/// the deadline, or when the register of handshakes closes the connection to make room.
 pub async fn connection<S: Stream>(
-    mut stream: S,
+    stream: S,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
+    ticket: Ticket,
 ) -> End {
     let _client = shared.metrics.client();
-    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
-    let late = || End::Io(format!("no export chosen within {HANDSHAKE_TIMEOUT:?}"));
-    let no_zeroes =
-        match tokio::time::timeout_at(deadline, handshake::greet(&mut stream, &mut stop)).await {
-            Err(_) => return late(),
-            Ok(Ok(Some(no_zeroes))) => no_zeroes,
-            Ok(Ok(None)) => return End::Closed,
-            Ok(Err(e)) => return End::Io(e.to_string()),
-        };
+    let Ticket { place, evicted } = ticket;
+    let limit = shared.config.handshake_timeout;
+    let ready = tokio::select! {
+        r = tokio::time::timeout(limit, handshake_phase(stream, &shared, &mut stop, &place)) => r,
+        () = evicted.wait() => {
+            return End::Io("closed in the handshake to make room for newer connections".into())
+        }
+    };
+    // Out of the register: the export is chosen, or the connection ends.
+    drop(place);
+    match ready {
+        Err(_) => {
+            shared.metrics.handshake_dropped(Dropped::Timeout);
+            End::Io(format!("no export chosen within {limit:?}"))
+        }
+        Ok(Err(end)) => end,
+        Ok(Ok(Ready::Plain(s, export))) => transmit(s, export, &shared, stop).await,
+        Ok(Ok(Ready::Tls(s, export))) => transmit(*s, export, &shared, stop).await,
+    }
+}
+
+/// The handshake: greeting, options, and if the client asks, TLS and options again.
+async fn handshake_phase<S: Stream>(
+    mut stream: S,
+    shared: &Arc<Shared>,
+    stop: &mut watch::Receiver<bool>,
+    place: &crate::admission::Place,
+) -> Result<Ready<S>, End> {
+    let no_zeroes = match handshake::greet(&mut stream, stop).await {
+        Ok(Some(no_zeroes)) => no_zeroes,
+        Ok(None) => return Err(End::Closed),
+        Err(e) => return Err(End::Io(e.to_string())),
+    };
+    place.advance(Stage::Haggling);
     let tls = shared.config.tls.clone();
     let session = Session {
         security: tls
@@ -522,61 +603,49 @@ pub async fn connection<S: Stream>(
         access: Access::All,
         no_zeroes,
     };
-    let negotiated = tokio::time::timeout_at(
-        deadline,
-        handshake::negotiate(&mut stream, &shared, &mut stop, &session),
-    )
-    .await;
-    let Ok(negotiated) = negotiated else {
-        return late();
-    };
-    match negotiated {
-        Ok(Outcome::Transmission(export)) => transmit(stream, export, &shared, stop).await,
+    match handshake::negotiate(&mut stream, shared, stop, &session).await {
+        Ok(Outcome::Transmission(export)) => return Ok(Ready::Plain(stream, export)),
         Ok(Outcome::Close(why)) => {
             tracing::debug!(why, "handshake ended");
-            End::Closed
+            return Err(End::Closed);
         }
-        Err(e) => End::Io(e.to_string()),
-        Ok(Outcome::StartTls) => {
-            let Some(tls) = tls else {
-                return End::ProtocolViolation("STARTTLS without TLS settings".to_string());
-            };
-            let accepted = tokio::select! {
-                r = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(stream)) => r,
-                _ = stop.changed() => return End::Shutdown,
-            };
-            let (mut stream, names, access) = match accepted {
-                Ok(Ok(accepted)) => accepted,
-                Ok(Err(e)) => {
-                    tracing::info!("TLS handshake failed: {e}");
-                    return End::Io(format!("TLS handshake: {e}"));
-                }
-                Err(_) => return End::Io("TLS handshake timed out".to_string()),
-            };
-            tracing::debug!(?names, ?access, "TLS established");
-            let session = Session {
-                security: Security::Tls,
-                access,
-                no_zeroes,
-            };
-            let negotiated = tokio::time::timeout_at(
-                deadline,
-                handshake::negotiate(&mut stream, &shared, &mut stop, &session),
-            )
-            .await;
-            let Ok(negotiated) = negotiated else {
-                return late();
-            };
-            match negotiated {
-                Ok(Outcome::Transmission(export)) => transmit(stream, export, &shared, stop).await,
-                Ok(Outcome::StartTls) => End::ProtocolViolation("STARTTLS twice".to_string()),
-                Ok(Outcome::Close(why)) => {
-                    tracing::debug!(why, "handshake over TLS ended");
-                    End::Closed
-                }
-                Err(e) => End::Io(e.to_string()),
-            }
+        Err(e) => return Err(End::Io(e.to_string())),
+        Ok(Outcome::StartTls) => {}
+    }
+    let Some(tls) = tls else {
+        return Err(End::ProtocolViolation(
+            "STARTTLS without TLS settings".to_string(),
+        ));
+    };
+    place.advance(Stage::Tls);
+    let accepted = tokio::select! {
+        r = tls.accept(stream) => r,
+        _ = stop.changed() => return Err(End::Shutdown),
+    };
+    let (mut stream, names, access) = match accepted {
+        Ok(accepted) => accepted,
+        Err(e) => {
+            tracing::info!("TLS handshake failed: {e}");
+            return Err(End::Io(format!("TLS handshake: {e}")));
         }
+    };
+    tracing::debug!(?names, ?access, "TLS established");
+    if tls.authenticates_clients() {
+        place.advance(Stage::Authenticated);
+    }
+    let session = Session {
+        security: Security::Tls,
+        access,
+        no_zeroes,
+    };
+    match handshake::negotiate(&mut stream, shared, stop, &session).await {
+        Ok(Outcome::Transmission(export)) => Ok(Ready::Tls(Box::new(stream), export)),
+        Ok(Outcome::StartTls) => Err(End::ProtocolViolation("STARTTLS twice".to_string())),
+        Ok(Outcome::Close(why)) => {
+            tracing::debug!(why, "handshake over TLS ended");
+            Err(End::Closed)
+        }
+        Err(e) => Err(End::Io(e.to_string())),
     }
 }
 
@@ -589,7 +658,7 @@ async fn transmit<S: Stream>(
 ) -> End {
     tracing::debug!(export = export.volume.name(), "transmission");
     let (r, w) = tokio::io::split(stream);
-    transmission::serve(
+    let end = transmission::serve(
         r,
         w,
         export,
@@ -599,7 +668,20 @@ async fn transmit<S: Stream>(
         shared.budget.connection(shared.config.inflight_bytes_max),
         stop,
     )
-    .await
+    .await;
+    // The export, and its slot, are dropped: the last client gone, the server's memory goes
+    // back to its idle size.
+    if shared.slots.available_permits()
+        == shared
+            .config
+            .max_connections
+            .clamp(1, Semaphore::MAX_PERMITS)
+    {
+        let buffers = shared.buffers.clone();
+        // Off the async threads: trimming the heap walks it.
+        drop(tokio::task::spawn_blocking(move || buffers.release_idle()));
+    }
+    end
 }
 
 /// Serve one already-connected stream (a socketpair, an in-memory duplex) until it closes.
@@ -614,5 +696,8 @@ pub async fn serve_stream<S: Stream>(
         Ok(s) => Arc::new(s),
         Err(e) => return End::Io(format!("cannot start worker threads: {e}")),
     };
-    connection(stream, shared, rx).await
+    let Some(ticket) = shared.handshakes.admit(None) else {
+        return End::Io("no room in the register of handshakes".to_string());
+    };
+    connection(stream, shared, rx, ticket).await
 }

@@ -125,7 +125,9 @@ where
 {
     // Unbounded as a channel, bounded by the budget: every reply on it holds a permit.
     let (tx, rx) = mpsc::unbounded_channel::<Reply>();
-    let writer_task = tokio::spawn(write_replies(writer, rx));
+    // Aborted if this connection is dropped (shutdown past its drain timeout): the socket then
+    // closes even while a client that never reads keeps the writer waiting.
+    let mut writer_task = AbortOnDrop(tokio::spawn(write_replies(writer, rx)));
     let block_size = export.volume.block_size().max(1) as usize;
     let mut conn = Conn {
         // Pipelined clients send many requests per segment: read them from a buffer, not with
@@ -152,10 +154,19 @@ where
     // server's drain timeout bounds this for a client that does not read).
     conn.budget.drained().await;
     drop(conn.tx);
-    match writer_task.await {
+    match (&mut writer_task.0).await {
         Ok(Ok(())) => end,
         Ok(Err(e)) if end == End::Disconnect || end == End::Shutdown => End::Io(e.to_string()),
         _ => end,
+    }
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

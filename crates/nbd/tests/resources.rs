@@ -2,7 +2,8 @@
 //! outside the in-flight budget (60 MiB of out-of-range reads, never read back, took a server
 //! from 11 to 504 MiB), and there was no cap on connections. These tests pin that a client
 //! that never reads stops being read with no more than its budget held, that other clients
-//! are served meanwhile, that connections beyond the cap are closed at once and counted, and
+//! are served meanwhile, that clients beyond the cap are refused their export and counted, that idle sockets
+//! and handshakes past their deadline cannot keep a client out, and
 //! that block status replies are bounded whatever the volume's map looks like.
 
 mod common;
@@ -12,7 +13,7 @@ use condense_api::mem::MemCatalog;
 use condense_api::Catalog;
 use condense_nbd::proto::*;
 use condense_nbd::{Endpoint, NbdMetrics, Server, ServerConfig, ServerHandle};
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -129,7 +130,7 @@ fn condense_nbd_refused(m: &NbdMetrics) -> u64 {
 }
 
 #[test]
-fn connections_beyond_the_cap_are_closed_at_once_and_counted() -> TestResult {
+fn clients_beyond_the_cap_are_refused_their_export_and_counted() -> TestResult {
     let config = ServerConfig {
         max_connections: 3,
         ..ServerConfig::default()
@@ -138,19 +139,20 @@ fn connections_beyond_the_cap_are_closed_at_once_and_counted() -> TestResult {
     let mut held: Vec<Client> = (0..3)
         .map(|_| Client::open(addr(&h), "vm1"))
         .collect::<Result<_, _>>()?;
-    for _ in 0..200 {
-        let mut s = TcpStream::connect(addr(&h))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut b = [0u8; 18];
-        // Closed without a greeting (EOF, or a reset).
-        match s.read(&mut b) {
-            Ok(0) => {}
-            Ok(n) => panic!("{n} bytes from a connection beyond the cap"),
-            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
-            Err(e) => panic!("connection beyond the cap: {e}"),
-        }
+    for _ in 0..50 {
+        // The handshake goes on; choosing an export is refused with a reason, and the client
+        // may still abort cleanly.
+        let mut c = Client::connect(addr(&h))?;
+        let r = c.go("vm1", &[])?;
+        assert_eq!(final_kind(&r), Some(REP_ERR_POLICY), "{r:?}");
+        let r = c.option(OPT_ABORT, &[])?;
+        assert_eq!(final_kind(&r), Some(REP_ACK));
     }
-    assert_eq!(metrics.connections_refused(), 200);
+    // NBD_OPT_EXPORT_NAME has no error reply: the server hangs up.
+    let mut c = Client::connect(addr(&h))?;
+    c.send_option(OPT_EXPORT_NAME, b"vm1")?;
+    c.expect_closed();
+    assert_eq!(metrics.connections_refused(), 51);
     // Those connected are served all along.
     for (i, c) in held.iter_mut().enumerate() {
         let d = pattern(i as u64, 4096);
@@ -163,6 +165,60 @@ fn connections_beyond_the_cap_are_closed_at_once_and_counted() -> TestResult {
     while metrics.clients() > 2 && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
     }
+    still_serving(addr(&h))?;
+    Ok(())
+}
+
+#[test]
+fn idle_sockets_cannot_keep_a_client_out() -> TestResult {
+    let config = ServerConfig {
+        max_handshakes: 8,
+        max_handshakes_per_address: 4,
+        ..ServerConfig::default()
+    };
+    let (h, metrics) = start_with_metrics(catalog(), config);
+    // Far more idle sockets than the register holds, all from the client's own address.
+    let idle: Vec<TcpStream> = (0..200)
+        .map(|_| TcpStream::connect(addr(&h)))
+        .collect::<Result<_, _>>()?;
+    for _ in 0..20 {
+        let mut c = Client::open(addr(&h), "vm1")?;
+        let d = pattern(7, 4096);
+        assert_eq!(c.write(0, &d, 0)?, 0);
+        assert_eq!(c.read(0, 4096)?, Ok(d));
+        // A few more idle sockets while it is connected: it is past the handshake.
+        let _more: Vec<TcpStream> = (0..10)
+            .map(|_| TcpStream::connect(addr(&h)))
+            .collect::<Result<_, _>>()?;
+        assert_eq!(c.read(0, 4096)?, Ok(pattern(7, 4096)));
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while metrics.handshakes() > 4 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(metrics.handshakes() <= 4, "the address limit holds");
+    assert!(metrics.handshakes_dropped(condense_nbd::Dropped::AddressLimit) >= 196);
+    drop(idle);
+    Ok(())
+}
+
+#[test]
+fn a_handshake_past_its_deadline_is_closed_and_counted() -> TestResult {
+    let config = ServerConfig {
+        handshake_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let (h, metrics) = start_with_metrics(catalog(), config);
+    let mut c = Client::connect(addr(&h))?;
+    std::thread::sleep(Duration::from_millis(600));
+    // The server hung up; an option written now fails or reads EOF.
+    let _ = c.send_option(OPT_LIST, &[]);
+    c.expect_closed();
+    assert_eq!(
+        metrics.handshakes_dropped(condense_nbd::Dropped::Timeout),
+        1
+    );
+    assert_eq!(metrics.handshakes(), 0);
     still_serving(addr(&h))?;
     Ok(())
 }
