@@ -393,14 +393,14 @@ pub(crate) fn open_pool(path: &Path, read_only: bool) -> Result<Arc<Pool>> {
     open_pool_with(path, read_only, &MetadataCacheArg::default())
 }
 
-/// `r`, the outcome of a command's work on `pool`, which the command opened. On failure the
-/// pool is closed before the error is returned, so that a refused command (an import whose
-/// input is longer than `--size`, say, which deletes what it wrote) leaves the pool clean
-/// rather than needing recovery at the next open. The command's error wins over one of the
-/// close, which is only printed.
+/// `r`, the outcome of a command's work on `pool`, which the command opened. On failure after
+/// a change (an import whose input is longer than `--size`, say, which deletes what it wrote)
+/// the pool is closed before the error is returned, so that it is left clean rather than
+/// needing recovery at the next open; a failure before any change leaves every file as it
+/// was. The command's error wins over one of the close, which is only printed.
 fn closing<T, E: Into<anyhow::Error>>(pool: &Pool, r: std::result::Result<T, E>) -> Result<T> {
     let r = r.map_err(Into::into);
-    if r.is_err() {
+    if r.is_err() && pool.has_unsaved_changes() {
         if let Err(e) = pool.close() {
             eprintln!("condense: warning: closing the pool after the error below failed: {e}");
         }

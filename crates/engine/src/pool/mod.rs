@@ -331,6 +331,14 @@ impl Pool {
         &*self.dir
     }
 
+    /// True if records were appended since the last checkpoint (or the open): a
+    /// [`Pool::close`] would write something. A command that failed before changing anything
+    /// leaves the pool's files as they were by not closing it.
+    pub fn has_unsaved_changes(&self) -> bool {
+        let st = lock(&self.state);
+        st.appended > st.checkpointed
+    }
+
     /// Make everything durable and write a checkpoint, so the next open replays nothing.
     pub fn close(&self) -> Result<()> {
         if self.read_only {
