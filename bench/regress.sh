@@ -16,6 +16,7 @@
 #   SKIP_FIO=1 / SKIP_IMPORT=1 bench/regress.sh ...         # one half only
 #   FIO_JOBS="seqwrite1m lat4k" SIZE=1G RUNTIME=15 ...      # passed to fio-bench.sh
 #   COMPRESSION=zstd:3 ...                                  # the pools' compression (lz4)
+#   OLD_BINARY=/tmp/condense-old ...      # OLD_COMMIT's binary, built already (named in the output)
 #
 # The old commit is built in a worktree of its own under target/regress/ (its target directory
 # is kept there, so a second run against the same commit builds nothing). The new build is
@@ -35,14 +36,18 @@ mkdir -p "$REG" "$WORK"
 old_rev=$(git -C "$ROOT" rev-parse --verify "$OLD^{commit}")
 short=$(git -C "$ROOT" rev-parse --short "$old_rev")
 tree=$REG/$short
-if [ ! -d "$tree" ]; then
-    git -C "$ROOT" worktree add --detach "$tree" "$old_rev" >/dev/null
+if [ -n "${OLD_BINARY:-}" ]; then
+    echo "== old ($short): $OLD_BINARY, as given (not built here)"
+else
+    if [ ! -d "$tree" ]; then
+        git -C "$ROOT" worktree add --detach "$tree" "$old_rev" >/dev/null
+    fi
+    echo "== building old ($short) in $tree"
+    (cd "$tree" && CARGO_TARGET_DIR=$tree/target cargo build --release -p condense 2>&1 | tail -1)
 fi
-echo "== building old ($short) in $tree"
-(cd "$tree" && CARGO_TARGET_DIR=$tree/target cargo build --release -p condense 2>&1 | tail -1)
 echo "== building new ($(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ', with uncommitted changes'))"
 (cd "$ROOT" && cargo build --release -p condense 2>&1 | tail -1)
-cp "$tree/target/release/condense" "$WORK/condense-old"
+cp "${OLD_BINARY:-$tree/target/release/condense}" "$WORK/condense-old"
 cp "${CARGO_TARGET_DIR:-$ROOT/target}/release/condense" "$WORK/condense-new"
 RESULTS=$WORK/results.jsonl
 : >"$RESULTS"

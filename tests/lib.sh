@@ -139,6 +139,24 @@ serving_vm() { [ -S "$POOL/control.sock" ] && nbdinfo --size "nbd://127.0.0.1:$P
 stop_server() { kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=; }
 kill9_server() { kill -KILL "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null; SERVER_PID=; }
 
+# expect_le NAME VALUE MAX / expect_ge NAME VALUE MIN: pass if the integer VALUE is at most MAX
+# / at least MIN (an empty VALUE fails).
+expect_le() {
+    if [ -n "$2" ] && [ "$2" -le "$3" ]; then ok "$1 ($2 <= $3)"; else
+        echo "got '$2', want at most $3" >"$W/out"
+        fail "$1"
+    fi
+}
+expect_ge() {
+    if [ -n "$2" ] && [ "$2" -ge "$3" ]; then ok "$1 ($2 >= $3)"; else
+        echo "got '$2', want at least $3" >"$W/out"
+        fail "$1"
+    fi
+}
+
+# kib PID FIELD: a /proc/PID/status figure in KiB (VmRSS, VmHWM).
+kib() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
+
 # summary: print the counts; the return status is non-zero if anything failed.
 summary() {
     echo

@@ -44,24 +44,9 @@ cleanup() {
 trap cleanup EXIT
 
 finish() { summary; exit $?; }
-kib() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 fds() { find "/proc/$1/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 metric() { curl -sf --max-time 3 "$METRICS" | awk -v s="$1" '$1 == s { print $2 }'; }
-# expect_le NAME VALUE MAX: pass if the integer VALUE is at most MAX.
-expect_le() {
-    if [ -n "$2" ] && [ "$2" -le "$3" ]; then ok "$1 ($2 <= $3)"; else
-        echo "got '$2', want at most $3" >"$W/out"
-        fail "$1"
-    fi
-}
-# expect_ge NAME VALUE MIN: pass if the integer VALUE is at least MIN.
-expect_ge() {
-    if [ -n "$2" ] && [ "$2" -ge "$3" ]; then ok "$1 ($2 >= $3)"; else
-        echo "got '$2', want at least $3" >"$W/out"
-        fail "$1"
-    fi
-}
 
 # The slow clients, in python3.
 cat >"$W/flood.py" <<'EOF'

@@ -45,20 +45,6 @@ trap cleanup EXIT
 finish() { summary; exit $?; }
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
 metric() { curl -sf "$METRICS" | awk -v s="$1" '$1 == s { print $2 }'; }
-kib() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
-# expect_le NAME VALUE MAX / expect_ge NAME VALUE MIN: integer comparisons.
-expect_le() {
-    if [ -n "$2" ] && [ "$2" -le "$3" ]; then ok "$1 ($2 <= $3)"; else
-        echo "got '$2', want at most $3" >"$W/out"
-        fail "$1"
-    fi
-}
-expect_ge() {
-    if [ -n "$2" ] && [ "$2" -ge "$3" ]; then ok "$1 ($2 >= $3)"; else
-        echo "got '$2', want at least $3" >"$W/out"
-        fail "$1"
-    fi
-}
 # serve_with ARGS...: serve the pool with ARGS and metrics; ready once the log says so.
 serve_with() {
     rm -f "$W/server.log"

@@ -53,16 +53,8 @@ trap cleanup EXIT
 
 finish() { summary; exit $?; }
 c() { "$CONDENSE" --pool "$POOL" "$@"; }
-kib() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 metric() { curl -sf "$METRICS" | awk -v s="$1" '$1 == s { print $2 }'; }
-# expect_le NAME VALUE MAX: pass if the integer VALUE is at most MAX.
-expect_le() {
-    if [ -n "$2" ] && [ "$2" -le "$3" ]; then ok "$1 ($2 <= $3)"; else
-        echo "got '$2', want at most $3" >"$W/out"
-        fail "$1"
-    fi
-}
 
 # serve_nbd ARGS...: serve the pool on $SOCK (and metrics), ready once vm answers.
 serve_nbd() {
