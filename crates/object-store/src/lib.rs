@@ -44,7 +44,7 @@ mod s3;
 
 pub use error::{Error, Op, Result, SizeText};
 pub use local::LocalBackend;
-pub use s3::{S3Backend, S3Config, Timeouts};
+pub use s3::{redacted, S3Backend, S3Config, Timeouts};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -666,7 +666,7 @@ impl ObjectBackend for S3Backend {
 /// `url` as an error may show it: a user name or password (between `://` and the last `@`
 /// before the path) and a query or fragment (`?...`, `#...`) replaced by `***`, since any of
 /// them may hold a secret.
-fn redacted(url: &str) -> String {
+pub fn redacted(url: &str) -> String {
     let (head, tail) = match url.find(['?', '#']) {
         Some(cut) => (&url[..cut], "?***"),
         None => (url, ""),

@@ -89,12 +89,12 @@ pub fn parse_s3_url(url: &str) -> Result<(String, String)> {
     let rest = url.strip_prefix("s3://").ok_or_else(|| {
         Error::Invalid(format!("{url:?} is not an S3 URL: give s3://BUCKET/PREFIX"))
     })?;
-    if let Some(cut) = url.find(['?', '#']) {
+    if url.contains(['?', '#']) {
         return Err(Error::Invalid(format!(
-            "{}?*** has a query or fragment in it (not shown: it may hold a secret): give \
+            "{} has a query or fragment in it (not shown: it may hold a secret): give \
              s3://BUCKET/PREFIX, and the credentials with --credentials FILE or in the \
              environment, never on the command line",
-            without_userinfo(&url[..cut]).unwrap_or_else(|| url[..cut].to_string())
+            condense_object_store::redacted(url)
         )));
     }
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -128,14 +128,13 @@ fn without_userinfo(url: &str) -> Option<String> {
 /// query (`?X-Amz-Credential=...&password=...`): they would sit in the process list, the shell
 /// history and `remote.conf`. The error shows the URL without them.
 pub fn check_endpoint(endpoint: &str) -> Result<()> {
-    if let Some(cut) = endpoint.find(['?', '#']) {
-        let head = &endpoint[..cut];
+    if endpoint.contains(['?', '#']) {
         return Err(Error::Invalid(format!(
-            "the S3 endpoint {}?*** has a query or fragment in it (not shown: it may hold a \
+            "the S3 endpoint {} has a query or fragment in it (not shown: it may hold a \
              secret): give the endpoint as http(s)://HOST[:PORT], and the credentials with \
              --credentials FILE (lines AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=..., \
              mode 0600) or in the environment, never on the command line",
-            without_userinfo(head).unwrap_or_else(|| head.to_string())
+            condense_object_store::redacted(endpoint)
         )));
     }
     match without_userinfo(endpoint) {
