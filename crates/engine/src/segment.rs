@@ -13,8 +13,10 @@
 //!   on that: a flush writes and waits for every batch, then syncs ([`Segments::take_dirty`]).
 //! - Where the directory offers direct I/O, batches are written by one background thread
 //!   (the segment writer), in the order they were staged, while writers go on hashing and
-//!   staging (at most [`MAX_QUEUED_BYTES`] queued); elsewhere (the simulator, S3 staging
-//!   without direct I/O) under the state lock, at once. A failed batch write poisons the
+//!   staging (at most [`MAX_QUEUED_BYTES`] queued), except the last batch of a flush, which
+//!   the flush writes itself once the queue is empty ([`Segments::write_all`]); elsewhere
+//!   (the simulator, S3 staging without direct I/O) under the state lock, at once. So
+//!   batches reach a file in staging order everywhere. A failed batch write poisons the
 //!   pool: records of writes already acknowledged were in it.
 //! - A segment with batches not yet finished is not destaged, collected or cut to length.
 //! - Batches of at least [`DIRECT_BATCH_BYTES`] go to the open segment with direct I/O when
