@@ -1191,7 +1191,8 @@ impl Pool {
         all
     }
 
-    /// The highest turn of the claims of `name` (`None`: none, or a pool of one host).
+    /// The highest turn of the other hosts' claims of `name` (`None`: none, or a pool of one
+    /// host): a re-run of an adopt reuses this host's own claim above them.
     fn claim_turns(&self, name: &str) -> Result<Option<u32>> {
         let Some(reg) = self.dir.volume_claims() else {
             return Ok(None);
@@ -1199,7 +1200,11 @@ impl Pool {
         let claims = reg
             .list(Some(name))
             .map_err(|e| Error::io(format!("listing the claims of volume {name}"), e))?;
-        Ok(claims.iter().map(|c| c.turn).max())
+        Ok(claims
+            .iter()
+            .filter(|c| c.slot != self.slot)
+            .map(|c| c.turn)
+            .max())
     }
 
     /// After claiming `name` without a hand-over naming this slot (an adopt from a forgotten

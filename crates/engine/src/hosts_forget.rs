@@ -109,7 +109,7 @@ impl Pool {
             )));
         }
         self.attach_peers()?;
-        let volumes: Vec<String> = lock(&self.peers)
+        let mut volumes: Vec<String> = lock(&self.peers)
             .get(&peer.slot)
             .map(|p| {
                 lock(&p.state)
@@ -121,6 +121,7 @@ impl Pool {
                     .collect()
             })
             .unwrap_or_default();
+        volumes.sort();
         let key = Forgotten::key(peer.slot);
         let before = lock(&self.state)
             .md
