@@ -1093,7 +1093,7 @@ impl Pool {
                                 .is_some_and(|s| s.contains(&c.loc.segment));
                         if !readable {
                             return Err(Error::Invalid(format!(
-                                "{source} on host {host}: segment {:08x} of a block is being collected; run `condense hosts sync` on host {host}, then clone again",
+                                "{source} on host {host}: segment {:08x} of a block is being collected; run `condense hosts sync` on host {host}, then clone again (if host {host} was forgotten, a segment of another host it named may be deleted for good: its volume cannot be made whole here)",
                                 c.loc.segment
                             )));
                         }
