@@ -3,9 +3,10 @@
 //! emptied deleted only once every other host let them go.
 //!
 //! Owns: the peers (the other hosts' trees, open read-only: [`Pool::attach_peers`]), the
-//! fold ([`Pool::sync_hosts`]), the condemned segments (`hosts/condemned`) and this host's
-//! progress with each peer (`hosts/peer/SS`), both metadata records in the checkpoint root,
-//! which is how the other hosts read them.
+//! fold ([`Pool::sync_hosts`]), the hand-overs (move, adopt, clone from a host: the records
+//! `hosts/released/NAME`, `hosts/adopted/SS/NAME`, `hosts/pending/NAME`), the condemned
+//! segments (`hosts/condemned`) and this host's progress with each peer (`hosts/peer/SS`),
+//! all metadata records in the checkpoint root, which is how the other hosts read them.
 //!
 //! The protocol, for hosts A (owner of segment S) and B:
 //! - **Fold.** B reads A's newest root and, for every live chunk A added since B's last fold
@@ -22,7 +23,14 @@
 //!   (A's root no longer names S, and B skips condemned segments).
 //! - **Delete.** A deletes S once every other host's newest root acknowledges `n` and none of
 //!   its referenced chunks is in S. A host that never folds again keeps S forever: safe,
-//!   never a loss.
+//!   never a loss, until it is forgotten (`crate::hosts_forget`: its acknowledgements are then
+//!   no longer awaited).
+//!
+//! Hand-overs (`move`, `adopt`, `clone --from-host`) are resumable: each step leaves a durable
+//! state the next run of the same command, or the next sync, continues. A volume being made by
+//! an adopt or a clone carries `hosts/pending/NAME` from the commit that creates it to the one
+//! that completes it (its writes are refused meanwhile; mapping its blocks again is
+//! idempotent); a move run again to the same host publishes the hand-over it recorded.
 //!
 //! Invariants:
 //! - A chunk's record is read from another host's segment only while that segment is not

@@ -1,7 +1,10 @@
 //! The metadata records of a pool several hosts share (docs/S3.md "Many hosts"; docs/FORMAT.md,
 //! "Checkpoint root"), text values of the root's named records: this host's condemned segments
 //! (`hosts/condemned`), its progress with each other host (`hosts/peer/SS`), the volumes it
-//! handed to another host (`hosts/released/NAME`) and adopted from one (`hosts/adopted/SS/NAME`).
+//! handed to another host (`hosts/released/NAME`) and adopted from one (`hosts/adopted/SS/NAME`),
+//! those half made by a hand-over (`hosts/pending/NAME`), the hosts it forgot
+//! (`hosts/forgotten/SS`) and its acknowledgements of forgets (`hosts/forgot/SS`), and names
+//! another host's part holds too (`hosts/conflict/NAME`).
 //!
 //! Invariants: a value that does not parse is read as less (fewer condemned segments, less
 //! progress, no hand-over), which only delays a deletion or a move, never loses data; sequence
@@ -434,6 +437,54 @@ mod tests {
         assert_eq!(Condemned::decode(&damaged), c);
         // A lost `next=` line never hands out a sequence number twice.
         assert_eq!(Condemned::decode(b"5 3\n").next, 4);
+    }
+
+    #[test]
+    fn hand_over_records_round_trip_and_damage_does_less() {
+        let p = Pending {
+            op: "adopt".into(),
+            from: 0x2a,
+            source: "vm 1@snap".into(),
+            turn: 7,
+        };
+        assert_eq!(Pending::decode(&p.encode()), Some(p.clone()));
+        for bad in [
+            &b""[..],
+            b"op=adopt\nfrom=zz\nsource=v\nturn=1\n",
+            b"op=rm\nfrom=01\nsource=v\nturn=1\n",
+            b"op=clone\nfrom=01\nsource=\nturn=1\n",
+            b"op=clone\nfrom=01\nsource=v\n",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(Pending::decode(bad), None, "{bad:?}");
+        }
+        let f = Forgotten {
+            host: "h".into(),
+            at_unix: 5,
+            reclaim: true,
+            reclaimed: false,
+        };
+        assert_eq!(Forgotten::decode(&f.encode()), f);
+        // A damaged forget still forgets (the key counts), reclaiming nothing.
+        assert_eq!(Forgotten::decode(b"\xffjunk"), Forgotten::default());
+        let mut meta = Meta::new();
+        meta.insert(Forgotten::key(3), f.encode());
+        meta.insert(format!("{FORGOTTEN_PREFIX}zz"), f.encode());
+        meta.insert(format!("{FORGOT_ACK_PREFIX}03"), b"dropped=0\n".to_vec());
+        assert_eq!(
+            Forgotten::all(&meta).into_keys().collect::<Vec<_>>(),
+            vec![3]
+        );
+        assert_eq!(forgets_acked(&meta), BTreeSet::from([3]));
+        assert_eq!(writes_refused(&meta, "v"), None);
+        meta.insert(Pending::key("v"), p.encode());
+        meta.insert(
+            format!("{CONFLICT_PREFIX}w"),
+            b"winner=01\nhost=hb\n".to_vec(),
+        );
+        assert!(writes_refused(&meta, "v").is_some_and(|w| w.contains("half made")));
+        assert!(writes_refused(&meta, "w").is_some_and(|w| w.contains("host hb")));
+        assert_eq!(writes_refused(&meta, "x"), None);
     }
 
     #[test]
