@@ -129,6 +129,7 @@ pub enum HostsCommand {
         /// run `hosts forget HOST --reclaim`.
         #[arg(long)]
         reclaim: bool,
+        /// Print what was done as JSON (the forget, and the sync after it).
         #[arg(long)]
         json: bool,
     },

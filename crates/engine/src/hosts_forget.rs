@@ -435,44 +435,33 @@ impl Pool {
     /// Hand-overs of this host not finished, and names in conflict, as its metadata and the
     /// other hosts' newest roots it read last have them (for `condense hosts` and `stats`).
     pub fn hand_over_notes(&self) -> Vec<String> {
-        let mut notes = Vec::new();
-        let st = lock(&self.state);
-        for (name, p) in Pending::all(&st.md.meta) {
-            notes.push(match p {
-                Some(p) => format!(
-                    "volume {name}: half made ({} of {} from host {}, stopped half way; writes refused): run the command again, or `condense hosts sync`, to finish it",
-                    p.op,
-                    p.source,
-                    self.host_name_of(p.from)
-                ),
-                None => format!("volume {name}: half made by a hand-over whose record does not parse: delete it"),
-            });
-        }
-        for (name, _) in with_prefix(&st.md.meta, RELEASED_PREFIX) {
-            if st.md.names.contains_key(name) {
-                let to = released_slot(&st.md.meta, name)
-                    .map_or("another host".to_string(), |s| self.host_name_of(s));
-                notes.push(format!(
-                    "volume {name}: handed to host {to}, waiting for its adopt (writes refused here; deleted here at the first sync after it)"
-                ));
-            }
-        }
-        for (name, v) in with_prefix(&st.md.meta, CONFLICT_PREFIX) {
-            let text = String::from_utf8_lossy(v);
-            let host = text
-                .lines()
-                .find_map(|l| l.strip_prefix("host="))
-                .unwrap_or("another host");
-            notes.push(format!(
-                "volume {name}: host {host} holds this name too and the claim rule gave it to that host: writes refused here until one copy is deleted or renamed"
-            ));
-        }
-        let held: BTreeSet<String> = st.md.names.keys().cloned().collect();
-        drop(st);
+        // Read under the locks; host names (a LIST of the registry) asked after.
+        let (pending, released, conflicts, held) = {
+            let st = lock(&self.state);
+            let pending = Pending::all(&st.md.meta);
+            let released: Vec<(String, Option<u8>)> = with_prefix(&st.md.meta, RELEASED_PREFIX)
+                .filter(|(name, _)| st.md.names.contains_key(*name))
+                .map(|(name, _)| (name.to_string(), released_slot(&st.md.meta, name)))
+                .collect();
+            let conflicts: Vec<(String, String)> = with_prefix(&st.md.meta, CONFLICT_PREFIX)
+                .map(|(name, v)| {
+                    let text = String::from_utf8_lossy(v);
+                    let host = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("host="))
+                        .unwrap_or("another host")
+                        .to_string();
+                    (name.to_string(), host)
+                })
+                .collect();
+            let held: BTreeSet<String> = st.md.names.keys().cloned().collect();
+            (pending, released, conflicts, held)
+        };
         let peers: Vec<(u8, Arc<Pool>)> = lock(&self.peers)
             .iter()
             .map(|(s, p)| (*s, p.clone()))
             .collect();
+        let mut handed_here: Vec<(String, u8)> = Vec::new();
         for (slot, p) in peers {
             let pst = lock(&p.state);
             for (name, _) in with_prefix(&pst.md.meta, RELEASED_PREFIX) {
@@ -480,13 +469,52 @@ impl Pool {
                     && !held.contains(name)
                     && pst.md.names.contains_key(name)
                 {
-                    notes.push(format!(
-                        "volume {name}: host {} handed it to this host: `condense volume adopt {name} --from-host {}` takes it",
-                        self.host_name_of(slot),
-                        self.host_name_of(slot)
-                    ));
+                    handed_here.push((name.to_string(), slot));
                 }
             }
+        }
+        let names: BTreeMap<u8, String> = self
+            .dir
+            .peers()
+            .map(|ps| ps.into_iter().map(|p| (p.slot, p.host)).collect())
+            .unwrap_or_default();
+        let name_of = |slot: u8| {
+            names.get(&slot).cloned().unwrap_or_else(|| {
+                if slot == 0 {
+                    crate::remote::FIRST_HOST.to_string()
+                } else {
+                    format!("in slot {slot:02x}")
+                }
+            })
+        };
+        let mut notes = Vec::new();
+        for (name, p) in pending {
+            notes.push(match p {
+                Some(p) => format!(
+                    "volume {name}: half made ({} of {} from host {}, stopped half way; writes refused): run the command again, or `condense hosts sync`, to finish it",
+                    p.op,
+                    p.source,
+                    name_of(p.from)
+                ),
+                None => format!("volume {name}: half made by a hand-over whose record does not parse: delete it"),
+            });
+        }
+        for (name, to) in released {
+            let to = to.map_or("another host".to_string(), name_of);
+            notes.push(format!(
+                "volume {name}: handed to host {to}, waiting for its adopt (writes refused here; deleted here at the first sync after it)"
+            ));
+        }
+        for (name, host) in conflicts {
+            notes.push(format!(
+                "volume {name}: host {host} holds this name too and the claim rule gave it to that host: writes refused here until one copy is deleted or renamed"
+            ));
+        }
+        for (name, slot) in handed_here {
+            let from = name_of(slot);
+            notes.push(format!(
+                "volume {name}: host {from} handed it to this host: `condense volume adopt {name} --from-host {from}` takes it"
+            ));
         }
         notes
     }
