@@ -231,15 +231,20 @@ same_on() {
     h "$1" export "$2" "$W/h.out" >/dev/null && cmp "$W/$2.raw" "$W/h.out"
 }
 # kill_adopts HOST VOL FROM N: `volume adopt VOL --from-host FROM` on HOST killed (kill -9)
-# N times, each 0.4 s later into the command than the one before (from 1.2 s), stopping early
-# if one finished before its kill; notes what each kill left (the hand-overs `hosts` names).
+# up to N times, each 0.15 s later into the command than the one before (from 1.5 s), until
+# one finishes before its kill; notes what each kill left (the hand-overs `hosts` names once
+# the volume exists) and counts the kills that left it half made.
 kill_adopts() {
     local host=$1 vol=$2 from=$3 n=$4 i t left
-    for i in $(seq 1 "$n"); do
-        t=$(python3 -c "print(round(0.8 + 0.4 * $i, 1))")
+    for i in $(seq 0 $((n - 1))); do
+        t=$(python3 -c "print(round(1.5 + 0.15 * $i, 2))")
         if as_host "$host" timeout -s KILL "$t" "$CONDENSE" --pool "$W/$host" volume adopt "$vol" --from-host "$from" >/dev/null 2>&1; then
             note "adopt of $vol finished within $t s: no more kills"
             return
+        fi
+        if ! h "$host" volume list --json | jq -e --arg v "$vol" 'map(.name) | index($v) != null' >/dev/null; then
+            note "adopt of $vol killed after $t s: nothing made yet"
+            continue
         fi
         left=$(h "$host" hosts --json | jq -c '[.hosts[] | select(.this_host) | .hand_overs[]]')
         note "adopt of $vol killed after $t s: $left"
@@ -265,7 +270,7 @@ part_h() {
 
     # A move whose adopt is killed half way, at several moments: finished by `hosts sync`.
     check "host HA hands fa1 to HC" h HA volume move fa1 --to cluster-HC
-    kill_adopts HC fa1 first-host 6
+    kill_adopts HC fa1 first-host 16
     h HC hosts sync --json >"$W/h-sync.json"
     note "the sync on HC: finished $(jq -c '.hand_overs_finished' "$W/h-sync.json"), unfinished $(jq -c '.hand_overs_unfinished' "$W/h-sync.json")"
     adopted_fa1() { h HC volume list --json | jq -e 'map(.name) | index("fa1") != null' >/dev/null || h HC volume adopt fa1 --from-host first-host >/dev/null; }
@@ -314,7 +319,7 @@ part_h() {
     check "hosts on HC shows HB forgotten" sh -c "'$CONDENSE' --pool '$W/HC' hosts sync >/dev/null; '$CONDENSE' --pool '$W/HC' hosts --json | jq -e '.hosts[] | select(.host == \"cluster-HB\") | .forgotten == \"forgotten\"' >/dev/null"
 
     # HB's volume adopted on HC without a hand-over, killed at several moments, run again.
-    kill_adopts HC fb1 cluster-HB 4
+    kill_adopts HC fb1 cluster-HB 16
     check "the adopt of fb1 run again finishes" h HC volume adopt fb1 --from-host cluster-HB
     check "HC exports fb1 byte-identical" same_on HC fb1
     check "HC names no unfinished hand-over" sh -c "'$CONDENSE' --pool '$W/HC' hosts --json | jq -e '[.hosts[] | select(.this_host) | .hand_overs[]] == []' >/dev/null"
@@ -341,6 +346,7 @@ part_h() {
     check "fa1 on HC still byte-identical" same_on HC fa1
     for host in HA HC; do check "verify clean on $host" h "$host" verify; done
     note "kills that left a half-made adopt (finished afterwards): $half_made"
+    check "at least one kill left an adopt half made (the window was hit)" test "$half_made" -gt 0
     rm -f "$W"/fa1.raw "$W"/scratch.raw "$W"/fb1.raw "$W"/fb2.raw "$W/h.out"
 }
 
