@@ -40,8 +40,18 @@
 #      copy into it: host C takes it over in one step (`volume adopt --take-over`) once B's
 #      lease expired, with every byte B flushed; B, back, deletes its copy.
 #
+#   h. hand-overs killed half way, and a host gone for good: host A hands a volume to C,
+#      whose `volume adopt` is killed (kill -9) at several moments and finished by `hosts sync`;
+#      host B, serving, is killed for good while A's condemned segments wait for it; `hosts
+#      forget` is refused while B's lease is alive, then forgets it: A's condemned segments
+#      are deleted (bytes back, from the bucket listing); C adopts B's volume (no hand-over),
+#      killed at several moments and run again, ending with one owner; `hosts forget
+#      --reclaim` deletes B's segments no host names (bytes back); C reads its volumes back
+#      byte-identical and verify is clean.
+#
 #   bash tests/s3/cluster.sh                 # builds target/release/condense first
 #   ROUNDS=20 POOL_ROUNDS=5 GC_SECONDS=30 CONDENSE=/path/to/condense bash tests/s3/cluster.sh
+#   PARTS=h bash tests/s3/cluster.sh         # part h alone (its own pool; a to g share theirs)
 #   (KEEP=1 keeps $W on failure)
 #
 # Garage as in tests/s3/pool.sh (installed by scripts/install-garage.sh under CI). Needs curl,
@@ -193,6 +203,153 @@ race() {
     done
 }
 
+# nbd_up PORT EXPORT: the export answers within 60 s.
+nbd_up() {
+    for _ in $(seq 1 60); do
+        nbdinfo "nbd://127.0.0.1:$1/$2" >/dev/null 2>&1 && return 0
+        sleep 1
+    done
+    return 1
+}
+# serve_host HOST PORTVAR: serve HOST's part in the background (as that host); its pid in $served_pid.
+serve_host() {
+    local host=$1 port
+    free_port port
+    printf -v "$2" '%s' "$port"
+    if [ "$OWN_NAMES" = 1 ]; then
+        unshare --uts sh -c 'hostname "$0" && exec "$@"' "cluster-$host" \
+            "$CONDENSE" --pool "$W/$host" serve --insecure-listen "127.0.0.1:$port" >"$W/serve$host.log" 2>&1 &
+    else
+        "$CONDENSE" --pool "$W/$host" serve --insecure-listen "127.0.0.1:$port" >"$W/serve$host.log" 2>&1 &
+    fi
+    served_pid=$!
+    PIDS+=("$served_pid")
+}
+# same_on HOST VOL: HOST exports VOL byte-identical to $W/VOL.raw.
+same_on() {
+    rm -f "$W/h.out"
+    h "$1" export "$2" "$W/h.out" >/dev/null && cmp "$W/$2.raw" "$W/h.out"
+}
+# kill_adopts HOST VOL FROM N: `volume adopt VOL --from-host FROM` on HOST killed (kill -9)
+# up to N times, each 0.15 s later into the command than the one before (from 1.5 s), until
+# one finishes before its kill; notes what each kill left (the hand-overs `hosts` names once
+# the volume exists) and counts the kills that left it half made.
+kill_adopts() {
+    local host=$1 vol=$2 from=$3 n=$4 i t left
+    for i in $(seq 0 $((n - 1))); do
+        t=$(python3 -c "print(round(1.5 + 0.15 * $i, 2))")
+        if as_host "$host" timeout -s KILL "$t" "$CONDENSE" --pool "$W/$host" volume adopt "$vol" --from-host "$from" >/dev/null 2>&1; then
+            note "adopt of $vol finished within $t s: no more kills"
+            return
+        fi
+        if ! h "$host" volume list --json | jq -e --arg v "$vol" 'map(.name) | index($v) != null' >/dev/null; then
+            note "adopt of $vol killed after $t s: nothing made yet"
+            continue
+        fi
+        left=$(h "$host" hosts --json | jq -c '[.hosts[] | select(.this_host) | .hand_overs[]]')
+        note "adopt of $vol killed after $t s: $left"
+        if grep -q "half made" <<<"$left"; then half_made=$((half_made + 1)); fi
+    done
+}
+half_made=0
+
+# Part h (see the header): a pool of its own, hosts HA, HB and HC.
+part_h() {
+    step "h. hand-overs killed half way; a host gone for good, forgotten, its space back"
+    local url k t out
+    url=$(s3url forget)
+    check "init on host HA" timeout "$CMD_TIMEOUT" "$CONDENSE" init "$url" --cache "$W/HA" --cache-size "$CACHE_SIZE"
+    for host in HB HC; do
+        check "host $host joins" as_host "$host" timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$url" --join --host "cluster-$host" --cache "$W/$host" --cache-size "$CACHE_SIZE"
+    done
+    for k in fa1 scratch fb1 fb2; do head -c 6M /dev/urandom >"$W/$k.raw"; done
+    check "host HA imports fa1 and scratch" sh -c "'$CONDENSE' --pool '$W/HA' import '$W/fa1.raw' --name fa1 && '$CONDENSE' --pool '$W/HA' import '$W/scratch.raw' --name scratch"
+    check "host HB imports fb1" h HB import "$W/fb1.raw" --name fb1
+    check "host HB imports fb2" h HB import "$W/fb2.raw" --name fb2
+    for host in HB HC HA; do h "$host" hosts sync >/dev/null; done
+
+    # A move whose adopt is killed half way, at several moments: finished by `hosts sync`.
+    check "host HA hands fa1 to HC" h HA volume move fa1 --to cluster-HC
+    kill_adopts HC fa1 first-host 16
+    h HC hosts sync --json >"$W/h-sync.json"
+    note "the sync on HC: finished $(jq -c '.hand_overs_finished' "$W/h-sync.json"), unfinished $(jq -c '.hand_overs_unfinished' "$W/h-sync.json")"
+    adopted_fa1() { h HC volume list --json | jq -e 'map(.name) | index("fa1") != null' >/dev/null || h HC volume adopt fa1 --from-host first-host >/dev/null; }
+    check "fa1 is adopted on HC (finished by the sync, or by the adopt run again)" adopted_fa1
+    h HC hosts sync >/dev/null
+    h HA hosts sync >/dev/null
+    check "HA deleted its copy of fa1: one owner" sh -c "'$CONDENSE' --pool '$W/HA' volume list --json | jq -e 'map(.name) | index(\"fa1\") == null' >/dev/null"
+    check "HC names no unfinished hand-over" sh -c "'$CONDENSE' --pool '$W/HC' hosts --json | jq -e '[.hosts[] | select(.this_host) | .hand_overs[]] == []' >/dev/null"
+    check "HC exports fa1 byte-identical" same_on HC fa1
+
+    # Condemned segments of HA that wait for HB.
+    check "host HA deletes scratch and collects" sh -c "'$CONDENSE' --pool '$W/HA' volume delete scratch && '$CONDENSE' --pool '$W/HA' gc >/dev/null"
+    h HA hosts sync --json >"$W/h-sync.json"
+    h HC hosts sync >/dev/null
+    h HA hosts sync --json >"$W/h-sync.json"
+    local condemned a_before a_after b_before b_after
+    condemned=$(jq '.segments_condemned' "$W/h-sync.json")
+    check "HA's emptied segments are condemned, waiting for HB ($condemned)" test "$condemned" -gt 0
+
+    # HB serving, killed for good.
+    serve_host HB PH_B
+    local ph_b=$served_pid
+    check "host HB serves (fb1)" nbd_up "$PH_B" fb1
+    kill -9 "$ph_b"
+    wait "$ph_b" 2>/dev/null
+    check "HA's condemned segments still wait for the dead HB" sh -c "'$CONDENSE' --pool '$W/HA' hosts sync --json | jq -e '.segments_deleted == 0 and .segments_condemned > 0' >/dev/null"
+    # A's part: its segments (the keys of forget/ outside hosts/, members/ and volumes/).
+    a_segs() { bucket_list forget/ | awk '$1 !~ "^forget/(hosts|members|volumes)/" && $1 ~ /seg-/ { s += $3 } END { print s + 0 }'; }
+    b_segs() { bucket_list forget/hosts/01/ | awk '$1 ~ /seg-/ { s += $3 } END { print s + 0 }'; }
+    a_before=$(a_segs)
+    refuse "hosts forget is refused while HB's lease is alive" "lease" h HA hosts forget cluster-HB
+    forget_b() {
+        for _ in $(seq 1 45); do
+            if h HA hosts forget cluster-HB --json >"$W/forget.json" 2>"$W/forget.err"; then return 0; fi
+            grep -q "lease" "$W/forget.err" || { cat "$W/forget.err"; return 1; }
+            sleep 2
+        done
+        return 1
+    }
+    check "hosts forget cluster-HB once its lease expired" forget_b
+    note "forget: $(jq -c '{host, volumes, sync}' "$W/forget.json")"
+    a_after=$(a_segs)
+    check "HA's condemned segments are deleted at once (none left waiting)" jq -e '.sync.segments_deleted > 0 and .sync.segments_condemned == 0' "$W/forget.json"
+    note "space back on HA's part: $((a_before - a_after)) bytes of segments ($a_before -> $a_after)"
+    check "HA's part holds fewer segment bytes after the forget" test "$a_after" -lt "$a_before"
+    check "hosts on HC shows HB forgotten" sh -c "'$CONDENSE' --pool '$W/HC' hosts sync >/dev/null; '$CONDENSE' --pool '$W/HC' hosts --json | jq -e '.hosts[] | select(.host == \"cluster-HB\") | .forgotten == \"forgotten\"' >/dev/null"
+
+    # HB's volume adopted on HC without a hand-over, killed at several moments, run again.
+    kill_adopts HC fb1 cluster-HB 16
+    check "the adopt of fb1 run again finishes" h HC volume adopt fb1 --from-host cluster-HB
+    check "HC exports fb1 byte-identical" same_on HC fb1
+    check "HC names no unfinished hand-over" sh -c "'$CONDENSE' --pool '$W/HC' hosts --json | jq -e '[.hosts[] | select(.this_host) | .hand_overs[]] == []' >/dev/null"
+    local hex winner
+    hex=$(printf fb1 | od -An -tx1 | tr -d ' \n')
+    note "claims of fb1: $(bucket_list "forget/volumes/$hex/" | awk '{ print $1 }' | sed 's|.*/||' | tr '\n' ' ')"
+    # The claim rule: the highest turn, then the lowest slot (TTTTTTTT-SS-WRITER).
+    winner=$(bucket_list "forget/volumes/$hex/" | awk '{ print $1 }' | sed 's|.*/||' | sort -t- -k1,1r -k2,2 | head -1 | cut -d- -f2)
+    check "one owner: the winning claim of fb1 is HC's (slot 02, a turn above HB's)" test "$winner" = 02
+    check "no name held twice (HC's sync)" sh -c "'$CONDENSE' --pool '$W/HC' hosts sync --json | jq -e '.name_conflicts == []' >/dev/null"
+
+    # Reclaim: HB's segments no host names are deleted (fb2 given up, fb1's kept).
+    b_before=$(b_segs)
+    check "hosts forget cluster-HB --reclaim on HA" sh -c "'$CONDENSE' --pool '$W/HA' hosts forget cluster-HB --reclaim --json >'$W/reclaim.json'"
+    note "reclaim right after the forget: $(jq -c '.sync | {reclaimed_segments, reclaimed_bytes, reclaim_waiting}' "$W/reclaim.json")"
+    h HC hosts sync >/dev/null # acknowledges
+    h HA hosts sync --json >"$W/h-sync.json"
+    note "HA's sync: $(jq -c '{reclaimed_segments, reclaimed_bytes, reclaim_waiting}' "$W/h-sync.json")"
+    b_after=$(b_segs)
+    check "HB's unnamed segments are deleted ($(jq '.reclaimed_segments' "$W/h-sync.json") segments)" jq -e '.reclaimed_segments > 0' "$W/h-sync.json"
+    note "space back from HB's part: $((b_before - b_after)) bytes of segments ($b_before -> $b_after)"
+    check "HB's part holds fewer segment bytes after the reclaim" test "$b_after" -lt "$b_before"
+    check "fb1 on HC still byte-identical (its records in HB's part are kept)" same_on HC fb1
+    check "fa1 on HC still byte-identical" same_on HC fa1
+    for host in HA HC; do check "verify clean on $host" h "$host" verify; done
+    note "kills that left a half-made adopt (finished afterwards): $half_made"
+    check "at least one kill left an adopt half made (the window was hit)" test "$half_made" -gt 0
+    rm -f "$W"/fa1.raw "$W"/scratch.raw "$W"/fb1.raw "$W"/fb2.raw "$W/h.out"
+}
+
 CONDENSE=$(realpath "$CONDENSE")
 cd "$W" || exit 1
 
@@ -207,6 +364,15 @@ cluster=1
 # shellcheck disable=SC1091
 . "$G/credentials.env"
 POOL_URL=$(s3url shared)
+if [ "${PARTS:-}" = h ]; then
+    part_h
+    echo
+    echo "wall time: $((SECONDS - began)) s"
+    check "cluster stopped" "$GARAGE_SH" stop "$G"
+    cluster=0
+    summary
+    exit
+fi
 
 step "setup: host A makes the pool, hosts B and C connect"
 check "init on host A" timeout "$CMD_TIMEOUT" "$CONDENSE" init "$POOL_URL" --cache "$W/A" --cache-size "$CACHE_SIZE"
@@ -350,13 +516,6 @@ free_port PORTC
 "$CONDENSE" --pool "$W/MC" serve --insecure-listen "127.0.0.1:$PORTC" >"$W/serveC.log" 2>&1 &
 PIDS+=($!)
 servec=$!
-nbd_up() {
-    for _ in $(seq 1 60); do
-        nbdinfo "nbd://127.0.0.1:$1/$2" >/dev/null 2>&1 && return 0
-        sleep 1
-    done
-    return 1
-}
 check "host C serves web1" nbd_up "$PORTC" web1
 check "web1 over NBD is A's golden image byte-identical (nbdcopy)" sh -c "nbdcopy 'nbd://127.0.0.1:$PORTC/web1' '$W/web1.out' && cmp '$W/img1.raw' '$W/web1.out'"
 kill "$servec"
@@ -431,20 +590,6 @@ wait "$servea2" 2>/dev/null
 for host in MA MB MC; do check "verify clean on $host" h "$host" verify; done
 
 step "e. hosts A and B, both serving, race to make one volume, $ROUNDS rounds (volume claims)"
-# serve_host HOST PORTVAR: serve HOST's part in the background (as that host); its pid in $served_pid.
-serve_host() {
-    local host=$1 port
-    free_port port
-    printf -v "$2" '%s' "$port"
-    if [ "$OWN_NAMES" = 1 ]; then
-        unshare --uts sh -c 'hostname "$0" && exec "$@"' "cluster-$host" \
-            "$CONDENSE" --pool "$W/$host" serve --insecure-listen "127.0.0.1:$port" >"$W/serve$host.log" 2>&1 &
-    else
-        "$CONDENSE" --pool "$W/$host" serve --insecure-listen "127.0.0.1:$port" >"$W/serve$host.log" 2>&1 &
-    fi
-    served_pid=$!
-    PIDS+=("$served_pid")
-}
 serve_host MA PE_A
 pe_a=$served_pid
 serve_host MB PE_B
@@ -567,6 +712,8 @@ fi
 check "k1 on C holds every byte B flushed" sh -c "'$CONDENSE' --pool '$W/MC' export k1 '$W/k1.out' && cmp -n 8388608 '$W/known.raw' '$W/k1.out'"
 check "host B, back, deletes its copy of k1 at its sync" sh -c "'$CONDENSE' --pool '$W/MB' hosts sync >/dev/null && '$CONDENSE' --pool '$W/MB' volume list --json | jq -e 'map(.name) | index(\"k1\") == null' >/dev/null"
 for host in MB MC; do check "verify clean on $host" h "$host" verify; done
+
+part_h
 
 echo
 echo "wall time: $((SECONDS - began)) s"

@@ -247,7 +247,8 @@ enum VolumeCommand {
     /// Move a volume to another host of the pool (a pool several hosts share): its writes are
     /// refused here from now on, everything written is flushed and published; then run
     /// `condense volume adopt VOL --from-host THIS-HOST` on HOST, after which this host
-    /// deletes its copy at its next `hosts sync` (serve and mount sync every 30 s).
+    /// deletes its copy at its next `hosts sync` (serve and mount sync every 30 s). Running it
+    /// again with the same HOST (after a kill) publishes the hand-over already recorded.
     Move {
         name: String,
         /// The host to move it to (its name or slot, as `condense hosts` lists them).
@@ -260,7 +261,9 @@ enum VolumeCommand {
     /// powered off): this host waits for that host's lease to expire (30 s after its last
     /// renewal), takes its part of the pool, hands the volumes over on its behalf with every
     /// write it flushed (durability `remote`: every write a client saw complete), and adopts
-    /// them.
+    /// them. A host forgotten with `condense hosts forget` needs no hand-over: its volumes are
+    /// adopted as its newest root has them. An adopt that was killed half way is continued by
+    /// running it again (or by the next `hosts sync`).
     Adopt {
         /// The volumes (names as on the other host).
         #[arg(required = true, value_name = "VOL")]

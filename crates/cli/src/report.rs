@@ -892,6 +892,7 @@ pub fn hosts_json(hosts: &[condense_engine::hosts::HostOverview]) -> Value {
                 "slot": h.slot, "host": h.host, "this_host": h.this_host,
                 "volumes": h.volumes, "snapshots": h.snapshots,
                 "written_bytes": h.written_bytes, "bucket_bytes": h.bucket_bytes,
+                "forgotten": h.forgotten, "hand_overs": h.notes,
             })
         })
         .collect();
@@ -942,5 +943,13 @@ pub fn hosts_text(hosts: &[condense_engine::hosts::HostOverview]) -> String {
         human(bucket),
         100.0 * (1.0 - bucket as f64 / written.max(1) as f64)
     );
+    for h in hosts {
+        if let Some(f) = &h.forgotten {
+            let _ = writeln!(o, "  host {}: {f}", h.host);
+        }
+        for n in &h.notes {
+            let _ = writeln!(o, "  unfinished: {n}");
+        }
+    }
     o
 }

@@ -104,6 +104,35 @@ pub enum HostsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Forget a host that is gone for good (docs/S3.md "Forgetting a host"): its
+    /// acknowledgements are no longer awaited, so this host's condemned segments are deleted
+    /// at once (this command then syncs) and every other host's at its next sync; its
+    /// volumes, as its newest root has them, can be adopted by any host without a hand-over
+    /// (`condense volume adopt VOL --from-host HOST`). Recorded in this host's part of the
+    /// pool: every host honours it, and the forgotten host refuses to sync if it comes back.
+    ///
+    /// Refused while the host's part lease is alive (it renewed it in the last 30 s), unless
+    /// --force.
+    Forget {
+        /// The host: its name or its slot (2 hex digits), as `condense hosts` lists them.
+        #[arg(value_name = "HOST")]
+        host: String,
+        /// Forget it although its lease is alive. If it is in fact running, it goes on writing
+        /// its volumes until its next sync sees the forget, while another host may adopt
+        /// them: two writers of one volume. Only for a host known to be gone (powered off,
+        /// its disks lost) whose lease still shows alive.
+        #[arg(long)]
+        force: bool,
+        /// Also reclaim its part's space: once every other host acknowledged (at its next
+        /// sync), its segments that no host's chunk names are deleted from the bucket. Its
+        /// volumes not adopted by then are given up: adopt what you want to keep first, then
+        /// run `hosts forget HOST --reclaim`.
+        #[arg(long)]
+        reclaim: bool,
+        /// Print what was done as JSON (the forget, and the sync after it).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `condense durability`.
@@ -400,6 +429,8 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                             "chunks_published": h.chunks_published,
                             "folded_through_chunk": h.folded_through,
                             "lease": lease_json(h.lease.as_ref(), now),
+                            "forgotten": h.forgotten,
+                            "hand_overs": h.notes,
                             "error": h.error,
                         })
                     })
@@ -442,7 +473,7 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                 for h in &hosts {
                     writeln!(
                         ctx.out,
-                        "{:<4} {:<18} {:>7} {:>10} {:>10} {:>12} {:>12}  {}{}",
+                        "{:<4} {:<18} {:>7} {:>10} {:>10} {:>12} {:>12}  {}{}{}",
                         format!("{:02x}", h.slot),
                         if h.this_host {
                             format!("{} (this)", h.host)
@@ -455,10 +486,18 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                         h.chunks_published,
                         h.folded_through.map_or("-".to_string(), |t| t.to_string()),
                         lease_text(h.lease.as_ref(), now),
+                        h.forgotten
+                            .as_ref()
+                            .map_or(String::new(), |f| format!(" [{f}]")),
                         h.error
                             .as_ref()
                             .map_or(String::new(), |e| format!(" (error: {e})")),
                     )?;
+                }
+                for h in hosts.iter().filter(|h| h.this_host) {
+                    for n in &h.notes {
+                        writeln!(ctx.out, "unfinished: {n}")?;
+                    }
                 }
                 writeln!(
                     ctx.out,
@@ -469,6 +508,16 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                     total_written as f64 / total_bucket.max(1) as f64
                 )?;
             }
+        }
+        HostsCommand::Forget {
+            host,
+            force,
+            reclaim,
+            json,
+        } => {
+            let code = forget(ctx, &pool, &host, force, reclaim, json)?;
+            ctx.done(&pool)?;
+            return Ok(code);
         }
         HostsCommand::Sync { json } => {
             let r = pool
@@ -486,6 +535,7 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                             "chunks_let_go": p.chunks_let_go,
                             "folded_through_chunk": p.progress.through,
                             "its_folded_through_chunk": p.its_progress.through,
+                            "forgotten": p.forgotten,
                             "error": p.error,
                         })
                     })
@@ -500,6 +550,12 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                         "volumes_moved_out": r.volumes_moved_out,
                         "volume_claims_put": r.claims_put,
                         "volume_claims_deleted": r.claims_deleted,
+                        "hand_overs_finished": r.handovers_finished,
+                        "hand_overs_unfinished": r.handovers_unfinished.iter().map(|(v, why)| serde_json::json!({"volume": v, "why": why})).collect::<Vec<_>>(),
+                        "name_conflicts": conflicts_json(&r.name_conflicts),
+                        "reclaimed_segments": r.reclaimed_segments,
+                        "reclaimed_bytes": r.reclaimed_bytes,
+                        "reclaim_waiting": r.reclaim_waiting,
                         "other_hosts": peers,
                     })
                 )?;
@@ -526,6 +582,7 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                         r.volumes_moved_out
                     )?;
                 }
+                write_sync_extras(ctx, &r)?;
                 if r.claims_put + r.claims_deleted > 0 {
                     writeln!(
                         ctx.out,
@@ -534,7 +591,9 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                     )?;
                 }
             }
-            if r.peers.iter().any(|p| p.error.is_some()) {
+            if r.peers.iter().any(|p| p.error.is_some() && !p.forgotten)
+                || !r.name_conflicts.is_empty()
+            {
                 ctx.done(&pool)?;
                 return Ok(1);
             }
@@ -542,4 +601,144 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
     }
     ctx.done(&pool)?;
     Ok(0)
+}
+
+fn conflicts_json(c: &[condense_engine::hosts_forget::NameConflict]) -> Vec<serde_json::Value> {
+    c.iter()
+        .map(|c| {
+            serde_json::json!({
+                "volume": c.volume, "other_slot": c.other_slot, "other_host": c.other_host,
+                "winner_slot": c.winner_slot, "writes_refused_here": c.refused_here,
+            })
+        })
+        .collect()
+}
+
+/// The parts of a sync's report beyond the fold, as text: hand-overs finished or not, names
+/// held by two hosts, forgotten parts reclaimed.
+fn write_sync_extras(ctx: &mut Ctx, r: &condense_engine::hosts::HostsReport) -> Result<()> {
+    for v in &r.handovers_finished {
+        writeln!(
+            ctx.out,
+            "volume {v}: its hand-over had stopped half way; finished now"
+        )?;
+    }
+    for (v, why) in &r.handovers_unfinished {
+        writeln!(
+            ctx.out,
+            "volume {v}: its hand-over stopped half way and cannot be finished now: {why}"
+        )?;
+    }
+    for c in &r.name_conflicts {
+        writeln!(
+            ctx.out,
+            "CONFLICT: volume {} is held by host {} (slot {:02x}) too; the claim rule gives it to {}{}",
+            c.volume,
+            c.other_host,
+            c.other_slot,
+            if c.refused_here { c.other_host.as_str() } else { "this host" },
+            if c.refused_here {
+                ": its writes are refused here until one copy is deleted or renamed"
+            } else {
+                ": that host refuses its writes at its next sync"
+            }
+        )?;
+    }
+    if r.reclaimed_segments > 0 {
+        writeln!(
+            ctx.out,
+            "forgotten hosts: {} segments of their parts deleted ({})",
+            r.reclaimed_segments,
+            size::human(r.reclaimed_bytes)
+        )?;
+    }
+    for w in &r.reclaim_waiting {
+        writeln!(ctx.out, "reclaim waits: {w}")?;
+    }
+    Ok(())
+}
+
+/// `condense hosts forget HOST`: the forget, then a sync (this host's condemned segments
+/// waiting for that host are deleted now).
+fn forget(
+    ctx: &mut Ctx,
+    pool: &std::sync::Arc<Pool>,
+    host: &str,
+    force: bool,
+    reclaim: bool,
+    json: bool,
+) -> Result<i32> {
+    let f = pool
+        .forget_host(host, force, reclaim)
+        .with_context(|| format!("cannot forget host {host}"))?;
+    let synced = pool.sync_hosts();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if json {
+        let sync = match &synced {
+            Ok(r) => serde_json::json!({
+                "segments_deleted": r.segments_deleted,
+                "segments_condemned": r.segments_condemned,
+                "reclaimed_segments": r.reclaimed_segments,
+                "reclaimed_bytes": r.reclaimed_bytes,
+                "reclaim_waiting": r.reclaim_waiting,
+            }),
+            Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
+        };
+        writeln!(
+            ctx.out,
+            "{}",
+            serde_json::json!({
+                "slot": f.slot, "host": f.host,
+                "lease": lease_json(f.lease.as_ref(), now),
+                "forced": f.forced, "reclaim": f.reclaim,
+                "already_forgotten": f.already,
+                "volumes": f.volumes,
+                "sync": sync,
+            })
+        )?;
+    } else {
+        if f.forced {
+            writeln!(
+                ctx.out,
+                "WARNING: host {} held its lease ({}); forgotten anyway (--force). If it is running, stop it now: it writes its volumes until its next sync refuses",
+                f.host,
+                lease_text(f.lease.as_ref(), now)
+            )?;
+        }
+        writeln!(
+            ctx.out,
+            "host {} (slot {:02x}) {}forgotten: its acknowledgements are no longer awaited{}",
+            f.host,
+            f.slot,
+            if f.already { "was already " } else { "" },
+            if f.reclaim {
+                "; its part's space is reclaimed once every other host acknowledged (at its next sync)"
+            } else {
+                ""
+            }
+        )?;
+        if !f.volumes.is_empty() && !f.reclaim {
+            writeln!(
+                ctx.out,
+                "its volumes, as its newest root has them: {} (adopt one with `condense volume adopt VOL --from-host {}`; then `condense hosts forget {} --reclaim` gives up the rest and frees its part)",
+                f.volumes.join(", "),
+                f.host,
+                f.host
+            )?;
+        }
+        match &synced {
+            Ok(r) => {
+                writeln!(
+                    ctx.out,
+                    "{} condemned segments of this host deleted, {} waiting for the other hosts",
+                    r.segments_deleted, r.segments_condemned
+                )?;
+                write_sync_extras(ctx, r)?;
+            }
+            Err(e) => writeln!(ctx.out, "the sync after it failed: {e:#}")?,
+        }
+    }
+    Ok(i32::from(synced.is_err()))
 }

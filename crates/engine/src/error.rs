@@ -58,6 +58,8 @@ pub enum Error {
     SnapshotReadOnly(String),
     #[error("volume {volume:?} was moved to host {host}: it is written there now (this host only reads it until that host adopted it)")]
     VolumeMoved { volume: String, host: String },
+    #[error("volume {volume:?}: writes are refused here: {why}")]
+    WritesRefused { volume: String, why: String },
     #[error("{0}")]
     Busy(String),
     #[error("volume {volume:?} is held by host {host}, which shares this pool{detail}: pick another name, or move it here (`condense volume move {volume} --to HOST` on that host)")]
@@ -133,7 +135,10 @@ impl From<Error> for condense_api::VolumeError {
                 size,
             },
             Error::NoSpace(m) => V::NoSpace(m),
-            Error::ReadOnly | Error::SnapshotReadOnly(_) | Error::VolumeMoved { .. } => V::ReadOnly,
+            Error::ReadOnly
+            | Error::SnapshotReadOnly(_)
+            | Error::VolumeMoved { .. }
+            | Error::WritesRefused { .. } => V::ReadOnly,
             Error::Busy(m) => V::Busy(m),
             e @ Error::HeldByHost { .. } => V::Busy(e.to_string()),
             e @ (Error::Checksum { .. }

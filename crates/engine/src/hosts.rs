@@ -3,9 +3,10 @@
 //! emptied deleted only once every other host let them go.
 //!
 //! Owns: the peers (the other hosts' trees, open read-only: [`Pool::attach_peers`]), the
-//! fold ([`Pool::sync_hosts`]), the condemned segments (`hosts/condemned`) and this host's
-//! progress with each peer (`hosts/peer/SS`), both metadata records in the checkpoint root,
-//! which is how the other hosts read them.
+//! fold ([`Pool::sync_hosts`]), the hand-overs (move, adopt, clone from a host: the records
+//! `hosts/released/NAME`, `hosts/adopted/SS/NAME`, `hosts/pending/NAME`), the condemned
+//! segments (`hosts/condemned`) and this host's progress with each peer (`hosts/peer/SS`),
+//! all metadata records in the checkpoint root, which is how the other hosts read them.
 //!
 //! The protocol, for hosts A (owner of segment S) and B:
 //! - **Fold.** B reads A's newest root and, for every live chunk A added since B's last fold
@@ -22,7 +23,14 @@
 //!   (A's root no longer names S, and B skips condemned segments).
 //! - **Delete.** A deletes S once every other host's newest root acknowledges `n` and none of
 //!   its referenced chunks is in S. A host that never folds again keeps S forever: safe,
-//!   never a loss.
+//!   never a loss, until it is forgotten (`crate::hosts_forget`: its acknowledgements are then
+//!   no longer awaited).
+//!
+//! Hand-overs (`move`, `adopt`, `clone --from-host`) are resumable: each step leaves a durable
+//! state the next run of the same command, or the next sync, continues. A volume being made by
+//! an adopt or a clone carries `hosts/pending/NAME` from the commit that creates it to the one
+//! that completes it (its writes are refused meanwhile; mapping its blocks again is
+//! idempotent); a move run again to the same host publishes the hand-over it recorded.
 //!
 //! Invariants:
 //! - A chunk's record is read from another host's segment only while that segment is not
@@ -33,8 +41,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::hosts::{
-    released_slot, released_turn, released_value, Condemned, ADOPTED_PREFIX, PEER_KEY_PREFIX,
-    RELEASED_PREFIX,
+    released_slot, released_turn, released_value, Condemned, Forgotten, Pending, ADOPTED_PREFIX,
+    PEER_KEY_PREFIX, RELEASED_PREFIX,
 };
 pub use crate::format::hosts::{released_to, Progress};
 
@@ -66,6 +74,9 @@ pub struct PeerReport {
     pub its_progress: Progress,
     /// Why it could not be read (its tree is then left as it was).
     pub error: Option<String>,
+    /// It was forgotten (`condense hosts forget`): not folded, its acknowledgements not
+    /// awaited.
+    pub forgotten: bool,
 }
 
 /// What [`Pool::sync_hosts`] did.
@@ -84,6 +95,18 @@ pub struct HostsReport {
     /// whose volume is not here (crate::volume_claims).
     pub claims_put: u64,
     pub claims_deleted: u64,
+    /// Hand-overs of this host that had stopped half way and this sync finished (adopts and
+    /// clones from another host made whole), and those still unfinished (why).
+    pub handovers_finished: Vec<String>,
+    pub handovers_unfinished: Vec<(String, String)>,
+    /// Volume names this host's part holds that another host's part holds too
+    /// ([`Pool::check_volume_names`]).
+    pub name_conflicts: Vec<crate::hosts_forget::NameConflict>,
+    /// Forgotten hosts' parts: segments deleted now (and their bytes), and why a reclaim
+    /// waits.
+    pub reclaimed_segments: u64,
+    pub reclaimed_bytes: u64,
+    pub reclaim_waiting: Vec<String>,
 }
 
 impl Pool {
@@ -148,27 +171,48 @@ impl Pool {
             ..HostsReport::default()
         };
         let peers = self.attach_peers()?;
+        let forgotten = self.forgotten_hosts();
+        if forgotten.contains_key(&self.slot) {
+            return Err(Error::Invalid(format!(
+                "this host (slot {:02x}) was forgotten by another host of the pool (`condense hosts forget`): its volumes may be adopted elsewhere, and its part's space reclaimed; it must not write this part any more. Stop it, and join the pool again as a new host from a new local directory (`condense connect URL --join`)",
+                self.slot
+            )));
+        }
         let mut all_read = true;
         let mut opened = Vec::new();
-        for (peer, pool) in peers {
+        for (peer, pool) in &peers {
+            let gone = forgotten.contains_key(&peer.slot);
             let mut pr = PeerReport {
                 slot: peer.slot,
                 host: peer.host.clone(),
                 url: peer.url.clone(),
+                forgotten: gone,
                 ..PeerReport::default()
             };
-            match pool.and_then(|p| self.fold_peer(&p, peer.slot, &mut pr).map(|()| p)) {
-                Ok(p) => opened.push(p),
+            let folded = match pool {
+                Ok(p) => self
+                    .fold_peer(p, peer.slot, &mut pr, gone)
+                    .map(|()| p.clone()),
+                Err(e) => Err(Error::Invalid(e.to_string())),
+            };
+            match folded {
+                // A forgotten host's acknowledgements are not awaited: the sweep leaves it out.
+                Ok(p) if !gone => opened.push(p),
+                Ok(_) => {}
                 Err(e) => {
-                    all_read = false;
+                    // A forgotten host that cannot be read holds nothing back.
+                    all_read &= gone;
                     pr.error = Some(e.to_string());
                 }
             }
             pr.progress = Progress::read(&lock(&self.state).md.meta, peer.slot);
             report.peers.push(pr);
         }
+        self.ack_forgets(&forgotten)?;
         let by_slot: BTreeMap<u8, Arc<Pool>> = lock(&self.peers).clone();
         report.volumes_moved_out = self.finish_moves(&by_slot)?;
+        self.finish_handovers(&peers, &forgotten, &mut report);
+        report.name_conflicts = self.check_volume_names(&by_slot, &forgotten)?;
         let guard = lock(&self.sync_lock);
         if all_read {
             report.segments_deleted = self.sweep(&opened, &guard)?;
@@ -178,6 +222,7 @@ impl Pool {
         drop(guard);
         self.drop_claims_of_deleted(deleted);
         report.segments_condemned = Condemned::read(&lock(&self.state).md.meta).segs.len() as u64;
+        self.reclaim_forgotten(&peers, &forgotten, &mut report)?;
         let tidy = self.tidy_volume_claims()?;
         report.claims_put = tidy.claimed;
         report.claims_deleted = tidy.deleted;
@@ -185,7 +230,8 @@ impl Pool {
     }
 
     /// Fold one peer in: let go of its condemned segments, then fold its new chunks.
-    fn fold_peer(&self, peer: &Pool, slot: u8, pr: &mut PeerReport) -> Result<()> {
+    /// A forgotten host (`forgotten`) is let go of only: its new chunks are not folded.
+    fn fold_peer(&self, peer: &Pool, slot: u8, pr: &mut PeerReport, forgotten: bool) -> Result<()> {
         let mut progress = Progress::read(&lock(&self.state).md.meta, slot);
         let (condemned, its_progress) = {
             let st = lock(&peer.state);
@@ -231,8 +277,13 @@ impl Pool {
             pr.chunks_let_go = gr.chunks_moved + gr.chunks_dropped;
         }
         progress.acked = progress.acked.max(condemned.next);
-        // 2. Its chunks added since the last fold.
-        let peer_next = lock(&peer.state).md.chunks.next_id;
+        // 2. Its chunks added since the last fold (none of a forgotten host: this host adds
+        // no chunk that names its part).
+        let peer_next = if forgotten {
+            progress.through
+        } else {
+            lock(&peer.state).md.chunks.next_id
+        };
         let per = CHUNKS_PER_PAGE as u64;
         let mut page = progress.through / per;
         while page * per < peer_next {
@@ -336,7 +387,7 @@ impl Pool {
 
     /// The segments of this (peer's) tree that are in its store: every one but those a
     /// writer still holds in its local directory.
-    fn uploaded_segments(&self) -> Vec<(u32, Arc<dyn File>)> {
+    pub(crate) fn uploaded_segments(&self) -> Vec<(u32, Arc<dyn File>)> {
         let held: BTreeSet<String> = self
             .dir
             .held()
@@ -412,6 +463,12 @@ pub struct HostOverview {
     pub lease: Option<crate::remote::LeaseBody>,
     /// Why something of it could not be read.
     pub error: Option<String>,
+    /// It was forgotten (`condense hosts forget`), and whether its part's space was
+    /// reclaimed: `forgotten`, `forgotten, reclaim pending` or `forgotten, reclaimed`.
+    pub forgotten: Option<String>,
+    /// This host's part only: hand-overs not finished and names in conflict
+    /// ([`Pool::hand_over_notes`]).
+    pub notes: Vec<String>,
 }
 
 impl Pool {
@@ -435,8 +492,10 @@ impl Pool {
             },
             url: self.dir.describe(),
             this_host: true,
+            notes: self.hand_over_notes(),
             ..HostOverview::default()
         };
+        let forgotten = self.forgotten_hosts();
         let mut parts = vec![(own, Some(self), own_local.to_path_buf())];
         for p in &peers {
             let h = HostOverview {
@@ -444,6 +503,14 @@ impl Pool {
                 host: p.host.clone(),
                 url: p.url.clone(),
                 folded_through: Some(progress.get(&p.slot).map_or(0, |pr| pr.through)),
+                forgotten: forgotten.get(&p.slot).map(|f| {
+                    match (f.reclaim, f.reclaimed) {
+                        (_, true) => "forgotten, reclaimed",
+                        (true, false) => "forgotten, reclaim pending",
+                        (false, false) => "forgotten",
+                    }
+                    .to_string()
+                }),
                 ..HostOverview::default()
             };
             parts.push((h, opened.get(&p.slot).map(|x| &**x), p.local.clone()));
@@ -524,20 +591,28 @@ impl Pool {
                     snaps.join(", ")
                 )));
             }
-            if let Some(h) = released_to(&st.md.meta, name) {
-                return Err(Error::VolumeMoved {
-                    volume: name.into(),
-                    host: h,
-                });
+            match released_to(&st.md.meta, name) {
+                // Handed to that host already (a move that stopped before its root): the
+                // hand-over stands as recorded, and is published below.
+                Some(_) if released_slot(&st.md.meta, name) == Some(peer.slot) => {}
+                Some(h) => {
+                    return Err(Error::VolumeMoved {
+                        volume: name.into(),
+                        host: h,
+                    });
+                }
+                None => {
+                    self.commit(
+                        &mut st,
+                        vec![JournalRecord::MetaPut {
+                            key: format!("{RELEASED_PREFIX}{name}"),
+                            value: Some(released_value(peer.slot, &peer.host, turn)),
+                        }],
+                    )?;
+                }
             }
-            self.commit(
-                &mut st,
-                vec![JournalRecord::MetaPut {
-                    key: format!("{RELEASED_PREFIX}{name}"),
-                    value: Some(released_value(peer.slot, &peer.host, turn)),
-                }],
-            )?;
         }
+        self.handover_point(STEP_RELEASED)?;
         let sync = lock(&self.sync_lock);
         self.checkpoint_locked(&sync)?;
         Ok(MoveReport {
@@ -549,12 +624,31 @@ impl Pool {
     }
 
     /// Take volume `name` over from host `from`, which handed it to this host
-    /// ([`Pool::move_out_volume`]): a clone of it under the same name as `from`'s newest root
-    /// has it (everything flushed there before the hand-over), durable on return.
+    /// ([`Pool::move_out_volume`]) or was forgotten ([`Pool::forget_host`]): a clone of it
+    /// under the same name as `from`'s newest root has it (everything flushed there before the
+    /// hand-over), durable on return. Resumable: an adopt that stopped half way (its claim
+    /// put, its volume half made: `hosts/pending/NAME`) is continued by running it again or
+    /// by the next [`Pool::sync_hosts`]; one that finished but was not published yet is
+    /// published.
     pub fn adopt_volume(&self, name: &str, from: &str) -> Result<MoveReport> {
         let one_gc = lock(&self.gc_lock);
         self.writable(&lock(&self.state))?;
         let peers = self.attach_peers()?;
+        let report = self.adopt_locked(&peers, name, from)?;
+        drop(one_gc);
+        let sync = lock(&self.sync_lock);
+        self.checkpoint_locked(&sync)?;
+        Ok(report)
+    }
+
+    /// [`Pool::adopt_volume`] with the other hosts' parts just opened; the caller holds
+    /// `gc_lock` and checkpoints.
+    fn adopt_locked(
+        &self,
+        peers: &[(Peer, Result<Arc<Pool>>)],
+        name: &str,
+        from: &str,
+    ) -> Result<MoveReport> {
         let (p, peer) = peers
             .iter()
             .find(|(p, _)| p.answers_to(from))
@@ -565,37 +659,75 @@ impl Pool {
             })?;
         let p = p.clone();
         let peer = peer.as_ref().map_err(|e| Error::Invalid(e.to_string()))?;
-        let (to_me, turn) = {
-            let st = lock(&peer.state);
-            (
-                released_slot(&st.md.meta, name),
-                released_turn(&st.md.meta, name).unwrap_or(1),
-            )
-        };
-        if to_me != Some(self.slot) {
-            return Err(Error::Invalid(format!(
-                "host {from} has not handed volume {name:?} to this host (slot {:02x}){}: run `condense volume move {name} --to HOST` on host {from} first",
-                self.slot,
-                match to_me {
-                    Some(s) => format!(" but to slot {s:02x}"),
-                    None => String::new(),
-                }
-            )));
-        }
-        let clone = self.clone_from_peers(&peers, &p.host, name, (name, turn))?;
-        drop(one_gc);
-        self.meta_put(
-            &format!("{ADOPTED_PREFIX}{:02x}/{name}", p.slot),
-            Some(b"adopted\n"),
-        )?;
-        let sync = lock(&self.sync_lock);
-        self.checkpoint_locked(&sync)?;
-        Ok(MoveReport {
+        let adopted_key = format!("{ADOPTED_PREFIX}{:02x}/{name}", p.slot);
+        let report = |clone| MoveReport {
             volume: name.into(),
-            host: p.host,
+            host: p.host.clone(),
             slot: p.slot,
-            clone: Some(clone),
-        })
+            clone,
+        };
+        {
+            let st = lock(&self.state);
+            if st.md.meta.contains_key(&adopted_key)
+                && st.md.names.contains_key(name)
+                && !st.md.meta.contains_key(&Pending::key(name))
+            {
+                // Adopted already: only its root may be missing (the caller makes it).
+                return Ok(report(None));
+            }
+        }
+        let forgotten = self.forgotten_hosts().remove(&p.slot);
+        let turn = match &forgotten {
+            Some(f) if f.reclaim => {
+                return Err(Error::Invalid(format!(
+                    "host {from} was forgotten and its part's space is being reclaimed (`condense hosts forget --reclaim`): its volumes that were not adopted before are given up"
+                )))
+            }
+            // Nobody released it: claimed one turn above every claim of the name.
+            Some(_) => self.claim_turns(name)?.map_or(1, |t| t + 1),
+            None => {
+                let (to_me, turn) = {
+                    let st = lock(&peer.state);
+                    (
+                        released_slot(&st.md.meta, name),
+                        released_turn(&st.md.meta, name).unwrap_or(1),
+                    )
+                };
+                if to_me != Some(self.slot) {
+                    return Err(Error::Invalid(format!(
+                        "host {from} has not handed volume {name:?} to this host (slot {:02x}){}: run `condense volume move {name} --to HOST` on host {from} first (or, if that host is gone for good, `condense hosts forget {from}` here)",
+                        self.slot,
+                        match to_me {
+                            Some(s) => format!(" but to slot {s:02x}"),
+                            None => String::new(),
+                        }
+                    )));
+                }
+                turn
+            }
+        };
+        let pending = Pending {
+            op: "adopt".into(),
+            from: p.slot,
+            source: name.into(),
+            turn,
+        };
+        let clone = self.clone_or_resume(peers, &p.host, name, &pending)?;
+        if forgotten.is_some() {
+            // No hand-over named this slot: two hosts may adopt at once. The claim rule
+            // decides, as for a new volume (docs/S3.md "Volume claims").
+            self.confirm_claim(name)?;
+        }
+        self.handover_point(STEP_FILLED)?;
+        self.complete_pending(
+            name,
+            vec![JournalRecord::MetaPut {
+                key: adopted_key,
+                value: Some(b"adopted\n".to_vec()),
+            }],
+        )?;
+        self.handover_point(STEP_COMPLETED)?;
+        Ok(report(Some(clone)))
     }
 
     /// Take volumes `names` over from host `from`, which is gone (docs/S3.md "Taking over
@@ -666,8 +798,12 @@ impl Pool {
     /// Best effort: two hosts creating one name within a fold interval both succeed (exact
     /// names across hosts need volume claims, not built).
     pub(crate) fn held_by_another_host(&self, name: &str) -> Option<String> {
+        let forgotten = self.forgotten_hosts();
         let peers = lock(&self.peers).clone();
         let slot = peers.iter().find_map(|(slot, p)| {
+            if forgotten.contains_key(slot) {
+                return None; // a forgotten host's volumes are adopted without a hand-over
+            }
             let st = lock(&p.state);
             (st.md.names.contains_key(name) && released_slot(&st.md.meta, name) != Some(self.slot))
                 .then_some(*slot)
@@ -676,7 +812,7 @@ impl Pool {
     }
 
     /// The other host `host` names (its name or slot), as the registry has it.
-    fn peer_named(&self, host: &str) -> Result<Peer> {
+    pub(crate) fn peer_named(&self, host: &str) -> Result<Peer> {
         self.dir
             .peers()
             .map_err(|e| Error::io("listing the hosts of the pool", e))?
@@ -760,28 +896,112 @@ impl Pool {
     /// snapshot `VOL@SNAP`) of host `host`'s part, as that host's newest root has it. No data
     /// moves: every block names the record the source's block names (found by fingerprint
     /// among this host's chunks, or added as a chunk pointing at it), so the clone costs
-    /// reads of that host's metadata only. Durable on return.
+    /// reads of that host's metadata only. Durable on return. Resumable: a clone that stopped
+    /// half way (`hosts/pending/NEW`) is made whole by running it again, or by the next
+    /// [`Pool::sync_hosts`].
     pub fn clone_from_host(&self, host: &str, source: &str, new: &str) -> Result<CloneReport> {
         crate::pool::check_new_volume_name(new)?;
         // No fold meanwhile: condemnations seen here are the ones this clone checks.
         let _one_gc = lock(&self.gc_lock);
         self.writable(&lock(&self.state))?;
         let peers = self.attach_peers()?;
-        self.clone_from_peers(&peers, host, source, (new, 0))
+        let from = peers
+            .iter()
+            .find(|(p, _)| p.answers_to(host))
+            .map_or(self.slot, |(p, _)| p.slot);
+        let pending = Pending {
+            op: "clone".into(),
+            from,
+            source: source.into(),
+            turn: 0,
+        };
+        let report = self.clone_or_resume(&peers, host, new, &pending)?;
+        self.handover_point(STEP_FILLED)?;
+        self.complete_pending(new, Vec::new())?;
+        Ok(report)
     }
 
-    /// [`Pool::clone_from_host`] with the other hosts' parts just opened, the new volume's
-    /// name claimed at `turn`; the caller holds `gc_lock`.
-    fn clone_from_peers(
+    /// Make volume `new` as `pending` says (a clone of `pending.source` on host `host`), or,
+    /// if an earlier run of the same hand-over stopped half way, make its half-made volume
+    /// whole (every block mapped again: idempotent). The caller holds `gc_lock` and removes
+    /// the pending record once the hand-over is complete ([`Pool::complete_pending`]).
+    fn clone_or_resume(
         &self,
         peers: &[(Peer, Result<Arc<Pool>>)],
         host: &str,
-        source: &str,
-        (new, turn): (&str, u32),
+        new: &str,
+        pending: &Pending,
     ) -> Result<CloneReport> {
+        let (p, peer, condemned) = self.source_host(peers, host)?;
+        if let Some(f) = self.forgotten_hosts().get(&p.slot).filter(|f| f.reclaim) {
+            return Err(Error::Invalid(format!(
+                "host {host} ({}) was forgotten and its part's space is being reclaimed: nothing of it can be cloned any more",
+                f.host
+            )));
+        }
+        let source = pending.source.as_str();
+        let src = peer.volume_id(source).map_err(|_| {
+            Error::NotFound(format!(
+                "{source} on host {host} (as its newest root has it: a volume written there since its last checkpoint is not visible yet; `condense hosts sync` on that host publishes it)"
+            ))
+        })?;
+        let size = peer.volume_size(src, source)?;
+        let mut report = CloneReport {
+            host: p.host.clone(),
+            slot: p.slot,
+            ..CloneReport::default()
+        };
+        let half_made = lock(&self.state).md.meta.get(&Pending::key(new)).cloned();
+        if let Some(v) = half_made {
+            let Some(was) = Pending::decode(&v).filter(|w| {
+                w.op == pending.op && w.from == pending.from && w.source == pending.source
+            }) else {
+                return Err(Error::Invalid(format!(
+                    "volume {new:?} is half made by another hand-over ({}): finish that one (`condense hosts` names it), or delete the volume",
+                    String::from_utf8_lossy(&v).replace('\n', " ").trim()
+                )));
+            };
+            let mine = self.volume_id(new)?;
+            if self.volume_size(mine, new)? != size {
+                return Err(Error::Invalid(format!(
+                    "volume {new:?} is half made from {source} on host {host}, whose size changed since: delete it (`condense volume delete {new}`) and run the {} again",
+                    was.op
+                )));
+            }
+            self.fill_clone(&peer, src, (source, host), new, &condemned, &mut report)?;
+            return Ok(report);
+        }
+        let mark = JournalRecord::MetaPut {
+            key: Pending::key(new),
+            value: Some(pending.encode()),
+        };
+        self.create_volume_with(new, size, pending.turn, vec![mark])?;
+        self.handover_point(STEP_CREATED)?;
+        let cloned = self.fill_clone(&peer, src, (source, host), new, &condemned, &mut report);
+        if let Err(e) = cloned {
+            if self.handover_stopped() {
+                return Err(e); // a simulated kill leaves everything as it is
+            }
+            // Half a clone is no clone: it goes (its chunks return to GC).
+            if let Err(d) = self.delete_volume(new) {
+                tracing::warn!("clone {new} failed ({e}) and could not be removed: {d}");
+            }
+            return Err(e);
+        }
+        Ok(report)
+    }
+
+    /// The host `host` names among `peers` (just opened), its part, and every part's
+    /// condemned segments.
+    #[allow(clippy::type_complexity)]
+    fn source_host(
+        &self,
+        peers: &[(Peer, Result<Arc<Pool>>)],
+        host: &str,
+    ) -> Result<(Peer, Arc<Pool>, HashMap<u8, BTreeSet<u32>>)> {
         let known: Vec<String> = peers.iter().map(|(p, _)| p.host.clone()).collect();
         let mut condemned: HashMap<u8, BTreeSet<u32>> = HashMap::new();
-        let mut peer = None;
+        let mut found = None;
         for (p, opened) in peers {
             let Ok(pool) = opened else { continue };
             condemned.insert(
@@ -792,11 +1012,11 @@ impl Pool {
                     .collect(),
             );
             if p.answers_to(host) {
-                peer = Some((p.clone(), pool.clone()));
+                found = Some((p.clone(), pool.clone()));
             }
         }
-        let Some((p, peer)) = peer else {
-            if let Some((_, Err(e))) = peers.iter().find(|(p, _)| p.host == host) {
+        let Some((p, peer)) = found else {
+            if let Some((_, Err(e))) = peers.iter().find(|(p, _)| p.answers_to(host)) {
                 return Err(Error::Invalid(format!("host {host}: {e}")));
             }
             return Err(Error::NotFound(format!(
@@ -808,27 +1028,22 @@ impl Pool {
                 }
             )));
         };
-        let src = peer.volume_id(source).map_err(|_| {
-            Error::NotFound(format!(
-                "{source} on host {host} (as its newest root has it: a volume written there since its last checkpoint is not visible yet; `condense hosts sync` on that host publishes it)"
-            ))
-        })?;
-        let size = peer.volume_size(src, source)?;
-        self.create_volume_at(new, size, turn)?;
-        let mut report = CloneReport {
-            host: p.host.clone(),
-            slot: p.slot,
-            ..CloneReport::default()
-        };
-        let cloned = self.fill_clone(&peer, src, (source, host), new, &condemned, &mut report);
-        if let Err(e) = cloned {
-            // Half a clone is no clone: it goes (its chunks return to GC).
-            if let Err(d) = self.delete_volume(new) {
-                tracing::warn!("clone {new} failed ({e}) and could not be removed: {d}");
-            }
-            return Err(e);
+        Ok((p, peer, condemned))
+    }
+
+    /// The hand-over that made volume `name` is complete: its pending record goes, with
+    /// `extra` records in the same commit; durable on return.
+    fn complete_pending(&self, name: &str, mut extra: Vec<JournalRecord>) -> Result<()> {
+        extra.push(JournalRecord::MetaPut {
+            key: Pending::key(name),
+            value: None,
+        });
+        {
+            let mut st = lock(&self.state);
+            self.writable(&st)?;
+            self.commit(&mut st, extra)?;
         }
-        Ok(report)
+        self.flush()
     }
 
     /// [`Pool::clone_from_host`] after the new volume was made: its blocks, in batches.
@@ -886,7 +1101,7 @@ impl Pool {
                                 .is_some_and(|s| s.contains(&c.loc.segment));
                         if !readable {
                             return Err(Error::Invalid(format!(
-                                "{source} on host {host}: segment {:08x} of a block is being collected; run `condense hosts sync` on host {host}, then clone again",
+                                "{source} on host {host}: segment {:08x} of a block is being collected; run `condense hosts sync` on host {host}, then clone again (if host {host} was forgotten, a segment of another host it named may be deleted for good: its volume cannot be made whole here)",
                                 c.loc.segment
                             )));
                         }
@@ -918,9 +1133,163 @@ impl Pool {
                 entries: mapped,
             });
             self.commit(&mut st, records)?;
+            drop(st);
             first += n;
+            self.handover_point(STEP_FIRST_BATCH)?;
         }
         self.flush()
+    }
+}
+
+/// The steps of a hand-over at which a test can stop it as a kill would
+/// ([`Pool::stop_handovers_at`]): a move's release recorded but not published; an adopt's or
+/// clone's claim put, its volume made, its first batch of blocks mapped, every block mapped,
+/// and the adopt recorded but not published.
+pub const STEP_RELEASED: u32 = 1;
+pub const STEP_CLAIMED: u32 = 2;
+pub const STEP_CREATED: u32 = 3;
+pub const STEP_FIRST_BATCH: u32 = 4;
+pub const STEP_FILLED: u32 = 5;
+pub const STEP_COMPLETED: u32 = 6;
+/// `handover_stop` once a stop was hit: every later step stops too.
+const STOPPED: u32 = u32::MAX;
+
+impl Pool {
+    /// Tests only: stop this open's next hand-over at `step` (one of the `STEP_` constants)
+    /// as a kill would: the command fails there, and nothing after that step runs (no
+    /// clean-up either). The test then closes the pool and runs the command again.
+    #[doc(hidden)]
+    pub fn stop_handovers_at(&self, step: u32) {
+        self.handover_stop
+            .store(step, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A step of a hand-over: fails if a test stops it here (or stopped it before).
+    pub(crate) fn handover_point(&self, step: u32) -> Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let at = self.handover_stop.load(Relaxed);
+        if at != 0 && (at == step || at == STOPPED) {
+            self.handover_stop.store(STOPPED, Relaxed);
+            return Err(Error::Invalid(format!(
+                "hand-over stopped at step {step} (a test's simulated kill)"
+            )));
+        }
+        Ok(())
+    }
+
+    fn handover_stopped(&self) -> bool {
+        self.handover_stop
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == STOPPED
+    }
+
+    /// The hosts forgotten (`condense hosts forget`), as this host's root and the newest
+    /// roots of the other hosts it read last record it: a forget recorded by any host is
+    /// honoured by every host.
+    pub fn forgotten_hosts(&self) -> BTreeMap<u8, Forgotten> {
+        let mut all = Forgotten::all(&lock(&self.state).md.meta);
+        let peers: Vec<Arc<Pool>> = lock(&self.peers).values().cloned().collect();
+        for p in peers {
+            for (slot, f) in Forgotten::all(&lock(&p.state).md.meta) {
+                let e = all.entry(slot).or_insert_with(|| f.clone());
+                e.reclaim |= f.reclaim;
+                e.reclaimed |= f.reclaimed;
+            }
+        }
+        all
+    }
+
+    /// The highest turn of the other hosts' claims of `name` (`None`: none, or a pool of one
+    /// host): a re-run of an adopt reuses this host's own claim above them.
+    fn claim_turns(&self, name: &str) -> Result<Option<u32>> {
+        let Some(reg) = self.dir.volume_claims() else {
+            return Ok(None);
+        };
+        let claims = reg
+            .list(Some(name))
+            .map_err(|e| Error::io(format!("listing the claims of volume {name}"), e))?;
+        Ok(claims
+            .iter()
+            .filter(|c| c.slot != self.slot)
+            .map(|c| c.turn)
+            .max())
+    }
+
+    /// After claiming `name` without a hand-over naming this slot (an adopt from a forgotten
+    /// host): wait for a racing claim to show and check that this host's claim wins; if not,
+    /// the half-made volume goes and the name is refused.
+    fn confirm_claim(&self, name: &str) -> Result<()> {
+        let Some(reg) = self.dir.volume_claims() else {
+            return Ok(());
+        };
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let claims = reg
+            .list(Some(name))
+            .map_err(|e| Error::io(format!("listing the claims of volume {name}"), e))?;
+        let Some(w) = crate::format::hosts::VolumeClaim::winner(&claims) else {
+            return Ok(());
+        };
+        if w.slot == self.slot {
+            return Ok(());
+        }
+        let host = self.host_name_of(w.slot);
+        if let Err(e) = self.delete_volume(name) {
+            tracing::warn!("volume {name}: its copy here lost the claim to host {host} and could not be removed: {e}");
+        }
+        Err(Error::HeldByHost {
+            volume: name.into(),
+            host,
+            detail: " (both hosts adopted it at once; the claim rule chose)".into(),
+        })
+    }
+
+    /// At a sync: finish this host's hand-overs that stopped half way (each `hosts/pending/`
+    /// record): an adopt or a clone made whole from its source; a clone whose source is gone
+    /// is removed. The caller holds `gc_lock`.
+    fn finish_handovers(
+        &self,
+        peers: &[(Peer, Result<Arc<Pool>>)],
+        forgotten: &BTreeMap<u8, Forgotten>,
+        report: &mut HostsReport,
+    ) {
+        let pending = Pending::all(&lock(&self.state).md.meta);
+        for (name, p) in pending {
+            let Some(p) = p else {
+                report.handovers_unfinished.push((
+                    name,
+                    "its hosts/pending record does not parse: delete the volume".into(),
+                ));
+                continue;
+            };
+            let from = format!("{:02x}", p.from);
+            let done = if p.op == "adopt" {
+                self.adopt_locked(peers, &name, &from).map(|_| ())
+            } else {
+                match self.clone_or_resume(peers, &from, &name, &p) {
+                    Ok(_) => self.complete_pending(&name, Vec::new()),
+                    Err(Error::NotFound(why)) if !forgotten.contains_key(&p.from) => {
+                        tracing::warn!(
+                            "clone {name} stopped half way and its source is gone ({why}): removed"
+                        );
+                        self.delete_volume(&name)
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            match done {
+                Ok(()) => {
+                    tracing::info!(
+                        "hosts: the {} of volume {name} that had stopped half way is finished",
+                        p.op
+                    );
+                    report.handovers_finished.push(name);
+                }
+                Err(e) => {
+                    tracing::warn!("hosts: the {} of volume {name} stopped half way and cannot be finished now: {e}", p.op);
+                    report.handovers_unfinished.push((name, e.to_string()));
+                }
+            }
+        }
     }
 }
 

@@ -46,6 +46,7 @@ pub mod format;
 pub mod fuzz;
 pub mod gc;
 pub mod hosts;
+pub mod hosts_forget;
 pub mod importing;
 pub mod io;
 pub mod journal;

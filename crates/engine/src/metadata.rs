@@ -171,6 +171,12 @@ impl Metadata {
                 host,
             });
         }
+        if let Some(why) = crate::format::hosts::writes_refused(&self.meta, &v.name) {
+            return Err(Error::WritesRefused {
+                volume: v.name.clone(),
+                why,
+            });
+        }
         Ok(v)
     }
 

@@ -1,7 +1,10 @@
 //! The metadata records of a pool several hosts share (docs/S3.md "Many hosts"; docs/FORMAT.md,
 //! "Checkpoint root"), text values of the root's named records: this host's condemned segments
 //! (`hosts/condemned`), its progress with each other host (`hosts/peer/SS`), the volumes it
-//! handed to another host (`hosts/released/NAME`) and adopted from one (`hosts/adopted/SS/NAME`).
+//! handed to another host (`hosts/released/NAME`) and adopted from one (`hosts/adopted/SS/NAME`),
+//! those half made by a hand-over (`hosts/pending/NAME`), the hosts it forgot
+//! (`hosts/forgotten/SS`) and its acknowledgements of forgets (`hosts/forgot/SS`), and names
+//! another host's part holds too (`hosts/conflict/NAME`).
 //!
 //! Invariants: a value that does not parse is read as less (fewer condemned segments, less
 //! progress, no hand-over), which only delays a deletion or a move, never loses data; sequence
@@ -167,6 +170,173 @@ fn released_field(meta: &Meta, name: &str, field: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The metadata record of a volume this host is making by a hand-over that has not finished
+/// (`hosts/pending/NAME`): an adoption or a clone from another host, killed or failed half
+/// way. Written in the same commit as the volume's creation and removed in the commit that
+/// completes it; while it is there the volume's writes are refused, and the next `volume
+/// adopt` / `volume clone --from-host` of it, or `hosts sync`, makes it again from its source.
+pub const PENDING_PREFIX: &str = "hosts/pending/";
+/// The metadata record of a host forgotten by this one (`hosts/forgotten/SS`): its
+/// acknowledgements are no longer awaited, its volumes may be adopted without a hand-over,
+/// and with `reclaim=1` its part's segments that no other host names are deleted.
+pub const FORGOTTEN_PREFIX: &str = "hosts/forgotten/";
+/// The metadata record by which a host acknowledges a forget (`hosts/forgot/SS`): from the
+/// root that holds it on, this host adds no chunk that names a segment of that part.
+pub const FORGOT_ACK_PREFIX: &str = "hosts/forgot/";
+/// The metadata record of a volume name this host holds that another host's part holds too,
+/// where the claim rule gave the name to the other host (`hosts/conflict/NAME`: `winner=SS`,
+/// `host=NAME`): its writes are refused here until one of the two is deleted or renamed.
+pub const CONFLICT_PREFIX: &str = "hosts/conflict/";
+
+/// What a half-made volume ([`PENDING_PREFIX`]) is being made from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    /// `adopt` (a hand-over, or a forgotten host's volume) or `clone` (`--from-host`).
+    pub op: String,
+    /// The source host's slot and the source volume (or `VOL@SNAP`) there.
+    pub from: u8,
+    pub source: String,
+    /// The claim turn the volume was claimed at.
+    pub turn: u32,
+}
+
+impl Pending {
+    pub fn key(name: &str) -> String {
+        format!("{PENDING_PREFIX}{name}")
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        format!(
+            "op={}\nfrom={:02x}\nsource={}\nturn={}\n",
+            self.op, self.from, self.source, self.turn
+        )
+        .into_bytes()
+    }
+
+    /// `None` if a field is missing or does not parse (the volume is then left alone).
+    pub fn decode(v: &[u8]) -> Option<Pending> {
+        let text = String::from_utf8_lossy(v);
+        let field = |f: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(f))
+                .map(str::to_string)
+        };
+        let op = field("op=").filter(|o| o == "adopt" || o == "clone")?;
+        Some(Pending {
+            op,
+            from: u8::from_str_radix(&field("from=")?, 16).ok()?,
+            source: field("source=").filter(|s| !s.is_empty())?,
+            turn: field("turn=")?.parse().ok()?,
+        })
+    }
+
+    /// Every half-made volume of a root: name → what it is made from.
+    pub fn all(meta: &Meta) -> BTreeMap<String, Option<Pending>> {
+        with_prefix(meta, PENDING_PREFIX)
+            .map(|(name, v)| (name.to_string(), Pending::decode(v)))
+            .collect()
+    }
+}
+
+/// The records of `meta` under `prefix`: (the rest of the key, the value).
+pub fn with_prefix<'a>(
+    meta: &'a Meta,
+    prefix: &'a str,
+) -> impl Iterator<Item = (&'a str, &'a [u8])> {
+    meta.range(prefix.to_string()..)
+        .take_while(move |(k, _)| k.starts_with(prefix))
+        .map(move |(k, v)| (&k[prefix.len()..], v.as_slice()))
+}
+
+/// A forgotten host ([`FORGOTTEN_PREFIX`]): its name, when, and whether its part's space is
+/// to be reclaimed (its volumes not adopted by then given up).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Forgotten {
+    pub host: String,
+    pub at_unix: u64,
+    pub reclaim: bool,
+    /// The reclaim ran (its segments no host named were deleted).
+    pub reclaimed: bool,
+}
+
+impl Forgotten {
+    pub fn key(slot: u8) -> String {
+        format!("{FORGOTTEN_PREFIX}{slot:02x}")
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        format!(
+            "host={}\nat={}\nreclaim={}\nreclaimed={}\n",
+            self.host,
+            self.at_unix,
+            u8::from(self.reclaim),
+            u8::from(self.reclaimed)
+        )
+        .into_bytes()
+    }
+
+    /// A damaged value still forgets the host (the record's presence is what counts), but
+    /// reclaims nothing.
+    pub fn decode(v: &[u8]) -> Forgotten {
+        let text = String::from_utf8_lossy(v);
+        let field = |f: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(f))
+                .map(str::to_string)
+        };
+        Forgotten {
+            host: field("host=").unwrap_or_default(),
+            at_unix: field("at=").and_then(|s| s.parse().ok()).unwrap_or(0),
+            reclaim: field("reclaim=").as_deref() == Some("1"),
+            reclaimed: field("reclaimed=").as_deref() == Some("1"),
+        }
+    }
+
+    /// The hosts a root forgets, by slot.
+    pub fn all(meta: &Meta) -> BTreeMap<u8, Forgotten> {
+        with_prefix(meta, FORGOTTEN_PREFIX)
+            .filter_map(|(slot, v)| {
+                Some((u8::from_str_radix(slot, 16).ok()?, Forgotten::decode(v)))
+            })
+            .collect()
+    }
+}
+
+/// The slots whose forget a root acknowledges ([`FORGOT_ACK_PREFIX`]).
+pub fn forgets_acked(meta: &Meta) -> BTreeSet<u8> {
+    with_prefix(meta, FORGOT_ACK_PREFIX)
+        .filter_map(|(slot, _)| u8::from_str_radix(slot, 16).ok())
+        .collect()
+}
+
+/// Why writes to volume `name` are refused by a hand-over record other than a release: it is
+/// half made ([`PENDING_PREFIX`]), or its name is another host's ([`CONFLICT_PREFIX`]). On
+/// the write path: no allocation unless such a record exists at all.
+pub fn writes_refused(meta: &Meta, name: &str) -> Option<String> {
+    for prefix in [PENDING_PREFIX, CONFLICT_PREFIX] {
+        if with_prefix(meta, prefix).next().is_none() {
+            continue;
+        }
+        let Some(v) = meta.get(&format!("{prefix}{name}")) else {
+            continue;
+        };
+        if prefix == PENDING_PREFIX {
+            return Some(
+                "it is half made by a hand-over that stopped (an adopt or a clone from another host): run that command again, or `condense hosts sync`, to finish it".into(),
+            );
+        }
+        let text = String::from_utf8_lossy(v);
+        let host = text
+            .lines()
+            .find_map(|l| l.strip_prefix("host="))
+            .unwrap_or("another host");
+        return Some(format!(
+            "host {host} holds a volume of this name too, and the claim rule gave the name to it (docs/S3.md \"Volume claims\"): delete or rename one of the two copies"
+        ));
+    }
+    None
+}
+
 /// A host's claim of a volume name in a shared pool (docs/S3.md "Volume claims"): the object
 /// `volumes/HEXNAME/TTTTTTTT-SS-WWWWWWWWWWWWWWWW`, put once and never replaced: the name (hex
 /// of its bytes), the claim's turn (0 for a new volume, one more at each move), the claiming
@@ -267,6 +437,54 @@ mod tests {
         assert_eq!(Condemned::decode(&damaged), c);
         // A lost `next=` line never hands out a sequence number twice.
         assert_eq!(Condemned::decode(b"5 3\n").next, 4);
+    }
+
+    #[test]
+    fn hand_over_records_round_trip_and_damage_does_less() {
+        let p = Pending {
+            op: "adopt".into(),
+            from: 0x2a,
+            source: "vm 1@snap".into(),
+            turn: 7,
+        };
+        assert_eq!(Pending::decode(&p.encode()), Some(p.clone()));
+        for bad in [
+            &b""[..],
+            b"op=adopt\nfrom=zz\nsource=v\nturn=1\n",
+            b"op=rm\nfrom=01\nsource=v\nturn=1\n",
+            b"op=clone\nfrom=01\nsource=\nturn=1\n",
+            b"op=clone\nfrom=01\nsource=v\n",
+            b"\xff\xfe",
+        ] {
+            assert_eq!(Pending::decode(bad), None, "{bad:?}");
+        }
+        let f = Forgotten {
+            host: "h".into(),
+            at_unix: 5,
+            reclaim: true,
+            reclaimed: false,
+        };
+        assert_eq!(Forgotten::decode(&f.encode()), f);
+        // A damaged forget still forgets (the key counts), reclaiming nothing.
+        assert_eq!(Forgotten::decode(b"\xffjunk"), Forgotten::default());
+        let mut meta = Meta::new();
+        meta.insert(Forgotten::key(3), f.encode());
+        meta.insert(format!("{FORGOTTEN_PREFIX}zz"), f.encode());
+        meta.insert(format!("{FORGOT_ACK_PREFIX}03"), b"dropped=0\n".to_vec());
+        assert_eq!(
+            Forgotten::all(&meta).into_keys().collect::<Vec<_>>(),
+            vec![3]
+        );
+        assert_eq!(forgets_acked(&meta), BTreeSet::from([3]));
+        assert_eq!(writes_refused(&meta, "v"), None);
+        meta.insert(Pending::key("v"), p.encode());
+        meta.insert(
+            format!("{CONFLICT_PREFIX}w"),
+            b"winner=01\nhost=hb\n".to_vec(),
+        );
+        assert!(writes_refused(&meta, "v").is_some_and(|w| w.contains("half made")));
+        assert!(writes_refused(&meta, "w").is_some_and(|w| w.contains("host hb")));
+        assert_eq!(writes_refused(&meta, "x"), None);
     }
 
     #[test]

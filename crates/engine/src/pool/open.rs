@@ -423,6 +423,7 @@ impl Pool {
             destager: Mutex::new(None),
             peers: Mutex::new(Default::default()),
             deleted_names: Mutex::new(Default::default()),
+            handover_stop: Default::default(),
             _lock_file: lock_file,
         })
     }

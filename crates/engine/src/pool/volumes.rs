@@ -28,6 +28,18 @@ impl Pool {
     /// [`Pool::create_volume`]; in a pool shared with other hosts, once this host's claim of
     /// the name at `turn` won (crate::volume_claims).
     pub(crate) fn create_volume_at(&self, name: &str, size: u64, turn: u32) -> Result<()> {
+        self.create_volume_with(name, size, turn, Vec::new())
+    }
+
+    /// [`Pool::create_volume_at`], with `extra` records committed with the creation (a
+    /// hand-over's `hosts/pending/NAME`: the volume and the record are durable together).
+    pub(crate) fn create_volume_with(
+        &self,
+        name: &str,
+        size: u64,
+        turn: u32,
+        extra: Vec<JournalRecord>,
+    ) -> Result<()> {
         check_new_volume_name(name)?;
         self.check_size(size)?;
         if let Some(host) = self.held_by_another_host(name) {
@@ -41,28 +53,28 @@ impl Pool {
             return Err(Error::AlreadyExists(name.to_string()));
         }
         let claimed = self.claim_volume_name(name, turn)?;
-        let made = self.create_claimed(name, size);
+        self.handover_point(crate::hosts::STEP_CLAIMED)?;
+        let made = self.create_claimed(name, size, extra);
         if made.is_err() && claimed.is_some() {
             self.drop_claims_unless_held(name);
         }
         made
     }
 
-    fn create_claimed(&self, name: &str, size: u64) -> Result<()> {
+    fn create_claimed(&self, name: &str, size: u64, extra: Vec<JournalRecord>) -> Result<()> {
         let mut st = lock(&self.state);
         self.writable(&st)?;
         if st.md.names.contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
         }
         let vol = st.md.next_vol;
-        self.commit(
-            &mut st,
-            vec![JournalRecord::VolumeCreate {
-                vol,
-                size,
-                name: name.to_string(),
-            }],
-        )?;
+        let mut records = vec![JournalRecord::VolumeCreate {
+            vol,
+            size,
+            name: name.to_string(),
+        }];
+        records.extend(extra);
+        self.commit(&mut st, records)?;
         drop(st);
         self.after_metadata_change()
     }
@@ -87,13 +99,20 @@ impl Pool {
             )));
         }
         let mut records = vec![JournalRecord::VolumeDelete { vol }];
-        let mark = crate::importing::key(name);
-        if st.md.meta.contains_key(&mark) {
-            // No "import in progress" mark outlives its volume (engine::importing).
-            records.push(JournalRecord::MetaPut {
-                key: mark,
-                value: None,
-            });
+        // No "import in progress" mark (engine::importing), half-made hand-over or name
+        // conflict (engine::hosts) outlives its volume.
+        let marks = [
+            crate::importing::key(name),
+            crate::format::hosts::Pending::key(name),
+            format!("{}{name}", crate::format::hosts::CONFLICT_PREFIX),
+        ];
+        for mark in marks {
+            if st.md.meta.contains_key(&mark) {
+                records.push(JournalRecord::MetaPut {
+                    key: mark,
+                    value: None,
+                });
+            }
         }
         self.commit(&mut st, records)?;
         drop(st);

@@ -75,6 +75,8 @@ pub use lease::{Lease, LeaseBody, LEASE_SECONDS};
 pub use members::{join, list_members, member_url, split_member_url, FIRST_HOST, PEERS_SUBDIR};
 pub use object_dir::{RemoteDir, LOCAL_SUBDIR, REMOTE_CHECKPOINT_EVERY};
 pub(crate) use setup::open_local;
-pub use setup::{connect, init, is_local_dir, part_lease, stored_file, stored_files};
+pub use setup::{
+    connect, delete_part_files, init, is_local_dir, part_lease, stored_file, stored_files,
+};
 pub use wal::WalDir;
 pub(crate) use wal::{decode_wal, encode_wal};

@@ -404,3 +404,37 @@ pub(crate) fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
         after,
     })
 }
+
+/// Delete the pool files `names` of the part whose local directory is `path` (its
+/// `remote.conf` names the part) from the bucket, directly, without that part's lease: for
+/// the segments of a forgotten host's part that no other host names (`engine::hosts_forget`;
+/// the caller checked that its lease is not held). Returns the files and bytes deleted.
+pub fn delete_part_files(
+    path: &Path,
+    names: &std::collections::BTreeSet<String>,
+) -> Result<(u64, u64)> {
+    let conf = RemoteConf::decode(
+        &std::fs::read(path.join(REMOTE_CONF_NAME))
+            .map_err(|e| Error::io(format!("reading {}", path.display()), e))?,
+    )?;
+    let conf = RemoteConf {
+        read_only: false,
+        ..conf
+    };
+    let store = conf.backend(true)?;
+    let view = View::load(&*store, &conf.url)?;
+    let (mut files, mut bytes) = (0, 0);
+    for (name, (obj, len)) in view.files() {
+        if !names.contains(&name) {
+            continue;
+        }
+        match store.delete(&obj) {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(remote_error(&conf.url, e)),
+        }
+        files += 1;
+        bytes += len;
+    }
+    Ok((files, bytes))
+}
