@@ -31,16 +31,13 @@
 //!   a crash is deleted by the next writer of that slot;
 //! - in a pool of one host (nobody joined) nothing here runs: the pool lease is enough.
 
+use crate::claim_window::{Window, SETTLE, WINDOW_BOUND};
 use crate::error::{Error, Result};
 use crate::format::hosts::VolumeClaim;
 use crate::io::VolumeClaims;
 use crate::locks::lock;
 use crate::pool::Pool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// After putting a claim, wait this long before listing the claims again.
-const SETTLE: Duration = Duration::from_millis(1000);
 /// Claims put before a race is given up as too slow a store.
 const TRIES: usize = 3;
 
@@ -69,57 +66,16 @@ impl Pool {
     }
 
     /// Claim volume name `name` for this host at `turn` (0: a new volume; a move's turn: the
-    /// adopter), by the protocol of the module docs. `Ok(None)` in a pool of one host.
+    /// adopter), by the protocol of the module docs ([`claim_name`]). `Ok(None)` in a pool of
+    /// one host.
     pub(crate) fn claim_volume_name(&self, name: &str, turn: u32) -> Result<Option<VolumeClaim>> {
         let Some(reg) = self.claims_if_shared()? else {
             return Ok(None);
         };
-        let io = |e| Error::io(format!("claiming volume {name} in the pool's bucket"), e);
-        for _ in 0..TRIES {
-            let before = reg.list(Some(name)).map_err(io)?;
-            if let Some(w) = VolumeClaim::winner(&before).filter(|w| w.turn >= turn) {
-                if w.slot == self.slot {
-                    return Ok(Some(w.clone())); // ours already (an earlier writer of this slot)
-                }
-                return Err(self.held_error(w, ""));
-            }
-            let started = Instant::now();
-            let mine = reg.put(name, turn).map_err(io)?;
-            if turn > 0 {
-                // An adoption: the hand-over named this host's slot and this turn, so no other
-                // host claims it, and every other claim of the name is of a lower turn.
-                return Ok(Some(mine));
-            }
-            if started.elapsed() > SETTLE / 2 {
-                tracing::warn!(
-                    "claiming volume {name}: the PUT took {:?} (more than {:?}): withdrawn, trying again",
-                    started.elapsed(),
-                    SETTLE / 2
-                );
-                let _ = reg.delete(&mine);
-                continue;
-            }
-            std::thread::sleep(SETTLE);
-            let mut after = reg.list(Some(name)).map_err(io)?;
-            if !after.contains(&mine) {
-                after.push(mine.clone());
-            }
-            match VolumeClaim::winner(&after) {
-                Some(w) if w.slot != self.slot => {
-                    let w = w.clone();
-                    let _ = reg.delete(&mine);
-                    return Err(self.held_error(
-                        &w,
-                        " (both hosts claimed the name at once; the claim rule chose, as docs/S3.md \"Volume claims\" says)",
-                    ));
-                }
-                _ => return Ok(Some(mine)),
-            }
+        match claim_name(&*reg, self.slot, name, turn)? {
+            Claimed::Won(c) => Ok(Some(c)),
+            Claimed::Held(w, detail) => Err(self.held_error(&w, detail)),
         }
-        Err(Error::Busy(format!(
-            "claiming volume {name}: the store took more than {:?} three times to store a claim, too slow to claim the name safely: try again",
-            SETTLE / 2
-        )))
     }
 
     /// Delete this host's claims of `name` (its volume is gone from this part, or was never
@@ -220,8 +176,37 @@ impl Pool {
                     );
                     continue;
                 }
+                if reg.conditional() {
+                    match reg.take_turn(name, 0).map_err(io)? {
+                        Some((slot, _)) if slot == self.slot => {}
+                        holder => {
+                            tracing::warn!(
+                                "volume {name} of this host is claimed by {} too; rename or \
+                                 delete one of them",
+                                holder.map_or("an unreadable turn object".to_string(), |(s, _)| {
+                                    format!("the host in slot {s:02x}")
+                                })
+                            );
+                            continue;
+                        }
+                    }
+                }
                 reg.put(name, 0).map_err(io)?;
                 report.claimed += 1;
+            }
+        }
+        // Turn objects of this slot with no claim beside them and no volume here: left by an
+        // earlier writer of this part that crashed between the turn object and its claim.
+        for (name, turn) in reg.turns(None).map_err(io)? {
+            let claimed = all.iter().any(|c| c.name == name && c.turn == turn);
+            if claimed || held.contains(&name) || released.contains(&name) {
+                continue;
+            }
+            if let Some((slot, writer)) = reg.turn_holder(&name, turn).map_err(io)? {
+                if slot == self.slot && writer != reg.writer() {
+                    reg.delete_turn(&name, turn).map_err(io)?;
+                    report.deleted += 1;
+                }
             }
         }
         for c in all.iter().filter(mine) {
@@ -242,4 +227,116 @@ impl Pool {
             detail: detail.to_string(),
         }
     }
+}
+
+/// What [`claim_name`] decided.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Claimed {
+    /// This host's claim of the name (new, or one of its slot already there).
+    Won(VolumeClaim),
+    /// Another host's claim wins (a claim of its, or the turn object it created), and why.
+    Held(VolumeClaim, &'static str),
+}
+
+const RACED_TIMED: &str = " (both hosts claimed the name at once; the claim rule chose, as docs/S3.md \"Volume claims\" says)";
+const RACED_CONDITIONAL: &str = " (both hosts claimed the name at once; the store's conditional PUT chose, as docs/S3.md \"Volume claims\" says)";
+
+/// Claim `name` at `turn` for the writer of slot `slot` through `reg` (the module docs): on a
+/// store with conditional PUT by creating the turn object, elsewhere by the timed protocol
+/// whose window (first LIST to the end of the PUT, [`Window`]) must stay within
+/// [`WINDOW_BOUND`] or the claim is withdrawn and made again.
+pub(crate) fn claim_name(
+    reg: &dyn VolumeClaims,
+    slot: u8,
+    name: &str,
+    turn: u32,
+) -> Result<Claimed> {
+    let io = |e| Error::io(format!("claiming volume {name} in the pool's bucket"), e);
+    let mine = VolumeClaim {
+        name: name.to_string(),
+        turn,
+        slot,
+        writer: reg.writer(),
+    };
+    let mut slow = String::new();
+    for _ in 0..TRIES {
+        let window = Window::open();
+        let before = reg.list(Some(name)).map_err(io)?;
+        if let Some(w) = VolumeClaim::winner(&before).filter(|w| w.turn >= turn) {
+            if w.slot == slot {
+                return Ok(Claimed::Won(w.clone())); // ours already (an earlier writer of this slot)
+            }
+            return Ok(Claimed::Held(w.clone(), ""));
+        }
+        if reg.conditional() {
+            return claim_by_turn_object(reg, &mine);
+        }
+        if let Err(e) = reg.put(name, turn) {
+            // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 4).
+            let _ = reg.delete(&mine);
+            return Err(io(e));
+        }
+        if turn > 0 {
+            // An adoption: the hand-over named this host's slot and this turn, so no other
+            // host claims it, and every other claim of the name is of a lower turn.
+            return Ok(Claimed::Won(mine));
+        }
+        if !window.within(WINDOW_BOUND) {
+            slow = window.shown();
+            tracing::warn!(
+                "claiming volume {name}: listing and putting the claim took {slow} (more than \
+                 {WINDOW_BOUND:?}: paused, or a slow store): withdrawn, trying again"
+            );
+            let _ = reg.delete(&mine);
+            continue;
+        }
+        std::thread::sleep(SETTLE);
+        let mut after = reg.list(Some(name)).map_err(io)?;
+        if !after.contains(&mine) {
+            after.push(mine.clone());
+        }
+        return match VolumeClaim::winner(&after) {
+            Some(w) if w.slot != slot => {
+                let w = w.clone();
+                let _ = reg.delete(&mine);
+                Ok(Claimed::Held(w, RACED_TIMED))
+            }
+            _ => Ok(Claimed::Won(mine)),
+        };
+    }
+    Err(Error::Busy(format!(
+        "claiming volume {name}: listing the claims and putting this host's took more than \
+         {WINDOW_BOUND:?} {TRIES} times (the last {slow}): the process was paused or the store is \
+         too slow to claim the name safely; try again"
+    )))
+}
+
+/// The conditional claim: create the turn object of (name, turn); its creator wins the turn,
+/// then puts its claim object for every reader of claims.
+fn claim_by_turn_object(reg: &dyn VolumeClaims, mine: &VolumeClaim) -> Result<Claimed> {
+    let name = &mine.name;
+    let io = |e| Error::io(format!("claiming volume {name} in the pool's bucket"), e);
+    match reg.take_turn(name, mine.turn).map_err(io)? {
+        Some((slot, _)) if slot == mine.slot => {}
+        Some((slot, writer)) => {
+            let w = VolumeClaim {
+                slot,
+                writer,
+                ..mine.clone()
+            };
+            return Ok(Claimed::Held(w, RACED_CONDITIONAL));
+        }
+        None => {
+            return Err(Error::Invalid(format!(
+                "claiming volume {name}: its turn object {} is not readable; if no host holds \
+                 the volume, delete that object",
+                VolumeClaim::turn_object(name, mine.turn)
+            )))
+        }
+    }
+    if let Err(e) = reg.put(name, mine.turn) {
+        let _ = reg.delete(mine);
+        return Err(io(e));
+    }
+    Ok(Claimed::Won(mine.clone()))
 }

@@ -23,8 +23,11 @@
 
 use super::conf::{remote_error, RemoteConf, REMOTE_CONF_NAME};
 use super::shared::Shared;
+use crate::claim_window::{Window, SETTLE, WINDOW_BOUND};
 use crate::error::{Error, Result};
-use crate::format::bucket::{member_dir, Member, MEMBERS_PREFIX};
+use crate::format::bucket::{
+    decode_lock, encode_lock, member_dir, parse_slot_lock, slot_lock_object, Member, MEMBERS_PREFIX,
+};
 use crate::format::hosts::VolumeClaim;
 use crate::io::{Peer, VolumeClaims};
 use condense_object_store::ObjectBackend;
@@ -32,10 +35,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
-/// How long a joining host waits between registering a slot and listing the registry again.
-const SETTLE: Duration = Duration::from_secs(1);
 /// Registrations tried before a join gives up.
 const JOIN_TRIES: usize = 8;
 /// The cache of the local directory a peer's tree is read through.
@@ -81,7 +81,7 @@ pub(crate) struct Membership {
     /// This host's local directory.
     local: PathBuf,
     /// Registry objects read so far (they never change).
-    known: Mutex<BTreeMap<String, Option<Member>>>,
+    known: KnownCache,
     /// Makes a local directory that opens another member's part read-only (the caller's:
     /// `connect --read-only`'s).
     prepare: PrepareLocal,
@@ -232,9 +232,74 @@ impl VolumeClaims for ClaimRegistry {
     fn delete(&self, claim: &VolumeClaim) -> io::Result<()> {
         self.shared
             .may_write(&format!("deleting the claim of volume {}", claim.name))?;
+        // The turn object first: a crash between the two leaves a claim, which the next
+        // writer of this slot deletes at its first sync, never a turn object without one
+        // that refuses the name.
+        if self.turn_holder(&claim.name, claim.turn)? == Some((claim.slot, claim.writer)) {
+            self.delete_turn(&claim.name, claim.turn)?;
+        }
+        self.store.delete(&claim.object()).map_err(|e| self.err(e))
+    }
+
+    fn conditional(&self) -> bool {
+        self.store.conditional_put_honoured()
+    }
+
+    fn take_turn(&self, name: &str, turn: u32) -> io::Result<Option<(u8, u64)>> {
+        self.shared.may_write(&format!("claiming volume {name}"))?;
+        let obj = VolumeClaim::turn_object(name, turn);
+        let body = encode_lock(self.writer, self.slot, &hostname_here());
+        // Twice: a turn object deleted between our create and our read is created again.
+        for _ in 0..2 {
+            if self
+                .store
+                .put_if_absent(&obj, &body)
+                .map_err(|e| self.err(e))?
+            {
+                return Ok(Some((self.slot, self.writer)));
+            }
+            match self.store.get(&obj) {
+                Ok(b) => return Ok(decode_lock(&b).map(|(w, s)| (s, w))),
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Ok(None)
+    }
+
+    fn turns(&self, name: Option<&str>) -> io::Result<Vec<(String, u32)>> {
+        let prefix = VolumeClaim::prefix(name);
+        let listed = self
+            .store
+            .list(prefix.trim_end_matches('/'))
+            .map_err(|e| self.err(e))?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|(o, _)| VolumeClaim::parse_turn_object(&o))
+            .filter(|(n, _)| name.is_none_or(|want| n == want))
+            .collect())
+    }
+
+    fn turn_holder(&self, name: &str, turn: u32) -> io::Result<Option<(u8, u64)>> {
+        match self.store.get(&VolumeClaim::turn_object(name, turn)) {
+            Ok(b) => Ok(decode_lock(&b).map(|(w, s)| (s, w))),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    fn delete_turn(&self, name: &str, turn: u32) -> io::Result<()> {
+        self.shared
+            .may_write(&format!("deleting the turn object of volume {name}"))?;
         self.store
-            .delete(&claim.object())
-            .map_err(|e| io::Error::other(remote_error(&self.url, e).to_string()))
+            .delete(&VolumeClaim::turn_object(name, turn))
+            .map_err(|e| self.err(e))
+    }
+}
+
+impl ClaimRegistry {
+    fn err(&self, e: condense_object_store::Error) -> io::Error {
+        io::Error::other(remote_error(&self.url, e).to_string())
     }
 }
 
@@ -244,19 +309,40 @@ fn hostname_here() -> String {
         .unwrap_or_default()
 }
 
+/// A registry object read (they are never replaced): a member's registration, or a slot
+/// lock's writer id; `None` if unreadable.
+#[derive(Clone, Debug)]
+enum Known {
+    Member(Option<Member>),
+    Lock(Option<u64>),
+}
+
+type KnownCache = Mutex<BTreeMap<String, Known>>;
+
 /// The registry of the pool at `store`: one member per slot (the lowest writer id of a slot
 /// registered twice). `known` caches the objects read (they are never replaced).
-fn registered(
+fn registered(store: &dyn ObjectBackend, url: &str, known: &KnownCache) -> Result<Vec<Member>> {
+    Ok(registry(store, url, known)?.0)
+}
+
+/// The registry's members and its slot locks (slot → the writer id that created it). A slot
+/// with a lock is the member's whose writer the lock names (none, if that host never put its
+/// registration); a slot without one (registered on a store without conditional PUT) is the
+/// lowest writer's.
+fn registry(
     store: &dyn ObjectBackend,
     url: &str,
-    known: &Mutex<BTreeMap<String, Option<Member>>>,
-) -> Result<Vec<Member>> {
+    known: &KnownCache,
+) -> Result<(Vec<Member>, BTreeMap<u8, Option<u64>>)> {
     let listed = store
         .list(MEMBERS_PREFIX.trim_end_matches('/'))
         .map_err(|e| remote_error(url, e))?;
     let mut by_slot: BTreeMap<u8, Member> = BTreeMap::new();
+    let mut members = Vec::new();
+    let mut locks = BTreeMap::new();
     for (obj, size) in listed {
-        if Member::parse_object(&obj).is_none() || size > 4096 {
+        let lock = parse_slot_lock(&obj);
+        if (Member::parse_object(&obj).is_none() && lock.is_none()) || size > 4096 {
             continue;
         }
         let cached = known
@@ -264,25 +350,42 @@ fn registered(
             .unwrap_or_else(|e| e.into_inner())
             .get(&obj)
             .cloned();
-        let member = match cached {
-            Some(m) => m,
+        let read = match cached {
+            Some(k) => k,
             None => {
-                let m = match store.get(&obj) {
-                    Ok(b) => Member::decode(&obj, &b),
+                let bytes = match store.get(&obj) {
+                    Ok(b) => b,
                     Err(e) if e.is_not_found() => continue, // withdrawn meanwhile
                     Err(e) => return Err(remote_error(url, e)),
                 };
-                if m.is_none() {
+                let k = match lock {
+                    Some(_) => Known::Lock(decode_lock(&bytes).map(|(w, _)| w)),
+                    None => Known::Member(Member::decode(&obj, &bytes)),
+                };
+                if matches!(k, Known::Member(None) | Known::Lock(None)) {
                     tracing::warn!("{url}: registry object {obj} is not readable: ignored");
                 }
                 known
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(obj.clone(), m.clone());
-                m
+                    .insert(obj.clone(), k.clone());
+                k
             }
         };
-        let Some(m) = member else { continue };
+        match (read, lock) {
+            (Known::Lock(w), Some(slot)) => {
+                locks.insert(slot, w);
+            }
+            (Known::Member(Some(m)), _) => members.push(m),
+            _ => {}
+        }
+    }
+    for m in members {
+        if let Some(w) = locks.get(&m.slot) {
+            if *w != Some(m.writer) {
+                continue; // the slot is the lock's writer's
+            }
+        }
         match by_slot.get(&m.slot) {
             Some(held) if held.writer <= m.writer => {}
             _ => {
@@ -290,7 +393,7 @@ fn registered(
             }
         }
     }
-    Ok(by_slot.into_values().collect())
+    Ok((by_slot.into_values().collect(), locks))
 }
 
 /// The hosts registered in the pool `conf` names (`conf.url` is the pool's, or any
@@ -311,15 +414,25 @@ pub fn list_members(conf: &RemoteConf) -> Result<Vec<Member>> {
 /// Register `host` in the pool `conf.url` names: the slot it won (see the module docs).
 pub fn join(conf: &RemoteConf, host: &str) -> Result<u8> {
     let store = conf.backend(true)?;
+    join_store(&*store, &conf.url, host)
+}
+
+/// [`join`] on the registry at `store` (the pool's prefix; `url` for messages): on a store
+/// with conditional PUT the slot is the creator's of its slot lock `members/SS`; elsewhere by
+/// the timed protocol, whose window (the registry's LIST to the end of the PUT) must stay
+/// within [`WINDOW_BOUND`] or the registration is withdrawn and made again.
+pub fn join_store(store: &dyn ObjectBackend, url: &str, host: &str) -> Result<u8> {
     let known = Mutex::new(BTreeMap::new());
+    let mut slow = String::new();
     for _ in 0..JOIN_TRIES {
-        let members = registered(&*store, &conf.url, &known)?;
-        let slot = match members.iter().map(|m| m.slot).max() {
+        let window = Window::open();
+        let (members, locks) = registry(store, url, &known)?;
+        let taken = members.iter().map(|m| m.slot).chain(locks.keys().copied());
+        let slot = match taken.max() {
             None => 1,
             Some(u8::MAX) => {
                 return Err(Error::Invalid(format!(
-                    "{}: all 255 host slots are taken; no more hosts can join this pool",
-                    conf.url
+                    "{url}: all 255 host slots are taken; no more hosts can join this pool"
                 )))
             }
             Some(s) => s + 1,
@@ -335,22 +448,58 @@ pub fn join(conf: &RemoteConf, host: &str) -> Result<u8> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
-        store
-            .put(&me.object(), me.encode().as_bytes())
-            .map_err(|e| remote_error(&conf.url, e))?;
+        if store.conditional_put_honoured() {
+            let lock = slot_lock_object(slot);
+            let body = encode_lock(me.writer, slot, host);
+            if !store
+                .put_if_absent(&lock, &body)
+                .map_err(|e| remote_error(url, e))?
+            {
+                continue; // another host took this slot: the next one
+            }
+            if let Err(e) = store.put(&me.object(), me.encode().as_bytes()) {
+                // The slot stays locked (and unused); a registration landing late names a
+                // writer the lock does not, so it is never a member.
+                let _ = store.delete(&me.object());
+                return Err(remote_error(url, e));
+            }
+            return Ok(slot);
+        }
+        if let Err(e) = store.put(&me.object(), me.encode().as_bytes()) {
+            // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 4).
+            let _ = store.delete(&me.object());
+            return Err(remote_error(url, e));
+        }
+        if !window.within(WINDOW_BOUND) {
+            slow = window.shown();
+            tracing::warn!(
+                "{url}: listing the registry and registering slot {slot:02x} took {slow} (more \
+                 than {WINDOW_BOUND:?}: paused, or a slow store): withdrawn, trying again"
+            );
+            store
+                .delete(&me.object())
+                .map_err(|e| remote_error(url, e))?;
+            continue;
+        }
         std::thread::sleep(SETTLE);
-        let now = registered(&*store, &conf.url, &known)?;
+        let now = registered(store, url, &known)?;
         if now.iter().any(|m| m.slot == slot && m.writer == me.writer) {
             return Ok(slot);
         }
         // Another host registered this slot at once with a lower id: withdraw, try the next.
         store
             .delete(&me.object())
-            .map_err(|e| remote_error(&conf.url, e))?;
+            .map_err(|e| remote_error(url, e))?;
+    }
+    if !slow.is_empty() {
+        return Err(Error::Busy(format!(
+            "{url}: listing the registry and registering took more than {WINDOW_BOUND:?} (the \
+             last {slow}): the process was paused or the store is too slow to join safely; \
+             run the join again"
+        )));
     }
     Err(Error::Invalid(format!(
-        "{}: {JOIN_TRIES} hosts joined at the same moment as this one; run the join again",
-        conf.url
+        "{url}: {JOIN_TRIES} hosts joined at the same moment as this one; run the join again"
     )))
 }
 
