@@ -298,6 +298,24 @@ impl VolumeClaims for ClaimRegistry {
 }
 
 impl ClaimRegistry {
+    /// The claims at `store` (the pool's prefix) of the writer `writer` of slot `slot`.
+    #[cfg(test)]
+    pub(super) fn on(
+        store: Arc<dyn ObjectBackend>,
+        url: &str,
+        shared: Arc<Shared>,
+        slot: u8,
+        writer: u64,
+    ) -> ClaimRegistry {
+        ClaimRegistry {
+            store,
+            url: url.to_string(),
+            shared,
+            slot,
+            writer,
+        }
+    }
+
     fn err(&self, e: condense_object_store::Error) -> io::Error {
         io::Error::other(remote_error(&self.url, e).to_string())
     }
@@ -394,6 +412,12 @@ fn registry(
         }
     }
     Ok((by_slot.into_values().collect(), locks))
+}
+
+/// [`registered`] with a fresh cache.
+#[cfg(test)]
+pub(super) fn registered_for_test(store: &dyn ObjectBackend, url: &str) -> Result<Vec<Member>> {
+    registered(store, url, &Mutex::new(BTreeMap::new()))
 }
 
 /// The hosts registered in the pool `conf` names (`conf.url` is the pool's, or any
