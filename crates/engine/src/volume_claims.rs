@@ -8,17 +8,22 @@
 //!
 //! 1. list the name's claims; if the winner ([`VolumeClaim::winner`]) is another host's at
 //!    this turn or a later one, the name is refused (held by that host);
-//! 2. put this host's claim at `turn`, timing the PUT: one slower than half of [`SETTLE`] is
-//!    withdrawn and tried again (3 times at most);
-//! 3. wait [`SETTLE`] and list again;
-//! 4. the winner of the listed claims and ours takes the name; a loser deletes its claim.
+//! 2. on a store with conditional PUT ([`VolumeClaims::conditional`]): create the turn object
+//!    of (name, turn) if absent ([`VolumeClaims::take_turn`]); its creator wins the turn, puts
+//!    its claim and takes the name (steps 3-5 do not apply);
+//! 3. otherwise put this host's claim at `turn`. The window from just before step 1's LIST to
+//!    the end of the PUT ([`Window`], `CLOCK_BOOTTIME`) must be within [`WINDOW_BOUND`], or the
+//!    claim is withdrawn and the protocol starts again (3 times at most);
+//! 4. wait [`SETTLE`] and list again;
+//! 5. the winner of the listed claims and ours takes the name; a loser deletes its claim.
 //!
-//! Two hosts that race for a name both reach step 4 having seen both claims (the argument of
-//! `remote::lease`: every PUT took under `SETTLE / 2`, each relists `SETTLE` after its own), so
-//! both apply one rule and one wins. A move raises the turn: the source records the next turn
+//! Two hosts that race for a name both reach step 5 having seen both claims (the argument of
+//! docs/S3.md "Lease: claims", with its assumptions: each window under `SETTLE / 2`, each
+//! relist `SETTLE` after its own PUT), so both apply one rule and one wins. A PUT that failed is
+//! withdrawn (it may land later). A move raises the turn: the source records the next turn
 //! in its hand-over, and the destination's claim at that turn wins over the source's older one,
 //! which the source deletes with its copy of the volume. An adoption's claim (turn > 0) skips
-//! steps 3 and 4: the hand-over names one slot, so no other host claims that turn, and every
+//! steps 4 and 5: the hand-over names one slot, so no other host claims that turn, and every
 //! other claim of the name is of a lower one (a new volume's, turn 0, is refused at step 1 by
 //! the source's claim, which stays until the adopter holds the volume).
 //!

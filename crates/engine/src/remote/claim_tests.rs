@@ -119,8 +119,8 @@ fn join_race(conditional: bool, rounds: usize) -> Result<()> {
                     );
                     let (p, o) = (p?, o?);
                     assert_ne!(p, o, "two joiners got slot {p:02x}");
-                    let store = LocalBackend::open(d.path())
-                        .map_err(|e| Error::Invalid(e.to_string()))?;
+                    let store =
+                        LocalBackend::open(d.path()).map_err(|e| Error::Invalid(e.to_string()))?;
                     let members = super::members::registered_for_test(&store, &url)?;
                     for (slot, host) in [(p, "paused"), (o, "other")] {
                         assert!(

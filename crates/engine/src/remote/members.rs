@@ -9,17 +9,22 @@
 //! a record of one host's segment checks and opens on every other.
 //!
 //! Invariants:
-//! - **A slot is one host's.** A joining host registers the lowest slot above every one in
-//!   the registry, waits [`SETTLE`], and lists again: of two registrations of one slot the
-//!   lower writer id wins and the other host withdraws and tries the next slot (the rule of
-//!   the lease claims, [`super::lease`]). Registry objects are put once, never replaced.
+//! - **A slot is one host's.** A joining host takes the lowest slot above every one in the
+//!   registry ([`join_store`]). On a store with conditional PUT it creates the slot lock
+//!   `members/SS` ([`slot_lock_object`]) if absent, and the slot is the creator's (a slot with a
+//!   lock is the member's the lock names). Elsewhere it registers, waits [`SETTLE`], and lists
+//!   again: of two registrations of one slot the lower writer id wins and the other host
+//!   withdraws and tries the next slot (the rule of the lease claims, [`super::lease`]); a
+//!   registration whose window (LIST to end of PUT, [`Window`]) exceeded [`WINDOW_BOUND`] is
+//!   withdrawn and made again. Registry objects are put once, never replaced.
 //! - The high byte of every segment id is its host's slot, so no two hosts ever name a
 //!   segment alike ([`crate::format::SEGMENT_SLOT_SHIFT`]).
 //! - Another member is only ever read: through a read-only open of its tree from a local
 //!   directory of its own under `peers/SS/` in this host's local directory; or, once its
 //!   lease expired, written by taking that lease from a directory under `takeover/SS/`.
-//! - Volume claims ([`ClaimRegistry`], `volumes/`) are put by a part's writer only within its
-//!   lease's write fence, each object once.
+//! - Volume claims ([`ClaimRegistry`], `volumes/`) and their turn objects are put by a part's
+//!   writer only within its lease's write fence, each object once; a claim's turn object is
+//!   deleted before the claim, and only if it names the claim's writer.
 
 use super::conf::{remote_error, RemoteConf, REMOTE_CONF_NAME};
 use super::shared::Shared;
