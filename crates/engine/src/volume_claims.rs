@@ -202,7 +202,12 @@ impl Pool {
         }
         // Turn objects of this slot with no claim beside them and no volume here: left by an
         // earlier writer of this part that crashed between the turn object and its claim.
-        for (name, turn) in reg.turns(None).map_err(io)? {
+        let turns = if reg.conditional() {
+            reg.turns(None).map_err(io)?
+        } else {
+            Vec::new() // the timed protocol makes no turn objects, and never reads them
+        };
+        for (name, turn) in turns {
             let claimed = all.iter().any(|c| c.name == name && c.turn == turn);
             if claimed || held.contains(&name) || released.contains(&name) {
                 continue;

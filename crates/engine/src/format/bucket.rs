@@ -401,6 +401,25 @@ mod tests {
     };
 
     #[test]
+    fn lock_objects_are_no_claims_or_members_and_round_trip() {
+        assert_eq!(slot_lock_object(0x2a), "members/2a");
+        assert_eq!(parse_slot_lock("members/2a"), Some(0x2a));
+        assert_eq!(Member::parse_object("members/2a"), None);
+        for bad in ["members/2", "members/2a-0000000000000001", "members/zz"] {
+            assert_eq!(parse_slot_lock(bad), None, "{bad}");
+        }
+        let e = epoch_lock_object(7);
+        assert_eq!(e, "claims/epoch-0000000000000007");
+        assert_eq!(parse_epoch_lock(&e), Some(7));
+        assert_eq!(parse_object(&e), None, "an epoch lock is no claim");
+        assert_eq!(parse_epoch_lock(&claim_object(G, 1)), None);
+        let body = encode_lock(0xfeed, 3, "h");
+        assert_eq!(decode_lock(&body), Some((0xfeed, 3)));
+        assert_eq!(decode_lock(b"condense-lock 1\nwriter=1\n"), None);
+        assert_eq!(decode_lock(b"junk"), None);
+    }
+
+    #[test]
     fn names_round_trip() {
         let seg = gen_object(G, "seg-00000003.dat", 0x2a);
         assert_eq!(

@@ -190,3 +190,34 @@ fn a_paused_lease_claim_never_makes_two_holders_without_conditional_put() -> Res
 fn a_paused_lease_claim_never_makes_two_holders_with_conditional_put() -> Result<()> {
     lease_race(true, 2)
 }
+
+#[test]
+fn a_deleted_claim_frees_its_turn_object_for_the_next_host() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let c = conf(dir.path());
+    let (a, b) = two_handles(dir.path(), true)?;
+    let registry = |store: Arc<Faulty>, slot: u8| {
+        let store: Arc<dyn ObjectBackend> = store;
+        let shared = shared_for(&c, store.clone(), false, Durability::Local);
+        ClaimRegistry::on(store, &c.url, shared, slot, 0x100 + u64::from(slot))
+    };
+    let (ra, rb) = (registry(a, 1), registry(b, 2));
+    let Claimed::Won(mine) = claim_name(&ra, 1, "vm1", 0)? else {
+        panic!("the first claim of a name lost");
+    };
+    assert!(dir.path().join("volumes/766d31/00000000").is_file());
+    assert!(matches!(claim_name(&rb, 2, "vm1", 0)?, Claimed::Held(w, _) if w.slot == 1));
+    // Slot 2 may not delete slot 1's turn object through a claim of its own writer.
+    use crate::io::VolumeClaims;
+    rb.delete(&crate::format::hosts::VolumeClaim {
+        slot: 2,
+        writer: 0x102,
+        ..mine.clone()
+    })
+    .map_err(|e| Error::io("delete", e))?;
+    assert!(dir.path().join("volumes/766d31/00000000").is_file());
+    ra.delete(&mine).map_err(|e| Error::io("delete", e))?;
+    assert!(!dir.path().join("volumes/766d31/00000000").exists());
+    assert!(matches!(claim_name(&rb, 2, "vm1", 0)?, Claimed::Won(w) if w.slot == 2));
+    Ok(())
+}

@@ -240,7 +240,11 @@ impl VolumeClaims for ClaimRegistry {
         // The turn object first: a crash between the two leaves a claim, which the next
         // writer of this slot deletes at its first sync, never a turn object without one
         // that refuses the name.
-        if self.turn_holder(&claim.name, claim.turn)? == Some((claim.slot, claim.writer)) {
+        // (Only where turn objects are made: a store without conditional PUT has none, and
+        // the timed protocol never reads them.)
+        if self.conditional()
+            && self.turn_holder(&claim.name, claim.turn)? == Some((claim.slot, claim.writer))
+        {
             self.delete_turn(&claim.name, claim.turn)?;
         }
         self.store.delete(&claim.object()).map_err(|e| self.err(e))
@@ -342,6 +346,9 @@ enum Known {
 
 type KnownCache = Mutex<BTreeMap<String, Known>>;
 
+/// Slot → the writer id its slot lock names (`None`: unreadable).
+type SlotLocks = BTreeMap<u8, Option<u64>>;
+
 /// The registry of the pool at `store`: one member per slot (the lowest writer id of a slot
 /// registered twice). `known` caches the objects read (they are never replaced).
 fn registered(store: &dyn ObjectBackend, url: &str, known: &KnownCache) -> Result<Vec<Member>> {
@@ -356,7 +363,7 @@ fn registry(
     store: &dyn ObjectBackend,
     url: &str,
     known: &KnownCache,
-) -> Result<(Vec<Member>, BTreeMap<u8, Option<u64>>)> {
+) -> Result<(Vec<Member>, SlotLocks)> {
     let listed = store
         .list(MEMBERS_PREFIX.trim_end_matches('/'))
         .map_err(|e| remote_error(url, e))?;
