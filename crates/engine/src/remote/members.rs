@@ -346,30 +346,17 @@ enum Known {
 
 type KnownCache = Mutex<BTreeMap<String, Known>>;
 
-/// Slot → the writer id its slot lock names (`None`: unreadable).
-type SlotLocks = BTreeMap<u8, Option<u64>>;
-
-/// The registry of the pool at `store`: one member per slot (the lowest writer id of a slot
-/// registered twice). `known` caches the objects read (they are never replaced).
+/// The registry of the pool at `store`: one member per slot. A slot with a lock is the
+/// member's whose writer the lock names (none, if that host never put its registration); a
+/// slot without one (registered on a store without conditional PUT) is the lowest writer's.
+/// `known` caches the objects read (they are never replaced).
 fn registered(store: &dyn ObjectBackend, url: &str, known: &KnownCache) -> Result<Vec<Member>> {
-    Ok(registry(store, url, known)?.0)
-}
-
-/// The registry's members and its slot locks (slot → the writer id that created it). A slot
-/// with a lock is the member's whose writer the lock names (none, if that host never put its
-/// registration); a slot without one (registered on a store without conditional PUT) is the
-/// lowest writer's.
-fn registry(
-    store: &dyn ObjectBackend,
-    url: &str,
-    known: &KnownCache,
-) -> Result<(Vec<Member>, SlotLocks)> {
     let listed = store
         .list(MEMBERS_PREFIX.trim_end_matches('/'))
         .map_err(|e| remote_error(url, e))?;
     let mut by_slot: BTreeMap<u8, Member> = BTreeMap::new();
     let mut members = Vec::new();
-    let mut locks = BTreeMap::new();
+    let mut locks: BTreeMap<u8, Option<u64>> = BTreeMap::new();
     for (obj, size) in listed {
         let lock = parse_slot_lock(&obj);
         if (Member::parse_object(&obj).is_none() && lock.is_none()) || size > 4096 {
@@ -423,7 +410,7 @@ fn registry(
             }
         }
     }
-    Ok((by_slot.into_values().collect(), locks))
+    Ok(by_slot.into_values().collect())
 }
 
 /// [`registered`] with a fresh cache.
@@ -461,9 +448,18 @@ pub fn join_store(store: &dyn ObjectBackend, url: &str, host: &str) -> Result<u8
     let known = Mutex::new(BTreeMap::new());
     let mut slow = String::new();
     for _ in 0..JOIN_TRIES {
+        // The window holds one LIST: the next slot is above every slot named in the registry
+        // (registrations and locks, by their names alone, readable or not), so no body is read
+        // inside it.
         let window = Window::open();
-        let (members, locks) = registry(store, url, &known)?;
-        let taken = members.iter().map(|m| m.slot).chain(locks.keys().copied());
+        let listed = store
+            .list(MEMBERS_PREFIX.trim_end_matches('/'))
+            .map_err(|e| remote_error(url, e))?;
+        let taken = listed.iter().filter_map(|(o, _)| {
+            Member::parse_object(o)
+                .map(|(slot, _)| slot)
+                .or_else(|| parse_slot_lock(o))
+        });
         let slot = match taken.max() {
             None => 1,
             Some(u8::MAX) => {
@@ -585,6 +581,27 @@ mod tests {
         let got = registered(&store, &url, &Mutex::new(BTreeMap::new()))?;
         let hosts: Vec<(u8, &str)> = got.iter().map(|m| (m.slot, m.host.as_str())).collect();
         assert_eq!(hosts, vec![(1, "a"), (2, "c")]);
+        // A slot lock decides its slot whatever the writer ids say; a lock without its
+        // registration leaves the slot without a member.
+        let d = Member {
+            slot: 2,
+            writer: 7,
+            host: "d".into(),
+            joined_unix: 1,
+        };
+        store
+            .put(&d.object(), d.encode().as_bytes())
+            .map_err(|e| remote_error(&url, e))?;
+        for (slot, writer) in [(2u8, 7u64), (4, 5)] {
+            store
+                .put(&slot_lock_object(slot), &encode_lock(writer, slot, "x"))
+                .map_err(|e| remote_error(&url, e))?;
+        }
+        let got = registered(&store, &url, &Mutex::new(BTreeMap::new()))?;
+        let hosts: Vec<(u8, &str)> = got.iter().map(|m| (m.slot, m.host.as_str())).collect();
+        assert_eq!(hosts, vec![(1, "a"), (2, "d")]);
+        // The next joiner takes slot 5: above the locked, unused slot 4.
+        assert_eq!(join_store(&store, &url, "e")?, 5);
         Ok(())
     }
 }
