@@ -282,7 +282,7 @@ pub(crate) fn claim_name(
             return claim_by_turn_object(reg, &mine);
         }
         if let Err(e) = reg.put(name, turn) {
-            // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 4).
+            // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 3).
             let _ = reg.delete(&mine);
             return Err(io(e));
         }

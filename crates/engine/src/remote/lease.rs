@@ -105,9 +105,12 @@ struct Claim {
     objects: Vec<String>,
 }
 
-/// The claims in the bucket, newest renewal of each (with its body), and the lease object
-/// of an older Condense, if any.
-fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>)> {
+/// The epoch locks listed (conditional PUT, `claims/epoch-E`): (epoch, object).
+type EpochLocks = Vec<(u64, String)>;
+
+/// The claims in the bucket, newest renewal of each (with its body), the lease object of an
+/// older Condense, if any, and the epoch locks.
+fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>, EpochLocks)> {
     let url = &shared.url;
     let listed = shared
         .store
@@ -115,8 +118,11 @@ fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>)> {
         .map_err(|e| remote_error(url, e))?;
     // Renewal objects of each claim, oldest first (the names sort by renewal).
     let mut by_gen: BTreeMap<Generation, Vec<(u32, String)>> = BTreeMap::new();
+    let mut locks = Vec::new();
     for (obj, _) in listed {
-        if let Some(ObjectKind::Claim { gen, renewal }) = parse_object(&obj) {
+        if let Some(epoch) = parse_epoch_lock(&obj) {
+            locks.push((epoch, obj));
+        } else if let Some(ObjectKind::Claim { gen, renewal }) = parse_object(&obj) {
             by_gen.entry(gen).or_default().push((renewal, obj));
         }
     }
@@ -142,20 +148,7 @@ fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>)> {
         Err(e) if e.is_not_found() => None,
         Err(e) => return Err(remote_error(url, e)),
     };
-    Ok((claims, legacy))
-}
-
-/// The epoch locks (conditional PUT, `claims/epoch-E`) of epochs below `epoch`.
-fn epoch_locks_below(shared: &Shared, epoch: u64) -> Vec<String> {
-    let listed = shared
-        .store
-        .list(CLAIM_PREFIX.trim_end_matches('/'))
-        .unwrap_or_default();
-    listed
-        .into_iter()
-        .filter(|(o, _)| parse_epoch_lock(o).is_some_and(|e| e < epoch))
-        .map(|(o, _)| o)
-        .collect()
+    Ok((claims, legacy, locks))
 }
 
 /// Not expired, not released, and not of a process of this host that is gone.
@@ -206,7 +199,7 @@ fn pid_alive_after_grace(pid: u32) -> bool {
 /// Who holds the pool's lease now: the body of the winning live claim; else of the newest
 /// claim (released or expired); `None` if no claim is readable.
 pub(super) fn holder(shared: &Shared) -> Result<Option<LeaseBody>> {
-    let (claims, legacy) = list_claims(shared)?;
+    let (claims, legacy, _) = list_claims(shared)?;
     let none = HashSet::new();
     let live = claims
         .iter()
@@ -253,7 +246,7 @@ impl Lease {
         let mut slow = String::new();
         for _ in 0..3 {
             let window = Window::open();
-            let (claims, legacy) = list_claims(shared)?;
+            let (claims, legacy, locks) = list_claims(shared)?;
             if let Some(l) = legacy.filter(body_live) {
                 return Err(held_error(url, &l));
             }
@@ -277,9 +270,12 @@ impl Lease {
             {
                 return Err(held_error(url, b));
             }
+            // Above every epoch locked too: a lock whose claim is gone (its PUT failed and
+            // landed later) is never raced for again.
             let epoch = claims
                 .iter()
                 .map(|c| c.gen.epoch)
+                .chain(locks.iter().map(|(e, _)| *e))
                 .chain([known_epoch])
                 .max()
                 .unwrap_or(0)
@@ -289,7 +285,7 @@ impl Lease {
             let started = Instant::now();
             let body = LeaseBody::fresh(&format!("{writer:016x}")).encode();
             if let Err(e) = shared.store.put(&obj, &body) {
-                // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 4).
+                // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 3).
                 let _ = shared.store.delete(&obj);
                 return Err(remote_error(url, e));
             }
@@ -319,7 +315,7 @@ impl Lease {
                 }
             }
             std::thread::sleep(SETTLE);
-            let (after, _) = list_claims(shared)?;
+            let (after, _, after_locks) = list_claims(shared)?;
             let winner = after
                 .iter()
                 .filter(|c| c.gen == gen || is_live(c, &dead))
@@ -351,8 +347,8 @@ impl Lease {
                     let _ = shared.store.delete(o);
                 }
             }
-            for old in epoch_locks_below(shared, epoch) {
-                let _ = shared.store.delete(&old);
+            for (_, old) in after_locks.iter().filter(|(e, _)| *e < epoch) {
+                let _ = shared.store.delete(old);
             }
             shared.set_fence(Some(started + WRITE_FENCE));
             let state = Arc::new(Mutex::new(Renewals {
@@ -427,7 +423,7 @@ fn retake(
 ) -> std::result::Result<(), String> {
     let window = Window::open();
     let newer = max_epoch(&*shared.store, &shared.url).map_err(|e| e.to_string())?;
-    let (claims, _) = list_claims(shared).map_err(|e| e.to_string())?;
+    let (claims, _, _) = list_claims(shared).map_err(|e| e.to_string())?;
     let none = HashSet::new();
     if newer > gen.epoch
         || claims
@@ -449,7 +445,7 @@ fn retake(
         ));
     }
     std::thread::sleep(SETTLE);
-    let (after, _) = list_claims(shared).map_err(|e| e.to_string())?;
+    let (after, _, _) = list_claims(shared).map_err(|e| e.to_string())?;
     if after.iter().any(|c| {
         c.gen != gen && is_live(c, &none) && (c.gen.epoch, c.gen.writer) < (gen.epoch, gen.writer)
     }) {

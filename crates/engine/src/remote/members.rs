@@ -498,7 +498,7 @@ pub fn join_store(store: &dyn ObjectBackend, url: &str, host: &str) -> Result<u8
             return Ok(slot);
         }
         if let Err(e) = store.put(&me.object(), me.encode().as_bytes()) {
-            // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 4).
+            // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 3).
             let _ = store.delete(&me.object());
             return Err(remote_error(url, e));
         }
