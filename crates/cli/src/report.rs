@@ -131,6 +131,7 @@ pub fn stats_json(s: &PoolStats, only: Option<&str>) -> Value {
             "remote_lists": r.requests.list_requests,
             "remote_deletes": r.requests.delete_requests,
             "remote_conditional_put": r.conditional_put_honoured,
+            "remote_claims": claims_mode(r),
         });
         if let (Some(o), Some(f)) = (j.as_object_mut(), fields.as_object()) {
             o.extend(f.clone());
@@ -319,6 +320,16 @@ pub fn scrub_text(s: &ScrubStatus, files: &FileNames) -> String {
 }
 
 /// The bucket side of an S3 pool, for `stats`.
+/// How this open's claims are decided: `conditional` (the store's conditional PUT, probed at
+/// this open) or `timed` (docs/S3.md "Lease: claims").
+fn claims_mode(r: &condense_engine::io::StoreStatus) -> &'static str {
+    if r.conditional_put_honoured {
+        "conditional"
+    } else {
+        "timed"
+    }
+}
+
 fn remote_lines(o: &mut String, r: &condense_engine::io::StoreStatus) {
     use condense_engine::remote::Durability;
     let rows: Vec<(&str, String)> = vec![
@@ -331,6 +342,13 @@ fn remote_lines(o: &mut String, r: &condense_engine::io::StoreStatus) {
                 Durability::Local => "local: a flush returns once the local journal has it; uploaded in the background (the pool's setting: condense durability set)",
             }
             .to_string(),
+        ),
+        (
+            "claims",
+            match claims_mode(r) {
+                "conditional" => "conditional: the store honours If-None-Match: * (probed at this open); it decides every race for a lease epoch, a slot or a volume name".to_string(),
+                _ => "timed: the store does not honour conditional PUT (or this open did not probe it); races are decided by the timed protocol (docs/S3.md \"Lease: claims\")".to_string(),
+            },
         ),
         ("objects", format!("{} ({})", r.objects, human(r.bytes))),
         ("not yet uploaded", human(r.pending_bytes)),

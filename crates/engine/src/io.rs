@@ -184,8 +184,37 @@ pub trait VolumeClaims: Send + Sync {
     /// Put this host's claim of `name` at `turn` (its slot, and the writer id of this
     /// process): refused past the pool lease's write fence.
     fn put(&self, name: &str, turn: u32) -> io::Result<crate::format::hosts::VolumeClaim>;
-    /// Delete one claim (gone already is fine).
+    /// Delete one claim (gone already is fine), and the turn object of its name and turn if
+    /// that names the claim's writer.
     fn delete(&self, claim: &crate::format::hosts::VolumeClaim) -> io::Result<()>;
+    /// Whether the store honours conditional PUT (probed when this open connected): a race
+    /// for a turn of a name is then decided by [`VolumeClaims::take_turn`], not by timing.
+    fn conditional(&self) -> bool {
+        false
+    }
+    /// Create the turn object of `name` at `turn` for this writer if absent
+    /// ([`crate::format::hosts::VolumeClaim::turn_object`]); the (slot, writer) it names
+    /// (this writer's if this call created it; `None` if it exists but is unreadable).
+    /// Refused past the pool lease's write fence.
+    fn take_turn(&self, _name: &str, _turn: u32) -> io::Result<Option<(u8, u64)>> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this store has no turn objects",
+        ))
+    }
+    /// The turn objects under `name` (`None`: of every name), as (name, turn).
+    fn turns(&self, _name: Option<&str>) -> io::Result<Vec<(String, u32)>> {
+        Ok(Vec::new())
+    }
+    /// The (slot, writer) the turn object of `name` at `turn` names (`None`: none, or
+    /// unreadable).
+    fn turn_holder(&self, _name: &str, _turn: u32) -> io::Result<Option<(u8, u64)>> {
+        Ok(None)
+    }
+    /// Delete the turn object of `name` at `turn` (gone already is fine).
+    fn delete_turn(&self, _name: &str, _turn: u32) -> io::Result<()> {
+        Ok(())
+    }
     /// The writer id this open's claims carry (a claim of this slot with another one was
     /// put by an earlier writer of this part).
     fn writer(&self) -> u64;

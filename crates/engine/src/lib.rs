@@ -36,6 +36,7 @@ pub mod attribution;
 pub mod block_map;
 pub mod cache_tier;
 pub mod chunk_table;
+pub mod claim_window;
 pub mod copies;
 pub mod counters;
 pub mod crypto;

@@ -8,17 +8,22 @@
 //!
 //! 1. list the name's claims; if the winner ([`VolumeClaim::winner`]) is another host's at
 //!    this turn or a later one, the name is refused (held by that host);
-//! 2. put this host's claim at `turn`, timing the PUT: one slower than half of [`SETTLE`] is
-//!    withdrawn and tried again (3 times at most);
-//! 3. wait [`SETTLE`] and list again;
-//! 4. the winner of the listed claims and ours takes the name; a loser deletes its claim.
+//! 2. on a store with conditional PUT ([`VolumeClaims::conditional`]): create the turn object
+//!    of (name, turn) if absent ([`VolumeClaims::take_turn`]); its creator wins the turn, puts
+//!    its claim and takes the name (steps 3-5 do not apply);
+//! 3. otherwise put this host's claim at `turn`. The window from just before step 1's LIST to
+//!    the end of the PUT ([`Window`], `CLOCK_BOOTTIME`) must be within [`WINDOW_BOUND`], or the
+//!    claim is withdrawn and the protocol starts again (3 times at most);
+//! 4. wait [`SETTLE`] and list again;
+//! 5. the winner of the listed claims and ours takes the name; a loser deletes its claim.
 //!
-//! Two hosts that race for a name both reach step 4 having seen both claims (the argument of
-//! `remote::lease`: every PUT took under `SETTLE / 2`, each relists `SETTLE` after its own), so
-//! both apply one rule and one wins. A move raises the turn: the source records the next turn
+//! Two hosts that race for a name both reach step 5 having seen both claims (the argument of
+//! docs/S3.md "Lease: claims", with its assumptions: each window under `SETTLE / 2`, each
+//! relist `SETTLE` after its own PUT), so both apply one rule and one wins. A PUT that failed is
+//! withdrawn (it may land later). A move raises the turn: the source records the next turn
 //! in its hand-over, and the destination's claim at that turn wins over the source's older one,
 //! which the source deletes with its copy of the volume. An adoption's claim (turn > 0) skips
-//! steps 3 and 4: the hand-over names one slot, so no other host claims that turn, and every
+//! steps 4 and 5: the hand-over names one slot, so no other host claims that turn, and every
 //! other claim of the name is of a lower one (a new volume's, turn 0, is refused at step 1 by
 //! the source's claim, which stays until the adopter holds the volume).
 //!
@@ -31,16 +36,13 @@
 //!   a crash is deleted by the next writer of that slot;
 //! - in a pool of one host (nobody joined) nothing here runs: the pool lease is enough.
 
+use crate::claim_window::{Window, SETTLE, WINDOW_BOUND};
 use crate::error::{Error, Result};
 use crate::format::hosts::VolumeClaim;
 use crate::io::VolumeClaims;
 use crate::locks::lock;
 use crate::pool::Pool;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// After putting a claim, wait this long before listing the claims again.
-const SETTLE: Duration = Duration::from_millis(1000);
 /// Claims put before a race is given up as too slow a store.
 const TRIES: usize = 3;
 
@@ -69,57 +71,16 @@ impl Pool {
     }
 
     /// Claim volume name `name` for this host at `turn` (0: a new volume; a move's turn: the
-    /// adopter), by the protocol of the module docs. `Ok(None)` in a pool of one host.
+    /// adopter), by the protocol of the module docs ([`claim_name`]). `Ok(None)` in a pool of
+    /// one host.
     pub(crate) fn claim_volume_name(&self, name: &str, turn: u32) -> Result<Option<VolumeClaim>> {
         let Some(reg) = self.claims_if_shared()? else {
             return Ok(None);
         };
-        let io = |e| Error::io(format!("claiming volume {name} in the pool's bucket"), e);
-        for _ in 0..TRIES {
-            let before = reg.list(Some(name)).map_err(io)?;
-            if let Some(w) = VolumeClaim::winner(&before).filter(|w| w.turn >= turn) {
-                if w.slot == self.slot {
-                    return Ok(Some(w.clone())); // ours already (an earlier writer of this slot)
-                }
-                return Err(self.held_error(w, ""));
-            }
-            let started = Instant::now();
-            let mine = reg.put(name, turn).map_err(io)?;
-            if turn > 0 {
-                // An adoption: the hand-over named this host's slot and this turn, so no other
-                // host claims it, and every other claim of the name is of a lower turn.
-                return Ok(Some(mine));
-            }
-            if started.elapsed() > SETTLE / 2 {
-                tracing::warn!(
-                    "claiming volume {name}: the PUT took {:?} (more than {:?}): withdrawn, trying again",
-                    started.elapsed(),
-                    SETTLE / 2
-                );
-                let _ = reg.delete(&mine);
-                continue;
-            }
-            std::thread::sleep(SETTLE);
-            let mut after = reg.list(Some(name)).map_err(io)?;
-            if !after.contains(&mine) {
-                after.push(mine.clone());
-            }
-            match VolumeClaim::winner(&after) {
-                Some(w) if w.slot != self.slot => {
-                    let w = w.clone();
-                    let _ = reg.delete(&mine);
-                    return Err(self.held_error(
-                        &w,
-                        " (both hosts claimed the name at once; the claim rule chose, as docs/S3.md \"Volume claims\" says)",
-                    ));
-                }
-                _ => return Ok(Some(mine)),
-            }
+        match claim_name(&*reg, self.slot, name, turn)? {
+            Claimed::Won(c) => Ok(Some(c)),
+            Claimed::Held(w, detail) => Err(self.held_error(&w, detail)),
         }
-        Err(Error::Busy(format!(
-            "claiming volume {name}: the store took more than {:?} three times to store a claim, too slow to claim the name safely: try again",
-            SETTLE / 2
-        )))
     }
 
     /// Delete this host's claims of `name` (its volume is gone from this part, or was never
@@ -220,8 +181,42 @@ impl Pool {
                     );
                     continue;
                 }
+                if reg.conditional() {
+                    match reg.take_turn(name, 0).map_err(io)? {
+                        Some((slot, _)) if slot == self.slot => {}
+                        holder => {
+                            tracing::warn!(
+                                "volume {name} of this host is claimed by {} too; rename or \
+                                 delete one of them",
+                                holder.map_or("an unreadable turn object".to_string(), |(s, _)| {
+                                    format!("the host in slot {s:02x}")
+                                })
+                            );
+                            continue;
+                        }
+                    }
+                }
                 reg.put(name, 0).map_err(io)?;
                 report.claimed += 1;
+            }
+        }
+        // Turn objects of this slot with no claim beside them and no volume here: left by an
+        // earlier writer of this part that crashed between the turn object and its claim.
+        let turns = if reg.conditional() {
+            reg.turns(None).map_err(io)?
+        } else {
+            Vec::new() // the timed protocol makes no turn objects, and never reads them
+        };
+        for (name, turn) in turns {
+            let claimed = all.iter().any(|c| c.name == name && c.turn == turn);
+            if claimed || held.contains(&name) || released.contains(&name) {
+                continue;
+            }
+            if let Some((slot, writer)) = reg.turn_holder(&name, turn).map_err(io)? {
+                if slot == self.slot && writer != reg.writer() {
+                    reg.delete_turn(&name, turn).map_err(io)?;
+                    report.deleted += 1;
+                }
             }
         }
         for c in all.iter().filter(mine) {
@@ -242,4 +237,116 @@ impl Pool {
             detail: detail.to_string(),
         }
     }
+}
+
+/// What [`claim_name`] decided.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Claimed {
+    /// This host's claim of the name (new, or one of its slot already there).
+    Won(VolumeClaim),
+    /// Another host's claim wins (a claim of its, or the turn object it created), and why.
+    Held(VolumeClaim, &'static str),
+}
+
+const RACED_TIMED: &str = " (both hosts claimed the name at once; the claim rule chose, as docs/S3.md \"Volume claims\" says)";
+const RACED_CONDITIONAL: &str = " (both hosts claimed the name at once; the store's conditional PUT chose, as docs/S3.md \"Volume claims\" says)";
+
+/// Claim `name` at `turn` for the writer of slot `slot` through `reg` (the module docs): on a
+/// store with conditional PUT by creating the turn object, elsewhere by the timed protocol
+/// whose window (first LIST to the end of the PUT, [`Window`]) must stay within
+/// [`WINDOW_BOUND`] or the claim is withdrawn and made again.
+pub(crate) fn claim_name(
+    reg: &dyn VolumeClaims,
+    slot: u8,
+    name: &str,
+    turn: u32,
+) -> Result<Claimed> {
+    let io = |e| Error::io(format!("claiming volume {name} in the pool's bucket"), e);
+    let mine = VolumeClaim {
+        name: name.to_string(),
+        turn,
+        slot,
+        writer: reg.writer(),
+    };
+    let mut slow = String::new();
+    for _ in 0..TRIES {
+        let window = Window::open();
+        let before = reg.list(Some(name)).map_err(io)?;
+        if let Some(w) = VolumeClaim::winner(&before).filter(|w| w.turn >= turn) {
+            if w.slot == slot {
+                return Ok(Claimed::Won(w.clone())); // ours already (an earlier writer of this slot)
+            }
+            return Ok(Claimed::Held(w.clone(), ""));
+        }
+        if reg.conditional() {
+            return claim_by_turn_object(reg, &mine);
+        }
+        if let Err(e) = reg.put(name, turn) {
+            // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 3).
+            let _ = reg.delete(&mine);
+            return Err(io(e));
+        }
+        if turn > 0 {
+            // An adoption: the hand-over named this host's slot and this turn, so no other
+            // host claims it, and every other claim of the name is of a lower turn.
+            return Ok(Claimed::Won(mine));
+        }
+        if !window.within(WINDOW_BOUND) {
+            slow = window.shown();
+            tracing::warn!(
+                "claiming volume {name}: listing and putting the claim took {slow} (more than \
+                 {WINDOW_BOUND:?}: paused, or a slow store): withdrawn, trying again"
+            );
+            let _ = reg.delete(&mine);
+            continue;
+        }
+        std::thread::sleep(SETTLE);
+        let mut after = reg.list(Some(name)).map_err(io)?;
+        if !after.contains(&mine) {
+            after.push(mine.clone());
+        }
+        return match VolumeClaim::winner(&after) {
+            Some(w) if w.slot != slot => {
+                let w = w.clone();
+                let _ = reg.delete(&mine);
+                Ok(Claimed::Held(w, RACED_TIMED))
+            }
+            _ => Ok(Claimed::Won(mine)),
+        };
+    }
+    Err(Error::Busy(format!(
+        "claiming volume {name}: listing the claims and putting this host's took more than \
+         {WINDOW_BOUND:?} {TRIES} times (the last {slow}): the process was paused or the store is \
+         too slow to claim the name safely; try again"
+    )))
+}
+
+/// The conditional claim: create the turn object of (name, turn); its creator wins the turn,
+/// then puts its claim object for every reader of claims.
+fn claim_by_turn_object(reg: &dyn VolumeClaims, mine: &VolumeClaim) -> Result<Claimed> {
+    let name = &mine.name;
+    let io = |e| Error::io(format!("claiming volume {name} in the pool's bucket"), e);
+    match reg.take_turn(name, mine.turn).map_err(io)? {
+        Some((slot, _)) if slot == mine.slot => {}
+        Some((slot, writer)) => {
+            let w = VolumeClaim {
+                slot,
+                writer,
+                ..mine.clone()
+            };
+            return Ok(Claimed::Held(w, RACED_CONDITIONAL));
+        }
+        None => {
+            return Err(Error::Invalid(format!(
+                "claiming volume {name}: its turn object {} is not readable; if no host holds \
+                 the volume, delete that object",
+                VolumeClaim::turn_object(name, mine.turn)
+            )))
+        }
+    }
+    if let Err(e) = reg.put(name, mine.turn) {
+        let _ = reg.delete(mine);
+        return Err(io(e));
+    }
+    Ok(Claimed::Won(mine.clone()))
 }

@@ -17,6 +17,35 @@ use std::time::{Duration, Instant};
 pub struct Report {
     pub elapsed: Duration,
     pub stats_delta: crate::BackendStats,
+    /// What the conditional-PUT checks found ([`conditional_put`]).
+    pub conditional_put: ConditionalPut,
+}
+
+/// Whether the store honours conditional PUT, as the suite saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConditionalPut {
+    /// The backend says it does, and 8 racers creating one name had exactly one winner, whose
+    /// bytes stayed, in every round.
+    Honoured,
+    /// The backend says it does not (its probe at open saw an overwrite): `winners` is the
+    /// most racers that were told they created the name in one round (the best-effort check
+    /// may tell one or several).
+    NotSupported { winners: usize },
+}
+
+impl std::fmt::Display for ConditionalPut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConditionalPut::Honoured => {
+                f.write_str("honoured (one winner of 8 racers, every round)")
+            }
+            ConditionalPut::NotSupported { winners } => write!(
+                f,
+                "not supported (If-None-Match: * not enforced; best effort: up to {winners} of 8 \
+                 racers won one round)"
+            ),
+        }
+    }
 }
 
 /// `len` bytes of a xorshift stream: incompressible, different per `seed`.
@@ -50,8 +79,9 @@ pub fn run(b: &dyn ObjectBackend) -> Report {
     lists(b, &root);
     overwrite_and_delete(b, &root);
     put_if_absent(b, &root);
+    let conditional = conditional_put(b, &root);
     cleanup(b, &root);
-    report(b, before, began)
+    report(b, before, began, conditional)
 }
 
 /// The name `s` under the run's `root`.
@@ -235,6 +265,59 @@ fn put_if_absent(b: &dyn ObjectBackend, root: &str) {
     assert_eq!(b.get(&once).unwrap(), b"third");
 }
 
+/// Racers that create one name at once: a backend that says it honours conditional PUT
+/// (`conditional_put_honoured`) must give exactly one of them `true`, and keep its bytes, in
+/// every round; one that says it does not is reported as such, never failed (what the claim
+/// protocols then rely on is their timing, docs/S3.md).
+pub fn conditional_put(b: &dyn ObjectBackend, root: &str) -> ConditionalPut {
+    const RACERS: usize = 8;
+    const ROUNDS: usize = 5;
+    let honoured = b.conditional_put_honoured();
+    let mut most = 0;
+    for round in 0..ROUNDS {
+        let name = under(root, &format!("conditional/{round}"));
+        let barrier = std::sync::Barrier::new(RACERS);
+        let results: Vec<bool> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..RACERS)
+                .map(|i| {
+                    let (name, barrier) = (&name, &barrier);
+                    s.spawn(move || {
+                        barrier.wait();
+                        b.put_if_absent(name, format!("racer {i}").as_bytes())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+        });
+        let winners: Vec<usize> = (0..RACERS).filter(|i| results[*i]).collect();
+        most = most.max(winners.len());
+        if honoured {
+            assert_eq!(
+                winners.len(),
+                1,
+                "conditional put honoured, yet {} of {RACERS} racers created {name}",
+                winners.len()
+            );
+            let kept = b.get(&name).unwrap();
+            assert_eq!(
+                kept,
+                format!("racer {}", winners[0]).into_bytes(),
+                "the winner's bytes of {name} were replaced"
+            );
+            // A later create of the name, after the race, is refused too.
+            assert!(
+                !b.put_if_absent(&name, b"late").unwrap(),
+                "late create of {name}"
+            );
+        }
+    }
+    if honoured {
+        ConditionalPut::Honoured
+    } else {
+        ConditionalPut::NotSupported { winners: most }
+    }
+}
+
 fn cleanup(b: &dyn ObjectBackend, root: &str) {
     // Clean up: the run leaves nothing behind. A listing may lag a delete for a moment
     // (invariant 8), so the check waits up to 10 s for the listing to agree; an object that
@@ -252,7 +335,12 @@ fn cleanup(b: &dyn ObjectBackend, root: &str) {
 }
 
 /// The counters moved, and by how much since `before`.
-fn report(b: &dyn ObjectBackend, before: crate::BackendStats, began: Instant) -> Report {
+fn report(
+    b: &dyn ObjectBackend,
+    before: crate::BackendStats,
+    began: Instant,
+    conditional_put: ConditionalPut,
+) -> Report {
     let after = b.stats();
     assert!(after.put_requests > before.put_requests, "puts are counted");
     assert!(
@@ -270,5 +358,79 @@ fn report(b: &dyn ObjectBackend, before: crate::BackendStats, began: Instant) ->
             list_requests: after.list_requests - before.list_requests,
             delete_requests: after.delete_requests - before.delete_requests,
         },
+        conditional_put,
+    }
+}
+
+/// Test support for the claim protocols (docs/S3.md "Lease: claims"): another backend seen
+/// through a handle that may pretend the store lacks conditional PUT (`put_if_absent` is then
+/// a HEAD and a plain PUT, so racers can both win, as on Garage 2.5.0) and that can hold the
+/// caller for a while after a LIST answered: a deterministic "pause" between a claim's LIST
+/// and its PUT.
+pub struct Faulty {
+    inner: std::sync::Arc<dyn ObjectBackend>,
+    conditional: bool,
+    /// After the next LIST answers, sleep this long (once).
+    pause_after_list: std::sync::Mutex<Option<Duration>>,
+}
+
+impl Faulty {
+    /// `inner` as a store with conditional PUT (if `inner` has it and `conditional`) or
+    /// without.
+    pub fn new(inner: std::sync::Arc<dyn ObjectBackend>, conditional: bool) -> Faulty {
+        Faulty {
+            conditional: conditional && inner.conditional_put_honoured(),
+            inner,
+            pause_after_list: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Hold the caller of the next LIST for `d` after the store answered it.
+    pub fn pause_after_next_list(&self, d: Duration) {
+        *self.pause_after_list.lock().unwrap() = Some(d);
+    }
+}
+
+impl ObjectBackend for Faulty {
+    fn put(&self, name: &str, bytes: &[u8]) -> crate::Result<()> {
+        self.inner.put(name, bytes)
+    }
+    fn get(&self, name: &str) -> crate::Result<Vec<u8>> {
+        self.inner.get(name)
+    }
+    fn get_range(&self, name: &str, start: u64, len: u64) -> crate::Result<Vec<u8>> {
+        self.inner.get_range(name, start, len)
+    }
+    fn head(&self, name: &str) -> crate::Result<Option<u64>> {
+        self.inner.head(name)
+    }
+    fn list(&self, prefix: &str) -> crate::Result<Vec<(String, u64)>> {
+        let listed = self.inner.list(prefix);
+        if let Some(d) = self.pause_after_list.lock().unwrap().take() {
+            std::thread::sleep(d);
+        }
+        listed
+    }
+    fn delete(&self, name: &str) -> crate::Result<()> {
+        self.inner.delete(name)
+    }
+    fn put_if_absent(&self, name: &str, bytes: &[u8]) -> crate::Result<bool> {
+        if self.conditional {
+            return self.inner.put_if_absent(name, bytes);
+        }
+        if self.inner.head(name)?.is_some() {
+            return Ok(false);
+        }
+        self.inner.put(name, bytes)?;
+        Ok(true)
+    }
+    fn conditional_put_honoured(&self) -> bool {
+        self.conditional
+    }
+    fn stats(&self) -> crate::BackendStats {
+        self.inner.stats()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
     }
 }

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 fn print_report(what: &str, b: &dyn ObjectBackend, r: &conformance::Report) {
     let s = r.stats_delta;
     println!(
-        "conformance {what}: ok in {:.1} s; conditional put honoured: {}; requests: {} \
-         ({} PUT {} MiB, {} GET {} MiB, {} HEAD, {} LIST, {} DELETE)",
+        "conformance {what}: ok in {:.1} s; conditional put honoured: {}; conditional put: {}; \
+         requests: {} ({} PUT {} MiB, {} GET {} MiB, {} HEAD, {} LIST, {} DELETE)",
         r.elapsed.as_secs_f64(),
         b.conditional_put_honoured(),
+        r.conditional_put,
         s.requests(),
         s.put_requests,
         s.put_bytes >> 20,
@@ -33,6 +34,7 @@ fn local_backend_conforms() {
     assert!(b.conditional_put_honoured());
     let r = conformance::run(&b);
     print_report("local", &b, &r);
+    assert_eq!(r.conditional_put, conformance::ConditionalPut::Honoured);
     // Nothing left behind, not even temporaries (a leftover would be a .tmp-* file).
     let mut stack = vec![dir.path().to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -43,6 +45,19 @@ fn local_backend_conforms() {
             stack.push(e.path());
         }
     }
+}
+
+#[test]
+fn a_store_without_conditional_put_is_reported_not_supported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inner = std::sync::Arc::new(LocalBackend::open(dir.path()).expect("open"));
+    let b = conformance::Faulty::new(inner, false);
+    let r = conformance::conditional_put(&b, "c");
+    println!("conditional put of a store without it: {r}");
+    assert!(matches!(
+        r,
+        conformance::ConditionalPut::NotSupported { winners: 1.. }
+    ));
 }
 
 #[test]

@@ -13,6 +13,7 @@
 //! | `gen/E-W/manifest.SEQ` | the [`Manifest`] of the root `gen/E-W/checkpoint.SEQ`, put just before it |
 //! | `gen/E-W/wal/SSSSSSSSSSSSSSSS` | a write-ahead object of that writer |
 //! | `claims/E-W-RRRRRRRR` | renewal `R` of the lease claim of generation `E-W` (a [`super::remote::LeaseBody`]) |
+//! | `claims/epoch-EEEEEEEEEEEEEEEE` | on a store with conditional PUT: which writer took epoch `E` (created if absent, [`epoch_lock_object`]) |
 //!
 //! Objects of pools made before generations (top-level `superblock`, `checkpoint`,
 //! `seg-N.dat`, `meta/X`, `wal/SEQ`) belong to generation 0 and are read as they are.
@@ -257,6 +258,62 @@ impl Member {
     }
 }
 
+/// On a store with conditional PUT, the object whose creation takes slot `slot`:
+/// `members/SS`, created if absent by the joining host that wins the slot, holding its writer
+/// id ([`encode_lock`]). A slot with one is the member's whose writer it names.
+pub fn slot_lock_object(slot: u8) -> String {
+    format!("{MEMBERS_PREFIX}{slot:02x}")
+}
+
+/// The slot of a slot lock's name (`members/SS`); `None` for any other name.
+pub fn parse_slot_lock(obj: &str) -> Option<u8> {
+    let rest = obj.strip_prefix(MEMBERS_PREFIX)?;
+    if rest.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(rest, 16).ok()
+}
+
+/// On a store with conditional PUT, the object whose creation takes lease epoch `epoch`:
+/// `claims/epoch-EEEEEEEEEEEEEEEE` (created if absent, holding the writer id).
+pub fn epoch_lock_object(epoch: u64) -> String {
+    format!("{CLAIM_PREFIX}{EPOCH_LOCK_TAG}{epoch:016x}")
+}
+
+/// The epoch of an epoch lock's name; `None` for any other name.
+pub fn parse_epoch_lock(obj: &str) -> Option<u64> {
+    let e = obj
+        .strip_prefix(CLAIM_PREFIX)?
+        .strip_prefix(EPOCH_LOCK_TAG)?;
+    parse_seq16(e)
+}
+
+const EPOCH_LOCK_TAG: &str = "epoch-";
+const LOCK_FIRST_LINE: &str = "condense-lock 1";
+
+/// The body of a lock object (slot, epoch or volume turn): who created it.
+pub fn encode_lock(writer: u64, slot: u8, host: &str) -> Vec<u8> {
+    format!("{LOCK_FIRST_LINE}\nwriter={writer:016x}\nslot={slot:02x}\nhost={host}\n").into_bytes()
+}
+
+/// (writer, slot) of a lock object's body; `None` if it is not one.
+pub fn decode_lock(bytes: &[u8]) -> Option<(u64, u8)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut lines = text.lines();
+    if lines.next()? != LOCK_FIRST_LINE {
+        return None;
+    }
+    let (mut writer, mut slot) = (None, None);
+    for l in lines {
+        match l.split_once('=') {
+            Some(("writer", w)) if w.len() == 16 => writer = u64::from_str_radix(w, 16).ok(),
+            Some(("slot", s)) if s.len() == 2 => slot = u8::from_str_radix(s, 16).ok(),
+            _ => {}
+        }
+    }
+    Some((writer?, slot?))
+}
+
 /// Write-ahead object `seq` of `gen`.
 pub fn wal_object(gen: Generation, seq: u64) -> String {
     format!("{}/wal/{seq:016x}", gen.dir())
@@ -342,6 +399,25 @@ mod tests {
         epoch: 7,
         writer: 0xfeed_beef_0000_0001,
     };
+
+    #[test]
+    fn lock_objects_are_no_claims_or_members_and_round_trip() {
+        assert_eq!(slot_lock_object(0x2a), "members/2a");
+        assert_eq!(parse_slot_lock("members/2a"), Some(0x2a));
+        assert_eq!(Member::parse_object("members/2a"), None);
+        for bad in ["members/2", "members/2a-0000000000000001", "members/zz"] {
+            assert_eq!(parse_slot_lock(bad), None, "{bad}");
+        }
+        let e = epoch_lock_object(7);
+        assert_eq!(e, "claims/epoch-0000000000000007");
+        assert_eq!(parse_epoch_lock(&e), Some(7));
+        assert_eq!(parse_object(&e), None, "an epoch lock is no claim");
+        assert_eq!(parse_epoch_lock(&claim_object(G, 1)), None);
+        let body = encode_lock(0xfeed, 3, "h");
+        assert_eq!(decode_lock(&body), Some((0xfeed, 3)));
+        assert_eq!(decode_lock(b"condense-lock 1\nwriter=1\n"), None);
+        assert_eq!(decode_lock(b"junk"), None);
+    }
 
     #[test]
     fn names_round_trip() {

@@ -369,6 +369,26 @@ impl VolumeClaim {
         )
     }
 
+    /// On a store with conditional PUT, the object whose creation takes turn `turn` of
+    /// `name`: `volumes/HEXNAME/TTTTTTTT`, created if absent by the one host that wins that
+    /// turn, holding its writer id and slot ([`super::bucket::encode_lock`]).
+    pub fn turn_object(name: &str, turn: u32) -> String {
+        format!("{}{turn:08x}", VolumeClaim::prefix(Some(name)))
+    }
+
+    /// (name, turn) of a turn object's name; `None` for any other name.
+    pub fn parse_turn_object(obj: &str) -> Option<(String, u32)> {
+        let rest = obj.strip_prefix(super::bucket::VOLUMES_PREFIX)?;
+        let (name, turn) = rest.split_once('/')?;
+        if turn.len() != 8 {
+            return None;
+        }
+        Some((
+            String::from_utf8(unhex(name)?).ok()?,
+            u32::from_str_radix(turn, 16).ok()?,
+        ))
+    }
+
     /// The claim an object name holds; `None` for any other name.
     pub fn parse_object(obj: &str) -> Option<VolumeClaim> {
         let rest = obj.strip_prefix(super::bucket::VOLUMES_PREFIX)?;
@@ -522,6 +542,12 @@ mod tests {
         let all = [at(0, 2, 0), at(1, 3, 7), at(1, 3, 5), at(0, 0, 1)];
         assert_eq!(VolumeClaim::winner(&all), Some(&at(1, 3, 5)));
         assert_eq!(VolumeClaim::winner(&[]), None);
+        // A turn object is no claim, and a claim no turn object.
+        let t = VolumeClaim::turn_object("v", 3);
+        assert_eq!(t, "volumes/76/00000003");
+        assert_eq!(VolumeClaim::parse_object(&t), None);
+        assert_eq!(VolumeClaim::parse_turn_object(&t), Some(("v".into(), 3)));
+        assert_eq!(VolumeClaim::parse_turn_object(&c.object()), None);
         let mut meta = Meta::new();
         meta.insert(format!("{RELEASED_PREFIX}v"), released_value(4, "h", 7));
         assert_eq!(released_slot(&meta, "v"), Some(4));

@@ -10,15 +10,21 @@
 //!
 //! Taking the lease, on any store (conditional PUT or not):
 //! 1. list the claims; any live one refuses the open (held by ...);
-//! 2. put our claim (renewal 0), timing the PUT: a PUT slower than half of [`SETTLE`] is
-//!    withdrawn and tried again (at most 3 times);
+//! 2. put our claim (renewal 0). The claim's window, from just before step 1's LIST to the end
+//!    of this PUT on `CLOCK_BOOTTIME` ([`crate::claim_window`]), must be within
+//!    [`WINDOW_BOUND`]; otherwise (a pause, a slow store) the claim is withdrawn and the
+//!    protocol starts again (at most 3 times). On a store with conditional PUT the claimer
+//!    then creates the epoch lock `claims/epoch-E` ([`epoch_lock_object`]): if it exists, another
+//!    writer took this epoch and this one withdraws;
 //! 3. wait [`SETTLE`], list the claims again;
 //! 4. of the live claims and ours, the lowest (epoch, writer) wins; a loser deletes its claim.
 //!
 //! Why one winner: two racers both pass step 1 only if each listed before the other's PUT
-//! completed; each PUT took under `SETTLE / 2`, so each one's step-3 listing, `SETTLE` after its
-//! own PUT, comes after the other's PUT completed (stores list what they acknowledged: Garage
-//! and S3 are read-after-write consistent), both see both claims, and both apply the same rule.
+//! completed; each one's window (list to end of PUT) took under `SETTLE / 2`, so each one's
+//! step-3 listing, `SETTLE` after its own PUT, comes after the other's PUT completed (stores list
+//! what they acknowledged), both see both claims, and both apply the same rule. The assumptions
+//! and what breaking each does are in docs/S3.md "Lease: claims". A taking back of an expired
+//! claim ([`retake`]) whose window exceeded the bound gives the lease up.
 //!
 //! Invariants:
 //! - No claim object is ever put twice: a renewal is a new object (`R + 1`), the previous
@@ -35,8 +41,12 @@
 use super::conf::remote_error;
 use super::names::max_epoch;
 use super::shared::Shared;
+use crate::claim_window::{Window, SETTLE, WINDOW_BOUND};
 use crate::error::{Error, Result};
-use crate::format::bucket::{claim_object, parse_object, Generation, ObjectKind, CLAIM_PREFIX};
+use crate::format::bucket::{
+    claim_object, encode_lock, epoch_lock_object, parse_epoch_lock, parse_object, Generation,
+    ObjectKind, CLAIM_PREFIX,
+};
 pub use crate::format::remote::LeaseBody;
 use std::collections::{BTreeMap, HashSet};
 use std::io;
@@ -53,8 +63,6 @@ const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// Writes stop this long after the start of the last renewal that succeeded: the rest of
 /// [`LEASE_SECONDS`] covers clocks that disagree by a few seconds and a request in flight.
 pub(super) const WRITE_FENCE: Duration = Duration::from_secs(15);
-/// After putting a claim, wait this long before listing the claims again.
-const SETTLE: Duration = Duration::from_millis(1000);
 
 /// One writer per pool: this process's claim, renewed in the background until dropped.
 pub struct Lease {
@@ -97,9 +105,12 @@ struct Claim {
     objects: Vec<String>,
 }
 
-/// The claims in the bucket, newest renewal of each (with its body), and the lease object
-/// of an older Condense, if any.
-fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>)> {
+/// The epoch locks listed (conditional PUT, `claims/epoch-E`): (epoch, object).
+type EpochLocks = Vec<(u64, String)>;
+
+/// The claims in the bucket, newest renewal of each (with its body), the lease object of an
+/// older Condense, if any, and the epoch locks.
+fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>, EpochLocks)> {
     let url = &shared.url;
     let listed = shared
         .store
@@ -107,8 +118,11 @@ fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>)> {
         .map_err(|e| remote_error(url, e))?;
     // Renewal objects of each claim, oldest first (the names sort by renewal).
     let mut by_gen: BTreeMap<Generation, Vec<(u32, String)>> = BTreeMap::new();
+    let mut locks = Vec::new();
     for (obj, _) in listed {
-        if let Some(ObjectKind::Claim { gen, renewal }) = parse_object(&obj) {
+        if let Some(epoch) = parse_epoch_lock(&obj) {
+            locks.push((epoch, obj));
+        } else if let Some(ObjectKind::Claim { gen, renewal }) = parse_object(&obj) {
             by_gen.entry(gen).or_default().push((renewal, obj));
         }
     }
@@ -134,7 +148,7 @@ fn list_claims(shared: &Shared) -> Result<(Vec<Claim>, Option<LeaseBody>)> {
         Err(e) if e.is_not_found() => None,
         Err(e) => return Err(remote_error(url, e)),
     };
-    Ok((claims, legacy))
+    Ok((claims, legacy, locks))
 }
 
 /// Not expired, not released, and not of a process of this host that is gone.
@@ -185,7 +199,7 @@ fn pid_alive_after_grace(pid: u32) -> bool {
 /// Who holds the pool's lease now: the body of the winning live claim; else of the newest
 /// claim (released or expired); `None` if no claim is readable.
 pub(super) fn holder(shared: &Shared) -> Result<Option<LeaseBody>> {
-    let (claims, legacy) = list_claims(shared)?;
+    let (claims, legacy, _) = list_claims(shared)?;
     let none = HashSet::new();
     let live = claims
         .iter()
@@ -229,8 +243,10 @@ impl Lease {
                 .try_into()
                 .unwrap_or([1; 8]),
         );
+        let mut slow = String::new();
         for _ in 0..3 {
-            let (claims, legacy) = list_claims(shared)?;
+            let window = Window::open();
+            let (claims, legacy, locks) = list_claims(shared)?;
             if let Some(l) = legacy.filter(body_live) {
                 return Err(held_error(url, &l));
             }
@@ -254,9 +270,12 @@ impl Lease {
             {
                 return Err(held_error(url, b));
             }
+            // Above every epoch locked too: a lock whose claim is gone (its PUT failed and
+            // landed later) is never raced for again.
             let epoch = claims
                 .iter()
                 .map(|c| c.gen.epoch)
+                .chain(locks.iter().map(|(e, _)| *e))
                 .chain([known_epoch])
                 .max()
                 .unwrap_or(0)
@@ -265,27 +284,47 @@ impl Lease {
             let obj = claim_object(gen, 0);
             let started = Instant::now();
             let body = LeaseBody::fresh(&format!("{writer:016x}")).encode();
-            shared
-                .store
-                .put(&obj, &body)
-                .map_err(|e| remote_error(url, e))?;
-            if started.elapsed() > SETTLE / 2 {
+            if let Err(e) = shared.store.put(&obj, &body) {
+                // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 3).
+                let _ = shared.store.delete(&obj);
+                return Err(remote_error(url, e));
+            }
+            if !window.within(WINDOW_BOUND) {
+                slow = window.shown();
                 tracing::warn!(
-                    "{url}: putting the lease claim took {:?} (more than {:?}): withdrawn, trying again",
-                    started.elapsed(),
-                    SETTLE / 2
+                    "{url}: listing the lease claims and putting ours took {slow} (more than \
+                     {WINDOW_BOUND:?}: paused, or a slow store): withdrawn, trying again"
                 );
                 let _ = shared.store.delete(&obj);
                 continue;
             }
+            if shared.store.conditional_put_honoured() {
+                // The store picks one writer per epoch (docs/S3.md "Lease: claims").
+                let lock = epoch_lock_object(epoch);
+                let taken = shared
+                    .store
+                    .put_if_absent(&lock, &encode_lock(writer, 0, &hostname()))
+                    .map_err(|e| remote_error(url, e));
+                if !matches!(taken, Ok(true)) {
+                    let _ = shared.store.delete(&obj);
+                    taken?;
+                    return Err(Error::Busy(format!(
+                        "pool {url} is held by another host (both hosts claimed the pool at once; \
+                         the store's conditional PUT chose, as docs/S3.md says)"
+                    )));
+                }
+            }
             std::thread::sleep(SETTLE);
-            let (after, _) = list_claims(shared)?;
+            let (after, _, after_locks) = list_claims(shared)?;
             let winner = after
                 .iter()
                 .filter(|c| c.gen == gen || is_live(c, &dead))
                 .min_by_key(|c| (c.gen.epoch, c.gen.writer));
             if let Some(w) = winner.filter(|w| w.gen != gen) {
                 let _ = shared.store.delete(&obj);
+                if shared.store.conditional_put_honoured() {
+                    let _ = shared.store.delete(&epoch_lock_object(epoch));
+                }
                 let held = match &w.body {
                     Some(b) => held_error(url, b),
                     None => Error::Busy(format!("pool {url} is held by another host")),
@@ -298,7 +337,8 @@ impl Lease {
                     e => e,
                 });
             }
-            // Won: the claims of writers that are gone are of no use to anyone.
+            // Won: the claims of writers that are gone are of no use to anyone, nor are the
+            // epoch locks of older epochs.
             for c in after
                 .iter()
                 .filter(|c| c.gen != gen && !is_live(c, &HashSet::new()))
@@ -306,6 +346,9 @@ impl Lease {
                 for o in &c.objects {
                     let _ = shared.store.delete(o);
                 }
+            }
+            for (_, old) in after_locks.iter().filter(|(e, _)| *e < epoch) {
+                let _ = shared.store.delete(old);
             }
             shared.set_fence(Some(started + WRITE_FENCE));
             let state = Arc::new(Mutex::new(Renewals {
@@ -330,9 +373,9 @@ impl Lease {
             });
         }
         Err(Error::Busy(format!(
-            "{url}: the store took more than {:?} three times to store a lease claim, too slow to \
-             take the lease safely: try again",
-            SETTLE / 2
+            "{url}: listing the lease claims and storing ours took more than {WINDOW_BOUND:?} \
+             three times (the last {slow}): the process was paused or the store is too slow to \
+             take the lease safely; try again"
         )))
     }
 
@@ -378,8 +421,9 @@ fn retake(
     gen: Generation,
     state: &Mutex<Renewals>,
 ) -> std::result::Result<(), String> {
+    let window = Window::open();
     let newer = max_epoch(&*shared.store, &shared.url).map_err(|e| e.to_string())?;
-    let (claims, _) = list_claims(shared).map_err(|e| e.to_string())?;
+    let (claims, _, _) = list_claims(shared).map_err(|e| e.to_string())?;
     let none = HashSet::new();
     if newer > gen.epoch
         || claims
@@ -390,8 +434,18 @@ fn retake(
         return Err("another host took the pool".into());
     }
     put_renewal(shared, gen, state, false).map_err(|e| e.to_string())?;
+    if !window.within(WINDOW_BOUND) {
+        // Another host may have listed, claimed and settled meanwhile without seeing this
+        // renewal: give the lease up rather than trust it.
+        shared.lease_lost.store(true, Ordering::Relaxed);
+        return Err(format!(
+            "taking the expired lease back took {} (more than {WINDOW_BOUND:?}: paused, or a \
+             slow store)",
+            window.shown()
+        ));
+    }
     std::thread::sleep(SETTLE);
-    let (after, _) = list_claims(shared).map_err(|e| e.to_string())?;
+    let (after, _, _) = list_claims(shared).map_err(|e| e.to_string())?;
     if after.iter().any(|c| {
         c.gen != gen && is_live(c, &none) && (c.gen.epoch, c.gen.writer) < (gen.epoch, gen.writer)
     }) {

@@ -9,22 +9,30 @@
 //! a record of one host's segment checks and opens on every other.
 //!
 //! Invariants:
-//! - **A slot is one host's.** A joining host registers the lowest slot above every one in
-//!   the registry, waits [`SETTLE`], and lists again: of two registrations of one slot the
-//!   lower writer id wins and the other host withdraws and tries the next slot (the rule of
-//!   the lease claims, [`super::lease`]). Registry objects are put once, never replaced.
+//! - **A slot is one host's.** A joining host takes the lowest slot above every one in the
+//!   registry ([`join_store`]). On a store with conditional PUT it creates the slot lock
+//!   `members/SS` ([`slot_lock_object`]) if absent, and the slot is the creator's (a slot with a
+//!   lock is the member's the lock names). Elsewhere it registers, waits [`SETTLE`], and lists
+//!   again: of two registrations of one slot the lower writer id wins and the other host
+//!   withdraws and tries the next slot (the rule of the lease claims, [`super::lease`]); a
+//!   registration whose window (LIST to end of PUT, [`Window`]) exceeded [`WINDOW_BOUND`] is
+//!   withdrawn and made again. Registry objects are put once, never replaced.
 //! - The high byte of every segment id is its host's slot, so no two hosts ever name a
 //!   segment alike ([`crate::format::SEGMENT_SLOT_SHIFT`]).
 //! - Another member is only ever read: through a read-only open of its tree from a local
 //!   directory of its own under `peers/SS/` in this host's local directory; or, once its
 //!   lease expired, written by taking that lease from a directory under `takeover/SS/`.
-//! - Volume claims ([`ClaimRegistry`], `volumes/`) are put by a part's writer only within its
-//!   lease's write fence, each object once.
+//! - Volume claims ([`ClaimRegistry`], `volumes/`) and their turn objects are put by a part's
+//!   writer only within its lease's write fence, each object once; a claim's turn object is
+//!   deleted before the claim, and only if it names the claim's writer.
 
 use super::conf::{remote_error, RemoteConf, REMOTE_CONF_NAME};
 use super::shared::Shared;
+use crate::claim_window::{Window, SETTLE, WINDOW_BOUND};
 use crate::error::{Error, Result};
-use crate::format::bucket::{member_dir, Member, MEMBERS_PREFIX};
+use crate::format::bucket::{
+    decode_lock, encode_lock, member_dir, parse_slot_lock, slot_lock_object, Member, MEMBERS_PREFIX,
+};
 use crate::format::hosts::VolumeClaim;
 use crate::io::{Peer, VolumeClaims};
 use condense_object_store::ObjectBackend;
@@ -32,10 +40,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
-/// How long a joining host waits between registering a slot and listing the registry again.
-const SETTLE: Duration = Duration::from_secs(1);
 /// Registrations tried before a join gives up.
 const JOIN_TRIES: usize = 8;
 /// The cache of the local directory a peer's tree is read through.
@@ -81,7 +86,7 @@ pub(crate) struct Membership {
     /// This host's local directory.
     local: PathBuf,
     /// Registry objects read so far (they never change).
-    known: Mutex<BTreeMap<String, Option<Member>>>,
+    known: KnownCache,
     /// Makes a local directory that opens another member's part read-only (the caller's:
     /// `connect --read-only`'s).
     prepare: PrepareLocal,
@@ -232,9 +237,96 @@ impl VolumeClaims for ClaimRegistry {
     fn delete(&self, claim: &VolumeClaim) -> io::Result<()> {
         self.shared
             .may_write(&format!("deleting the claim of volume {}", claim.name))?;
+        // The turn object first: a crash between the two leaves a claim, which the next
+        // writer of this slot deletes at its first sync, never a turn object without one
+        // that refuses the name.
+        // (Only where turn objects are made: a store without conditional PUT has none, and
+        // the timed protocol never reads them.)
+        if self.conditional()
+            && self.turn_holder(&claim.name, claim.turn)? == Some((claim.slot, claim.writer))
+        {
+            self.delete_turn(&claim.name, claim.turn)?;
+        }
+        self.store.delete(&claim.object()).map_err(|e| self.err(e))
+    }
+
+    fn conditional(&self) -> bool {
+        self.store.conditional_put_honoured()
+    }
+
+    fn take_turn(&self, name: &str, turn: u32) -> io::Result<Option<(u8, u64)>> {
+        self.shared.may_write(&format!("claiming volume {name}"))?;
+        let obj = VolumeClaim::turn_object(name, turn);
+        let body = encode_lock(self.writer, self.slot, &hostname_here());
+        // Twice: a turn object deleted between our create and our read is created again.
+        for _ in 0..2 {
+            if self
+                .store
+                .put_if_absent(&obj, &body)
+                .map_err(|e| self.err(e))?
+            {
+                return Ok(Some((self.slot, self.writer)));
+            }
+            match self.store.get(&obj) {
+                Ok(b) => return Ok(decode_lock(&b).map(|(w, s)| (s, w))),
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        Ok(None)
+    }
+
+    fn turns(&self, name: Option<&str>) -> io::Result<Vec<(String, u32)>> {
+        let prefix = VolumeClaim::prefix(name);
+        let listed = self
+            .store
+            .list(prefix.trim_end_matches('/'))
+            .map_err(|e| self.err(e))?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|(o, _)| VolumeClaim::parse_turn_object(&o))
+            .filter(|(n, _)| name.is_none_or(|want| n == want))
+            .collect())
+    }
+
+    fn turn_holder(&self, name: &str, turn: u32) -> io::Result<Option<(u8, u64)>> {
+        match self.store.get(&VolumeClaim::turn_object(name, turn)) {
+            Ok(b) => Ok(decode_lock(&b).map(|(w, s)| (s, w))),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    fn delete_turn(&self, name: &str, turn: u32) -> io::Result<()> {
+        self.shared
+            .may_write(&format!("deleting the turn object of volume {name}"))?;
         self.store
-            .delete(&claim.object())
-            .map_err(|e| io::Error::other(remote_error(&self.url, e).to_string()))
+            .delete(&VolumeClaim::turn_object(name, turn))
+            .map_err(|e| self.err(e))
+    }
+}
+
+impl ClaimRegistry {
+    /// The claims at `store` (the pool's prefix) of the writer `writer` of slot `slot`.
+    #[cfg(test)]
+    pub(super) fn on(
+        store: Arc<dyn ObjectBackend>,
+        url: &str,
+        shared: Arc<Shared>,
+        slot: u8,
+        writer: u64,
+    ) -> ClaimRegistry {
+        ClaimRegistry {
+            store,
+            url: url.to_string(),
+            shared,
+            slot,
+            writer,
+        }
+    }
+
+    fn err(&self, e: condense_object_store::Error) -> io::Error {
+        io::Error::other(remote_error(&self.url, e).to_string())
     }
 }
 
@@ -244,19 +336,30 @@ fn hostname_here() -> String {
         .unwrap_or_default()
 }
 
-/// The registry of the pool at `store`: one member per slot (the lowest writer id of a slot
-/// registered twice). `known` caches the objects read (they are never replaced).
-fn registered(
-    store: &dyn ObjectBackend,
-    url: &str,
-    known: &Mutex<BTreeMap<String, Option<Member>>>,
-) -> Result<Vec<Member>> {
+/// A registry object read (they are never replaced): a member's registration, or a slot
+/// lock's writer id; `None` if unreadable.
+#[derive(Clone, Debug)]
+enum Known {
+    Member(Option<Member>),
+    Lock(Option<u64>),
+}
+
+type KnownCache = Mutex<BTreeMap<String, Known>>;
+
+/// The registry of the pool at `store`: one member per slot. A slot with a lock is the
+/// member's whose writer the lock names (none, if that host never put its registration); a
+/// slot without one (registered on a store without conditional PUT) is the lowest writer's.
+/// `known` caches the objects read (they are never replaced).
+fn registered(store: &dyn ObjectBackend, url: &str, known: &KnownCache) -> Result<Vec<Member>> {
     let listed = store
         .list(MEMBERS_PREFIX.trim_end_matches('/'))
         .map_err(|e| remote_error(url, e))?;
     let mut by_slot: BTreeMap<u8, Member> = BTreeMap::new();
+    let mut members = Vec::new();
+    let mut locks: BTreeMap<u8, Option<u64>> = BTreeMap::new();
     for (obj, size) in listed {
-        if Member::parse_object(&obj).is_none() || size > 4096 {
+        let lock = parse_slot_lock(&obj);
+        if (Member::parse_object(&obj).is_none() && lock.is_none()) || size > 4096 {
             continue;
         }
         let cached = known
@@ -264,25 +367,42 @@ fn registered(
             .unwrap_or_else(|e| e.into_inner())
             .get(&obj)
             .cloned();
-        let member = match cached {
-            Some(m) => m,
+        let read = match cached {
+            Some(k) => k,
             None => {
-                let m = match store.get(&obj) {
-                    Ok(b) => Member::decode(&obj, &b),
+                let bytes = match store.get(&obj) {
+                    Ok(b) => b,
                     Err(e) if e.is_not_found() => continue, // withdrawn meanwhile
                     Err(e) => return Err(remote_error(url, e)),
                 };
-                if m.is_none() {
+                let k = match lock {
+                    Some(_) => Known::Lock(decode_lock(&bytes).map(|(w, _)| w)),
+                    None => Known::Member(Member::decode(&obj, &bytes)),
+                };
+                if matches!(k, Known::Member(None) | Known::Lock(None)) {
                     tracing::warn!("{url}: registry object {obj} is not readable: ignored");
                 }
                 known
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(obj.clone(), m.clone());
-                m
+                    .insert(obj.clone(), k.clone());
+                k
             }
         };
-        let Some(m) = member else { continue };
+        match (read, lock) {
+            (Known::Lock(w), Some(slot)) => {
+                locks.insert(slot, w);
+            }
+            (Known::Member(Some(m)), _) => members.push(m),
+            _ => {}
+        }
+    }
+    for m in members {
+        if let Some(w) = locks.get(&m.slot) {
+            if *w != Some(m.writer) {
+                continue; // the slot is the lock's writer's
+            }
+        }
         match by_slot.get(&m.slot) {
             Some(held) if held.writer <= m.writer => {}
             _ => {
@@ -291,6 +411,12 @@ fn registered(
         }
     }
     Ok(by_slot.into_values().collect())
+}
+
+/// [`registered`] with a fresh cache.
+#[cfg(test)]
+pub(super) fn registered_for_test(store: &dyn ObjectBackend, url: &str) -> Result<Vec<Member>> {
+    registered(store, url, &Mutex::new(BTreeMap::new()))
 }
 
 /// The hosts registered in the pool `conf` names (`conf.url` is the pool's, or any
@@ -311,15 +437,34 @@ pub fn list_members(conf: &RemoteConf) -> Result<Vec<Member>> {
 /// Register `host` in the pool `conf.url` names: the slot it won (see the module docs).
 pub fn join(conf: &RemoteConf, host: &str) -> Result<u8> {
     let store = conf.backend(true)?;
+    join_store(&*store, &conf.url, host)
+}
+
+/// [`join`] on the registry at `store` (the pool's prefix; `url` for messages): on a store
+/// with conditional PUT the slot is the creator's of its slot lock `members/SS`; elsewhere by
+/// the timed protocol, whose window (the registry's LIST to the end of the PUT) must stay
+/// within [`WINDOW_BOUND`] or the registration is withdrawn and made again.
+pub fn join_store(store: &dyn ObjectBackend, url: &str, host: &str) -> Result<u8> {
     let known = Mutex::new(BTreeMap::new());
+    let mut slow = String::new();
     for _ in 0..JOIN_TRIES {
-        let members = registered(&*store, &conf.url, &known)?;
-        let slot = match members.iter().map(|m| m.slot).max() {
+        // The window holds one LIST: the next slot is above every slot named in the registry
+        // (registrations and locks, by their names alone, readable or not), so no body is read
+        // inside it.
+        let window = Window::open();
+        let listed = store
+            .list(MEMBERS_PREFIX.trim_end_matches('/'))
+            .map_err(|e| remote_error(url, e))?;
+        let taken = listed.iter().filter_map(|(o, _)| {
+            Member::parse_object(o)
+                .map(|(slot, _)| slot)
+                .or_else(|| parse_slot_lock(o))
+        });
+        let slot = match taken.max() {
             None => 1,
             Some(u8::MAX) => {
                 return Err(Error::Invalid(format!(
-                    "{}: all 255 host slots are taken; no more hosts can join this pool",
-                    conf.url
+                    "{url}: all 255 host slots are taken; no more hosts can join this pool"
                 )))
             }
             Some(s) => s + 1,
@@ -335,22 +480,58 @@ pub fn join(conf: &RemoteConf, host: &str) -> Result<u8> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
-        store
-            .put(&me.object(), me.encode().as_bytes())
-            .map_err(|e| remote_error(&conf.url, e))?;
+        if store.conditional_put_honoured() {
+            let lock = slot_lock_object(slot);
+            let body = encode_lock(me.writer, slot, host);
+            if !store
+                .put_if_absent(&lock, &body)
+                .map_err(|e| remote_error(url, e))?
+            {
+                continue; // another host took this slot: the next one
+            }
+            if let Err(e) = store.put(&me.object(), me.encode().as_bytes()) {
+                // The slot stays locked (and unused); a registration landing late names a
+                // writer the lock does not, so it is never a member.
+                let _ = store.delete(&me.object());
+                return Err(remote_error(url, e));
+            }
+            return Ok(slot);
+        }
+        if let Err(e) = store.put(&me.object(), me.encode().as_bytes()) {
+            // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 3).
+            let _ = store.delete(&me.object());
+            return Err(remote_error(url, e));
+        }
+        if !window.within(WINDOW_BOUND) {
+            slow = window.shown();
+            tracing::warn!(
+                "{url}: listing the registry and registering slot {slot:02x} took {slow} (more \
+                 than {WINDOW_BOUND:?}: paused, or a slow store): withdrawn, trying again"
+            );
+            store
+                .delete(&me.object())
+                .map_err(|e| remote_error(url, e))?;
+            continue;
+        }
         std::thread::sleep(SETTLE);
-        let now = registered(&*store, &conf.url, &known)?;
+        let now = registered(store, url, &known)?;
         if now.iter().any(|m| m.slot == slot && m.writer == me.writer) {
             return Ok(slot);
         }
         // Another host registered this slot at once with a lower id: withdraw, try the next.
         store
             .delete(&me.object())
-            .map_err(|e| remote_error(&conf.url, e))?;
+            .map_err(|e| remote_error(url, e))?;
+    }
+    if !slow.is_empty() {
+        return Err(Error::Busy(format!(
+            "{url}: listing the registry and registering took more than {WINDOW_BOUND:?} (the \
+             last {slow}): the process was paused or the store is too slow to join safely; \
+             run the join again"
+        )));
     }
     Err(Error::Invalid(format!(
-        "{}: {JOIN_TRIES} hosts joined at the same moment as this one; run the join again",
-        conf.url
+        "{url}: {JOIN_TRIES} hosts joined at the same moment as this one; run the join again"
     )))
 }
 
@@ -400,6 +581,27 @@ mod tests {
         let got = registered(&store, &url, &Mutex::new(BTreeMap::new()))?;
         let hosts: Vec<(u8, &str)> = got.iter().map(|m| (m.slot, m.host.as_str())).collect();
         assert_eq!(hosts, vec![(1, "a"), (2, "c")]);
+        // A slot lock decides its slot whatever the writer ids say; a lock without its
+        // registration leaves the slot without a member.
+        let d = Member {
+            slot: 2,
+            writer: 7,
+            host: "d".into(),
+            joined_unix: 1,
+        };
+        store
+            .put(&d.object(), d.encode().as_bytes())
+            .map_err(|e| remote_error(&url, e))?;
+        for (slot, writer) in [(2u8, 7u64), (4, 5)] {
+            store
+                .put(&slot_lock_object(slot), &encode_lock(writer, slot, "x"))
+                .map_err(|e| remote_error(&url, e))?;
+        }
+        let got = registered(&store, &url, &Mutex::new(BTreeMap::new()))?;
+        let hosts: Vec<(u8, &str)> = got.iter().map(|m| (m.slot, m.host.as_str())).collect();
+        assert_eq!(hosts, vec![(1, "a"), (2, "d")]);
+        // The next joiner takes slot 5: above the locked, unused slot 4.
+        assert_eq!(join_store(&store, &url, "e")?, 5);
         Ok(())
     }
 }

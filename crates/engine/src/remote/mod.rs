@@ -58,6 +58,8 @@
 //! - `members.rs`: hosts sharing one pool: the registry, [`join`], the other members
 //! - `setup.rs`: [`init`], [`connect`], opening the local directory
 
+#[cfg(test)]
+mod claim_tests;
 mod conf;
 mod files;
 mod lease;

@@ -61,7 +61,7 @@ fn prepare_local(path: &Path, conf: &RemoteConf, cache_size: u64) -> Result<()> 
     )
 }
 
-fn shared_for(
+pub(super) fn shared_for(
     conf: &RemoteConf,
     store: Arc<dyn ObjectBackend>,
     read_only: bool,
