@@ -81,7 +81,7 @@ mkdir -p "$M" "$G"
 cluster=0
 began=$SECONDS
 PIDS=()
-declare -A SPID PORT PPORT OWNER STATS FAULTS VIOL PENDING SLOT
+declare -A SPID=() PORT=() PPORT=() OWNER=() STATS=() FAULTS=() VIOL=() PENDING=() HN=()
 echo "seed $SEED (SEED=$SEED reproduces the choices), ROUNDS=$ROUNDS OPS=$OPS FAULT_PCT=$FAULT_PCT"
 
 cleanup() {
@@ -285,16 +285,17 @@ fault() {
         rnd 3000
         d=$((1000 + R))
         rnd 2
-        local what=(list-type=2 'PUT')
+        local what=LIST
         if [ "$R" = 0 ]; then
             rule "$SLOW_HOST" "GET list-type=2 $d -1"
         else
             rule "$SLOW_HOST" "PUT . $d -1"
+            what=PUT
         fi
         rnd 3
         SLOW_UNTIL=$((op + 1 + R))
         count_fault "slow-store"
-        echo "$(stamp) slow store for $SLOW_HOST: ${what[$R]:-} replies held $d ms until op $SLOW_UNTIL" >>"$W/faults.log"
+        echo "$(stamp) slow store for $SLOW_HOST: $what replies held $d ms until op $SLOW_UNTIL" >>"$W/faults.log"
     fi
 }
 heal_due() {
@@ -388,7 +389,7 @@ op_clone_from_host() {
     new_name
     # The clone sees the source's newest root: publish it first.
     h "$from" hosts sync >/dev/null 2>&1 || { count_op clone-from-host-failed; return; }
-    if h "$to" volume clone --from-host "nem-$from" "$src" "$NEW" >"$W/op.out" 2>&1; then
+    if h "$to" volume clone --from-host "${HN[$from]}" "$src" "$NEW" >"$W/op.out" 2>&1; then
         cp "$M/$src" "$M/$NEW"
         OWNER[$NEW]=$to
         count_op clone-from-host
@@ -401,7 +402,7 @@ op_clone_from_host() {
 # adopt_or_pend NAME FROM TO: adopt on TO; on success TO owns NAME, else the hand-over is
 # pending (run again later, and at the end).
 adopt_or_pend() {
-    if h "$3" volume adopt "$1" --from-host "nem-$2" >"$W/adopt.out" 2>&1; then
+    if h "$3" volume adopt "$1" --from-host "${HN[$2]}" >"$W/adopt.out" 2>&1; then
         OWNER[$1]=$3
         unset "PENDING[$1]"
         return 0
@@ -415,7 +416,7 @@ op_move() {
     local name=$P from=${OWNER[$P]}
     other_host "$from"
     local to=$H
-    if h "$from" volume move "$name" --to "nem-$to" >"$W/op.out" 2>&1; then
+    if h "$from" volume move "$name" --to "${HN[$to]}" >"$W/op.out" 2>&1; then
         if adopt_or_pend "$name" "$from" "$to"; then count_op move-adopt; else count_op adopt-failed; fi
     else
         count_op move-failed
@@ -463,19 +464,22 @@ cluster=1
 . "$G/credentials.env"
 POOL_URL=s3://$CONDENSE_S3_BUCKET/nemesis
 for host in A B C J; do check "proxy of $host started" start_proxy "$host"; done
-check "init on host A" h A init "$POOL_URL" --cache "$W/A" --cache-size 256M
+check "init on host A" h A init "$POOL_URL" --cache "$W/A" --cache-size 1G
 for host in B C; do
-    check "host $host joins" h "$host" connect "$POOL_URL" --join --host "nem-$host" --cache "$W/$host" --cache-size 256M
+    check "host $host joins" h "$host" connect "$POOL_URL" --join --host "nem-$host" --cache "$W/$host" --cache-size 1G
 done
 for host in A B C; do
-    free_port p
-    PORT[$host]=$p
+    free_port nbdport
+    PORT[$host]=$nbdport
     check "host $host serves" start_serve "$host"
 done
 h A hosts --json >"$W/hosts.json" 2>&1
 check "hosts lists A, B and C at slots 0, 1, 2" jq -e '[.hosts[] | .slot] | sort == [0, 1, 2]' "$W/hosts.json"
 if [ "$failed" -gt 0 ]; then summary; exit 1; fi
-for host in A B C; do SLOT[$host]=$(jq -r --arg h "nem-$host" '.hosts[] | select(.host == $h) | .slot' "$W/hosts.json"); done
+# Host names as the pool lists them: A made the pool (slot 0), B and C joined in that order.
+HN[A]=$(jq -r '.hosts[] | select(.slot == 0) | .host' "$W/hosts.json")
+HN[B]=nem-B
+HN[C]=nem-C
 
 # --- w1: two hosts create one name, the lower slot held between its claims LIST and its PUT ---
 HITS_W1=0 HITS_W2=0 HITS_W3=0
@@ -523,10 +527,10 @@ w2_round() {
     PPORT[$a]=${PPORT[J]}
     PPORT[$b]=${PPORT[K]}
     rule J "GET members $W2_HOLD_MS 1"
-    h "$a" connect "$JOIN_URL" --join --host "nem-$a" --cache "$W/$a" --cache-size 64M >"$W/w2a.out" 2>&1 &
+    h "$a" connect "$JOIN_URL" --join --host "nem-$a" --cache "$W/$a" --cache-size 1G >"$W/w2a.out" 2>&1 &
     pa=$!
     if wait_hit J "members"; then HITS_W2=$((HITS_W2 + 1)); else note "w2 round $r: the LIST of members/ of $a was not seen by its proxy"; fi
-    h "$b" connect "$JOIN_URL" --join --host "nem-$b" --cache "$W/$b" --cache-size 64M >"$W/w2b.out" 2>&1
+    h "$b" connect "$JOIN_URL" --join --host "nem-$b" --cache "$W/$b" --cache-size 1G >"$W/w2b.out" 2>&1
     rb=$?
     wait "$pa"
     ra=$?
@@ -548,7 +552,7 @@ w2_check() {
     dup=$(jq -r '[.hosts[].slot] | group_by(.) | map(select(length > 1) | .[0]) | .[]' "$W/jhosts.json")
     [ -z "$dup" ] || violation join-slot-twice "window 2 (seed $SEED): slot(s) $dup listed for two hosts"
     for j in "${JOINED[@]}"; do
-        own=$(h "$j" hosts --json 2>/dev/null | jq -r '.this_host.slot // .slot // empty')
+        own=$(h "$j" hosts --json 2>/dev/null | jq -r '[.hosts[] | select(.this_host == true) | .slot][0] // empty')
         local named
         named=$(jq -r --argjson s "${own:-null}" '[.hosts[] | select(.slot == $s) | .host] | join(",")' "$W/jhosts.json")
         if [ -z "$own" ]; then
@@ -557,7 +561,7 @@ w2_check() {
             violation join-slot-taken "window 2 (seed $SEED): host $j joined at slot $own, but the registry names '$named' there"
         fi
     done
-    for j in "${JOINED[@]}"; do echo "$j $(h "$j" hosts --json 2>/dev/null | jq -c '.this_host // .slot')"; done >>"$W/windows.log"
+    for j in "${JOINED[@]}"; do echo "$j $(h "$j" hosts --json 2>/dev/null | jq -c '[.hosts[] | select(.this_host == true) | .slot][0]')"; done >>"$W/windows.log"
 }
 
 # --- w3: `volume adopt` killed part way, then run again --------------------------------------
@@ -572,9 +576,13 @@ w3_round() {
     h "$x" volume create "$name" --size "$VSIZE" >"$W/out" 2>&1 || { note "w3 round $r: create failed"; return; }
     model_new "$name" "$x"
     nbd_write "$x" "$name" 8192 65536 -P 0x5a && model_write "$name" 8192 65536 $((0x5a))
-    h "$x" volume move "$name" --to "nem-$y" >"$W/out" 2>&1 || { note "w3 round $r: move failed"; model_drop "$name"; return; }
+    if ! h "$x" volume move "$name" --to "${HN[$y]}" >"$W/out" 2>&1; then
+        note "w3 round $r: volume move $name on $x failed: $(tail -1 "$W/out")"
+        lists "$x" "$name" || model_drop "$name"
+        return
+    fi
     stop_serve "$y"
-    (run_as "$y" "$CONDENSE" --pool "$W/$y" volume adopt "$name" --from-host "nem-$x") >"$W/w3.out" 2>&1 &
+    (run_as "$y" "$CONDENSE" --pool "$W/$y" volume adopt "$name" --from-host "${HN[$x]}") >"$W/w3.out" 2>&1 &
     apid=$!
     if [ $((r % 2)) = 1 ]; then
         local after=(0 0 5 20 50 100 200 400)
@@ -593,7 +601,7 @@ w3_round() {
     clear_rules "$y"
     if [ "$ra" = 137 ]; then HITS_W3=$((HITS_W3 + 1)); fi
     count_op w3-round
-    h "$y" volume adopt "$name" --from-host "nem-$x" >"$W/w3b.out" 2>&1
+    h "$y" volume adopt "$name" --from-host "${HN[$x]}" >"$W/w3b.out" 2>&1
     rb=$?
     start_serve "$y" >>"$W/faults.log" 2>&1 || violation host-restart "serve of $y did not come back"
     for host in "$y" "$x" "$y" "$x"; do h "$host" hosts sync >/dev/null 2>&1; done
@@ -648,7 +656,7 @@ step "w2. two hosts join a second pool, the first held ${W2_HOLD_MS} ms between 
 JOIN_URL=s3://$CONDENSE_S3_BUCKET/joins
 check "proxy of the second joiners started" start_proxy K
 PPORT[J0]=${PPORT[K]}
-check "init the join pool" h J0 init "$JOIN_URL" --cache "$W/J0" --cache-size 64M
+check "init the join pool" h J0 init "$JOIN_URL" --cache "$W/J0" --cache-size 1G
 for r in $(seq 1 "$ROUNDS"); do w2_round "$r"; done
 check "window 2 hit deliberately in every round (the proxy held the first joiner's LIST: $HITS_W2 of $ROUNDS)" test "$HITS_W2" = "$ROUNDS"
 w2_check
@@ -698,7 +706,7 @@ for _ in 1 2; do
     for host in "${HOSTS[@]}"; do h "$host" hosts sync >"$W/out" 2>&1 || note "hosts sync on $host: $(tail -1 "$W/out")"; done
 done
 probe
-declare -A SEEN
+declare -A SEEN=()
 for host in "${HOSTS[@]}"; do
     h "$host" volume list --json >"$W/list-$host.json" 2>"$W/out" || { violation checker "volume list on $host failed: $(tail -1 "$W/out")"; continue; }
     for name in $(jq -r '.[].name' "$W/list-$host.json"); do
