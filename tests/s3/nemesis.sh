@@ -133,9 +133,13 @@ run_as() {
 # h HOST ARGS...: condense on HOST's local directory (through its serve's control socket
 # while it serves), bounded in time.
 h() {
-    local host=$1
+    local host=$1 t rc
     shift
+    t=$(stamp)
     (run_as "$host" timeout "$CMD_TIMEOUT" "$CONDENSE" --pool "$W/$host" "$@")
+    rc=$?
+    echo "$t-$(stamp) $host: $* -> exit $rc" >>"$W/commands.log"
+    return $rc
 }
 
 # start_proxy HOST: HOST's proxy to every Garage node, its rules and log in $W/proxy-HOST.
