@@ -81,7 +81,7 @@ mkdir -p "$M" "$G"
 cluster=0
 began=$SECONDS
 PIDS=()
-declare -A SPID=() PORT=() PPORT=() OWNER=() STATS=() FAULTS=() VIOL=() PENDING=() HN=()
+declare -A SPID=() PORT=() PPORT=() OWNER=() STATS=() FAULTS=() VIOL=() PENDING=() HN=() MOVED_FROM=()
 echo "seed $SEED (SEED=$SEED reproduces the choices), ROUNDS=$ROUNDS OPS=$OPS FAULT_PCT=$FAULT_PCT"
 
 cleanup() {
@@ -425,6 +425,7 @@ op_move() {
     local name=$P from=${OWNER[$P]}
     other_host "$from"
     local to=$H
+    MOVED_FROM[$name]="${MOVED_FROM[$name]:-}$from"
     if h "$from" volume move "$name" --to "${HN[$to]}" >"$W/op.out" 2>&1; then
         if adopt_or_pend "$name" "$from" "$to"; then count_op move-adopt; else count_op adopt-failed; fi
     else
@@ -746,8 +747,12 @@ for host in "${HOSTS[@]}"; do
     h "$host" volume list --json >"$W/list-$host.json" 2>"$W/out" || { violation checker "volume list on $host failed: $(tail -1 "$W/out")"; continue; }
     for name in $(jq -r '.[].name' "$W/list-$host.json"); do
         SEEN[$name]="${SEEN[$name]:-}$host"
-        if [ -z "${OWNER[$name]:-}" ]; then
+        if [ -z "${OWNER[$name]:-}" ] && [[ "${MOVED_FROM[$name]:-}" == *"$host"* ]]; then
+            violation moved-copy-left "volume $name is still in host $host's part, which moved it away (then it was deleted on its new host): the released copy was never deleted"
+        elif [ -z "${OWNER[$name]:-}" ]; then
             violation unexpected-volume "volume $name is in host $host's part, but no acknowledged operation made it there"
+        elif [ "${OWNER[$name]}" != "$host" ] && [[ "${MOVED_FROM[$name]:-}" == *"$host"* ]]; then
+            violation moved-copy-left "volume $name is still in host $host's part, which moved it away; its owner is ${OWNER[$name]}"
         elif [ "${OWNER[$name]}" != "$host" ]; then
             violation name-on-non-owner "volume $name is in host $host's part; its owner is ${OWNER[$name]}"
         fi
