@@ -186,6 +186,18 @@ start_serve() {
     tail -5 "$W/serve-$host.log"
     return 1
 }
+# restart_serve HOST: start_serve, again every 5 s for a minute while it fails (a Garage node
+# restarted just before may take that long to rejoin its peers: the open then finds no quorum).
+restart_serve() {
+    local i
+    for i in $(seq 1 12); do
+        start_serve "$1" >>"$W/faults.log" 2>&1 && return 0
+        echo "$(stamp) serve of $1 did not start (try $i), again in 5 s" >>"$W/faults.log"
+        sleep 5
+    done
+    violation host-restart "serve of $1 did not come back within a minute (see serve-$1.log)"
+    return 1
+}
 stop_serve() { stop_pids "${SPID[$1]}"; SPID[$1]=; }
 kill_serve() {
     kill -KILL "${SPID[$1]}" 2>/dev/null
@@ -275,7 +287,7 @@ fault() {
         kill_serve "$host"
         rnd 1000
         sleep "0.$(printf %03d "$R")"
-        start_serve "$host" >>"$W/faults.log" 2>&1 || violation host-restart "serve of $host did not come back after kill -9"
+        restart_serve "$host"
         NEED_PROBE=1
     elif [ "$R" -lt 75 ]; then
         [ -z "$GARAGE_DOWN" ] || return
@@ -621,7 +633,7 @@ w3_round() {
     h "$y" volume adopt "$name" --from-host "${HN[$x]}" >"$W/w3b.out" 2>&1
     rb=$?
     if [ "$rb" != 0 ]; then count_op w3-rerun-refused; fi
-    start_serve "$y" >>"$W/faults.log" 2>&1 || violation host-restart "serve of $y did not come back"
+    restart_serve "$y"
     for host in "$y" "$x" "$y" "$x"; do h "$host" hosts sync >/dev/null 2>&1; done
     on_x=0 on_y=0
     lists "$x" "$name" && on_x=1
