@@ -47,6 +47,12 @@ step "tests/s3/pool.sh" tests/s3/pool.sh
 # between hosts), a race for one volume (100 rounds), GC under load (1 minute here, 2 by
 # default), a dead host's volume taken over under durability remote.
 step "tests/s3/cluster.sh" env GC_SECONDS="${GC_SECONDS:-60}" tests/s3/cluster.sh
+# Randomized faults on three hosts of one pool (issue 40, ~3 minutes): the claim, join and
+# hand-over windows hit on purpose (3 rounds each), then 60 random operations under SIGSTOP,
+# kill -9 of hosts and Garage nodes and slow store replies; the checker (one writer per name,
+# every acknowledged write in its owner's volume, unique slots, verify clean). The seed is
+# printed: SEED=N tests/s3/nemesis.sh repeats a failing run's choices.
+step "tests/s3/nemesis.sh" tests/s3/nemesis.sh
 echo
 echo "time per step (the whole run: $SECONDS s):"
 df -h . | tail -1 | awk '{print "disk at the end: " $4 " free"}'
