@@ -723,7 +723,7 @@ impl Pool {
             name,
             vec![JournalRecord::MetaPut {
                 key: adopted_key,
-                value: Some(b"adopted\n".to_vec()),
+                value: Some(crate::format::hosts::adopted_value(turn)),
             }],
         )?;
         self.handover_point(STEP_COMPLETED)?;
@@ -840,7 +840,7 @@ impl Pool {
     /// The volumes this host released that their new host's root now holds: deleted here
     /// (the second half of a move, at a sync). The number deleted.
     fn finish_moves(&self, peers: &BTreeMap<u8, Arc<Pool>>) -> Result<u64> {
-        let released: Vec<(String, Option<u8>)> = {
+        let released: Vec<(String, Option<u8>, Option<u32>)> = {
             let st = lock(&self.state);
             st.md
                 .meta
@@ -849,18 +849,25 @@ impl Pool {
                 .map(|(k, _)| {
                     let name = k[RELEASED_PREFIX.len()..].to_string();
                     let slot = released_slot(&st.md.meta, &name);
-                    (name, slot)
+                    let turn = released_turn(&st.md.meta, &name);
+                    (name, slot, turn)
                 })
                 .collect()
         };
         let mut done = 0;
-        for (name, slot) in released {
+        for (name, slot, turn) in released {
+            // Adopted: the new host's root records the adoption of this hand-over (its turn),
+            // whether or not it still holds the volume (it may have deleted or moved it on
+            // since); a record without a turn (an older binary's) counts only while the
+            // volume is there, as an adoption of an earlier hand-over of the name may have
+            // left it.
             let adopted = slot.and_then(|s| peers.get(&s)).is_some_and(|p| {
                 let st = lock(&p.state);
-                st.md
-                    .meta
-                    .contains_key(&format!("{ADOPTED_PREFIX}{:02x}/{name}", self.slot))
-                    && st.md.names.contains_key(&name)
+                let key = format!("{ADOPTED_PREFIX}{:02x}/{name}", self.slot);
+                match crate::format::hosts::adopted_turn(&st.md.meta, self.slot, &name) {
+                    Some(t) => turn == Some(t),
+                    None => st.md.meta.contains_key(&key) && st.md.names.contains_key(&name),
+                }
             });
             if !adopted {
                 continue;

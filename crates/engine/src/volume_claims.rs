@@ -269,9 +269,14 @@ pub(crate) fn claim_name(
         writer: reg.writer(),
     };
     let mut slow = String::new();
-    for _ in 0..TRIES {
+    for attempt in 0..TRIES {
         let window = Window::open();
-        let before = reg.list(Some(name)).map_err(io)?;
+        let mut before = reg.list(Some(name)).map_err(io)?;
+        if attempt > 0 {
+            // Our claim was withdrawn: a listing that still shows it (its DELETE not seen
+            // yet, or failed) must not make it the winner, least of all ours.
+            before.retain(|c| *c != mine);
+        }
         if let Some(w) = VolumeClaim::winner(&before).filter(|w| w.turn >= turn) {
             if w.slot == slot {
                 return Ok(Claimed::Won(w.clone())); // ours already (an earlier writer of this slot)
@@ -283,22 +288,25 @@ pub(crate) fn claim_name(
         }
         if let Err(e) = reg.put(name, turn) {
             // The PUT may still land after its error: withdraw it (docs/S3.md, assumption 3).
-            let _ = reg.delete(&mine);
+            withdraw(reg, &mine);
             return Err(io(e));
         }
-        if turn > 0 {
-            // An adoption: the hand-over named this host's slot and this turn, so no other
-            // host claims it, and every other claim of the name is of a lower turn.
-            return Ok(Claimed::Won(mine));
-        }
+        // The window holds for an adoption too: one from a forgotten host has no hand-over
+        // naming this slot, so another host may claim the same turn meanwhile.
         if !window.within(WINDOW_BOUND) {
             slow = window.shown();
             tracing::warn!(
                 "claiming volume {name}: listing and putting the claim took {slow} (more than \
                  {WINDOW_BOUND:?}: paused, or a slow store): withdrawn, trying again"
             );
-            let _ = reg.delete(&mine);
+            withdraw(reg, &mine);
             continue;
+        }
+        if turn > 0 {
+            // An adoption: the hand-over named this host's slot and this turn, so no other
+            // host claims it, and every other claim of the name is of a lower turn (an
+            // adoption from a forgotten host checks its claim afterwards).
+            return Ok(Claimed::Won(mine));
         }
         std::thread::sleep(SETTLE);
         let mut after = reg.list(Some(name)).map_err(io)?;
@@ -308,7 +316,7 @@ pub(crate) fn claim_name(
         return match VolumeClaim::winner(&after) {
             Some(w) if w.slot != slot => {
                 let w = w.clone();
-                let _ = reg.delete(&mine);
+                withdraw(reg, &mine);
                 Ok(Claimed::Held(w, RACED_TIMED))
             }
             _ => Ok(Claimed::Won(mine)),
@@ -319,6 +327,26 @@ pub(crate) fn claim_name(
          {WINDOW_BOUND:?} {TRIES} times (the last {slow}): the process was paused or the store is \
          too slow to claim the name safely; try again"
     )))
+}
+
+/// Delete this host's claim `mine` (withdrawn, or lost): tried three times, since a claim left
+/// behind would name this host as the name's holder to every later claimer.
+fn withdraw(reg: &dyn VolumeClaims, mine: &VolumeClaim) {
+    let mut last = None;
+    for _ in 0..3 {
+        match reg.delete(mine) {
+            Ok(()) => return,
+            Err(e) => last = Some(e),
+        }
+    }
+    if let Some(e) = last {
+        tracing::error!(
+            "volume {}: this host's withdrawn claim (turn {}) could not be deleted: {e}; it \
+             names this host as the holder of the name until it is deleted",
+            mine.name,
+            mine.turn
+        );
+    }
 }
 
 /// The conditional claim: create the turn object of (name, turn); its creator wins the turn,
@@ -345,7 +373,7 @@ fn claim_by_turn_object(reg: &dyn VolumeClaims, mine: &VolumeClaim) -> Result<Cl
         }
     }
     if let Err(e) = reg.put(name, mine.turn) {
-        let _ = reg.delete(mine);
+        withdraw(reg, mine);
         return Err(io(e));
     }
     Ok(Claimed::Won(mine.clone()))

@@ -372,6 +372,8 @@ pub struct Faulty {
     conditional: bool,
     /// After the next LIST answers, sleep this long (once).
     pause_after_list: std::sync::Mutex<Option<Duration>>,
+    /// Every DELETE fails as an unreachable store's would.
+    refuse_deletes: std::sync::atomic::AtomicBool,
 }
 
 impl Faulty {
@@ -382,7 +384,14 @@ impl Faulty {
             conditional: conditional && inner.conditional_put_honoured(),
             inner,
             pause_after_list: std::sync::Mutex::new(None),
+            refuse_deletes: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Make every DELETE fail (the store unreachable for it) while `on`.
+    pub fn refuse_deletes(&self, on: bool) {
+        self.refuse_deletes
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Hold the caller of the next LIST for `d` after the store answered it.
@@ -412,6 +421,17 @@ impl ObjectBackend for Faulty {
         listed
     }
     fn delete(&self, name: &str) -> crate::Result<()> {
+        if self
+            .refuse_deletes
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(crate::Error::Unreachable {
+                op: crate::Op::Delete,
+                name: name.to_string(),
+                endpoint: "faulty test store".into(),
+                detail: "deletes refused by the test".into(),
+            });
+        }
         self.inner.delete(name)
     }
     fn put_if_absent(&self, name: &str, bytes: &[u8]) -> crate::Result<bool> {

@@ -119,6 +119,22 @@ pub const RELEASED_PREFIX: &str = "hosts/released/";
 /// The metadata record of a volume this host adopted from another: `hosts/adopted/SS/NAME`.
 pub const ADOPTED_PREFIX: &str = "hosts/adopted/";
 
+/// The value of an adopted volume's record: `adopted`, then `turn=N`, the turn of the
+/// hand-over (its released record's). Records before the turn was kept hold `adopted` alone.
+pub fn adopted_value(turn: u32) -> Vec<u8> {
+    format!("adopted\nturn={turn}\n").into_bytes()
+}
+
+/// The turn an adopted record names (`None`: a record of an older binary, or none).
+pub fn adopted_turn(meta: &Meta, from_slot: u8, name: &str) -> Option<u32> {
+    let v = meta.get(&format!("{ADOPTED_PREFIX}{from_slot:02x}/{name}"))?;
+    std::str::from_utf8(v)
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("turn="))
+        .and_then(|t| t.parse().ok())
+}
+
 /// The host a volume was released to, if it was (its writes are refused here).
 pub fn released_to(meta: &Meta, name: &str) -> Option<String> {
     // On the write path: no allocation unless some volume was released at all.

@@ -100,6 +100,34 @@ fn a_paused_volume_claim_never_makes_two_owners_with_conditional_put() -> Result
     volume_claim_race(true)
 }
 
+/// The paused host's withdrawal fails (its DELETE refused), so its retry lists its own
+/// withdrawn claim, which wins the claim rule (the lower slot): it must still not take the
+/// name the other host won meanwhile (nemesis.sh window 1 found a retry that did).
+#[test]
+fn a_withdrawn_claim_still_listed_does_not_win_the_retry() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let c = conf(dir.path());
+    let registry = |store: Arc<Faulty>, slot: u8| {
+        let store: Arc<dyn ObjectBackend> = store;
+        let shared = shared_for(&c, store.clone(), false, Durability::Local);
+        ClaimRegistry::on(store, &c.url, shared, slot, 0x100 + u64::from(slot))
+    };
+    let handles = two_handles(dir.path(), false)?;
+    handles.0.refuse_deletes(true);
+    let (p, o) = race(
+        handles,
+        |h| claim_name(&registry(h, 1), 1, "vm1", 0),
+        |h| claim_name(&registry(h, 2), 2, "vm1", 0),
+    );
+    let (p, o) = (p?, o?);
+    assert!(matches!(&o, Claimed::Won(c) if c.slot == 2), "{o:?}");
+    assert!(
+        matches!(&p, Claimed::Held(w, _) if w.slot == 2),
+        "the paused host's stale claim must not win its retry: {p:?}"
+    );
+    Ok(())
+}
+
 /// `rounds` independent join races at once: every round's two joiners get distinct slots, each
 /// the registry's member of its slot.
 fn join_race(conditional: bool, rounds: usize) -> Result<()> {
