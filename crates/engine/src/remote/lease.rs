@@ -244,9 +244,13 @@ impl Lease {
                 .unwrap_or([1; 8]),
         );
         let mut slow = String::new();
+        // Claims this open put and withdrew: a listing may still show one (its DELETE not
+        // seen yet, or failed), and it must not refuse the retry as another holder's would.
+        let mut withdrawn: Vec<Generation> = Vec::new();
         for _ in 0..3 {
             let window = Window::open();
-            let (claims, legacy, locks) = list_claims(shared)?;
+            let (mut claims, legacy, locks) = list_claims(shared)?;
+            claims.retain(|c| !withdrawn.contains(&c.gen));
             if let Some(l) = legacy.filter(body_live) {
                 return Err(held_error(url, &l));
             }
@@ -296,6 +300,7 @@ impl Lease {
                      {WINDOW_BOUND:?}: paused, or a slow store): withdrawn, trying again"
                 );
                 let _ = shared.store.delete(&obj);
+                withdrawn.push(gen);
                 continue;
             }
             if shared.store.conditional_put_honoured() {
