@@ -144,6 +144,17 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
     collect_space(&s, e);
     collect_volumes(&s, e);
     collect_volume_io(&pool.volume_io(), e);
+    let (unfinished, conflicts) = pool.hand_over_counts();
+    e.gauge(
+        "condense_hosts_hand_overs_unfinished",
+        "Volume hand-overs between hosts of a shared pool not finished here (half made, or handed over and still here).",
+        unfinished as f64,
+    );
+    e.gauge(
+        "condense_hosts_name_conflicts",
+        "Volume names this host holds that another host's part holds too and the claim rule gave to that host: their writes are refused here.",
+        conflicts as f64,
+    );
 }
 
 /// Upper bounds of the per-volume latency histograms: every other power of two microseconds,

@@ -432,6 +432,20 @@ impl Pool {
         Ok(found)
     }
 
+    /// (hand-overs of this host not finished, volume names this host lost to another host's
+    /// part) from its metadata alone: no request to the store (metrics read it at every
+    /// scrape). Unfinished: half-made volumes (`hosts/pending/`) and volumes handed over
+    /// that are still here (`hosts/released/`).
+    pub fn hand_over_counts(&self) -> (u64, u64) {
+        let st = lock(&self.state);
+        let pending = Pending::all(&st.md.meta).len() as u64;
+        let released = with_prefix(&st.md.meta, RELEASED_PREFIX)
+            .filter(|(name, _)| st.md.names.contains_key(*name))
+            .count() as u64;
+        let conflicts = with_prefix(&st.md.meta, CONFLICT_PREFIX).count() as u64;
+        (pending + released, conflicts)
+    }
+
     /// Hand-overs of this host not finished, and names in conflict, as its metadata and the
     /// other hosts' newest roots it read last have them (for `condense hosts` and `stats`).
     pub fn hand_over_notes(&self) -> Vec<String> {

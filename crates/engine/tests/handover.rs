@@ -378,6 +378,11 @@ fn one_name_in_two_parts_is_reported_and_the_losers_writes_refused() {
         "{:?}",
         a.hand_over_notes()
     );
+    assert_eq!(
+        a.hand_over_counts(),
+        (0, 1),
+        "the metrics' count of names lost"
+    );
     let r = b.sync_hosts().expect("sync b");
     assert_eq!(r.name_conflicts.len(), 1, "{r:?}");
     assert!(!r.name_conflicts[0].refused_here, "{r:?}");
@@ -390,6 +395,7 @@ fn one_name_in_two_parts_is_reported_and_the_losers_writes_refused() {
     let r = a.sync_hosts().expect("sync a");
     assert!(r.name_conflicts.is_empty(), "{r:?}");
     assert!(a.hand_over_notes().is_empty(), "{:?}", a.hand_over_notes());
+    assert_eq!(a.hand_over_counts(), (0, 0));
 }
 
 /// A moved volume that its new host deletes before the old host's next sync: the old host
@@ -403,10 +409,12 @@ fn a_moved_volume_deleted_by_its_new_host_is_not_left_on_the_old_one() {
     let b = open(&c.b);
     write(&a, "vm", 0, 16);
     a.move_out_volume("vm", "host-b").expect("move");
+    assert_eq!(a.hand_over_counts(), (1, 0), "handed over, still here");
     b.adopt_volume("vm", "first-host").expect("adopt");
     b.delete_volume("vm").expect("deleted on its new host");
     b.sync_hosts().expect("sync b");
     let r = a.sync_hosts().expect("sync a");
     assert_eq!(r.volumes_moved_out, 1, "{r:?}");
     assert!(a.volume("vm").is_err(), "the released copy is deleted");
+    assert_eq!(a.hand_over_counts(), (0, 0));
 }
