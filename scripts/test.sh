@@ -42,10 +42,11 @@ for t in tests/*/run.sh; do
 done
 # Pools on S3 on a 3-node Garage cluster (after tests/s3/run.sh, which installs Garage).
 step "tests/s3/pool.sh" tests/s3/pool.sh
-# Many hosts on one pool (~8 minutes): the pool-lease race (20 rounds), a takeover after kill -9,
+# Many hosts on one pool (~10 minutes): the pool-lease race (20 rounds), a takeover after kill -9,
 # hosts sharing one pool (dedup across hosts, GC that waits for every host, a clone and a move
 # between hosts), a race for one volume (100 rounds), GC under load (1 minute here, 2 by
-# default), a dead host's volume taken over under durability remote.
+# default), a dead host's volume taken over under durability remote, adopts killed part way and
+# finished, a host killed for good and forgotten (`hosts forget`, its space back).
 step "tests/s3/cluster.sh" env GC_SECONDS="${GC_SECONDS:-60}" tests/s3/cluster.sh
 # Randomized faults on three hosts of one pool (issue 40, ~3 minutes): the claim, join and
 # hand-over windows hit on purpose (3 rounds each), then 60 random operations under SIGSTOP,
