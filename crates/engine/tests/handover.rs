@@ -12,98 +12,13 @@ use condense_engine::format::hosts::VolumeClaim;
 use condense_engine::hosts::{
     STEP_CLAIMED, STEP_COMPLETED, STEP_CREATED, STEP_FILLED, STEP_FIRST_BATCH, STEP_RELEASED,
 };
-use condense_engine::remote::{Durability, RemoteConf};
-use condense_engine::{InitOptions, OpenOptions, Pool};
+use condense_engine::remote::Durability;
+use condense_engine::{InitOptions, Pool};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-const BS: usize = 4096;
-const CACHE: u64 = 1 << 30;
-
-fn block(tag: u64) -> Vec<u8> {
-    let mut b: Vec<u8> = (0..BS)
-        .map(|i| ((i / 16) as u64).wrapping_mul(tag | 1) as u8)
-        .collect();
-    b[..8].copy_from_slice(&tag.to_le_bytes());
-    b
-}
-
-fn conf(store: &Path) -> RemoteConf {
-    RemoteConf {
-        url: format!("file://{}", store.display()),
-        endpoint: None,
-        region: None,
-        credentials: None,
-        durability_to_store: None,
-        read_only: false,
-    }
-}
-
-fn open(path: &Path) -> Arc<Pool> {
-    Pool::open_path(
-        path,
-        OpenOptions {
-            destage_in_background: false,
-            ..Default::default()
-        },
-    )
-    .expect("open")
-}
-
-fn write(pool: &Pool, vol: &str, first_tag: u64, blocks: u64) {
-    pool.create_volume(vol, blocks * BS as u64).expect("create");
-    let h = pool.volume(vol).expect("volume");
-    let data: Vec<u8> = (0..blocks).flat_map(|b| block(first_tag + b)).collect();
-    h.write_at(0, &data, false).expect("write");
-    pool.flush().expect("flush");
-}
-
-fn check(pool: &Pool, vol: &str, first_tag: u64, blocks: u64) {
-    let h = pool.volume(vol).expect("volume");
-    let mut buf = vec![0u8; blocks as usize * BS];
-    h.read_at(0, &mut buf).expect("read");
-    for b in 0..blocks as usize {
-        assert!(
-            buf[b * BS..(b + 1) * BS] == block(first_tag + b as u64)[..],
-            "volume {vol} block {b} differs"
-        );
-    }
-}
-
-fn claims_of(store: &Path, name: &str) -> Vec<(u32, u8)> {
-    let prefix = VolumeClaim::prefix(Some(name));
-    let dir = store.join(prefix.trim_end_matches('/'));
-    let mut out: Vec<(u32, u8)> = std::fs::read_dir(&dir)
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| {
-                    let obj = format!("{prefix}{}", e.file_name().to_string_lossy());
-                    VolumeClaim::parse_object(&obj).map(|c| (c.turn, c.slot))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    out.sort();
-    out
-}
-
-/// Bytes of segment objects under `dir`.
-fn segment_bytes(dir: &Path) -> u64 {
-    let mut out = 0;
-    for e in std::fs::read_dir(dir).expect("read store").flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out += segment_bytes(&p);
-        } else if p
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("seg-"))
-        {
-            out += e.metadata().map_or(0, |m| m.len());
-        }
-    }
-    out
-}
+#[path = "shared_pool/mod.rs"]
+mod shared_pool;
+use shared_pool::{block, check, claims_of, conf, open, segment_bytes, write, CACHE};
 
 struct Cluster {
     _tmp: tempfile::TempDir,
@@ -313,11 +228,11 @@ fn a_forgotten_host_frees_condemned_segments_its_volumes_are_adopted_and_its_par
     check(&a, "bv", 100, 64);
     assert_eq!(claims_of(&c.store, "bv"), vec![(0, 1), (1, 0)]);
     // Reclaim: b's segments no chunk of a names are deleted; bv still reads.
-    let before = segment_bytes(&c.store.join("hosts/01"));
+    let before = segment_bytes(&c.store.join("hosts/01"), false);
     a.forget_host("01", false, true).expect("reclaim");
     let r = a.sync_hosts().expect("sync a");
     assert!(r.reclaimed_segments > 0, "{r:?}");
-    let after = segment_bytes(&c.store.join("hosts/01"));
+    let after = segment_bytes(&c.store.join("hosts/01"), false);
     assert_eq!(before - after, r.reclaimed_bytes, "{r:?}");
     assert!(after > 0, "the segment of bv is kept");
     let refused = a.adopt_volume("bw", "host-b").expect_err("given up");
