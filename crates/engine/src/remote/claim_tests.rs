@@ -128,40 +128,39 @@ fn a_withdrawn_claim_still_listed_does_not_win_the_retry() -> Result<()> {
     Ok(())
 }
 
-/// `rounds` independent join races at once: every round's two joiners get distinct slots, each
-/// the registry's member of its slot.
-fn join_race(conditional: bool, rounds: usize) -> Result<()> {
+/// `round(dir)` for `rounds` fresh directories, all at once (each on a thread of its own).
+fn in_rounds(rounds: usize, round: impl Fn(&std::path::Path) -> Result<()> + Sync) -> Result<()> {
     let dirs: Vec<tempfile::TempDir> = (0..rounds)
         .map(|_| tempfile::tempdir().map_err(|e| Error::io("tempdir", e)))
         .collect::<Result<_>>()?;
     std::thread::scope(|s| {
-        let hs: Vec<_> = dirs
-            .iter()
-            .map(|d| {
-                s.spawn(move || -> Result<()> {
-                    let url = format!("file://{}", d.path().display());
-                    let (p, o) = race(
-                        two_handles(d.path(), conditional)?,
-                        |h| join_store(&*h, &url, "paused"),
-                        |h| join_store(&*h, &url, "other"),
-                    );
-                    let (p, o) = (p?, o?);
-                    assert_ne!(p, o, "two joiners got slot {p:02x}");
-                    let store =
-                        LocalBackend::open(d.path()).map_err(|e| Error::Invalid(e.to_string()))?;
-                    let members = super::members::registered_for_test(&store, &url)?;
-                    for (slot, host) in [(p, "paused"), (o, "other")] {
-                        assert!(
-                            members.iter().any(|m| m.slot == slot && m.host == host),
-                            "slot {slot:02x} is not {host}'s: {members:?}"
-                        );
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
+        let hs: Vec<_> = dirs.iter().map(|d| s.spawn(|| round(d.path()))).collect();
         hs.into_iter()
             .try_for_each(|h| h.join().unwrap_or_else(|_| panic!("a round panicked")))
+    })
+}
+
+/// `rounds` independent join races at once: every round's two joiners get distinct slots, each
+/// the registry's member of its slot.
+fn join_race(conditional: bool, rounds: usize) -> Result<()> {
+    in_rounds(rounds, |d| {
+        let url = format!("file://{}", d.display());
+        let (p, o) = race(
+            two_handles(d, conditional)?,
+            |h| join_store(&*h, &url, "paused"),
+            |h| join_store(&*h, &url, "other"),
+        );
+        let (p, o) = (p?, o?);
+        assert_ne!(p, o, "two joiners got slot {p:02x}");
+        let store = LocalBackend::open(d).map_err(|e| Error::Invalid(e.to_string()))?;
+        let members = super::members::registered_for_test(&store, &url)?;
+        for (slot, host) in [(p, "paused"), (o, "other")] {
+            assert!(
+                members.iter().any(|m| m.slot == slot && m.host == host),
+                "slot {slot:02x} is not {host}'s: {members:?}"
+            );
+        }
+        Ok(())
     })
 }
 
@@ -180,31 +179,19 @@ fn a_paused_join_never_shares_a_slot_with_conditional_put() -> Result<()> {
 /// `rounds` independent lease races at once: exactly one of each round's two openers holds the
 /// lease.
 fn lease_race(conditional: bool, rounds: usize) -> Result<()> {
-    let dirs: Vec<tempfile::TempDir> = (0..rounds)
-        .map(|_| tempfile::tempdir().map_err(|e| Error::io("tempdir", e)))
-        .collect::<Result<_>>()?;
-    std::thread::scope(|s| {
-        let hs: Vec<_> = dirs
-            .iter()
-            .map(|d| {
-                s.spawn(move || -> Result<()> {
-                    let c = conf(d.path());
-                    let take = |h: Arc<Faulty>| {
-                        let store: Arc<dyn ObjectBackend> = h;
-                        Lease::acquire(&shared_for(&c, store, false, Durability::Local), 0)
-                    };
-                    let (p, o) = race(two_handles(d.path(), conditional)?, take, take);
-                    assert!(o.is_ok(), "the other opener: {:?}", o.as_ref().err());
-                    assert!(
-                        matches!(p, Err(Error::Busy(_))),
-                        "the paused opener holds the lease too"
-                    );
-                    Ok(())
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .try_for_each(|h| h.join().unwrap_or_else(|_| panic!("a round panicked")))
+    in_rounds(rounds, |d| {
+        let c = conf(d);
+        let take = |h: Arc<Faulty>| {
+            let store: Arc<dyn ObjectBackend> = h;
+            Lease::acquire(&shared_for(&c, store, false, Durability::Local), 0)
+        };
+        let (p, o) = race(two_handles(d, conditional)?, take, take);
+        assert!(o.is_ok(), "the other opener: {:?}", o.as_ref().err());
+        assert!(
+            matches!(p, Err(Error::Busy(_))),
+            "the paused opener holds the lease too"
+        );
+        Ok(())
     })
 }
 
