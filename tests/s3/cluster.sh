@@ -60,25 +60,9 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-GARAGE_SH=$ROOT/tests/s3/garage.sh
-
-have_garage() {
-    if [ -n "${GARAGE:-}" ]; then [ -x "$GARAGE" ]; else
-        command -v garage >/dev/null || [ -x "$HOME/.cargo/bin/garage" ]
-    fi
-}
-if [ "${CI:-}" = true ]; then
-    bash "$ROOT/scripts/install-garage.sh" || echo "scripts/install-garage.sh failed"
-elif ! have_garage; then
-    CONDENSE=${CONDENSE:-unused} # nothing to build: the test skips
-fi
-# shellcheck source=tests/lib.sh
-. "$ROOT/tests/lib.sh"
-if ! have_garage; then
-    skip "many hosts on one pool, 3-node Garage cluster" "garage is not installed (scripts/install-garage.sh builds it, ~10 min)"
-    summary
-    exit
-fi
+S3_TEST="many hosts on one pool, 3-node Garage cluster"
+# shellcheck source=tests/s3/with-garage.sh
+. "$ROOT/tests/s3/with-garage.sh"
 need_tools curl python3 jq timeout cmp nbdinfo nbdcopy qemu-io fio
 
 W=$(mktemp -d /tmp/condense-s3-cluster.XXXXXX)

@@ -42,26 +42,10 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-GARAGE_SH=$ROOT/tests/s3/garage.sh
 PROXY=$ROOT/tests/s3/nemesis-proxy.py
-
-have_garage() {
-    if [ -n "${GARAGE:-}" ]; then [ -x "$GARAGE" ]; else
-        command -v garage >/dev/null || [ -x "$HOME/.cargo/bin/garage" ]
-    fi
-}
-if [ "${CI:-}" = true ]; then
-    bash "$ROOT/scripts/install-garage.sh" || echo "scripts/install-garage.sh failed"
-elif ! have_garage; then
-    CONDENSE=${CONDENSE:-unused} # nothing to build: the test skips
-fi
-# shellcheck source=tests/lib.sh
-. "$ROOT/tests/lib.sh"
-if ! have_garage; then
-    skip "nemesis: randomized faults on many hosts, 3-node Garage cluster" "garage is not installed (scripts/install-garage.sh builds it, ~10 min)"
-    summary
-    exit
-fi
+S3_TEST="nemesis: randomized faults on many hosts, 3-node Garage cluster"
+# shellcheck source=tests/s3/with-garage.sh
+. "$ROOT/tests/s3/with-garage.sh"
 need_tools curl python3 jq timeout cmp nbdcopy qemu-io
 
 SEED=${SEED:-$(($(date +%s%N) % 1000000))}

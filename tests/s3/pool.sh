@@ -39,25 +39,9 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-GARAGE_SH=$ROOT/tests/s3/garage.sh
-
-have_garage() {
-    if [ -n "${GARAGE:-}" ]; then [ -x "$GARAGE" ]; else
-        command -v garage >/dev/null || [ -x "$HOME/.cargo/bin/garage" ]
-    fi
-}
-if [ "${CI:-}" = true ]; then
-    bash "$ROOT/scripts/install-garage.sh" || echo "scripts/install-garage.sh failed"
-elif ! have_garage; then
-    CONDENSE=${CONDENSE:-unused} # nothing to build: the test skips
-fi
-# shellcheck source=tests/lib.sh
-. "$ROOT/tests/lib.sh"
-if ! have_garage; then
-    skip "S3 pools on a 3-node Garage cluster" "garage is not installed (scripts/install-garage.sh builds it, ~10 min)"
-    summary
-    exit
-fi
+S3_TEST="S3 pools on a 3-node Garage cluster"
+# shellcheck source=tests/s3/with-garage.sh
+. "$ROOT/tests/s3/with-garage.sh"
 need_tools fio nbdcopy nbdinfo jq curl python3 cmp timeout
 
 W=$(mktemp -d /tmp/condense-s3-pool.XXXXXX)
