@@ -92,6 +92,15 @@ class Rules:
             f.write("%.3f %s\n" % (time.time(), text))
 
 
+def shut(*socks):
+    """Shut both directions of each socket (the other pump then ends too)."""
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 def pump_requests(client, upstream, conn, rules):
     """Client to server: note each request's rule for the reply that follows."""
     try:
@@ -109,11 +118,7 @@ def pump_requests(client, upstream, conn, rules):
     except OSError:
         pass
     finally:
-        for s in (upstream, client):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        shut(upstream, client)
 
 
 def pump_replies(upstream, client, conn, rules):
@@ -140,11 +145,7 @@ def pump_replies(upstream, client, conn, rules):
     except OSError:
         pass
     finally:
-        for s in (upstream, client):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        shut(upstream, client)
 
 
 def connect_upstream(upstreams):
