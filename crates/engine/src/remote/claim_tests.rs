@@ -206,6 +206,41 @@ fn a_paused_lease_claim_never_makes_two_holders_with_conditional_put() -> Result
     lease_race(true, 2)
 }
 
+/// A store just restarted answers its first requests slowly (retries, reconnects): a take-back
+/// of the expired lease whose window exceeds the bound withdraws its renewal and is tried again;
+/// the lease is not lost for it (CI: tests/s3/pool.sh part c lost it once).
+#[test]
+fn a_slow_take_back_of_the_lease_is_withdrawn_and_retried_not_lost() -> Result<()> {
+    let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+    let (h, _) = two_handles(dir.path(), false)?;
+    let store: Arc<dyn ObjectBackend> = h.clone();
+    let shared = shared_for(&conf(dir.path()), store, false, Durability::Local);
+    let lease = Lease::acquire(&shared, 0)?;
+    let claims = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.path().join("claims"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let first = claims();
+    assert_eq!(first.len(), 1, "one claim object after acquire: {first:?}");
+    h.pause_after_next_list(PAUSE);
+    let slow = lease.retake_now();
+    assert!(slow.is_err(), "a take-back slower than the bound was kept");
+    assert!(!shared.lease_lost.load(std::sync::atomic::Ordering::Relaxed));
+    assert_eq!(claims(), first, "the slow renewal was not withdrawn");
+    lease.retake_now().map_err(Error::Invalid)?;
+    let now = claims();
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, first, "the take-back put no new renewal");
+    Ok(())
+}
+
 #[test]
 fn a_deleted_claim_frees_its_turn_object_for_the_next_host() -> Result<()> {
     let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;

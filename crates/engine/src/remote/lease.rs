@@ -24,7 +24,8 @@
 //! step-3 listing, `SETTLE` after its own PUT, comes after the other's PUT completed (stores list
 //! what they acknowledged), both see both claims, and both apply the same rule. The assumptions
 //! and what breaking each does are in docs/S3.md "Lease: claims". A taking back of an expired
-//! claim ([`retake`]) whose window exceeded the bound gives the lease up.
+//! claim ([`retake`]) whose window exceeded the bound is withdrawn and tried again at the next
+//! renewal; only a newer generation or another live claim in the bucket loses the lease.
 //!
 //! Invariants:
 //! - No claim object is ever put twice: a renewal is a new object (`R + 1`), the previous
@@ -388,6 +389,12 @@ impl Lease {
     pub(super) fn generation(&self) -> Generation {
         self.gen
     }
+
+    /// Take this lease's claim back now, as the renewal thread does after an outage.
+    #[cfg(test)]
+    pub(super) fn retake_now(&self) -> std::result::Result<(), String> {
+        retake(&self.shared, self.gen, &self.state)
+    }
 }
 
 /// Put the next renewal of our claim (`released`: the last one); on success the fence moves
@@ -398,6 +405,19 @@ fn put_renewal(
     state: &Mutex<Renewals>,
     released: bool,
 ) -> io::Result<Instant> {
+    let (obj, started) = put_next(shared, gen, state, released)?;
+    adopt_renewal(shared, state, obj, started);
+    Ok(started)
+}
+
+/// Put the next renewal object of our claim, without counting it yet: (object, when its PUT
+/// started).
+fn put_next(
+    shared: &Shared,
+    gen: Generation,
+    state: &Mutex<Renewals>,
+    released: bool,
+) -> io::Result<(String, Instant)> {
     let (obj, started) = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.next += 1;
@@ -408,6 +428,11 @@ fn put_renewal(
         body.expires = 0;
     }
     shared.note(shared.store.put(&obj, &body.encode()))?;
+    Ok((obj, started))
+}
+
+/// Count a renewal put by [`put_next`]: it is the claim's newest, the older ones go.
+fn adopt_renewal(shared: &Shared, state: &Mutex<Renewals>, obj: String, started: Instant) {
     let old = {
         let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
         s.renewed_at = started;
@@ -416,7 +441,6 @@ fn put_renewal(
     for o in old {
         let _ = shared.store.delete(&o);
     }
-    Ok(started)
 }
 
 /// Take our own expired claim again, unless a newer generation or another live claim is in
@@ -438,17 +462,20 @@ fn retake(
         shared.lease_lost.store(true, Ordering::Relaxed);
         return Err("another host took the pool".into());
     }
-    put_renewal(shared, gen, state, false).map_err(|e| e.to_string())?;
+    let (obj, started) = put_next(shared, gen, state, false).map_err(|e| e.to_string())?;
     if !window.within(WINDOW_BOUND) {
         // Another host may have listed, claimed and settled meanwhile without seeing this
-        // renewal: give the lease up rather than trust it.
-        shared.lease_lost.store(true, Ordering::Relaxed);
+        // renewal: withdraw it and take the claim again at the next renewal, as `acquire`
+        // retries (the lease still counts as expired, so the next try starts from the
+        // listing; a host that took the pool meanwhile is seen there).
+        let _ = shared.store.delete(&obj);
         return Err(format!(
             "taking the expired lease back took {} (more than {WINDOW_BOUND:?}: paused, or a \
-             slow store)",
+             slow store): withdrawn, trying again",
             window.shown()
         ));
     }
+    adopt_renewal(shared, state, obj, started);
     std::thread::sleep(SETTLE);
     let (after, _, _) = list_claims(shared).map_err(|e| e.to_string())?;
     if after.iter().any(|c| {
