@@ -540,7 +540,10 @@ fn credentials_files_readable_by_others_are_refused_with_the_fix() {
     )
     .expect("write");
     std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let e = match s3_conf(Some("http://127.0.0.1:9"), Some(&creds)).backend(false) {
+    let e = match condense_engine::remote::backend(
+        &s3_conf(Some("http://127.0.0.1:9"), Some(&creds)),
+        false,
+    ) {
         Err(e) => e.to_string(),
         Ok(_) => panic!("a credentials file of mode 0644 was read"),
     };
@@ -560,10 +563,11 @@ fn an_endpoint_with_a_password_is_refused_without_showing_it() {
         "https://admin:hun@ter2@s3.example.net/",
         "admin:hunter2@s3.example.net",
     ] {
-        let e = match s3_conf(Some(endpoint), Some(&creds)).backend(false) {
-            Err(e) => e.to_string(),
-            Ok(_) => panic!("endpoint {endpoint} accepted"),
-        };
+        let e =
+            match condense_engine::remote::backend(&s3_conf(Some(endpoint), Some(&creds)), false) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("endpoint {endpoint} accepted"),
+            };
         assert!(!e.contains("hunter2") && !e.contains("ter2"), "{e}");
         assert!(e.contains("***@") && e.contains("--credentials"), "{e}");
         assert!(remote::check_endpoint(endpoint).is_err());
@@ -574,10 +578,11 @@ fn an_endpoint_with_a_password_is_refused_without_showing_it() {
         "https://admin:pw@s3.example.net?x=hunter2",
         "http://127.0.0.1:3900#hunter2",
     ] {
-        let e = match s3_conf(Some(endpoint), Some(&creds)).backend(false) {
-            Err(e) => e.to_string(),
-            Ok(_) => panic!("endpoint {endpoint} accepted"),
-        };
+        let e =
+            match condense_engine::remote::backend(&s3_conf(Some(endpoint), Some(&creds)), false) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("endpoint {endpoint} accepted"),
+            };
         assert!(
             !e.contains("hunter2") && !e.contains("pw@") && e.contains("?***"),
             "{e}"

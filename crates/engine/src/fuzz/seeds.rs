@@ -392,7 +392,7 @@ fn small_objects(seeds: &mut Seeds, uuid: [u8; 16]) -> Result<()> {
     };
     seeds.push(("remote_conf", "s3".into(), full.encode().into_bytes()));
     seeds.push(("remote_conf", "file".into(), bare.encode().into_bytes()));
-    let lease = remote::LeaseBody::fresh("0123456789abcdef");
+    let lease = remote::fresh_body("0123456789abcdef");
     seeds.push(("lease", "fresh".into(), lease.encode()));
     let gen = format::bucket::Generation {
         epoch: 3,

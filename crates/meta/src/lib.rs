@@ -1,0 +1,31 @@
+//! The pool's metadata: what the bytes in the segments mean (docs/DESIGN.md "Layers", chunks).
+//!
+//! Modules, one per concept:
+//! - [`page_cache`], [`page_alloc`]: paged copy-on-write trees of metadata pages behind one
+//!   bounded cache, and where their pages go in `meta.dat`
+//! - [`chunk_table`], [`dedup_index`], [`block_map`]: the metadata stores
+//! - [`metadata`]: the metadata stores together and the one `apply` that changes them
+//! - [`attribution`]: which volumes and snapshots name each chunk: per volume, the bytes only
+//!   it references (what deleting it frees) and those it shares
+//! - [`spill`]: arrays of words paged to a sealed scratch file past a RAM budget (the
+//!   attribution's, so it covers a pool far beyond RAM)
+//! - [`journal`]: making metadata changes durable between checkpoints
+//! - [`projection`]: what the metadata of a pool of a given size costs (RAM, `meta.dat`)
+//!
+//! Below it: condense-store (the I/O seam, segments, the cache tier) and condense-format.
+//! Nothing here imports condense-engine (the pool, volumes, maintenance).
+
+#![deny(clippy::unwrap_used)]
+
+pub mod attribution;
+pub mod block_map;
+pub mod chunk_table;
+pub mod dedup_index;
+pub mod journal;
+pub mod metadata;
+pub mod page_alloc;
+pub mod page_cache;
+pub mod projection;
+pub mod spill;
+
+pub use condense_format::{Error, Result};

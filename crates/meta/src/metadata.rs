@@ -1,0 +1,951 @@
+//! The metadata stores of a pool and the one function that changes them.
+//!
+//! Owns: the volume list, every block map and the chunk table (paged, behind one
+//! [`PageCache`]), the dedup index, and the named metadata records. Every change is a
+//! [`JournalRecord`] applied by [`Metadata::apply`], live and during replay alike; nothing
+//! else writes these structures. `condense repair`'s salvage replay goes through the same
+//! interpretation ([`Metadata::apply_in`] in [`Mode::Salvage`]), which tolerates and reports
+//! what a damaged journal leaves inconsistent instead of failing. The I/O side (segments,
+//! journal, group commit) lives in `condense_engine::pool`.
+//!
+//! Invariants:
+//! - Applying a record to pages already in memory does no I/O; callers load what a record
+//!   touches first ([`Metadata::prefetch`]) so that a damaged or unreadable page fails the
+//!   request cleanly instead of half-applying it.
+//! - The counters (per volume: data and zero blocks; chunk table: live chunks and bytes) are
+//!   exact after every record, so statistics never walk a map.
+//! - Once built, the space attribution ([`crate::attribution`]) changes with every map entry
+//!   set and every tree added or released, so it stays exact too; a salvage replay drops it.
+
+use crate::attribution::{Attribution, Counting, SpillTo};
+use crate::block_map::{self, MapCounts};
+use crate::chunk_table::{page_of, ChunkTable};
+use crate::dedup_index::{DedupIndex, IndexOrigin, SavedIndex};
+use crate::page_cache::{PageCache, CHUNK_TREE};
+use condense_format::dedup_index::{IndexStamp, DEDUP_INDEX_NAME};
+use condense_format::error::{Error, Result};
+use condense_format::*;
+use std::collections::{BTreeMap, HashMap};
+
+/// Writes at or above this many references to one chunk store a new copy instead.
+pub const REFS_MAX: u32 = u32::MAX / 2;
+
+/// How [`Metadata::apply_in`] applies a record.
+pub enum Mode<'a> {
+    /// Live changes and replay: reference counts are kept; a change to a volume that does not
+    /// exist, or a page that cannot be read, is an error.
+    Strict,
+    /// `condense repair`'s replay of the batches around a damaged stretch of the journal,
+    /// which may name chunks and volumes the damaged batches made: nothing trusts reference
+    /// counts or chunk existence. Map entries are set as written (the rebuild resolves their
+    /// chunks or reports the blocks lost), chunk locations go to the hook, chunk drops are
+    /// ignored (the rebuild drops what nothing names), and a change to a volume that does not
+    /// exist or no longer fits it, or to a page that cannot be read, is skipped and told to
+    /// the hook.
+    Salvage(&'a mut dyn SalvageHook),
+}
+
+/// What a salvage replay keeps aside for the rebuild (implemented by `repair`).
+pub trait SalvageHook {
+    /// A batch put chunk `id` at `loc`: a new chunk with its fingerprint, or a moved one.
+    fn chunk_placed(&mut self, id: u64, loc: &Location, fp: Option<&Fingerprint>);
+    /// Blocks `[start, end)` of volume `vol` were written (mapped, zeroed or trimmed).
+    fn blocks_written(&mut self, vol: u32, start: u64, end: u64);
+    /// A change that could not be applied, in words.
+    fn skip(&mut self, what: String);
+}
+
+impl Mode<'_> {
+    /// The outcome of a step: strict, an error ends the record; salvage, it is told to the
+    /// hook (`what` describes the step) and the step is skipped (`None`).
+    fn tolerate<T>(
+        &mut self,
+        r: Result<T>,
+        what: impl FnOnce(&Error) -> String,
+    ) -> Result<Option<T>> {
+        match (r, self) {
+            (Ok(v), _) => Ok(Some(v)),
+            (Err(e), Mode::Strict) => Err(e),
+            (Err(e), Mode::Salvage(s)) => {
+                s.skip(what(&e));
+                Ok(None)
+            }
+        }
+    }
+
+    fn blocks_written(&mut self, vol: u32, start: u64, end: u64) {
+        if let Mode::Salvage(s) = self {
+            s.blocks_written(vol, start, end);
+        }
+    }
+}
+
+pub struct VolumeState {
+    pub name: String,
+    pub size: u64,
+    pub counts: MapCounts,
+    /// For a snapshot (named `VOLUME@SNAPSHOT`, read-only): the volume it was taken of.
+    pub snapshot_of: Option<u32>,
+    /// When it was made (seconds since the Unix epoch; 0 if not known).
+    pub created: u64,
+}
+
+pub struct Metadata {
+    pub block_size: u32,
+    pub volumes: BTreeMap<u32, VolumeState>,
+    pub names: HashMap<String, u32>,
+    pub next_vol: u32,
+    pub pages: PageCache,
+    pub chunks: ChunkTable,
+    pub index: DedupIndex,
+    /// The index saved at the last clean close, if its root is this state's: the build
+    /// loads it instead of walking the chunk table. Dropped once a chunk is added or removed
+    /// before the build (the file would then miss it).
+    pub saved_index: Option<SavedIndex>,
+    /// Where the index in RAM came from; `NotBuilt` until the first write that needs it
+    /// builds it (a read-only command or a pool that is only read never pays for it): until
+    /// then, new and dropped chunks are left to that build.
+    pub index_origin: IndexOrigin,
+    pub meta: BTreeMap<String, Vec<u8>>,
+    /// Metadata page bytes written before this open (from the root).
+    pub meta_bytes_written_before: u64,
+    pub checkpoints: u64,
+    /// Which volumes and snapshots name each chunk; `None` until the first figure asked for
+    /// builds it ([`Metadata::attribution`]): until then the write path pays nothing for it.
+    pub attribution: Option<Attribution>,
+    /// A count of the attribution from scratch under way in steps (then `attribution` is
+    /// `None`): see [`Metadata::count_attribution_step`].
+    pub counting: Option<Counting>,
+    /// Where the attribution's pages go past their RAM budget (the pool's directory).
+    pub spill: SpillTo,
+}
+
+/// The most written blocks a released tree may have for the figures to take it off at once
+/// (a walk of a few milliseconds); past it they are counted again in steps.
+pub const RELEASE_WALK_BLOCKS_MAX: u64 = 1 << 16;
+
+impl Metadata {
+    /// Volume `vol`, checked to exist and to hold blocks `[first, first + count)`.
+    pub fn volume_for(
+        &self,
+        vol: u32,
+        name: &str,
+        op: &'static str,
+        first: u64,
+        count: u64,
+    ) -> Result<&VolumeState> {
+        let v = self
+            .volumes
+            .get(&vol)
+            .ok_or_else(|| Error::NotFound(name.to_string()))?;
+        let bs = u64::from(self.block_size);
+        let end = first.checked_add(count).and_then(|e| e.checked_mul(bs));
+        if end.is_none_or(|e| e > v.size) {
+            return Err(Error::OutOfRange {
+                op,
+                volume: name.to_string(),
+                offset: first.saturating_mul(bs),
+                len: count.saturating_mul(bs),
+                size: v.size,
+            });
+        }
+        Ok(v)
+    }
+
+    /// [`Metadata::volume_for`] for a change: snapshots refuse it.
+    pub fn writable_volume_for(
+        &self,
+        vol: u32,
+        name: &str,
+        op: &'static str,
+        first: u64,
+        count: u64,
+    ) -> Result<&VolumeState> {
+        let v = self.volume_for(vol, name, op, first, count)?;
+        if v.snapshot_of.is_some() {
+            return Err(Error::SnapshotReadOnly(v.name.clone()));
+        }
+        if let Some(host) = condense_format::hosts::released_to(&self.meta, &v.name) {
+            return Err(Error::VolumeMoved {
+                volume: v.name.clone(),
+                host,
+            });
+        }
+        if let Some(why) = condense_format::hosts::writes_refused(&self.meta, &v.name) {
+            return Err(Error::WritesRefused {
+                volume: v.name.clone(),
+                why,
+            });
+        }
+        Ok(v)
+    }
+
+    /// A live chunk with fingerprint `fp` that may take another reference. Exact: the
+    /// index only names pages, and the fingerprint is compared with the chunk table's.
+    /// Unreadable pages count as misses (the index is advisory).
+    /// Warm the dedup index for a coming [`Metadata::find_duplicate`] or insert of `fp`.
+    pub fn prefetch_duplicate(&self, fp: &Fingerprint) {
+        if self.index_ready() {
+            self.index.prefetch(fp);
+        }
+    }
+
+    pub fn find_duplicate(&mut self, fp: &Fingerprint) -> Option<u64> {
+        if !self.index_ready() {
+            if let Err(e) = self.build_index() {
+                tracing::warn!("dedup index built in part ({e}); chunks past the damage are not deduplicated against");
+            }
+        }
+        let mut pages = Vec::new();
+        self.index.candidates(fp, &mut pages);
+        for page in pages {
+            let Ok(Some(p)) = self.pages.leaf(CHUNK_TREE, page) else {
+                continue;
+            };
+            for (i, e) in crate::chunk_table::slots_with_fp(p, fp) {
+                if e.refs < REFS_MAX {
+                    return Some(page * CHUNKS_PER_PAGE as u64 + i as u64);
+                }
+            }
+        }
+        None
+    }
+
+    /// Load every page the records will touch, so applying them does no I/O.
+    pub fn prefetch(&mut self, records: &[JournalRecord]) -> Result<()> {
+        for r in records {
+            match r {
+                JournalRecord::NewChunk { id, .. }
+                | JournalRecord::Relocate { id, .. }
+                | JournalRecord::DropChunk { id } => self.chunks.prefetch(&mut self.pages, *id)?,
+                JournalRecord::MapRun {
+                    vol,
+                    start,
+                    entries,
+                } => {
+                    let mut old = Vec::with_capacity(entries.len());
+                    block_map::get_range(
+                        &mut self.pages,
+                        u64::from(*vol),
+                        *start,
+                        entries.len() as u64,
+                        &mut old,
+                    )?;
+                    for e in old.iter().chain(entries.iter()) {
+                        if *e < CHUNK_ID_LIMIT {
+                            self.chunks.prefetch(&mut self.pages, *e)?;
+                        }
+                    }
+                }
+                // Large fills, resizes and deletes load as they go.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Apply one record. The only place the metadata changes.
+    pub fn apply(&mut self, r: &JournalRecord) -> Result<()> {
+        self.apply_in(r, &mut Mode::Strict)
+    }
+
+    /// [`Metadata::apply`] in `mode`: the one interpretation of every journal record, for live
+    /// changes and replay ([`Mode::Strict`]) and for `condense repair`'s salvage replay
+    /// ([`Mode::Salvage`]).
+    pub fn apply_in(&mut self, r: &JournalRecord, mode: &mut Mode) -> Result<()> {
+        match r {
+            JournalRecord::NewChunk { id, loc, fp } => self.new_chunk(*id, loc, fp, mode)?,
+            JournalRecord::Relocate { id, loc } => self.relocate_chunk(*id, loc, mode)?,
+            JournalRecord::DropChunk { id } => self.drop_chunk(*id, mode)?,
+            JournalRecord::MapRun {
+                vol,
+                start,
+                entries,
+            } => self.map_run(*vol, *start, entries, mode)?,
+            JournalRecord::MapFill {
+                vol,
+                start,
+                count,
+                entry,
+            } => self.map_fill(*vol, *start, *count, *entry, mode)?,
+            JournalRecord::VolumeCreate { vol, size, name } => {
+                self.create_volume(*vol, *size, name, mode)
+            }
+            JournalRecord::VolumeResize { vol, size } => self.resize_volume(*vol, *size, mode)?,
+            JournalRecord::VolumeDelete { vol } => self.delete_volume(*vol, mode)?,
+            JournalRecord::MetaPut { key, value } => match value {
+                Some(v) => {
+                    self.meta.insert(key.clone(), v.clone());
+                }
+                None => {
+                    self.meta.remove(key);
+                }
+            },
+        }
+        if let Mode::Salvage(_) = mode {
+            // The holders a leaf copied from a shared one gained are the rebuild's to count,
+            // and so is the attribution of chunks to volumes.
+            self.pages.take_unshared_leaves();
+            self.drop_attribution();
+        }
+        Ok(())
+    }
+
+    /// A new chunk: into the chunk table (and the dedup index, once built). Salvage: set
+    /// aside for the rebuild if its record is on disk.
+    fn new_chunk(
+        &mut self,
+        id: u64,
+        loc: &Location,
+        fp: &Fingerprint,
+        mode: &mut Mode,
+    ) -> Result<()> {
+        if let Mode::Salvage(s) = mode {
+            s.chunk_placed(id, loc, Some(fp));
+            return Ok(());
+        }
+        self.chunks.insert(&mut self.pages, id, *fp, loc)?;
+        if self.index_ready() {
+            self.index.insert(fp, page_of(id));
+        } else {
+            self.saved_index = None;
+        }
+        Ok(())
+    }
+
+    /// A chunk moved by GC. Salvage: set aside for the rebuild if its record is on disk.
+    fn relocate_chunk(&mut self, id: u64, loc: &Location, mode: &mut Mode) -> Result<()> {
+        match mode {
+            Mode::Strict => {
+                let before = self.chunks.relocate(&mut self.pages, id, loc)?;
+                if before != loc.stored_len {
+                    // GC copies records verbatim; a record that changed length is counted
+                    // again from scratch.
+                    self.drop_attribution();
+                }
+                Ok(())
+            }
+            Mode::Salvage(s) => {
+                s.chunk_placed(id, loc, None);
+                Ok(())
+            }
+        }
+    }
+
+    /// A chunk nothing names any more. Salvage: ignored (the rebuild drops what nothing names).
+    fn drop_chunk(&mut self, id: u64, mode: &mut Mode) -> Result<()> {
+        if let Mode::Salvage(_) = mode {
+            return Ok(());
+        }
+        if let Some(e) = self.chunks.get(&mut self.pages, id)? {
+            if self.index_ready() {
+                self.index.remove(&e.fp, page_of(id));
+            }
+        }
+        if !self.index_ready() {
+            self.saved_index = None;
+        }
+        self.chunks.remove(&mut self.pages, id)
+    }
+
+    /// Blocks `start..` of `vol` set to `entries`.
+    fn map_run(&mut self, vol: u32, start: u64, entries: &[u64], mode: &mut Mode) -> Result<()> {
+        let end = start + entries.len() as u64;
+        if let Mode::Salvage(s) = mode {
+            if !self.fits(vol, start, end, &mut **s) {
+                return Ok(());
+            }
+        }
+        for (i, &e) in entries.iter().enumerate() {
+            self.set_block(vol, start + i as u64, e, mode)?;
+        }
+        mode.blocks_written(vol, start, end);
+        Ok(())
+    }
+
+    /// Blocks `start..start + count` of `vol` all set to `entry`; unmapping visits only the
+    /// blocks that are mapped.
+    fn map_fill(
+        &mut self,
+        vol: u32,
+        start: u64,
+        count: u64,
+        entry: u64,
+        mode: &mut Mode,
+    ) -> Result<()> {
+        let end = start.saturating_add(count);
+        match mode {
+            Mode::Strict => {
+                self.vol(vol)?;
+            }
+            Mode::Salvage(s) => {
+                if !self.fits(vol, start, end, &mut **s) {
+                    return Ok(());
+                }
+            }
+        }
+        if entry == ENTRY_UNMAPPED {
+            let mapped = block_map::mapped(&mut self.pages, u64::from(vol), start, end);
+            let mapped = mode.tolerate(mapped, |e| {
+                format!("trimming blocks {start}..{end} of volume id {vol}: {e}")
+            })?;
+            for (b, _) in mapped.unwrap_or_default() {
+                self.set_block(vol, b, ENTRY_UNMAPPED, mode)?;
+            }
+        } else {
+            for b in start..end {
+                self.set_block(vol, b, entry, mode)?;
+            }
+        }
+        mode.blocks_written(vol, start, end);
+        Ok(())
+    }
+
+    /// A new, empty volume. Salvage: skipped if its id or name is taken.
+    fn create_volume(&mut self, vol: u32, size: u64, name: &str, mode: &mut Mode) {
+        if let Mode::Salvage(s) = mode {
+            if self.volumes.contains_key(&vol) || self.names.contains_key(name) {
+                s.skip(format!(
+                    "creation of volume {name:?} (id {vol}): the id or name is taken"
+                ));
+                return;
+            }
+        }
+        self.volumes.insert(
+            vol,
+            VolumeState {
+                name: name.to_string(),
+                size,
+                counts: MapCounts::default(),
+                snapshot_of: None,
+                created: 0,
+            },
+        );
+        self.pages.create_tree(
+            u64::from(vol),
+            block_map::leaves_for(size / u64::from(self.block_size)),
+        );
+        self.names.insert(name.to_string(), vol);
+        self.next_vol = self.next_vol.max(vol + 1);
+    }
+
+    /// A volume's new size: shrinking unmaps the blocks past the end, growing grows the map.
+    fn resize_volume(&mut self, vol: u32, size: u64, mode: &mut Mode) -> Result<()> {
+        let bs = u64::from(self.block_size);
+        let old = match (self.volumes.get(&vol), &mut *mode) {
+            (Some(v), _) => v.size,
+            (None, Mode::Strict) => return self.vol(vol).map(|_| ()),
+            (None, Mode::Salvage(s)) => {
+                s.skip(format!("resize of volume id {vol}, which does not exist"));
+                return Ok(());
+            }
+        };
+        if size < old {
+            let cut = block_map::mapped(&mut self.pages, u64::from(vol), size / bs, old / bs);
+            // Salvage: an unreadable page past the new end stays as it is (the rebuild reads
+            // no block past a volume's end).
+            let cut = match mode {
+                Mode::Strict => Some(cut?),
+                Mode::Salvage(_) => cut.ok(),
+            };
+            for (b, _) in cut.unwrap_or_default() {
+                self.set_block(vol, b, ENTRY_UNMAPPED, mode)?;
+            }
+        } else {
+            let grown = self
+                .pages
+                .grow_tree(u64::from(vol), block_map::leaves_for(size / bs));
+            let grown = mode.tolerate(grown, |e| {
+                format!("growing volume id {vol} to {size} bytes: {e}")
+            })?;
+            if grown.is_none() {
+                return Ok(());
+            }
+        }
+        if let Some(v) = self.volumes.get_mut(&vol) {
+            v.size = size;
+        }
+        Ok(())
+    }
+
+    /// A volume and its block map gone. Salvage: its pages are released without reading them
+    /// (the rebuild neither counts references nor reuses pages, so a damaged one does not
+    /// matter), and a volume that does not exist is no change.
+    fn delete_volume(&mut self, vol: u32, mode: &mut Mode) -> Result<()> {
+        match mode {
+            Mode::Strict => {
+                self.vol(vol)?;
+                self.release_volume_tree(vol)?;
+            }
+            Mode::Salvage(_) => {
+                if !self.volumes.contains_key(&vol) {
+                    return Ok(());
+                }
+                let _ = self.pages.release_tree(u64::from(vol), &mut |_| Ok(()));
+            }
+        }
+        if let Some(v) = self.volumes.remove(&vol) {
+            self.names.remove(&v.name);
+        }
+        Ok(())
+    }
+
+    /// Salvage: whether volume `vol` exists and holds blocks `[start, end)`; if not, the
+    /// change is noted as skipped.
+    fn fits(&self, vol: u32, start: u64, end: u64, s: &mut dyn SalvageHook) -> bool {
+        let bs = u64::from(self.block_size);
+        match self.volumes.get(&vol) {
+            Some(v) if end.saturating_mul(bs) <= v.size => true,
+            Some(v) => {
+                s.skip(format!(
+                    "write to blocks {start}..{end} of volume {:?}: past its end",
+                    v.name
+                ));
+                false
+            }
+            None => {
+                s.skip(format!(
+                    "write to blocks {start}..{end} of volume id {vol}, which does not exist (made in a damaged part of the journal?)"
+                ));
+                false
+            }
+        }
+    }
+
+    /// Block `block` of `vol` set to `e`. Strict: with reference counting ([`Metadata::set_entry`]).
+    /// Salvage: the entry alone (the rebuild recounts), an unreadable page noted as skipped.
+    fn set_block(&mut self, vol: u32, block: u64, e: u64, mode: &mut Mode) -> Result<()> {
+        let Mode::Salvage(s) = mode else {
+            return self.set_entry(vol, block, e);
+        };
+        let Some(v) = self.volumes.get_mut(&vol) else {
+            return Ok(());
+        };
+        if let Err(err) = block_map::set(&mut self.pages, u64::from(vol), &mut v.counts, block, e) {
+            s.skip(format!("block {block} of volume {:?}: {err}", v.name));
+        }
+        Ok(())
+    }
+
+    fn vol(&self, vol: u32) -> Result<&VolumeState> {
+        self.volumes
+            .get(&vol)
+            .ok_or_else(|| Error::corrupt("journal", format!("change to unknown volume {vol}")))
+    }
+
+    fn set_entry(&mut self, vol: u32, block: u64, e: u64) -> Result<()> {
+        if e < CHUNK_ID_LIMIT {
+            let stored = self.chunks.incref(&mut self.pages, e)?;
+            if let Some(a) = self.attribution_for(vol, block) {
+                a.add(vol, e, 1, stored);
+            }
+        }
+        let v = self
+            .volumes
+            .get_mut(&vol)
+            .ok_or_else(|| Error::corrupt("journal", format!("change to unknown volume {vol}")))?;
+        let old = block_map::set(&mut self.pages, u64::from(vol), &mut v.counts, block, e)?;
+        // A leaf copied away from a snapshot or clone: its chunks gained a holder (before the
+        // old entry's reference goes, which the copy also held).
+        for leaf in self.pages.take_unshared_leaves() {
+            let mut ids = Vec::new();
+            block_map::leaf_chunks(&leaf, |id| ids.push(id));
+            for id in ids {
+                self.chunks.incref(&mut self.pages, id)?;
+            }
+        }
+        if old < CHUNK_ID_LIMIT {
+            let stored = self.chunks.decref(&mut self.pages, old)?;
+            if let Some(a) = self.attribution_for(vol, block) {
+                a.remove(vol, old, 1, stored);
+            }
+        }
+        Ok(())
+    }
+
+    /// Release volume `vol`'s block map: pages it alone holds are freed and the chunks
+    /// their entries name lose a reference; pages shared with snapshots or clones stay.
+    pub fn release_volume_tree(&mut self, vol: u32) -> Result<()> {
+        self.tree_released(vol)?;
+        let mut ids = Vec::new();
+        self.pages.release_tree(u64::from(vol), &mut |leaf| {
+            block_map::leaf_chunks(leaf, |id| ids.push(id));
+            Ok(())
+        })?;
+        for id in ids {
+            self.chunks.decref(&mut self.pages, id)?;
+        }
+        Ok(())
+    }
+
+    /// Each chunk volume `vol`'s map names, with how many of its entries name it.
+    fn tree_chunks(&mut self, vol: u32) -> Result<HashMap<u64, u32>> {
+        let mut held: HashMap<u64, u32> = HashMap::new();
+        self.pages
+            .for_each_leaf(u64::from(vol), 0, u64::MAX, &mut |_, leaf| {
+                block_map::leaf_chunks(leaf, |id| *held.entry(id).or_default() += 1);
+                Ok(true)
+            })?;
+        Ok(held)
+    }
+
+    /// Tell the attribution that volume `vol`'s whole map was added (a snapshot, clone or
+    /// rollback, after its tree was made). Its entries are counted in steps, as the first
+    /// count walks a map ([`Metadata::count_attribution_step`]): a snapshot of a big volume
+    /// never holds the state lock for a walk of its map. The figures are whole again once
+    /// that walk is done (`stats` finishes it first).
+    pub fn tree_added(&mut self, vol: u32) {
+        if let Some(c) = &mut self.counting {
+            // Walked after the trees already queued; until then its changes are the walk's.
+            c.trees.push_back(vol);
+        } else if let Some(a) = self.attribution.take() {
+            self.counting = Some(Counting::resume(a, vol));
+        }
+    }
+
+    /// Tell the attribution that volume `vol`'s whole map is about to be released (a delete
+    /// or rollback). A tree of at most [`RELEASE_WALK_BLOCKS_MAX`] written blocks is taken
+    /// off at once, by a walk of a few milliseconds; a larger one drops the figures, which are
+    /// counted again in steps, so no delete holds the state lock for a walk of a big map.
+    pub fn tree_released(&mut self, vol: u32) -> Result<()> {
+        if let Some(c) = &mut self.counting {
+            match c.trees.iter().position(|&t| t == vol) {
+                // Not walked yet: the count never saw it.
+                Some(at) if at > 0 || c.chunk_page.is_some() => {
+                    c.trees.remove(at);
+                }
+                // Walked in part or whole: the count cannot tell what of it it holds.
+                _ => self.counting = None,
+            }
+            return Ok(());
+        }
+        if self.attribution.is_none() {
+            return Ok(());
+        }
+        let blocks = self.volumes.get(&vol).map_or(0, |v| v.counts.data_blocks);
+        if blocks > RELEASE_WALK_BLOCKS_MAX {
+            self.drop_attribution();
+            return Ok(());
+        }
+        let held = self.tree_chunks(vol)?;
+        let mut stored = Vec::with_capacity(held.len());
+        for (&id, &n) in &held {
+            let len = self
+                .chunks
+                .get(&mut self.pages, id)?
+                .map(|c| c.loc.stored_len);
+            stored.push((id, n, len.unwrap_or(0)));
+        }
+        if let Some(a) = self.attribution.as_mut() {
+            for (id, n, len) in stored {
+                a.remove(vol, id, n, len);
+            }
+            a.forget_tree(vol);
+        }
+        Ok(())
+    }
+
+    /// The attribution that entry `block` of tree `vol` changes in: the kept one, or the
+    /// count under way if its walk has passed that entry (else the walk will see the change).
+    fn attribution_for(&mut self, vol: u32, block: u64) -> Option<&mut Attribution> {
+        match (&mut self.attribution, &mut self.counting) {
+            (Some(a), _) => Some(a),
+            (None, Some(c)) if c.passed(vol, block) => Some(&mut c.a),
+            _ => None,
+        }
+    }
+
+    /// Forget the attribution and any count of it under way (counted again when next asked).
+    fn drop_attribution(&mut self) {
+        self.attribution = None;
+        self.counting = None;
+    }
+
+    /// The attribution of chunks to volumes and snapshots: built from every map and the
+    /// chunk table the first time it is asked for after an open (or after it broke), then
+    /// kept by every change. A count under way in steps is finished here, at once.
+    pub fn attribution(&mut self) -> Result<&Attribution> {
+        if self
+            .attribution
+            .as_ref()
+            .is_some_and(|a| a.broken().is_some())
+        {
+            self.drop_attribution();
+        }
+        if self.attribution.is_none() {
+            while !self.count_attribution_step()? {}
+        }
+        self.attribution
+            .as_ref()
+            .ok_or_else(|| Error::corrupt("metadata", "the space attribution vanished"))
+    }
+
+    /// One bounded step of counting the attribution from scratch (the chunk table's lengths
+    /// 64 pages at a time, then the maps 16 leaves at a time: a few milliseconds each), for a
+    /// caller that lets go of the state lock between steps so I/O goes on
+    /// ([`crate::attribution::Counting`] keeps what changes meanwhile). True once the
+    /// attribution is there; a count that fails is dropped.
+    pub fn count_attribution_step(&mut self) -> Result<bool> {
+        const CHUNK_PAGES_PER_STEP: u64 = 64;
+        const LEAVES_PER_STEP: u64 = 16;
+        if let Some(a) = &self.attribution {
+            if a.broken().is_none() {
+                return Ok(true);
+            }
+            self.attribution = None;
+        }
+        let mut c = match self.counting.take() {
+            Some(c) => c,
+            None => Counting::new(self.volumes.keys().copied(), &self.spill),
+        };
+        let step_began = std::time::Instant::now();
+        c.started.get_or_insert(step_began);
+        c.steps += 1;
+        if let Some(page) = c.chunk_page {
+            let end = page + CHUNK_PAGES_PER_STEP;
+            let stored = &mut c.stored;
+            self.chunks
+                .for_each_in(&mut self.pages, page, end, &mut |id, e| {
+                    if e.refs > 0 {
+                        stored.set(id, u64::from(e.loc.stored_len) + 1);
+                    }
+                    Ok(())
+                })?;
+            let pages = self.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
+            c.chunk_page = (end < pages).then_some(end);
+        } else if let Some(&vol) = c.trees.front() {
+            // The next LEAVES_PER_STEP leaves that exist (a sparse map's empty ranges cost
+            // nothing: an exabyte volume has as few leaves as it has data).
+            let mut later = Vec::new();
+            let (mut visited, mut last) = (0, None);
+            let (a, stored) = (&mut c.a, &mut c.stored);
+            self.pages
+                .for_each_leaf(u64::from(vol), c.next_leaf, u64::MAX, &mut |i, leaf| {
+                    block_map::leaf_chunks(leaf, |id| match stored.get(id) {
+                        0 => later.push(id),
+                        w => a.add(vol, id, 1, (w - 1) as u32),
+                    });
+                    visited += 1;
+                    last = Some(i);
+                    Ok(visited < LEAVES_PER_STEP)
+                })?;
+            // Chunks made after their chunk-table page was scanned.
+            for id in later {
+                match self.chunks.get(&mut self.pages, id)? {
+                    Some(e) if e.refs > 0 => c.a.add(vol, id, 1, e.loc.stored_len),
+                    _ => {
+                        return Err(Error::corrupt(
+                            "block map",
+                            format!(
+                                "volume id {vol} names chunk {id}, which is not live; run \
+                                 condense verify"
+                            ),
+                        ))
+                    }
+                }
+            }
+            match last {
+                Some(i) if visited == LEAVES_PER_STEP => c.next_leaf = i + 1,
+                _ => {
+                    c.trees.pop_front();
+                    c.next_leaf = 0;
+                }
+            }
+        }
+        c.longest = c.longest.max(step_began.elapsed());
+        if let Some(e) = c.error() {
+            return Err(Error::Invalid(format!(
+                "the per-volume figures could not be counted: {e}"
+            )));
+        }
+        if !c.done() {
+            self.counting = Some(c);
+            return Ok(false);
+        }
+        tracing::info!(
+            "space attribution counted: {} chunks in {:.2} s, {} steps, the longest {:.1} ms",
+            self.chunks.live_chunks,
+            c.started.map_or(0.0, |t| t.elapsed().as_secs_f64()),
+            c.steps,
+            c.longest.as_secs_f64() * 1000.0
+        );
+        self.attribution = Some(c.a);
+        Ok(true)
+    }
+
+    /// An attribution counted from scratch in one go: every volume's and snapshot's map
+    /// walked, each chunk's length from the chunk table. Refuses a map naming a chunk that is
+    /// not live. The oracle of `condense_engine::Pool::check_attribution`, written apart from the
+    /// stepwise count on purpose, so the check also catches a fault in the steps.
+    pub fn build_attribution(&mut self) -> Result<Attribution> {
+        let started = std::time::Instant::now();
+        let mut stored: HashMap<u64, u32> =
+            HashMap::with_capacity(usize::try_from(self.chunks.live_chunks).unwrap_or(0));
+        self.chunks.for_each(&mut self.pages, &mut |id, e| {
+            if e.refs > 0 {
+                stored.insert(id, e.loc.stored_len);
+            }
+            Ok(())
+        })?;
+        let mut a = Attribution::default();
+        let vols: Vec<u32> = self.volumes.keys().copied().collect();
+        for vol in vols {
+            let mut missing = None;
+            self.pages
+                .for_each_leaf(u64::from(vol), 0, u64::MAX, &mut |_, leaf| {
+                    block_map::leaf_chunks(leaf, |id| match stored.get(&id) {
+                        Some(&len) => a.add(vol, id, 1, len),
+                        None => missing = Some(id),
+                    });
+                    Ok(true)
+                })?;
+            if let Some(id) = missing {
+                return Err(Error::corrupt(
+                    "block map",
+                    format!(
+                        "volume id {vol} names chunk {id}, which is not live; run condense verify"
+                    ),
+                ));
+            }
+        }
+        tracing::info!(
+            "space attribution built: {} chunks in {:.2} s",
+            self.chunks.live_chunks,
+            started.elapsed().as_secs_f64()
+        );
+        Ok(a)
+    }
+
+    /// What identifies this state's checkpoint root to a saved index (every field changes
+    /// when the chunk table does): at open, the root's; after a checkpoint, the new one's.
+    pub fn index_stamp(&self, journal_gen: u64, next_seq: u64) -> IndexStamp {
+        let tree = self.pages.trees().get(&CHUNK_TREE);
+        IndexStamp {
+            journal_gen,
+            next_seq,
+            checkpoints: self.checkpoints,
+            next_chunk: self.chunks.next_id,
+            live_chunks: self.chunks.live_chunks,
+            chunk_tree_page: tree.map_or(0, |t| t.root.page),
+            chunk_tree_crc: tree.map_or(0, |t| t.root.crc),
+        }
+    }
+
+    /// Build the index: from the saved one if it is this state's, else from every chunk of
+    /// the chunk table. On an error the index keeps what was read (it is advisory) and is
+    /// marked built anyway.
+    pub fn build_index(&mut self) -> Result<()> {
+        if let Some(saved) = self.saved_index.take() {
+            let started = std::time::Instant::now();
+            match DedupIndex::load(&*saved.file, saved.uuid, saved.stamp) {
+                Ok(index) => {
+                    self.install_index(index, IndexOrigin::Loaded, started);
+                    return Ok(());
+                }
+                Err(e) => tracing::warn!(
+                    "the saved dedup index was not used ({e}); building it from the chunk table"
+                ),
+            }
+        }
+        let started = std::time::Instant::now();
+        let mut index = DedupIndex::with_capacity(self.chunks.live_chunks);
+        let r = self.chunks.for_each(&mut self.pages, &mut |id, e| {
+            index.insert(&e.fp, page_of(id));
+            Ok(())
+        });
+        self.install_index(index, IndexOrigin::Built, started);
+        crate::dedup_index::return_free_memory();
+        r
+    }
+
+    /// The index holds every chunk of the table (it was built, or loaded).
+    pub fn index_ready(&self) -> bool {
+        self.index_origin != IndexOrigin::NotBuilt
+    }
+
+    /// Make `index`, loaded or built since `started`, the pool's index.
+    fn install_index(
+        &mut self,
+        index: DedupIndex,
+        origin: IndexOrigin,
+        started: std::time::Instant,
+    ) {
+        let how = match origin {
+            IndexOrigin::Loaded => format!("loaded from {DEDUP_INDEX_NAME}"),
+            _ => "built".to_string(),
+        };
+        tracing::info!(
+            "dedup index {how}: {} chunks in {:.2} s",
+            index.len(),
+            started.elapsed().as_secs_f64()
+        );
+        self.index = index;
+        self.index_origin = origin;
+        self.pages.set_reserved_bytes(self.index.ram_bytes());
+    }
+
+    /// The checkpoint root describing this state (trees as last prepared).
+    pub fn root(&self, journal_gen: u64, next_seq: u64) -> Root {
+        let mut segment_live: Vec<(u32, u64)> = self
+            .chunks
+            .live_bytes
+            .iter()
+            .map(|(&s, &b)| (s, b))
+            .collect();
+        segment_live.sort_unstable();
+        Root {
+            journal_gen,
+            next_seq,
+            next_vol: self.next_vol,
+            volumes: self
+                .volumes
+                .iter()
+                .map(|(&id, v)| RootVolume {
+                    id,
+                    size: v.size,
+                    data_blocks: v.counts.data_blocks,
+                    zero_blocks: v.counts.zero_blocks,
+                    name: v.name.clone(),
+                    snapshot_of: v.snapshot_of,
+                    created: v.created,
+                })
+                .collect(),
+            trees: self
+                .pages
+                .trees()
+                .iter()
+                .map(|(&id, t)| RootTree {
+                    id,
+                    height: t.height,
+                    page: t.root.page,
+                    crc: t.root.crc,
+                    units: t.root.units,
+                    codec: t.root.codec,
+                })
+                .collect(),
+            next_chunk: self.chunks.next_id,
+            live_chunks: self.chunks.live_chunks,
+            live_stored_bytes: self.chunks.live_stored_bytes,
+            segment_live,
+            meta_bytes_written: self.meta_bytes_written(),
+            checkpoints: self.checkpoints,
+            bitmap: self.pages.alloc.bitmap().to_vec(),
+            meta: self
+                .meta
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            shared_pages: self
+                .pages
+                .shared_pages()
+                .iter()
+                .map(|(&p, &r)| (p, r))
+                .collect(),
+        }
+    }
+
+    /// Metadata page bytes written over the pool's life.
+    pub fn meta_bytes_written(&self) -> u64 {
+        self.meta_bytes_written_before + self.pages.counters.bytes_written
+    }
+}
