@@ -10,7 +10,8 @@
 //! - A page that fails its check in the mirror is read again from the bucket's extent and
 //!   the mirror mended ([`MetaFile`]'s `read_other_copy`).
 
-use super::shared::{in_parallel, Shared};
+use super::parallel::in_parallel;
+use super::shared::Shared;
 use crate::io::File;
 use std::collections::BTreeSet;
 use std::io;
@@ -82,9 +83,9 @@ impl BufFile {
         };
         let names = &self.shared.names;
         let put = if to == condense_format::bucket::ROOT_NAME {
-            names.put_root(&self.shared, &bytes)
+            names.put_root(&*self.shared, &bytes)
         } else {
-            names.put_file(&self.shared, to, &bytes)
+            names.put_file(&*self.shared, to, &bytes)
         };
         match put {
             Ok(obj) => {
@@ -164,7 +165,7 @@ impl File for BufFile {
         };
         self.shared
             .names
-            .put_file(&self.shared, &self.name, &bytes)
+            .put_file(&*self.shared, &self.name, &bytes)
             .map(|_| ())
     }
     fn will_need(&self, offset: u64, len: u64) {
@@ -256,7 +257,7 @@ impl File for MetaFile {
                 .read_at(&mut buf, start)
                 .and_then(|_| {
                     let name = format!("meta/{e:08x}");
-                    self.shared.names.put_file(&self.shared, &name, &buf)
+                    self.shared.names.put_file(&*self.shared, &name, &buf)
                 })
                 .map(|_| ())
         });

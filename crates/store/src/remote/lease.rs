@@ -41,7 +41,7 @@
 
 use super::conf::remote_error;
 use super::names::max_epoch;
-use super::shared::Shared;
+use super::shared::{Shared, WRITE_FENCE};
 use crate::claim_window::{Window, SETTLE, WINDOW_BOUND};
 use condense_format::bucket::{
     claim_object, encode_lock, epoch_lock_object, parse_epoch_lock, parse_object, Generation,
@@ -61,9 +61,6 @@ pub(super) const LEASE_NAME: &str = "lease";
 pub const LEASE_SECONDS: u64 = 30;
 /// The holder renews its claim this often.
 const RENEW_EVERY: Duration = Duration::from_secs(5);
-/// Writes stop this long after the start of the last renewal that succeeded: the rest of
-/// [`LEASE_SECONDS`] covers clocks that disagree by a few seconds and a request in flight.
-pub(super) const WRITE_FENCE: Duration = Duration::from_secs(15);
 
 /// One writer per pool: this process's claim, renewed in the background until dropped.
 pub struct Lease {
@@ -220,67 +217,154 @@ fn held_error(url: &str, l: &LeaseBody) -> Error {
     ))
 }
 
+/// A random writer id for a new generation (from this host, process and time).
+fn new_writer_id() -> u64 {
+    let seed = format!(
+        "{}{}{:?}",
+        hostname(),
+        std::process::id(),
+        SystemTime::now()
+    );
+    let hash = blake3::hash(seed.as_bytes());
+    u64::from_le_bytes(hash.as_bytes()[..8].try_into().unwrap_or([1; 8]))
+}
+
+/// Refuse the open if a live claim (or an older Condense's live lease object) holds the
+/// pool; otherwise the claims whose holder is a process of this host that is gone.
+fn refuse_if_held(
+    url: &str,
+    claims: &[Claim],
+    legacy: Option<LeaseBody>,
+) -> Result<HashSet<Generation>> {
+    if let Some(l) = legacy.filter(body_live) {
+        return Err(held_error(url, &l));
+    }
+    let mut dead = HashSet::new();
+    for c in claims {
+        if let Some(b) = &c.body {
+            if !b.released() && b.expires > unix_now() && !body_live(b) {
+                tracing::warn!(
+                    "taking over the lease of {url} from {} (pid {}): that process is gone",
+                    b.host,
+                    b.pid
+                );
+                dead.insert(c.gen);
+            }
+        }
+    }
+    if let Some(b) = claims
+        .iter()
+        .find(|c| is_live(c, &dead))
+        .and_then(|c| c.body.as_ref())
+    {
+        return Err(held_error(url, b));
+    }
+    Ok(dead)
+}
+
+/// One above every epoch claimed or locked and `known_epoch`: a lock whose claim is gone (its
+/// PUT failed and landed later) is never raced for again.
+fn next_epoch(claims: &[Claim], locks: &EpochLocks, known_epoch: u64) -> u64 {
+    claims
+        .iter()
+        .map(|c| c.gen.epoch)
+        .chain(locks.iter().map(|(e, _)| *e))
+        .chain([known_epoch])
+        .max()
+        .unwrap_or(0)
+        + 1
+}
+
+/// On a store with conditional PUT, the store picks one writer per epoch (docs/S3.md "Lease:
+/// claims"): create the epoch lock, or withdraw claim `obj` and refuse.
+fn lock_epoch(shared: &Shared, gen: Generation, obj: &str) -> Result<()> {
+    let url = &shared.url;
+    let lock = epoch_lock_object(gen.epoch);
+    let taken = shared
+        .store
+        .put_if_absent(&lock, &encode_lock(gen.writer, 0, &hostname()))
+        .map_err(|e| remote_error(url, e));
+    if matches!(taken, Ok(true)) {
+        return Ok(());
+    }
+    let _ = shared.store.delete(obj);
+    taken?;
+    Err(Error::Busy(format!(
+        "pool {url} is held by another host (both hosts claimed the pool at once; the store's \
+         conditional PUT chose, as docs/S3.md says)"
+    )))
+}
+
+/// Of the live claims listed after the settle and ours, the lowest (epoch, writer) wins: if
+/// it is not ours, withdraw ours (and its epoch lock) and refuse.
+fn refuse_if_lower(
+    shared: &Shared,
+    gen: Generation,
+    obj: &str,
+    after: &[Claim],
+    dead: &HashSet<Generation>,
+) -> Result<()> {
+    let url = &shared.url;
+    let winner = after
+        .iter()
+        .filter(|c| c.gen == gen || is_live(c, dead))
+        .min_by_key(|c| (c.gen.epoch, c.gen.writer));
+    let Some(w) = winner.filter(|w| w.gen != gen) else {
+        return Ok(());
+    };
+    let _ = shared.store.delete(obj);
+    if shared.store.conditional_put_honoured() {
+        let _ = shared.store.delete(&epoch_lock_object(gen.epoch));
+    }
+    let held = match &w.body {
+        Some(b) => held_error(url, b),
+        None => Error::Busy(format!("pool {url} is held by another host")),
+    };
+    Err(match held {
+        Error::Busy(m) => Error::Busy(format!(
+            "{m} (both hosts claimed the pool at once; the lower claim won, as docs/S3.md says)"
+        )),
+        e => e,
+    })
+}
+
+/// Won: the claims of writers that are gone are of no use to anyone, nor are the epoch locks
+/// of older epochs.
+fn clear_the_gone(shared: &Shared, gen: Generation, after: &[Claim], locks: &EpochLocks) {
+    for c in after
+        .iter()
+        .filter(|c| c.gen != gen && !is_live(c, &HashSet::new()))
+    {
+        for o in &c.objects {
+            let _ = shared.store.delete(o);
+        }
+    }
+    for (_, old) in locks.iter().filter(|(e, _)| *e < gen.epoch) {
+        let _ = shared.store.delete(old);
+    }
+}
+
 impl Lease {
     /// Take the pool's lease (see the module docs). `known_epoch`: the highest epoch of the
     /// generations the caller saw in the bucket.
     pub(super) fn acquire(shared: &Arc<Shared>, known_epoch: u64) -> Result<Lease> {
         let url = &shared.url;
-        let writer = u64::from_le_bytes(
-            blake3::hash(
-                format!(
-                    "{}{}{:?}",
-                    hostname(),
-                    std::process::id(),
-                    SystemTime::now()
-                )
-                .as_bytes(),
-            )
-            .as_bytes()[..8]
-                .try_into()
-                .unwrap_or([1; 8]),
-        );
+        let writer = new_writer_id();
         let mut slow = String::new();
         // Claims this open put and withdrew: a listing may still show one (its DELETE not
         // seen yet, or failed), and it must not refuse the retry as another holder's would.
         let mut withdrawn: Vec<Generation> = Vec::new();
         for _ in 0..3 {
+            // Step 1: list; any live claim refuses the open.
             let window = Window::open();
             let (mut claims, legacy, locks) = list_claims(shared)?;
             claims.retain(|c| !withdrawn.contains(&c.gen));
-            if let Some(l) = legacy.filter(body_live) {
-                return Err(held_error(url, &l));
-            }
-            let mut dead = HashSet::new();
-            for c in &claims {
-                if let Some(b) = &c.body {
-                    if !b.released() && b.expires > unix_now() && !body_live(b) {
-                        tracing::warn!(
-                            "taking over the lease of {url} from {} (pid {}): that process is gone",
-                            b.host,
-                            b.pid
-                        );
-                        dead.insert(c.gen);
-                    }
-                }
-            }
-            if let Some(b) = claims
-                .iter()
-                .find(|c| is_live(c, &dead))
-                .and_then(|c| c.body.as_ref())
-            {
-                return Err(held_error(url, b));
-            }
-            // Above every epoch locked too: a lock whose claim is gone (its PUT failed and
-            // landed later) is never raced for again.
-            let epoch = claims
-                .iter()
-                .map(|c| c.gen.epoch)
-                .chain(locks.iter().map(|(e, _)| *e))
-                .chain([known_epoch])
-                .max()
-                .unwrap_or(0)
-                + 1;
-            let gen = Generation { epoch, writer };
+            let dead = refuse_if_held(url, &claims, legacy)?;
+            // Step 2: put our claim, within the window.
+            let gen = Generation {
+                epoch: next_epoch(&claims, &locks, known_epoch),
+                writer,
+            };
             let obj = claim_object(gen, 0);
             let started = Instant::now();
             let body = fresh_body(&format!("{writer:016x}")).encode();
@@ -300,84 +384,51 @@ impl Lease {
                 continue;
             }
             if shared.store.conditional_put_honoured() {
-                // The store picks one writer per epoch (docs/S3.md "Lease: claims").
-                let lock = epoch_lock_object(epoch);
-                let taken = shared
-                    .store
-                    .put_if_absent(&lock, &encode_lock(writer, 0, &hostname()))
-                    .map_err(|e| remote_error(url, e));
-                if !matches!(taken, Ok(true)) {
-                    let _ = shared.store.delete(&obj);
-                    taken?;
-                    return Err(Error::Busy(format!(
-                        "pool {url} is held by another host (both hosts claimed the pool at once; \
-                         the store's conditional PUT chose, as docs/S3.md says)"
-                    )));
-                }
+                lock_epoch(shared, gen, &obj)?;
             }
+            // Steps 3 and 4: settle, list again, the lowest claim wins.
             std::thread::sleep(SETTLE);
             let (after, _, after_locks) = list_claims(shared)?;
-            let winner = after
-                .iter()
-                .filter(|c| c.gen == gen || is_live(c, &dead))
-                .min_by_key(|c| (c.gen.epoch, c.gen.writer));
-            if let Some(w) = winner.filter(|w| w.gen != gen) {
-                let _ = shared.store.delete(&obj);
-                if shared.store.conditional_put_honoured() {
-                    let _ = shared.store.delete(&epoch_lock_object(epoch));
-                }
-                let held = match &w.body {
-                    Some(b) => held_error(url, b),
-                    None => Error::Busy(format!("pool {url} is held by another host")),
-                };
-                return Err(match held {
-                    Error::Busy(m) => Error::Busy(format!(
-                        "{m} (both hosts claimed the pool at once; the lower claim won, as \
-                         docs/S3.md says)"
-                    )),
-                    e => e,
-                });
-            }
-            // Won: the claims of writers that are gone are of no use to anyone, nor are the
-            // epoch locks of older epochs.
-            for c in after
-                .iter()
-                .filter(|c| c.gen != gen && !is_live(c, &HashSet::new()))
-            {
-                for o in &c.objects {
-                    let _ = shared.store.delete(o);
-                }
-            }
-            for (_, old) in after_locks.iter().filter(|(e, _)| *e < epoch) {
-                let _ = shared.store.delete(old);
-            }
-            shared.set_fence(Some(started + WRITE_FENCE));
-            let state = Arc::new(Mutex::new(Renewals {
-                objects: vec![obj],
-                next: 1,
-                renewed_at: started,
-            }));
-            let stop = Arc::new(AtomicBool::new(false));
-            let thread = {
-                let (stop, shared, state) = (stop.clone(), shared.clone(), state.clone());
-                std::thread::Builder::new()
-                    .name("condense-lease".into())
-                    .spawn(move || renew_loop(&shared, gen, &state, &stop))
-                    .map_err(|e| Error::io("starting the lease thread", e))?
-            };
-            return Ok(Lease {
-                shared: shared.clone(),
-                gen,
-                state,
-                stop,
-                thread: Some(thread),
-            });
+            refuse_if_lower(shared, gen, &obj, &after, &dead)?;
+            clear_the_gone(shared, gen, &after, &after_locks);
+            return Lease::start(shared, gen, obj, started);
         }
         Err(Error::Busy(format!(
             "{url}: listing the lease claims and storing ours took more than {WINDOW_BOUND:?} \
              three times (the last {slow}): the process was paused or the store is too slow to \
              take the lease safely; try again"
         )))
+    }
+
+    /// Hold the lease won with claim `obj` (its PUT started at `started`): the write fence
+    /// set, the renewal thread started.
+    fn start(
+        shared: &Arc<Shared>,
+        gen: Generation,
+        obj: String,
+        started: Instant,
+    ) -> Result<Lease> {
+        shared.set_fence(Some(started + WRITE_FENCE));
+        let state = Arc::new(Mutex::new(Renewals {
+            objects: vec![obj],
+            next: 1,
+            renewed_at: started,
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (stop, shared, state) = (stop.clone(), shared.clone(), state.clone());
+            std::thread::Builder::new()
+                .name("condense-lease".into())
+                .spawn(move || renew_loop(&shared, gen, &state, &stop))
+                .map_err(|e| Error::io("starting the lease thread", e))?
+        };
+        Ok(Lease {
+            shared: shared.clone(),
+            gen,
+            state,
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// The generation this lease writes as.

@@ -56,6 +56,7 @@
 //! - `wal.rs`: the write-ahead objects ([`WalDir`])
 //! - `lease.rs`: the one-writer lease ([`Lease`])
 //! - `members.rs`: hosts sharing one pool: the registry, [`join`], the other members
+//! - `parallel.rs`: requests to the store a few at a time
 //! - `setup.rs`: [`init`], [`connect`], opening the local directory
 
 #[cfg(any(test, feature = "sim"))]
@@ -68,6 +69,7 @@ mod lease;
 mod members;
 mod names;
 mod object_dir;
+mod parallel;
 mod setup;
 mod shared;
 mod wal;

@@ -19,7 +19,7 @@
 //!   local pool.
 
 use super::conf::remote_error;
-use super::shared::{in_parallel, Shared};
+use super::parallel::in_parallel;
 use condense_format::bucket::{
     gen_object, manifest_object, parse_object, Generation, Manifest, ObjectKind,
     MAX_MANIFEST_BYTES, ROOT_NAME,
@@ -29,6 +29,19 @@ use condense_object_store::ObjectBackend;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::sync::Mutex;
+
+/// What the view needs of the open to change the bucket (the open's `Shared` implements it):
+/// the write-gated PUT and DELETE, and a read.
+pub(super) trait Bucket: Sync {
+    /// The pool's URL, for messages.
+    fn url(&self) -> &str;
+    /// Put a new object, if this open may write now.
+    fn put(&self, name: &str, bytes: &[u8]) -> io::Result<()>;
+    /// Delete an object, if this open may write now.
+    fn delete(&self, name: &str) -> io::Result<()>;
+    /// Read a whole object.
+    fn get(&self, name: &str) -> std::result::Result<Vec<u8>, condense_object_store::Error>;
+}
 
 /// The view of one open, shared by the directory, its files and the write-ahead log.
 #[derive(Default)]
@@ -282,7 +295,12 @@ impl Names {
     }
 
     /// Upload `bytes` as pool file `name` (a new object); returns the object.
-    pub(super) fn put_file(&self, shared: &Shared, name: &str, bytes: &[u8]) -> io::Result<String> {
+    pub(super) fn put_file(
+        &self,
+        shared: &dyn Bucket,
+        name: &str,
+        bytes: &[u8],
+    ) -> io::Result<String> {
         let obj = self.next_object(name)?;
         shared.put(&obj, bytes)?;
         let mut v = self.lock();
@@ -297,7 +315,7 @@ impl Names {
 
     /// Put a checkpoint root: its manifest (this view), then the root; then delete what left
     /// the view before the previous root.
-    pub(super) fn put_root(&self, shared: &Shared, root: &[u8]) -> io::Result<String> {
+    pub(super) fn put_root(&self, shared: &dyn Bucket, root: &[u8]) -> io::Result<String> {
         let (gen, seq, manifest) = {
             let mut v = self.lock();
             let gen = v.gen.ok_or_else(|| {
@@ -342,7 +360,7 @@ impl Names {
     }
 
     /// Remove pool file `name`: its object is deleted now.
-    pub(super) fn remove_file(&self, shared: &Shared, name: &str) -> io::Result<()> {
+    pub(super) fn remove_file(&self, shared: &dyn Bucket, name: &str) -> io::Result<()> {
         let Some((obj, _)) = self.lock().files.remove(name) else {
             return Ok(());
         };
@@ -352,7 +370,7 @@ impl Names {
     /// Start writing as `gen`: put a first root of this generation (the view's root again,
     /// with a manifest of this view), so every reader trusts this generation from now on
     /// and nothing the previous writer left after its last root is lost.
-    pub(super) fn begin(&self, shared: &Shared, gen: Generation) -> Result<()> {
+    pub(super) fn begin(&self, shared: &dyn Bucket, gen: Generation) -> Result<()> {
         let root = {
             let mut v = self.lock();
             v.gen = Some(gen);
@@ -362,12 +380,11 @@ impl Names {
             return Ok(()); // init: the pool's first root comes with its first checkpoint
         };
         let bytes = shared
-            .store
             .get(&obj)
-            .map_err(|e| remote_error(&shared.url, e))?;
+            .map_err(|e| remote_error(shared.url(), e))?;
         self.put_root(shared, &bytes).map_err(|e| {
             Error::io(
-                format!("putting the first root of this writer in {}", shared.url),
+                format!("putting the first root of this writer in {}", shared.url()),
                 e,
             )
         })?;

@@ -15,7 +15,8 @@
 use super::conf::remote_error;
 use super::files::{BufFile, BufState, MetaFile, ObjFile, META_EXTENT_BYTES};
 use super::lease::Lease;
-use super::shared::{in_parallel, Shared};
+use super::parallel::in_parallel;
+use super::shared::Shared;
 use crate::io::StoreStatus;
 use crate::io::{Dir, File, RealDir};
 use condense_format::error::{Error, Result};
@@ -350,7 +351,7 @@ impl Dir for RemoteDir {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
-        self.shared.names.remove_file(&self.shared, name)
+        self.shared.names.remove_file(&*self.shared, name)
     }
 
     fn rename(&self, from: &str, to: &str) -> io::Result<()> {

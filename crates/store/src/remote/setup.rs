@@ -187,7 +187,7 @@ pub fn init(
         return Err(already());
     }
     shared.names.install(view);
-    shared.names.begin(&shared, lease.generation())?;
+    shared.names.begin(&*shared, lease.generation())?;
     Ok(RemoteDir::new(shared, path, Some(lease)))
 }
 
@@ -378,7 +378,7 @@ pub fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
     shared.use_durability(durability);
     shared.names.install(view);
     if let Some(l) = &lease {
-        shared.names.begin(&shared, l.generation())?;
+        shared.names.begin(&*shared, l.generation())?;
     }
     let local = Arc::new(RealDir::new(path));
     // A writer's local directory (even opened read-only, e.g. by `export`) is rebuilt from

@@ -17,7 +17,7 @@
 //!   hint never fails and never makes its caller wait.
 
 use super::conf::to_io;
-use super::names::Names;
+use super::names::{Bucket, Names};
 use crate::io::StoreUnavailable;
 use condense_format::Durability;
 use condense_object_store::ObjectBackend;
@@ -46,8 +46,11 @@ const PREFETCHES_IN_FLIGHT: usize = 8;
 /// Blocks that hints may hold queued or in flight (32 MiB: half the LRU, so what they fetch
 /// is not evicted before it is read).
 const HINTED_BLOCKS_MAX: u64 = READ_BLOCKS_KEPT as u64 / 2;
-/// Uploads and downloads of extents run this many at a time.
-const PARALLEL_REQUESTS: usize = 8;
+
+/// Writes stop this long after the start of the last lease renewal that succeeded (the lease's
+/// write fence, lease.rs): the rest of the lease's 30 s covers clocks that disagree by a few
+/// seconds and a request in flight.
+pub(super) const WRITE_FENCE: Duration = Duration::from_secs(15);
 
 pub(super) struct Shared {
     pub(super) store: Arc<dyn ObjectBackend>,
@@ -122,7 +125,7 @@ impl Shared {
                 "{what}: the lease of {} was not renewed for {} s (is the store reachable?); \
                  writes resume once it is",
                 self.url,
-                super::lease::WRITE_FENCE.as_secs()
+                WRITE_FENCE.as_secs()
             ))));
         }
         Ok(())
@@ -487,20 +490,20 @@ impl ReadBlocks {
     }
 }
 
-/// `f` on every item, [`PARALLEL_REQUESTS`] at a time (one request each); the results in
-/// the items' order.
-pub(super) fn in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let mut out = Vec::with_capacity(items.len());
-    for batch in items.chunks(PARALLEL_REQUESTS) {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = batch.iter().map(|item| s.spawn(|| f(item))).collect();
-            for h in handles {
-                match h.join() {
-                    Ok(r) => out.push(r),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-        });
+impl Bucket for Shared {
+    fn url(&self) -> &str {
+        &self.url
     }
-    out
+
+    fn put(&self, name: &str, bytes: &[u8]) -> io::Result<()> {
+        Shared::put(self, name, bytes)
+    }
+
+    fn delete(&self, name: &str) -> io::Result<()> {
+        Shared::delete(self, name)
+    }
+
+    fn get(&self, name: &str) -> std::result::Result<Vec<u8>, condense_object_store::Error> {
+        self.store.get(name)
+    }
 }
