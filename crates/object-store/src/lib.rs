@@ -11,7 +11,8 @@
 //!
 //! It owns nothing of the pool's format: names and bytes are opaque here.
 //!
-//! Invariants (each checked by [`conformance::run`], which every backend must pass):
+//! Invariants (each checked by `conformance::run`, feature `conformance`, which every backend
+//! must pass):
 //!
 //! 1. `put` is atomic: a reader sees the whole old object, the whole new one, or none —
 //!    never a prefix. A `put` that returned `Ok` is durable (fsync / the store's ack).
@@ -37,6 +38,7 @@
 
 #![deny(clippy::unwrap_used)]
 
+#[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 mod error;
 mod local;
