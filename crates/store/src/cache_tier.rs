@@ -153,7 +153,9 @@ enum Job {
     },
 }
 
-struct Shared {
+/// What the cache's handles and its background writer share: the files, the index, the
+/// admission policy and the counters.
+struct CacheCore {
     dir: Arc<dyn Dir>,
     data: Arc<dyn File>,
     index: Mutex<IndexFile>,
@@ -178,7 +180,7 @@ struct IndexFile {
 
 /// An open cache tier.
 pub struct ChunkCache {
-    shared: Arc<Shared>,
+    shared: Arc<CacheCore>,
     tx: Mutex<Option<SyncSender<Job>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -386,7 +388,7 @@ impl ChunkCache {
         } = loaded;
         let used: HashSet<u32> = policy.map.values().map(|e| e.slot).collect();
         policy.free = (0..slots).rev().filter(|s| !used.contains(s)).collect();
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(CacheCore {
             dir,
             data,
             index: Mutex::new(IndexFile {
@@ -641,7 +643,7 @@ impl Drop for ChunkCache {
     }
 }
 
-impl Shared {
+impl CacheCore {
     fn slot_offset(&self, slot: u32) -> u64 {
         CACHE_DATA_HEADER_BYTES + u64::from(slot) * self.slot_bytes
     }

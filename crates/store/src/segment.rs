@@ -1,22 +1,23 @@
 //! The segment store: append-only files of chunk records.
 //!
 //! Owns: which segment files exist, their lengths, the one open segment new records go to,
-//! and the records on their way to it (staged in memory or being written).
+//! and the records on their way to it (pending in memory or being written). ("Staging" in
+//! this code means only the writeback staging layer, crate::staging.)
 //! Invariants:
 //! - Only the open segment is ever written; every other segment is sealed and immutable
 //!   (docs/DESIGN.md invariant 4). Each pool open starts a new open segment, so a torn tail left by
 //!   a crash is never appended to.
-//! - Records are staged in `pending` and written a batch at a time: once a batch's worth
-//!   ([`DIRECT_BATCH_BYTES`]) is staged, at a flush, or when the segment is sealed. A record is
-//!   readable from the moment it is staged: [`Segments::in_memory`] serves it from `pending`
+//! - Records are appended to `pending` and written a batch at a time: once a batch's worth
+//!   ([`DIRECT_BATCH_BYTES`]) is pending, at a flush, or when the segment is sealed. A record is
+//!   readable from the moment it is appended: [`Segments::in_memory`] serves it from `pending`
 //!   or from a batch not yet written, the file afterwards. Nothing a flush promises depends
 //!   on that: a flush writes and waits for every batch, then syncs ([`Segments::take_dirty`]).
 //! - Where the directory offers direct I/O, batches are written by one background thread
-//!   (the segment writer), in the order they were staged, while writers go on hashing and
-//!   staging (at most [`MAX_QUEUED_BYTES`] queued), except the last batch of a flush, which
+//!   (the segment writer), in the order they were appended, while writers go on hashing and
+//!   appending (at most [`MAX_QUEUED_BYTES`] queued), except the last batch of a flush, which
 //!   the flush writes itself once the queue is empty ([`Segments::write_all`]); elsewhere
 //!   (the simulator, S3 staging without direct I/O) under the state lock, at once. So
-//!   batches reach a file in staging order everywhere. A failed batch write poisons the
+//!   batches reach a file in the order of their records everywhere. A failed batch write poisons the
 //!   pool: records of writes already acknowledged were in it.
 //! - A segment with batches not yet finished is not destaged, collected or cut to length.
 //! - Batches of at least [`DIRECT_BATCH_BYTES`] go to the open segment with direct I/O when
@@ -109,7 +110,7 @@ impl Batch {
     }
 }
 
-/// Most bytes of batches queued for the segment writer; staging more waits for it.
+/// Most bytes of batches queued for the segment writer; appending more waits for it.
 pub const MAX_QUEUED_BYTES: u64 = 8 << 20;
 
 /// Room a new batch buffer starts with: a 1 MiB write of records that do not compress, and
@@ -135,13 +136,14 @@ impl Queue {
     }
 }
 
+/// The batches queued for the segment writer thread, and the signal of their changes.
 #[derive(Default)]
-struct Shared {
+struct WriterQueue {
     queue: Mutex<Queue>,
     changed: Condvar,
 }
 
-impl Shared {
+impl WriterQueue {
     fn wait<'a>(&self, q: std::sync::MutexGuard<'a, Queue>) -> std::sync::MutexGuard<'a, Queue> {
         self.changed.wait(q).unwrap_or_else(|e| e.into_inner())
     }
@@ -150,13 +152,13 @@ impl Shared {
 /// The background thread that writes batches to segment files in the order they were
 /// queued. Dropping it writes what is queued, then ends the thread.
 struct SegmentWriter {
-    shared: Arc<Shared>,
+    shared: Arc<WriterQueue>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl SegmentWriter {
     fn start() -> Result<SegmentWriter> {
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(WriterQueue::default());
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("condense-segw".into())
@@ -168,7 +170,7 @@ impl SegmentWriter {
         })
     }
 
-    fn run(shared: &Shared) {
+    fn run(shared: &WriterQueue) {
         loop {
             let batch = {
                 let mut q = lock(&shared.queue);
@@ -347,7 +349,7 @@ impl Segments {
     }
 
     /// Seal the open segment (the next record starts a new one), after handing what is
-    /// staged for it to be written.
+    /// pending for it to be written.
     pub fn seal_open(&mut self) -> Result<()> {
         self.write_pending()?;
         debug_assert_eq!(self.next_offset(), self.written());
@@ -390,7 +392,7 @@ impl Segments {
         self.in_flight.contains_key(&id)
     }
 
-    /// Bytes of records staged and not yet written or handed off.
+    /// Bytes of records appended and not yet written or handed off.
     fn unwritten_bytes(&self) -> u64 {
         self.next_offset() - self.written()
     }
@@ -499,8 +501,8 @@ impl Segments {
         self.files.values().map(|s| s.len).sum()
     }
 
-    /// Stage one record; returns where it will be. May seal the open segment and start a new
-    /// one (writing out what was staged for the old one first).
+    /// Append one record; returns where it will be. May seal the open segment and start a new
+    /// one (writing out what was pending for the old one first).
     pub fn append(
         &mut self,
         dir: &dyn Dir,
@@ -527,7 +529,7 @@ impl Segments {
         })
     }
 
-    /// Stage a record copied verbatim (GC relocation); returns its new location.
+    /// Append a record copied verbatim (GC relocation); returns its new location.
     pub fn append_raw(&mut self, dir: &dyn Dir, record: &[u8], old: &Location) -> Result<Location> {
         let seg = self.room_for(dir, record.len() as u64)?;
         let offset = self.next_offset();
@@ -596,7 +598,7 @@ impl Segments {
         Ok(id)
     }
 
-    /// Hand the staged records to be written: queued for the segment writer, or written now
+    /// Hand the pending records to be written: queued for the segment writer, or written now
     /// (under the state lock) without one. An error means a batch failed to be written (now
     /// or before): records of acknowledged writes may be lost, the pool must stop writing.
     pub fn write_pending(&mut self) -> Result<()> {
@@ -614,7 +616,7 @@ impl Segments {
         self.check_written()
     }
 
-    /// Write the staged records once a batch's worth is staged; otherwise they wait in
+    /// Write the pending records once a batch's worth is pending; otherwise they wait in
     /// memory (readable there) for more.
     pub fn write_full_batch(&mut self) -> Result<()> {
         if self.unwritten_bytes() >= DIRECT_BATCH_BYTES {
@@ -624,8 +626,8 @@ impl Segments {
         }
     }
 
-    /// Write every staged record and wait until all are in their files. What is queued is
-    /// written first (the writer keeps staging order); what is still staged is then written
+    /// Write every pending record and wait until all are in their files. What is queued is
+    /// written first (the writer keeps their order); what is still pending is then written
     /// here rather than handed to the writer and waited for: for a flush after a small write
     /// that hand-off was two thread switches of the flush's latency.
     pub fn write_all(&mut self) -> Result<()> {
@@ -653,7 +655,7 @@ impl Segments {
         }
     }
 
-    /// Move the staged records into a batch to write (the next `pending` starts with the
+    /// Move the pending records into a batch to write (the next `pending` starts with the
     /// page holding their end, for a direct write).
     fn take_batch(&mut self) -> Result<Option<Batch>> {
         let end = self.next_offset();
@@ -663,7 +665,7 @@ impl Segments {
         }
         let Some(open) = self.open else {
             return Err(Error::Invalid(
-                "records staged without an open segment".into(),
+                "records appended without an open segment".into(),
             ));
         };
         let Some(seg) = self.files.get_mut(&open) else {
@@ -748,7 +750,7 @@ impl Segments {
         }
     }
 
-    /// A copy of the record at `loc` while it is staged or being written (not yet readable
+    /// A copy of the record at `loc` while it is pending or being written (not yet readable
     /// from its file).
     pub fn in_memory(&self, loc: &Location) -> Option<Vec<u8>> {
         let offset = u64::from(loc.offset);
@@ -768,12 +770,12 @@ impl Segments {
             .copy_queued(loc.segment, offset, len)
     }
 
-    /// Where staging stands now, to [`Segments::discard_since`] it.
+    /// Where the pending records stand now, to [`Segments::discard_since`] it.
     pub fn mark(&self) -> (Option<u32>, u64) {
         (self.open, self.next_offset())
     }
 
-    /// Forget the records staged since `mark` (a write that failed before it was
+    /// Forget the records appended since `mark` (a write that failed before it was
     /// committed). Records of it already handed to be written stay, unreferenced.
     pub fn discard_since(&mut self, mark: (Option<u32>, u64)) {
         let keep = if self.open == mark.0 {
@@ -786,7 +788,7 @@ impl Segments {
     }
 
     /// Segment files written since the last call, and whether names were created since,
-    /// once every staged record is written.
+    /// once every pending record is written.
     pub fn take_dirty(&mut self) -> Result<Dirty> {
         self.write_all()?;
         let files = std::mem::take(&mut self.dirty)
@@ -846,15 +848,15 @@ mod tests {
         segs.background = Some(SegmentWriter::start()?);
         held(&segs, true);
         let first = record(&mut segs, &pool, 0)?;
-        // Staged: read from `pending`.
-        let staged = segs
+        // Pending: read from `pending`.
+        let pending = segs
             .in_memory(&first)
-            .ok_or(Error::Invalid("not staged".into()))?;
-        assert_eq!(&staged[staged.len() - 4096..], &[0u8; 4096][..]);
+            .ok_or(Error::Invalid("not pending".into()))?;
+        assert_eq!(&pending[pending.len() - 4096..], &[0u8; 4096][..]);
         segs.write_pending()?;
         // Queued, not written: read from the queue.
         assert!(segs.is_writing(first.segment));
-        assert_eq!(segs.in_memory(&first).as_deref(), Some(&staged[..]));
+        assert_eq!(segs.in_memory(&first).as_deref(), Some(&pending[..]));
         // Fill the segment and start the next: the first is sealed with its batches queued.
         record(&mut segs, &pool, 1)?;
         let next = record(&mut segs, &pool, 2)?;
@@ -873,10 +875,10 @@ mod tests {
         let file = segs
             .file(first.segment)
             .ok_or(Error::Invalid("gone".into()))?;
-        let mut on_disk = vec![0u8; staged.len()];
+        let mut on_disk = vec![0u8; pending.len()];
         file.read_at(&mut on_disk, u64::from(first.offset))
             .map_err(|e| Error::io("reading back", e))?;
-        assert_eq!(on_disk, staged);
+        assert_eq!(on_disk, pending);
         let id = segs
             .start_destage(all())
             .ok_or(Error::Invalid("nothing to destage".into()))?;
