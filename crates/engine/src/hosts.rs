@@ -584,7 +584,7 @@ impl Pool {
             if v.snapshot_of.is_some() {
                 return Err(Error::SnapshotReadOnly(name.into()));
             }
-            let snaps = crate::snapshot::snapshot_names_of(&st.md, vol);
+            let snaps = crate::pool::snapshots::snapshot_names_of(&st.md, vol);
             if !snaps.is_empty() {
                 return Err(Error::Invalid(format!(
                     "volume {name:?} has snapshots ({}): a move takes the volume as it is now; clone the snapshots on host {to} first if they are wanted there (`condense volume clone --from-host HOST {name}@SNAP NEW`), then delete them here",

@@ -18,12 +18,13 @@
 //! - [`spill`]: arrays of words paged to a sealed scratch file past a RAM budget (the
 //!   attribution's, so it covers a pool far beyond RAM)
 //! - [`journal`]: making metadata changes durable between checkpoints
-//! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush
-//! - [`volume`]: the Volume API over a pool
+//! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush, volume handles,
+//!   snapshots
+//! - [`VolumeHandle`]: the Volume API over a pool
 //! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
 //! - [`cache_tier`]: the cache tier (chunk records on a fast directory, S3-FIFO, persistent)
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
-//! - [`volume_io`]: per-volume I/O counters for the live view (`condense top`)
+//! - [`volume_counters`]: per-volume I/O counters for the live view (`condense top`)
 //! - [`destage`]: moving sealed segments from a writeback cache to the pool directory
 //! - [`remote`]: pools on S3-compatible object storage (the bucket as the pool directory)
 //! - [`secret_file`]: reading key, passphrase, credentials and PSK files (owner-only)
@@ -48,7 +49,6 @@ pub mod fuzz;
 pub mod gc;
 pub mod hosts;
 pub mod hosts_forget;
-pub mod importing;
 pub mod io;
 pub mod journal;
 mod locks;
@@ -64,14 +64,12 @@ pub mod scrub;
 pub mod secret_file;
 pub mod segment;
 pub mod sim;
-pub mod snapshot;
 pub mod spill;
 pub mod staging;
 pub mod stats;
 pub mod verify;
-pub mod volume;
 pub mod volume_claims;
-pub mod volume_io;
+pub mod volume_counters;
 pub mod worker;
 
 pub use cache_tier::{CacheConf, CacheMode, CacheStats};
@@ -79,9 +77,11 @@ pub use counters::CounterValues;
 pub use crypto::UserKey;
 pub use error::{Error, Result};
 pub use format::{Compression, WritePolicy};
+pub use pool::handle::VolumeHandle;
+/// Snapshots, clones, rollback and changed-block queries (a room of the pool).
+pub use pool::snapshots as snapshot;
 pub use pool::{
     default_metadata_cache_bytes, CacheDir, InitOptions, OpenOptions, Pool, METADATA_CACHE_MIN,
 };
 pub use stats::{PoolStats, VolumeStats};
-pub use volume::VolumeHandle;
-pub use volume_io::{OpValues, VolumeIoValues, LATENCY_BUCKETS};
+pub use volume_counters::{OpValues, VolumeIoValues, LATENCY_BUCKETS};

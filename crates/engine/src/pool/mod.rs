@@ -39,10 +39,14 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 pub(crate) mod cache_tier;
 mod durability;
 mod flush;
+pub mod handle;
+mod importing;
 pub(crate) mod open;
 mod read;
 mod read_ahead;
+pub(crate) mod salvage;
 mod saved_index;
+pub mod snapshots;
 mod volumes;
 mod write;
 
@@ -201,8 +205,8 @@ pub struct Pool {
     vol_locks: Mutex<HashMap<u32, Arc<Mutex<()>>>>,
     /// Open writable handles per volume (rollback refuses while any is open).
     pub(crate) writers: Mutex<HashMap<u32, usize>>,
-    /// Per-volume I/O counters, by name ([`crate::volume_io`]).
-    pub(crate) volume_io: crate::volume_io::VolumeIoMap,
+    /// Per-volume I/O counters, by name ([`crate::volume_counters`]).
+    pub(crate) volume_io: crate::volume_counters::VolumeIoMap,
     pub(crate) me: Weak<Pool>,
     pub(crate) read_errors: AtomicU64,
     /// Blocks repair declared lost ([`ENTRY_LOST`]) read as zeros instead of failing

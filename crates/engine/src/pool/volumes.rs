@@ -1,11 +1,14 @@
 //! The pool's volume table: creating, deleting, resizing and listing volumes, and handles
-//! on them ([`crate::volume::VolumeHandle`]).
+//! on them ([`super::handle::VolumeHandle`]).
 
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::locks::lock;
 
 use super::{check_new_volume_name, Pool};
+use crate::volume_counters::{VolumeIo, VolumeIoValues};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 impl Pool {
     fn check_size(&self, size: u64) -> Result<()> {
@@ -89,7 +92,7 @@ impl Pool {
             .names
             .get(name)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        let snaps = crate::snapshot::snapshot_names_of(&st.md, vol);
+        let snaps = super::snapshots::snapshot_names_of(&st.md, vol);
         if !snaps.is_empty() {
             return Err(Error::Invalid(format!(
                 "volume {name:?} has {} snapshot(s) ({}); delete them first (`condense snapshot delete {name}@{}`)",
@@ -102,7 +105,7 @@ impl Pool {
         // No "import in progress" mark (engine::importing), half-made hand-over or name
         // conflict (engine::hosts) outlives its volume.
         let marks = [
-            crate::importing::key(name),
+            super::importing::key(name),
             crate::format::hosts::Pending::key(name),
             format!("{}{name}", crate::format::hosts::CONFLICT_PREFIX),
         ];
@@ -192,7 +195,7 @@ impl Pool {
     }
 
     /// A handle to a volume.
-    pub fn volume(&self, name: &str) -> Result<crate::volume::VolumeHandle> {
+    pub fn volume(&self, name: &str) -> Result<super::handle::VolumeHandle> {
         let (vol, snapshot) = {
             let st = lock(&self.state);
             let vol = *st
@@ -215,7 +218,7 @@ impl Pool {
         if !read_only {
             *lock(&self.writers).entry(vol).or_default() += 1;
         }
-        Ok(crate::volume::VolumeHandle::new(
+        Ok(super::handle::VolumeHandle::new(
             pool,
             vol,
             name.to_string(),
@@ -230,5 +233,42 @@ impl Pool {
             .get(&vol)
             .map(|v| v.size)
             .ok_or_else(|| Error::NotFound(name.to_string()))
+    }
+}
+
+impl Pool {
+    /// The counters of `name`, shared by every handle of it (created on first use).
+    pub(crate) fn volume_io_for(&self, name: &str) -> Arc<VolumeIo> {
+        lock(&self.volume_io)
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Every volume's I/O counters, by name: each volume (with zeros if nothing touched it
+    /// since the pool opened) and each snapshot opened since. Internal volumes (names
+    /// starting with '.', such as FUSE file contents) are included. Counters of names that
+    /// no longer exist and that no handle holds are dropped here.
+    pub fn volume_io(&self) -> Vec<(String, VolumeIoValues)> {
+        // Every name of the pool, and whether it is a snapshot's.
+        let names: HashMap<String, bool> = lock(&self.state)
+            .md
+            .volumes
+            .values()
+            .map(|v| (v.name.clone(), v.snapshot_of.is_some()))
+            .collect();
+        let mut map = lock(&self.volume_io);
+        map.retain(|name, io| Arc::strong_count(io) > 1 || names.contains_key(name));
+        let mut out: Vec<(String, VolumeIoValues)> = map
+            .iter()
+            .map(|(name, io)| (name.clone(), io.values()))
+            .collect();
+        for (name, snapshot) in names {
+            if !snapshot && !map.contains_key(&name) {
+                out.push((name, VolumeIoValues::default()));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 }

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::format::*;
 use crate::locks::lock;
 use crate::reduction::{self, Compressor};
-use crate::volume_io::Reduced;
+use crate::volume_counters::Reduced;
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::collections::HashMap;

@@ -1,4 +1,5 @@
-//! Snapshots, clones, rollback and changed-block queries.
+//! Snapshots, clones, rollback and changed-block queries: a room of the pool, reached from
+//! outside as `crate::snapshot`.
 //!
 //! Owns: the volume-level operations on shared block maps. A snapshot `VOL@SNAP` is a
 //! read-only volume whose block map shares every page with `VOL` at the instant it was
@@ -19,12 +20,12 @@
 //! - Two versions differ at a block when their block-map entries differ. Leaves stored at
 //!   the same page with no change in memory are equal without being read.
 
+use super::{check_new_volume_name, Pool};
 use crate::block_map;
 use crate::error::{Error, Result};
 use crate::format::{ENTRY_UNMAPPED, MAP_PAGE_ENTRIES};
 use crate::locks::lock;
 use crate::metadata::{Metadata, VolumeState};
-use crate::pool::{check_new_volume_name, Pool};
 use std::collections::HashMap;
 
 const PER: u64 = MAP_PAGE_ENTRIES as u64;
@@ -94,7 +95,7 @@ impl Pool {
     pub fn create_snapshot(&self, volume: &str, snapshot: &str) -> Result<()> {
         check_new_volume_name(snapshot)?;
         let full = format!("{volume}@{snapshot}");
-        crate::pool::check_volume_name(&full)?;
+        super::check_volume_name(&full)?;
         let sync = lock(&self.sync_lock);
         self.checkpoint_with(
             &sync,
