@@ -25,7 +25,6 @@
 //! - [`cache_tier`]: the cache tier (chunk records on a fast directory, S3-FIFO, persistent)
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
 //! - [`volume_counters`]: per-volume I/O counters for the live view (`condense top`)
-//! - [`destage`]: moving sealed segments from a writeback cache to the pool directory
 //! - [`remote`]: pools on S3-compatible object storage (the bucket as the pool directory)
 //! - [`secret_file`]: reading key, passphrase, credentials and PSK files (owner-only)
 //! - [`fuzz`]: entry points of the fuzz targets (fuzz/), one per decoder of bytes from disk
@@ -42,7 +41,6 @@ pub mod copies;
 pub mod counters;
 pub mod crypto;
 pub mod dedup_index;
-pub mod destage;
 pub mod error;
 pub mod format;
 pub mod fuzz;

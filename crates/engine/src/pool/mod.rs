@@ -37,8 +37,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 pub(crate) mod cache_tier;
+mod claims;
+pub mod damage;
+mod destage;
 mod durability;
 mod flush;
+pub mod gc;
 pub mod handle;
 mod importing;
 pub(crate) mod open;
@@ -47,6 +51,7 @@ mod read_ahead;
 pub(crate) mod salvage;
 mod saved_index;
 pub mod snapshots;
+mod verify;
 mod volumes;
 mod write;
 
@@ -231,7 +236,7 @@ pub struct Pool {
     pub(crate) replay: ReplayReport,
     /// The attached cache tier, if any ([`crate::cache_tier`]).
     pub(crate) tier: RwLock<Option<Arc<ChunkCache>>>,
-    /// The background destage thread of a writeback cache ([`crate::destage`]).
+    /// The background destage thread of a writeback cache ([`destage`]).
     pub(crate) destager: Mutex<Option<crate::worker::Worker>>,
     /// This host's member slot in a pool several hosts share (0 otherwise).
     pub(crate) slot: u8,

@@ -1,4 +1,5 @@
-//! Destaging: moving sealed segments from a writeback cache down to the pool directory.
+//! Destaging: moving sealed segments from a writeback cache down to the pool directory (a
+//! room of the pool).
 //!
 //! Owns: which held segment to move down next, and the background thread ([`Destager`])
 //! that does it continuously while a writeback cache (or an S3 pool's local directory)
@@ -14,10 +15,10 @@
 //! Invariants: the open segment, and a segment with batches still being written, are never
 //! moved ([`crate::segment::Segments::start_destage`]); one move at a time.
 
+use super::Pool;
 use crate::error::{Error, Result};
 use crate::format::{parse_segment_name, segment_name};
 use crate::locks::lock;
-use crate::pool::Pool;
 use crate::worker::Worker;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
