@@ -46,7 +46,6 @@ pub mod format;
 pub mod fuzz;
 pub mod gc;
 pub mod hosts;
-pub mod hosts_forget;
 pub mod io;
 pub mod journal;
 mod locks;

@@ -20,7 +20,7 @@ impl Pool {
         if !self.is_shared()? {
             return Ok(None);
         }
-        self.writable(&lock(&self.state))?;
+        self.writable(&self.lock_state())?;
         match self.dir.volume_claims() {
             Some(c) => Ok(Some(c)),
             None => Err(Error::Invalid(
@@ -79,7 +79,7 @@ impl Pool {
     /// After a volume `name` failed to be made: delete this host's claims of it, unless a
     /// volume of that name is here (made by a concurrent command, whose claim it is).
     pub(crate) fn drop_claims_unless_held(&self, name: &str) {
-        if !lock(&self.state).md.names.contains_key(name) {
+        if !self.lock_state().md.names.contains_key(name) {
             self.drop_volume_claims(name);
         }
     }
@@ -110,7 +110,7 @@ impl Pool {
         let io = |e| Error::io("tidying the volume claims of this host", e);
         let all = reg.list(None).map_err(io)?;
         let (held, released): (Vec<String>, Vec<String>) = {
-            let st = lock(&self.state);
+            let st = self.lock_state();
             let held = st
                 .md
                 .names

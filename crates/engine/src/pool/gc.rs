@@ -50,7 +50,7 @@ type VictimFiles = HashMap<u32, Arc<dyn File>>;
 impl Pool {
     /// Dead bytes as a share of all segment bytes (0..1), and the dead bytes.
     pub fn dead_space(&self) -> (f64, u64) {
-        let st = lock(&self.state);
+        let st = self.lock_state();
         let (mut total, mut dead) = (0u64, 0u64);
         let condemned = crate::format::hosts::condemned_in(&st.md.meta);
         for (id, len) in st.segments.ids().filter(|(id, _)| !condemned.contains(id)) {
@@ -143,7 +143,7 @@ impl Pool {
         min_dead_percent: u8,
         report: &mut GcReport,
     ) -> Result<(VictimFiles, u64)> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         st.segments.reap();
         report.bytes_before = st.segments.total_bytes();
@@ -178,7 +178,7 @@ impl Pool {
         page: u64,
     ) -> Result<Vec<(u64, ChunkEntry)>> {
         let mut found: Vec<(u64, ChunkEntry)> = Vec::new();
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let md = &mut st.md;
         md.chunks
             .for_each_in(&mut md.pages, page, page + SCAN_PAGES, &mut |id, e| {
@@ -245,10 +245,10 @@ impl Pool {
         if self.condemn(&gone, &guard)? {
             drop(guard);
             report.segments_condemned += gone.len() as u64;
-            report.bytes_after = lock(&self.state).segments.total_bytes();
+            report.bytes_after = self.lock_state().segments.total_bytes();
             return Ok(());
         }
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         for id in gone {
             st.segments.remove(&*self.dir, id)?;
             report.segments_removed += 1;
@@ -264,7 +264,7 @@ impl Pool {
     /// a record damaged at `was`), journaled as a move; false if the chunk moved or went since.
     /// The caller holds the GC lock.
     pub(crate) fn rewrite_chunk(&self, id: u64, was: &Location, record: &[u8]) -> Result<bool> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         let md = &mut st.md;
         match md.chunks.get(&mut md.pages, id)? {
@@ -279,7 +279,7 @@ impl Pool {
 
     /// Append the copies read outside the lock and journal them, re-checking each chunk.
     fn commit_copies(&self, copies: Vec<Copy>, report: &mut GcReport) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         let mut records = Vec::new();
         for (id, was, file, buf) in copies {

@@ -42,12 +42,16 @@ pub mod damage;
 mod destage;
 mod durability;
 mod flush;
+pub(crate) mod foreign;
 pub mod gc;
 pub mod handle;
+mod hosts;
 mod importing;
 pub(crate) mod open;
+pub mod peers;
 mod read;
 mod read_ahead;
+mod records;
 pub(crate) mod salvage;
 mod saved_index;
 mod scrub;
@@ -181,19 +185,52 @@ const CHECKPOINT_STORE_WAIT: std::time::Duration = std::time::Duration::from_sec
 /// Re-check free disk space after this many bytes written.
 const SPACE_CHECK_BYTES: u64 = 16 << 20;
 
-/// The metadata stores and the I/O side, behind the pool's one state mutex.
+/// The metadata stores and the I/O side, behind the pool's one state mutex. Its fields are
+/// the pool module's alone: every other module asks the core by meaning (the rooms of
+/// `pool/`), and the lock is taken only through [`Pool::lock_state`].
 pub(crate) struct State {
-    pub md: Metadata,
-    pub segments: Segments,
-    pub journal: Journal,
+    md: Metadata,
+    segments: Segments,
+    journal: Journal,
     /// Records appended so far / made durable so far (counts, for group commit).
-    pub appended: u64,
-    pub durable: u64,
-    pub poisoned: Option<String>,
-    pub written_since_space_check: u64,
+    appended: u64,
+    durable: u64,
+    poisoned: Option<String>,
+    written_since_space_check: u64,
     /// `appended` when the last checkpoint was prepared (an S3 pool checkpoints on a timer
     /// only if records were appended since).
-    pub checkpointed: u64,
+    checkpointed: u64,
+}
+
+std::thread_local! {
+    /// Debug builds: whether this thread holds some pool's `state` (the lock order).
+    static STATE_HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A held `state` lock ([`Pool::lock_state`]): the guard, and in debug builds the mark that
+/// this thread holds a pool's state, which the lock order checks.
+pub(crate) struct StateGuard<'a> {
+    guard: std::sync::MutexGuard<'a, State>,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.guard
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        STATE_HELD.with(|h| h.set(false));
+    }
 }
 
 /// An open pool. Always held in an `Arc` (volumes keep a reference to it).
@@ -205,7 +242,7 @@ pub struct Pool {
     pub(crate) sync_writes: bool,
     pub(crate) read_only: bool,
     pub(crate) opts: OpenOptions,
-    pub(crate) state: Mutex<State>,
+    state: Mutex<State>,
     pub(crate) sync_lock: Mutex<()>,
     /// One garbage collection at a time.
     pub(crate) gc_lock: Mutex<()>,
@@ -319,6 +356,23 @@ fn random_bytes<const N: usize>() -> Result<[u8; N]> {
 }
 
 impl Pool {
+    /// Take this pool's `state`, last in the lock order (see the module docs). Debug builds
+    /// check the peer rule: the thread holds no pool's `state` already, this pool's or
+    /// another host's (a peer's, [`crate::hosts`]).
+    pub(crate) fn lock_state(&self) -> StateGuard<'_> {
+        #[cfg(debug_assertions)]
+        STATE_HELD.with(|h| {
+            debug_assert!(
+                !h.get(),
+                "lock order: a pool's state is taken while this thread holds one already (its own, or a peer's)"
+            );
+            h.set(true);
+        });
+        StateGuard {
+            guard: lock(&self.state),
+        }
+    }
+
     /// What recovery found in the journal at open.
     pub fn replay_report(&self) -> &ReplayReport {
         &self.replay
@@ -349,7 +403,7 @@ impl Pool {
     /// [`Pool::close`] would write something. A command that failed before changing anything
     /// leaves the pool's files as they were by not closing it.
     pub fn has_unsaved_changes(&self) -> bool {
-        let st = lock(&self.state);
+        let st = self.lock_state();
         st.appended > st.checkpointed
     }
 
@@ -399,7 +453,7 @@ impl Pool {
 
     /// Read a named metadata record.
     pub fn meta_get(&self, key: &str) -> Option<Vec<u8>> {
-        lock(&self.state).md.meta.get(key).cloned()
+        self.lock_state().md.meta.get(key).cloned()
     }
 
     /// Set or remove a named metadata record.
@@ -409,7 +463,7 @@ impl Pool {
                 "metadata key must be 1 to 1024 bytes, value up to 16 MiB".into(),
             ));
         }
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         self.commit(
             &mut st,
@@ -426,7 +480,7 @@ impl Pool {
     }
 
     pub fn meta_keys(&self, prefix: &str) -> Vec<String> {
-        let st = lock(&self.state);
+        let st = self.lock_state();
         st.md
             .meta
             .range(prefix.to_string()..)

@@ -147,7 +147,7 @@ impl Pool {
         let n = out.len() / bs;
         let mut wanted = Vec::new();
         let mut in_memory = Vec::new();
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         st.md.volume_for(vol, name, "read", first, n as u64)?;
         let mut entries = Vec::with_capacity(n);
         let looked_up = crate::block_map::get_range(
@@ -248,7 +248,7 @@ impl Pool {
         first: u64,
         count: u64,
     ) -> Result<Vec<(u64, u64)>> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         st.md.volume_for(vol, name, "block_status", first, count)?;
         let r = crate::block_map::mapped(&mut st.md.pages, u64::from(vol), first, first + count)
             .map_err(|e| in_volume(e, name, &format!("blocks {first}..{}", first + count)));

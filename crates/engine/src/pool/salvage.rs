@@ -9,7 +9,6 @@ use crate::crypto::Crypto;
 use crate::error::Result;
 use crate::format::{Fingerprint, JournalRecord, Location};
 use crate::journal::Salvage;
-use crate::locks::lock;
 use crate::metadata::{Metadata, Mode, SalvageHook};
 use crate::segment::Segments;
 
@@ -24,7 +23,7 @@ impl Pool {
             self.read_only && self.opts.salvage_journal,
             "a salvage open"
         );
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let st = &mut *st;
         let next_seq = st.journal.next_seq();
         f(&mut st.md, &st.segments, next_seq)
@@ -33,7 +32,7 @@ impl Pool {
     /// Where the page of tree `tree` holding leaf `leaf` is stored: its byte offset in
     /// `meta.dat` (`None` if the page was never written).
     pub(crate) fn stored_page_offset(&self, tree: u64, leaf: u64) -> Result<Option<u64>> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let pages = st.md.pages.leaf_pages(tree, leaf, leaf + 1)?;
         Ok(pages
             .first()

@@ -50,7 +50,7 @@ impl Pool {
         progress: &dyn Fn(&ScrubPass),
     ) -> Result<ScrubPass> {
         let (total, next_id) = {
-            let st = lock(&self.state);
+            let st = self.lock_state();
             (st.md.chunks.live_chunks, st.md.chunks.next_id)
         };
         let mut pass = ScrubPass {
@@ -188,7 +188,7 @@ impl Pool {
     pub fn blocks_naming(&self, ids: &HashSet<u64>) -> Result<Vec<(String, u64, u64)>> {
         let per = crate::format::MAP_PAGE_ENTRIES as u64;
         let vols: Vec<(u32, String, u64)> = {
-            let st = lock(&self.state);
+            let st = self.lock_state();
             st.md
                 .volumes
                 .iter()
@@ -197,7 +197,7 @@ impl Pool {
         };
         let mut found: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for (vol, name, blocks) in vols {
-            let mut st = lock(&self.state);
+            let mut st = self.lock_state();
             let mut hit = Vec::new();
             // A volume deleted since the list was taken has no tree: skipped.
             let _ = st.md.pages.for_each_leaf_page(

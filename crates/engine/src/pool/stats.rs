@@ -4,7 +4,6 @@
 use crate::attribution::TreeSpace;
 use crate::error::{Error, Result};
 use crate::format::CHUNK_ID_LIMIT;
-use crate::locks::lock;
 use crate::stats::{percent_saved, PoolStats, VolumeStats};
 use std::collections::HashMap;
 
@@ -16,7 +15,7 @@ impl Pool {
     /// Walks the volume's map (through the page cache).
     pub fn volume_physical_bytes(&self, name: &str) -> Result<u64> {
         let vol = self.volume_id(name)?;
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let size = st
             .md
             .volumes
@@ -71,19 +70,19 @@ impl Pool {
     /// process that does nothing else with the pool meanwhile (a one-shot `condense stats`),
     /// where the pauses would only make it wait (half of a 10M-chunk pool's count).
     pub fn count_figures_at_once(&self) -> Result<()> {
-        lock(&self.state).md.attribution().map(drop)
+        self.lock_state().md.attribution().map(drop)
     }
 
     /// One step of [`Pool::count_figures`]: true once the figures are there.
     pub fn count_figures_step(&self) -> Result<bool> {
-        lock(&self.state).md.count_attribution_step()
+        self.lock_state().md.count_attribution_step()
     }
 
     /// The space attribution kept as the pool changed, compared with one counted from
     /// scratch, and its sum rule against the chunk table's counters. An error says what
     /// differs (for tests and `verify`-like checks; walks every map).
     pub fn check_attribution(&self) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let md = &mut st.md;
         if let Some(why) = md.attribution.as_ref().and_then(|a| a.broken()) {
             return Err(Error::corrupt("space attribution", why.to_string()));
@@ -118,7 +117,7 @@ impl Pool {
     /// The shape of a volume's block-map tree and where its root page is (diagnostics).
     pub fn map_root(&self, name: &str) -> Result<crate::page_cache::TreeInfo> {
         let vol = self.volume_id(name)?;
-        let st = lock(&self.state);
+        let st = self.lock_state();
         st.md
             .pages
             .tree(u64::from(vol))
@@ -174,7 +173,7 @@ impl Pool {
         // The figures' first count, in steps that each take the state lock for a few
         // milliseconds, so I/O goes on meanwhile; an error is reported below.
         let _ = self.count_figures();
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         // Built without filling the page cache (its walks read pages past it).
         let built = st.md.attribution().map(drop);
         let md = &st.md;

@@ -53,7 +53,7 @@ impl Pool {
             bad: &bad,
         };
         // Maps: every entry names an existing, good chunk; count references.
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let vols: Vec<(u32, String, u64)> = st
             .md
             .volumes
@@ -86,7 +86,7 @@ impl Pool {
         debug_assert!(self.gc_lock.try_lock().is_err(), "the caller holds gc_lock");
         let mut check = ChunkCheck::default();
         let (total, next_id) = {
-            let st = lock(&self.state);
+            let st = self.lock_state();
             (st.md.chunks.live_chunks, st.md.chunks.next_id)
         };
         // Chunks, a window of chunk-table pages at a time.
@@ -136,7 +136,7 @@ impl Pool {
         problems: &mut Vec<String>,
     ) -> Vec<ChunkToCheck> {
         let mut work = Vec::new();
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let st = &mut *st;
         let segments = &st.segments;
         let md = &mut st.md;

@@ -52,11 +52,11 @@ impl Pool {
                 detail: " (its newest root holds it)".into(),
             });
         }
-        if lock(&self.state).md.names.contains_key(name) {
+        if self.lock_state().md.names.contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
         }
         let claimed = self.claim_volume_name(name, turn)?;
-        self.handover_point(crate::hosts::STEP_CLAIMED)?;
+        self.handover_point(super::peers::STEP_CLAIMED)?;
         let made = self.create_claimed(name, size, extra);
         if made.is_err() && claimed.is_some() {
             self.drop_claims_unless_held(name);
@@ -65,7 +65,7 @@ impl Pool {
     }
 
     fn create_claimed(&self, name: &str, size: u64, extra: Vec<JournalRecord>) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         if st.md.names.contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
@@ -85,7 +85,7 @@ impl Pool {
     pub fn delete_volume(&self, name: &str) -> Result<()> {
         let vol_lock = self.volume_lock(self.volume_id(name)?);
         let _w = lock(&vol_lock);
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         let vol = *st
             .md
@@ -131,7 +131,7 @@ impl Pool {
         self.check_size(size)?;
         let vol_lock = self.volume_lock(self.volume_id(name)?);
         let _w = lock(&vol_lock);
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         let vol = *st
             .md
@@ -169,7 +169,7 @@ impl Pool {
     /// per-volume figures (NBD's export list and FUSE's directory read it often).
     pub fn volume_infos(&self) -> Vec<condense_api::VolumeInfo> {
         let bs = u64::from(self.block_size());
-        let st = lock(&self.state);
+        let st = self.lock_state();
         let mut v: Vec<_> = st
             .md
             .volumes
@@ -186,7 +186,7 @@ impl Pool {
     }
 
     pub fn volume_id(&self, name: &str) -> Result<u32> {
-        lock(&self.state)
+        self.lock_state()
             .md
             .names
             .get(name)
@@ -197,7 +197,7 @@ impl Pool {
     /// A handle to a volume.
     pub fn volume(&self, name: &str) -> Result<super::handle::VolumeHandle> {
         let (vol, snapshot) = {
-            let st = lock(&self.state);
+            let st = self.lock_state();
             let vol = *st
                 .md
                 .names
@@ -227,7 +227,7 @@ impl Pool {
     }
 
     pub(crate) fn volume_size(&self, vol: u32, name: &str) -> Result<u64> {
-        let st = lock(&self.state);
+        let st = self.lock_state();
         st.md
             .volumes
             .get(&vol)
@@ -251,7 +251,8 @@ impl Pool {
     /// no longer exist and that no handle holds are dropped here.
     pub fn volume_io(&self) -> Vec<(String, VolumeIoValues)> {
         // Every name of the pool, and whether it is a snapshot's.
-        let names: HashMap<String, bool> = lock(&self.state)
+        let names: HashMap<String, bool> = self
+            .lock_state()
             .md
             .volumes
             .values()
