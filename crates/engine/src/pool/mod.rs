@@ -4,12 +4,24 @@
 //! Owns: [`State`], which pairs the [`Metadata`] (block maps, chunk table, dedup index,
 //! records; changed only by [`Metadata::apply`]) with the segment store and the journal, behind
 //! one mutex. Every change is a [`JournalRecord`] applied and appended to the journal in the
-//! same critical section, so the journal order is the apply order.
+//! same critical section, so the journal order is the apply order. `State`'s fields are
+//! private to this module and its rooms (the files of `pool/`, one per concept): the modules
+//! above (hosts, gc's background thread, repair, verify's and stats' reports, the scrub's
+//! schedule) ask the core by meaning — e.g. [`Pool::read_records`], [`Pool::fold_chunks`],
+//! [`Pool::salvaged`] — and never take the lock themselves.
 //!
 //! Locks, always taken in this order: `gc_lock` (one GC at a time), a volume's write lock
 //! (held by read-modify-write of partial blocks, zeroing, resize and delete; whole-block
-//! writes go without it), then `sync_lock` (one flush or checkpoint at a time), then `state`. CPU-heavy work (hashing,
-//! compression, decompression) and data reads run without `state`.
+//! writes go without it), then `sync_lock` (one flush or checkpoint at a time), then `state`
+//! (only through [`Pool::lock_state`]). CPU-heavy work (hashing, compression, decompression)
+//! and data reads run without `state`.
+//!
+//! The peer rule: in a pool several hosts share, a host reads the other hosts' trees, each an
+//! open [`Pool`] of its own (a peer, `pool/peers.rs`), whose `state` is a lock of the same
+//! level. A thread holds at most one pool's `state` at a time: a peer's is taken with neither
+//! this pool's nor another peer's held, and the `peers` map's lock is let go (the map copied
+//! out) before any peer's `state` is taken. Debug builds assert it in [`Pool::lock_state`], as
+//! `gc_lock` and `sync_lock` are asserted held where a function needs them.
 //!
 //! Durability: a flush (1) writes the journal's buffered records as a batch, (2) syncs every
 //! segment written since the last flush and the directory if segments were created, then (3)
