@@ -193,3 +193,36 @@ impl Pool {
             == STOPPED
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{InitOptions, OpenOptions, Pool};
+
+    /// The peer rule of the lock order: a thread that holds one pool's state and takes
+    /// another's (a peer's) fails in debug builds, and one at a time is fine.
+    #[test]
+    #[cfg(debug_assertions)]
+    fn a_thread_takes_one_pools_state_at_a_time() {
+        let (a, b) = (
+            tempfile::tempdir().expect("tempdir"),
+            tempfile::tempdir().expect("tempdir"),
+        );
+        for d in [&a, &b] {
+            Pool::init_path(d.path(), &InitOptions::default()).expect("init");
+        }
+        let own = Pool::open_path(a.path(), OpenOptions::default()).expect("open");
+        let peer = Pool::open_path(b.path(), OpenOptions::default()).expect("open");
+        drop(own.lock_state());
+        drop(peer.lock_state());
+        let both = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _mine = own.lock_state();
+            let _theirs = peer.lock_state();
+        }));
+        assert!(
+            both.is_err(),
+            "a peer's state taken under this pool's must fail"
+        );
+        // The mark went with the guards: the next hold is fine.
+        drop(peer.lock_state());
+    }
+}
