@@ -32,7 +32,7 @@ pub struct VolumeStats {
     pub written_bytes: u64,
     pub zero_bytes: u64,
     /// The volume's share of the pool's live chunk bytes, in proportion to its data blocks
-    /// (kept from counters; [`Pool::volume_physical_bytes`](crate::Pool::volume_physical_bytes) gives the exact share).
+    /// (kept from counters; [`crate::Pool::volume_physical_bytes`] gives the exact share).
     pub physical_bytes: u64,
     pub saving_percent: f64,
     /// For a snapshot (`name` is `VOLUME@SNAPSHOT`): the volume it was taken of.
