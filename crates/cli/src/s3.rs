@@ -603,7 +603,7 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
     Ok(0)
 }
 
-fn conflicts_json(c: &[condense_engine::hosts_forget::NameConflict]) -> Vec<serde_json::Value> {
+fn conflicts_json(c: &[condense_engine::hosts::NameConflict]) -> Vec<serde_json::Value> {
     c.iter()
         .map(|c| {
             serde_json::json!({

@@ -2,33 +2,25 @@
 //! deduplicated and compressed inline, with a journal, checkpoints, garbage collection and
 //! crash recovery. See docs/DESIGN.md for the vocabulary and docs/FORMAT.md for the bytes on disk.
 //!
-//! Modules, one per concept:
-//! - [`io`]: the narrow I/O seam (real directory, and [`sim`], the crash simulator)
-//! - [`format`]: every on-disk encoding
-//! - [`copies`]: the superblock and the checkpoint root kept twice, and which copy open uses
-//! - [`crypto`]: encryption at rest (keys, the AEAD, the nonce scheme)
-//! - [`reduction`]: zero detection, fingerprints, compression
-//! - [`segment`]: append-only chunk containers
-//! - [`page_cache`], [`page_alloc`]: paged copy-on-write trees of metadata pages behind one
-//!   bounded cache, and where their pages go in `meta.dat`
-//! - [`chunk_table`], [`dedup_index`], [`block_map`]: the metadata
-//! - [`metadata`]: the metadata stores together and the one `apply` that changes them
-//! - [`attribution`]: which volumes and snapshots name each chunk: per volume, the bytes only
-//!   it references (what deleting it frees) and those it shares
-//! - [`spill`]: arrays of words paged to a sealed scratch file past a RAM budget (the
-//!   attribution's, so it covers a pool far beyond RAM)
-//! - [`journal`]: making metadata changes durable between checkpoints
-//! - [`pool`]: open/recovery, checkpoints, the write and read paths, flush
-//! - [`volume`]: the Volume API over a pool
-//! - [`gc`], [`verify`], [`stats`]: maintenance and reporting
-//! - [`cache_tier`]: the cache tier (chunk records on a fast directory, S3-FIFO, persistent)
+//! This crate is the top of the engine: the pool and what stands on it. The layers below are
+//! crates of their own, so the compiler keeps the walls (docs/DESIGN.md "Layers"):
+//! condense-format (every on-disk encoding, errors, crypto, the block's reduction),
+//! condense-store (the I/O seam and the storage layers: local directory, S3, staging,
+//! segments, the cache tier), condense-meta (the metadata: page cache, block maps, chunk table,
+//! dedup index, attribution, journal). They are re-exported here under the names the engine's
+//! modules use (`crate::format`, `crate::io`, `crate::page_cache`, ...).
+//!
+//! Modules of this crate, one per concept:
+//! - [`pool`]: the core (state, lock order, group commit) and its rooms: open/recovery,
+//!   checkpoints, the write and read paths, flush, the volume table, volume handles
+//!   ([`VolumeHandle`], the Volume API), snapshots, GC, verify and scrub passes, destage
+//! - [`hosts`]: a pool several hosts share: the fold, moves and adoption, forget, the overview
+//! - [`volume_claims`]: one host per volume name (the claim protocol)
+//! - [`gc`], [`verify`], [`stats`], [`scrub`], [`repair`]: maintenance and reporting
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
-//! - [`volume_io`]: per-volume I/O counters for the live view (`condense top`)
-//! - [`destage`]: moving sealed segments from a writeback cache to the pool directory
-//! - [`remote`]: pools on S3-compatible object storage (the bucket as the pool directory)
-//! - [`secret_file`]: reading key, passphrase, credentials and PSK files (owner-only)
-//! - [`fuzz`]: entry points of the fuzz targets (fuzz/), one per decoder of bytes from disk
-//!   or a bucket, and their seed corpus
+//! - [`volume_counters`]: per-volume I/O counters for the live view (`condense top`)
+//! - `fuzz` (feature `fuzzing`, and tests): entry points of the fuzz targets (fuzz/), one per
+//!   decoder of bytes from disk or a bucket, and their seed corpus
 
 #![deny(clippy::unwrap_used)]
 
@@ -49,33 +41,30 @@ pub use condense_store::{
 };
 
 pub mod counters;
-pub mod destage;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 pub mod gc;
 pub mod hosts;
-pub mod hosts_forget;
-pub mod importing;
 pub mod pool;
 pub mod repair;
 pub mod scrub;
-pub mod snapshot;
 pub mod stats;
 pub mod verify;
-pub mod volume;
 #[cfg(test)]
 mod volume_claim_races;
 pub mod volume_claims;
-pub mod volume_io;
+pub mod volume_counters;
 
 pub use cache_tier::{CacheConf, CacheMode, CacheStats};
 pub use counters::CounterValues;
 pub use crypto::UserKey;
 pub use error::{Error, Result};
 pub use format::{Compression, WritePolicy};
+pub use pool::handle::VolumeHandle;
+/// Snapshots, clones, rollback and changed-block queries (a room of the pool).
+pub use pool::snapshots as snapshot;
 pub use pool::{
     default_metadata_cache_bytes, CacheDir, InitOptions, OpenOptions, Pool, METADATA_CACHE_MIN,
 };
 pub use stats::{PoolStats, VolumeStats};
-pub use volume::VolumeHandle;
-pub use volume_io::{OpValues, VolumeIoValues, LATENCY_BUCKETS};
+pub use volume_counters::{OpValues, VolumeIoValues, LATENCY_BUCKETS};

@@ -1,7 +1,7 @@
 //! `condense repair`: salvage a pool whose journal is damaged in the middle or whose
 //! checkpoint has an unreadable block-map or chunk-table page, and leave it consistent.
 //!
-//! Owns: what a salvage replay sets aside ([`apply_after_damage`]; the rules of what it
+//! Owns: what a salvage replay sets aside (`pool::salvage::apply_after_damage`; the rules of what it
 //! tolerates are `metadata::Mode::Salvage`'s, where every record is interpreted), the
 //! rebuild of every block map and of the chunk table from what is readable, the report of
 //! what was lost (volume, blocks, why), and the backup of the damaged files.
@@ -11,7 +11,7 @@
 //!    a dry run, copy `superblock`, `checkpoint`, `meta.dat` and the journals into
 //!    `POOL/repair-<UTC time>/` before anything is written.
 //! 2. Open the pool read-only with the journal replayed in salvage mode: damaged stretches
-//!    are skipped and every batch is applied by [`apply_after_damage`] (`Metadata::apply_in`
+//!    are skipped and every batch is applied by `pool::salvage::apply_after_damage` (`Metadata::apply_in`
 //!    in salvage mode), which sets map entries without touching reference counts and
 //!    remembers where the batches put chunks.
 //! 3. Build fresh metadata next to the old: every volume and snapshot's map is walked leaf by
@@ -39,8 +39,7 @@ use crate::error::{Error, Result};
 use crate::format::*;
 use crate::io::{Dir, RealDir};
 use crate::journal::{DamagedStretch, Journal};
-use crate::locks::lock;
-use crate::metadata::{Metadata, Mode, SalvageHook};
+use crate::metadata::Metadata;
 use crate::page_alloc::PageAlloc;
 use crate::page_cache::{PageCache, Ptr, TreeInfo, CHUNK_TREE, FANOUT};
 use crate::pool::{OpenOptions, Pool};
@@ -52,161 +51,10 @@ use std::sync::Arc;
 const PER: u64 = MAP_PAGE_ENTRIES as u64;
 
 pub use crate::journal::Salvage;
-
-/// Apply one journal batch in salvage mode ([`Mode::Salvage`]: what it tolerates and sets
-/// aside). Chunk locations are kept in `s` if their data is on disk; with `after_damage`,
-/// the blocks the batch wrote are remembered as written after the damage.
-pub(crate) fn apply_after_damage(
-    md: &mut Metadata,
-    segments: &Segments,
-    crypto: Option<&Crypto>,
-    records: Vec<JournalRecord>,
-    after_damage: bool,
-    s: &mut Salvage,
-) -> Result<()> {
-    let mut hook = AfterDamage {
-        segments,
-        crypto,
-        block_size: md.block_size,
-        after_damage,
-        salvage: s,
-    };
-    for r in &records {
-        md.apply_in(r, &mut Mode::Salvage(&mut hook))?;
-    }
-    md.pages.evict_to_budget()
-}
-
-/// What a salvage replay keeps for the rebuild: [`Salvage`], filled batch by batch.
-struct AfterDamage<'a> {
-    segments: &'a Segments,
-    crypto: Option<&'a Crypto>,
-    block_size: u32,
-    /// The batch comes after a damaged stretch.
-    after_damage: bool,
-    salvage: &'a mut Salvage,
-}
-
-impl SalvageHook for AfterDamage<'_> {
-    fn chunk_placed(&mut self, id: u64, loc: &Location, fp: Option<&Fingerprint>) {
-        let record = match fp {
-            Some(fp) => JournalRecord::NewChunk {
-                id,
-                loc: *loc,
-                fp: *fp,
-            },
-            None => JournalRecord::Relocate { id, loc: *loc },
-        };
-        if self
-            .segments
-            .batch_data_present(&[record], self.block_size, self.crypto)
-        {
-            // A move keeps the fingerprint an earlier batch gave.
-            let fp = fp
-                .copied()
-                .or_else(|| self.salvage.chunks.get(&id).and_then(|c| c.1));
-            self.salvage.chunks.insert(id, (*loc, fp));
-        }
-    }
-
-    fn blocks_written(&mut self, vol: u32, start: u64, end: u64) {
-        if self.after_damage {
-            self.salvage
-                .written_after
-                .entry(vol)
-                .or_default()
-                .push((start, end));
-        }
-    }
-
-    fn skip(&mut self, what: String) {
-        self.salvage.skipped.push(what);
-    }
-}
-
-/// Blocks of one volume or snapshot that repair could not salvage.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LostRange {
-    /// The volume, or `VOLUME@SNAPSHOT` for a snapshot.
-    pub volume: String,
-    pub first_block: u64,
-    pub blocks: u64,
-    /// Why, and what the blocks read now.
-    pub reason: String,
-}
-
-/// The pool's metadata records that keep what each repair lost, named `damage/<UTC time>`:
-/// an administrator who accepted the loss still sees it in `condense verify` until
-/// `condense repair --clear-history` forgets it (as `zpool status -v` lists permanent errors
-/// until `zpool clear`).
-pub const DAMAGE_PREFIX: &str = "damage/";
-
-/// What one repair lost, as kept in the pool's history.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DamageRecord {
-    /// When the repair ran (UTC, as in the name of its backup directory).
-    pub when: String,
-    pub lost: Vec<LostRange>,
-}
-
-/// A history record's bytes: one line per lost range, `volume TAB first TAB blocks TAB
-/// reason` (names and reasons hold no tab or newline: they are replaced by spaces).
-fn encode_damage(lost: &[LostRange]) -> Vec<u8> {
-    let clean = |s: &str| s.replace(['\t', '\n'], " ");
-    lost.iter()
-        .map(|l| {
-            format!(
-                "{}\t{}\t{}\t{}\n",
-                clean(&l.volume),
-                l.first_block,
-                l.blocks,
-                clean(&l.reason)
-            )
-        })
-        .collect::<String>()
-        .into_bytes()
-}
-
-/// Decode a history record (lines that do not parse are skipped: it is informational).
-fn decode_damage(bytes: &[u8]) -> Vec<LostRange> {
-    String::from_utf8_lossy(bytes)
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.splitn(4, '\t');
-            Some(LostRange {
-                volume: f.next()?.to_string(),
-                first_block: f.next()?.parse().ok()?,
-                blocks: f.next()?.parse().ok()?,
-                reason: f.next()?.to_string(),
-            })
-        })
-        .collect()
-}
-
-/// Every repair's losses still in the pool's history, oldest first.
-pub fn damage_history(pool: &Pool) -> Vec<DamageRecord> {
-    pool.meta_keys(DAMAGE_PREFIX)
-        .into_iter()
-        .filter_map(|key| {
-            let bytes = pool.meta_get(&key)?;
-            Some(DamageRecord {
-                when: key.strip_prefix(DAMAGE_PREFIX).unwrap_or(&key).to_string(),
-                lost: decode_damage(&bytes),
-            })
-        })
-        .collect()
-}
-
-/// Forget every repair's losses (`condense repair --clear-history`); returns how many records
-/// there were.
-pub fn clear_damage_history(pool: &Pool) -> Result<usize> {
-    let keys = pool.meta_keys(DAMAGE_PREFIX);
-    for k in &keys {
-        pool.meta_put(k, None)?;
-    }
-    pool.flush()?;
-    Ok(keys.len())
-}
+use crate::pool::damage::encode_damage;
+pub use crate::pool::damage::{
+    clear_damage_history, damage_history, DamageRecord, LostRange, DAMAGE_PREFIX,
+};
 
 /// What repair found and did.
 #[derive(Clone, Debug, Default)]
@@ -326,38 +174,34 @@ pub fn repair_with(
     };
     let (damaged, salvage) = survey(&pool, progress, &mut report)?;
 
-    let mut st = lock(&pool.state);
-    let st = &mut *st;
-    let next_seq = st.journal.next_seq();
-    let mut new = fresh_metadata(&st.md, &old_root, dry_run, sealer.clone());
-    let mut lost = Lost {
-        as_zeros: lost_as_zeros,
-        ..Default::default()
-    };
-    journal_losses(
-        &st.md,
-        &salvage,
-        &report.damaged_journal,
-        &mut lost,
-        &mut report.notes,
-    );
-    rebuild(
-        &mut st.md,
-        &st.segments,
-        &salvage,
-        &damaged,
-        &mut new,
-        &mut lost,
-        &mut report,
-    )?;
-    report.lost = lost.ranges(&st.md);
-    report.volumes = new.volumes.len() as u64;
-    report.chunks_kept = new.chunks.live_chunks;
-    report.chunks_dropped = st
-        .md
-        .chunks
-        .live_chunks
-        .saturating_sub(new.chunks.live_chunks);
+    let (next_seq, mut new) = pool.salvaged(|md, segments, next_seq| -> Result<_> {
+        let mut new = fresh_metadata(md, &old_root, dry_run, sealer.clone());
+        let mut lost = Lost {
+            as_zeros: lost_as_zeros,
+            ..Default::default()
+        };
+        journal_losses(
+            md,
+            &salvage,
+            &report.damaged_journal,
+            &mut lost,
+            &mut report.notes,
+        );
+        rebuild(
+            md,
+            segments,
+            &salvage,
+            &damaged,
+            &mut new,
+            &mut lost,
+            &mut report,
+        )?;
+        report.lost = lost.ranges(md);
+        report.volumes = new.volumes.len() as u64;
+        report.chunks_kept = new.chunks.live_chunks;
+        report.chunks_dropped = md.chunks.live_chunks.saturating_sub(new.chunks.live_chunks);
+        Ok((next_seq, new))
+    })?;
 
     if dry_run {
         return Ok(report);
@@ -1195,26 +1039,18 @@ fn write_new_state(
 /// diagnosis; the pool's pages must be written (after a checkpoint or close).
 pub fn map_page_offset(pool: &Pool, volume: &str, block: u64) -> Result<Option<u64>> {
     let vol = pool.volume_id(volume)?;
-    page_offset(pool, u64::from(vol), block / PER)
+    pool.stored_page_offset(u64::from(vol), block / PER)
 }
 
 /// [`map_page_offset`] for the chunk-table page holding chunk `id`.
 pub fn chunk_page_offset(pool: &Pool, id: u64) -> Result<Option<u64>> {
-    page_offset(pool, CHUNK_TREE, crate::chunk_table::page_of(id))
-}
-
-fn page_offset(pool: &Pool, tree: u64, leaf: u64) -> Result<Option<u64>> {
-    let mut st = lock(&pool.state);
-    let pages = st.md.pages.leaf_pages(tree, leaf, leaf + 1)?;
-    Ok(pages
-        .first()
-        .filter(|p| p.page != 0)
-        .map(|p| p.page * crate::page_cache::UNIT as u64))
+    pool.stored_page_offset(CHUNK_TREE, crate::chunk_table::page_of(id))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::damage::decode_damage;
 
     #[test]
     fn ranges_merge_and_subtract() {

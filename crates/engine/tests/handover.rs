@@ -1,5 +1,5 @@
 //! Hand-overs between hosts that stop half way, hosts forgotten, and one volume name in two
-//! parts (engine::hosts, engine::hosts_forget, docs/S3.md "Moving a volume" and "Forgetting a
+//! parts (engine::hosts (fold, moves, forget), docs/S3.md "Moving a volume" and "Forgetting a
 //! host"), on a directory used as the object store.
 //!
 //! A kill is simulated by stopping a hand-over at a step (`Pool::stop_handovers_at`: the

@@ -36,7 +36,7 @@ pub enum CacheMode {
     /// Writes go to the pool; the cache holds copies of chunks read (nothing is lost with it).
     WriteThrough,
     /// Writes land in the cache first: new segments and the journal are kept in the cache
-    /// directory and destaged to the pool's in whole segments ([`crate::destage`]).
+    /// directory and destaged to the pool's in whole segments (`condense_engine::pool::destage`).
     WriteBack,
 }
 

@@ -619,7 +619,7 @@ fn find_later_batch(
 }
 
 /// What replaying the journal in salvage mode set aside for `condense repair`'s rebuild
-/// (filled by `repair::apply_after_damage`, read by the rebuild).
+/// (filled by the salvage replay's hook, condense-engine `pool/salvage.rs`, read by the rebuild).
 #[derive(Clone, Debug, Default)]
 pub struct Salvage {
     /// Where batches put chunks (new or relocated): id → location and fingerprint if given.

@@ -31,7 +31,7 @@
 //! - Which directory a segment file is in (a writeback cache's, or the pool's) is the
 //!   staging layer's business ([`crate::staging`]): segments are opened, created and removed
 //!   through the pool's directory only. A sealed segment whose batches are all written may
-//!   be moved down by `condense_engine::destage` ([`Segments::start_destage`]); the move keeps its id
+//!   be moved down by `condense_engine::pool::destage` ([`Segments::start_destage`]); the move keeps its id
 //!   and bytes, so every chunk location stays valid.
 
 use crate::io::{AlignedBuf, Dir, DirectWriter, File, DIRECT_IO_ALIGN};

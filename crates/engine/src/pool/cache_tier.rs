@@ -57,7 +57,7 @@ impl Pool {
             Ok(c) => {
                 let c = Arc::new(c);
                 *self.tier.write().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
-                lock(&self.state).md.pages.set_l2(Some(c));
+                self.lock_state().md.pages.set_l2(Some(c));
             }
             Err(e) => tracing::warn!(
                 "opening the cache tier in {}: {e}; running without it",
@@ -113,7 +113,7 @@ impl Pool {
         let tier = self
             .tier()
             .map(|c| c as Arc<dyn crate::page_cache::PageTier>);
-        lock(&self.state).md.pages.set_l2(tier);
+        self.lock_state().md.pages.set_l2(tier);
         if writeback {
             let guard = lock(&self.sync_lock);
             self.dir
@@ -160,7 +160,7 @@ impl Pool {
         if writeback || !self.held_segments()?.is_empty() {
             let guard = lock(&self.sync_lock);
             {
-                let mut st = lock(&self.state);
+                let mut st = self.lock_state();
                 self.writable(&st)?;
                 self.dir.hold_no_new();
                 // The open segment may be held: sealed, so it can be moved down.
@@ -182,7 +182,7 @@ impl Pool {
                 Error::io("detaching the writeback cache's directory from the pool", e)
             })?;
         }
-        lock(&self.state).md.pages.set_l2(None);
+        self.lock_state().md.pages.set_l2(None);
         let mut slot = self.tier.write().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = slot.as_ref() {
             if let Err(e) = c.close() {

@@ -41,7 +41,7 @@ impl Pool {
         if was == d {
             return Ok(was);
         }
-        self.writable(&crate::locks::lock(&self.state))?;
+        self.writable(&self.lock_state())?;
         // Before anything changes: a store that does not answer leaves the pool as it was.
         self.dir.check_reachable()?;
         self.store_durability(d)?;

@@ -7,13 +7,13 @@ use crate::locks::lock;
 use crate::metadata::Metadata;
 use std::sync::{Arc, MutexGuard};
 
-use super::{MetadataChange, Pool, State, CHECKPOINT_STORE_WAIT};
+use super::{MetadataChange, Pool, CHECKPOINT_STORE_WAIT};
 
 impl Pool {
     /// Make durable every record appended up to `target` (group commit: one flush covers all
     /// writers waiting for it).
     pub(crate) fn flush_through(&self, target: u64) -> Result<()> {
-        if lock(&self.state).durable >= target {
+        if self.lock_state().durable >= target {
             return Ok(());
         }
         self.flush()
@@ -26,7 +26,7 @@ impl Pool {
         }
         let guard = lock(&self.sync_lock);
         let (dirty, journal, target) = {
-            let mut st = lock(&self.state);
+            let mut st = self.lock_state();
             self.writable(&st)?;
             if st.durable == st.appended {
                 return Ok(());
@@ -122,7 +122,7 @@ impl Pool {
         self.dir.check_reachable()?;
         if self.dir.whole_files_only() {
             let last_sealed = {
-                let st = lock(&self.state);
+                let st = self.lock_state();
                 st.segments
                     .last_id()
                     .filter(|&id| Some(id) != st.segments.open_id())
@@ -156,7 +156,7 @@ impl Pool {
         check: &dyn Fn(&Metadata) -> Result<()>,
         change: Option<&mut MetadataChange<'_>>,
     ) -> Result<PreparedCheckpoint> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         check(&st.md)?;
         st.journal.seal()?;
@@ -278,8 +278,8 @@ impl Pool {
 
     /// After syncing: on success everything appended up to `target` is durable; on failure
     /// the kernel may have dropped dirty pages, so the pool refuses writes until reopened.
-    fn settle_sync(&self, synced: Result<()>, target: u64) -> Result<MutexGuard<'_, State>> {
-        let mut st = lock(&self.state);
+    fn settle_sync(&self, synced: Result<()>, target: u64) -> Result<super::StateGuard<'_>> {
+        let mut st = self.lock_state();
         if let Err(e) = synced {
             st.poisoned = Some(e.to_string());
             return Err(e);

@@ -4,12 +4,24 @@
 //! Owns: [`State`], which pairs the [`Metadata`] (block maps, chunk table, dedup index,
 //! records; changed only by [`Metadata::apply`]) with the segment store and the journal, behind
 //! one mutex. Every change is a [`JournalRecord`] applied and appended to the journal in the
-//! same critical section, so the journal order is the apply order.
+//! same critical section, so the journal order is the apply order. `State`'s fields are
+//! private to this module and its rooms (the files of `pool/`, one per concept): the modules
+//! above (hosts, gc's background thread, repair, verify's and stats' reports, the scrub's
+//! schedule) ask the core by meaning — e.g. [`Pool::read_records`], [`Pool::fold_chunks`],
+//! [`Pool::salvaged`] — and never take the lock themselves.
 //!
 //! Locks, always taken in this order: `gc_lock` (one GC at a time), a volume's write lock
 //! (held by read-modify-write of partial blocks, zeroing, resize and delete; whole-block
-//! writes go without it), then `sync_lock` (one flush or checkpoint at a time), then `state`. CPU-heavy work (hashing,
-//! compression, decompression) and data reads run without `state`.
+//! writes go without it), then `sync_lock` (one flush or checkpoint at a time), then `state`
+//! (only through [`Pool::lock_state`]). CPU-heavy work (hashing, compression, decompression)
+//! and data reads run without `state`.
+//!
+//! The peer rule: in a pool several hosts share, a host reads the other hosts' trees, each an
+//! open [`Pool`] of its own (a peer, `pool/peers.rs`), whose `state` is a lock of the same
+//! level. A thread holds at most one pool's `state` at a time: a peer's is taken with neither
+//! this pool's nor another peer's held, and the `peers` map's lock is let go (the map copied
+//! out) before any peer's `state` is taken. Debug builds assert it in [`Pool::lock_state`], as
+//! `gc_lock` and `sync_lock` are asserted held where a function needs them.
 //!
 //! Durability: a flush (1) writes the journal's buffered records as a batch, (2) syncs every
 //! segment written since the last flush and the directory if segments were created, then (3)
@@ -37,12 +49,27 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 pub(crate) mod cache_tier;
+mod claims;
+pub mod damage;
+mod destage;
 mod durability;
 mod flush;
+pub(crate) mod foreign;
+pub mod gc;
+pub mod handle;
+mod hosts;
+mod importing;
 pub(crate) mod open;
+pub mod peers;
 mod read;
 mod read_ahead;
+mod records;
+pub(crate) mod salvage;
 mod saved_index;
+mod scrub;
+pub mod snapshots;
+mod stats;
+mod verify;
 mod volumes;
 mod write;
 
@@ -170,19 +197,52 @@ const CHECKPOINT_STORE_WAIT: std::time::Duration = std::time::Duration::from_sec
 /// Re-check free disk space after this many bytes written.
 const SPACE_CHECK_BYTES: u64 = 16 << 20;
 
-/// The metadata stores and the I/O side, behind the pool's one state mutex.
+/// The metadata stores and the I/O side, behind the pool's one state mutex. Its fields are
+/// the pool module's alone: every other module asks the core by meaning (the rooms of
+/// `pool/`), and the lock is taken only through [`Pool::lock_state`].
 pub(crate) struct State {
-    pub md: Metadata,
-    pub segments: Segments,
-    pub journal: Journal,
+    md: Metadata,
+    segments: Segments,
+    journal: Journal,
     /// Records appended so far / made durable so far (counts, for group commit).
-    pub appended: u64,
-    pub durable: u64,
-    pub poisoned: Option<String>,
-    pub written_since_space_check: u64,
+    appended: u64,
+    durable: u64,
+    poisoned: Option<String>,
+    written_since_space_check: u64,
     /// `appended` when the last checkpoint was prepared (an S3 pool checkpoints on a timer
     /// only if records were appended since).
-    pub checkpointed: u64,
+    checkpointed: u64,
+}
+
+std::thread_local! {
+    /// Debug builds: whether this thread holds some pool's `state` (the lock order).
+    static STATE_HELD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A held `state` lock ([`Pool::lock_state`]): the guard, and in debug builds the mark that
+/// this thread holds a pool's state, which the lock order checks.
+pub(crate) struct StateGuard<'a> {
+    guard: std::sync::MutexGuard<'a, State>,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.guard
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        STATE_HELD.with(|h| h.set(false));
+    }
 }
 
 /// An open pool. Always held in an `Arc` (volumes keep a reference to it).
@@ -194,15 +254,15 @@ pub struct Pool {
     pub(crate) sync_writes: bool,
     pub(crate) read_only: bool,
     pub(crate) opts: OpenOptions,
-    pub(crate) state: Mutex<State>,
+    state: Mutex<State>,
     pub(crate) sync_lock: Mutex<()>,
     /// One garbage collection at a time.
     pub(crate) gc_lock: Mutex<()>,
     vol_locks: Mutex<HashMap<u32, Arc<Mutex<()>>>>,
     /// Open writable handles per volume (rollback refuses while any is open).
     pub(crate) writers: Mutex<HashMap<u32, usize>>,
-    /// Per-volume I/O counters, by name ([`crate::volume_io`]).
-    pub(crate) volume_io: crate::volume_io::VolumeIoMap,
+    /// Per-volume I/O counters, by name ([`crate::volume_counters`]).
+    pub(crate) volume_io: crate::volume_counters::VolumeIoMap,
     pub(crate) me: Weak<Pool>,
     pub(crate) read_errors: AtomicU64,
     /// Blocks repair declared lost ([`ENTRY_LOST`]) read as zeros instead of failing
@@ -227,7 +287,7 @@ pub struct Pool {
     pub(crate) replay: ReplayReport,
     /// The attached cache tier, if any ([`crate::cache_tier`]).
     pub(crate) tier: RwLock<Option<Arc<ChunkCache>>>,
-    /// The background destage thread of a writeback cache ([`crate::destage`]).
+    /// The background destage thread of a writeback cache ([`destage`]).
     pub(crate) destager: Mutex<Option<crate::worker::Worker>>,
     /// This host's member slot in a pool several hosts share (0 otherwise).
     pub(crate) slot: u8,
@@ -308,6 +368,23 @@ fn random_bytes<const N: usize>() -> Result<[u8; N]> {
 }
 
 impl Pool {
+    /// Take this pool's `state`, last in the lock order (see the module docs). Debug builds
+    /// check the peer rule: the thread holds no pool's `state` already, this pool's or
+    /// another host's (a peer's, [`crate::hosts`]).
+    pub(crate) fn lock_state(&self) -> StateGuard<'_> {
+        #[cfg(debug_assertions)]
+        STATE_HELD.with(|h| {
+            debug_assert!(
+                !h.get(),
+                "lock order: a pool's state is taken while this thread holds one already (its own, or a peer's)"
+            );
+            h.set(true);
+        });
+        StateGuard {
+            guard: lock(&self.state),
+        }
+    }
+
     /// What recovery found in the journal at open.
     pub fn replay_report(&self) -> &ReplayReport {
         &self.replay
@@ -338,7 +415,7 @@ impl Pool {
     /// [`Pool::close`] would write something. A command that failed before changing anything
     /// leaves the pool's files as they were by not closing it.
     pub fn has_unsaved_changes(&self) -> bool {
-        let st = lock(&self.state);
+        let st = self.lock_state();
         st.appended > st.checkpointed
     }
 
@@ -388,7 +465,7 @@ impl Pool {
 
     /// Read a named metadata record.
     pub fn meta_get(&self, key: &str) -> Option<Vec<u8>> {
-        lock(&self.state).md.meta.get(key).cloned()
+        self.lock_state().md.meta.get(key).cloned()
     }
 
     /// Set or remove a named metadata record.
@@ -398,7 +475,7 @@ impl Pool {
                 "metadata key must be 1 to 1024 bytes, value up to 16 MiB".into(),
             ));
         }
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         self.commit(
             &mut st,
@@ -415,7 +492,7 @@ impl Pool {
     }
 
     pub fn meta_keys(&self, prefix: &str) -> Vec<String> {
-        let st = lock(&self.state);
+        let st = self.lock_state();
         st.md
             .meta
             .range(prefix.to_string()..)

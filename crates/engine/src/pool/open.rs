@@ -615,7 +615,7 @@ fn load_metadata(
 
 /// Open step 6: the journal generation the root names, replayed into `md`; each batch only
 /// if the chunks it introduces are on disk (a salvage replay also past damage, through
-/// [`crate::repair::apply_after_damage`]). Returns the journal and what replay found.
+/// [`super::salvage::apply_after_damage`]). Returns the journal and what replay found.
 fn replay_journal(
     dir: &Arc<dyn Dir>,
     root: &Root,
@@ -626,7 +626,7 @@ fn replay_journal(
     segments: &Segments,
 ) -> Result<(Journal, crate::journal::ReplayReport)> {
     let block_size = sb.block_size;
-    let mut salvage = crate::repair::Salvage::default();
+    let mut salvage = crate::journal::Salvage::default();
     let jname = journal_name(root.journal_gen);
     if dir.whole_files_only() {
         local_journal(&**dir, root, sb, crypto.clone(), opts.read_only)?;
@@ -670,7 +670,7 @@ fn replay_journal(
                 return Ok(false);
             }
             if opts.salvage_journal {
-                crate::repair::apply_after_damage(
+                super::salvage::apply_after_damage(
                     md,
                     segments,
                     crypto.as_deref(),

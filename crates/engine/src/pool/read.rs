@@ -8,6 +8,8 @@ use rayon::prelude::*;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::cache_tier::ChunkCache;
+
 use super::{in_volume, with_context, Pool};
 
 impl Pool {
@@ -36,31 +38,27 @@ impl Pool {
         // The cache tier first: a hit is the record exactly as the segment holds it. A miss
         // is read from its segment, or from memory while it is staged or being written.
         let cache = self.tier();
-        let mut cached: Vec<Option<Vec<u8>>> = vec![None; wanted.len()];
-        if let Some(c) = &cache {
-            for (k, w) in wanted.iter().enumerate() {
-                cached[k] = c.lookup(w.id, &w.fp, &w.loc);
-            }
-        }
+        let cached: Vec<Option<Vec<u8>>> = match &cache {
+            Some(c) => wanted
+                .iter()
+                .map(|w| c.lookup(w.id, &w.fp, &w.loc))
+                .collect(),
+            None => vec![None; wanted.len()],
+        };
         let cache_misses = cached.iter().filter(|c| c.is_none()).count();
         let missed: Vec<usize> = (0..wanted.len())
             .filter(|&k| cached[k].is_none() && in_memory[k].is_none())
             .collect();
         let groups = adjacent_groups(&wanted, &missed);
         if self.dir.reads_cost_requests() {
-            // Each group is a request: hinted all at once, they are fetched side by side
-            // rather than one or two at a time by this read's threads; then the blocks ahead.
-            if groups.len() > 1 {
-                for &g in &groups {
-                    let (start, len) = group_span(&wanted, &missed, g);
-                    wanted[missed[g.0]].file.will_need(start, len);
-                }
-            }
-            let count = (out.len() / bs) as u64;
-            let bs32 = self.sb.block_size;
-            if let Some((from, to)) = self.read_ahead.next_window(vol, first, count, bs32) {
-                self.hint_blocks(vol, from, to);
-            }
+            self.hint_requests(
+                vol,
+                first,
+                (out.len() / bs) as u64,
+                &wanted,
+                &missed,
+                &groups,
+            );
         }
         let parallel = wanted.len() >= 32 && in_flight.alone();
         let read_one =
@@ -70,54 +68,22 @@ impl Pool {
         } else {
             groups.iter().map(read_one).collect()
         };
+        let sources = Sources {
+            wanted: &wanted,
+            missed: &missed,
+            groups: &groups,
+            cached: &cached,
+            in_memory: &in_memory,
+        };
         let result = bufs.and_then(|bufs| {
-            // Where each block of `out` comes from: (group, or None for a record from the
-            // cache tier or memory; wanted index), or None for zeros.
-            let mut slot: Vec<Option<(Option<usize>, usize)>> = vec![None; out.len() / bs];
-            for (g, &(s, e)) in groups.iter().enumerate() {
-                for &k in &missed[s..e] {
-                    slot[wanted[k].index] = Some((Some(g), k));
-                }
-            }
-            for (k, (c, m)) in cached.iter().zip(&in_memory).enumerate() {
-                if c.is_some() || m.is_some() {
-                    slot[wanted[k].index] = Some((None, k));
-                }
-            }
-            let decode = |(i, dst): (usize, &mut [u8])| -> Result<()> {
-                let Some((g, k)) = slot[i] else { return Ok(()) };
-                let w = &wanted[k];
-                let record: &[u8] = match (g, &cached[k], &in_memory[k]) {
-                    (Some(g), _, _) => {
-                        let (start, buf) = &bufs[g];
-                        &buf[(u64::from(w.loc.offset) - start) as usize..]
-                    }
-                    (None, Some(c), _) | (None, None, Some(c)) => c,
-                    (None, None, None) => return Ok(()),
-                };
-                self.decode_block(w, record, dst, first + i as u64, name)?;
-                let from_segment = cached[k].is_none();
-                if let (Some(c), true) = (&cache, from_segment) {
-                    if let Some(r) = record.get(..w.loc.record_bytes() as usize) {
-                        if segment_slot(w.loc.segment) == self.slot {
-                            c.offer(w.id, &w.fp, r);
-                        } else {
-                            // Another host's record carries its id: cached under ours, with
-                            // ours, so it still checks once the chunk moved into this host's
-                            // segments (crate::hosts lets go of condemned segments).
-                            let mut own = r.to_vec();
-                            reown_record(&mut own, w.id);
-                            c.offer(w.id, &w.fp, &own);
-                        }
-                    }
-                }
-                Ok(())
-            };
-            let decoded = if parallel {
-                out.par_chunks_mut(bs).enumerate().try_for_each(decode)
-            } else {
-                out.chunks_mut(bs).enumerate().try_for_each(decode)
-            };
+            let decoded = self.decode_blocks(
+                &sources,
+                &bufs,
+                cache.as_deref(),
+                (first, name),
+                out,
+                parallel,
+            );
             self.read_buffers
                 .give_back(bufs.into_iter().map(|(_, buf)| buf));
             decoded
@@ -138,6 +104,104 @@ impl Pool {
         result.map(|()| cache_use)
     }
 
+    /// On a store whose reads cost requests: hint every group of adjacent records at once
+    /// (fetched side by side rather than one or two at a time by this read's threads), then
+    /// the blocks ahead of a sequential reader.
+    fn hint_requests(
+        &self,
+        vol: u32,
+        first: u64,
+        count: u64,
+        wanted: &[Wanted],
+        missed: &[usize],
+        groups: &[(usize, usize)],
+    ) {
+        if groups.len() > 1 {
+            for &g in groups {
+                let (start, len) = group_span(wanted, missed, g);
+                wanted[missed[g.0]].file.will_need(start, len);
+            }
+        }
+        let bs32 = self.sb.block_size;
+        if let Some((from, to)) = self.read_ahead.next_window(vol, first, count, bs32) {
+            self.hint_blocks(vol, from, to);
+        }
+    }
+
+    /// Read step 4: check and decode every block's record into `out` (`bufs`: the groups'
+    /// bytes read from segments, in the order of `sources.groups`); a record read from its
+    /// segment is offered to the cache tier. `at`: the first block and the volume's name.
+    fn decode_blocks(
+        &self,
+        sources: &Sources<'_>,
+        bufs: &[(u64, Vec<u8>)],
+        cache: Option<&ChunkCache>,
+        (first, name): (u64, &str),
+        out: &mut [u8],
+        parallel: bool,
+    ) -> Result<()> {
+        let bs = self.sb.block_size as usize;
+        let Sources {
+            wanted,
+            missed,
+            groups,
+            cached,
+            in_memory,
+        } = *sources;
+        // Where each block of `out` comes from: (group, or None for a record from the
+        // cache tier or memory; wanted index), or None for zeros.
+        let mut slot: Vec<Option<(Option<usize>, usize)>> = vec![None; out.len() / bs];
+        for (g, &(s, e)) in groups.iter().enumerate() {
+            for &k in &missed[s..e] {
+                slot[wanted[k].index] = Some((Some(g), k));
+            }
+        }
+        for (k, (c, m)) in cached.iter().zip(in_memory).enumerate() {
+            if c.is_some() || m.is_some() {
+                slot[wanted[k].index] = Some((None, k));
+            }
+        }
+        let decode = |(i, dst): (usize, &mut [u8])| -> Result<()> {
+            let Some((g, k)) = slot[i] else { return Ok(()) };
+            let w = &wanted[k];
+            let record: &[u8] = match (g, &cached[k], &in_memory[k]) {
+                (Some(g), _, _) => {
+                    let (start, buf) = &bufs[g];
+                    &buf[(u64::from(w.loc.offset) - start) as usize..]
+                }
+                (None, Some(c), _) | (None, None, Some(c)) => c,
+                (None, None, None) => return Ok(()),
+            };
+            self.decode_block(w, record, dst, first + i as u64, name)?;
+            if let (Some(c), true) = (cache, cached[k].is_none()) {
+                self.offer_to_cache(c, w, record);
+            }
+            Ok(())
+        };
+        if parallel {
+            out.par_chunks_mut(bs).enumerate().try_for_each(decode)
+        } else {
+            out.chunks_mut(bs).enumerate().try_for_each(decode)
+        }
+    }
+
+    /// Offer the cache tier a record read from its segment (`record` starts with it).
+    fn offer_to_cache(&self, c: &ChunkCache, w: &Wanted, record: &[u8]) {
+        let Some(r) = record.get(..w.loc.record_bytes() as usize) else {
+            return;
+        };
+        if segment_slot(w.loc.segment) == self.slot {
+            c.offer(w.id, &w.fp, r);
+        } else {
+            // Another host's record carries its id: cached under ours, with ours, so it
+            // still checks once the chunk moved into this host's segments (crate::hosts lets
+            // go of condemned segments).
+            let mut own = r.to_vec();
+            reown_record(&mut own, w.id);
+            c.offer(w.id, &w.fp, &own);
+        }
+    }
+
     /// Read step 1, under the state lock: the chunk behind each block of the read, with the
     /// record's bytes if it is still in memory (staged or being written: not in its file
     /// yet); blocks without a chunk are zeroed in `out` here. A lost block fails the read
@@ -147,7 +211,7 @@ impl Pool {
         let n = out.len() / bs;
         let mut wanted = Vec::new();
         let mut in_memory = Vec::new();
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         st.md.volume_for(vol, name, "read", first, n as u64)?;
         let mut entries = Vec::with_capacity(n);
         let looked_up = crate::block_map::get_range(
@@ -248,7 +312,7 @@ impl Pool {
         first: u64,
         count: u64,
     ) -> Result<Vec<(u64, u64)>> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         st.md.volume_for(vol, name, "block_status", first, count)?;
         let r = crate::block_map::mapped(&mut st.md.pages, u64::from(vol), first, first + count)
             .map_err(|e| in_volume(e, name, &format!("blocks {first}..{}", first + count)));
@@ -260,6 +324,18 @@ impl Pool {
 /// What read step 1 found: the blocks whose bytes are a chunk's record, and for each the
 /// record itself while it is still in memory.
 type Located = (Vec<Wanted>, Vec<Option<Vec<u8>>>);
+
+/// Where the records of one read come from (read steps 1 to 3): the blocks wanted, those
+/// read from segments (`missed`, as `groups` of adjacent records), and the records the cache
+/// tier or memory held.
+#[derive(Clone, Copy)]
+struct Sources<'a> {
+    wanted: &'a [Wanted],
+    missed: &'a [usize],
+    groups: &'a [(usize, usize)],
+    cached: &'a [Option<Vec<u8>>],
+    in_memory: &'a [Option<Vec<u8>>],
+}
 
 /// A block of a read whose bytes are a chunk's record.
 struct Wanted {

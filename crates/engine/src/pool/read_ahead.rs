@@ -80,7 +80,7 @@ impl Pool {
         let tier = self.tier();
         let mut ranges = Vec::new();
         let hints: Vec<(std::sync::Arc<dyn crate::io::File>, u64, u64)> = {
-            let mut st = lock(&self.state);
+            let mut st = self.lock_state();
             let Some(v) = st.md.volumes.get(&vol) else {
                 return;
             };

@@ -14,7 +14,6 @@ use crate::format::dedup_index::{
     DEDUP_INDEX_NAME,
 };
 use crate::io::Dir;
-use crate::locks::lock;
 use crate::metadata::Metadata;
 use std::sync::Arc;
 
@@ -68,7 +67,7 @@ impl Pool {
         let Some(dir) = index_dir(&self.dir, &self.opts) else {
             return;
         };
-        let st = lock(&self.state);
+        let st = self.lock_state();
         if st.appended != st.checkpointed {
             return;
         }

@@ -1,11 +1,14 @@
 //! The pool's volume table: creating, deleting, resizing and listing volumes, and handles
-//! on them ([`crate::volume::VolumeHandle`]).
+//! on them ([`super::handle::VolumeHandle`]).
 
 use crate::error::{Error, Result};
 use crate::format::*;
 use crate::locks::lock;
 
 use super::{check_new_volume_name, Pool};
+use crate::volume_counters::{VolumeIo, VolumeIoValues};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 impl Pool {
     fn check_size(&self, size: u64) -> Result<()> {
@@ -49,11 +52,11 @@ impl Pool {
                 detail: " (its newest root holds it)".into(),
             });
         }
-        if lock(&self.state).md.names.contains_key(name) {
+        if self.lock_state().md.names.contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
         }
         let claimed = self.claim_volume_name(name, turn)?;
-        self.handover_point(crate::hosts::STEP_CLAIMED)?;
+        self.handover_point(super::peers::STEP_CLAIMED)?;
         let made = self.create_claimed(name, size, extra);
         if made.is_err() && claimed.is_some() {
             self.drop_claims_unless_held(name);
@@ -62,7 +65,7 @@ impl Pool {
     }
 
     fn create_claimed(&self, name: &str, size: u64, extra: Vec<JournalRecord>) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         if st.md.names.contains_key(name) {
             return Err(Error::AlreadyExists(name.to_string()));
@@ -82,14 +85,14 @@ impl Pool {
     pub fn delete_volume(&self, name: &str) -> Result<()> {
         let vol_lock = self.volume_lock(self.volume_id(name)?);
         let _w = lock(&vol_lock);
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         let vol = *st
             .md
             .names
             .get(name)
             .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        let snaps = crate::snapshot::snapshot_names_of(&st.md, vol);
+        let snaps = super::snapshots::snapshot_names_of(&st.md, vol);
         if !snaps.is_empty() {
             return Err(Error::Invalid(format!(
                 "volume {name:?} has {} snapshot(s) ({}); delete them first (`condense snapshot delete {name}@{}`)",
@@ -102,7 +105,7 @@ impl Pool {
         // No "import in progress" mark (engine::importing), half-made hand-over or name
         // conflict (engine::hosts) outlives its volume.
         let marks = [
-            crate::importing::key(name),
+            super::importing::key(name),
             crate::format::hosts::Pending::key(name),
             format!("{}{name}", crate::format::hosts::CONFLICT_PREFIX),
         ];
@@ -128,7 +131,7 @@ impl Pool {
         self.check_size(size)?;
         let vol_lock = self.volume_lock(self.volume_id(name)?);
         let _w = lock(&vol_lock);
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         let vol = *st
             .md
@@ -166,7 +169,7 @@ impl Pool {
     /// per-volume figures (NBD's export list and FUSE's directory read it often).
     pub fn volume_infos(&self) -> Vec<condense_api::VolumeInfo> {
         let bs = u64::from(self.block_size());
-        let st = lock(&self.state);
+        let st = self.lock_state();
         let mut v: Vec<_> = st
             .md
             .volumes
@@ -183,7 +186,7 @@ impl Pool {
     }
 
     pub fn volume_id(&self, name: &str) -> Result<u32> {
-        lock(&self.state)
+        self.lock_state()
             .md
             .names
             .get(name)
@@ -192,9 +195,9 @@ impl Pool {
     }
 
     /// A handle to a volume.
-    pub fn volume(&self, name: &str) -> Result<crate::volume::VolumeHandle> {
+    pub fn volume(&self, name: &str) -> Result<super::handle::VolumeHandle> {
         let (vol, snapshot) = {
-            let st = lock(&self.state);
+            let st = self.lock_state();
             let vol = *st
                 .md
                 .names
@@ -215,7 +218,7 @@ impl Pool {
         if !read_only {
             *lock(&self.writers).entry(vol).or_default() += 1;
         }
-        Ok(crate::volume::VolumeHandle::new(
+        Ok(super::handle::VolumeHandle::new(
             pool,
             vol,
             name.to_string(),
@@ -224,11 +227,49 @@ impl Pool {
     }
 
     pub(crate) fn volume_size(&self, vol: u32, name: &str) -> Result<u64> {
-        let st = lock(&self.state);
+        let st = self.lock_state();
         st.md
             .volumes
             .get(&vol)
             .map(|v| v.size)
             .ok_or_else(|| Error::NotFound(name.to_string()))
+    }
+}
+
+impl Pool {
+    /// The counters of `name`, shared by every handle of it (created on first use).
+    pub(crate) fn volume_io_for(&self, name: &str) -> Arc<VolumeIo> {
+        lock(&self.volume_io)
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Every volume's I/O counters, by name: each volume (with zeros if nothing touched it
+    /// since the pool opened) and each snapshot opened since. Internal volumes (names
+    /// starting with '.', such as FUSE file contents) are included. Counters of names that
+    /// no longer exist and that no handle holds are dropped here.
+    pub fn volume_io(&self) -> Vec<(String, VolumeIoValues)> {
+        // Every name of the pool, and whether it is a snapshot's.
+        let names: HashMap<String, bool> = self
+            .lock_state()
+            .md
+            .volumes
+            .values()
+            .map(|v| (v.name.clone(), v.snapshot_of.is_some()))
+            .collect();
+        let mut map = lock(&self.volume_io);
+        map.retain(|name, io| Arc::strong_count(io) > 1 || names.contains_key(name));
+        let mut out: Vec<(String, VolumeIoValues)> = map
+            .iter()
+            .map(|(name, io)| (name.clone(), io.values()))
+            .collect();
+        for (name, snapshot) in names {
+            if !snapshot && !map.contains_key(&name) {
+                out.push((name, VolumeIoValues::default()));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 }

@@ -4,9 +4,8 @@
 use crate::crypto::Kind;
 use crate::error::{Error, Result};
 use crate::format::*;
-use crate::locks::lock;
 use crate::reduction::{self, Compressor};
-use crate::volume_io::Reduced;
+use crate::volume_counters::Reduced;
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -48,7 +47,7 @@ impl Pool {
         let compressed = storer.compress(&fps, &misses, spread)?;
         drop(in_flight);
 
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         st.md
             .writable_volume_for(vol, name, "write", first, (data.len() / bs) as u64)?;
@@ -111,7 +110,7 @@ impl Pool {
         if fps.len() <= SMALL_WRITE_BLOCKS {
             return Ok((Vec::new(), None));
         }
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let ids_at_lookup = Some(st.md.chunks.next_id);
         self.writable(&st)?;
         let mut seen: HashMap<Fingerprint, (), FpHash> =
@@ -236,7 +235,7 @@ impl Pool {
         entry: u64,
     ) -> Result<u64> {
         debug_assert!(entry == ENTRY_ZERO || entry == ENTRY_UNMAPPED);
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         self.writable(&st)?;
         st.md.writable_volume_for(vol, name, "zero", first, count)?;
         self.commit(

@@ -9,9 +9,9 @@ use std::sync::Mutex;
 /// The pool's metadata record of the last finished pass.
 pub const LAST_KEY: &str = "scrub/last";
 /// Damaged chunks kept in the status (all are counted).
-pub(super) const DAMAGED_KEPT: usize = 100;
+pub(crate) const DAMAGED_KEPT: usize = 100;
 /// Block ranges kept in the record of the last pass.
-pub(super) const RANGES_KEPT: usize = 100;
+pub(crate) const RANGES_KEPT: usize = 100;
 
 /// A scrub's progress and results, as `stats` shows them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -115,7 +115,7 @@ impl ScrubPass {
     }
 }
 
-pub(super) fn now_unix() -> u64 {
+pub(crate) fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -124,9 +124,9 @@ pub(super) fn now_unix() -> u64 {
 /// The scrub's shared state: what `stats` reads and what asks a pass to start or stop.
 #[derive(Default)]
 pub(crate) struct ScrubState {
-    pub(super) status: Mutex<ScrubStatus>,
+    pub(crate) status: Mutex<ScrubStatus>,
     /// Start a pass now, whatever the schedule (`condense scrub`).
-    pub(super) start: AtomicBool,
+    pub(crate) start: AtomicBool,
     /// Stop the pass under way (`condense scrub --stop`).
-    pub(super) stop: AtomicBool,
+    pub(crate) stop: AtomicBool,
 }

@@ -407,7 +407,7 @@ pub fn open_local(path: &Path, read_only: bool) -> Result<Opened> {
 
 /// Delete the pool files `names` of the part whose local directory is `path` (its
 /// `remote.conf` names the part) from the bucket, directly, without that part's lease: for
-/// the segments of a forgotten host's part that no other host names (`engine::hosts_forget`;
+/// the segments of a forgotten host's part that no other host names (`condense_engine::hosts::forget`;
 /// the caller checked that its lease is not held). Returns the files and bytes deleted.
 pub fn delete_part_files(
     path: &Path,

@@ -1,4 +1,5 @@
-//! Destaging: moving sealed segments from a writeback cache down to the pool directory.
+//! Destaging: moving sealed segments from a writeback cache down to the pool directory (a
+//! room of the pool).
 //!
 //! Owns: which held segment to move down next, and the background thread ([`Destager`])
 //! that does it continuously while a writeback cache (or an S3 pool's local directory)
@@ -14,10 +15,10 @@
 //! Invariants: the open segment, and a segment with batches still being written, are never
 //! moved ([`crate::segment::Segments::start_destage`]); one move at a time.
 
+use super::Pool;
 use crate::error::{Error, Result};
 use crate::format::{parse_segment_name, segment_name};
 use crate::locks::lock;
-use crate::pool::Pool;
 use crate::worker::Worker;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -35,7 +36,7 @@ impl Pool {
         }
         let held = self.held_segments()?;
         let id = {
-            let mut st = lock(&self.state);
+            let mut st = self.lock_state();
             self.writable(&st)?;
             let Some(id) = st.segments.start_destage(held.iter().map(|&(id, _)| id)) else {
                 return Ok(false);
@@ -44,7 +45,7 @@ impl Pool {
         };
         let name = segment_name(id);
         let moved = self.dir.move_down(&name);
-        lock(&self.state)
+        self.lock_state()
             .segments
             .end_destage(id, matches!(moved, Ok(true)));
         let moved = moved.map_err(|e| Error::io(format!("destaging segment {name}"), e))?;
@@ -85,7 +86,7 @@ impl Pool {
     pub(crate) fn upload_staged_through(&self, last: u32, retry: bool) -> Result<()> {
         let deadline = std::time::Instant::now() + UPLOAD_WAIT;
         loop {
-            let open = lock(&self.state).segments.open_id();
+            let open = self.lock_state().segments.open_id();
             let waiting = self
                 .held_segments()?
                 .iter()
@@ -123,7 +124,7 @@ impl Pool {
             return Ok(());
         }
         let changed = {
-            let st = lock(&self.state);
+            let st = self.lock_state();
             st.appended > st.checkpointed
         };
         if changed {

@@ -4,7 +4,7 @@
 //! latency histogram for reads, writes and zeroing (write-zeroes and trim), errors, what the
 //! write path did with the blocks written (zero, deduplicated, new and their stored bytes),
 //! and the cache tier's hits and misses for the volume's reads; [`VolumeIoValues`], the plain
-//! copy [`Pool::volume_io`] returns; [`Latency`], the histogram.
+//! copy [`Pool::volume_io`](crate::Pool::volume_io) returns; [`Latency`], the histogram.
 //!
 //! They are maintained beneath the frontends, by the Volume API calls of
 //! [`VolumeHandle`](crate::VolumeHandle) (NBD, FUSE, import and export all count), with relaxed
@@ -18,8 +18,6 @@
 //! Latency bucket `i` counts operations that took `[2^(i-1), 2^i)` microseconds (bucket 0:
 //! under 1 µs; the last bucket: everything longer).
 
-use crate::locks::lock;
-use crate::pool::Pool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -206,43 +204,6 @@ pub struct VolumeIoValues {
 
 /// The counters of every name, in the pool.
 pub(crate) type VolumeIoMap = std::sync::Mutex<HashMap<String, Arc<VolumeIo>>>;
-
-impl Pool {
-    /// The counters of `name`, shared by every handle of it (created on first use).
-    pub(crate) fn volume_io_for(&self, name: &str) -> Arc<VolumeIo> {
-        lock(&self.volume_io)
-            .entry(name.to_string())
-            .or_default()
-            .clone()
-    }
-
-    /// Every volume's I/O counters, by name: each volume (with zeros if nothing touched it
-    /// since the pool opened) and each snapshot opened since. Internal volumes (names
-    /// starting with '.', such as FUSE file contents) are included. Counters of names that
-    /// no longer exist and that no handle holds are dropped here.
-    pub fn volume_io(&self) -> Vec<(String, VolumeIoValues)> {
-        // Every name of the pool, and whether it is a snapshot's.
-        let names: HashMap<String, bool> = lock(&self.state)
-            .md
-            .volumes
-            .values()
-            .map(|v| (v.name.clone(), v.snapshot_of.is_some()))
-            .collect();
-        let mut map = lock(&self.volume_io);
-        map.retain(|name, io| Arc::strong_count(io) > 1 || names.contains_key(name));
-        let mut out: Vec<(String, VolumeIoValues)> = map
-            .iter()
-            .map(|(name, io)| (name.clone(), io.values()))
-            .collect();
-        for (name, snapshot) in names {
-            if !snapshot && !map.contains_key(&name) {
-                out.push((name, VolumeIoValues::default()));
-            }
-        }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -3,11 +3,12 @@
 //! killed is shown as incomplete (`stats`, `volume list`) instead of passing for a whole disk.
 //!
 //! Owns: the mark's metadata record (`cli/importing/<volume>`, the key the CLI used when it
-//! kept the mark itself; docs/FORMAT.md). Invariant: a deleted volume leaves no mark behind
+//! kept the mark itself; docs/FORMAT.md).
+//! Invariant: a deleted volume leaves no mark behind
 //! (the mark's removal is journaled in the same batch as the deletion, [`Pool::delete_volume`]).
 
+use super::Pool;
 use crate::error::Result;
-use crate::pool::Pool;
 
 const PREFIX: &str = "cli/importing/";
 

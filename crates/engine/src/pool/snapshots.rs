@@ -1,4 +1,5 @@
-//! Snapshots, clones, rollback and changed-block queries.
+//! Snapshots, clones, rollback and changed-block queries: a room of the pool, reached from
+//! outside as `crate::snapshot`.
 //!
 //! Owns: the volume-level operations on shared block maps. A snapshot `VOL@SNAP` is a
 //! read-only volume whose block map shares every page with `VOL` at the instant it was
@@ -19,12 +20,12 @@
 //! - Two versions differ at a block when their block-map entries differ. Leaves stored at
 //!   the same page with no change in memory are equal without being read.
 
+use super::{check_new_volume_name, Pool};
 use crate::block_map;
 use crate::error::{Error, Result};
 use crate::format::{ENTRY_UNMAPPED, MAP_PAGE_ENTRIES};
 use crate::locks::lock;
 use crate::metadata::{Metadata, VolumeState};
-use crate::pool::{check_new_volume_name, Pool};
 use std::collections::HashMap;
 
 const PER: u64 = MAP_PAGE_ENTRIES as u64;
@@ -94,7 +95,7 @@ impl Pool {
     pub fn create_snapshot(&self, volume: &str, snapshot: &str) -> Result<()> {
         check_new_volume_name(snapshot)?;
         let full = format!("{volume}@{snapshot}");
-        crate::pool::check_volume_name(&full)?;
+        super::check_volume_name(&full)?;
         let sync = lock(&self.sync_lock);
         self.checkpoint_with(
             &sync,
@@ -118,8 +119,8 @@ impl Pool {
     /// `VOLUME@SNAPSHOT`), sharing its pages: instant, no data copied.
     pub fn clone_volume(&self, source: &str, new: &str) -> Result<()> {
         check_new_volume_name(new)?;
-        id_of(&lock(&self.state).md, source)?;
-        if lock(&self.state).md.names.contains_key(new) {
+        id_of(&self.lock_state().md, source)?;
+        if self.lock_state().md.names.contains_key(new) {
             return Err(Error::AlreadyExists(new.to_string()));
         }
         let claimed = self.claim_volume_name(new, 0)?;
@@ -151,7 +152,7 @@ impl Pool {
         // Visible only now that it is durable: a write to it can never reach a journal
         // whose checkpoint does not know the volume.
         if let Some(id) = made {
-            lock(&self.state).md.names.insert(new.to_string(), id);
+            self.lock_state().md.names.insert(new.to_string(), id);
         }
         Ok(())
     }
@@ -234,13 +235,13 @@ impl Pool {
     /// returns at the next GC).
     pub fn delete_snapshot(&self, volume: &str, snapshot: &str) -> Result<()> {
         let full = format!("{volume}@{snapshot}");
-        snapshot_id(&lock(&self.state).md, &full)?;
+        snapshot_id(&self.lock_state().md, &full)?;
         self.delete_volume(&full)
     }
 
     /// Every snapshot, by volume and then oldest first.
     pub fn snapshot_list(&self) -> Vec<SnapshotEntry> {
-        let st = lock(&self.state);
+        let st = self.lock_state();
         let md = &st.md;
         let mut out: Vec<(String, u64, u32, SnapshotEntry)> = md
             .volumes
@@ -267,7 +268,7 @@ impl Pool {
     /// every reference comes from leaves only this snapshot holds, plus those metadata pages.
     pub fn snapshot_freeable_bytes(&self, volume: &str, snapshot: &str) -> Result<u64> {
         let full = format!("{volume}@{snapshot}");
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let md = &mut st.md;
         let snap = snapshot_id(md, &full)?;
         let mut held: HashMap<u64, u32> = HashMap::new();
@@ -337,7 +338,7 @@ impl Pool {
         let end = end_byte.div_ceil(bs);
         let first_leaf = first / PER;
         let end_leaf = end.div_ceil(PER);
-        let mut st = lock(&self.state);
+        let mut st = self.lock_state();
         let md = &mut st.md;
         let a = u64::from(id_of(md, from)?);
         let b = u64::from(id_of(md, to)?);
@@ -424,7 +425,7 @@ pub const DIFF_STEP_LEAVES: usize = 256;
 impl Pool {
     /// The size of a volume or snapshot by name.
     pub fn volume_size_any(&self, name: &str) -> Result<u64> {
-        let st = lock(&self.state);
+        let st = self.lock_state();
         let id = id_of(&st.md, name)?;
         st.md
             .volumes

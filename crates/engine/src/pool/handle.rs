@@ -1,15 +1,16 @@
-//! Volume handles: the Volume API over the pool, and the pool as a Catalog.
+//! Volume handles: the Volume API over the pool, and the pool as a Catalog (a room of the
+//! pool: [`Pool::volume`] opens a handle).
 //!
 //! Owns: turning byte ranges into whole-block operations. Partial blocks at the edges of a
 //! write are read, patched and written whole under the volume's write lock, so concurrent
 //! writes to different bytes of one block never lose each other. Each read, write and
 //! zeroing is counted, with its latency, in the name's [`VolumeIo`] (a few relaxed atomic
-//! adds: [`crate::volume_io`]).
+//! adds: [`crate::volume_counters`]).
 
+use super::Pool;
 use crate::error::{Error, Result};
 use crate::format::{ENTRY_UNMAPPED, ENTRY_ZERO};
-use crate::pool::Pool;
-use crate::volume_io::{Reduced, VolumeIo};
+use crate::volume_counters::{Reduced, VolumeIo};
 use condense_api::{Extent, ExtentKind, VolumeError};
 use std::sync::Arc;
 use std::time::Instant;

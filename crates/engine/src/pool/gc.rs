@@ -1,0 +1,344 @@
+//! Garbage collection: reclaim the space of chunks no block refers to any more (a room of the
+//! pool; [`crate::gc`] runs it in the background).
+//!
+//! Owns: choosing victim segments and moving their live chunks out.
+//! Crash safety (docs/DESIGN.md invariant 4): live records are copied verbatim into the open
+//! segment and journaled as `Relocate` (chunk ids never change, so block maps are untouched);
+//! dead chunks are journaled as `DropChunk`. A checkpoint then makes the new locations durable
+//! and empties the journal, and only after that are the victim files deleted. A crash before
+//! the checkpoint leaves the old locations valid; after it, the new ones.
+//!
+//! I/O goes on during a GC: the chunk table is scanned a window of pages at a time, victim
+//! records are read and checked without the state lock (sealed segments never change), and the
+//! state lock is taken only to append a batch of copies and journal it, re-checking that each
+//! chunk is still where it was read (and, for a drop, still unreferenced: a write may have
+//! deduplicated against it meanwhile). Flushes are not blocked (only one GC runs at a time).
+
+use super::Pool;
+use crate::chunk_table::ChunkEntry;
+use crate::counters::{add, nanos};
+use crate::error::{Error, Result};
+use crate::format::{open_record, JournalRecord, Location, CHUNKS_PER_PAGE, SEGMENT_HEADER_BYTES};
+use crate::io::File;
+use crate::locks::lock;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// Chunk-table pages scanned per hold of the state lock.
+const SCAN_PAGES: u64 = 64;
+/// A chunk to move: id, its entry when scanned, its segment file, its record if it was live.
+type Copy = (u64, ChunkEntry, Arc<dyn File>, Option<Vec<u8>>);
+
+/// Chunks copied per hold of the state lock.
+const COPY_BATCH: usize = 256;
+
+#[derive(Clone, Debug, Default)]
+pub struct GcReport {
+    pub segments_removed: u64,
+    /// Emptied segments kept until every other host sharing the pool let them go.
+    pub segments_condemned: u64,
+    pub chunks_moved: u64,
+    pub chunks_dropped: u64,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+/// The victim segments' files, by segment id.
+type VictimFiles = HashMap<u32, Arc<dyn File>>;
+
+impl Pool {
+    /// Dead bytes as a share of all segment bytes (0..1), and the dead bytes.
+    pub fn dead_space(&self) -> (f64, u64) {
+        let st = self.lock_state();
+        let (mut total, mut dead) = (0u64, 0u64);
+        let condemned = crate::format::hosts::condemned_in(&st.md.meta);
+        for (id, len) in st.segments.ids().filter(|(id, _)| !condemned.contains(id)) {
+            total += len;
+            dead += len
+                .saturating_sub(SEGMENT_HEADER_BYTES as u64 + st.md.chunks.segment_live_bytes(id));
+        }
+        if total == 0 {
+            (0.0, 0)
+        } else {
+            (dead as f64 / total as f64, dead)
+        }
+    }
+
+    /// Compact every sealed segment whose dead share is at least `min_dead_percent`.
+    pub fn gc(&self, min_dead_percent: u8) -> Result<GcReport> {
+        let _one_gc = lock(&self.gc_lock);
+        let c = &self.counters;
+        let started = std::time::Instant::now();
+        c.gc_scanned_chunk_ids.store(0, Relaxed);
+        c.gc_chunk_ids.store(0, Relaxed);
+        c.gc_running.store(1, Relaxed);
+        let r = self.gc_locked(min_dead_percent);
+        c.gc_running.store(0, Relaxed);
+        add(&c.gc_runs, 1);
+        add(&c.gc_nanos, nanos(started.elapsed()));
+        if let Ok(report) = &r {
+            add(&c.gc_chunks_moved, report.chunks_moved);
+            add(&c.gc_chunks_dropped, report.chunks_dropped);
+            add(&c.gc_segments_removed, report.segments_removed);
+            add(
+                &c.gc_reclaimed_bytes,
+                report.bytes_before.saturating_sub(report.bytes_after),
+            );
+        }
+        r
+    }
+
+    /// [`Pool::gc`], the caller holding `gc_lock`.
+    fn gc_locked(&self, min_dead_percent: u8) -> Result<GcReport> {
+        debug_assert!(self.gc_lock.try_lock().is_err(), "the caller holds gc_lock");
+        self.flush()?;
+        let mut report = GcReport::default();
+        let (victims, next_id) = self.pick_victims(min_dead_percent, &mut report)?;
+        if victims.is_empty() {
+            report.bytes_after = report.bytes_before;
+            return Ok(report);
+        }
+        let spared = self.move_out(&victims, next_id, &mut report)?;
+        // 4. Make the new locations durable, then delete the victims.
+        self.remove_victims(&victims, &spared, &mut report)?;
+        Ok(report)
+    }
+
+    /// Move every chunk of `victims` out of them: live ones copied into the open segment
+    /// (`Relocate`), dead ones dropped (`DropChunk`), scanning chunk ids below `next_id`.
+    /// Returns the victims holding a live record that failed its check: kept (with the
+    /// damaged record where it is, for verify, the scrub and repair), their other chunks
+    /// still moved. The caller holds `gc_lock`.
+    pub(crate) fn move_out(
+        &self,
+        victims: &VictimFiles,
+        next_id: u64,
+        report: &mut GcReport,
+    ) -> Result<HashSet<u32>> {
+        let per = CHUNKS_PER_PAGE as u64;
+        let mut spared: HashSet<u32> = HashSet::new();
+        self.counters.gc_chunk_ids.store(next_id, Relaxed);
+        let mut page = 0u64;
+        while page * per < next_id {
+            // 1. Chunks of victim segments in a window of the chunk table.
+            let found = self.victim_chunks(victims, page)?;
+            page += SCAN_PAGES;
+            self.counters
+                .gc_scanned_chunk_ids
+                .store((page * per).min(next_id), Relaxed);
+            // 2. Read and check the live ones without the state lock; 3. commit in batches.
+            for batch in found.chunks(COPY_BATCH) {
+                let copies = self.read_batch(batch, victims, &mut spared)?;
+                self.commit_copies(copies, report)?;
+            }
+        }
+        Ok(spared)
+    }
+
+    /// The sealed segments with at least `min_dead_percent` dead bytes, with their files, and
+    /// the chunk table's next id; sets `report.bytes_before`.
+    fn pick_victims(
+        &self,
+        min_dead_percent: u8,
+        report: &mut GcReport,
+    ) -> Result<(VictimFiles, u64)> {
+        let mut st = self.lock_state();
+        self.writable(&st)?;
+        st.segments.reap();
+        report.bytes_before = st.segments.total_bytes();
+        let open = st.segments.open_id();
+        // Condemned segments wait for the other hosts sharing the pool (crate::hosts).
+        let condemned = crate::format::hosts::condemned_in(&st.md.meta);
+        // Victims with their files: sealed, so they can be read without the lock.
+        let victims: HashMap<u32, Arc<dyn File>> = st
+            .segments
+            .ids()
+            .filter(|&(id, len)| {
+                let dead = len.saturating_sub(
+                    SEGMENT_HEADER_BYTES as u64 + st.md.chunks.segment_live_bytes(id),
+                );
+                // A sealed segment whose last batches are still being written: its
+                // records are not all in the file yet (victims are read from the file).
+                Some(id) != open
+                    && !condemned.contains(&id)
+                    && !st.segments.is_writing(id)
+                    && dead > 0
+                    && dead * 100 >= len * u64::from(min_dead_percent)
+            })
+            .filter_map(|(id, _)| st.segments.file(id).map(|f| (id, f)))
+            .collect();
+        Ok((victims, st.md.chunks.next_id))
+    }
+
+    /// The chunks of victim segments in chunk-table pages `[page, page + SCAN_PAGES)`.
+    fn victim_chunks(
+        &self,
+        victims: &HashMap<u32, Arc<dyn File>>,
+        page: u64,
+    ) -> Result<Vec<(u64, ChunkEntry)>> {
+        let mut found: Vec<(u64, ChunkEntry)> = Vec::new();
+        let mut st = self.lock_state();
+        let md = &mut st.md;
+        md.chunks
+            .for_each_in(&mut md.pages, page, page + SCAN_PAGES, &mut |id, e| {
+                if victims.contains_key(&e.loc.segment) {
+                    found.push((id, *e));
+                }
+                Ok(())
+            })?;
+        Ok(found)
+    }
+
+    /// Read and check the live records of `batch` without the state lock: the copies to
+    /// commit. A victim with a damaged live record goes into `spared`.
+    fn read_batch(
+        &self,
+        batch: &[(u64, ChunkEntry)],
+        victims: &HashMap<u32, Arc<dyn File>>,
+        spared: &mut HashSet<u32>,
+    ) -> Result<Vec<Copy>> {
+        let mut copies = Vec::with_capacity(batch.len());
+        for (id, e) in batch {
+            debug_assert!(victims.contains_key(&e.loc.segment));
+            let Some(file) = victims.get(&e.loc.segment).cloned() else {
+                continue; // found only chunks of victims
+            };
+            let buf = if e.refs > 0 {
+                match read_record(&*file, *id, e, self.crypto.as_deref(), self.slot) {
+                    Ok(b) => Some(b),
+                    Err(err) if err.is_damage() => {
+                        tracing::warn!(
+                            "gc: {err}; segment {} is kept (`condense verify` names the blocks, `condense repair` salvages them)",
+                            e.loc.segment
+                        );
+                        spared.insert(e.loc.segment);
+                        continue;
+                    }
+                    Err(err) => return Err(err),
+                }
+            } else {
+                None
+            };
+            copies.push((*id, *e, file, buf));
+        }
+        Ok(copies)
+    }
+
+    /// Checkpoint, so the moved chunks' new locations are durable, then delete the victims
+    /// not spared and sync the directories; sets `report.bytes_after`.
+    fn remove_victims(
+        &self,
+        victims: &HashMap<u32, Arc<dyn File>>,
+        spared: &HashSet<u32>,
+        report: &mut GcReport,
+    ) -> Result<()> {
+        let guard = lock(&self.sync_lock);
+        self.checkpoint_locked(&guard)?;
+        let gone: Vec<u32> = victims
+            .keys()
+            .filter(|id| !spared.contains(id))
+            .copied()
+            .collect();
+        // In a pool other hosts share, their chunks may name these records: condemned, and
+        // deleted once every host let them go (crate::hosts).
+        if self.condemn(&gone, &guard)? {
+            drop(guard);
+            report.segments_condemned += gone.len() as u64;
+            report.bytes_after = self.lock_state().segments.total_bytes();
+            return Ok(());
+        }
+        let mut st = self.lock_state();
+        for id in gone {
+            st.segments.remove(&*self.dir, id)?;
+            report.segments_removed += 1;
+        }
+        self.dir
+            .sync_dir()
+            .map_err(|e| Error::io("syncing the pool directory", e))?;
+        report.bytes_after = st.segments.total_bytes();
+        Ok(())
+    }
+
+    /// Write chunk `id`'s record again from `record` (a valid copy, e.g. the cache tier's, of
+    /// a record damaged at `was`), journaled as a move; false if the chunk moved or went since.
+    /// The caller holds the GC lock.
+    pub(crate) fn rewrite_chunk(&self, id: u64, was: &Location, record: &[u8]) -> Result<bool> {
+        let mut st = self.lock_state();
+        self.writable(&st)?;
+        let md = &mut st.md;
+        match md.chunks.get(&mut md.pages, id)? {
+            Some(now) if now.loc == *was && now.refs > 0 => {}
+            _ => return Ok(false),
+        }
+        let new = st.segments.append_raw(&*self.dir, record, was)?;
+        self.commit(&mut st, vec![JournalRecord::Relocate { id, loc: new }])?;
+        st.segments.write_full_batch()?;
+        Ok(true)
+    }
+
+    /// Append the copies read outside the lock and journal them, re-checking each chunk.
+    fn commit_copies(&self, copies: Vec<Copy>, report: &mut GcReport) -> Result<()> {
+        let mut st = self.lock_state();
+        self.writable(&st)?;
+        let mut records = Vec::new();
+        for (id, was, file, buf) in copies {
+            let md = &mut st.md;
+            let Some(now) = md.chunks.get(&mut md.pages, id)? else {
+                continue;
+            };
+            if now.loc != was.loc {
+                continue;
+            }
+            if now.refs == 0 {
+                records.push(JournalRecord::DropChunk { id });
+                report.chunks_dropped += 1;
+                continue;
+            }
+            // Referenced again since the scan (deduplicated against): read it now.
+            let buf = match buf {
+                Some(b) => b,
+                None => read_record(&*file, id, &now, self.crypto.as_deref(), self.slot)?,
+            };
+            let mut buf = buf;
+            if st.segments.is_foreign(now.loc.segment) {
+                // Another host's record, copied into this host's segment: it carries our id.
+                crate::format::reown_record(&mut buf, id);
+            }
+            let new = st.segments.append_raw(&*self.dir, &buf, &now.loc)?;
+            records.push(JournalRecord::Relocate { id, loc: new });
+            report.chunks_moved += 1;
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.commit(&mut st, records)?;
+        st.segments.write_full_batch()
+    }
+}
+
+/// Read chunk `id`'s record from its (sealed) segment and check it.
+fn read_record(
+    file: &dyn File,
+    id: u64,
+    e: &ChunkEntry,
+    crypto: Option<&crate::crypto::Crypto>,
+    slot: u8,
+) -> Result<Vec<u8>> {
+    let mut buf = vec![0u8; e.loc.record_bytes() as usize];
+    file.read_at(&mut buf, u64::from(e.loc.offset))
+        .map_err(|err| {
+            Error::io(
+                format!("reading chunk {id} from segment {} for GC", e.loc.segment),
+                err,
+            )
+        })?;
+    let rid = crate::format::record_id(id, &e.loc, slot);
+    open_record(&buf, rid, &e.loc, crypto, Some(&e.fp), || {
+        format!(
+            "chunk {id} in segment {} at offset {}",
+            e.loc.segment, e.loc.offset
+        )
+    })?;
+    Ok(buf)
+}
