@@ -1,7 +1,7 @@
 //! The pool's `cache.conf`.
-//! See `condense_engine::fuzz::cache_conf` for what is checked.
+//! See `condense_engine_fuzz::cache_conf` for what is checked.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = condense_engine::fuzz::cache_conf(data);
+    let _ = condense_engine_fuzz::cache_conf(data);
 });

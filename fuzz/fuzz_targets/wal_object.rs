@@ -1,7 +1,7 @@
 //! A write-ahead object (`wal/SEQ`) of an S3 pool's bucket.
-//! See `condense_engine::fuzz::wal_object` for what is checked.
+//! See `condense_engine_fuzz::wal_object` for what is checked.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
-    let _ = condense_engine::fuzz::wal_object(data);
+    let _ = condense_engine_fuzz::wal_object(data);
 });

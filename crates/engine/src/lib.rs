@@ -19,8 +19,8 @@
 //! - [`gc`], [`verify`], [`stats`], [`scrub`], [`repair`]: maintenance and reporting
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
 //! - [`volume_counters`]: per-volume I/O counters for the live view (`condense top`)
-//! - `fuzz` (feature `fuzzing`, and tests): entry points of the fuzz targets (fuzz/), one per
-//!   decoder of bytes from disk or a bucket, and their seed corpus
+//!
+//! The fuzz targets' entry points are crates/engine-fuzz, outside the release binary.
 
 #![deny(clippy::unwrap_used)]
 
@@ -41,8 +41,6 @@ pub use condense_store::{
 };
 
 pub mod counters;
-#[cfg(any(test, feature = "fuzzing"))]
-pub mod fuzz;
 pub mod gc;
 pub mod hosts;
 pub mod pool;

@@ -695,7 +695,7 @@ fn record_fp(segments: &Segments, id: u64, loc: &Location) -> Option<Fingerprint
 /// at the first record that does not check (record boundaries are unknown past it). Where
 /// `expect` knows a chunk's fingerprint, only a record with it counts: a write a crash took
 /// back leaves a record whose id was handed out again to other data.
-pub(crate) fn scan_segments(
+pub fn scan_segments(
     segments: &Segments,
     wanted: &HashMap<u64, String>,
     expect: &HashMap<u64, Fingerprint>,

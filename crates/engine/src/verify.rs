@@ -26,10 +26,10 @@ pub struct VerifyReport {
     /// Volumes whose block map is damaged (every block unreadable).
     pub bad_volumes: Vec<String>,
     pub metadata_problems: Vec<String>,
-    /// Losses earlier repairs accepted (the pool's history, [`crate::pool::damage::DAMAGE_PREFIX`]):
+    /// Losses earlier repairs accepted (the pool's history, [`crate::format::damage::DAMAGE_PREFIX`]):
     /// those blocks fail to read until written (or read as zeros, as the repair was asked).
     /// Not damage now: a pool with only these is clean.
-    pub accepted: Vec<crate::pool::damage::DamageRecord>,
+    pub accepted: Vec<crate::format::damage::DamageRecord>,
 }
 
 impl VerifyReport {

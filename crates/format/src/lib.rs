@@ -29,6 +29,7 @@
 //!   in an object store
 //! - `bucket.rs`: the names of a pool's objects in a bucket (generations, claims) and the
 //!   manifest of a checkpoint root
+//! - `damage.rs`: the records of the pool's history of accepted losses (`damage/`)
 //! - `page.rs`: the `meta.dat` header, page pointers ([`page::Ptr`]) and the stored form of
 //!   a metadata page
 //!
@@ -48,6 +49,7 @@ pub mod cache_tier;
 pub mod chunk_slot;
 mod common;
 pub mod crypto;
+pub mod damage;
 pub mod dedup_index;
 pub mod error;
 pub mod hosts;

@@ -1,24 +1,27 @@
 //! Entry points of the fuzz targets (`fuzz/fuzz_targets/`): one function per decoder of bytes
-//! that come from the pool directory, the cache directory or a bucket. Not used by the engine.
+//! that come from the pool directory, the cache directory or a bucket. A crate of its own so
+//! that none of it is in the release binary: only fuzz/ and this crate's tests use it.
 //!
-//! Each function takes arbitrary bytes, returns whether they decoded, and must never panic, allocate without bound or hang on
-//! them. Where the decoder has an encoder, what decodes must encode and decode back to the same
+//! Each function takes arbitrary bytes, returns whether they decoded, and must never panic,
+//! allocate without bound or hang on them. Where the decoder has an encoder, what decodes must encode and decode back to the same
 //! value (a round trip finds more than "does not panic"). Inputs that carry checksums start
 //! with a flags byte: with [`FIX_CHECKSUMS`] set, the function first recomputes every CRC in
 //! the input, so that mutations reach the code behind the checksum instead of stopping at it.
 //! Encrypted objects are opened with [`FUZZ_DATA_KEY`]; the seed corpus (written by
 //! [`write_seeds`]) holds objects sealed with it, so the fuzzer starts from inputs that open.
 
-use crate::cache_tier::{self, CacheConf, CacheMode, ChunkCache};
-use crate::chunk_table;
-use crate::crypto::{self, Crypto, Kind, UserKey};
-use crate::format::{self, JournalRecord, Location, Superblock};
-use crate::io::{Dir, File};
-use crate::journal::{Journal, ReplayMode};
-use crate::page_cache::{self, Ptr, CHUNK_TREE, PAGE_BYTES, UNIT};
-use crate::remote::{self, RemoteConf};
-use crate::segment::Segments;
-use crate::sim::{SimDir, SimHandle};
+#![deny(clippy::unwrap_used)]
+
+use condense_engine::cache_tier::{self, CacheConf, CacheMode, ChunkCache};
+use condense_engine::chunk_table;
+use condense_engine::crypto::{self, Crypto, Kind, UserKey};
+use condense_engine::format::{self, JournalRecord, Location, Superblock};
+use condense_engine::io::{Dir, File};
+use condense_engine::journal::{Journal, ReplayMode};
+use condense_engine::page_cache::{self, Ptr, CHUNK_TREE, PAGE_BYTES, UNIT};
+use condense_engine::remote::{self, RemoteConf};
+use condense_engine::segment::Segments;
+use condense_engine::sim::{SimDir, SimHandle};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -65,9 +68,13 @@ fn split(data: &[u8]) -> Option<(u8, &[u8])> {
 }
 
 fn fuzz_crypto(uuid: [u8; 16]) -> Option<Crypto> {
-    Crypto::reader(&FUZZ_DATA_KEY, uuid, crate::crypto::NonceScheme::Session)
-        .and_then(|c| c.start_session("fuzz"))
-        .ok()
+    Crypto::reader(
+        &FUZZ_DATA_KEY,
+        uuid,
+        condense_engine::crypto::NonceScheme::Session,
+    )
+    .and_then(|c| c.start_session("fuzz"))
+    .ok()
 }
 
 /// A file of a fresh simulated directory holding `bytes`.
@@ -350,8 +357,12 @@ pub fn meta_page(data: &[u8]) -> bool {
     } else {
         for w in page.chunks_exact(8) {
             let raw = u64::from_le_bytes(w.try_into().unwrap_or_default());
-            let entry = crate::block_map::decode(raw);
-            assert_eq!(crate::block_map::encode(entry), raw, "block map entry");
+            let entry = condense_engine::block_map::decode(raw);
+            assert_eq!(
+                condense_engine::block_map::encode(entry),
+                raw,
+                "block map entry"
+            );
         }
     }
     true
@@ -424,7 +435,7 @@ pub fn segment(data: &[u8]) -> bool {
         .into_iter()
         .map(|i| (i, String::new()))
         .collect();
-    let found = crate::repair::scan_segments(&segments, &wanted, &HashMap::new());
+    let found = condense_engine::repair::scan_segments(&segments, &wanted, &HashMap::new());
     let decoded = !found.is_empty();
     for (rid, (loc, fp)) in found {
         assert_eq!(loc.segment, id);
@@ -445,7 +456,7 @@ pub fn segment(data: &[u8]) -> bool {
         let what = || format!("fuzzed chunk {rid}");
         if let Ok(opened) = format::open_record(rec, rid, &loc, crypto.as_ref(), Some(&fp), what) {
             let mut block = vec![0u8; 4096];
-            let _ = crate::reduction::decompress(loc.codec, &opened, &mut block, what);
+            let _ = condense_engine::reduction::decompress(loc.codec, &opened, &mut block, what);
         }
     }
     decoded
@@ -576,7 +587,7 @@ pub fn cache_conf(data: &[u8]) -> bool {
 /// header names (so inputs get past that check), it must load or be refused; what loads
 /// answers lookups without panicking or looping (every probe meets an empty slot).
 pub fn dedup_index(data: &[u8]) -> bool {
-    use crate::format::dedup_index::{BODY_CRC_AT, DEDUP_INDEX_HEADER_BYTES};
+    use condense_engine::format::dedup_index::{BODY_CRC_AT, DEDUP_INDEX_HEADER_BYTES};
     let Some((flags, rest)) = split(data) else {
         return false;
     };
@@ -589,7 +600,7 @@ pub fn dedup_index(data: &[u8]) -> bool {
         let head = crc(&[&buf[..DEDUP_INDEX_HEADER_BYTES - 4]]);
         put_crc(&mut buf, DEDUP_INDEX_HEADER_BYTES - 4, head);
     }
-    let Ok(h) = crate::format::dedup_index::decode_dedup_index_header(&buf) else {
+    let Ok(h) = condense_engine::format::dedup_index::decode_dedup_index_header(&buf) else {
         return false;
     };
     let dir = SimHandle(SimDir::new());
@@ -599,7 +610,7 @@ pub fn dedup_index(data: &[u8]) -> bool {
     if file.write_at(&buf, 0).is_err() {
         return false;
     }
-    let Ok(mut ix) = crate::dedup_index::DedupIndex::load(&*file, h.uuid, h.stamp) else {
+    let Ok(mut ix) = condense_engine::dedup_index::DedupIndex::load(&*file, h.uuid, h.stamp) else {
         return false;
     };
     // Lookups, inserts (which may grow a shard) and removals on what loaded.
@@ -652,7 +663,7 @@ pub fn lease(data: &[u8]) -> bool {
 /// every name parses without panic, a parsed name written again parses to the same thing,
 /// and an encoded manifest decodes to itself.
 pub fn manifest(data: &[u8]) -> bool {
-    use crate::format::bucket::{
+    use condense_engine::format::bucket::{
         claim_object, gen_object, manifest_object, parse_object, valid_object_name, wal_object,
         Generation, Manifest, ObjectKind,
     };
@@ -783,7 +794,7 @@ pub fn key_file(data: &[u8]) -> bool {
 /// Write the seed corpus of every target above into `root/TARGET/` (one file per seed): real
 /// encodings made by a pool on the simulated disk and by the encoders, sealed with the fuzz
 /// key where encrypted. Returns the number of seeds written.
-pub fn write_seeds(root: &std::path::Path) -> crate::Result<usize> {
+pub fn write_seeds(root: &std::path::Path) -> condense_engine::Result<usize> {
     seeds::write(root)
 }
 

@@ -4,10 +4,10 @@
 //! the same encoders the engine uses.
 
 use super::*;
-use crate::error::{Error, Result};
-use crate::format::{ChunkCodec, Fingerprint};
-use crate::page_cache::{decode_page, encode_page, page_ctx, TreeId};
-use crate::{Compression, InitOptions, OpenOptions, Pool};
+use condense_engine::error::{Error, Result};
+use condense_engine::format::{ChunkCodec, Fingerprint};
+use condense_engine::page_cache::{decode_page, encode_page, page_ctx, TreeId};
+use condense_engine::{Compression, InitOptions, OpenOptions, Pool};
 use std::path::Path;
 
 /// Seeds for each target: (target, file name, bytes).
@@ -74,7 +74,7 @@ pub(super) fn write(out: &Path) -> Result<usize> {
 
 /// A saved dedup index of 1,000 chunks (flags byte 0: its checksums are right as saved).
 fn saved_dedup_index() -> Result<Vec<u8>> {
-    let mut ix = crate::dedup_index::DedupIndex::default();
+    let mut ix = condense_engine::dedup_index::DedupIndex::default();
     for i in 0..1000u64 {
         let h = blake3::hash(&i.to_le_bytes());
         let mut fp = [0u8; 16];
@@ -379,7 +379,7 @@ fn small_objects(seeds: &mut Seeds, uuid: [u8; 16]) -> Result<()> {
         endpoint: Some("http://127.0.0.1:3900".into()),
         region: Some("garage".into()),
         credentials: Some("/etc/condense/s3.env".into()),
-        durability_to_store: Some(crate::format::Durability::Remote),
+        durability_to_store: Some(condense_engine::format::Durability::Remote),
         read_only: false,
     };
     let bare = RemoteConf {
