@@ -22,7 +22,7 @@
 use anyhow::{bail, Context, Result};
 use condense_engine::Pool;
 use condense_nbd::unix_socket::Access;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-mod reply;
+pub mod reply;
 
 /// The control socket's file name inside the pool directory.
 pub const SOCKET_NAME: &str = "control.sock";
@@ -102,7 +102,7 @@ impl<'a> Ctx<'a> {
     pub fn pool(&self, read_only: bool) -> Result<Arc<Pool>> {
         match &self.held {
             Some(p) => Ok(p.clone()),
-            None => crate::open_pool(&self.path, read_only),
+            None => crate::open::open_pool(&self.path, read_only),
         }
     }
 
@@ -275,7 +275,9 @@ pub fn ask(pool: &Path, argv: &[String]) -> Result<Option<Reply>> {
             p = pool.display(),
         );
     }
-    let mut line = serde_json::to_vec(&json!({ "argv": argv }))?;
+    let mut line = serde_json::to_vec(&Request {
+        argv: argv.to_vec(),
+    })?;
     line.push(b'\n');
     let what = || format!("control socket {}", shown.display());
     stream.write_all(&line).with_context(what)?;
@@ -469,13 +471,29 @@ fn peer_uid(s: &UnixStream) -> std::io::Result<u32> {
     Ok(cred.uid)
 }
 
+/// A request on the socket: the command line after the program name.
+#[derive(Serialize, Deserialize)]
+struct Request {
+    argv: Vec<String>,
+}
+
+/// A reply as the daemon sends it (read back by [`reply::decode`]).
+#[derive(Serialize)]
+struct Sent<'a> {
+    code: i32,
+    stderr: std::borrow::Cow<'a, str>,
+    stdout: std::borrow::Cow<'a, str>,
+}
+
 fn reply(mut s: &UnixStream, stdout: &[u8], stderr: &[u8], code: i32) {
-    let v = json!({
-        "stdout": String::from_utf8_lossy(stdout),
-        "stderr": String::from_utf8_lossy(stderr),
-        "code": code,
-    });
-    let mut line = v.to_string().into_bytes();
+    let sent = Sent {
+        code,
+        stderr: String::from_utf8_lossy(stderr),
+        stdout: String::from_utf8_lossy(stdout),
+    };
+    let Ok(mut line) = serde_json::to_vec(&sent) else {
+        return;
+    };
     line.push(b'\n');
     let _ = s.write_all(&line);
 }
@@ -509,10 +527,7 @@ fn serve_one(
     let Some(line) = read_request(&conn) else {
         return; // the client went away, or was too slow (or is the daemon's own wake-up)
     };
-    let argv: Option<Vec<String>> = serde_json::from_str::<Value>(&line)
-        .ok()
-        .and_then(|v| serde_json::from_value(v["argv"].clone()).ok());
-    let Some(argv) = argv else {
+    let Ok(Request { argv }) = serde_json::from_str::<Request>(&line) else {
         return refuse(
             &conn,
             "malformed control request: expected one JSON line {\"argv\": [\"word\", ...]}",
