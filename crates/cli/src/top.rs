@@ -2,11 +2,10 @@
 //!
 //! Owns: asking the daemon that holds the pool (`serve`, `mount`) for its per-volume I/O
 //! counters once per interval (`condense_service::top`, which also turns two samples into
-//! rows); and showing them: a full-screen view on a
-//! terminal (busiest volume first; `q`, Ctrl-C, SIGTERM or SIGHUP quits and restores the
-//! terminal), one JSON object per interval (`--json`, keys in docs/TOP.md), or one plain line
-//! per volume per interval (`--plain`, the default when standard output is not a terminal).
-//!
+//! rows); and showing them: a full-screen view on a terminal (busiest volume first; `q`,
+//! Ctrl-C, SIGTERM or SIGHUP quits and restores the terminal), one JSON object per interval
+//! (`--json`, keys in docs/TOP.md), or one plain line per volume per interval (`--plain`, the
+//! default when standard output is not a terminal).
 
 use anyhow::{Context, Result};
 use clap::Args;

@@ -3,11 +3,11 @@
 //! The daemon binds `POOL/control.sock` (born mode 0600, whatever the umask) and answers one request per connection:
 //! a JSON line `{"argv": [...]}` (the words after the program name, `--pool` made absolute),
 //! answered by one JSON line `{"stdout": "...", "stderr": "...", "code": N}`. The daemon runs
-//! the command exactly as the CLI would, on the pool it holds, so output and exit status are the
-//! same either way. Only the peer's own uid (or root) is served (SO_PEERCRED).
+//! the command through the [`Handler`] the CLI gives it (the CLI's own parser and commands), on
+//! the pool it holds, so output and exit status are the same either way. Only the peer's own uid (or root) is served (SO_PEERCRED).
 //!
-//! The client side ([`forward`]) is tried first by the commands that can run through it
-//! ([`Routed`]): when the socket exists and answers, its reply is printed; when nobody
+//! The client side ([`forward`]) is tried first by the commands that can run through it (the
+//! CLI's routed commands): when the socket exists and answers, its reply is printed; when nobody
 //! listens (a daemon that was killed), the command opens the pool directly. The client trusts
 //! the listener only if it runs as the pool directory's owner or as root (SO_PEERCRED again,
 //! see [`ask`]): anyone else who could put a socket there (a pool directory others may write

@@ -14,6 +14,7 @@
 //!   (docs/FORMAT.md "status.json");
 //! - [`config`]: a `--config FILE` of `serve`/`mount` turned into command-line words;
 //! - [`open`] and [`keys`]: opening a pool, with the key from files or the terminal;
+//! - [`tier`]: attaching a cache tier (`cache attach`, `--cache DIR`);
 //! - [`render`]: every report as a `Serialize` type, rendered once as text and once as JSON;
 //! - [`top`]: the I/O counters `condense top` samples, and the rows it shows.
 //!
