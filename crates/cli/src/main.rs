@@ -830,6 +830,15 @@ mod tests {
         }
     }
 
+    #[test]
+    fn listen_and_insecure_listen_exclude_each_other() {
+        use clap::Parser;
+        let words = ["condense", "serve", "--listen", "127.0.0.1:1"];
+        assert!(super::Cli::try_parse_from(words).is_ok());
+        let both = [&words[..], &["--insecure-listen", "127.0.0.1:2"]].concat();
+        assert!(super::Cli::try_parse_from(both).is_err());
+    }
+
     /// An error that names its cause in its message, as the libraries' errors do.
     #[derive(Debug)]
     struct Listen(std::io::Error);
