@@ -1,20 +1,17 @@
-//! A `--config FILE` of `serve` or `mount` (crates/cli/src/config.rs), through its one entry
-//! point `config::expand`, which reads the file, parses the TOML and turns its keys into the
-//! command-line words clap then parses.
+//! A `--config FILE` of `serve` or `mount` (crates/service/src/config.rs), through its one
+//! entry point `config::expand`, which reads the file, parses the TOML and turns its keys into
+//! the command-line words clap then parses.
 //!
-//! The CLI is a binary crate, so its `Cli` cannot be linked here: the module is included by
-//! path and run against a command of the same shape (a global `--pool` with an environment
-//! variable and a default; `serve` and `mount` with switches, options with values, repeated
-//! options, value enums, `requires` between options, a required positional, a global flag
-//! of the top level), then the words it returns are parsed by that command. Every input is
+//! The CLI is a binary crate, so its `Cli` cannot be linked here: `expand` is run against a
+//! command of the same shape (a global `--pool` with an environment variable and a default;
+//! `serve` and `mount` with switches, options with values, repeated options, value enums,
+//! `requires` between options, a required positional, a global flag of the top level), then
+//! the words it returns are parsed by that command. Every input is
 //! written to one scratch file per process, as `expand` reads a path.
 #![no_main]
 
-#[allow(dead_code)]
-#[path = "../../crates/cli/src/config.rs"]
-mod config;
-
 use clap::{Arg, ArgAction, Command};
+use condense_service::config;
 use std::ffi::OsString;
 use std::sync::OnceLock;
 

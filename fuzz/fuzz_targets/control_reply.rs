@@ -1,16 +1,13 @@
-//! The control socket's reply as the CLI reads it (crates/cli/src/control/reply.rs): the line
-//! read from whatever listens on `POOL/control.sock`, then decoded into the text the CLI
+//! The control socket's reply as the CLI reads it (crates/service/src/control/reply.rs): the
+//! line read from whatever listens on `POOL/control.sock`, then decoded into the text the CLI
 //! prints and the exit status it returns.
 //!
-//! The CLI is a binary crate, so the module is included by path. The limit is small here
-//! (the target's `-max_len` goes past it) so that the reply that never ends is exercised too.
-//! Whatever the bytes, the text that comes out has no control character but newline and tab,
-//! and the exit status is one a process can have.
+//! The limit is small here (the target's `-max_len` goes past it) so that the reply that never
+//! ends is exercised too. Whatever the bytes, the text that comes out has no control character
+//! but newline and tab, and the exit status is one a process can have.
 #![no_main]
 
-#[allow(dead_code)]
-#[path = "../../crates/cli/src/control/reply.rs"]
-mod reply;
+use condense_service::control::reply;
 
 /// The limit of the line read here (the CLI's is `reply::MAX_REPLY`).
 const LIMIT: u64 = 4096;

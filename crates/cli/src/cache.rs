@@ -1,15 +1,14 @@
 //! `condense cache attach | detach | stats`: the cache tier on a fast directory
 //! (docs/CACHE.md). Parses, calls the engine, prints; the work is in `condense_engine::cache_tier`.
 
-use crate::control::Ctx;
 use crate::size;
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use condense_engine::io::RealDir;
-use condense_engine::{CacheConf, CacheMode, CacheStats};
-use serde_json::{json, Value};
+use condense_engine::CacheMode;
+use condense_service::control::Ctx;
+use condense_service::render::cache::CacheReport;
+use condense_service::tier::CacheTier;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 #[derive(Subcommand)]
 pub enum CacheCommand {
@@ -70,52 +69,18 @@ pub struct CacheTierArg {
     pub cache_mode: CacheMode,
 }
 
-/// Attach the cache tier named by `--cache` (if given) unless the pool already has it; a
-/// pool with another cache attached is an error (detach it first).
-pub fn attach_given(
-    pool: &Arc<condense_engine::Pool>,
-    path: &std::path::Path,
-    tier: &CacheTierArg,
-) -> Result<()> {
-    let (Some(dir), Some(size)) = (&tier.cache, tier.cache_size) else {
-        return Ok(());
-    };
-    condense_engine::io::create_private_dir(dir)
-        .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
-    let abs = dir
-        .canonicalize()
-        .with_context(|| format!("cannot resolve {}", dir.display()))?;
-    if let Some(conf) = pool.cache_conf().ok().flatten() {
-        if std::path::Path::new(&conf.path) == abs {
-            if conf.size_bytes != size || conf.mode != tier.cache_mode {
-                eprintln!(
-                    "condense: warning: pool {} keeps its cache in {} as attached ({} {}); to change its size or mode, `condense cache detach` and attach again",
-                    path.display(),
-                    conf.path,
-                    size::human(conf.size_bytes),
-                    conf.mode.as_str()
-                );
-            }
-            return Ok(());
-        }
-        bail!(
-            "pool {} already has a cache in {}; detach it first (`condense cache detach`) to use {}",
-            path.display(),
-            conf.path,
-            abs.display()
-        );
-    }
-    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-    let mut ctx = Ctx::held(path, pool.clone(), &mut out, &mut err);
-    run(
-        &mut ctx,
-        CacheCommand::Attach {
-            dir: abs,
+impl CacheTierArg {
+    /// The tier to attach, if --cache was given.
+    pub fn tier(&self) -> Option<CacheTier> {
+        let (Some(dir), Some(size)) = (&self.cache, self.cache_size) else {
+            return None;
+        };
+        Some(CacheTier {
+            dir: dir.clone(),
             size,
-            mode: tier.cache_mode,
-        },
-    )?;
-    Ok(())
+            mode: self.cache_mode,
+        })
+    }
 }
 
 /// Whether opening the pool failed because its writeback cache directory is missing.
@@ -131,42 +96,7 @@ fn writeback_cache_missing(e: &anyhow::Error) -> bool {
 pub fn run(ctx: &mut Ctx, cmd: CacheCommand) -> Result<i32> {
     match cmd {
         CacheCommand::Attach { dir, size, mode } => {
-            if ctx.in_daemon() && dir.is_relative() {
-                bail!(
-                    "the cache directory {} is relative and the pool is held by a running daemon: give an absolute path",
-                    dir.display()
-                );
-            }
-            condense_engine::io::create_private_dir(&dir)
-                .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
-            if let Some(w) = condense_engine::io::loose_access_warning(&dir, "cache directory") {
-                let _ = writeln!(ctx.err, "condense: warning: {w}");
-            }
-            let abs = dir
-                .canonicalize()
-                .with_context(|| format!("cannot resolve {}", dir.display()))?;
-            let path = abs
-                .to_str()
-                .with_context(|| format!("the cache path {} is not UTF-8", abs.display()))?
-                .to_string();
-            let pool = ctx.pool(false)?;
-            pool.attach_cache(
-                Arc::new(RealDir::new(&abs)),
-                CacheConf {
-                    path: path.clone(),
-                    size_bytes: size,
-                    mode,
-                },
-            )
-            .with_context(|| format!("cannot attach a cache in {path}"))?;
-            writeln!(
-                ctx.out,
-                "attached a {} {} cache in {path} to pool {}",
-                size::human(size),
-                mode.as_str(),
-                ctx.path.display()
-            )?;
-            ctx.done(&pool)?;
+            condense_service::tier::attach(ctx, &dir, size, mode)?
         }
         CacheCommand::Detach { force } => {
             let pool = match ctx.pool(false) {
@@ -177,7 +107,7 @@ pub fn run(ctx: &mut Ctx, cmd: CacheCommand) -> Result<i32> {
                          loses the writes it held that were not yet copied to the pool",
                         ctx.path.display()
                     )?;
-                    crate::open_pool_without_writeback_cache(&ctx.path)?
+                    condense_service::open::open_pool_without_writeback_cache(&ctx.path)?
                 }
                 r => r?,
             };
@@ -215,79 +145,8 @@ pub fn run(ctx: &mut Ctx, cmd: CacheCommand) -> Result<i32> {
                     ctx.path.display()
                 );
             };
-            if json {
-                writeln!(
-                    ctx.out,
-                    "{}",
-                    serde_json::to_string_pretty(&stats_json(&s))?
-                )?;
-            } else {
-                write!(ctx.out, "{}", stats_text(&s))?;
-            }
+            crate::print(ctx.out, &CacheReport(&s), json)?;
         }
     }
     Ok(0)
-}
-
-/// The cache's figures under the keys `cache stats --json` and `stats --json` share.
-pub fn stats_json(s: &CacheStats) -> Value {
-    json!({
-        "cache_dir": s.dir,
-        "cache_mode": s.mode,
-        "cache_size_bytes": s.size_bytes,
-        "cache_used_bytes": s.used_bytes,
-        "cache_dirty_bytes": s.dirty_bytes,
-        "cache_hits": s.hits,
-        "cache_misses": s.misses,
-        "cache_hit_bytes": s.hit_bytes,
-        "cache_miss_bytes": s.miss_bytes,
-        "cache_promotions": s.promotions,
-        "cache_demotions": s.demotions,
-        "cache_corrupt_entries": s.corrupt,
-        "cache_destaged_segments": s.destaged_segments,
-        "cache_destaged_bytes": s.destaged_bytes,
-        "cache_meta_hits": s.meta_hits,
-        "cache_meta_misses": s.meta_misses,
-    })
-}
-
-/// Add the cache keys to a `stats --json` object (nothing when no cache is attached).
-pub fn add_to_json(v: &mut Value, s: Option<&CacheStats>) {
-    if let (Some(s), Some(obj)) = (s, v.as_object_mut()) {
-        if let Value::Object(c) = stats_json(s) {
-            obj.extend(c);
-        }
-    }
-}
-
-pub fn stats_text(s: &CacheStats) -> String {
-    let reads = s.hits + s.misses;
-    let ratio = if reads > 0 {
-        format!("{:.1} %", 100.0 * s.hits as f64 / reads as f64)
-    } else {
-        "-".into()
-    };
-    format!(
-        "cache\n  dir         {}\n  mode        {}\n  size        {}\n  used        {}\n  dirty       {}\n  \
-         hits        {} ({}), hit ratio {ratio}\n  misses      {} ({})\n  promotions  {}\n  \
-         demotions   {}\n  corrupt     {} entries detected (dropped, read from the pool)\n  \
-         destaged    {} segments ({}) copied to the pool since it was opened\n  \
-         metadata    {} page faults served from the cache, {} read from the pool since it was opened\n",
-        s.dir,
-        s.mode,
-        size::human(s.size_bytes),
-        size::human(s.used_bytes),
-        size::human(s.dirty_bytes),
-        s.hits,
-        size::human(s.hit_bytes),
-        s.misses,
-        size::human(s.miss_bytes),
-        s.promotions,
-        s.demotions,
-        s.corrupt,
-        s.destaged_segments,
-        size::human(s.destaged_bytes),
-        s.meta_hits,
-        s.meta_misses
-    )
 }

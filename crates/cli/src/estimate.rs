@@ -43,7 +43,7 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         compression: args.compression,
         image: args.image.options(),
     };
-    let bar = crate::report::bar(0, "estimating");
+    let bar = crate::image::bar(0, "estimating");
     let report = condense_estimate::run(&options, &|done, total| {
         bar.set_length(total);
         bar.set_position(done);

@@ -3,7 +3,6 @@
 //! themselves are `condense_estimate::image`), and [`Bars`], the progress bars and warnings of
 //! the pipeline, which is `condense_image`'s.
 
-use crate::report::bar;
 use condense_estimate::image::ImageOptions;
 use condense_estimate::probe::Format;
 use condense_image::Unit;
@@ -74,4 +73,17 @@ impl condense_image::Progress for Bars {
     fn warn(&self, message: &str) {
         eprintln!("condense: {message}");
     }
+}
+
+/// A progress bar on stderr with bytes/s and ETA (hidden when stderr is not a terminal).
+pub fn bar(len: u64, what: &str) -> ProgressBar {
+    let b = ProgressBar::new(len);
+    let style = ProgressStyle::with_template(
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    b.set_style(style);
+    b.set_message(what.to_string());
+    b
 }

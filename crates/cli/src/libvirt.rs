@@ -13,9 +13,9 @@
 //! - a socket path is absolute (libvirt refuses relative ones) and the default is the one
 //!   `serve` listens on by default, `POOL/nbd.sock`.
 
-use crate::control::Ctx;
 use anyhow::{bail, Context, Result};
 use condense_api::Catalog;
+use condense_service::control::Ctx;
 use std::path::{Path, PathBuf};
 
 /// The NBD port `serve --listen` documents and qemu assumes without one.
@@ -120,7 +120,9 @@ fn endpoint(a: &LibvirtXmlArgs, pool_dir: &Path) -> Result<Endpoint> {
         None => {
             let dir = std::path::absolute(pool_dir)
                 .with_context(|| format!("cannot make {} absolute", pool_dir.display()))?;
-            Ok(Endpoint::Unix(dir.join(crate::serve::DEFAULT_SOCKET_NAME)))
+            Ok(Endpoint::Unix(
+                dir.join(condense_service::serve::DEFAULT_SOCKET_NAME),
+            ))
         }
     }
 }

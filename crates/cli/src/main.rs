@@ -1,7 +1,8 @@
 //! `condense`: the command line of Condense.
 //!
-//! A thin adapter: it parses arguments, opens the pool, calls the engine (or a frontend), and
-//! prints answers in an administrator's terms. Error policy: every error names what failed
+//! A thin adapter: it parses arguments, calls the engine or the service (`condense-service`:
+//! the daemon, the control socket and every report), and prints answers in an administrator's
+//! terms. Error policy: every error names what failed
 //! and where, and says what to do; the exit status is 1 on any error, 2 on bad usage (clap),
 //! and 3 when `verify` finds damage.
 
@@ -9,29 +10,30 @@
 
 mod bench;
 mod cache;
-mod config;
-mod control;
 mod estimate;
 mod image;
 mod keys;
 mod libvirt;
-mod metrics;
 mod mount;
-mod notify;
 mod repair;
-mod report;
 mod s3;
 mod scrub;
 mod serve;
 mod size;
 mod snapshot;
 mod top;
+mod volume;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
-use control::Ctx;
-use std::io::IsTerminal;
+use condense_service::control::{self, Ctx};
+use condense_service::daemon::DaemonOptions;
+use condense_service::open::{closing, open_pool, open_pool_with, warn_loose_access};
+use condense_service::render::stats::StatsReport;
+use condense_service::render::verify::VerifyReport;
+use condense_service::render::{json_pretty, FileNames, Report};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -74,7 +76,7 @@ enum Command {
     Connect(s3::ConnectArgs),
     /// Create, list, inspect, resize, clone, roll back and delete volumes.
     #[command(subcommand)]
-    Volume(VolumeCommand),
+    Volume(volume::VolumeCommand),
     /// Point-in-time, read-only copies of a volume: create, list (with the space each one
     /// holds), delete (docs/SNAPSHOTS.md).
     #[command(subcommand)]
@@ -196,111 +198,6 @@ fn parse_metadata_cache(s: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
-#[derive(Subcommand)]
-enum VolumeCommand {
-    /// Create a thin volume: it takes no space until written.
-    Create {
-        name: String,
-        /// Logical size (K/M/G/T suffixes), a multiple of the block size.
-        #[arg(long, value_parser = size::parse_size)]
-        size: u64,
-    },
-    /// List volumes with their size, written bytes and saving.
-    List {
-        #[arg(long)]
-        json: bool,
-        /// Also list internal volumes (names starting with '.', such as FUSE file contents).
-        #[arg(long)]
-        all: bool,
-    },
-    /// Show one volume.
-    Info {
-        name: String,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Grow or shrink a volume. Shrinking below written data needs --force and releases the
-    /// blocks past the new end.
-    Resize {
-        name: String,
-        #[arg(value_parser = size::parse_size)]
-        size: u64,
-        #[arg(long)]
-        force: bool,
-    },
-    /// Delete a volume and release its blocks (space returns after `condense gc`).
-    Delete { name: String },
-    /// Make a new writable volume NEW with the content of a volume or of a snapshot
-    /// (VOL@SNAP). Instant and thin: the two share every block until one is written; they are
-    /// independent afterwards.
-    Clone {
-        /// The source: VOLUME (as it is now) or VOLUME@SNAPSHOT.
-        source: String,
-        /// Name of the new volume.
-        new: String,
-        /// The source is another host's (a pool several hosts share, `condense hosts`), as
-        /// that host's last checkpoint has it: no data is copied, the clone names that host's
-        /// records (a golden image of one hypervisor cloned on another).
-        #[arg(long, value_name = "HOST")]
-        from_host: Option<String>,
-    },
-    /// Move a volume to another host of the pool (a pool several hosts share): its writes are
-    /// refused here from now on, everything written is flushed and published; then run
-    /// `condense volume adopt VOL --from-host THIS-HOST` on HOST, after which this host
-    /// deletes its copy at its next `hosts sync` (serve and mount sync every 30 s). Running it
-    /// again with the same HOST (after a kill) publishes the hand-over already recorded.
-    Move {
-        name: String,
-        /// The host to move it to (its name or slot, as `condense hosts` lists them).
-        #[arg(long, value_name = "HOST")]
-        to: String,
-    },
-    /// Take over volumes another host moved to this one (`condense volume move VOL --to
-    /// THIS-HOST` there): each volume as that host flushed it, under the same name, written
-    /// here from now on. No data is copied. With --take-over, the other host is gone (crashed,
-    /// powered off): this host waits for that host's lease to expire (30 s after its last
-    /// renewal), takes its part of the pool, hands the volumes over on its behalf with every
-    /// write it flushed (durability `remote`: every write a client saw complete), and adopts
-    /// them. A host forgotten with `condense hosts forget` needs no hand-over: its volumes are
-    /// adopted as its newest root has them. An adopt that was killed half way is continued by
-    /// running it again (or by the next `hosts sync`).
-    Adopt {
-        /// The volumes (names as on the other host).
-        #[arg(required = true, value_name = "VOL")]
-        names: Vec<String>,
-        /// The host they come from (its name or slot).
-        #[arg(long, value_name = "HOST")]
-        from_host: String,
-        /// The host is gone: take its volumes over without its hand-over.
-        #[arg(long)]
-        take_over: bool,
-        /// With --take-over: how long to wait for the host's lease to expire.
-        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
-        wait: u64,
-    },
-    /// Put a volume back to one of its snapshots (its content and its size). What was written
-    /// since is lost; later snapshots are kept. Refused while the volume is exported
-    /// read-write (an NBD client or a mount has it open) unless --force.
-    Rollback {
-        /// VOLUME@SNAPSHOT
-        #[arg(value_name = "VOL@SNAP", value_parser = snapshot::parse_snapshot_name)]
-        target: (String, String),
-        /// Roll back even while a client has the volume open for writing (it then reads the
-        /// snapshot's content under its feet: stop the VM first unless you know it is safe).
-        #[arg(long)]
-        force: bool,
-    },
-    /// Print the libvirt <disk> element of a volume or snapshot as `condense serve` exports it.
-    ///
-    /// The disk is a volume, or a snapshot VOLUME@SNAPSHOT (read-only), reached over serve's
-    /// Unix socket (default POOL/nbd.sock, or --socket PATH) or over TCP with TLS (--tls
-    /// HOST[:PORT]). Put it in the domain's <devices> (`virsh edit`), or attach it: `condense
-    /// volume libvirt-xml vm1 --target vdb > disk.xml; virsh attach-device DOMAIN disk.xml
-    /// --config`. Permissions, the TLS settings of qemu.conf, snapshots, clones and migration:
-    /// docs/LIBVIRT.md.
-    LibvirtXml(libvirt::LibvirtXmlArgs),
-}
-
 #[derive(Args)]
 struct ImportArgs {
     /// A disk image: raw (read directly, fastest) or qcow2/vmdk/vdi/vhdx/vpc (through
@@ -392,100 +289,6 @@ fn parse_policy(s: &str) -> Result<WritePolicy, String> {
     }
 }
 
-pub(crate) fn open_pool(path: &Path, read_only: bool) -> Result<Arc<Pool>> {
-    open_pool_with(path, read_only, &MetadataCacheArg::default())
-}
-
-/// `r`, the outcome of a command's work on `pool`, which the command opened. On failure after
-/// a change (an import whose input is longer than `--size`, say, which deletes what it wrote)
-/// the pool is closed before the error is returned, so that it is left clean rather than
-/// needing recovery at the next open; a failure before any change leaves every file as it
-/// was. The command's error wins over one of the close, which is only printed.
-fn closing<T, E: Into<anyhow::Error>>(pool: &Pool, r: std::result::Result<T, E>) -> Result<T> {
-    let r = r.map_err(Into::into);
-    if r.is_err() && pool.has_unsaved_changes() {
-        if let Err(e) = pool.close() {
-            eprintln!("condense: warning: closing the pool after the error below failed: {e}");
-        }
-    }
-    r
-}
-
-/// [`open_pool`] for a pool whose writeback cache directory is lost (`cache detach --force`).
-pub(crate) fn open_pool_without_writeback_cache(path: &Path) -> Result<Arc<Pool>> {
-    open_pool_opts(
-        path,
-        OpenOptions {
-            without_writeback_cache: true,
-            key: keys::user_key()?,
-            ..Default::default()
-        },
-    )
-}
-
-/// [`open_pool`] with the pool's settings for this open overridden by command-line options.
-fn open_pool_with(path: &Path, read_only: bool, cache: &MetadataCacheArg) -> Result<Arc<Pool>> {
-    open_pool_opts(
-        path,
-        OpenOptions {
-            read_only,
-            metadata_cache_bytes: cache.metadata_cache,
-            key: keys::user_key()?,
-            ..Default::default()
-        },
-    )
-}
-
-fn open_pool_opts(path: &Path, opts: OpenOptions) -> Result<Arc<Pool>> {
-    let mut opts = opts;
-    let mut opened = Pool::open_path(path, opts.clone());
-    if matches!(opened, Err(condense_engine::Error::KeyRequired(_))) && opts.key.is_none() {
-        // An encrypted pool and no key option: ask the terminal, if there is one.
-        if let Some(key) = keys::prompt(&format!("Passphrase of pool {}", path.display()), false)? {
-            opts.key = Some(key);
-            opened = Pool::open_path(path, opts);
-        }
-    }
-    let pool = opened.with_context(|| format!("cannot open pool {}", path.display()))?;
-    let r = pool.replay_report();
-    if r.torn_bytes > 0 || r.batches > 0 {
-        eprintln!(
-            "condense: recovered pool {} after an unclean shutdown: replayed {} journal batches, dropped a torn tail of {} bytes (writes never acknowledged as durable)",
-            path.display(),
-            r.batches,
-            r.torn_bytes
-        );
-    }
-    for note in &r.notes {
-        let mended = if pool.is_read_only() {
-            "a writable open or `condense repair` mends it"
-        } else {
-            "mended"
-        };
-        eprintln!(
-            "condense: warning: pool {}: {note} ({mended})",
-            path.display()
-        );
-    }
-    warn_loose_access(path, &pool);
-    Ok(pool)
-}
-
-/// Warn when the pool's directory or its cache tier's lets other users in: Condense creates
-/// them owner-only but leaves an administrator's mode alone (docs/SECURITY.md).
-fn warn_loose_access(path: &Path, pool: &Pool) {
-    let mut dirs = vec![(path.to_path_buf(), "pool directory")];
-    // (An S3 pool's cache is in its local directory, checked already.)
-    if let Some(Ok(Some(conf))) = (!pool.dir().whole_files_only()).then(|| pool.cache_conf()) {
-        dirs.push((PathBuf::from(conf.path), "cache directory"));
-    }
-    for (dir, what) in dirs {
-        if let Some(w) = condense_engine::io::loose_access_warning(&dir, what) {
-            eprintln!("condense: warning: {w}");
-        }
-    }
-}
-
 fn main() {
     // Warnings (a store that does not answer, a cache that cannot be opened) are shown
     // unless CONDENSE_LOG says otherwise (e.g. CONDENSE_LOG=error, or =info for more).
@@ -500,13 +303,14 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     // `serve`/`mount --config FILE`: the file's options join the command line first.
-    let argv = match config::expand(&Cli::command(), std::env::args_os().collect()) {
-        Ok(argv) => argv,
-        Err(e) => {
-            eprintln!("condense: error: {}", error_text(&e));
-            std::process::exit(1);
-        }
-    };
+    let argv =
+        match condense_service::config::expand(&Cli::command(), std::env::args_os().collect()) {
+            Ok(argv) => argv,
+            Err(e) => {
+                eprintln!("condense: error: {}", error_text(&e));
+                std::process::exit(1);
+            }
+        };
     let cli = Cli::parse_from(argv);
     keys::set(&cli.keys);
     match run(cli) {
@@ -553,315 +357,300 @@ impl Command {
 }
 
 fn run(cli: Cli) -> Result<i32> {
+    let pool = &cli.pool;
     match cli.command {
-        Command::Init(a) => {
-            let dir = a.dir.unwrap_or(cli.pool);
-            let encryption = match (a.encrypt, keys::user_key()?) {
-                (false, None) => None,
-                (false, Some(_)) => bail!(
-                    "a key was given (--key-file, --passphrase-file, $CONDENSE_KEY_FILE or $CONDENSE_PASSPHRASE_FILE) but not --encrypt: add --encrypt to create an encrypted pool, or drop the key option"
-                ),
-                (true, Some(k)) => Some(k),
-                (true, None) => Some(
-                    keys::prompt("Passphrase for the new pool", true)?.context(
-                        "--encrypt needs a key: --key-file FILE (32 random bytes: `head -c 32 /dev/urandom > FILE`), --passphrase-file FILE, or a terminal to type a passphrase on",
-                    )?,
-                ),
-            };
-            let encrypted = encryption.is_some();
-            let opts = InitOptions {
-                block_size: u32::try_from(a.block_size).context("block size too large")?,
-                compression: a.compression,
-                write_policy: a.write_policy,
-                segment_bytes_target: a.segment_size,
-                metadata_cache_bytes: a.metadata_cache.metadata_cache,
-                encryption: encryption.clone(),
-            };
-            if let Some(url) = dir
-                .to_str()
-                .filter(|d| condense_engine::remote::is_remote_url(d))
-            {
-                s3::init(
-                    url,
-                    &a.remote,
-                    a.tier.cache.as_deref(),
-                    a.tier.cache_size,
-                    &opts,
-                )?;
-                return Ok(0);
-            }
-            s3::refuse_for_local_pool(&a.remote, &dir)?;
-            Pool::init_path(&dir, &opts)
-                .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
-            let pool = Pool::open_path(
-                &dir,
-                OpenOptions {
-                    key: encryption,
-                    ..Default::default()
-                },
-            )
-            .with_context(|| format!("cannot open the new pool {}", dir.display()))?;
-            warn_loose_access(&dir, &pool);
-            println!(
-                "created pool {} (block size {}, compression {}, writes {}{})",
-                dir.display(),
-                size::human(a.block_size),
-                report::compression_name(a.compression),
-                if pool.sync_writes() {
-                    "sync"
-                } else {
-                    "async (durable at each flush)"
-                },
-                if encrypted {
-                    ", encrypted: keep the key, without it the data is lost"
-                } else {
-                    ""
-                }
-            );
-            cache::attach_given(&pool, &dir, &a.tier)?;
-            pool.close()?;
-        }
-        Command::Import(a) if a.file.as_os_str() == "-" => {
-            let (Some(name), Some(size)) = (&a.name, a.size) else {
-                let missing: Vec<&str> = [
-                    ("--name NAME", a.name.is_none()),
-                    ("--size SIZE", a.size.is_none()),
-                ]
-                .into_iter()
-                .filter_map(|(arg, missing)| missing.then_some(arg))
-                .collect();
-                bail!(
-                    "importing from standard input (`condense import -`) needs {}: the name and the logical size of the new volume, e.g. `zstdcat vm.raw.zst | condense import - --name vm --size 16G`",
-                    missing.join(" and ")
-                );
-            };
-            if std::io::stdin().is_terminal() {
-                bail!("standard input is a terminal; pipe a raw image in, e.g. `zstdcat vm.raw.zst | condense import - --name {name} --size SIZE`");
-            }
-            let declared_raw = match a.image.format {
-                None => false,
-                Some(condense_estimate::probe::Format::Raw) => true,
-                Some(f) => bail!(
-                    "standard input is read as a raw disk only; import a {f} image from its file"
-                ),
-            };
-            let pool = open_pool_with(&cli.pool, false, &a.cache)?;
-            let report = closing(
-                &pool,
-                condense_image::import_stdin(
-                    &pool,
-                    name,
-                    size,
-                    declared_raw,
-                    std::io::stdin(),
-                    &image::Bars::default(),
-                ),
-            )?;
-            println!("{report}");
-            pool.close()?;
-        }
-        Command::Import(a) => {
-            if a.size.is_some() {
-                bail!(
-                    "--size is only for importing from standard input (`condense import - --name NAME --size SIZE`); a volume imported from {} takes the image's size",
-                    a.file.display()
-                );
-            }
-            // Checked before the pool opens: only this file is read, and it is consistent.
-            let checked = condense_estimate::image::open(&a.file, &a.image.options())?;
-            let pool = open_pool_with(&cli.pool, false, &a.cache)?;
-            let name = match a.name {
-                Some(n) => n,
-                None => a
-                    .file
-                    .file_stem()
-                    .and_then(|s| s.to_str())
-                    .map(str::to_string)
-                    .with_context(|| {
-                        format!(
-                            "cannot derive a volume name from {}; pass --name",
-                            a.file.display()
-                        )
-                    })?,
-            };
-            let bars = image::Bars::default();
-            if checked.format == condense_estimate::probe::Format::Raw {
-                let report = closing(
-                    &pool,
-                    condense_image::import_raw(&pool, &checked, &name, &bars),
-                )?;
-                println!("{report}");
-            } else {
-                let report = closing(
-                    &pool,
-                    condense_image::convert::import_image(&pool, &checked, &name, &bars),
-                )?;
-                println!("{report}");
-            }
-            pool.close()?;
-        }
-        Command::Export(a) => {
-            let format = a
-                .format
-                .clone()
-                .unwrap_or_else(|| condense_image::format_from_extension(&a.file));
-            let bars = image::Bars::default();
-            let pool = if format == "raw" {
-                let pool = open_pool(&cli.pool, true)?;
-                pool.set_lost_reads_zeros(a.lost_as_zeros);
-                let report = condense_image::export_raw(&pool, &a.name, &a.file, a.force, &bars)?;
-                println!("{report}");
-                pool
-            } else {
-                let pool = open_pool(&cli.pool, false)?;
-                pool.set_lost_reads_zeros(a.lost_as_zeros);
-                let report = closing(
-                    &pool,
-                    condense_image::convert::export_image(
-                        pool.clone(),
-                        &a.name,
-                        &a.file,
-                        &format,
-                        a.force,
-                        &bars,
-                    ),
-                )?;
-                println!("{report}");
-                pool
-            };
-            let lost = pool.lost_blocks_read_as_zeros();
-            if lost > 0 {
-                eprintln!(
-                    "condense: warning: {lost} blocks of {} were lost in an earlier repair and were written as zeros (`condense repair --history` lists them)",
-                    a.name
-                );
-            }
-            pool.close()?;
-        }
+        Command::Init(a) => init(pool, &a)?,
+        Command::Import(a) if a.file.as_os_str() == "-" => import_stdin(pool, &a)?,
+        Command::Import(a) => import(pool, &a)?,
+        Command::Export(a) => export(pool, &a)?,
         Command::Mount(a) => daemon(
-            &cli.pool,
-            a.read_only,
-            &a.cache,
-            &a.tier,
-            &a.scrub,
-            |pool| mount::run(pool, &a),
+            pool,
+            &daemon_options(a.read_only, &a.cache, &a.tier, &a.scrub),
+            |p| condense_service::mount::run(p, &a.options()),
         )?,
         Command::Serve(a) => {
             // Bad certificate files and endpoints refused are reported before the pool is
             // opened.
-            a.tls.load()?;
-            a.endpoints(&cli.pool)?;
+            let opts = a.options();
+            opts.tls.load()?;
+            opts.endpoints(pool)?;
             daemon(
-                &cli.pool,
-                a.read_only,
-                &a.cache,
-                &a.tier,
-                &a.scrub,
-                |pool| {
+                pool,
+                &daemon_options(a.read_only, &a.cache, &a.tier, &a.scrub),
+                |p| {
                     // The NBD client on this host and the connection copying the next request
                     // need the other core more than one write does (Pool::set_spread_writes).
                     // A FUSE mount keeps the default: it made no difference measured there
                     // (bench/README.md, fio-bench, fourth stop on issue 13).
-                    pool.set_spread_writes(false);
-                    serve::run(pool, &cli.pool, &a)
+                    p.set_spread_writes(false);
+                    condense_service::serve::run(p, pool, &opts)
                 },
             )?
         }
         Command::Connect(a) => s3::connect(&a)?,
-        Command::Top(a) => return top::run(&cli.pool, &a),
-        Command::Bench(a) => bench::run(&cli.pool, &a)?,
-        Command::Repair(a) => return repair::run(&cli.pool, &a),
+        Command::Top(a) => return top::run(pool, &a),
+        Command::Bench(a) => bench::run(pool, &a)?,
+        Command::Repair(a) => return repair::run(pool, &a),
         Command::Estimate(a) => estimate::run(&a)?,
-        Command::DebugMap { name } => {
-            let pool = open_pool(&cli.pool, true)?;
-            let t = pool.map_root(&name)?;
-            println!(
-                "{}",
-                serde_json::json!({
-                    "volume": name,
-                    "height": t.height,
-                    "root_unit": t.root.page,
-                    "root_units": t.root.units,
-                    "root_crc": t.root.crc,
-                })
-            );
-        }
-        cmd @ (Command::Volume(_)
-        | Command::Snapshot(_)
-        | Command::Diff(_)
-        | Command::Stats(_)
-        | Command::Gc(_)
-        | Command::Verify(_)
-        | Command::Scrub(_)
-        | Command::Cache(_)
-        | Command::Durability(_)
-        | Command::Hosts { .. }) => {
+        Command::DebugMap { name } => debug_map(pool, name)?,
+        cmd => {
             // Through the daemon that holds the pool, if one does; else directly.
-            if let Some(code) = control::forward(&cli.pool)? {
+            if let Some(code) = control::forward(pool)? {
                 return Ok(code);
             }
             let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-            let mut ctx = Ctx::direct(&cli.pool, &mut out, &mut err);
+            let mut ctx = Ctx::direct(pool, &mut out, &mut err);
             return routed(&mut ctx, cmd);
         }
     }
     Ok(0)
 }
 
-/// Run a long-lived frontend on the pool, with GC in the background once a quarter of the
-/// segment bytes are dead; close the pool cleanly when it returns.
-fn daemon(
-    path: &Path,
+/// `condense init`: a pool in a directory, or in an object store.
+fn init(pool: &Path, a: &InitArgs) -> Result<()> {
+    let dir = a.dir.clone().unwrap_or_else(|| pool.to_path_buf());
+    let encryption = match (a.encrypt, condense_service::keys::user_key()?) {
+        (false, None) => None,
+        (false, Some(_)) => bail!(
+            "a key was given (--key-file, --passphrase-file, $CONDENSE_KEY_FILE or $CONDENSE_PASSPHRASE_FILE) but not --encrypt: add --encrypt to create an encrypted pool, or drop the key option"
+        ),
+        (true, Some(k)) => Some(k),
+        (true, None) => Some(
+            condense_service::keys::prompt("Passphrase for the new pool", true)?.context(
+                "--encrypt needs a key: --key-file FILE (32 random bytes: `head -c 32 /dev/urandom > FILE`), --passphrase-file FILE, or a terminal to type a passphrase on",
+            )?,
+        ),
+    };
+    let encrypted = encryption.is_some();
+    let opts = InitOptions {
+        block_size: u32::try_from(a.block_size).context("block size too large")?,
+        compression: a.compression,
+        write_policy: a.write_policy,
+        segment_bytes_target: a.segment_size,
+        metadata_cache_bytes: a.metadata_cache.metadata_cache,
+        encryption: encryption.clone(),
+    };
+    if let Some(url) = dir
+        .to_str()
+        .filter(|d| condense_engine::remote::is_remote_url(d))
+    {
+        s3::init(
+            url,
+            &a.remote,
+            a.tier.cache.as_deref(),
+            a.tier.cache_size,
+            &opts,
+        )?;
+        return Ok(());
+    }
+    s3::refuse_for_local_pool(&a.remote, &dir)?;
+    Pool::init_path(&dir, &opts)
+        .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
+    let pool = Pool::open_path(
+        &dir,
+        OpenOptions {
+            key: encryption,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("cannot open the new pool {}", dir.display()))?;
+    warn_loose_access(&dir, &pool);
+    println!(
+        "created pool {} (block size {}, compression {}, writes {}{})",
+        dir.display(),
+        size::human(a.block_size),
+        a.compression,
+        if pool.sync_writes() {
+            "sync"
+        } else {
+            "async (durable at each flush)"
+        },
+        if encrypted {
+            ", encrypted: keep the key, without it the data is lost"
+        } else {
+            ""
+        }
+    );
+    if let Some(tier) = a.tier.tier() {
+        condense_service::tier::attach_given(&pool, &dir, &tier)?;
+    }
+    pool.close()?;
+    Ok(())
+}
+
+/// `condense import - --name NAME --size SIZE`: a raw image from standard input.
+fn import_stdin(pool_dir: &Path, a: &ImportArgs) -> Result<()> {
+    let (Some(name), Some(size)) = (&a.name, a.size) else {
+        let missing: Vec<&str> = [
+            ("--name NAME", a.name.is_none()),
+            ("--size SIZE", a.size.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(arg, missing)| missing.then_some(arg))
+        .collect();
+        bail!(
+            "importing from standard input (`condense import -`) needs {}: the name and the logical size of the new volume, e.g. `zstdcat vm.raw.zst | condense import - --name vm --size 16G`",
+            missing.join(" and ")
+        );
+    };
+    if std::io::stdin().is_terminal() {
+        bail!("standard input is a terminal; pipe a raw image in, e.g. `zstdcat vm.raw.zst | condense import - --name {name} --size SIZE`");
+    }
+    let declared_raw = match a.image.format {
+        None => false,
+        Some(condense_estimate::probe::Format::Raw) => true,
+        Some(f) => {
+            bail!("standard input is read as a raw disk only; import a {f} image from its file")
+        }
+    };
+    let pool = open_pool_with(pool_dir, false, a.cache.metadata_cache)?;
+    let report = closing(
+        &pool,
+        condense_image::import_stdin(
+            &pool,
+            name,
+            size,
+            declared_raw,
+            std::io::stdin(),
+            &image::Bars::default(),
+        ),
+    )?;
+    println!("{report}");
+    pool.close()?;
+    Ok(())
+}
+
+/// `condense import FILE`: a raw image read directly, another format through qemu-img.
+fn import(pool_dir: &Path, a: &ImportArgs) -> Result<()> {
+    if a.size.is_some() {
+        bail!(
+            "--size is only for importing from standard input (`condense import - --name NAME --size SIZE`); a volume imported from {} takes the image's size",
+            a.file.display()
+        );
+    }
+    // Checked before the pool opens: only this file is read, and it is consistent.
+    let checked = condense_estimate::image::open(&a.file, &a.image.options())?;
+    let pool = open_pool_with(pool_dir, false, a.cache.metadata_cache)?;
+    let name = match a.name.clone() {
+        Some(n) => n,
+        None => a
+            .file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .map(str::to_string)
+            .with_context(|| {
+                format!(
+                    "cannot derive a volume name from {}; pass --name",
+                    a.file.display()
+                )
+            })?,
+    };
+    let bars = image::Bars::default();
+    if checked.format == condense_estimate::probe::Format::Raw {
+        let report = closing(
+            &pool,
+            condense_image::import_raw(&pool, &checked, &name, &bars),
+        )?;
+        println!("{report}");
+    } else {
+        let report = closing(
+            &pool,
+            condense_image::convert::import_image(&pool, &checked, &name, &bars),
+        )?;
+        println!("{report}");
+    }
+    pool.close()?;
+    Ok(())
+}
+
+/// `condense export NAME FILE`.
+fn export(pool_dir: &Path, a: &ExportArgs) -> Result<()> {
+    let format = a
+        .format
+        .clone()
+        .unwrap_or_else(|| condense_image::format_from_extension(&a.file));
+    let bars = image::Bars::default();
+    let pool = if format == "raw" {
+        let pool = open_pool(pool_dir, true)?;
+        pool.set_lost_reads_zeros(a.lost_as_zeros);
+        let report = condense_image::export_raw(&pool, &a.name, &a.file, a.force, &bars)?;
+        println!("{report}");
+        pool
+    } else {
+        let pool = open_pool(pool_dir, false)?;
+        pool.set_lost_reads_zeros(a.lost_as_zeros);
+        let report = closing(
+            &pool,
+            condense_image::convert::export_image(
+                pool.clone(),
+                &a.name,
+                &a.file,
+                &format,
+                a.force,
+                &bars,
+            ),
+        )?;
+        println!("{report}");
+        pool
+    };
+    let lost = pool.lost_blocks_read_as_zeros();
+    if lost > 0 {
+        eprintln!(
+            "condense: warning: {lost} blocks of {} were lost in an earlier repair and were written as zeros (`condense repair --history` lists them)",
+            a.name
+        );
+    }
+    pool.close()?;
+    Ok(())
+}
+
+/// `condense debug-map NAME`: where a volume's block map lives (for support and tests).
+fn debug_map(pool: &Path, name: String) -> Result<()> {
+    #[derive(serde::Serialize)]
+    struct MapRoot {
+        volume: String,
+        height: u8,
+        root_unit: u64,
+        root_units: u16,
+        root_crc: u32,
+    }
+    let p = open_pool(pool, true)?;
+    let t = p.map_root(&name)?;
+    let root = MapRoot {
+        volume: name,
+        height: t.height,
+        root_unit: t.root.page,
+        root_units: t.root.units,
+        root_crc: t.root.crc,
+    };
+    println!("{}", condense_service::render::json_line(&root)?);
+    Ok(())
+}
+
+/// How `serve` or `mount` opens the pool and what runs beside it.
+fn daemon_options(
     read_only: bool,
     cache: &MetadataCacheArg,
     tier: &cache::CacheTierArg,
     scrub: &scrub::ScrubArg,
-    run: impl FnOnce(Arc<Pool>) -> Result<()>,
+) -> DaemonOptions {
+    DaemonOptions {
+        read_only,
+        metadata_cache: cache.metadata_cache,
+        cache_tier: tier.tier(),
+        scrub_rate: scrub.scrub_rate,
+        scrub_every: scrub.scrub_every,
+    }
+}
+
+/// Run a long-lived frontend on the pool (`condense_service::daemon`), commands on its control
+/// socket parsed as this command line's.
+fn daemon(
+    path: &Path,
+    opts: &DaemonOptions,
+    frontend: impl FnOnce(Arc<Pool>) -> Result<()>,
 ) -> Result<()> {
-    let pool = open_pool_with(path, read_only, cache)?;
-    if !read_only && pool.is_read_only() {
-        bail!(
-            "{} was connected read-only (`condense connect --read-only`): add --read-only",
-            path.display()
-        );
-    }
-    if !read_only && !pool.dir().whole_files_only() {
-        cache::attach_given(&pool, path, tier)?;
-    }
-    let gc = (!read_only).then(|| {
-        condense_engine::gc::BackgroundGc::start(
-            &pool,
-            std::time::Duration::from_secs(30),
-            25,
-            256 << 20,
-        )
-    });
-    let scrubber = scrub.start(&pool);
-    // A pool other hosts share: fold them in every 30 s (dedup across hosts, docs/S3.md).
-    let hosts =
-        condense_engine::hosts::start_background_sync(&pool, std::time::Duration::from_secs(30));
-    let status = report::StatusWriter::start(&pool, path);
-    let control = match control::ControlServer::start(path, pool.clone(), Arc::new(control_request))
-    {
-        Ok(c) => Some(c),
-        // Serving matters more than the socket (a pool path longer than a socket path may be).
-        Err(e) => {
-            eprintln!(
-                "condense: warning: no control socket ({e:#}); while this process runs, commands other than `stats` cannot use the pool"
-            );
-            None
-        }
-    };
-    let ran = run(pool.clone());
-    // Stop answering commands (waiting for those in flight) before the pool closes.
-    drop(control);
-    ran?;
-    drop(status);
-    drop(hosts);
-    drop(scrubber);
-    drop(gc);
-    pool.close()?;
-    Ok(())
+    condense_service::daemon::run(path, opts, Arc::new(control_request), frontend)
 }
 
 /// One command line received on the control socket, run on the pool the daemon holds.
@@ -903,7 +692,7 @@ fn control_request(argv: Vec<String>, ctx: &mut Ctx) -> i32 {
 /// The commands that run either directly or inside the daemon that holds the pool.
 fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
     match cmd {
-        Command::Volume(v) => volume_command(ctx, v),
+        Command::Volume(v) => volume::run(ctx, v),
         Command::Snapshot(c) => snapshot::run(ctx, c),
         Command::Diff(a) => snapshot::diff(ctx, &a),
         Command::Stats(a) => stats_command(ctx, &a),
@@ -915,7 +704,7 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Hosts { command, json } => {
             s3::hosts_command(ctx, command.or(Some(s3::HostsCommand::List { json })))
         }
-        Command::Top(a) if a.counters() => top::counters(ctx),
+        Command::Top(a) if a.counters() => condense_service::top::counters(ctx),
         _ => bail!("this command cannot run through the control socket"),
     }
 }
@@ -941,7 +730,8 @@ fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
         // A running `serve` or `mount` holds the pool and its control socket does not answer
         // (an older condense): show what it last published.
         Err(e) if matches!(e.downcast_ref(), Some(condense_engine::Error::Locked(_))) => {
-            let (stats, age, pid) = report::read_status(&ctx.path).map_err(|s| e.context(s))?;
+            let (stats, age, pid) =
+                condense_service::status::read_status(&ctx.path).map_err(|s| e.context(s))?;
             writeln!(
                 ctx.err,
                 "condense: pool in use by process {pid}; statistics it published {age} s ago"
@@ -963,27 +753,25 @@ fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
             );
         }
     }
-    if a.json {
-        let mut v = report::stats_json(&stats, a.name.as_deref());
-        cache::add_to_json(&mut v, cache_stats.as_ref());
-        if !hosts.is_empty() {
-            v["shared_pool"] = report::hosts_json(&hosts);
-        }
-        writeln!(ctx.out, "{}", serde_json::to_string_pretty(&v)?)?;
-    } else {
-        write!(
-            ctx.out,
-            "{}",
-            report::stats_table(&stats, a.name.as_deref(), a.verbose)
-        )?;
-        if let (Some(c), None) = (&cache_stats, &a.name) {
-            write!(ctx.out, "\n{}", cache::stats_text(c))?;
-        }
-        if !hosts.is_empty() {
-            write!(ctx.out, "\n{}", report::hosts_text(&hosts))?;
-        }
-    }
+    let report = StatsReport {
+        stats: &stats,
+        only: a.name.as_deref(),
+        verbose: a.verbose,
+        cache: cache_stats.as_ref(),
+        hosts: &hosts,
+    };
+    print(ctx.out, &report, a.json)?;
     Ok(0)
+}
+
+/// Write `report` to the command's output: as indented JSON with `json`, else as text.
+pub(crate) fn print(out: &mut dyn Write, report: &impl Report, json: bool) -> Result<()> {
+    if json {
+        writeln!(out, "{}", json_pretty(report)?)?;
+    } else {
+        write!(out, "{}", report.text())?;
+    }
+    Ok(())
 }
 
 fn gc_command(ctx: &mut Ctx, a: &GcArgs) -> Result<i32> {
@@ -1009,7 +797,7 @@ fn verify_command(ctx: &mut Ctx, a: &VerifyArgs) -> Result<i32> {
     let r = if ctx.in_daemon() {
         pool.verify(&|_, _| {})?
     } else {
-        let bar = report::bar(0, "verifying chunks");
+        let bar = image::bar(0, "verifying chunks");
         let r = pool.verify(&|done, total| {
             bar.set_length(total);
             bar.set_position(done);
@@ -1017,169 +805,14 @@ fn verify_command(ctx: &mut Ctx, a: &VerifyArgs) -> Result<i32> {
         bar.finish_and_clear();
         r
     };
-    let files = report::FileNames::of(&pool, r.bad_blocks.keys().map(String::as_str));
-    if a.json {
-        writeln!(
-            ctx.out,
-            "{}",
-            serde_json::to_string_pretty(&report::verify_json(&r, &files))?
-        )?;
-    } else {
-        write!(ctx.out, "{}", report::verify_text(&r, &files))?;
-    }
+    let files = FileNames::of(&pool, r.bad_blocks.keys().map(String::as_str));
+    let report = VerifyReport {
+        report: &r,
+        files: &files,
+    };
+    print(ctx.out, &report, a.json)?;
     ctx.done(&pool)?;
     Ok(if r.is_clean() { 0 } else { 3 })
-}
-
-fn volume_command(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
-    match cmd {
-        VolumeCommand::Create { name, size } => {
-            let pool = ctx.pool(false)?;
-            pool.create_volume(&name, size)
-                .with_context(|| format!("cannot create volume {name:?}"))?;
-            writeln!(
-                ctx.out,
-                "created volume {name} ({} logical, thin)",
-                size::human(size)
-            )?;
-            ctx.done(&pool)?;
-        }
-        VolumeCommand::List { json, all } => {
-            let pool = ctx.pool_for_figures(true)?;
-            let stats = pool.stats()?;
-            let vols: Vec<_> = stats
-                .volumes
-                .iter()
-                .filter(|v| all || !v.name.starts_with('.'))
-                .collect();
-            if json {
-                let list: Vec<_> = vols.iter().map(|v| report::volume_json(v, &pool)).collect();
-                writeln!(ctx.out, "{}", serde_json::to_string_pretty(&list)?)?;
-            } else {
-                write!(ctx.out, "{}", report::volume_list(&vols, &pool))?;
-            }
-            ctx.done(&pool)?;
-        }
-        VolumeCommand::Info { name, json } => {
-            let pool = ctx.pool(true)?;
-            if !pool.volumes().iter().any(|(n, _)| *n == name) {
-                bail!(
-                    "volume {name:?} not found in pool {} (see `condense volume list`)",
-                    ctx.path.display()
-                );
-            }
-            let v = &pool
-                .volume_stats(&name)
-                .with_context(|| format!("cannot read volume {name:?}"))?;
-            if json {
-                writeln!(
-                    ctx.out,
-                    "{}",
-                    serde_json::to_string_pretty(&report::volume_json(v, &pool))?
-                )?;
-            } else {
-                write!(ctx.out, "{}", report::volume_info(v, &pool))?;
-            }
-            ctx.done(&pool)?;
-        }
-        VolumeCommand::Resize { name, size, force } => {
-            let pool = ctx.pool(false)?;
-            pool.resize_volume(&name, size, force)
-                .with_context(|| format!("cannot resize volume {name:?}"))?;
-            writeln!(ctx.out, "volume {name} is now {}", size::human(size))?;
-            ctx.done(&pool)?;
-        }
-        VolumeCommand::Delete { name } => {
-            let pool = ctx.pool(false)?;
-            pool.delete_volume(&name)
-                .with_context(|| format!("cannot delete volume {name:?}"))?;
-            writeln!(
-                ctx.out,
-                "deleted volume {name}; run `condense gc` to reclaim its space"
-            )?;
-            ctx.done(&pool)?;
-        }
-        VolumeCommand::Clone {
-            source,
-            new,
-            from_host: None,
-        } => snapshot::clone(ctx, &source, &new)?,
-        VolumeCommand::Clone {
-            source,
-            new,
-            from_host: Some(host),
-        } => {
-            let pool = ctx.pool(false)?;
-            let r = pool
-                .clone_from_host(&host, &source, &new)
-                .with_context(|| format!("cannot clone {source} of host {host}"))?;
-            writeln!(
-                ctx.out,
-                "cloned {source} of host {} as {new}: {} blocks with data, {} chunks new to this host (read from host {}'s records; nothing copied)",
-                r.host, r.data_blocks, r.chunks_added, r.host
-            )?;
-            ctx.done(&pool)?;
-        }
-        VolumeCommand::Move { name, to } => {
-            let pool = ctx.pool(false)?;
-            let r = pool
-                .move_out_volume(&name, &to)
-                .with_context(|| format!("cannot move volume {name:?} to host {to}"))?;
-            writeln!(
-                ctx.out,
-                "volume {name} handed to host {} (slot {}): written there from now on; run `condense volume adopt {name} --from-host HOST` on {}, where HOST is this host's name in `condense hosts`",
-                r.host, r.slot, r.host
-            )?;
-            ctx.done(&pool)?;
-        }
-        VolumeCommand::Adopt {
-            names,
-            from_host,
-            take_over,
-            wait,
-        } => {
-            let started = std::time::Instant::now();
-            let pool = ctx.pool(false)?;
-            let reports = if take_over {
-                writeln!(
-                    ctx.out,
-                    "taking {} over from host {from_host}: waiting up to {wait} s for its lease to expire",
-                    names.join(", ")
-                )?;
-                pool.take_over_volumes(&names, &from_host, std::time::Duration::from_secs(wait))
-                    .with_context(|| {
-                        format!(
-                            "cannot take {} over from host {from_host}",
-                            names.join(", ")
-                        )
-                    })?
-            } else {
-                let mut all = Vec::new();
-                for name in &names {
-                    all.push(pool.adopt_volume(name, &from_host).with_context(|| {
-                        format!("cannot adopt volume {name:?} from host {from_host}")
-                    })?);
-                }
-                all
-            };
-            for r in reports {
-                let c = r.clone.unwrap_or_default();
-                writeln!(
-                    ctx.out,
-                    "adopted volume {} from host {} ({} blocks with data, {} chunks new to this host); host {} deletes its copy at its next sync",
-                    r.volume, r.host, c.data_blocks, c.chunks_added, r.host
-                )?;
-            }
-            writeln!(ctx.out, "done in {:.2} s", started.elapsed().as_secs_f64())?;
-            ctx.done(&pool)?;
-        }
-        VolumeCommand::Rollback {
-            target: (volume, snap),
-            force,
-        } => snapshot::rollback(ctx, &volume, &snap, force)?,
-        VolumeCommand::LibvirtXml(a) => libvirt::run(ctx, &a)?,
-    }
-    Ok(0)
 }
 
 #[cfg(test)]
@@ -1195,6 +828,15 @@ mod tests {
             let e = parse_compression(bad).expect_err(bad);
             assert!(e.contains("-1 to -7"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn listen_and_insecure_listen_exclude_each_other() {
+        use clap::Parser;
+        let words = ["condense", "serve", "--listen", "127.0.0.1:1"];
+        assert!(super::Cli::try_parse_from(words).is_ok());
+        let both = [&words[..], &["--insecure-listen", "127.0.0.1:2"]].concat();
+        assert!(super::Cli::try_parse_from(both).is_err());
     }
 
     /// An error that names its cause in its message, as the libraries' errors do.

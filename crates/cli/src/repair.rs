@@ -1,10 +1,9 @@
 //! `condense repair`: arguments and the report, in an administrator's terms. The work is
 //! `condense_engine::repair` (docs/REPAIR.md).
 
-use crate::size;
 use anyhow::{Context, Result};
 use clap::Args;
-use condense_engine::repair::RepairReport;
+use condense_service::render::repair::{History, RepairResult};
 use std::path::Path;
 
 /// The long help of `condense repair`.
@@ -52,8 +51,8 @@ pub(crate) fn run(pool: &Path, a: &RepairArgs) -> Result<i32> {
     if a.history || a.clear_history {
         return history(pool, a);
     }
-    let mut key = crate::keys::user_key()?;
-    let bar = crate::report::bar(0, "checking chunks");
+    let mut key = condense_service::keys::user_key()?;
+    let bar = crate::image::bar(0, "checking chunks");
     let progress = |done, total| {
         bar.set_length(total);
         bar.set_position(done);
@@ -66,7 +65,10 @@ pub(crate) fn run(pool: &Path, a: &RepairArgs) -> Result<i32> {
     let mut r = condense_engine::repair::repair_with(pool, opts(key.clone()), &progress);
     if matches!(r, Err(condense_engine::Error::KeyRequired(_))) && key.is_none() {
         // An encrypted pool and no key option: ask the terminal, if there is one.
-        key = crate::keys::prompt(&format!("Passphrase of pool {}", pool.display()), false)?;
+        key = condense_service::keys::prompt(
+            &format!("Passphrase of pool {}", pool.display()),
+            false,
+        )?;
         if key.is_some() {
             r = condense_engine::repair::repair_with(pool, opts(key), &progress);
         }
@@ -79,17 +81,14 @@ pub(crate) fn run(pool: &Path, a: &RepairArgs) -> Result<i32> {
             if a.dry_run { " (dry run)" } else { "" }
         )
     })?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&json(&r))?);
-    } else {
-        print!("{}", text(pool, &r));
-    }
+    let report = RepairResult { pool, report: &r };
+    crate::print(&mut std::io::stdout(), &report, a.json)?;
     Ok(if a.dry_run && r.found_damage() { 3 } else { 0 })
 }
 
 /// `repair --history` and `--clear-history`.
 fn history(path: &Path, a: &RepairArgs) -> Result<i32> {
-    let pool = crate::open_pool(path, a.history)?;
+    let pool = condense_service::open::open_pool(path, a.history)?;
     if a.clear_history {
         let n = condense_engine::repair::clear_damage_history(&pool)
             .with_context(|| format!("clearing the damage history of pool {}", path.display()))?;
@@ -100,155 +99,11 @@ fn history(path: &Path, a: &RepairArgs) -> Result<i32> {
         );
         return Ok(0);
     }
-    let h = condense_engine::repair::damage_history(&pool);
-    if a.json {
-        let v = crate::report::damage_history_json(&h);
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else if h.is_empty() {
-        println!("no earlier repair of pool {} lost anything", path.display());
-    } else {
-        for d in &h {
-            let blocks: u64 = d.lost.iter().map(|l| l.blocks).sum();
-            println!("repair {}: {blocks} blocks lost", d.when);
-            for l in &d.lost {
-                println!(
-                    "  volume {} blocks {}-{}: {}",
-                    l.volume,
-                    l.first_block,
-                    l.first_block + l.blocks.saturating_sub(1),
-                    l.reason
-                );
-            }
-        }
-    }
-    Ok(0)
-}
-
-fn json(r: &RepairReport) -> serde_json::Value {
-    let bs = u64::from(r.block_size);
-    serde_json::json!({
-        "dry_run": r.dry_run,
-        "damage_found": r.found_damage(),
-        "block_size": r.block_size,
-        "backup": r.backup.as_ref().map(|b| b.display().to_string()),
-        "journal": {
-            "batches_salvaged": r.journal_batches,
-            "records_salvaged": r.journal_records,
-            "damaged": r.damaged_journal.iter().map(|d| serde_json::json!({
-                "file": d.file,
-                "offset": d.offset,
-                "bytes": d.bytes,
-                "first_batch": d.first_seq,
-                "next_valid_batch": d.next_seq,
-                "decoded_records": d.records.len(),
-                "decoded_whole": d.decoded_whole,
-            })).collect::<Vec<_>>(),
-        },
-        "lost": r.lost.iter().map(|l| serde_json::json!({
-            "volume": l.volume,
-            "first_block": l.first_block,
-            "blocks": l.blocks,
-            "offset": l.first_block * bs,
-            "bytes": l.blocks * bs,
-            "reason": l.reason,
-        })).collect::<Vec<_>>(),
-        "lost_blocks": r.lost_blocks(),
-        "notes": r.notes,
-        "volumes": r.volumes,
-        "chunks_kept": r.chunks_kept,
-        "chunks_found_in_segments": r.chunks_from_segments,
-        "chunks_no_longer_named": r.chunks_dropped,
-        "unreadable_map_pages": r.unreadable_map_pages,
-        "unreadable_chunk_table_pages": r.unreadable_chunk_pages,
-        "chunks_checked": r.chunks_checked,
-        "damaged_chunks": r.damaged_chunks,
-    })
-}
-
-fn text(pool: &Path, r: &RepairReport) -> String {
-    let bs = u64::from(r.block_size);
-    let mut s = String::new();
-    let mut line = |l: String| {
-        s.push_str(&l);
-        s.push('\n');
+    let history = condense_engine::repair::damage_history(&pool);
+    let report = History {
+        pool: path,
+        history: &history,
     };
-    line(format!(
-        "repair of pool {}{}",
-        pool.display(),
-        if r.dry_run {
-            " (dry run: nothing was changed)"
-        } else {
-            ""
-        }
-    ));
-    if !r.found_damage() {
-        line("no damage found: nothing to repair, nothing changed (`condense verify` reads every chunk)".into());
-        return s;
-    }
-    line(format!(
-        "journal: {} valid batches ({} records) salvaged",
-        r.journal_batches, r.journal_records
-    ));
-    for d in &r.damaged_journal {
-        line(format!(
-            "  damaged: {} bytes {}..{} (batch {} up to {}), {} of its records decodable without their checksum",
-            d.file,
-            d.offset,
-            d.offset + d.bytes,
-            d.first_seq,
-            d.next_seq,
-            d.records.len()
-        ));
-    }
-    line(format!(
-        "chunks: {} checked, {} with a damaged record",
-        r.chunks_checked, r.damaged_chunks
-    ));
-    if r.unreadable_map_pages + r.unreadable_chunk_pages > 0 {
-        line(format!(
-            "checkpoint: {} unreadable block-map page(s), {} unreadable chunk-table page(s)",
-            r.unreadable_map_pages, r.unreadable_chunk_pages
-        ));
-    }
-    if r.lost.is_empty() {
-        line("lost: no blocks".into());
-    } else {
-        line(format!(
-            "lost: {} blocks ({}) in {} range(s){}:",
-            r.lost_blocks(),
-            size::human(r.lost_blocks() * bs),
-            r.lost.len(),
-            if r.dry_run { " would be" } else { "" }
-        ));
-        for l in &r.lost {
-            let (first, last) = (l.first_block, l.first_block + l.blocks - 1);
-            line(format!(
-                "  {:?} blocks {first}-{last} ({} blocks, bytes {}-{}): {}",
-                l.volume,
-                l.blocks,
-                first * bs,
-                (last + 1) * bs - 1,
-                l.reason
-            ));
-        }
-    }
-    for n in &r.notes {
-        line(format!("  note: {n}"));
-    }
-    line(format!(
-        "{}: {} volumes and snapshots, {} chunks ({} found by scanning segments); {} chunks no longer named (dead space for `condense gc`)",
-        if r.dry_run { "would keep" } else { "kept" },
-        r.volumes,
-        r.chunks_kept,
-        r.chunks_from_segments,
-        r.chunks_dropped
-    ));
-    match &r.backup {
-        Some(b) => line(format!(
-            "the damaged metadata files were copied to {}; next: `condense verify`",
-            b.display()
-        )),
-        None => line("run `condense repair` (without --dry-run) to do it; it first copies the damaged files to POOL/repair-<time>/".into()),
-    }
-    s
+    crate::print(&mut std::io::stdout(), &report, a.json)?;
+    Ok(0)
 }

@@ -7,12 +7,15 @@
 //! The durability (what a flush promises) is the pool's: set by `init --durability`, stored
 //! in the bucket, kept by `connect`, changed only by `condense durability set`.
 
-use crate::control::Ctx;
 use crate::size;
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use condense_engine::remote::{self, Durability, RemoteConf};
 use condense_engine::{InitOptions, OpenOptions, Pool};
+use condense_service::control::Ctx;
+use condense_service::render::durability::{meaning, DurabilityReport};
+use condense_service::render::hosts::{Forgotten, HostsList, SyncReport};
+use condense_service::render::{json_line, now_unix, Report};
 use std::path::{Path, PathBuf};
 
 /// Where the bucket is and how to reach it (`init s3://...`, `connect`).
@@ -217,14 +220,6 @@ pub fn refuse_for_local_pool(args: &RemoteArgs, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// What a durability means, in an administrator's terms.
-pub fn meaning(d: Durability) -> &'static str {
-    match d {
-        Durability::Remote => "a flush returns once the object store has it; a host lost with its disk loses nothing flushed",
-        Durability::Local => "a flush returns once this host's local journal has it; uploads run in the background (at least every 60 s), so a host lost with its disk loses what was written since the last upload",
-    }
-}
-
 /// `condense init s3://BUCKET/PREFIX --cache DIR --cache-size SIZE ...`.
 pub fn init(
     url: &str,
@@ -278,7 +273,7 @@ pub fn connect(a: &ConnectArgs) -> Result<()> {
         if host.is_empty() || host.len() > 255 || host.chars().any(char::is_control) {
             bail!("--host {host:?}: give 1 to 255 printable characters");
         }
-        let key = crate::keys::user_key()?;
+        let key = condense_service::keys::user_key()?;
         let (slot, url) = Pool::join_remote(&dir, &conf, size, &host, key.as_ref())
             .with_context(|| format!("cannot join the pool in {}", a.url))?;
         println!(
@@ -315,23 +310,11 @@ pub fn durability_command(ctx: &mut Ctx, cmd: DurabilityCommand) -> Result<i32> 
     match cmd {
         DurabilityCommand::Show { json } => {
             let pool = ctx.pool(true)?;
-            let d = pool.durability();
-            if json {
-                writeln!(
-                    ctx.out,
-                    "{}",
-                    serde_json::json!({ "durability": d.map(Durability::as_str) })
-                )?;
-            } else {
-                match d {
-                    Some(d) => writeln!(ctx.out, "{}: {}", d.as_str(), meaning(d))?,
-                    None => writeln!(
-                        ctx.out,
-                        "{} is a local pool: a flush returns once its own disk has it",
-                        ctx.path.display()
-                    )?,
-                }
-            }
+            let report = DurabilityReport {
+                pool: &ctx.path,
+                durability: pool.durability(),
+            };
+            print_line(ctx.out, &report, json)?;
             ctx.done(&pool)?;
         }
         DurabilityCommand::Set { mode } => {
@@ -365,149 +348,37 @@ pub fn durability_command(ctx: &mut Ctx, cmd: DurabilityCommand) -> Result<i32> 
     Ok(0)
 }
 
-/// `condense hosts list|sync`: directly, or in the daemon that holds the pool.
-/// A part's lease for `condense hosts`: held (by whom, renewed when), released or expired.
-fn lease_text(l: Option<&remote::LeaseBody>, now: u64) -> String {
-    match l {
-        None => "no lease".into(),
-        Some(l) if l.expires == 0 => format!("released by {} (pid {})", l.host, l.pid),
-        Some(l) if l.expires <= now => format!(
-            "expired {} s ago ({} pid {})",
-            now - l.expires,
-            l.host,
-            l.pid
-        ),
-        Some(l) => format!(
-            "held by {} pid {}, renewed {} s ago, expires in {} s",
-            l.host,
-            l.pid,
-            now.saturating_sub(l.renewed),
-            l.expires - now
-        ),
+/// Write `report` to the command's output: as one JSON line with `json`, else as text.
+fn print_line(out: &mut dyn std::io::Write, report: &impl Report, json: bool) -> Result<()> {
+    if json {
+        writeln!(out, "{}", json_line(report)?)?;
+    } else {
+        write!(out, "{}", report.text())?;
     }
+    Ok(())
 }
 
-fn lease_json(l: Option<&remote::LeaseBody>, now: u64) -> serde_json::Value {
-    match l {
-        None => serde_json::Value::Null,
-        Some(l) => serde_json::json!({
-            "state": if l.expires == 0 { "released" } else if l.expires <= now { "expired" } else { "held" },
-            "host": l.host, "pid": l.pid,
-            "renewed_unix": l.renewed, "expires_unix": l.expires,
-        }),
-    }
-}
-
+/// `condense hosts list|sync|forget`: directly, or in the daemon that holds the pool.
 pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
     let cmd = cmd.unwrap_or(HostsCommand::List { json: false });
     let pool = ctx.pool(matches!(cmd, HostsCommand::List { .. }))?;
     if !pool.dir().whole_files_only() {
         bail!("hosts: the pool is not in an object store; only a pool in a bucket is shared by hosts (docs/S3.md)");
     }
-    match cmd {
+    let code = match cmd {
         HostsCommand::List { json } => {
             let (slot, condemned, _) = pool.hosts_state();
             let hosts = pool
                 .hosts_overview(&ctx.path)
                 .context("cannot list the hosts of the pool")?;
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            let total_written: u64 = hosts.iter().map(|h| h.written_bytes).sum();
-            let total_bucket: u64 = hosts.iter().map(|h| h.bucket_bytes).sum();
-            if json {
-                let rows: Vec<_> = hosts
-                    .iter()
-                    .map(|h| {
-                        serde_json::json!({
-                            "slot": h.slot, "host": h.host, "url": h.url,
-                            "this_host": h.this_host,
-                            "volumes": h.volumes, "snapshots": h.snapshots,
-                            "written_bytes": h.written_bytes,
-                            "bucket_objects": h.bucket_objects,
-                            "bucket_bytes": h.bucket_bytes,
-                            "chunks_published": h.chunks_published,
-                            "folded_through_chunk": h.folded_through,
-                            "lease": lease_json(h.lease.as_ref(), now),
-                            "forgotten": h.forgotten,
-                            "hand_overs": h.notes,
-                            "error": h.error,
-                        })
-                    })
-                    .collect();
-                let others: Vec<_> = rows
-                    .iter()
-                    .filter(|r| r["this_host"] == false)
-                    .cloned()
-                    .collect();
-                writeln!(
-                    ctx.out,
-                    "{}",
-                    serde_json::json!({
-                        "slot": slot,
-                        "condemned_segments": condemned,
-                        "hosts": rows,
-                        "other_hosts": others,
-                        "whole_pool": {
-                            "hosts": hosts.len(),
-                            "written_bytes": total_written,
-                            "bucket_bytes": total_bucket,
-                        },
-                    })
-                )?;
-            } else if hosts.len() <= 1 {
-                writeln!(
-                    ctx.out,
-                    "this host (slot {slot}) is the pool's only host; another joins with `condense connect URL --join --cache DIR --cache-size SIZE`"
-                )?;
-            } else {
-                writeln!(
-                    ctx.out,
-                    "this host: slot {slot}; {condemned} condemned segments waiting for the other hosts to let go"
-                )?;
-                writeln!(
-                    ctx.out,
-                    "{:<4} {:<18} {:>7} {:>10} {:>10} {:>12} {:>12}  lease",
-                    "slot", "host", "volumes", "written", "in bucket", "published", "folded here"
-                )?;
-                for h in &hosts {
-                    writeln!(
-                        ctx.out,
-                        "{:<4} {:<18} {:>7} {:>10} {:>10} {:>12} {:>12}  {}{}{}",
-                        format!("{:02x}", h.slot),
-                        if h.this_host {
-                            format!("{} (this)", h.host)
-                        } else {
-                            h.host.clone()
-                        },
-                        h.volumes,
-                        size::human(h.written_bytes),
-                        size::human(h.bucket_bytes),
-                        h.chunks_published,
-                        h.folded_through.map_or("-".to_string(), |t| t.to_string()),
-                        lease_text(h.lease.as_ref(), now),
-                        h.forgotten
-                            .as_ref()
-                            .map_or(String::new(), |f| format!(" [{f}]")),
-                        h.error
-                            .as_ref()
-                            .map_or(String::new(), |e| format!(" (error: {e})")),
-                    )?;
-                }
-                for h in hosts.iter().filter(|h| h.this_host) {
-                    for n in &h.notes {
-                        writeln!(ctx.out, "unfinished: {n}")?;
-                    }
-                }
-                writeln!(
-                    ctx.out,
-                    "whole pool: {} hosts, {} written, {} in the bucket ({:.2}x); published = chunk ids in a host's newest root, folded here = how far this host folded it in",
-                    hosts.len(),
-                    size::human(total_written),
-                    size::human(total_bucket),
-                    total_written as f64 / total_bucket.max(1) as f64
-                )?;
-            }
+            let list = HostsList {
+                slot,
+                condemned,
+                hosts: &hosts,
+                now: now_unix(),
+            };
+            print_line(ctx.out, &list, json)?;
+            0
         }
         HostsCommand::Forget {
             host,
@@ -515,230 +386,28 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
             reclaim,
             json,
         } => {
-            let code = forget(ctx, &pool, &host, force, reclaim, json)?;
-            ctx.done(&pool)?;
-            return Ok(code);
+            let f = pool
+                .forget_host(&host, force, reclaim)
+                .with_context(|| format!("cannot forget host {host}"))?;
+            // Then a sync: this host's condemned segments waiting for that host go now.
+            let synced = pool.sync_hosts();
+            let report = Forgotten {
+                forget: &f,
+                synced: synced.as_ref().map_err(|e| format!("{e:#}")),
+                now: now_unix(),
+            };
+            print_line(ctx.out, &report, json)?;
+            i32::from(synced.is_err())
         }
         HostsCommand::Sync { json } => {
             let r = pool
                 .sync_hosts()
                 .context("cannot fold the other hosts in")?;
-            if json {
-                let peers: Vec<_> = r
-                    .peers
-                    .iter()
-                    .map(|p| {
-                        serde_json::json!({
-                            "slot": p.slot, "host": p.host, "url": p.url,
-                            "chunks_folded": p.chunks_folded,
-                            "chunks_merged": p.chunks_merged,
-                            "chunks_let_go": p.chunks_let_go,
-                            "folded_through_chunk": p.progress.through,
-                            "its_folded_through_chunk": p.its_progress.through,
-                            "forgotten": p.forgotten,
-                            "error": p.error,
-                        })
-                    })
-                    .collect();
-                writeln!(
-                    ctx.out,
-                    "{}",
-                    serde_json::json!({
-                        "slot": r.slot,
-                        "segments_deleted": r.segments_deleted,
-                        "segments_condemned": r.segments_condemned,
-                        "volumes_moved_out": r.volumes_moved_out,
-                        "volume_claims_put": r.claims_put,
-                        "volume_claims_deleted": r.claims_deleted,
-                        "hand_overs_finished": r.handovers_finished,
-                        "hand_overs_unfinished": r.handovers_unfinished.iter().map(|(v, why)| serde_json::json!({"volume": v, "why": why})).collect::<Vec<_>>(),
-                        "name_conflicts": conflicts_json(&r.name_conflicts),
-                        "reclaimed_segments": r.reclaimed_segments,
-                        "reclaimed_bytes": r.reclaimed_bytes,
-                        "reclaim_waiting": r.reclaim_waiting,
-                        "other_hosts": peers,
-                    })
-                )?;
-            } else {
-                for p in &r.peers {
-                    match &p.error {
-                        Some(e) => writeln!(ctx.out, "host {} (slot {}): not read: {e}", p.host, p.slot)?,
-                        None => writeln!(
-                            ctx.out,
-                            "host {} (slot {}): {} new chunks to deduplicate against, {} blocks stored twice merged into its copy, {} chunks moved out of its condemned segments",
-                            p.host, p.slot, p.chunks_folded, p.chunks_merged, p.chunks_let_go
-                        )?,
-                    }
-                }
-                writeln!(
-                    ctx.out,
-                    "{} condemned segments of this host deleted, {} waiting for the other hosts",
-                    r.segments_deleted, r.segments_condemned
-                )?;
-                if r.volumes_moved_out > 0 {
-                    writeln!(
-                        ctx.out,
-                        "{} volumes moved to other hosts deleted here (their new host holds them)",
-                        r.volumes_moved_out
-                    )?;
-                }
-                write_sync_extras(ctx, &r)?;
-                if r.claims_put + r.claims_deleted > 0 {
-                    writeln!(
-                        ctx.out,
-                        "volume claims: {} put for volumes of this host without one, {} stale ones deleted",
-                        r.claims_put, r.claims_deleted
-                    )?;
-                }
-            }
-            if r.peers.iter().any(|p| p.error.is_some() && !p.forgotten)
-                || !r.name_conflicts.is_empty()
-            {
-                ctx.done(&pool)?;
-                return Ok(1);
-            }
+            print_line(ctx.out, &SyncReport(&r), json)?;
+            let failed = r.peers.iter().any(|p| p.error.is_some() && !p.forgotten);
+            i32::from(failed || !r.name_conflicts.is_empty())
         }
-    }
+    };
     ctx.done(&pool)?;
-    Ok(0)
-}
-
-fn conflicts_json(c: &[condense_engine::hosts::NameConflict]) -> Vec<serde_json::Value> {
-    c.iter()
-        .map(|c| {
-            serde_json::json!({
-                "volume": c.volume, "other_slot": c.other_slot, "other_host": c.other_host,
-                "winner_slot": c.winner_slot, "writes_refused_here": c.refused_here,
-            })
-        })
-        .collect()
-}
-
-/// The parts of a sync's report beyond the fold, as text: hand-overs finished or not, names
-/// held by two hosts, forgotten parts reclaimed.
-fn write_sync_extras(ctx: &mut Ctx, r: &condense_engine::hosts::HostsReport) -> Result<()> {
-    for v in &r.handovers_finished {
-        writeln!(
-            ctx.out,
-            "volume {v}: its hand-over had stopped half way; finished now"
-        )?;
-    }
-    for (v, why) in &r.handovers_unfinished {
-        writeln!(
-            ctx.out,
-            "volume {v}: its hand-over stopped half way and cannot be finished now: {why}"
-        )?;
-    }
-    for c in &r.name_conflicts {
-        writeln!(
-            ctx.out,
-            "CONFLICT: volume {} is held by host {} (slot {:02x}) too; the claim rule gives it to {}{}",
-            c.volume,
-            c.other_host,
-            c.other_slot,
-            if c.refused_here { c.other_host.as_str() } else { "this host" },
-            if c.refused_here {
-                ": its writes are refused here until one copy is deleted or renamed"
-            } else {
-                ": that host refuses its writes at its next sync"
-            }
-        )?;
-    }
-    if r.reclaimed_segments > 0 {
-        writeln!(
-            ctx.out,
-            "forgotten hosts: {} segments of their parts deleted ({})",
-            r.reclaimed_segments,
-            size::human(r.reclaimed_bytes)
-        )?;
-    }
-    for w in &r.reclaim_waiting {
-        writeln!(ctx.out, "reclaim waits: {w}")?;
-    }
-    Ok(())
-}
-
-/// `condense hosts forget HOST`: the forget, then a sync (this host's condemned segments
-/// waiting for that host are deleted now).
-fn forget(
-    ctx: &mut Ctx,
-    pool: &std::sync::Arc<Pool>,
-    host: &str,
-    force: bool,
-    reclaim: bool,
-    json: bool,
-) -> Result<i32> {
-    let f = pool
-        .forget_host(host, force, reclaim)
-        .with_context(|| format!("cannot forget host {host}"))?;
-    let synced = pool.sync_hosts();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    if json {
-        let sync = match &synced {
-            Ok(r) => serde_json::json!({
-                "segments_deleted": r.segments_deleted,
-                "segments_condemned": r.segments_condemned,
-                "reclaimed_segments": r.reclaimed_segments,
-                "reclaimed_bytes": r.reclaimed_bytes,
-                "reclaim_waiting": r.reclaim_waiting,
-            }),
-            Err(e) => serde_json::json!({ "error": format!("{e:#}") }),
-        };
-        writeln!(
-            ctx.out,
-            "{}",
-            serde_json::json!({
-                "slot": f.slot, "host": f.host,
-                "lease": lease_json(f.lease.as_ref(), now),
-                "forced": f.forced, "reclaim": f.reclaim,
-                "already_forgotten": f.already,
-                "volumes": f.volumes,
-                "sync": sync,
-            })
-        )?;
-    } else {
-        if f.forced {
-            writeln!(
-                ctx.out,
-                "WARNING: host {} held its lease ({}); forgotten anyway (--force). If it is running, stop it now: it writes its volumes until its next sync refuses",
-                f.host,
-                lease_text(f.lease.as_ref(), now)
-            )?;
-        }
-        writeln!(
-            ctx.out,
-            "host {} (slot {:02x}) {}forgotten: its acknowledgements are no longer awaited{}",
-            f.host,
-            f.slot,
-            if f.already { "was already " } else { "" },
-            if f.reclaim {
-                "; its part's space is reclaimed once every other host acknowledged (at its next sync)"
-            } else {
-                ""
-            }
-        )?;
-        if !f.volumes.is_empty() && !f.reclaim {
-            writeln!(
-                ctx.out,
-                "its volumes, as its newest root has them: {} (adopt one with `condense volume adopt VOL --from-host {}`; then `condense hosts forget {} --reclaim` gives up the rest and frees its part)",
-                f.volumes.join(", "),
-                f.host,
-                f.host
-            )?;
-        }
-        match &synced {
-            Ok(r) => {
-                writeln!(
-                    ctx.out,
-                    "{} condemned segments of this host deleted, {} waiting for the other hosts",
-                    r.segments_deleted, r.segments_condemned
-                )?;
-                write_sync_extras(ctx, r)?;
-            }
-            Err(e) => writeln!(ctx.out, "the sync after it failed: {e:#}")?,
-        }
-    }
-    Ok(i32::from(synced.is_err()))
+    Ok(code)
 }

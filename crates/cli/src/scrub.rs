@@ -1,19 +1,14 @@
 //! `condense scrub` and the background scrub of `serve` and `mount`, in an administrator's
 //! terms. The work is `condense_engine::scrub`.
 
-use crate::control::Ctx;
-use crate::report;
 use crate::size;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use condense_engine::scrub::{BackgroundScrub, ScrubSchedule};
-use condense_engine::Pool;
-use std::sync::Arc;
+use condense_service::control::Ctx;
+use condense_service::render::scrub::ScrubReport;
+use condense_service::render::FileNames;
 use std::time::Duration;
 
-/// The default rate of the background scrub: 32 MiB/s of chunk records, about 10 % of one
-/// core (bench/README.md, "The scrub's cost": fio-bench with and without it).
-pub const DEFAULT_RATE: u64 = 32 << 20;
 /// The default time from the end of one pass to the start of the next.
 pub const DEFAULT_EVERY: &str = "7d";
 
@@ -56,28 +51,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     n.checked_mul(secs)
         .map(Duration::from_secs)
         .ok_or_else(|| format!("{s:?} is too long"))
-}
-
-impl ScrubArg {
-    /// Start the background scrub of a daemon's pool (`None`: off, or the pool is read-only,
-    /// where a pass could not be recorded).
-    pub fn start(&self, pool: &Arc<Pool>) -> Option<BackgroundScrub> {
-        let rate = match self.scrub_rate {
-            Some(r) => r,
-            None if pool.dir().reads_cost_requests() => 0,
-            None => DEFAULT_RATE,
-        };
-        if rate == 0 || pool.is_read_only() {
-            return None;
-        }
-        Some(BackgroundScrub::start(
-            pool,
-            ScrubSchedule {
-                rate_bytes_per_sec: rate,
-                every: self.scrub_every,
-            },
-        ))
-    }
 }
 
 /// The long help of `condense scrub`.
@@ -142,7 +115,7 @@ pub(crate) fn run(ctx: &mut Ctx, a: &ScrubCmdArgs) -> Result<i32> {
         }
         0
     } else {
-        let bar = report::bar(0, "scrubbing chunks");
+        let bar = crate::image::bar(0, "scrubbing chunks");
         let pass = pool
             .scrub_pass(a.rate.unwrap_or(0), &|| true, &|p| {
                 bar.set_length(p.chunks_total);
@@ -161,15 +134,14 @@ pub(crate) fn run(ctx: &mut Ctx, a: &ScrubCmdArgs) -> Result<i32> {
         .into_iter()
         .flatten()
         .flat_map(|p| p.damaged_blocks.iter().map(|d| d.0.as_str()));
-    let files = report::FileNames::of(&pool, named);
-    if a.json {
-        writeln!(
-            ctx.out,
-            "{}",
-            serde_json::to_string_pretty(&report::scrub_json(&status, bs, &files))?
-        )?;
-    } else if a.status || !ctx.in_daemon() {
-        write!(ctx.out, "{}", report::scrub_text(&status, &files))?;
+    let files = FileNames::of(&pool, named);
+    let report = ScrubReport {
+        status: &status,
+        block_size: bs,
+        files: &files,
+    };
+    if a.json || a.status || !ctx.in_daemon() {
+        crate::print(ctx.out, &report, a.json)?;
     }
     ctx.done(&pool)?;
     Ok(code)

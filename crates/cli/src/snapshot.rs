@@ -1,11 +1,12 @@
 //! `condense snapshot …`, `condense volume clone|rollback` and `condense diff`: snapshots and
 //! clones through the Volume API's [`Catalog`] (JSON documented in docs/SNAPSHOTS.md).
 
-use crate::control::Ctx;
-use crate::size::human;
 use anyhow::{bail, Context, Result};
 use condense_api::{Catalog, SnapshotInfo, VolumeError};
-use serde_json::{json, Value};
+use condense_service::control::Ctx;
+use condense_service::render::diff::DiffReport;
+use condense_service::render::human;
+use condense_service::render::snapshots::{local_time, SnapshotList};
 use std::io::Write;
 
 #[derive(clap::Subcommand)]
@@ -192,12 +193,7 @@ fn list(
             .with_context(|| format!("cannot size snapshot {}", s.full_name()))?;
         rows.push((s, freeable));
     }
-    if json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&list_json(&rows))?)?;
-    } else {
-        write!(out, "{}", list_table(&rows))?;
-    }
-    Ok(())
+    crate::print(out, &SnapshotList { rows }, json)
 }
 
 fn delete(cat: &dyn Catalog, out: &mut dyn Write, volume: &str, snapshot: &str) -> Result<()> {
@@ -262,123 +258,13 @@ fn write_diff(
     len: u64,
     changes: &[condense_api::Change],
 ) -> Result<()> {
-    let extents: Vec<(u64, u64)> = changes
-        .iter()
-        .filter(|c| c.changed)
-        .map(|c| (c.offset, c.len))
-        .collect();
-    let changed: u64 = extents.iter().map(|e| e.1).sum();
-    if a.json {
-        let v = json!({
-            "schema": "condense.diff/1",
-            "from": a.from,
-            "to": a.to,
-            "size_bytes": len,
-            "changed_bytes": changed,
-            "extent_count": extents.len(),
-            "extents": extents
-                .iter()
-                .map(|(o, l)| json!({"offset": o, "length": l}))
-                .collect::<Vec<_>>(),
-        });
-        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
-    } else {
-        writeln!(out, "{:>16} {:>16}", "OFFSET", "LENGTH")?;
-        for (o, l) in &extents {
-            writeln!(out, "{o:>16} {l:>16}")?;
-        }
-        writeln!(
-            out,
-            "{} changed in {} extent{} between {} and {} (of {})",
-            human(changed),
-            extents.len(),
-            if extents.len() == 1 { "" } else { "s" },
-            a.from,
-            a.to,
-            human(len)
-        )?;
-    }
-    Ok(())
-}
-
-fn list_json(rows: &[(SnapshotInfo, Option<u64>)]) -> Value {
-    let snaps: Vec<Value> = rows
-        .iter()
-        .map(|(s, freeable)| {
-            json!({
-                "name": s.full_name(),
-                "volume": s.volume,
-                "snapshot": s.snapshot,
-                "created_unix": s.created_unix,
-                "created": local_time(s.created_unix).1,
-                "size_bytes": s.size_bytes,
-                "written_bytes": s.written_bytes,
-                "freeable_bytes": freeable,
-            })
-        })
-        .collect();
-    json!({
-        "schema": "condense.snapshots/1",
-        "snapshots": snaps,
-    })
-}
-
-fn list_table(rows: &[(SnapshotInfo, Option<u64>)]) -> String {
-    use std::fmt::Write;
-    let mut o = format!(
-        "{:<32} {:<19} {:>12} {:>12} {:>12}\n",
-        "NAME", "CREATED", "SIZE", "WRITTEN", "FREEABLE"
-    );
-    for (s, freeable) in rows {
-        let _ = writeln!(
-            o,
-            "{:<32} {:<19} {:>12} {:>12} {:>12}",
-            s.full_name(),
-            local_time(s.created_unix).0,
-            human(s.size_bytes),
-            human(s.written_bytes),
-            freeable.map_or_else(|| "-".to_string(), human)
-        );
-    }
-    if rows.is_empty() {
-        o.push_str("(no snapshots; make one with `condense snapshot create VOLUME NAME`)\n");
-    }
-    o
-}
-
-/// `unix` seconds in local time: ("2024-05-01 14:03:07", "2024-05-01T14:03:07+02:00").
-pub fn local_time(unix: u64) -> (String, String) {
-    let t = libc::time_t::try_from(unix).unwrap_or(libc::time_t::MAX);
-    // SAFETY: an all-zero `tm` is a valid value; localtime_r only writes into it.
-    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
-    // SAFETY: both pointers are valid for the call; localtime_r is thread-safe.
-    let ok = !unsafe { libc::localtime_r(&t, &mut tm) }.is_null();
-    if !ok {
-        return (unix.to_string(), unix.to_string());
-    }
-    let day = format!(
-        "{:04}-{:02}-{:02}",
-        i64::from(tm.tm_year) + 1900,
-        tm.tm_mon + 1,
-        tm.tm_mday
-    );
-    let time = format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec);
-    let off = tm.tm_gmtoff;
-    let sign = if off < 0 { '-' } else { '+' };
-    let off = off.unsigned_abs();
-    (
-        format!("{day} {time}"),
-        format!(
-            "{day}T{time}{sign}{:02}:{:02}",
-            off / 3600,
-            (off % 3600) / 60
-        ),
-    )
+    crate::print(out, &DiffReport::new(&a.from, &a.to, len, changes), a.json)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn snapshot_names_need_both_parts() {
@@ -441,8 +327,14 @@ mod tests {
         assert_eq!(d["size_bytes"], 1 << 20);
         assert_eq!(d["changed_bytes"], 8192);
         assert_eq!(d["extent_count"], 2);
-        assert_eq!(d["extents"][0], json!({"offset": 65536, "length": 4096}));
-        assert_eq!(d["extents"][1], json!({"offset": 131072, "length": 4096}));
+        let extent = |i: usize| {
+            (
+                d["extents"][i]["offset"].clone(),
+                d["extents"][i]["length"].clone(),
+            )
+        };
+        assert_eq!(extent(0), (65536.into(), 4096.into()));
+        assert_eq!(extent(1), (131072.into(), 4096.into()));
         let args = DiffArgs {
             json: false,
             ..args
@@ -470,11 +362,11 @@ mod tests {
         };
         let d: Value = serde_json::from_str(&out(|o| diff_in(&cat, o, &args))?)?;
         assert_eq!(d["changed_bytes"], 0);
-        assert_eq!(d["extents"], json!([]));
+        assert_eq!(d["extents"].as_array().map(Vec::len), Some(0));
 
         out(|o| delete(&cat, o, "v", "s1"))?;
         let j: Value = serde_json::from_str(&out(|o| list(&cat, o, None, true, "p"))?)?;
-        assert_eq!(j["snapshots"], json!([]));
+        assert_eq!(j["snapshots"].as_array().map(Vec::len), Some(0));
         let e = delete(&cat, &mut Vec::new(), "v", "s1")
             .err()
             .map(|e| format!("{e:#}"));

@@ -159,7 +159,7 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
 
 /// Upper bounds of the per-volume latency histograms: every other power of two microseconds,
 /// 32 µs to ~2.1 s, so each is the end of one of the engine's log2 buckets
-/// (`condense_engine::volume_io::Latency`) and the counts below it are exact.
+/// (`condense_engine::volume_counters::Latency`) and the counts below it are exact.
 const VOLUME_LATENCY_LOG2_US: [usize; 9] = [5, 7, 9, 11, 13, 15, 17, 19, 21];
 
 /// One operation kind's histogram in Prometheus' form: the engine's bucket `i` holds

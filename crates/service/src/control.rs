@@ -3,11 +3,11 @@
 //! The daemon binds `POOL/control.sock` (born mode 0600, whatever the umask) and answers one request per connection:
 //! a JSON line `{"argv": [...]}` (the words after the program name, `--pool` made absolute),
 //! answered by one JSON line `{"stdout": "...", "stderr": "...", "code": N}`. The daemon runs
-//! the command exactly as the CLI would, on the pool it holds, so output and exit status are the
-//! same either way. Only the peer's own uid (or root) is served (SO_PEERCRED).
+//! the command through the [`Handler`] the CLI gives it (the CLI's own parser and commands), on
+//! the pool it holds, so output and exit status are the same either way. Only the peer's own uid (or root) is served (SO_PEERCRED).
 //!
-//! The client side ([`forward`]) is tried first by the commands that can run through it
-//! ([`Routed`]): when the socket exists and answers, its reply is printed; when nobody
+//! The client side ([`forward`]) is tried first by the commands that can run through it (the
+//! CLI's routed commands): when the socket exists and answers, its reply is printed; when nobody
 //! listens (a daemon that was killed), the command opens the pool directly. The client trusts
 //! the listener only if it runs as the pool directory's owner or as root (SO_PEERCRED again,
 //! see [`ask`]): anyone else who could put a socket there (a pool directory others may write
@@ -22,7 +22,7 @@
 use anyhow::{bail, Context, Result};
 use condense_engine::Pool;
 use condense_nbd::unix_socket::Access;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-mod reply;
+pub mod reply;
 
 /// The control socket's file name inside the pool directory.
 pub const SOCKET_NAME: &str = "control.sock";
@@ -102,7 +102,7 @@ impl<'a> Ctx<'a> {
     pub fn pool(&self, read_only: bool) -> Result<Arc<Pool>> {
         match &self.held {
             Some(p) => Ok(p.clone()),
-            None => crate::open_pool(&self.path, read_only),
+            None => crate::open::open_pool(&self.path, read_only),
         }
     }
 
@@ -275,7 +275,9 @@ pub fn ask(pool: &Path, argv: &[String]) -> Result<Option<Reply>> {
             p = pool.display(),
         );
     }
-    let mut line = serde_json::to_vec(&json!({ "argv": argv }))?;
+    let mut line = serde_json::to_vec(&Request {
+        argv: argv.to_vec(),
+    })?;
     line.push(b'\n');
     let what = || format!("control socket {}", shown.display());
     stream.write_all(&line).with_context(what)?;
@@ -469,13 +471,29 @@ fn peer_uid(s: &UnixStream) -> std::io::Result<u32> {
     Ok(cred.uid)
 }
 
+/// A request on the socket: the command line after the program name.
+#[derive(Serialize, Deserialize)]
+struct Request {
+    argv: Vec<String>,
+}
+
+/// A reply as the daemon sends it (read back by [`reply::decode`]).
+#[derive(Serialize)]
+struct Sent<'a> {
+    code: i32,
+    stderr: std::borrow::Cow<'a, str>,
+    stdout: std::borrow::Cow<'a, str>,
+}
+
 fn reply(mut s: &UnixStream, stdout: &[u8], stderr: &[u8], code: i32) {
-    let v = json!({
-        "stdout": String::from_utf8_lossy(stdout),
-        "stderr": String::from_utf8_lossy(stderr),
-        "code": code,
-    });
-    let mut line = v.to_string().into_bytes();
+    let sent = Sent {
+        code,
+        stderr: String::from_utf8_lossy(stderr),
+        stdout: String::from_utf8_lossy(stdout),
+    };
+    let Ok(mut line) = serde_json::to_vec(&sent) else {
+        return;
+    };
     line.push(b'\n');
     let _ = s.write_all(&line);
 }
@@ -509,10 +527,7 @@ fn serve_one(
     let Some(line) = read_request(&conn) else {
         return; // the client went away, or was too slow (or is the daemon's own wake-up)
     };
-    let argv: Option<Vec<String>> = serde_json::from_str::<Value>(&line)
-        .ok()
-        .and_then(|v| serde_json::from_value(v["argv"].clone()).ok());
-    let Some(argv) = argv else {
+    let Ok(Request { argv }) = serde_json::from_str::<Request>(&line) else {
         return refuse(
             &conn,
             "malformed control request: expected one JSON line {\"argv\": [\"word\", ...]}",

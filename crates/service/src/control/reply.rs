@@ -13,9 +13,8 @@
 //!   terminal. The CLI's own output (progress bars, `top`'s screen) is drawn by the CLI itself,
 //!   never passed through here.
 //!
-//! Self-contained (std, serde, serde_json, anyhow): the fuzz target `control_reply`
-//! (fuzz/fuzz_targets/control_reply.rs) includes this file by path, as the CLI is a binary
-//! crate.
+//! The fuzz target `control_reply` (fuzz/fuzz_targets/control_reply.rs) runs [`read`] and
+//! [`decode`] on arbitrary bytes.
 
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader, Read};

@@ -213,6 +213,46 @@ mod tests {
     use super::*;
     use clap::{CommandFactory, Parser};
 
+    /// A command line of the CLI's shape: a global `--pool`, `serve` and `mount` with
+    /// `--config`, options, flags and a positional.
+    #[derive(Parser)]
+    struct Cli {
+        #[arg(long, global = true, default_value = "condense-pool")]
+        pool: PathBuf,
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[derive(clap::Subcommand)]
+    enum Command {
+        Serve(Serve),
+        Mount {
+            mountpoint: PathBuf,
+            #[arg(long)]
+            read_only: bool,
+            #[command(flatten)]
+            config: ConfigArg,
+        },
+        Stats,
+        Volume {
+            words: Vec<String>,
+        },
+    }
+
+    #[derive(clap::Args)]
+    struct Serve {
+        #[arg(long)]
+        listen: Option<String>,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        #[arg(long)]
+        read_only: bool,
+        #[arg(long)]
+        metadata_cache: Option<u64>,
+        #[command(flatten)]
+        config: ConfigArg,
+    }
+
     fn words(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
     }
@@ -226,7 +266,7 @@ mod tests {
 
     fn translate(sub: &str, text: &str) -> Result<(Vec<OsString>, Vec<OsString>)> {
         file_args(
-            &crate::Cli::command(),
+            &Cli::command(),
             sub,
             &table(text),
             Path::new("/etc/condense/t.toml"),
@@ -298,10 +338,10 @@ mod tests {
             "--listen",
             "127.0.0.1:2",
         ]);
-        let out = expand(&crate::Cli::command(), argv)?;
-        let cli = crate::Cli::try_parse_from(&out)?;
+        let out = expand(&Cli::command(), argv)?;
+        let cli = Cli::try_parse_from(&out)?;
         assert_eq!(cli.pool, PathBuf::from("/cli"));
-        let crate::Command::Serve(a) = cli.command else {
+        let Command::Serve(a) = cli.command else {
             bail!("not serve: {out:?}");
         };
         assert_eq!(a.listen.as_deref(), Some("127.0.0.1:2"));
@@ -309,15 +349,15 @@ mod tests {
         // Without the command-line options, the file's apply; mount takes its positional.
         std::fs::write(&file, "pool = \"/from/file\"\nmountpoint = \"/mnt/x\"\n")?;
         let out = expand(
-            &crate::Cli::command(),
+            &Cli::command(),
             words(&["condense", "mount", &format!("--config={f}")]),
         )?;
-        let cli = crate::Cli::try_parse_from(&out)?;
+        let cli = Cli::try_parse_from(&out)?;
         assert_eq!(cli.pool, PathBuf::from("/from/file"));
-        let crate::Command::Mount(m) = cli.command else {
+        let Command::Mount { mountpoint, .. } = cli.command else {
             bail!("not mount: {out:?}");
         };
-        assert_eq!(m.mountpoint, PathBuf::from("/mnt/x"));
+        assert_eq!(mountpoint, PathBuf::from("/mnt/x"));
         Ok(())
     }
 
@@ -328,7 +368,7 @@ mod tests {
             words(&["condense", "--pool", "serve", "stats"]),
             words(&["condense", "serve", "--listen", "127.0.0.1:9"]),
         ] {
-            assert_eq!(expand(&crate::Cli::command(), argv.clone())?, argv);
+            assert_eq!(expand(&Cli::command(), argv.clone())?, argv);
         }
         Ok(())
     }
@@ -336,7 +376,7 @@ mod tests {
     #[test]
     fn a_missing_file_is_an_error_naming_it() {
         let argv = words(&["condense", "serve", "--config", "/nonexistent/c.toml"]);
-        match expand(&crate::Cli::command(), argv) {
+        match expand(&Cli::command(), argv) {
             Ok(a) => panic!("accepted: {a:?}"),
             Err(e) => assert!(format!("{e:#}").contains("/nonexistent/c.toml"), "{e:#}"),
         }
