@@ -26,6 +26,7 @@ mod volume;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, CommandFactory, Parser, Subcommand};
+use condense_engine::hosts::SharedPool;
 use condense_engine::{Compression, InitOptions, OpenOptions, Pool, WritePolicy};
 use condense_service::control::{self, Ctx};
 use condense_service::daemon::DaemonOptions;

@@ -10,6 +10,7 @@
 use crate::size;
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
+use condense_engine::hosts::SharedPool;
 use condense_engine::remote::{self, Durability, RemoteConf};
 use condense_engine::{InitOptions, OpenOptions, Pool};
 use condense_service::control::Ctx;

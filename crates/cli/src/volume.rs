@@ -4,6 +4,7 @@
 use crate::{libvirt, size, snapshot};
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
+use condense_engine::hosts::SharedPool;
 use condense_service::control::Ctx;
 use condense_service::render::volumes::{VolumeInfo, VolumeList};
 

@@ -16,7 +16,8 @@
 //!   ([`VolumeHandle`], the Volume API), snapshots, GC, verify and scrub passes, destage
 //! - [`hosts`]: a pool several hosts share: the fold, moves and adoption, forget, the overview
 //! - [`volume_claims`]: one host per volume name (the claim protocol)
-//! - [`gc`], [`verify`], [`stats`], [`scrub`], [`repair`]: maintenance and reporting
+//! - [`gc`], [`verify`], [`stats`], [`scrub`] (the background thread; [`scrub_status`] what a
+//!   pass records), [`repair`]: maintenance and reporting
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
 //! - [`volume_counters`]: per-volume I/O counters for the live view (`condense top`)
 //!
@@ -46,6 +47,7 @@ pub mod hosts;
 pub mod pool;
 pub mod repair;
 pub mod scrub;
+pub mod scrub_status;
 pub mod stats;
 pub mod verify;
 #[cfg(test)]

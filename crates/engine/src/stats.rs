@@ -122,7 +122,7 @@ pub struct PoolStats {
     /// The bucket side of a pool in an object store (`None`: a local pool).
     pub remote: Option<crate::io::StoreStatus>,
     /// The scrub: the pass under way in this process, the last finished one in the pool.
-    pub scrub: crate::scrub::ScrubStatus,
+    pub scrub: crate::scrub_status::ScrubStatus,
 }
 
 pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {

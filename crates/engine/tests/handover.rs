@@ -9,6 +9,7 @@
 //! tests/s3/cluster.sh h kills real processes.
 
 use condense_engine::format::hosts::VolumeClaim;
+use condense_engine::hosts::SharedPool;
 use condense_engine::hosts::{
     STEP_CLAIMED, STEP_COMPLETED, STEP_CREATED, STEP_FILLED, STEP_FIRST_BATCH, STEP_RELEASED,
 };

@@ -4,6 +4,7 @@
 //! copy; a segment the first host's GC emptied is kept until the second host let it go, then
 //! deleted, and every block of both hosts still reads back, also after a reopen.
 
+use condense_engine::hosts::SharedPool;
 use condense_engine::remote::{self, Durability};
 use condense_engine::{InitOptions, Pool};
 

@@ -10,6 +10,7 @@
 //! alive; after the pool is gone, a scrape shows the frontend's metrics only.
 
 use anyhow::{Context, Result};
+use condense_engine::hosts::SharedPool;
 use condense_engine::Pool;
 use condense_metrics::{Collect, Encoder, HistogramSnapshot, Kind, MetricsServer, Registry};
 use std::sync::{Arc, Weak};

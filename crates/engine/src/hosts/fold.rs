@@ -309,7 +309,7 @@ pub fn start_background_sync(
             if !matches!(pool.is_shared(), Ok(true)) {
                 continue;
             }
-            match pool.sync_hosts() {
+            match sync(&pool) {
                 Ok(r) => tracing::info!(
                     "hosts: folded {} chunks, merged {}, let go {}, deleted {} condemned segments",
                     r.peers.iter().map(|p| p.chunks_folded).sum::<u64>(),

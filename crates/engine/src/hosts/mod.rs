@@ -55,6 +55,7 @@
 //!   replay trusts another host's record without reading it (it was in the bucket, named by
 //!   that host's root, before the journal named it).
 
+mod commands;
 pub mod fold;
 pub mod forget;
 pub mod moves;
@@ -64,6 +65,7 @@ pub use crate::format::hosts::{released_to, Progress};
 pub use crate::pool::peers::{
     STEP_CLAIMED, STEP_COMPLETED, STEP_CREATED, STEP_FILLED, STEP_FIRST_BATCH, STEP_RELEASED,
 };
+pub use commands::SharedPool;
 pub use fold::{start_background_sync, HostsReport, PeerReport};
 pub use forget::{ForgetReport, NameConflict};
 pub use moves::{CloneReport, MoveReport};

@@ -241,7 +241,7 @@ pub(crate) fn take_over_volumes(
         }
     };
     let handed: Result<()> = names.iter().try_for_each(|name| {
-        match theirs.move_out_volume(name, &me) {
+        match move_out_volume(&theirs, name, &me) {
             Ok(_) => Ok(()),
             // Handed here already (an earlier takeover that stopped half way).
             Err(Error::VolumeMoved { .. })
@@ -258,7 +258,7 @@ pub(crate) fn take_over_volumes(
     closed?;
     names
         .iter()
-        .map(|name| pool.adopt_volume(name, &peer.host))
+        .map(|name| adopt_volume(pool, name, &peer.host))
         .collect()
 }
 

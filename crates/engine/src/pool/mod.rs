@@ -57,7 +57,6 @@ mod flush;
 pub(crate) mod foreign;
 pub mod gc;
 pub mod handle;
-mod hosts;
 mod importing;
 pub(crate) mod open;
 pub mod peers;
@@ -271,7 +270,7 @@ pub struct Pool {
     /// Lost blocks read as zeros through this handle.
     lost_read_as_zeros: AtomicU64,
     /// The scrub's progress and requests ([`crate::scrub`]).
-    pub(crate) scrub: crate::scrub::status::ScrubState,
+    pub(crate) scrub: crate::scrub_status::ScrubState,
     /// Writes between their hashing and their commit (see [`Pool::write_blocks`]).
     writes_in_flight: AtomicUsize,
     /// Reads between their start and their end (see [`Pool::read_blocks`]).

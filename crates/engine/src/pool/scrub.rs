@@ -5,8 +5,9 @@
 use crate::error::Result;
 use crate::format::CHUNKS_PER_PAGE;
 use crate::locks::lock;
-use crate::scrub::status::{now_unix, DAMAGED_KEPT};
-use crate::scrub::{ranges, ScrubPass, ScrubStatus, LAST_KEY, WINDOW_PAGES};
+use crate::scrub_status::{
+    now_unix, ranges, ScrubPass, ScrubStatus, DAMAGED_KEPT, LAST_KEY, WINDOW_PAGES,
+};
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

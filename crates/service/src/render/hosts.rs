@@ -5,8 +5,8 @@
 //! the lease of each part, [`SharedPool`] with the space figures `stats` adds.
 
 use super::{human, round2, Report};
-use condense_engine::hosts::{HostOverview, HostsReport};
 use condense_engine::hosts::{ForgetReport, NameConflict};
+use condense_engine::hosts::{HostOverview, HostsReport};
 use condense_engine::remote::LeaseBody;
 use serde::{Serialize, Serializer};
 use std::fmt::Write;

@@ -2,10 +2,10 @@
 //! administrator sets (like `zpool scrub`), so that a rotting disk is found before a guest
 //! reads the damage.
 //!
-//! Owns: the scrub's passes ([`Pool::scrub_pass`], run in the room `pool/scrub.rs`), its progress and results
-//! ([`ScrubStatus`], in `stats` and the metrics), the record of the last finished pass in the
-//! pool (`scrub/last`, [`LAST_KEY`]), and the background thread of `serve` and `mount`
-//! ([`BackgroundScrub`]).
+//! Owns: the schedule and the background thread of `serve` and `mount` ([`BackgroundScrub`]).
+//! A pass itself is a room of the pool ([`Pool::scrub_pass`], `pool/scrub.rs`); its progress,
+//! results and the record of the last finished pass (`scrub/last`, [`LAST_KEY`]) are
+//! [`crate::scrub_status`]'s, below the pool.
 //!
 //! A pass walks the chunk table in windows of [`WINDOW_PAGES`] pages (1,024 chunk ids) and
 //! checks each live chunk as `verify` does (record checksum, authentication, decompression,
@@ -26,27 +26,11 @@ use crate::locks::lock;
 use crate::pool::Pool;
 use crate::worker::Worker;
 
-pub(crate) mod status;
-
-use status::now_unix;
-pub use status::{ScrubPass, ScrubStatus, LAST_KEY};
+use crate::scrub_status::now_unix;
+pub use crate::scrub_status::{ScrubPass, ScrubStatus, LAST_KEY, WINDOW_PAGES};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Chunk-table pages per window (128 chunk ids each).
-pub const WINDOW_PAGES: u64 = 8;
-/// Merge sorted block numbers into (first, count) ranges.
-pub(crate) fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &b in blocks {
-        match out.last_mut() {
-            Some((first, n)) if *first + *n == b => *n += 1,
-            _ => out.push((b, 1)),
-        }
-    }
-    out
-}
 
 /// How the background scrub of `serve` and `mount` runs.
 #[derive(Clone, Copy, Debug)]
@@ -110,36 +94,5 @@ impl BackgroundScrub {
             .map_err(|e| tracing::warn!("cannot start the scrub thread: {e}; no background scrub"))
             .ok();
         BackgroundScrub { _worker: worker }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_pass_record_reads_back_and_junk_is_skipped() {
-        let p = ScrubPass {
-            started_unix: 10,
-            finished_unix: Some(20),
-            chunks_total: 5,
-            chunks_checked: 5,
-            bytes_checked: 9000,
-            damaged_chunks: 1,
-            healed_chunks: 2,
-            damaged: vec![],
-            damaged_blocks: vec![("vm@s1".into(), 7, 2)],
-            stopped: false,
-        };
-        assert_eq!(ScrubPass::decode(&p.encode()), p);
-        let junk = ScrubPass::decode(b"chunks=x\nblock\tv\t1\nbytes=3\n\xff\xfe");
-        assert_eq!(junk.bytes_checked, 3);
-        assert!(junk.damaged_blocks.is_empty());
-    }
-
-    #[test]
-    fn blocks_merge_into_ranges() {
-        assert_eq!(ranges(&[1, 2, 3, 7, 9, 10]), vec![(1, 3), (7, 1), (9, 2)]);
-        assert_eq!(ranges(&[]), vec![]);
     }
 }

@@ -1,7 +1,9 @@
 //! The scrub's state and results: what `stats`, the metrics and `condense scrub --status`
 //! read ([`ScrubStatus`]), the record of the last finished pass kept in the pool
 //! (`scrub/last`, [`LAST_KEY`], encoded by [`ScrubPass::encode`]), and the requests that
-//! start or stop a pass ([`ScrubState`], held by the pool).
+//! start or stop a pass ([`ScrubState`], held by the pool), and how a pass walks the chunk
+//! table ([`WINDOW_PAGES`]). Below the pool: the pool's scrub room and `stats` read it; the
+//! background thread is [`crate::scrub`].
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
@@ -129,4 +131,49 @@ pub(crate) struct ScrubState {
     pub(crate) start: AtomicBool,
     /// Stop the pass under way (`condense scrub --stop`).
     pub(crate) stop: AtomicBool,
+}
+
+/// Chunk-table pages per window (128 chunk ids each).
+pub const WINDOW_PAGES: u64 = 8;
+/// Merge sorted block numbers into (first, count) ranges.
+pub(crate) fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &b in blocks {
+        match out.last_mut() {
+            Some((first, n)) if *first + *n == b => *n += 1,
+            _ => out.push((b, 1)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_record_reads_back_and_junk_is_skipped() {
+        let p = ScrubPass {
+            started_unix: 10,
+            finished_unix: Some(20),
+            chunks_total: 5,
+            chunks_checked: 5,
+            bytes_checked: 9000,
+            damaged_chunks: 1,
+            healed_chunks: 2,
+            damaged: vec![],
+            damaged_blocks: vec![("vm@s1".into(), 7, 2)],
+            stopped: false,
+        };
+        assert_eq!(ScrubPass::decode(&p.encode()), p);
+        let junk = ScrubPass::decode(b"chunks=x\nblock\tv\t1\nbytes=3\n\xff\xfe");
+        assert_eq!(junk.bytes_checked, 3);
+        assert!(junk.damaged_blocks.is_empty());
+    }
+
+    #[test]
+    fn blocks_merge_into_ranges() {
+        assert_eq!(ranges(&[1, 2, 3, 7, 9, 10]), vec![(1, 3), (7, 1), (9, 2)]);
+        assert_eq!(ranges(&[]), vec![]);
+    }
 }
