@@ -16,7 +16,7 @@ code is rustfmt-formatted), outside `#[cfg(test)]` modules and `tests/`.
 crate depending on one on a higher layer (the layers: scripts/layers.txt); a function over
 100 lines outside tests (unless in LONG_FUNCTIONS_ALLOWED); `json!` in more than JSON_LIMIT
 places in the CLI and the service; a crate's src/ over CRATE_LINES lines or the CLI's over
-CLI_LINES.
+CLI_LINES; a `fuzz` or `sim` module compiled without a `#[cfg(...)]` (test code in release builds).
 """
 import os
 import re
@@ -159,8 +159,23 @@ def analyse(crate, limit=FUNCTION_LINES):
         "circles": circles(files, edges),
         "src_lines": sum(len(texts[p].splitlines()) for p in texts),
         "test_lines": count_lines(os.path.join(crate, "tests")),
+        "ungated": [(p, n) for p, text in texts.items() for n in ungated_test_modules(text)],
         "json": [(p, line_of(code, mt.start())) for p, code in stripped.items() for mt in re.finditer(r"\bjson!", code)],
     }
+
+
+def ungated_test_modules(text):
+    """Lines declaring a `fuzz` or `sim` module with no `#[cfg(...)]` on it: in release builds."""
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if re.match(r"\s*(pub(\([^)]*\))? )?mod (fuzz|sim)\b", line):
+            j = i - 1
+            while j >= 0 and lines[j].strip().startswith(("#[", "//")):
+                j -= 1
+            if not any("#[cfg(" in a for a in lines[j + 1 : i]):
+                out.append(i + 1)
+    return out
 
 
 def long_functions(path, text, code, limit):
@@ -323,6 +338,8 @@ def check():
         for n, path, fname, line in sorted(a["functions"], key=lambda f: (f[1], f[3])):
             if f"{path} {fname}" not in LONG_FUNCTIONS_ALLOWED:
                 problems.append(f"{path}:{line}: function {fname} is {n} lines (limit {FUNCTION_LINES}; split it)")
+        for path, line in a["ungated"]:
+            problems.append(f"{path}:{line}: test code in release builds: put it behind a feature (`#[cfg(feature = ...)]`)")
         if a["src_lines"] > CRATE_LINES:
             problems.append(f"{src}: crate {name} has {a['src_lines']} lines in src/ (limit {CRATE_LINES}; {a['test_lines']} in tests/)")
         if folder == "crates/cli" and a["src_lines"] > CLI_LINES:
