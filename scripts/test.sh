@@ -20,6 +20,10 @@ step() {
   times+=("$((SECONDS - t0)) s  $name")
 }
 step "cargo fmt --check" cargo fmt --all -- --check
+# The walls (issue 41): no import circle or upward import (scripts/layers.txt), no function
+# over 100 lines, json! in at most 5 places in the CLI and service, crate sizes, no fuzz or sim
+# module in release builds. Under a second.
+step "scripts/module-map.py --check" scripts/module-map.py --check
 step "cargo clippy -D warnings" cargo clippy --workspace --all-targets -- -D warnings
 # The shipped binary (release profile: thin LTO), which the end-to-end tests below run.
 step "cargo build --release -p condense" cargo build --release -p condense

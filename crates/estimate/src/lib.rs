@@ -13,6 +13,9 @@
 mod analysis;
 pub mod error;
 mod figures;
+/// Entry points of the fuzz targets; not in release builds (feature `fuzzing`, on in
+/// fuzz/Cargo.toml and for this crate's own tests).
+#[cfg(feature = "fuzzing")]
 pub mod fuzz;
 pub mod image;
 pub mod inspect;

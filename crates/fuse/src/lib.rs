@@ -46,6 +46,9 @@
 
 pub mod format;
 mod fs;
+/// Entry points of the fuzz targets; not in release builds (feature `fuzzing`, on in
+/// fuzz/Cargo.toml and for this crate's own tests).
+#[cfg(feature = "fuzzing")]
 pub mod fuzz;
 mod metrics;
 mod seek;

@@ -99,6 +99,9 @@
 mod admission;
 mod budget;
 mod buffers;
+/// Entry points of the fuzz targets; not in release builds (feature `fuzzing`, on in
+/// fuzz/Cargo.toml and for this crate's own tests).
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzz;
 mod handshake;
