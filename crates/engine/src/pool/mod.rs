@@ -296,7 +296,7 @@ pub struct Pool {
     /// deletion ([`crate::volume_claims`]).
     pub(crate) deleted_names: Mutex<std::collections::BTreeSet<String>>,
     /// Tests only: the hand-over step at which this open stops as a kill would
-    /// ([`Pool::stop_handovers_at`]); 0: none.
+    /// (`Pool::stop_handovers_at`, tests); 0: none.
     pub(crate) handover_stop: std::sync::atomic::AtomicU32,
     /// Sequential readers of each volume, read ahead through the block map on a store whose
     /// reads cost requests ([`read_ahead`]).
