@@ -15,6 +15,7 @@ use crate::format::hosts::{
 };
 use crate::format::{segment_slot, JournalRecord, CHUNK_ID_LIMIT, ENTRY_LOST};
 use crate::locks::lock;
+use crate::pool::claims::highest_turn;
 use crate::pool::peers::{
     OpenedPeer, STEP_COMPLETED, STEP_CREATED, STEP_FILLED, STEP_FIRST_BATCH, STEP_RELEASED,
 };
@@ -529,14 +530,7 @@ fn claim_turns(pool: &Pool, name: &str) -> Result<Option<u32>> {
     let Some(reg) = pool.dir.volume_claims() else {
         return Ok(None);
     };
-    let claims = reg
-        .list(Some(name))
-        .map_err(|e| Error::io(format!("listing the claims of volume {name}"), e))?;
-    Ok(claims
-        .iter()
-        .filter(|c| c.slot != pool.slot)
-        .map(|c| c.turn)
-        .max())
+    highest_turn(&*reg, name, |slot| slot != pool.slot)
 }
 
 /// After claiming `name` without a hand-over naming this slot (an adopt from a forgotten

@@ -89,14 +89,7 @@ impl Pool {
         let Some(reg) = self.claims_if_shared()? else {
             return Ok(None);
         };
-        let claims = reg
-            .list(Some(name))
-            .map_err(|e| Error::io(format!("listing the claims of volume {name}"), e))?;
-        Ok(claims
-            .iter()
-            .filter(|c| c.slot == self.slot)
-            .map(|c| c.turn)
-            .max())
+        highest_turn(&*reg, name, |slot| slot == self.slot)
     }
 
     /// At a sync: claim the volumes this host holds without a claim (made before the pool
@@ -196,4 +189,16 @@ impl Pool {
             detail: detail.to_string(),
         }
     }
+}
+
+/// The highest turn of the claims of `name` in `reg` whose slot `pick` keeps.
+pub(crate) fn highest_turn(
+    reg: &dyn VolumeClaims,
+    name: &str,
+    pick: impl Fn(u8) -> bool,
+) -> Result<Option<u32>> {
+    let claims = reg
+        .list(Some(name))
+        .map_err(|e| Error::io(format!("listing the claims of volume {name}"), e))?;
+    Ok(claims.iter().filter(|c| pick(c.slot)).map(|c| c.turn).max())
 }

@@ -49,7 +49,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 pub(crate) mod cache_tier;
-mod claims;
+pub(crate) mod claims;
 pub mod damage;
 mod destage;
 mod durability;
