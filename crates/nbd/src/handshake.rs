@@ -9,14 +9,15 @@
 //! before it carries over. Exports a connection's [`Access`] does not allow are neither listed
 //! nor opened: they are answered exactly like exports that do not exist.
 
+use crate::export::{self, blocking, Export};
 use crate::proto::*;
-use crate::server::{blocking, Shared};
+use crate::state::ServerState;
 use crate::tls::{Access, TlsMode};
 use crate::wire::{self, ClientOption, GoRequest, MetaContext, MetaRequest, Negotiated};
 use condense_api::Volume;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::sync::watch;
 
 /// Option data accepted in one option; larger data is skipped and answered `ERR_TOO_BIG`.
 pub const OPTION_DATA_BYTES_MAX: u32 = 64 * 1024;
@@ -24,18 +25,6 @@ pub const OPTION_DATA_BYTES_MAX: u32 = 64 * 1024;
 const OPTION_SKIP_BYTES_MAX: u32 = 16 * 1024 * 1024;
 /// Options one connection may send before it is considered abusive and dropped.
 const OPTIONS_PER_CONNECTION_MAX: u32 = 4096;
-
-/// The export a client chose, and what was negotiated for it.
-pub struct Export {
-    pub volume: Arc<dyn Volume>,
-    pub negotiated: Negotiated,
-    pub transmission_flags: u16,
-    /// The metadata contexts selected for this export, with their ids, in id order.
-    pub contexts: Arc<[(u32, MetaContext)]>,
-    /// The transmission slot the connection holds while it serves this export (taken when
-    /// the client chooses it; none for NBD_OPT_INFO).
-    pub slot: Option<OwnedSemaphorePermit>,
-}
 
 /// How the handshake ended.
 pub enum Outcome {
@@ -163,7 +152,7 @@ pub async fn greet<S: AsyncRead + AsyncWrite + Unpin>(
 /// Haggle options until the client picks an export, starts TLS, or leaves.
 pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    shared: &Arc<Shared>,
+    server: &Arc<ServerState>,
     shutdown: &mut watch::Receiver<bool>,
     session: &Session,
 ) -> Result<Outcome, HandshakeError> {
@@ -247,7 +236,7 @@ pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
                 continue;
             }
         };
-        if let Some(outcome) = handle_option(stream, shared, &mut state, option, parsed).await? {
+        if let Some(outcome) = handle_option(stream, server, &mut state, option, parsed).await? {
             stream.flush().await?;
             return Ok(outcome);
         }
@@ -259,7 +248,7 @@ pub async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
 /// Answer one option. `Some` ends the handshake.
 async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    shared: &Arc<Shared>,
+    server: &Arc<ServerState>,
     state: &mut Haggle<'_>,
     option: u32,
     parsed: ClientOption,
@@ -271,7 +260,7 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(Some(Outcome::Close("client aborted")))
         }
         ClientOption::List => {
-            list_exports(stream, shared, state, option).await?;
+            list_exports(stream, server, state, option).await?;
             Ok(None)
         }
         ClientOption::StartTls => start_tls(stream, state, option).await,
@@ -291,19 +280,19 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
             Ok(None)
         }
         ClientOption::ListMetaContext(req) => {
-            meta_context(stream, shared, state, option, req, true).await?;
+            meta_context(stream, server, state, option, req, true).await?;
             Ok(None)
         }
         ClientOption::SetMetaContext(req) => {
-            meta_context(stream, shared, state, option, req, false).await?;
+            meta_context(stream, server, state, option, req, false).await?;
             Ok(None)
         }
         ClientOption::Info(req) => {
-            info_or_go(stream, shared, state, option, req, false).await?;
+            info_or_go(stream, server, state, option, req, false).await?;
             Ok(None)
         }
-        ClientOption::Go(req) => info_or_go(stream, shared, state, option, req, true).await,
-        ClientOption::ExportName(name) => export_name(stream, shared, state, &name).await,
+        ClientOption::Go(req) => info_or_go(stream, server, state, option, req, true).await,
+        ClientOption::ExportName(name) => export_name(stream, server, state, &name).await,
         ClientOption::Unknown(code) => {
             error_reply(
                 stream,
@@ -320,11 +309,11 @@ async fn handle_option<S: AsyncRead + AsyncWrite + Unpin>(
 /// NBD_OPT_LIST: one reply per export this connection may see, then the ack.
 async fn list_exports<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    shared: &Arc<Shared>,
+    server: &Arc<ServerState>,
     state: &Haggle<'_>,
     option: u32,
 ) -> Result<(), HandshakeError> {
-    match shared.visible_exports().await {
+    match export::visible_exports(&server.catalog).await {
         Ok(names) => {
             for name in names.iter().filter(|n| state.session.access.allows(n)) {
                 reply(stream, option, REP_SERVER, &wire::rep_server(name)).await?;
@@ -369,22 +358,22 @@ async fn start_tls<S: AsyncRead + AsyncWrite + Unpin>(
 /// has no error reply).
 async fn export_name<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    shared: &Arc<Shared>,
+    server: &Arc<ServerState>,
     state: &Haggle<'_>,
     name: &str,
 ) -> Result<Option<Outcome>, HandshakeError> {
-    let Ok(volume) = open_export(shared, state, name).await else {
+    let Ok(volume) = open_export(server, state, name).await else {
         return Ok(Some(Outcome::Close(
             "NBD_OPT_EXPORT_NAME of an unknown export",
         )));
     };
     // NBD_OPT_EXPORT_NAME has no error reply: without a slot the only answer is to hang up.
-    let Some(slot) = shared.transmission_slot() else {
+    let Some(slot) = server.transmission_slot() else {
         return Ok(Some(Outcome::Close(
             "NBD_OPT_EXPORT_NAME with every transmission slot taken",
         )));
     };
-    let mut export = make_export(shared, state, volume);
+    let mut export = make_export(server, state, volume);
     export.slot = Some(slot);
     let mut out = Vec::with_capacity(134);
     out.extend_from_slice(&export.negotiated.size.to_be_bytes());
@@ -398,7 +387,7 @@ async fn export_name<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Open an export this connection may see; one it may not is as unknown as a missing one.
 async fn open_export(
-    shared: &Arc<Shared>,
+    server: &Arc<ServerState>,
     state: &Haggle<'_>,
     name: &str,
 ) -> Result<Arc<dyn Volume>, condense_api::VolumeError> {
@@ -407,15 +396,15 @@ async fn open_export(
     if !name.is_empty() && !access.allows(name) {
         return Err(not_found());
     }
-    let volume = shared.open_export(name).await?;
+    let volume = export::open(&server.catalog, name).await?;
     if !access.allows(volume.name()) {
         return Err(not_found());
     }
     Ok(volume)
 }
 
-fn make_export(shared: &Shared, state: &Haggle<'_>, volume: Arc<dyn Volume>) -> Export {
-    let read_only = shared.config.read_only || volume.is_read_only();
+fn make_export(server: &ServerState, state: &Haggle<'_>, volume: Arc<dyn Volume>) -> Export {
+    let read_only = server.config.read_only || volume.is_read_only();
     let mut flags = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_CACHE;
     if read_only {
         flags |= TFLAG_READ_ONLY;
@@ -438,7 +427,7 @@ fn make_export(shared: &Shared, state: &Haggle<'_>, volume: Arc<dyn Volume>) -> 
             read_only,
             structured: state.structured,
             block_status: !contexts.is_empty(),
-            payload_bytes_max: shared.config.payload_bytes_max,
+            payload_bytes_max: server.config.payload_bytes_max,
         },
         transmission_flags: flags,
         volume,
@@ -459,22 +448,22 @@ fn preferred_block_size(volume: &dyn Volume) -> u32 {
 
 async fn info_or_go<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    shared: &Arc<Shared>,
+    server: &Arc<ServerState>,
     state: &mut Haggle<'_>,
     option: u32,
     req: GoRequest,
     go: bool,
 ) -> Result<Option<Outcome>, HandshakeError> {
-    let volume = match open_export(shared, state, &req.name).await {
+    let volume = match open_export(server, state, &req.name).await {
         Ok(v) => v,
         Err(e) => {
             error_reply(stream, option, REP_ERR_UNKNOWN, &e.to_string()).await?;
             return Ok(None);
         }
     };
-    let mut export = make_export(shared, state, volume);
+    let mut export = make_export(server, state, volume);
     if go {
-        let Some(slot) = shared.transmission_slot() else {
+        let Some(slot) = server.transmission_slot() else {
             error_reply(
                 stream,
                 option,
@@ -482,7 +471,7 @@ async fn info_or_go<S: AsyncRead + AsyncWrite + Unpin>(
                 &format!(
                     "the server serves its maximum of {} connections (serve \
                      --max-connections); try again later",
-                    shared.config.max_connections
+                    server.config.max_connections
                 ),
             )
             .await?;
@@ -498,7 +487,7 @@ async fn info_or_go<S: AsyncRead + AsyncWrite + Unpin>(
         &wire::info_export(export.negotiated.size, export.transmission_flags),
     );
     let preferred = preferred_block_size(export.volume.as_ref());
-    let maximum = shared.config.payload_bytes_max.max(preferred);
+    let maximum = server.config.payload_bytes_max.max(preferred);
     wire::put_option_reply(
         &mut out,
         option,
@@ -524,7 +513,7 @@ async fn info_or_go<S: AsyncRead + AsyncWrite + Unpin>(
 
 async fn meta_context<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
-    shared: &Arc<Shared>,
+    server: &Arc<ServerState>,
     state: &mut Haggle<'_>,
     option: u32,
     req: MetaRequest,
@@ -544,7 +533,7 @@ async fn meta_context<S: AsyncRead + AsyncWrite + Unpin>(
         .await?;
         return Ok(());
     }
-    let volume = match open_export(shared, state, &req.export).await {
+    let volume = match open_export(server, state, &req.export).await {
         Ok(v) => v,
         Err(e) => {
             error_reply(stream, option, REP_ERR_UNKNOWN, &e.to_string()).await?;

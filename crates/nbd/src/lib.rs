@@ -99,6 +99,8 @@
 mod admission;
 mod budget;
 mod buffers;
+mod config;
+mod export;
 /// Entry points of the fuzz targets; not in release builds (feature `fuzzing`, on in
 /// fuzz/Cargo.toml and for this crate's own tests).
 #[cfg(feature = "fuzzing")]
@@ -109,18 +111,20 @@ mod metrics;
 pub mod proto;
 pub mod psk;
 mod server;
+mod state;
 pub mod tls;
 mod transmission;
 pub mod unix_socket;
 pub mod wire;
 mod workers;
 
-pub use metrics::{Dropped, NbdMetrics};
-pub use server::{
-    is_exportable, serve_stream, Endpoint, Server, ServerConfig, ServerHandle,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HANDSHAKES, DEFAULT_MAX_HANDSHAKES_PER_ADDRESS,
-    HANDSHAKE_TIMEOUT,
+pub use config::{
+    ServerConfig, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_HANDSHAKES,
+    DEFAULT_MAX_HANDSHAKES_PER_ADDRESS, HANDSHAKE_TIMEOUT,
 };
+pub use export::is_exportable;
+pub use metrics::{Dropped, NbdMetrics};
+pub use server::{serve_stream, Endpoint, Server, ServerHandle};
 pub use tls::{ExportRules, TlsConfig, TlsError, TlsMode};
 pub use transmission::End;
 

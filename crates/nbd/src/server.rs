@@ -11,16 +11,16 @@
 //! (NBD_OPT_EXPORT_NAME), counted in `condense_nbd_connections_refused_total` and logged at
 //! most once per [`crate::admission::LOG_INTERVAL`]. At shutdown connections get
 //! [`ServerConfig::drain_timeout`] to take the replies of requests in flight, then are closed.
-use crate::admission::{Handshakes, RateLimitedLog, Stage, Ticket};
-use crate::budget::Budget;
-use crate::buffers::BufPool;
+use crate::admission::{Stage, Ticket};
+use crate::config::ServerConfig;
+use crate::export::Export;
 use crate::handshake::{self, Outcome, Security, Session};
 use crate::metrics::{Dropped, NbdMetrics};
-use crate::tls::{Access, TlsConfig, TlsStream};
+use crate::state::ServerState;
+use crate::tls::{Access, TlsStream};
 use crate::transmission::{self, End};
-use crate::workers::Workers;
 use crate::NbdError;
-use condense_api::{Catalog, Volume, VolumeError};
+use condense_api::Catalog;
 use std::fmt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
 
 /// Where the server listens.
@@ -47,225 +47,6 @@ impl fmt::Display for Endpoint {
     }
 }
 
-/// Settings of a server.
-#[derive(Clone, Debug)]
-pub struct ServerConfig {
-    /// Refuse every write, whatever the volumes allow.
-    pub read_only: bool,
-    /// Largest READ/WRITE payload (advertised as the maximum block size). At least 1 MiB.
-    pub payload_bytes_max: u32,
-    /// Bytes of requests and replies one connection may have in flight before the server
-    /// stops reading from it (the in-flight budget, [`crate::budget`]).
-    pub inflight_bytes_max: usize,
-    /// Bytes of requests and replies all connections together may have in flight, beyond the
-    /// 1 MiB each connection always has of its own ([`crate::budget::RESERVE_BYTES`]).
-    pub server_inflight_bytes_max: usize,
-    /// Connections in the transmission phase at once; a client choosing an export beyond it
-    /// is refused.
-    pub max_connections: usize,
-    /// Connections in the handshake (accepted, no export chosen) at once; beyond it the
-    /// unauthenticated one idle longest is closed ([`crate::admission`]).
-    pub max_handshakes: usize,
-    /// Connections in the handshake at once from one TCP source address (IPv6: one /64).
-    pub max_handshakes_per_address: usize,
-    /// How long a client may take from accept to choosing an export (greeting, options, TLS
-    /// handshake).
-    pub handshake_timeout: Duration,
-    /// How long shutdown waits for connections to take the replies of what they have in
-    /// flight before closing them.
-    pub drain_timeout: Duration,
-    /// Threads that run Volume API calls for all connections.
-    pub worker_threads: usize,
-    /// NBD over TLS (STARTTLS); `None` serves plaintext only and refuses STARTTLS.
-    pub tls: Option<Arc<TlsConfig>>,
-    /// Who may connect to the Unix socket endpoints: their owner (0600, the default) or a
-    /// group too (0660).
-    pub socket_access: crate::unix_socket::Access,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            read_only: false,
-            payload_bytes_max: 32 * 1024 * 1024,
-            // One largest request, or many small ones: seq 1 MiB reads at queue depth 4 and
-            // nbdcopy's 64 requests of 256 KiB need 4 and 16 MiB.
-            inflight_bytes_max: 32 * 1024 * 1024,
-            // Twice one connection: two clients that never read cannot take more.
-            server_inflight_bytes_max: 64 * 1024 * 1024,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_handshakes: DEFAULT_MAX_HANDSHAKES,
-            max_handshakes_per_address: DEFAULT_MAX_HANDSHAKES_PER_ADDRESS,
-            handshake_timeout: HANDSHAKE_TIMEOUT,
-            // Clients that read take their replies in milliseconds; this bounds shutdown for
-            // those that do not.
-            drain_timeout: Duration::from_secs(3),
-            worker_threads: 4,
-            tls: None,
-            socket_access: crate::unix_socket::Access::Owner,
-        }
-    }
-}
-
-/// Connections served at once by default: far more than the VMs and backup jobs of one host
-/// open (qemu opens one per disk, nbdcopy four), few enough that their in-flight reserves
-/// (1 MiB each) and buffers stay small.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
-
-/// Connections in the handshake at once by default: twice the transmission slots, so clients
-/// connecting together are never short of room, yet a flood of idle or unauthenticated
-/// sockets holds little (no buffers, no volume).
-pub const DEFAULT_MAX_HANDSHAKES: usize = 128;
-
-/// Connections in the handshake at once from one TCP source address by default: more than a
-/// host starting many VMs at once opens, a quarter of [`DEFAULT_MAX_HANDSHAKES`].
-pub const DEFAULT_MAX_HANDSHAKES_PER_ADDRESS: usize = 32;
-
-/// How long a client may take from connecting to choosing an export (greeting, options,
-/// TLS handshake) by default: clients take milliseconds, even over a slow link.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What every connection shares.
-pub struct Shared {
-    pub catalog: Arc<dyn Catalog>,
-    pub config: ServerConfig,
-    pub workers: Workers,
-    pub buffers: Arc<BufPool>,
-    pub metrics: Arc<NbdMetrics>,
-    /// The server-wide in-flight budget.
-    pub budget: Budget,
-    /// One permit per connection in the transmission phase.
-    slots: Arc<Semaphore>,
-    /// Connections in the handshake.
-    handshakes: Arc<Handshakes>,
-    /// Refusals for want of a transmission slot.
-    refusals: RateLimitedLog,
-}
-
-impl Shared {
-    fn new(catalog: Arc<dyn Catalog>, config: ServerConfig) -> std::io::Result<Shared> {
-        let workers = Workers::new(config.worker_threads)?;
-        let metrics = Arc::new(NbdMetrics::default());
-        Ok(Shared {
-            catalog,
-            budget: Budget::new(config.server_inflight_bytes_max, metrics.clone()),
-            slots: Arc::new(Semaphore::new(
-                config.max_connections.clamp(1, Semaphore::MAX_PERMITS),
-            )),
-            handshakes: Arc::new(Handshakes::new(
-                config.max_handshakes,
-                config.max_handshakes_per_address,
-                metrics.clone(),
-            )),
-            refusals: RateLimitedLog::default(),
-            config,
-            workers,
-            buffers: Arc::new(BufPool::default()),
-            metrics,
-        })
-    }
-
-    /// A transmission slot for a client that chose its export, or `None` (counted and
-    /// logged) when all are taken.
-    pub(crate) fn transmission_slot(&self) -> Option<OwnedSemaphorePermit> {
-        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-            return Some(slot);
-        }
-        self.metrics.connection_refused();
-        self.refusals.event(|n| {
-            tracing::warn!(
-                "refused {n} NBD client(s) their export since the last report: {} clients \
-                 are served, the maximum (--max-connections)",
-                self.config.max_connections
-            );
-        });
-        None
-    }
-}
-
-/// Run a blocking catalog or volume call off the async threads.
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, VolumeError> + Send + 'static,
-) -> Result<T, VolumeError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| VolumeError::Io(format!("catalog task failed: {e}")))?
-}
-
-impl Shared {
-    /// Volumes clients may see: the catalog's volumes except internal ones (leading '.').
-    pub async fn visible_volumes(&self) -> Result<Vec<String>, VolumeError> {
-        let catalog = self.catalog.clone();
-        let list = blocking(move || catalog.list()).await?;
-        Ok(list
-            .into_iter()
-            .map(|v| v.name)
-            .filter(|n| is_exportable(n))
-            .collect())
-    }
-
-    /// Exports clients may see (NBD_OPT_LIST): each visible volume followed by its visible
-    /// snapshots as `VOLUME@SNAPSHOT`, oldest first. A catalog that cannot list its
-    /// snapshots still lists its volumes.
-    pub async fn visible_exports(&self) -> Result<Vec<String>, VolumeError> {
-        let volumes = self.visible_volumes().await?;
-        let catalog = self.catalog.clone();
-        let snapshots = match blocking(move || catalog.snapshots()).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("cannot list snapshots: {e}");
-                Vec::new()
-            }
-        };
-        let mut out = Vec::with_capacity(volumes.len() + snapshots.len());
-        for v in &volumes {
-            out.push(v.clone());
-            out.extend(
-                snapshots
-                    .iter()
-                    .filter(|s| &s.volume == v)
-                    .map(|s| s.full_name())
-                    .filter(|n| is_exportable(n)),
-            );
-        }
-        Ok(out)
-    }
-
-    /// Open the export a client named (a volume, or `VOLUME@SNAPSHOT` read-only); the empty
-    /// name is the default export, which exists when the pool has exactly one visible volume.
-    pub async fn open_export(&self, name: &str) -> Result<Arc<dyn Volume>, VolumeError> {
-        let name = if name.is_empty() {
-            let names = self.visible_volumes().await?;
-            match names.as_slice() {
-                [only] => only.clone(),
-                _ => {
-                    return Err(VolumeError::NotFound(
-                        "(default export: name one, the pool has several or none)".to_string(),
-                    ))
-                }
-            }
-        } else {
-            name.to_string()
-        };
-        if !is_exportable(&name) {
-            return Err(VolumeError::NotFound(name));
-        }
-        let catalog = self.catalog.clone();
-        blocking(move || catalog.open(&name)).await
-    }
-}
-
-/// Whether a volume or snapshot name may be served: names (of the volume, or of the snapshot
-/// in `VOLUME@SNAPSHOT`) beginning with '.' are internal, and so are empty ones.
-pub fn is_exportable(name: &str) -> bool {
-    let visible = |part: &str| !part.is_empty() && !part.starts_with('.');
-    let parts_visible = match condense_api::split_snapshot_name(name) {
-        Some((volume, snapshot)) => visible(volume) && visible(snapshot),
-        None => visible(name),
-    };
-    parts_visible && name.len() <= crate::proto::STRING_BYTES_MAX
-}
-
 enum Bound {
     Tcp(std::net::TcpListener),
     Unix(std::os::unix::net::UnixListener, PathBuf),
@@ -273,7 +54,7 @@ enum Bound {
 
 /// A server bound to its endpoints, not yet serving.
 pub struct Server {
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
     listeners: Vec<Bound>,
     endpoints: Vec<Endpoint>,
 }
@@ -339,7 +120,7 @@ impl Server {
             }
         }
         Ok(Server {
-            shared: Arc::new(Shared::new(catalog, config).map_err(NbdError::Runtime)?),
+            state: Arc::new(ServerState::new(catalog, config).map_err(NbdError::Runtime)?),
             listeners,
             endpoints: bound,
         })
@@ -353,7 +134,7 @@ impl Server {
     /// The server's counters (requests, bytes, latency, clients), to register with a
     /// metrics endpoint.
     pub fn metrics(&self) -> Arc<NbdMetrics> {
-        self.shared.metrics.clone()
+        self.state.metrics.clone()
     }
 
     /// Serve until `shutdown` completes; then stop accepting, answer every request in flight,
@@ -363,17 +144,17 @@ impl Server {
         let mut acceptors = JoinSet::new();
         let mut socket_files = Vec::new();
         for l in self.listeners {
-            let shared = self.shared.clone();
+            let state = self.state.clone();
             let stop = stop_rx.clone();
             match l {
                 Bound::Tcp(l) => {
                     let l = tokio::net::TcpListener::from_std(l).map_err(NbdError::Io)?;
-                    acceptors.spawn(accept_loop(shared, stop, l));
+                    acceptors.spawn(accept_loop(state, stop, l));
                 }
                 Bound::Unix(l, path) => {
                     let l = tokio::net::UnixListener::from_std(l).map_err(NbdError::Io)?;
                     socket_files.push(path);
-                    acceptors.spawn(accept_loop(shared, stop, l));
+                    acceptors.spawn(accept_loop(state, stop, l));
                 }
             }
         }
@@ -385,7 +166,7 @@ impl Server {
         for p in socket_files {
             let _ = std::fs::remove_file(p);
         }
-        let catalog = self.shared.catalog.clone();
+        let catalog = self.state.catalog.clone();
         tokio::task::spawn_blocking(move || catalog.flush())
             .await
             .map_err(|_| NbdError::Panicked)??;
@@ -503,7 +284,7 @@ fn source_address(ip: IpAddr) -> IpAddr {
 }
 
 async fn accept_loop<A: Acceptor>(
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
     mut stop: watch::Receiver<bool>,
     listener: A,
 ) {
@@ -517,15 +298,15 @@ async fn accept_loop<A: Acceptor>(
         match accepted {
             Ok((stream, source, peer)) => {
                 // No room even after closing older handshakes: closed now, before the greeting.
-                let Some(ticket) = shared.handshakes.admit(source) else {
+                let Some(ticket) = state.handshakes.admit(source) else {
                     drop(stream);
                     continue;
                 };
                 tracing::debug!(peer, "connection");
-                let shared = shared.clone();
+                let state = state.clone();
                 let stop = stop.clone();
                 conns.spawn(async move {
-                    let end = connection(stream, shared, stop, ticket).await;
+                    let end = connection(stream, state, stop, ticket).await;
                     tracing::debug!(peer, ?end, "connection closed");
                 });
             }
@@ -537,7 +318,7 @@ async fn accept_loop<A: Acceptor>(
         }
     }
     drop(listener);
-    let drain = shared.config.drain_timeout;
+    let drain = state.config.drain_timeout;
     let all_done = async { while conns.join_next().await.is_some() {} };
     if tokio::time::timeout(drain, all_done).await.is_err() {
         tracing::warn!("connections still busy after {drain:?}; closing them");
@@ -547,8 +328,8 @@ async fn accept_loop<A: Acceptor>(
 
 /// A connection whose handshake chose an export, holding its transmission slot.
 enum Ready<S> {
-    Plain(S, handshake::Export),
-    Tls(Box<TlsStream<S>>, handshake::Export),
+    Plain(S, Export),
+    Tls(Box<TlsStream<S>>, Export),
 }
 
 /// Serve one connection from greeting to close: plaintext, or upgraded to TLS by STARTTLS
@@ -556,15 +337,15 @@ enum Ready<S> {
 /// the deadline, or when the register of handshakes closes the connection to make room.
 pub async fn connection<S: Stream>(
     stream: S,
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
     mut stop: watch::Receiver<bool>,
     ticket: Ticket,
 ) -> End {
-    let _client = shared.metrics.client();
+    let _client = state.metrics.client();
     let Ticket { place, evicted } = ticket;
-    let limit = shared.config.handshake_timeout;
+    let limit = state.config.handshake_timeout;
     let ready = tokio::select! {
-        r = tokio::time::timeout(limit, handshake_phase(stream, &shared, &mut stop, &place)) => r,
+        r = tokio::time::timeout(limit, handshake_phase(stream, &state, &mut stop, &place)) => r,
         () = evicted.wait() => {
             return End::Io("closed in the handshake to make room for newer connections".into())
         }
@@ -573,19 +354,19 @@ pub async fn connection<S: Stream>(
     drop(place);
     match ready {
         Err(_) => {
-            shared.metrics.handshake_dropped(Dropped::Timeout);
+            state.metrics.handshake_dropped(Dropped::Timeout);
             End::Io(format!("no export chosen within {limit:?}"))
         }
         Ok(Err(end)) => end,
-        Ok(Ok(Ready::Plain(s, export))) => transmit(s, export, &shared, stop).await,
-        Ok(Ok(Ready::Tls(s, export))) => transmit(*s, export, &shared, stop).await,
+        Ok(Ok(Ready::Plain(s, export))) => transmit(s, export, &state, stop).await,
+        Ok(Ok(Ready::Tls(s, export))) => transmit(*s, export, &state, stop).await,
     }
 }
 
 /// The handshake: greeting, options, and if the client asks, TLS and options again.
 async fn handshake_phase<S: Stream>(
     mut stream: S,
-    shared: &Arc<Shared>,
+    state: &Arc<ServerState>,
     stop: &mut watch::Receiver<bool>,
     place: &crate::admission::Place,
 ) -> Result<Ready<S>, End> {
@@ -595,7 +376,7 @@ async fn handshake_phase<S: Stream>(
         Err(e) => return Err(End::Io(e.to_string())),
     };
     place.advance(Stage::Haggling);
-    let tls = shared.config.tls.clone();
+    let tls = state.config.tls.clone();
     let session = Session {
         security: tls
             .as_ref()
@@ -603,7 +384,7 @@ async fn handshake_phase<S: Stream>(
         access: Access::All,
         no_zeroes,
     };
-    match handshake::negotiate(&mut stream, shared, stop, &session).await {
+    match handshake::negotiate(&mut stream, state, stop, &session).await {
         Ok(Outcome::Transmission(export)) => return Ok(Ready::Plain(stream, export)),
         Ok(Outcome::Close(why)) => {
             tracing::debug!(why, "handshake ended");
@@ -638,7 +419,7 @@ async fn handshake_phase<S: Stream>(
         access,
         no_zeroes,
     };
-    match handshake::negotiate(&mut stream, shared, stop, &session).await {
+    match handshake::negotiate(&mut stream, state, stop, &session).await {
         Ok(Outcome::Transmission(export)) => Ok(Ready::Tls(Box::new(stream), export)),
         Ok(Outcome::StartTls) => Err(End::ProtocolViolation("STARTTLS twice".to_string())),
         Ok(Outcome::Close(why)) => {
@@ -652,8 +433,8 @@ async fn handshake_phase<S: Stream>(
 /// Run the transmission phase on a negotiated connection, plaintext or TLS.
 async fn transmit<S: Stream>(
     stream: S,
-    export: handshake::Export,
-    shared: &Arc<Shared>,
+    export: Export,
+    state: &Arc<ServerState>,
     stop: watch::Receiver<bool>,
 ) -> End {
     tracing::debug!(export = export.volume.name(), "transmission");
@@ -662,22 +443,17 @@ async fn transmit<S: Stream>(
         r,
         w,
         export,
-        &shared.workers,
-        &shared.buffers,
-        &shared.metrics,
-        shared.budget.connection(shared.config.inflight_bytes_max),
+        &state.workers,
+        &state.buffers,
+        &state.metrics,
+        state.budget.connection(state.config.inflight_bytes_max),
         stop,
     )
     .await;
     // The export, and its slot, are dropped: the last client gone, the server's memory goes
     // back to its idle size.
-    if shared.slots.available_permits()
-        == shared
-            .config
-            .max_connections
-            .clamp(1, Semaphore::MAX_PERMITS)
-    {
-        let buffers = shared.buffers.clone();
+    if state.no_transmissions() {
+        let buffers = state.buffers.clone();
         // Off the async threads: trimming the heap walks it.
         drop(tokio::task::spawn_blocking(move || buffers.release_idle()));
     }
@@ -692,12 +468,12 @@ pub async fn serve_stream<S: Stream>(
     config: ServerConfig,
 ) -> End {
     let (_tx, rx) = watch::channel(false);
-    let shared = match Shared::new(catalog, config) {
+    let state = match ServerState::new(catalog, config) {
         Ok(s) => Arc::new(s),
         Err(e) => return End::Io(format!("cannot start worker threads: {e}")),
     };
-    let Some(ticket) = shared.handshakes.admit(None) else {
+    let Some(ticket) = state.handshakes.admit(None) else {
         return End::Io("no room in the register of handshakes".to_string());
     };
-    connection(stream, shared, rx, ticket).await
+    connection(stream, state, rx, ticket).await
 }

@@ -11,7 +11,7 @@
 
 use crate::budget::{ConnBudget, Permit};
 use crate::buffers::{Buf, BufPool};
-use crate::handshake::Export;
+use crate::export::Export;
 use crate::metrics::NbdMetrics;
 use crate::proto::*;
 use crate::wire::{self, Command, MetaContext, RequestHeader, Verdict};
