@@ -7,8 +7,8 @@
 //! stores them, or CDC for comparison), and reduces each chunk with the engine's own
 //! functions, so that the projection is what `condense import` would store. Bytes on disk come
 //! from `condense_engine::projection`. Writes nothing and prints nothing: [`run`] returns a
-//! [`Report`] that the caller prints as JSON (serde) or as text ([`Report::text`]). Output and
-//! JSON schema: docs/ESTIMATE.md.
+//! [`Report`] that the caller prints as JSON (serde) or as text ([`Report::text`], in text.rs).
+//! Output and JSON schema: docs/ESTIMATE.md.
 
 mod analysis;
 pub mod error;
@@ -22,18 +22,17 @@ pub mod inspect;
 mod nbd_client;
 pub mod probe;
 mod source;
+mod text;
 
 pub use analysis::Chunking;
 pub use error::{Error, Result};
 
 use analysis::{Analysis, Cut, Cutter, Sampling};
-use condense_api::size::human;
 use condense_engine::Compression;
 use error::{bail, Context};
 use figures::ChunkingFigures;
 use probe::Format;
 use serde::Serialize;
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Instant;
@@ -95,8 +94,34 @@ pub struct Report {
 /// Read every image once and project the pool. `progress(done, total)` is called with the
 /// bytes of image data read so far (from the calling thread).
 pub fn run(args: &Options, progress: &dyn Fn(u64, u64)) -> Result<Report> {
+    let chunkings = distinct_chunkings(&args.chunking);
+    let images: Vec<source::Image> = args
+        .images
+        .iter()
+        .map(|p| source::open(p, fixed_alignment(&chunkings), &args.image))
+        .collect::<Result<_>>()?;
+    let names = display_names(&images);
+    let sampling = sampling(args);
+    let mut analyses: Vec<Analysis> = chunkings
+        .iter()
+        .map(|&c| Analysis::new(c, images.len(), sampling))
+        .collect();
+
+    let started = Instant::now();
+    let read = read_and_analyse(&images, &chunkings, &mut analyses, progress)?;
+    let elapsed = started.elapsed().as_secs_f64();
+    check_after_read(&images, &analyses)?;
+    let results: Vec<ChunkingFigures> = analyses
+        .iter()
+        .map(|a| figures::build(a, &images, &names, args.compression))
+        .collect();
+    report(args.compression, results, read, elapsed)
+}
+
+/// The chunkings asked for, each once, in order; fixed:4K when none was.
+fn distinct_chunkings(asked: &[Chunking]) -> Vec<Chunking> {
     let mut chunkings: Vec<Chunking> = Vec::new();
-    for c in &args.chunking {
+    for c in asked {
         if !chunkings.contains(c) {
             chunkings.push(*c);
         }
@@ -104,118 +129,149 @@ pub fn run(args: &Options, progress: &dyn Fn(u64, u64)) -> Result<Report> {
     if chunkings.is_empty() {
         chunkings.push(Chunking::Fixed(4096));
     }
+    chunkings
+}
+
+/// Which unique chunks get compressed with each codec (`--sample`, or the defaults).
+fn sampling(args: &Options) -> Sampling {
     let bp = |p: f64| (p * 100.0).round().clamp(1.0, 10_000.0) as u32;
     let zstd_level = match args.compression {
         Compression::Zstd(l) => l,
         _ => 3,
     };
-    let sampling = Sampling {
+    Sampling {
         lz4_bp: args.sample.map_or(10_000, bp),
         zstd_bp: args.sample.map_or(1_000, bp),
         zstd_level,
-    };
-    let align = chunkings
+    }
+}
+
+/// The alignment the image readers keep: the largest fixed chunk size (4K without one).
+fn fixed_alignment(chunkings: &[Chunking]) -> u64 {
+    chunkings
         .iter()
         .filter_map(|c| match c {
             Chunking::Fixed(b) => Some(u64::from(*b)),
             Chunking::Cdc(_) => None,
         })
         .max()
-        .unwrap_or(4096);
+        .unwrap_or(4096)
+}
 
-    let images: Vec<source::Image> = args
-        .images
-        .iter()
-        .map(|p| source::open(p, align, &args.image))
-        .collect::<Result<_>>()?;
-    let names = display_names(&images);
+/// Read every image's data extents on a reader thread and feed them to the analyses on this
+/// one; the bytes read. Five buffers of [`PIECE`] bytes circulate between the two threads.
+fn read_and_analyse(
+    images: &[source::Image],
+    chunkings: &[Chunking],
+    analyses: &mut [Analysis],
+    progress: &dyn Fn(u64, u64),
+) -> Result<u64> {
     let total_data: u64 = images.iter().map(|i| i.data_bytes()).sum();
-    let mut analyses: Vec<Analysis> = chunkings
-        .iter()
-        .map(|&c| Analysis::new(c, images.len(), sampling))
-        .collect();
-
-    let started = Instant::now();
     progress(0, total_data);
-    let read = std::thread::scope(|scope| -> Result<u64> {
+    std::thread::scope(|scope| -> Result<u64> {
         let (full_tx, full_rx) = mpsc::sync_channel::<Piece>(2);
         let (empty_tx, empty_rx) = mpsc::channel::<Vec<u8>>();
         for _ in 0..5 {
             let _ = empty_tx.send(Vec::with_capacity(PIECE));
         }
-        let images = &images;
-        let reader = scope.spawn(move || -> Result<()> {
-            for (idx, img) in images.iter().enumerate() {
-                if img.extents.is_empty() {
-                    continue;
-                }
-                let mut r = source::Reader::open(img)?;
-                for &(start, len) in &img.extents {
-                    let end = start + len;
-                    let mut pos = start;
-                    while pos < end {
-                        let n = (PIECE as u64).min(end - pos);
-                        let Ok(mut buf) = empty_rx.recv() else {
-                            return Ok(());
-                        };
-                        buf.resize(n as usize, 0);
-                        r.read_at(pos, &mut buf)
-                            .with_context(|| format!("reading image {}", img.path.display()))?;
-                        let piece = Piece {
-                            image: idx,
-                            offset: pos,
-                            data: buf,
-                            extent_end: pos + n == end,
-                        };
-                        if full_tx.send(piece).is_err() {
-                            return Ok(());
-                        }
-                        pos += n;
-                    }
-                }
-            }
-            Ok(())
+        let reader = scope.spawn(move || read_pieces(images, &full_tx, &empty_rx));
+        let read = analyse_pieces(full_rx, &empty_tx, chunkings, analyses, |read| {
+            progress(read, total_data)
         });
-        // Cut and fingerprint piece n while piece n-1 is deduplicated and compressed.
-        let mut cutters: Vec<Cutter> = chunkings.iter().map(|&c| Cutter::new(c)).collect();
-        let mut prev: Option<(Piece, Vec<Cut>)> = None;
-        let mut read = 0u64;
-        let mut commit = |prev: &Option<(Piece, Vec<Cut>)>| {
-            if let Some((p, cuts)) = prev {
-                for (a, cut) in analyses.iter_mut().zip(cuts) {
-                    a.commit(cut, &p.data);
-                }
-            }
-        };
-        for p in full_rx {
-            let (cuts, ()) = rayon::join(
-                || {
-                    cutters
-                        .iter_mut()
-                        .map(|c| c.cut(p.image, p.offset, &p.data, p.extent_end))
-                        .collect::<Vec<Cut>>()
-                },
-                || commit(&prev),
-            );
-            if let Some((done, _)) = prev.take() {
-                read += done.data.len() as u64;
-                progress(read, total_data);
-                let _ = empty_tx.send(done.data);
-            }
-            prev = Some((p, cuts));
-        }
-        commit(&prev);
-        if let Some((done, _)) = prev {
-            read += done.data.len() as u64;
-        }
         match reader.join() {
             Ok(r) => r?,
             Err(_) => bail!("the image reader thread failed"),
         }
         Ok(read)
-    });
-    let read = read?;
-    let elapsed = started.elapsed().as_secs_f64();
+    })
+}
+
+/// The reader thread: every data extent of every image in pieces of at most [`PIECE`] bytes,
+/// each into a buffer taken from `empty`. Stops early (without error) when the analysing side
+/// hung up.
+fn read_pieces(
+    images: &[source::Image],
+    full: &mpsc::SyncSender<Piece>,
+    empty: &mpsc::Receiver<Vec<u8>>,
+) -> Result<()> {
+    for (idx, img) in images.iter().enumerate() {
+        if img.extents.is_empty() {
+            continue;
+        }
+        let mut r = source::Reader::open(img)?;
+        for &(start, len) in &img.extents {
+            let end = start + len;
+            let mut pos = start;
+            while pos < end {
+                let n = (PIECE as u64).min(end - pos);
+                let Ok(mut buf) = empty.recv() else {
+                    return Ok(());
+                };
+                buf.resize(n as usize, 0);
+                r.read_at(pos, &mut buf)
+                    .with_context(|| format!("reading image {}", img.path.display()))?;
+                let piece = Piece {
+                    image: idx,
+                    offset: pos,
+                    data: buf,
+                    extent_end: pos + n == end,
+                };
+                if full.send(piece).is_err() {
+                    return Ok(());
+                }
+                pos += n;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The analysing side: cut and fingerprint piece n while piece n-1 is deduplicated and
+/// compressed, hand each finished buffer back on `empty`, report the bytes done through
+/// `progress`; the bytes analysed.
+fn analyse_pieces(
+    full: mpsc::Receiver<Piece>,
+    empty: &mpsc::Sender<Vec<u8>>,
+    chunkings: &[Chunking],
+    analyses: &mut [Analysis],
+    progress: impl Fn(u64),
+) -> u64 {
+    let mut cutters: Vec<Cutter> = chunkings.iter().map(|&c| Cutter::new(c)).collect();
+    let mut prev: Option<(Piece, Vec<Cut>)> = None;
+    let mut read = 0u64;
+    let mut commit = |prev: &Option<(Piece, Vec<Cut>)>| {
+        if let Some((p, cuts)) = prev {
+            for (a, cut) in analyses.iter_mut().zip(cuts) {
+                a.commit(cut, &p.data);
+            }
+        }
+    };
+    for p in full {
+        let (cuts, ()) = rayon::join(
+            || {
+                cutters
+                    .iter_mut()
+                    .map(|c| c.cut(p.image, p.offset, &p.data, p.extent_end))
+                    .collect::<Vec<Cut>>()
+            },
+            || commit(&prev),
+        );
+        if let Some((done, _)) = prev.take() {
+            read += done.data.len() as u64;
+            progress(read);
+            let _ = empty.send(done.data);
+        }
+        prev = Some((p, cuts));
+    }
+    commit(&prev);
+    if let Some((done, _)) = prev {
+        read += done.data.len() as u64;
+    }
+    read
+}
+
+/// Refuse what was read when a checked image changed meanwhile or a pool could not hold it.
+fn check_after_read(images: &[source::Image], analyses: &[Analysis]) -> Result<()> {
     if let Some(img) = images
         .iter()
         .find(|i| i.checked.format != Format::Raw && !i.checked.is_unchanged())
@@ -231,15 +287,20 @@ pub fn run(args: &Options, progress: &dyn Fn(u64, u64)) -> Result<Report> {
             a.chunking.label()
         );
     }
+    Ok(())
+}
 
-    let results: Vec<ChunkingFigures> = analyses
-        .iter()
-        .map(|a| figures::build(a, &images, &names, args.compression))
-        .collect();
+/// The report: the first chunking's figures at the top, every chunking's in `chunkings`.
+fn report(
+    compression: Compression,
+    results: Vec<ChunkingFigures>,
+    read: u64,
+    elapsed: f64,
+) -> Result<Report> {
     let first = results.first().context("no chunking to report")?.clone();
-    let report = Report {
+    Ok(Report {
         schema: "condense.estimate/1",
-        compression: args.compression.to_string(),
+        compression: compression.to_string(),
         chunking: first.chunking,
         total: first.total,
         images: first.images,
@@ -248,8 +309,7 @@ pub fn run(args: &Options, progress: &dyn Fn(u64, u64)) -> Result<Report> {
         read_bytes: read,
         elapsed_seconds: (elapsed * 1000.0).round() / 1000.0,
         read_bytes_per_second: (read as f64 / elapsed.max(1e-9)).round(),
-    };
-    Ok(report)
+    })
 }
 
 /// Image names for tables: file names, or the paths as given where file names repeat.
@@ -274,147 +334,4 @@ fn display_names(images: &[source::Image]) -> Vec<String> {
             }
         })
         .collect()
-}
-
-impl Report {
-    /// The report as `condense estimate` prints it without `--json`.
-    pub fn text(&self) -> String {
-        text(self)
-    }
-}
-
-fn text(r: &Report) -> String {
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "read {} of data from {} image(s) in {:.1} s ({}/s); projected pool: {} compression",
-        human(r.read_bytes),
-        r.images.len(),
-        r.elapsed_seconds,
-        human(r.read_bytes_per_second as u64),
-        r.compression
-    );
-    for c in &r.chunkings {
-        let t = &c.total;
-        let _ = writeln!(o, "\n== chunking {} ==", c.chunking);
-        let rows: Vec<(&str, String)> = vec![
-            ("logical size", human(t.logical_bytes)),
-            ("allocated (read)", human(t.allocated_bytes)),
-            (
-                "zero chunks",
-                format!("{} ({})", t.zero_chunks, human(t.zero_bytes)),
-            ),
-            (
-                "non-zero data",
-                format!("{} in {} chunks", human(t.nonzero_bytes), t.nonzero_chunks),
-            ),
-            (
-                "unique / duplicate chunks",
-                format!(
-                    "{} ({}) / {}",
-                    t.unique_chunks,
-                    human(t.unique_bytes),
-                    t.duplicate_chunks
-                ),
-            ),
-            ("dedup saving", format!("{:.1} %", t.dedup_saving_percent)),
-        ];
-        for (k, v) in rows {
-            let _ = writeln!(o, "  {k:<28} {v}");
-        }
-        for cf in &t.codecs {
-            let _ = writeln!(
-                o,
-                "  {:<28} {:.1} % compression -> {} physical, {:.1} % saved{}",
-                format!("with {}", cf.codec),
-                cf.compression_saving_percent,
-                human(cf.projected_physical_bytes),
-                cf.projected_saving_percent,
-                if cf.sampled_percent < 100.0 {
-                    format!(" (sampled {:.0} %)", cf.sampled_percent)
-                } else {
-                    String::new()
-                }
-            );
-        }
-        let _ = writeln!(
-            o,
-            "  {:<28} {} ({} data + {} metadata), {:.1} % saved",
-            "projected physical",
-            human(t.projected_physical_bytes),
-            human(t.projected_data_bytes),
-            human(t.projected_metadata_bytes),
-            t.projected_saving_percent
-        );
-        let _ = writeln!(
-            o,
-            "  {:<28} {} ({:.1} bytes per unique chunk)",
-            "RAM for index and maps",
-            human(t.index_ram_bytes),
-            t.ram_bytes_per_unique_chunk
-        );
-        let w = c
-            .images
-            .iter()
-            .map(|i| i.name.len())
-            .max()
-            .unwrap_or(5)
-            .max(5);
-        let _ = writeln!(
-            o,
-            "\n  {:<w$} {:>10} {:>10} {:>10} {:>10} {:>7} {:>10} {:>7} {:>10}",
-            "image",
-            "logical",
-            "allocated",
-            "non-zero",
-            "unique",
-            "dedup",
-            "alone",
-            "saved",
-            "in set"
-        );
-        for i in &c.images {
-            let f = &i.figures;
-            let _ = writeln!(
-                o,
-                "  {:<w$} {:>10} {:>10} {:>10} {:>10} {:>6.1}% {:>10} {:>6.1}% {:>10}",
-                i.name,
-                human(f.logical_bytes),
-                human(f.allocated_bytes),
-                human(f.nonzero_bytes),
-                human(f.unique_bytes),
-                f.dedup_saving_percent,
-                human(f.projected_physical_bytes),
-                f.projected_saving_percent,
-                human(i.shared_physical_bytes)
-            );
-        }
-        if c.images.len() > 1 {
-            let _ = writeln!(
-                o,
-                "\n  sharing: % of the row image's non-zero data also found in the column image (diagonal: within itself)"
-            );
-            let cw = 7;
-            let labels: Vec<String> = c
-                .images
-                .iter()
-                .enumerate()
-                .map(|(i, img)| format!("[{}] {}", i + 1, img.name))
-                .collect();
-            let w = labels.iter().map(String::len).max().unwrap_or(0);
-            let mut head = format!("  {:<w$}", "");
-            for j in 0..c.images.len() {
-                let _ = write!(head, " {:>cw$}", format!("[{}]", j + 1));
-            }
-            let _ = writeln!(o, "{head}");
-            for (a, row) in c.sharing.percent.iter().enumerate() {
-                let mut line = format!("  {:<w$}", labels[a]);
-                for p in row {
-                    let _ = write!(line, " {:>cw$.1}", p);
-                }
-                let _ = writeln!(o, "{line}");
-            }
-        }
-    }
-    o
 }
