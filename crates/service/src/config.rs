@@ -19,7 +19,7 @@
 //!   overridden by position), also for the global `--pool` given before the subcommand;
 //! - an array gives the option once per element; a table is an error.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Context, Result, ServiceError};
 use clap::parser::ValueSource;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -140,15 +140,17 @@ fn file_args(
     given: &dyn Fn(&str) -> bool,
 ) -> Result<(Vec<OsString>, Vec<OsString>)> {
     let Some(cmd) = cli.find_subcommand(sub) else {
-        bail!("`condense {sub}` takes no --config");
+        return Err(ServiceError::Invalid(format!(
+            "`condense {sub}` takes no --config"
+        )));
     };
     let (mut options, mut positionals) = (Vec::new(), Vec::new());
     for (key, value) in table {
         if key == "config" {
-            bail!(
+            return Err(ServiceError::Invalid(format!(
                 "key `config` in {}: a config file cannot name another one",
                 file.display()
-            );
+            )));
         }
         let arg = cmd
             .get_arguments()
@@ -161,11 +163,11 @@ fn file_args(
                     .find(|a| a.is_global_set() && a.get_long() == Some(key.as_str()))
             });
         let Some(arg) = arg else {
-            bail!(
+            return Err(ServiceError::Invalid(format!(
                 "unknown key `{key}` in {}: `condense {sub}` has no option --{key}; the keys are \
                  its long options without dashes (see `condense {sub} --help`)",
                 file.display()
-            );
+            )));
         };
         if given(arg.get_id().as_str()) {
             continue;
@@ -174,10 +176,12 @@ fn file_args(
             match value {
                 toml::Value::Boolean(true) => options.push(OsString::from(format!("--{key}"))),
                 toml::Value::Boolean(false) => {}
-                _ => bail!(
-                    "key `{key}` in {}: --{key} is a switch; write {key} = true or false",
-                    file.display()
-                ),
+                _ => {
+                    return Err(ServiceError::Invalid(format!(
+                        "key `{key}` in {}: --{key} is a switch; write {key} = true or false",
+                        file.display()
+                    )))
+                }
             }
             continue;
         }
@@ -191,10 +195,12 @@ fn file_args(
                 toml::Value::Integer(i) => i.to_string(),
                 toml::Value::Float(f) => f.to_string(),
                 toml::Value::Boolean(b) => b.to_string(),
-                _ => bail!(
-                    "key `{key}` in {}: give a string, a number or a list of them",
-                    file.display()
-                ),
+                _ => {
+                    return Err(ServiceError::Invalid(format!(
+                        "key `{key}` in {}: give a string, a number or a list of them",
+                        file.display()
+                    )))
+                }
             };
             if arg.is_positional() {
                 positionals.push(OsString::from(text));
@@ -342,7 +348,7 @@ mod tests {
         let cli = Cli::try_parse_from(&out)?;
         assert_eq!(cli.pool, PathBuf::from("/cli"));
         let Command::Serve(a) = cli.command else {
-            bail!("not serve: {out:?}");
+            return Err(ServiceError::Invalid(format!("not serve: {out:?}")));
         };
         assert_eq!(a.listen.as_deref(), Some("127.0.0.1:2"));
         assert_eq!(a.socket, Some(PathBuf::from("/f.sock")));
@@ -355,7 +361,7 @@ mod tests {
         let cli = Cli::try_parse_from(&out)?;
         assert_eq!(cli.pool, PathBuf::from("/from/file"));
         let Command::Mount { mountpoint, .. } = cli.command else {
-            bail!("not mount: {out:?}");
+            return Err(ServiceError::Invalid(format!("not mount: {out:?}")));
         };
         assert_eq!(mountpoint, PathBuf::from("/mnt/x"));
         Ok(())
