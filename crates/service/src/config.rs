@@ -217,6 +217,7 @@ fn file_args(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::{bail, Result};
     use clap::{CommandFactory, Parser};
 
     /// A command line of the CLI's shape: a global `--pool`, `serve` and `mount` with
@@ -271,13 +272,13 @@ mod tests {
     }
 
     fn translate(sub: &str, text: &str) -> Result<(Vec<OsString>, Vec<OsString>)> {
-        file_args(
+        Ok(file_args(
             &Cli::command(),
             sub,
             &table(text),
             Path::new("/etc/condense/t.toml"),
             &|_| false,
-        )
+        )?)
     }
 
     #[test]
@@ -348,7 +349,7 @@ mod tests {
         let cli = Cli::try_parse_from(&out)?;
         assert_eq!(cli.pool, PathBuf::from("/cli"));
         let Command::Serve(a) = cli.command else {
-            return Err(ServiceError::Invalid(format!("not serve: {out:?}")));
+            bail!("not serve: {out:?}");
         };
         assert_eq!(a.listen.as_deref(), Some("127.0.0.1:2"));
         assert_eq!(a.socket, Some(PathBuf::from("/f.sock")));
@@ -361,7 +362,7 @@ mod tests {
         let cli = Cli::try_parse_from(&out)?;
         assert_eq!(cli.pool, PathBuf::from("/from/file"));
         let Command::Mount { mountpoint, .. } = cli.command else {
-            return Err(ServiceError::Invalid(format!("not mount: {out:?}")));
+            bail!("not mount: {out:?}");
         };
         assert_eq!(mountpoint, PathBuf::from("/mnt/x"));
         Ok(())
@@ -384,7 +385,11 @@ mod tests {
         let argv = words(&["condense", "serve", "--config", "/nonexistent/c.toml"]);
         match expand(&Cli::command(), argv) {
             Ok(a) => panic!("accepted: {a:?}"),
-            Err(e) => assert!(format!("{e:#}").contains("/nonexistent/c.toml"), "{e:#}"),
+            Err(e) => assert!(
+                crate::error::chain(&e).contains("/nonexistent/c.toml"),
+                "{}",
+                crate::error::chain(&e)
+            ),
         }
     }
 }

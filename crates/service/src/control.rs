@@ -555,6 +555,7 @@ fn serve_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::Result;
     use std::time::Instant;
 
     /// Until `what` holds, or `within` passes.

@@ -552,6 +552,7 @@ fn scrub_metrics(e: &mut Encoder, s: &condense_engine::scrub::ScrubStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::{Context, Result};
     use std::io::{Read, Write};
 
     fn scrape(addr: std::net::SocketAddr) -> Result<String> {

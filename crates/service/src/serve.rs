@@ -432,6 +432,7 @@ fn tls_summary(t: &TlsConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::{bail, Context, Result};
 
     /// The options of `serve` given these words (option, value), as the CLI sets them.
     fn args(argv: &[&str]) -> Result<ServeOptions> {
@@ -446,7 +447,7 @@ mod tests {
                 "--tls-cert" => o.tls.tls_cert = Some(value()?.into()),
                 "--tls-key" => o.tls.tls_key = Some(value()?.into()),
                 "--tls-client-ca" => o.tls.tls_client_ca = Some(value()?.into()),
-                other => return Err(ServiceError::Invalid(format!("no option {other} here"))),
+                other => bail!("no option {other} here"),
             }
         }
         Ok(o)
@@ -466,7 +467,7 @@ mod tests {
         assert_eq!(e.socket_access, Access::Group(0));
         // The default socket is inside the owner-only pool directory: --group needs --socket.
         let e = args(&["--group", "0"])?.endpoints(Path::new("p"));
-        assert!(format!("{:#}", e.err().context("accepted")?).contains("--socket PATH"));
+        assert!(crate::error::chain(&e.err().context("accepted")?).contains("--socket PATH"));
         Ok(())
     }
 
@@ -474,7 +475,7 @@ mod tests {
     fn tcp_needs_authentication_or_insecure_listen() -> Result<()> {
         let pool = Path::new("/srv/pool");
         let e = args(&["--listen", "127.0.0.1:1234"])?.endpoints(pool);
-        let msg = format!("{:#}", e.err().context("--listen without authentication")?);
+        let msg = crate::error::chain(&e.err().context("--listen without authentication")?);
         for way in [
             "--tls-client-ca",
             "--tls-psk",
@@ -509,7 +510,7 @@ mod tests {
             .endpoints(&pool)
             .err()
             .context("long path accepted")?;
-        let msg = format!("{e:#}");
+        let msg = crate::error::chain(&e);
         assert!(
             msg.contains("--socket PATH") && msg.contains("110 bytes"),
             "{msg}"
@@ -554,7 +555,10 @@ mod tests {
         let key = "ab".repeat(32);
         std::fs::write(&path, format!("alice:{key}\nbob:{key}\n"))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
-        let err = psk_args(&path).load().err().map(|e| format!("{e:#}"));
+        let err = psk_args(&path)
+            .load()
+            .err()
+            .map(|e| crate::error::chain(&e));
         assert!(
             err.as_deref().is_some_and(|e| e.contains("chmod 600")),
             "{err:?}"
@@ -575,7 +579,10 @@ mod tests {
         };
         assert!(rules("alice=vm1").load().is_ok());
         assert!(rules("*=vm1").load().is_ok());
-        let err = rules("carol=vm1").load().err().map(|e| format!("{e:#}"));
+        let err = rules("carol=vm1")
+            .load()
+            .err()
+            .map(|e| crate::error::chain(&e));
         assert!(
             err.as_deref().is_some_and(|e| e.contains("\"carol\"")),
             "{err:?}"
@@ -584,14 +591,17 @@ mod tests {
             allow_export: vec!["alice=vm1".to_string()],
             ..TlsOptions::default()
         };
-        let err = no_identity.load().err().map(|e| format!("{e:#}"));
+        let err = no_identity.load().err().map(|e| crate::error::chain(&e));
         assert!(
             err.as_deref().is_some_and(|e| e.contains("--tls-psk")),
             "{err:?}"
         );
 
         std::fs::write(&path, format!("alice:{key}\nalice {key}\n"))?;
-        let err = psk_args(&path).load().err().map(|e| format!("{e:#}"));
+        let err = psk_args(&path)
+            .load()
+            .err()
+            .map(|e| crate::error::chain(&e));
         assert!(
             err.as_deref()
                 .is_some_and(|e| e.contains("line 2") && !e.contains(&key)),

@@ -90,6 +90,7 @@ pub fn printable(mut text: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::Result;
 
     #[test]
     fn a_reply_is_read_up_to_its_newline_and_never_past_the_limit() -> Result<()> {
@@ -99,7 +100,11 @@ mod tests {
         assert!(read(&b""[..], 100)?.is_empty());
         // Endless: stops at the limit.
         match read(std::io::repeat(b'x'), 4096) {
-            Err(e) => assert!(format!("{e:#}").contains("past 4096 bytes"), "{e:#}"),
+            Err(e) => assert!(
+                crate::error::chain(&e).contains("past 4096 bytes"),
+                "{}",
+                crate::error::chain(&e)
+            ),
             Ok(line) => panic!("an endless reply read whole: {} bytes", line.len()),
         }
         // A line of exactly the limit, newline included, is whole.
