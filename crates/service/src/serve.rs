@@ -220,16 +220,12 @@ fn group_id(group: &str) -> Result<u32> {
     }
     match nix::unistd::Group::from_name(group) {
         Ok(Some(g)) => Ok(g.gid.as_raw()),
-        Ok(None) => {
-            return Err(ServiceError::Invalid(format!(
-                "--group {group}: no such group (see getent group)"
-            )))
-        }
-        Err(e) => {
-            return Err(ServiceError::Invalid(format!(
-                "--group {group}: cannot look the group up: {e}"
-            )))
-        }
+        Ok(None) => Err(ServiceError::Invalid(format!(
+            "--group {group}: no such group (see getent group)"
+        ))),
+        Err(e) => Err(ServiceError::Invalid(format!(
+            "--group {group}: cannot look the group up: {e}"
+        ))),
     }
 }
 
