@@ -84,13 +84,11 @@ impl CacheTierArg {
 }
 
 /// Whether opening the pool failed because its writeback cache directory is missing.
-fn writeback_cache_missing(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        matches!(
-            c.downcast_ref::<condense_engine::Error>(),
-            Some(condense_engine::Error::WritebackCacheMissing(_))
-        )
-    })
+fn writeback_cache_missing(e: &condense_service::ServiceError) -> bool {
+    matches!(
+        e.engine(),
+        Some(condense_engine::Error::WritebackCacheMissing(_))
+    )
 }
 
 pub fn run(ctx: &mut Ctx, cmd: CacheCommand) -> Result<i32> {

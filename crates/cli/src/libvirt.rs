@@ -96,7 +96,7 @@ pub fn run(ctx: &mut Ctx, a: &LibvirtXmlArgs) -> Result<()> {
     }
     let xml = disk_xml(&a.name, &endpoint, &a.target, bus, a.readonly || snapshot)?;
     write!(ctx.out, "{xml}")?;
-    ctx.done(&pool)
+    Ok(ctx.done(&pool)?)
 }
 
 /// The endpoint the options name; the default is serve's default socket in `pool_dir`.

@@ -308,7 +308,7 @@ fn main() {
         match condense_service::config::expand(&Cli::command(), std::env::args_os().collect()) {
             Ok(argv) => argv,
             Err(e) => {
-                eprintln!("condense: error: {}", error_text(&e));
+                eprintln!("condense: error: {}", error_text(&e.into()));
                 std::process::exit(1);
             }
         };
@@ -649,9 +649,14 @@ fn daemon_options(
 fn daemon(
     path: &Path,
     opts: &DaemonOptions,
-    frontend: impl FnOnce(Arc<Pool>) -> Result<()>,
+    frontend: impl FnOnce(Arc<Pool>) -> condense_service::Result<()>,
 ) -> Result<()> {
-    condense_service::daemon::run(path, opts, Arc::new(control_request), frontend)
+    Ok(condense_service::daemon::run(
+        path,
+        opts,
+        Arc::new(control_request),
+        frontend,
+    )?)
 }
 
 /// One command line received on the control socket, run on the pool the daemon holds.
@@ -705,7 +710,7 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Hosts { command, json } => {
             s3::hosts_command(ctx, command.or(Some(s3::HostsCommand::List { json })))
         }
-        Command::Top(a) if a.counters() => condense_service::top::counters(ctx),
+        Command::Top(a) if a.counters() => Ok(condense_service::top::counters(ctx)?),
         _ => bail!("this command cannot run through the control socket"),
     }
 }
@@ -730,16 +735,16 @@ fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
         }
         // A running `serve` or `mount` holds the pool and its control socket does not answer
         // (an older condense): show what it last published.
-        Err(e) if matches!(e.downcast_ref(), Some(condense_engine::Error::Locked(_))) => {
-            let (stats, age, pid) =
-                condense_service::status::read_status(&ctx.path).map_err(|s| e.context(s))?;
+        Err(e) if matches!(e.engine(), Some(condense_engine::Error::Locked(_))) => {
+            let (stats, age, pid) = condense_service::status::read_status(&ctx.path)
+                .map_err(|s| anyhow::Error::from(e).context(s))?;
             writeln!(
                 ctx.err,
                 "condense: pool in use by process {pid}; statistics it published {age} s ago"
             )?;
             stats
         }
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     };
     if let Some(n) = &a.name {
         if !stats

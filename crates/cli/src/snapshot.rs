@@ -99,14 +99,14 @@ pub fn run(ctx: &mut Ctx, cmd: SnapshotCommand) -> Result<i32> {
 pub fn clone(ctx: &mut Ctx, source: &str, new: &str) -> Result<()> {
     let pool = ctx.pool(false)?;
     clone_in(&*pool, ctx.out, source, new)?;
-    ctx.done(&pool)
+    Ok(ctx.done(&pool)?)
 }
 
 /// `condense volume rollback VOLUME@SNAPSHOT [--force]`.
 pub fn rollback(ctx: &mut Ctx, volume: &str, snapshot: &str, force: bool) -> Result<()> {
     let pool = ctx.pool(false)?;
     rollback_in(&*pool, ctx.out, volume, snapshot, force)?;
-    ctx.done(&pool)
+    Ok(ctx.done(&pool)?)
 }
 
 /// `condense diff FROM TO [--json]`: compared in bounded steps (each costs the block-map

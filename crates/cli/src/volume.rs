@@ -205,7 +205,7 @@ fn list(ctx: &mut Ctx, json: bool, all: bool) -> Result<()> {
         .map(|v| (v, pool.is_importing(&v.name)))
         .collect();
     crate::print(ctx.out, &VolumeList { volumes }, json)?;
-    ctx.done(&pool)
+    Ok(ctx.done(&pool)?)
 }
 
 /// `volume info NAME`.
@@ -222,7 +222,7 @@ fn info(ctx: &mut Ctx, name: &str, json: bool) -> Result<()> {
         .with_context(|| format!("cannot read volume {name:?}"))?;
     let importing = pool.is_importing(name);
     crate::print(ctx.out, &VolumeInfo { volume, importing }, json)?;
-    ctx.done(&pool)
+    Ok(ctx.done(&pool)?)
 }
 
 /// `volume adopt VOL... --from-host HOST [--take-over --wait SECONDS]` (`wait` with

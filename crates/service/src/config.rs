@@ -19,7 +19,7 @@
 //!   overridden by position), also for the global `--pool` given before the subcommand;
 //! - an array gives the option once per element; a table is an error.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Context, Result, ServiceError};
 use clap::parser::ValueSource;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
@@ -140,15 +140,17 @@ fn file_args(
     given: &dyn Fn(&str) -> bool,
 ) -> Result<(Vec<OsString>, Vec<OsString>)> {
     let Some(cmd) = cli.find_subcommand(sub) else {
-        bail!("`condense {sub}` takes no --config");
+        return Err(ServiceError::Invalid(format!(
+            "`condense {sub}` takes no --config"
+        )));
     };
     let (mut options, mut positionals) = (Vec::new(), Vec::new());
     for (key, value) in table {
         if key == "config" {
-            bail!(
+            return Err(ServiceError::Invalid(format!(
                 "key `config` in {}: a config file cannot name another one",
                 file.display()
-            );
+            )));
         }
         let arg = cmd
             .get_arguments()
@@ -161,11 +163,11 @@ fn file_args(
                     .find(|a| a.is_global_set() && a.get_long() == Some(key.as_str()))
             });
         let Some(arg) = arg else {
-            bail!(
+            return Err(ServiceError::Invalid(format!(
                 "unknown key `{key}` in {}: `condense {sub}` has no option --{key}; the keys are \
                  its long options without dashes (see `condense {sub} --help`)",
                 file.display()
-            );
+            )));
         };
         if given(arg.get_id().as_str()) {
             continue;
@@ -174,10 +176,12 @@ fn file_args(
             match value {
                 toml::Value::Boolean(true) => options.push(OsString::from(format!("--{key}"))),
                 toml::Value::Boolean(false) => {}
-                _ => bail!(
-                    "key `{key}` in {}: --{key} is a switch; write {key} = true or false",
-                    file.display()
-                ),
+                _ => {
+                    return Err(ServiceError::Invalid(format!(
+                        "key `{key}` in {}: --{key} is a switch; write {key} = true or false",
+                        file.display()
+                    )))
+                }
             }
             continue;
         }
@@ -191,10 +195,12 @@ fn file_args(
                 toml::Value::Integer(i) => i.to_string(),
                 toml::Value::Float(f) => f.to_string(),
                 toml::Value::Boolean(b) => b.to_string(),
-                _ => bail!(
-                    "key `{key}` in {}: give a string, a number or a list of them",
-                    file.display()
-                ),
+                _ => {
+                    return Err(ServiceError::Invalid(format!(
+                        "key `{key}` in {}: give a string, a number or a list of them",
+                        file.display()
+                    )))
+                }
             };
             if arg.is_positional() {
                 positionals.push(OsString::from(text));
@@ -211,6 +217,7 @@ fn file_args(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::{bail, Result};
     use clap::{CommandFactory, Parser};
 
     /// A command line of the CLI's shape: a global `--pool`, `serve` and `mount` with
@@ -265,13 +272,13 @@ mod tests {
     }
 
     fn translate(sub: &str, text: &str) -> Result<(Vec<OsString>, Vec<OsString>)> {
-        file_args(
+        Ok(file_args(
             &Cli::command(),
             sub,
             &table(text),
             Path::new("/etc/condense/t.toml"),
             &|_| false,
-        )
+        )?)
     }
 
     #[test]
@@ -378,7 +385,11 @@ mod tests {
         let argv = words(&["condense", "serve", "--config", "/nonexistent/c.toml"]);
         match expand(&Cli::command(), argv) {
             Ok(a) => panic!("accepted: {a:?}"),
-            Err(e) => assert!(format!("{e:#}").contains("/nonexistent/c.toml"), "{e:#}"),
+            Err(e) => assert!(
+                crate::error::chain(&e).contains("/nonexistent/c.toml"),
+                "{}",
+                crate::error::chain(&e)
+            ),
         }
     }
 }

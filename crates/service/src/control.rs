@@ -19,7 +19,7 @@
 //! diff`) or the daemon is shutting down. Shutdown waits at most [`DRAIN_TIMEOUT`] for the
 //! commands in flight, then leaves them (the process exits; every command is crash-safe).
 
-use anyhow::{bail, Context, Result};
+use crate::error::{io, Context, Result, ServiceError};
 use condense_engine::Pool;
 use condense_nbd::unix_socket::Access;
 use serde::{Deserialize, Serialize};
@@ -128,13 +128,16 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// Render a command's result as the CLI does: errors as `condense: error: ...` on stderr and
-/// exit status 1.
-pub fn finish(result: Result<i32>, err: &mut dyn Write) -> i32 {
+/// Render a command's result as the CLI does: errors as `condense: error: ...` (with their
+/// causes) on stderr and exit status 1.
+pub fn finish<E>(result: std::result::Result<i32, E>, err: &mut dyn Write) -> i32
+where
+    E: AsRef<dyn std::error::Error + Send + Sync>,
+{
     match result {
         Ok(code) => code,
         Err(e) => {
-            let _ = writeln!(err, "condense: error: {e:#}");
+            let _ = writeln!(err, "condense: error: {}", crate::error::chain(e.as_ref()));
             1
         }
     }
@@ -196,9 +199,9 @@ pub fn forward(pool: &Path) -> Result<Option<i32>> {
         .into_iter()
         .map(|a| {
             a.into_string().map_err(|a| {
-                anyhow::anyhow!(
+                ServiceError::Invalid(format!(
                     "argument {a:?} is not valid UTF-8; it cannot be sent to the process holding the pool"
-                )
+                ))
             })
         })
         .collect::<Result<_>>()?;
@@ -206,11 +209,13 @@ pub fn forward(pool: &Path) -> Result<Option<i32>> {
         return Ok(None);
     };
     let mut out = std::io::stdout().lock();
-    out.write_all(reply.stdout.as_bytes())?;
-    out.flush()?;
+    out.write_all(reply.stdout.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(io("cannot write the output"))?;
     let mut err = std::io::stderr().lock();
-    err.write_all(reply.stderr.as_bytes())?;
-    err.flush()?;
+    err.write_all(reply.stderr.as_bytes())
+        .and_then(|()| err.flush())
+        .map_err(io("cannot write the error output"))?;
     Ok(Some(reply.code))
 }
 
@@ -265,7 +270,7 @@ pub fn ask(pool: &Path, argv: &[String]) -> Result<Option<Reply>> {
         )
     })?;
     if server != owner && server != 0 {
-        bail!(
+        return Err(ServiceError::Control(format!(
             "refusing control socket {s}: the process listening on it runs as uid {server}, but \
              pool {p} belongs to uid {owner}, and only a daemon run by the pool's owner or by root \
              may answer for it. Nothing was sent to it and its answer is not trusted. A process \
@@ -273,11 +278,12 @@ pub fn ask(pool: &Path, argv: &[String]) -> Result<Option<Reply>> {
              uid {owner}) and let only the owner write to {p} (chmod 700 {p})",
             s = shown.display(),
             p = pool.display(),
-        );
+        )));
     }
     let mut line = serde_json::to_vec(&Request {
         argv: argv.to_vec(),
-    })?;
+    })
+    .context("cannot encode the request")?;
     line.push(b'\n');
     let what = || format!("control socket {}", shown.display());
     stream.write_all(&line).with_context(what)?;
@@ -292,10 +298,10 @@ pub fn ask(pool: &Path, argv: &[String]) -> Result<Option<Reply>> {
     };
     let reply = reply::read(&stream, reply::MAX_REPLY).with_context(from)?;
     if reply.is_empty() {
-        bail!(
+        return Err(ServiceError::Control(format!(
             "the process holding pool {} closed its control socket without answering (did it stop?); retry",
             pool.display()
-        );
+        )));
     }
     Ok(Some(reply::decode(reply).with_context(from)?))
 }
@@ -549,6 +555,7 @@ fn serve_one(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::Result;
     use std::time::Instant;
 
     /// Until `what` holds, or `within` passes.

@@ -7,9 +7,9 @@
 //! anything else stops; the pool is closed last, once every helper has stopped.
 
 use crate::control::{ControlServer, Handler};
+use crate::error::{Result, ServiceError};
 use crate::status::StatusWriter;
 use crate::tier::CacheTier;
-use anyhow::{bail, Result};
 use condense_engine::scrub::{BackgroundScrub, ScrubSchedule};
 use condense_engine::Pool;
 use std::path::Path;
@@ -44,10 +44,10 @@ pub fn run(
     let read_only = opts.read_only;
     let pool = crate::open::open_pool_with(path, read_only, opts.metadata_cache)?;
     if !read_only && pool.is_read_only() {
-        bail!(
+        return Err(ServiceError::Invalid(format!(
             "{} was connected read-only (`condense connect --read-only`): add --read-only",
             path.display()
-        );
+        )));
     }
     if let (false, false, Some(tier)) = (read_only, pool.dir().whole_files_only(), &opts.cache_tier)
     {
@@ -65,7 +65,8 @@ pub fn run(
         // Serving matters more than the socket (a pool path longer than a socket path may be).
         Err(e) => {
             eprintln!(
-                "condense: warning: no control socket ({e:#}); while this process runs, commands other than `stats` cannot use the pool"
+                "condense: warning: no control socket ({}); while this process runs, commands other than `stats` cannot use the pool",
+                crate::error::chain(&e)
             );
             None
         }

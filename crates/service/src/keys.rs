@@ -12,7 +12,7 @@
 //! passphrase has at least [`condense_engine::crypto::PASSPHRASE_CHARS_MIN`] characters
 //! (checked by the engine at `init`; existing pools open with the passphrase they have).
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Context, Result, ServiceError};
 use condense_engine::{secret_file, UserKey};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -50,7 +50,10 @@ pub fn user_key() -> Result<Option<UserKey>> {
             line.pop();
         }
         if line.is_empty() {
-            bail!("the passphrase file {} is empty", path.display());
+            return Err(ServiceError::Invalid(format!(
+                "the passphrase file {} is empty",
+                path.display()
+            )));
         }
         return Ok(Some(UserKey::Passphrase(line)));
     }
@@ -65,10 +68,10 @@ pub fn prompt(what: &str, confirm: bool) -> Result<Option<UserKey>> {
     }
     let first = read_hidden(&format!("{what}: "))?;
     if first.is_empty() {
-        bail!("empty passphrase");
+        return Err(ServiceError::Invalid("empty passphrase".into()));
     }
     if confirm && read_hidden("Repeat the passphrase: ")? != first {
-        bail!("the two passphrases differ");
+        return Err(ServiceError::Invalid("the two passphrases differ".into()));
     }
     Ok(Some(UserKey::Passphrase(first)))
 }
@@ -76,8 +79,12 @@ pub fn prompt(what: &str, confirm: bool) -> Result<Option<UserKey>> {
 /// One line from the terminal with echo off (restored afterwards).
 fn read_hidden(prompt: &str) -> Result<zeroize::Zeroizing<Vec<u8>>> {
     let mut err = std::io::stderr();
-    write!(err, "{prompt}")?;
-    err.flush()?;
+    let shown = |e| ServiceError::Io {
+        what: "cannot show the passphrase prompt".into(),
+        source: e,
+    };
+    write!(err, "{prompt}").map_err(shown)?;
+    err.flush().map_err(shown)?;
     // SAFETY: tcgetattr/tcsetattr on fd 0 with a zeroed termios they fill in.
     let mut old: libc::termios = unsafe { std::mem::zeroed() };
     let have_tty = unsafe { libc::tcgetattr(0, &mut old) } == 0;
@@ -93,7 +100,7 @@ fn read_hidden(prompt: &str) -> Result<zeroize::Zeroizing<Vec<u8>>> {
         // SAFETY: restores the settings read above.
         unsafe { libc::tcsetattr(0, libc::TCSANOW, &old) };
     }
-    writeln!(err)?;
+    writeln!(err).map_err(shown)?;
     r.context("reading the passphrase")?;
     let line = zeroize::Zeroizing::new(line);
     Ok(zeroize::Zeroizing::new(

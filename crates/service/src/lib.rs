@@ -18,14 +18,16 @@
 //! - [`render`]: every report as a `Serialize` type, rendered once as text and once as JSON;
 //! - [`top`]: the I/O counters `condense top` samples, and the rows it shows.
 //!
-//! Errors are `anyhow` errors with context: each is shown to an administrator as the CLI's
-//! own (`condense: error: ...`), and none is matched on by a caller.
+//! Errors are [`error::ServiceError`]s: each says what failed, where and what to do, with the
+//! reason under it as its `source()`; the CLI shows the chain as its own (`condense: error:
+//! ...`).
 
 #![deny(clippy::unwrap_used)]
 
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod error;
 pub mod keys;
 pub mod metrics;
 pub mod mount;
@@ -36,3 +38,5 @@ pub mod serve;
 pub mod status;
 pub mod tier;
 pub mod top;
+
+pub use error::{Result, ServiceError};

@@ -9,7 +9,7 @@
 //! Invariant: the collector holds the pool weakly, so the endpoint never keeps a closed pool
 //! alive; after the pool is gone, a scrape shows the frontend's metrics only.
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use condense_engine::hosts::SharedPool;
 use condense_engine::Pool;
 use condense_metrics::{Collect, Encoder, HistogramSnapshot, Kind, MetricsServer, Registry};
@@ -552,6 +552,7 @@ fn scrub_metrics(e: &mut Encoder, s: &condense_engine::scrub::ScrubStatus) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::{Context, Result};
     use std::io::{Read, Write};
 
     fn scrape(addr: std::net::SocketAddr) -> Result<String> {

@@ -10,7 +10,7 @@
 //! detached (`umount -l`): everything written so far is flushed at once, the kernel ends the
 //! session when the last file closes, and a second signal stops waiting for that.
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use condense_api::Catalog;
 use condense_engine::Pool;
 use condense_fuse::{FuseError, Mounted};

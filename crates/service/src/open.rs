@@ -4,7 +4,7 @@
 //! Owns: every open of a pool by the CLI and the daemon ([`open_pool`] and its variants), and
 //! [`closing`], which leaves a pool clean when a command fails after changing it.
 
-use anyhow::{Context, Result};
+use crate::error::{Context, Result};
 use condense_engine::{OpenOptions, Pool};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,8 +19,7 @@ pub fn open_pool(path: &Path, read_only: bool) -> Result<Arc<Pool>> {
 /// the pool is closed before the error is returned, so that it is left clean rather than
 /// needing recovery at the next open; a failure before any change leaves every file as it
 /// was. The command's error wins over one of the close, which is only printed.
-pub fn closing<T, E: Into<anyhow::Error>>(pool: &Pool, r: std::result::Result<T, E>) -> Result<T> {
-    let r = r.map_err(Into::into);
+pub fn closing<T, E>(pool: &Pool, r: std::result::Result<T, E>) -> std::result::Result<T, E> {
     if r.is_err() && pool.has_unsaved_changes() {
         if let Err(e) = pool.close() {
             eprintln!("condense: warning: closing the pool after the error below failed: {e}");

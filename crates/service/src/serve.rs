@@ -16,7 +16,7 @@
 //!   ([`TlsOptions::authenticates_clients`]);
 //! - `--insecure-listen HOST:PORT`: TCP open to anyone who reaches it, with a warning.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Context, Result, ServiceError};
 use condense_api::Catalog;
 use condense_engine::Pool;
 use condense_nbd::unix_socket::{self, Access};
@@ -89,17 +89,19 @@ impl TlsOptions {
             rules.add(r).context("bad --allow-export")?;
         }
         if !rules.is_empty() && self.tls_client_ca.is_none() && self.tls_psk.is_none() {
-            bail!(
+            return Err(ServiceError::Invalid(
                 "--allow-export names clients, and only verified clients have names: give \
                  --tls-client-ca (certificate names) or --tls-psk (PSK usernames)"
-            );
+                    .into(),
+            ));
         }
         if let Some(path) = &self.tls_psk {
             if self.tls == Some(TlsChoice::Allow) {
-                bail!(
+                return Err(ServiceError::Invalid(
                     "--tls allow would serve clients without a key, bypassing --tls-psk; \
                      TLS-PSK is always required (leave --tls out)"
-                );
+                        .into(),
+                ));
             }
             let text = condense_engine::secret_file::read(path, "PSK file")?;
             let config = TlsConfig::psk(path, &text, rules)
@@ -108,7 +110,9 @@ impl TlsOptions {
         }
         let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
             if self.tls.is_some() {
-                bail!("--tls needs TLS settings: --tls-cert and --tls-key");
+                return Err(ServiceError::Invalid(
+                    "--tls needs TLS settings: --tls-cert and --tls-key".into(),
+                ));
             }
             return Ok(None);
         };
@@ -142,13 +146,13 @@ impl ServeOptions {
         };
         if let Some(l) = &self.listen {
             if !self.tls.authenticates_clients() {
-                bail!(
+                return Err(ServiceError::Invalid(format!(
                     "--listen {l} would let clients in without authenticating them; either require \
                      client certificates (--tls-cert FILE --tls-key FILE --tls-client-ca CA_FILE, \
                      docs/TLS.md) or a shared key (--tls-psk FILE), or, on a network where anyone \
                      who can reach the port may read and write every volume, use \
                      --insecure-listen {l}"
-                );
+                )));
             }
             out.endpoints
                 .push(Endpoint::Tcp(tcp_address(l, "--listen")?));
@@ -167,23 +171,23 @@ impl ServeOptions {
         };
         if let Some(p) = socket {
             if !unix_socket::path_fits(&p) {
-                bail!(
+                return Err(ServiceError::Invalid(format!(
                     "the socket path {} is {} bytes long, more than a Unix socket path can hold \
                      ({}): give a shorter one with --socket PATH (e.g. /run/condense/NAME.sock)",
                     p.display(),
                     p.as_os_str().len(),
                     unix_socket::PATH_BYTES_MAX
-                );
+                )));
             }
             out.endpoints.push(Endpoint::Unix(p));
         }
         if let Some(g) = &self.group {
             if self.socket.is_none() {
-                bail!(
+                return Err(ServiceError::Invalid(format!(
                     "--group {g} needs --socket PATH in a directory that group can enter (e.g. \
                      /run/condense/NAME.sock): the default socket is inside the pool directory, \
                      which is its owner's alone"
-                );
+                )));
             }
             out.socket_access = Access::Group(group_id(g)?);
         }
@@ -206,7 +210,7 @@ fn tcp_address(l: &str, option: &str) -> Result<std::net::SocketAddr> {
     addrs
         .first()
         .copied()
-        .with_context(|| format!("{option} {l:?} resolves to no address"))
+        .ok_or_else(|| ServiceError::Invalid(format!("{option} {l:?} resolves to no address")))
 }
 
 /// The gid of `--group`: a group name, or a number.
@@ -216,8 +220,12 @@ fn group_id(group: &str) -> Result<u32> {
     }
     match nix::unistd::Group::from_name(group) {
         Ok(Some(g)) => Ok(g.gid.as_raw()),
-        Ok(None) => bail!("--group {group}: no such group (see getent group)"),
-        Err(e) => bail!("--group {group}: cannot look the group up: {e}"),
+        Ok(None) => Err(ServiceError::Invalid(format!(
+            "--group {group}: no such group (see getent group)"
+        ))),
+        Err(e) => Err(ServiceError::Invalid(format!(
+            "--group {group}: cannot look the group up: {e}"
+        ))),
     }
 }
 
@@ -420,6 +428,7 @@ fn tls_summary(t: &TlsConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::{bail, Context, Result};
 
     /// The options of `serve` given these words (option, value), as the CLI sets them.
     fn args(argv: &[&str]) -> Result<ServeOptions> {
@@ -454,7 +463,7 @@ mod tests {
         assert_eq!(e.socket_access, Access::Group(0));
         // The default socket is inside the owner-only pool directory: --group needs --socket.
         let e = args(&["--group", "0"])?.endpoints(Path::new("p"));
-        assert!(format!("{:#}", e.err().context("accepted")?).contains("--socket PATH"));
+        assert!(crate::error::chain(&e.err().context("accepted")?).contains("--socket PATH"));
         Ok(())
     }
 
@@ -462,7 +471,7 @@ mod tests {
     fn tcp_needs_authentication_or_insecure_listen() -> Result<()> {
         let pool = Path::new("/srv/pool");
         let e = args(&["--listen", "127.0.0.1:1234"])?.endpoints(pool);
-        let msg = format!("{:#}", e.err().context("--listen without authentication")?);
+        let msg = crate::error::chain(&e.err().context("--listen without authentication")?);
         for way in [
             "--tls-client-ca",
             "--tls-psk",
@@ -497,7 +506,7 @@ mod tests {
             .endpoints(&pool)
             .err()
             .context("long path accepted")?;
-        let msg = format!("{e:#}");
+        let msg = crate::error::chain(&e);
         assert!(
             msg.contains("--socket PATH") && msg.contains("110 bytes"),
             "{msg}"
@@ -542,7 +551,10 @@ mod tests {
         let key = "ab".repeat(32);
         std::fs::write(&path, format!("alice:{key}\nbob:{key}\n"))?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
-        let err = psk_args(&path).load().err().map(|e| format!("{e:#}"));
+        let err = psk_args(&path)
+            .load()
+            .err()
+            .map(|e| crate::error::chain(&e));
         assert!(
             err.as_deref().is_some_and(|e| e.contains("chmod 600")),
             "{err:?}"
@@ -563,7 +575,10 @@ mod tests {
         };
         assert!(rules("alice=vm1").load().is_ok());
         assert!(rules("*=vm1").load().is_ok());
-        let err = rules("carol=vm1").load().err().map(|e| format!("{e:#}"));
+        let err = rules("carol=vm1")
+            .load()
+            .err()
+            .map(|e| crate::error::chain(&e));
         assert!(
             err.as_deref().is_some_and(|e| e.contains("\"carol\"")),
             "{err:?}"
@@ -572,14 +587,17 @@ mod tests {
             allow_export: vec!["alice=vm1".to_string()],
             ..TlsOptions::default()
         };
-        let err = no_identity.load().err().map(|e| format!("{e:#}"));
+        let err = no_identity.load().err().map(|e| crate::error::chain(&e));
         assert!(
             err.as_deref().is_some_and(|e| e.contains("--tls-psk")),
             "{err:?}"
         );
 
         std::fs::write(&path, format!("alice:{key}\nalice {key}\n"))?;
-        let err = psk_args(&path).load().err().map(|e| format!("{e:#}"));
+        let err = psk_args(&path)
+            .load()
+            .err()
+            .map(|e| crate::error::chain(&e));
         assert!(
             err.as_deref()
                 .is_some_and(|e| e.contains("line 2") && !e.contains(&key)),

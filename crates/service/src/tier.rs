@@ -6,8 +6,8 @@
 //! error (detach it first), the same one again changes nothing.
 
 use crate::control::Ctx;
+use crate::error::{io, Context, Result, ServiceError};
 use crate::render::human;
-use anyhow::{bail, Context, Result};
 use condense_engine::io::RealDir;
 use condense_engine::{CacheConf, CacheMode, Pool};
 use std::path::{Path, PathBuf};
@@ -24,10 +24,10 @@ pub struct CacheTier {
 /// `cache attach DIR --size SIZE --mode MODE` on the pool of `ctx`.
 pub fn attach(ctx: &mut Ctx, dir: &Path, size: u64, mode: CacheMode) -> Result<()> {
     if ctx.in_daemon() && dir.is_relative() {
-        bail!(
+        return Err(ServiceError::Invalid(format!(
             "the cache directory {} is relative and the pool is held by a running daemon: give an absolute path",
             dir.display()
-        );
+        )));
     }
     condense_engine::io::create_private_dir(dir)
         .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
@@ -39,7 +39,9 @@ pub fn attach(ctx: &mut Ctx, dir: &Path, size: u64, mode: CacheMode) -> Result<(
         .with_context(|| format!("cannot resolve {}", dir.display()))?;
     let path = abs
         .to_str()
-        .with_context(|| format!("the cache path {} is not UTF-8", abs.display()))?
+        .ok_or_else(|| {
+            ServiceError::Invalid(format!("the cache path {} is not UTF-8", abs.display()))
+        })?
         .to_string();
     let pool = ctx.pool(false)?;
     pool.attach_cache(
@@ -57,7 +59,8 @@ pub fn attach(ctx: &mut Ctx, dir: &Path, size: u64, mode: CacheMode) -> Result<(
         human(size),
         mode.as_str(),
         ctx.path.display()
-    )?;
+    )
+    .map_err(io("cannot write the output"))?;
     ctx.done(&pool)
 }
 
@@ -83,12 +86,12 @@ pub fn attach_given(pool: &Arc<Pool>, path: &Path, tier: &CacheTier) -> Result<(
             }
             return Ok(());
         }
-        bail!(
+        return Err(ServiceError::Invalid(format!(
             "pool {} already has a cache in {}; detach it first (`condense cache detach`) to use {}",
             path.display(),
             conf.path,
             abs.display()
-        );
+        )));
     }
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
     let mut ctx = Ctx::held(path, pool.clone(), &mut out, &mut err);

@@ -13,7 +13,7 @@
 //! microseconds, so they are good to a factor of two at worst.
 
 use crate::control::Ctx;
-use anyhow::{bail, Context, Result};
+use crate::error::{io, Context, Result, ServiceError};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -61,7 +61,7 @@ impl From<&condense_engine::OpValues> for OpSample {
 /// `top --counters` inside the daemon: its totals as one JSON line.
 pub fn counters(ctx: &mut Ctx) -> Result<i32> {
     if !ctx.in_daemon() {
-        bail!("{}", no_server(&ctx.path));
+        return Err(ServiceError::Control(no_server(&ctx.path)));
     }
     // The held pool; no `ctx.done`: a look at counters must not flush it every second.
     let pool = ctx.pool(true)?;
@@ -86,7 +86,8 @@ pub fn counters(ctx: &mut Ctx) -> Result<i32> {
             })
             .collect(),
     };
-    writeln!(ctx.out, "{}", serde_json::to_string(&sample)?)?;
+    let line = serde_json::to_string(&sample).context("cannot encode the I/O counters")?;
+    writeln!(ctx.out, "{line}").map_err(io("cannot write the output"))?;
     Ok(0)
 }
 
@@ -285,7 +286,7 @@ fn round3(v: f64) -> f64 {
 }
 
 impl Serialize for Row {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         let opt = |v: Option<f64>| v.map(round3);
         RowJson {
             name: &self.name,
@@ -423,13 +424,14 @@ pub fn now_utc() -> (f64, String) {
 
 /// Ask the daemon holding `pool` for its totals.
 pub fn sample(pool: &Path, argv: &[String]) -> Result<Sample> {
-    let reply = crate::control::ask(pool, argv)?.with_context(|| no_server(pool))?;
+    let reply =
+        crate::control::ask(pool, argv)?.ok_or_else(|| ServiceError::Control(no_server(pool)))?;
     if reply.code != 0 {
-        bail!(
+        return Err(ServiceError::Control(format!(
             "the process holding pool {} did not give its I/O counters (an older condense?): {}",
             pool.display(),
             reply.stderr.trim()
-        );
+        )));
     }
     serde_json::from_str(&reply.stdout).with_context(|| {
         format!(

@@ -16,7 +16,7 @@
 //! The fuzz target `control_reply` (fuzz/fuzz_targets/control_reply.rs) runs [`read`] and
 //! [`decode`] on arbitrary bytes.
 
-use anyhow::{bail, Context, Result};
+use crate::error::{Context, Result, ServiceError};
 use std::io::{BufRead, BufReader, Read};
 
 /// Longest reply read, in bytes. A daemon's reply holds a whole command's output (the
@@ -50,10 +50,10 @@ pub fn read(r: impl Read, limit: u64) -> Result<Vec<u8>> {
         .read_until(b'\n', &mut line)
         .context("cannot read the reply")?;
     if line.len() as u64 >= limit && line.last() != Some(&b'\n') {
-        bail!(
+        return Err(ServiceError::Control(format!(
             "its reply goes on past {limit} bytes, more than a condense daemon ever sends; \
              it was not read further"
-        );
+        )));
     }
     Ok(line)
 }
@@ -67,10 +67,12 @@ pub fn decode(line: Vec<u8>) -> Result<Reply> {
     drop(line);
     let code = match i32::try_from(wire.code) {
         Ok(c) if (0..=255).contains(&c) => c,
-        _ => bail!(
-            "its reply gives the exit status {}, which no process can have (0 to 255)",
-            wire.code
-        ),
+        _ => {
+            return Err(ServiceError::Control(format!(
+                "its reply gives the exit status {}, which no process can have (0 to 255)",
+                wire.code
+            )))
+        }
     };
     Ok(Reply {
         stdout: printable(wire.stdout),
@@ -88,6 +90,7 @@ pub fn printable(mut text: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::Result;
 
     #[test]
     fn a_reply_is_read_up_to_its_newline_and_never_past_the_limit() -> Result<()> {
@@ -97,7 +100,11 @@ mod tests {
         assert!(read(&b""[..], 100)?.is_empty());
         // Endless: stops at the limit.
         match read(std::io::repeat(b'x'), 4096) {
-            Err(e) => assert!(format!("{e:#}").contains("past 4096 bytes"), "{e:#}"),
+            Err(e) => assert!(
+                crate::error::chain(&e).contains("past 4096 bytes"),
+                "{}",
+                crate::error::chain(&e)
+            ),
             Ok(line) => panic!("an endless reply read whole: {} bytes", line.len()),
         }
         // A line of exactly the limit, newline included, is whole.
