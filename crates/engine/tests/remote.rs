@@ -15,17 +15,10 @@ use condense_engine::{Error, InitOptions, OpenOptions, Pool};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-const BS: usize = 4096;
-const CACHE: u64 = 1 << 30;
-
-/// Distinct, compressible content for each tag.
-fn block(tag: u64) -> Vec<u8> {
-    let mut b: Vec<u8> = (0..BS)
-        .map(|i| ((i / 16) as u64).wrapping_mul(tag | 1) as u8)
-        .collect();
-    b[..8].copy_from_slice(&tag.to_le_bytes());
-    b
-}
+#[allow(dead_code)] // the helpers the multi-host tests use and these do not
+#[path = "shared_pool/mod.rs"]
+mod shared_pool;
+use shared_pool::{block, check, BS, CACHE};
 
 struct Bucket {
     _tmp: tempfile::TempDir,
@@ -123,18 +116,6 @@ fn write(pool: &Pool, vol: &str, first_tag: u64, blocks: u64) {
     let h = pool.volume(vol).expect("volume");
     let data: Vec<u8> = (0..blocks).flat_map(|b| block(first_tag + b)).collect();
     h.write_at(0, &data, false).expect("write");
-}
-
-fn check(pool: &Pool, vol: &str, first_tag: u64, blocks: u64) {
-    let h = pool.volume(vol).expect("volume");
-    let mut buf = vec![0u8; blocks as usize * BS];
-    h.read_at(0, &mut buf).expect("read");
-    for b in 0..blocks as usize {
-        assert!(
-            buf[b * BS..(b + 1) * BS] == block(first_tag + b as u64)[..],
-            "volume {vol} block {b} differs"
-        );
-    }
 }
 
 fn new_pool(bucket: &Bucket, durability: Durability) -> PathBuf {
