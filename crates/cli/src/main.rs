@@ -782,6 +782,8 @@ pub(crate) fn print(out: &mut dyn Write, report: &impl Report, json: bool) -> Re
 
 fn gc_command(ctx: &mut Ctx, a: &GcArgs) -> Result<i32> {
     let pool = ctx.pool(false)?;
+    // Offline, the maps of deleted volumes are released first, so their space comes back now.
+    crate::image::release_deleted(ctx, &pool)?;
     let r = pool
         .gc(a.min_dead_percent)
         .context("garbage collection failed")?;

@@ -89,6 +89,7 @@ pub fn run(ctx: &mut Ctx, cmd: SnapshotCommand) -> Result<i32> {
         } => {
             let pool = ctx.pool(false)?;
             delete(&*pool, ctx.out, &volume, &snapshot)?;
+            crate::image::release_deleted(ctx, &pool)?;
             ctx.done(&pool)?;
         }
     }
@@ -106,6 +107,7 @@ pub fn clone(ctx: &mut Ctx, source: &str, new: &str) -> Result<()> {
 pub fn rollback(ctx: &mut Ctx, volume: &str, snapshot: &str, force: bool) -> Result<()> {
     let pool = ctx.pool(false)?;
     rollback_in(&*pool, ctx.out, volume, snapshot, force)?;
+    crate::image::release_deleted(ctx, &pool)?;
     Ok(ctx.done(&pool)?)
 }
 

@@ -140,9 +140,10 @@ pub fn run(ctx: &mut Ctx, cmd: VolumeCommand) -> Result<i32> {
             let pool = ctx.pool(false)?;
             pool.delete_volume(&name)
                 .with_context(|| format!("cannot delete volume {name:?}"))?;
+            let how = crate::image::release_deleted(ctx, &pool)?;
             writeln!(
                 ctx.out,
-                "deleted volume {name}; run `condense gc` to reclaim its space"
+                "deleted volume {name}; {how}, then `condense gc` reclaims its space"
             )?;
             ctx.done(&pool)?;
         }

@@ -475,6 +475,9 @@ fn fresh_metadata(
         attribution: None,
         counting: None,
         spill: old.spill.clone(),
+        // A map being released holds nothing the rebuild keeps: its chunks' references are
+        // counted again from the volumes, so what only it held goes to GC.
+        releasing: BTreeMap::new(),
     }
 }
 
@@ -631,7 +634,7 @@ fn journal_losses(
                     ));
                     continue;
                 }
-                JournalRecord::VolumeDelete { vol } => {
+                JournalRecord::VolumeDelete { vol } | JournalRecord::VolumeDetach { vol, .. } => {
                     notes.push(format!(
                         "volume id {vol} was deleted in a damaged journal batch; it is kept"
                     ));

@@ -101,6 +101,9 @@ fn opts(tiny_cache: bool, encrypted: bool, cache: &Option<Arc<SimDir>>) -> OpenO
         metadata_cache_bytes: tiny_cache.then_some(2 * 4096),
         // Destaged at seeded points instead (run_seed), so that every seed replays exactly.
         destage_in_background: false,
+        // Deleted maps are released at seeded points too (run_seed), a leaf or two a step.
+        release_in_background: false,
+        release_step_leaves: 1 + usize::from(tiny_cache),
         ..Default::default()
     }
 }
@@ -201,6 +204,10 @@ fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool
             // Destage a sealed segment (the background thread's work, at a seeded point). A
             // failure changes nothing the pool relies on: the staged copy is still used.
             let _ = pool.destage_one();
+        }
+        if rng.chance(30) {
+            // A step of a deleted map's release (the background thread's work).
+            let _ = pool.release_step();
         }
         let v = rng.below(VOLUMES.len() as u64) as usize;
         let first = rng.below(BLOCKS);
@@ -463,6 +470,9 @@ fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool
             let _ = m.accepts(Content::Zero);
         }
     }
+    // A deletion's release the crash interrupted resumes and finishes.
+    pool.finish_releases(&|_, _| {})
+        .map_err(|e| format!("finishing the releases after recovery: {e}"))?;
     let report = pool
         .verify(&|_, _| {})
         .map_err(|e| format!("verify: {e}"))?;

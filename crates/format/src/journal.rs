@@ -118,6 +118,22 @@ pub enum JournalRecord {
     VolumeDelete {
         vol: u32,
     },
+    /// A volume deleted, its map kept for a release in steps: the volume and its name go,
+    /// its tree becomes tree `tree` (at or above [`crate::root::RELEASE_TREE_FIRST`]), whose
+    /// leaves [`JournalRecord::ReleaseStep`]s release later (docs/FORMAT.md "Background release").
+    VolumeDetach {
+        vol: u32,
+        tree: u64,
+    },
+    /// Leaves `[from, to)` of detached tree `tree` released: pages only it holds freed, the
+    /// chunks their entries name one reference fewer, and the pointers to them cleared. A
+    /// shared subtree reaching into the range is let go whole. The last step has `to` =
+    /// `u64::MAX`: the rest of the tree goes and the release is over.
+    ReleaseStep {
+        tree: u64,
+        from: u64,
+        to: u64,
+    },
     Relocate {
         id: u64,
         loc: Location,
@@ -182,6 +198,17 @@ impl JournalRecord {
             JournalRecord::VolumeDelete { vol } => {
                 out.push(6);
                 put_u32(out, *vol);
+            }
+            JournalRecord::VolumeDetach { vol, tree } => {
+                out.push(10);
+                put_u32(out, *vol);
+                put_u64(out, *tree);
+            }
+            JournalRecord::ReleaseStep { tree, from, to } => {
+                out.push(11);
+                put_u64(out, *tree);
+                put_u64(out, *from);
+                put_u64(out, *to);
             }
             JournalRecord::Relocate { id, loc } => {
                 out.push(7);
@@ -284,7 +311,21 @@ impl JournalRecord {
                 };
                 JournalRecord::MetaPut { key, value }
             }
-            t => return Err(Error::corrupt("journal record", format!("unknown tag {t}"))),
+            10 => JournalRecord::VolumeDetach {
+                vol: r.u32()?,
+                tree: r.u64()?,
+            },
+            11 => JournalRecord::ReleaseStep {
+                tree: r.u64()?,
+                from: r.u64()?,
+                to: r.u64()?,
+            },
+            t => {
+                return Err(Error::corrupt(
+                    "journal record",
+                    format!("unknown tag {t} (written by a newer Condense? upgrade it)"),
+                ))
+            }
         })
     }
 }
@@ -365,6 +406,15 @@ mod tests {
             },
             JournalRecord::VolumeResize { vol: 3, size: 4096 },
             JournalRecord::VolumeDelete { vol: 3 },
+            JournalRecord::VolumeDetach {
+                vol: 4,
+                tree: (1 << 32) + 1,
+            },
+            JournalRecord::ReleaseStep {
+                tree: (1 << 32) + 1,
+                from: 16,
+                to: u64::MAX,
+            },
             JournalRecord::Relocate {
                 id: 5,
                 loc: Location {

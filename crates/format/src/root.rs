@@ -42,6 +42,29 @@ pub struct RootTree {
     pub codec: u8,
 }
 
+/// The first tree id of a deleted volume's map being released in steps: volume trees are
+/// below 2^32, the chunk table is `u64::MAX`.
+pub const RELEASE_TREE_FIRST: u64 = 1 << 32;
+
+/// A deleted volume's map still being released (docs/FORMAT.md "Background release"): tree
+/// `tree` (in [`Root::trees`]) holds what is left of it; leaves below `next` are released.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootRelease {
+    pub tree: u64,
+    /// The volume's name when it was deleted (for `stats`).
+    pub name: String,
+    /// Leaves the volume's size spanned (the progress shown: the release is over when its
+    /// last step removes the tree).
+    pub end: u64,
+    pub next: u64,
+    /// Data blocks the volume held when it was deleted.
+    pub data_blocks: u64,
+}
+
+/// The root header's version while a release is pending: builds that do not know the
+/// release section refuse the pool instead of reading a tree without a volume as garbage.
+pub const ROOT_VERSION_RELEASING: u32 = 3;
+
 /// Everything a checkpoint root holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Root {
@@ -64,11 +87,17 @@ pub struct Root {
     /// Pages of `meta.dat` named by more than one parent, with their number of parents
     /// (in the snapshot extension).
     pub shared_pages: Vec<(u64, u32)>,
+    /// Deleted volumes' maps still being released (the release section; the header's version
+    /// is then [`ROOT_VERSION_RELEASING`]).
+    pub releasing: Vec<RootRelease>,
 }
 
 /// Tag and version of the snapshot extension at the end of a root body.
 pub const ROOT_SNAPSHOT_EXT_MAGIC: u32 = u32::from_le_bytes(*b"SNAP");
 pub const ROOT_SNAPSHOT_EXT_VERSION: u32 = 1;
+/// Tag and version of the release section, after the snapshot extension if any.
+pub const ROOT_RELEASE_EXT_MAGIC: u32 = u32::from_le_bytes(*b"RELS");
+pub const ROOT_RELEASE_EXT_VERSION: u32 = 1;
 
 /// The associated data of a sealed root body: what the header says about it.
 fn root_ctx(raw_len: u32, journal_gen: u64, next_seq: u64) -> [u8; 20] {
@@ -122,28 +151,7 @@ pub fn encode_root(root: &Root, uuid: &[u8; 16], crypto: Option<&Crypto>) -> Res
         put_u32(&mut b, v.len() as u32);
         b.extend_from_slice(v);
     }
-    // The snapshot extension, only when there is something to say: a pool without
-    // snapshots or clones keeps the plain format 2 body.
-    let extended: Vec<&RootVolume> = root
-        .volumes
-        .iter()
-        .filter(|v| v.snapshot_of.is_some() || v.created != 0)
-        .collect();
-    if !extended.is_empty() || !root.shared_pages.is_empty() {
-        put_u32(&mut b, ROOT_SNAPSHOT_EXT_MAGIC);
-        put_u32(&mut b, ROOT_SNAPSHOT_EXT_VERSION);
-        put_u32(&mut b, extended.len() as u32);
-        for v in extended {
-            put_u32(&mut b, v.id);
-            put_u32(&mut b, v.snapshot_of.unwrap_or(u32::MAX));
-            put_u64(&mut b, v.created);
-        }
-        put_u64(&mut b, root.shared_pages.len() as u64);
-        for (page, refs) in &root.shared_pages {
-            put_u64(&mut b, *page);
-            put_u32(&mut b, *refs);
-        }
-    }
+    encode_extensions(&mut b, root);
     let body =
         zstd::bulk::compress(&b, 1).map_err(|e| Error::io("compressing the checkpoint root", e))?;
     let raw_len = u32::try_from(b.len()).map_err(|_| {
@@ -159,7 +167,14 @@ pub fn encode_root(root: &Root, uuid: &[u8; 16], crypto: Option<&Crypto>) -> Res
     };
     let mut out = Vec::with_capacity(ROOT_HEADER_BYTES + body.len());
     out.extend_from_slice(&CHECKPOINT_MAGIC);
-    put_u32(&mut out, FORMAT_VERSION);
+    put_u32(
+        &mut out,
+        if root.releasing.is_empty() {
+            FORMAT_VERSION
+        } else {
+            ROOT_VERSION_RELEASING
+        },
+    );
     put_u32(&mut out, raw_len);
     put_u64(&mut out, root.journal_gen);
     put_u64(&mut out, root.next_seq);
@@ -171,6 +186,45 @@ pub fn encode_root(root: &Root, uuid: &[u8; 16], crypto: Option<&Crypto>) -> Res
     put_u32(&mut out, c);
     out.extend_from_slice(&body);
     Ok(out)
+}
+
+/// The sections after the body: the snapshot extension, then the release section, each only
+/// when there is something to say (a pool without snapshots, clones or pending releases
+/// keeps the plain format 2 body).
+fn encode_extensions(b: &mut Vec<u8>, root: &Root) {
+    let extended: Vec<&RootVolume> = root
+        .volumes
+        .iter()
+        .filter(|v| v.snapshot_of.is_some() || v.created != 0)
+        .collect();
+    if !extended.is_empty() || !root.shared_pages.is_empty() {
+        put_u32(b, ROOT_SNAPSHOT_EXT_MAGIC);
+        put_u32(b, ROOT_SNAPSHOT_EXT_VERSION);
+        put_u32(b, extended.len() as u32);
+        for v in extended {
+            put_u32(b, v.id);
+            put_u32(b, v.snapshot_of.unwrap_or(u32::MAX));
+            put_u64(b, v.created);
+        }
+        put_u64(b, root.shared_pages.len() as u64);
+        for (page, refs) in &root.shared_pages {
+            put_u64(b, *page);
+            put_u32(b, *refs);
+        }
+    }
+    if !root.releasing.is_empty() {
+        put_u32(b, ROOT_RELEASE_EXT_MAGIC);
+        put_u32(b, ROOT_RELEASE_EXT_VERSION);
+        put_u32(b, root.releasing.len() as u32);
+        for x in &root.releasing {
+            put_u64(b, x.tree);
+            put_u64(b, x.end);
+            put_u64(b, x.next);
+            put_u64(b, x.data_blocks);
+            put_u16(b, x.name.len() as u16);
+            b.extend_from_slice(x.name.as_bytes());
+        }
+    }
 }
 
 /// Decode a checkpoint root; in an encrypted pool (`crypto`) its body is opened first.
@@ -210,7 +264,10 @@ fn decode_root_header<'a>(buf: &'a [u8], uuid: &[u8; 16]) -> Result<RootHeader<'
     }
     let mut r = Reader::new(buf, WHAT);
     check_magic(r.bytes(8)?, &CHECKPOINT_MAGIC, WHAT)?;
-    check_version(r.u32()?, WHAT)?;
+    let version = r.u32()?;
+    if version != ROOT_VERSION_RELEASING {
+        check_version(version, WHAT)?;
+    }
     let stored = u32::from_le_bytes([buf[60], buf[61], buf[62], buf[63]]);
     check_crc(stored, crc(&[&buf[..ROOT_HEADER_BYTES - 4]]), WHAT)?;
     let raw_len = r.u32()? as usize;
@@ -295,11 +352,19 @@ fn decode_root_body(raw: &[u8], journal_gen: u64, next_seq: u64) -> Result<Root>
         let n = r.u32()? as usize;
         root.meta.push((k, r.bytes(n)?.to_vec()));
     }
-    if r.remaining() != 0 {
-        decode_snapshot_extension(&mut r, &mut root)?;
-    }
-    if r.remaining() != 0 {
-        return Err(Error::corrupt(WHAT, "bytes left after the body"));
+    let mut seen = (false, false);
+    while r.remaining() != 0 {
+        match r.u32()? {
+            ROOT_SNAPSHOT_EXT_MAGIC if !seen.0 && !seen.1 => {
+                seen.0 = true;
+                decode_snapshot_extension(&mut r, &mut root)?;
+            }
+            ROOT_RELEASE_EXT_MAGIC if !seen.1 => {
+                seen.1 = true;
+                decode_release_extension(&mut r, &mut root)?;
+            }
+            _ => return Err(Error::corrupt(WHAT, "unknown section after the body")),
+        }
     }
     Ok(root)
 }
@@ -308,9 +373,6 @@ fn decode_root_body(raw: &[u8], journal_gen: u64, next_seq: u64) -> Result<Root>
 /// when it was made, and the pages named more than once.
 fn decode_snapshot_extension(r: &mut Reader<'_>, root: &mut Root) -> Result<()> {
     const WHAT: &str = "checkpoint root";
-    if r.u32()? != ROOT_SNAPSHOT_EXT_MAGIC {
-        return Err(Error::corrupt(WHAT, "unknown section after the body"));
-    }
     let v = r.u32()?;
     if v != ROOT_SNAPSHOT_EXT_VERSION {
         return Err(Error::corrupt(
@@ -341,6 +403,49 @@ fn decode_snapshot_extension(r: &mut Reader<'_>, root: &mut Root) -> Result<()> 
     }
     for _ in 0..n {
         root.shared_pages.push((r.u64()?, r.u32()?));
+    }
+    Ok(())
+}
+
+/// The release section (its tag read): the deleted volumes' maps still being released, each
+/// naming a tree of the root at or above [`RELEASE_TREE_FIRST`], once.
+fn decode_release_extension(r: &mut Reader<'_>, root: &mut Root) -> Result<()> {
+    const WHAT: &str = "checkpoint root";
+    let v = r.u32()?;
+    if v != ROOT_RELEASE_EXT_VERSION {
+        return Err(Error::corrupt(
+            WHAT,
+            format!("release section version {v}; this build reads version {ROOT_RELEASE_EXT_VERSION} (upgrade Condense)"),
+        ));
+    }
+    let n = r.u32()?;
+    if u64::from(n) > r.remaining() as u64 / 34 {
+        return Err(Error::corrupt(WHAT, "release list longer than the body"));
+    }
+    for _ in 0..n {
+        let tree = r.u64()?;
+        let end = r.u64()?;
+        let next = r.u64()?;
+        let data_blocks = r.u64()?;
+        let len = r.u16()? as usize;
+        let name = r.string(len)?;
+        let named = root.trees.iter().any(|t| t.id == tree);
+        let twice = root.releasing.iter().any(|x| x.tree == tree);
+        if tree < RELEASE_TREE_FIRST || tree == u64::MAX || !named || twice {
+            return Err(Error::corrupt(
+                WHAT,
+                format!(
+                    "release section names tree {tree}, which is not a detached tree of this root"
+                ),
+            ));
+        }
+        root.releasing.push(RootRelease {
+            tree,
+            name,
+            end,
+            next,
+            data_blocks,
+        });
     }
     Ok(())
 }
@@ -441,7 +546,60 @@ mod tests {
             bitmap: vec![u64::MAX, 3],
             meta: vec![("scrub/last".into(), b"started=1".to_vec())],
             shared_pages: vec![(64, 2)],
+            releasing: Vec::new(),
         }
+    }
+
+    /// A root with a release pending: the release section round-trips, the header says
+    /// version 3 (which builds before it refuse: they check for version 2), and a section
+    /// naming a tree the root lacks is an error.
+    #[test]
+    fn a_pending_release_round_trips_under_its_own_version() -> Result<()> {
+        let uuid = [5; 16];
+        let mut root = full_root();
+        let tree = RELEASE_TREE_FIRST + 7;
+        root.trees.push(RootTree {
+            id: tree,
+            height: 3,
+            page: 128,
+            crc: 9,
+            units: 2,
+            codec: 0,
+        });
+        root.releasing.push(RootRelease {
+            tree,
+            name: "old-vm".into(),
+            end: 2048,
+            next: 512,
+            data_blocks: 1 << 20,
+        });
+        let b = encode_root(&root, &uuid, None)?;
+        assert_eq!(
+            u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            ROOT_VERSION_RELEASING
+        );
+        assert_eq!(decode_root(&b, &uuid, None)?, root);
+        for cut in 0..b.len() {
+            assert!(decode_root(&b[..cut], &uuid, None).is_err(), "cut {cut}");
+        }
+        // Without the snapshot extension the release section follows the body directly.
+        let mut plain = root.clone();
+        plain.volumes.retain(|v| v.snapshot_of.is_none());
+        plain.shared_pages.clear();
+        let b = encode_root(&plain, &uuid, None)?;
+        assert_eq!(decode_root(&b, &uuid, None)?, plain);
+        // A release of a tree the root does not hold.
+        let mut bad = root.clone();
+        bad.trees.retain(|t| t.id != tree);
+        let b = encode_root(&bad, &uuid, None)?;
+        assert!(decode_root(&b, &uuid, None).is_err());
+        // Nothing pending: the plain version, as before.
+        let b = encode_root(&full_root(), &uuid, None)?;
+        assert_eq!(
+            u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            FORMAT_VERSION
+        );
+        Ok(())
     }
 
     #[test]

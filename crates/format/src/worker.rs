@@ -33,6 +33,15 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Wake the thread if it is parked (new work for it).
+    pub fn unpark(&self) {
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
+    }
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);

@@ -21,7 +21,7 @@ use crate::attribution::{Attribution, Counting, SpillTo};
 use crate::block_map::{self, MapCounts};
 use crate::chunk_table::{page_of, ChunkTable};
 use crate::dedup_index::{DedupIndex, IndexOrigin, SavedIndex};
-use crate::page_cache::{PageCache, CHUNK_TREE};
+use crate::page_cache::{PageCache, TreeId, CHUNK_TREE};
 use condense_format::dedup_index::{IndexStamp, DEDUP_INDEX_NAME};
 use condense_format::error::{Error, Result};
 use condense_format::*;
@@ -118,6 +118,41 @@ pub struct Metadata {
     pub counting: Option<Counting>,
     /// Where the attribution's pages go past their RAM budget (the pool's directory).
     pub spill: SpillTo,
+    /// Deleted volumes' maps still being released, by tree (docs/FORMAT.md "Background
+    /// release"): each tree in [`PageCache::trees`] at or above [`RELEASE_TREE_FIRST`] has
+    /// one, and no volume names it.
+    pub releasing: BTreeMap<TreeId, Releasing>,
+}
+
+/// A deleted volume's map being released in steps ([`JournalRecord::ReleaseStep`]). Its
+/// remaining leaves still hold their chunks' references; the attribution forgot it at the
+/// deletion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Releasing {
+    /// The volume's name (a rollback's: `NAME (before rollback)`).
+    pub name: String,
+    /// Leaves the volume's size spanned (for the progress shown; the last step is the one
+    /// up to `u64::MAX`).
+    pub end: u64,
+    /// Leaves below this one are released.
+    pub next: u64,
+    /// Data blocks the volume held when it was deleted.
+    pub data_blocks: u64,
+}
+
+impl Releasing {
+    /// Data blocks still held, estimated from the leaves left (exact at both ends).
+    pub fn blocks_left(&self) -> u64 {
+        if self.next >= self.end || self.end == 0 {
+            return if self.next >= self.end {
+                0
+            } else {
+                self.data_blocks
+            };
+        }
+        let left = self.end - self.next;
+        (u128::from(self.data_blocks) * u128::from(left) / u128::from(self.end)) as u64
+    }
 }
 
 /// The most written blocks a released tree may have for the figures to take it off at once
@@ -273,6 +308,10 @@ impl Metadata {
             }
             JournalRecord::VolumeResize { vol, size } => self.resize_volume(*vol, *size, mode)?,
             JournalRecord::VolumeDelete { vol } => self.delete_volume(*vol, mode)?,
+            JournalRecord::VolumeDetach { vol, tree } => self.detach_volume(*vol, *tree, mode)?,
+            JournalRecord::ReleaseStep { tree, from, to } => {
+                self.release_step(*tree, *from, *to, mode)?
+            }
             JournalRecord::MetaPut { key, value } => match value {
                 Some(v) => {
                     self.meta.insert(key.clone(), v.clone());
@@ -486,6 +525,99 @@ impl Metadata {
         }
         if let Some(v) = self.volumes.remove(&vol) {
             self.names.remove(&v.name);
+        }
+        Ok(())
+    }
+
+    /// A volume deleted, its map kept for a release in steps as tree `tree`. Salvage: as
+    /// [`JournalRecord::VolumeDelete`] (the rebuild counts no reference a map holds).
+    fn detach_volume(&mut self, vol: u32, tree: TreeId, mode: &mut Mode) -> Result<()> {
+        if let Mode::Salvage(_) = mode {
+            return self.delete_volume(vol, mode);
+        }
+        let name = self.vol(vol)?.name.clone();
+        self.detach_tree(vol, tree, name)?;
+        if let Some(v) = self.volumes.remove(&vol) {
+            self.names.remove(&v.name);
+        }
+        Ok(())
+    }
+
+    /// The first free tree id for a map to release ([`RELEASE_TREE_FIRST`] and up).
+    pub fn next_release_tree(&self) -> TreeId {
+        self.pages
+            .trees()
+            .range(RELEASE_TREE_FIRST..CHUNK_TREE)
+            .next_back()
+            .map_or(RELEASE_TREE_FIRST, |(&t, _)| t + 1)
+    }
+
+    /// Volume `vol`'s map becomes tree `tree`, to be released in steps under `name`; the
+    /// volume itself stays (a deletion removes it, a rollback gives it a new map). The
+    /// attribution forgets the map now ([`Metadata::tree_released`]).
+    pub fn detach_tree(&mut self, vol: u32, tree: TreeId, name: String) -> Result<()> {
+        if !(RELEASE_TREE_FIRST..CHUNK_TREE).contains(&tree) || self.pages.tree(tree).is_some() {
+            return Err(Error::corrupt(
+                "journal",
+                format!("volume {vol}'s map cannot be released as tree {tree}: not a free tree id for a release"),
+            ));
+        }
+        let v = self.vol(vol)?;
+        let end = block_map::leaves_for(v.size / u64::from(self.block_size));
+        let data_blocks = v.counts.data_blocks;
+        self.tree_released(vol)?;
+        self.pages.rename_tree(u64::from(vol), tree)?;
+        self.releasing.insert(
+            tree,
+            Releasing {
+                name,
+                end,
+                next: 0,
+                data_blocks,
+            },
+        );
+        Ok(())
+    }
+
+    /// Leaves `[from, to)` of a map being released go ([`JournalRecord::ReleaseStep`]); the
+    /// last step (`to` = `u64::MAX`) releases the rest of the tree and ends the release. Salvage: no change (the rebuild
+    /// keeps no map being released).
+    fn release_step(&mut self, tree: TreeId, from: u64, to: u64, mode: &mut Mode) -> Result<()> {
+        if let Mode::Salvage(_) = mode {
+            return Ok(());
+        }
+        let r = self.releasing.get(&tree).ok_or_else(|| {
+            Error::corrupt(
+                "journal",
+                format!("release step of tree {tree}, which is not being released"),
+            )
+        })?;
+        if r.next != from || to <= from {
+            return Err(Error::corrupt(
+                "journal",
+                format!(
+                    "release step of tree {tree} over leaves {from}..{to}; its release is at leaf {}",
+                    r.next
+                ),
+            ));
+        }
+        let last = to == u64::MAX;
+        let mut ids = Vec::new();
+        let mut collect = |leaf: &[u8]| {
+            block_map::leaf_chunks(leaf, |id| ids.push(id));
+            Ok(())
+        };
+        if last {
+            self.pages.release_tree(tree, &mut collect)?;
+            self.releasing.remove(&tree);
+        } else {
+            self.pages.release_span(tree, from, to, &mut collect)?;
+            if let Some(r) = self.releasing.get_mut(&tree) {
+                r.next = to;
+            }
+        }
+        for id in ids {
+            self.chunks.decref(&mut self.pages, id)?;
         }
         Ok(())
     }
@@ -940,6 +1072,17 @@ impl Metadata {
                 .shared_pages()
                 .iter()
                 .map(|(&p, &r)| (p, r))
+                .collect(),
+            releasing: self
+                .releasing
+                .iter()
+                .map(|(&tree, r)| RootRelease {
+                    tree,
+                    name: r.name.clone(),
+                    end: r.end,
+                    next: r.next,
+                    data_blocks: r.data_blocks,
+                })
                 .collect(),
         }
     }

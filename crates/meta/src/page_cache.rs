@@ -746,6 +746,162 @@ impl PageCache {
         Ok(())
     }
 
+    /// Give tree `from` the id `to` (a deleted volume's map kept for a release in steps):
+    /// its shape and its nodes in memory, dirty ones included, move over unchanged.
+    pub fn rename_tree(&mut self, from: TreeId, to: TreeId) -> Result<()> {
+        let info = self.tree(from).ok_or_else(|| {
+            Error::corrupt(
+                "metadata",
+                format!("tree {} does not exist", tree_name(from)),
+            )
+        })?;
+        if self.trees.contains_key(&to) {
+            return Err(Error::corrupt(
+                "metadata",
+                format!("tree {} exists already", tree_name(to)),
+            ));
+        }
+        let keys: Vec<Key> = self
+            .map
+            .keys()
+            .filter(|k| k.tree == from)
+            .copied()
+            .collect();
+        for k in keys {
+            if let Some(slot) = self.map.remove(&k) {
+                let key = Key { tree: to, ..k };
+                self.node_mut(slot).key = key;
+                self.map.insert(key, slot);
+            }
+        }
+        self.trees.remove(&from);
+        self.trees.insert(to, info);
+        Ok(())
+    }
+
+    /// Release the leaves of `tree` in `[from, to)`: each leaf only this tree holds is freed
+    /// and seen by `leaf` (to drop the references its entries hold); a shared subtree loses
+    /// this tree's reference. The pointers to what went are cleared, so the tree keeps only
+    /// what is left to release, and the nodes that changed are written at the next
+    /// checkpoint. A shared subtree reaching past `to` goes whole (one reference: no walk).
+    /// The tree stays (empty once every leaf went); [`PageCache::release_tree`] removes it.
+    pub fn release_span(
+        &mut self,
+        tree: TreeId,
+        from: u64,
+        to: u64,
+        leaf: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let Some(info) = self.tree(tree) else {
+            return Ok(());
+        };
+        let to = to.min(capacity(info.height));
+        if from >= to {
+            return Ok(());
+        }
+        let top = info.height - 1;
+        let root_key = Key {
+            tree,
+            level: top,
+            index: 0,
+        };
+        let root_page = match self.map.get(&root_key) {
+            Some(&s) => self.node(s).page,
+            None => info.root.page,
+        };
+        if top == 0 || (from == 0 && to == capacity(info.height)) || self.is_shared(root_page) {
+            self.walk_exclusive(tree, top, 0, info.root, true, leaf)?;
+            self.drop_cached(tree);
+            self.trees.insert(
+                tree,
+                TreeInfo {
+                    root: Ptr::NULL,
+                    ..info
+                },
+            );
+            return Ok(());
+        }
+        if self.find(tree, top, 0, false)?.is_none() {
+            return Ok(());
+        }
+        self.release_below(tree, top, 0, from, to, leaf)
+    }
+
+    /// [`PageCache::release_span`] below interior node (`level`, `index`), which is cached
+    /// and held by this tree alone.
+    fn release_below(
+        &mut self,
+        tree: TreeId,
+        level: u8,
+        index: u64,
+        from: u64,
+        to: u64,
+        leaf: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let key = Key { tree, level, index };
+        let slot = *self.map.get(&key).ok_or_else(|| {
+            Error::corrupt(
+                "metadata",
+                format!("a node of {} being released is not cached", tree_name(tree)),
+            )
+        })?;
+        let span = FANOUT.pow(u32::from(level - 1)); // leaves under one child
+        let base = index * FANOUT * span;
+        let first = from.saturating_sub(base) / span;
+        let last = ((to - 1).saturating_sub(base) / span).min(FANOUT - 1);
+        for c in first..=last {
+            let child = index * FANOUT + c;
+            let child_key = Key {
+                tree,
+                level: level - 1,
+                index: child,
+            };
+            let cached = self.map.get(&child_key).copied();
+            let p = Ptr::read(&self.node(slot).data, c as usize);
+            let page = cached.map_or(p.page, |s| self.node(s).page);
+            if cached.is_none() && p.page == 0 {
+                continue;
+            }
+            let lo = base + c * span;
+            let whole = from <= lo && lo + span <= to;
+            if whole || self.is_shared(page) {
+                self.walk_exclusive(tree, level - 1, child, p, true, leaf)?;
+                if cached.is_some() {
+                    self.uncache_subtree(child_key);
+                    let n = self.node_mut(slot);
+                    n.children = n.children.saturating_sub(1);
+                }
+                let n = self.node_mut(slot);
+                Ptr::NULL.write(&mut n.data, c as usize);
+                n.dirty = true;
+            } else {
+                self.find(tree, level - 1, child, false)?;
+                self.release_below(tree, level - 1, child, from, to, leaf)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drop the node `key` and every node below it from memory (their pages were released).
+    fn uncache_subtree(&mut self, key: Key) {
+        if key.level > 0 {
+            for c in 0..FANOUT {
+                let child = Key {
+                    tree: key.tree,
+                    level: key.level - 1,
+                    index: key.index * FANOUT + c,
+                };
+                if self.map.contains_key(&child) {
+                    self.uncache_subtree(child);
+                }
+            }
+        }
+        if let Some(slot) = self.map.remove(&key) {
+            self.slots[slot] = None;
+            self.free_slots.push(slot);
+        }
+    }
+
     /// What releasing `tree` would free, without changing anything: `leaf` sees each leaf
     /// that would go; returns the metadata units that would be freed.
     pub fn exclusive_leaves(
@@ -1239,6 +1395,8 @@ pub fn open_stored(
 fn tree_name(tree: TreeId) -> String {
     if tree == CHUNK_TREE {
         "the chunk table".into()
+    } else if tree >= condense_format::RELEASE_TREE_FIRST {
+        format!("the block map of a deleted volume being released (tree {tree})")
     } else {
         format!("the block map of volume id {tree}")
     }

@@ -12,7 +12,8 @@
 //!
 //! Locks, always taken in this order: `gc_lock` (one GC at a time), a volume's write lock
 //! (held by read-modify-write of partial blocks, zeroing, resize and delete; whole-block
-//! writes go without it), then `sync_lock` (one flush or checkpoint at a time), then `state`
+//! writes go without it), then `sync_lock` (one flush or checkpoint at a time), then
+//! `release_lock` (one step of a background release at a time, [`release`]), then `state`
 //! (only through [`Pool::lock_state`]). CPU-heavy work (hashing, compression, decompression)
 //! and data reads run without `state`.
 //!
@@ -63,6 +64,7 @@ pub mod peers;
 mod read;
 mod read_ahead;
 mod records;
+pub mod release;
 pub(crate) mod salvage;
 mod saved_index;
 mod scrub;
@@ -152,6 +154,12 @@ pub struct OpenOptions {
     /// With a writeback cache, destage sealed segments in a background thread (the crash
     /// simulator turns this off and calls [`Pool::destage_one`] itself, to stay deterministic).
     pub destage_in_background: bool,
+    /// Release deleted volumes' maps in a background thread ([`release`]; tests turn this
+    /// off and call [`Pool::release_step`] themselves).
+    pub release_in_background: bool,
+    /// Leaves one release step takes ([`release::STEP_LEAVES`] by default; tests use fewer,
+    /// to make many steps of a small map).
+    pub release_step_leaves: usize,
     /// The per-volume figures' pages: (words per page, pages each of their arrays keeps in
     /// RAM before the rest go to a scratch file in the pool directory). `None`: 4 KiB pages,
     /// 32 MiB per array ([`crate::attribution::SpillTo`]). Small values are for tests.
@@ -182,6 +190,8 @@ impl Default for OpenOptions {
             cache_dir: None,
             without_writeback_cache: false,
             destage_in_background: true,
+            release_in_background: true,
+            release_step_leaves: release::STEP_LEAVES,
             attribution_pages: None,
         }
     }
@@ -288,6 +298,10 @@ pub struct Pool {
     pub(crate) tier: RwLock<Option<Arc<ChunkCache>>>,
     /// The background destage thread of a writeback cache ([`destage`]).
     pub(crate) destager: Mutex<Option<crate::worker::Worker>>,
+    /// One release step at a time ([`release`]); taken before `state`.
+    pub(crate) release_lock: Mutex<()>,
+    /// The background release thread ([`release`]).
+    pub(crate) releaser: Mutex<Option<release::Releaser>>,
     /// This host's member slot in a pool several hosts share (0 otherwise).
     pub(crate) slot: u8,
     /// The other hosts' trees, open read-only ([`crate::hosts`]), by slot.
@@ -430,6 +444,7 @@ impl Pool {
             return Ok(());
         }
         self.stop_destager();
+        self.stop_releaser();
         self.flush()?;
         let deleted = self.deleted_names_now();
         let guard = lock(&self.sync_lock);

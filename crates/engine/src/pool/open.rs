@@ -376,6 +376,7 @@ impl Pool {
         if !pool.read_only && writeback && pool.opts.destage_in_background {
             pool.start_destager();
         }
+        pool.start_releaser();
         Ok(pool)
     }
 
@@ -421,6 +422,8 @@ impl Pool {
             read_ahead: Default::default(),
             read_buffers: Default::default(),
             destager: Mutex::new(None),
+            release_lock: Mutex::new(()),
+            releaser: Mutex::new(None),
             peers: Mutex::new(Default::default()),
             deleted_names: Mutex::new(Default::default()),
             handover_stop: Default::default(),
@@ -589,6 +592,19 @@ fn load_metadata(
         attribution: None,
         counting: None,
         spill: Default::default(),
+        releasing: root
+            .releasing
+            .iter()
+            .map(|r| {
+                let x = crate::metadata::Releasing {
+                    name: r.name.clone(),
+                    end: r.end,
+                    next: r.next,
+                    data_blocks: r.data_blocks,
+                };
+                (r.tree, x)
+            })
+            .collect(),
     };
     for v in &root.volumes {
         let counts = crate::block_map::MapCounts {

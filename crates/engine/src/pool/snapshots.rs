@@ -13,8 +13,9 @@
 //!   the source's pages are written first, so only stored pages are shared, and the change
 //!   is durable (the new root names it) when the call returns. No journal record describes
 //!   them; a crash before the root is written leaves the pool as it was.
-//! - A snapshot refuses every change ([`Error::SnapshotReadOnly`]); it is deleted by a
-//!   journaled `VolumeDelete`, which releases only the pages no other tree holds.
+//! - A snapshot refuses every change ([`Error::SnapshotReadOnly`]); it is deleted as a volume
+//!   is (a journaled `VolumeDetach`, its map released in steps by `pool/release.rs`), which
+//!   releases only the pages no other tree holds. A rollback's old map goes the same way.
 //! - A volume with snapshots cannot be deleted; rollback refuses while a writable handle to
 //!   the volume is open (an NBD client, a mount) unless forced.
 //! - Two versions differ at a block when their block-map entries differ. Leaves stored at
@@ -214,7 +215,9 @@ impl Pool {
             Some(&mut |md| {
                 let vol = volume_id(md, volume)?;
                 let snap = snapshot_id(md, &full)?;
-                md.release_volume_tree(vol)?;
+                // The old map goes in steps in the background (pool/release.rs).
+                let tree = md.next_release_tree();
+                md.detach_tree(vol, tree, format!("{volume} (before rollback)"))?;
                 md.pages.clone_tree(u64::from(snap), u64::from(vol))?;
                 md.tree_added(vol);
                 let (size, counts) = md
@@ -228,7 +231,9 @@ impl Pool {
                 }
                 Ok(())
             }),
-        )
+        )?;
+        self.wake_releaser();
+        Ok(())
     }
 
     /// Delete `volume@snapshot`: pages and chunks only it holds are released (the space

@@ -101,7 +101,10 @@ impl Pool {
                 snaps[0]
             )));
         }
-        let mut records = vec![JournalRecord::VolumeDelete { vol }];
+        // The map is released in steps in the background (pool/release.rs): the deletion
+        // itself is one short commit, whatever the volume's size.
+        let tree = st.md.next_release_tree();
+        let mut records = vec![JournalRecord::VolumeDetach { vol, tree }];
         // No "import in progress" mark (engine::importing), half-made hand-over or name
         // conflict (engine::hosts) outlives its volume.
         let marks = [
@@ -123,6 +126,7 @@ impl Pool {
             // Its claim goes once a root holds the deletion (the next sync or close).
             lock(&self.deleted_names).insert(name.to_string());
         }
+        self.wake_releaser();
         self.after_metadata_change()
     }
 

@@ -1,0 +1,178 @@
+//! Background release: the maps of deleted volumes (and a rollback's old map) given back in
+//! bounded steps while the pool serves (a room of the pool).
+//!
+//! Owns: the stepping of [`Metadata::releasing`] — which tree next, how many leaves a step
+//! takes — and the background thread ([`Releaser`]) that steps while anything is pending.
+//!
+//! A deletion only detaches the map ([`JournalRecord::VolumeDetach`]: one short commit, the
+//! name free at once); each step then releases the next [`STEP_LEAVES`] leaves that exist
+//! ([`JournalRecord::ReleaseStep`]) in a commit of its own, so the state lock is held for a
+//! bounded time (up to `STEP_LEAVES` × 512 chunk references dropped) and the VMs' I/O runs
+//! between steps. Invariants:
+//! - A step is one journal record applied like any other: replay repeats exactly the steps
+//!   that were durable, and the checkpoint root holds the trees and cursors
+//!   (docs/FORMAT.md "Background release"), so a crash at any point resumes from the last
+//!   durable step, never releasing a leaf twice (its pointer is cleared by the step).
+//! - Only leaves the detached tree holds alone drop references; a subtree shared with a
+//!   snapshot or clone loses one page reference, never its chunks' (the page cache's sharing
+//!   rules), so no block of another volume is ever released.
+//! - Before a step is committed its leaves are read once: a page that cannot be read stops
+//!   the release (logged, tried again later) instead of failing the commit, which would
+//!   poison the pool.
+//! - The thread leaves each step's time again free before the next (at most half of the
+//!   lock's time goes to releasing), and stops with the pool.
+
+use super::Pool;
+use crate::error::Result;
+use crate::format::JournalRecord;
+use crate::locks::lock;
+use crate::metadata::Metadata;
+use crate::page_cache::TreeId;
+use crate::worker::Worker;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Leaves (of 512 block-map entries each) one step releases.
+pub const STEP_LEAVES: usize = 16;
+
+/// One map still being released, for `stats`, `top` and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingRelease {
+    /// The deleted volume's name.
+    pub name: String,
+    /// Data blocks it held when deleted.
+    pub data_blocks: u64,
+    /// Data blocks still held (estimated from the leaves left).
+    pub blocks_left: u64,
+}
+
+/// The next step of the oldest pending release: (tree, from, to), `to` = `u64::MAX` for the
+/// last one. Reads the step's leaves, so a page that cannot be read fails here, before any
+/// change.
+fn next_step(md: &mut Metadata, leaves: usize) -> Result<Option<(TreeId, u64, u64)>> {
+    let Some((&tree, r)) = md.releasing.iter().next() else {
+        return Ok(None);
+    };
+    let from = r.next;
+    let step = leaves.max(1);
+    let leaves = md.pages.leaf_pages_first(tree, from, u64::MAX, step + 1)?;
+    let to = match leaves.get(step) {
+        Some(l) => l.index,
+        None => u64::MAX,
+    };
+    md.pages
+        .for_each_leaf(tree, from, to, &mut |_, _| Ok(true))?;
+    Ok(Some((tree, from, to)))
+}
+
+impl Pool {
+    /// Take one step of the oldest pending release; false when nothing is pending (or the
+    /// pool is read-only).
+    pub fn release_step(&self) -> Result<bool> {
+        if self.read_only {
+            return Ok(false);
+        }
+        let _one = lock(&self.release_lock);
+        let mut st = self.lock_state();
+        self.writable(&st)?;
+        let Some((tree, from, to)) = next_step(&mut st.md, self.opts.release_step_leaves)? else {
+            return Ok(false);
+        };
+        self.commit(&mut st, vec![JournalRecord::ReleaseStep { tree, from, to }])?;
+        Ok(true)
+    }
+
+    /// Release everything pending now, step by step (the lock let go between steps), then
+    /// make it durable; `progress(blocks left, blocks in all)` after each step. For commands
+    /// that hold the pool alone (an offline `volume delete`, `gc`): nothing waits on them.
+    pub fn finish_releases(&self, progress: &dyn Fn(u64, u64)) -> Result<()> {
+        let total = self
+            .pending_releases()
+            .iter()
+            .map(|p| p.blocks_left)
+            .sum::<u64>();
+        if total == 0 && self.pending_releases().is_empty() {
+            return Ok(());
+        }
+        while self.release_step()? {
+            let left = self
+                .pending_releases()
+                .iter()
+                .map(|p| p.blocks_left)
+                .sum::<u64>();
+            progress(left, total);
+        }
+        self.flush()
+    }
+
+    /// The maps still being released, oldest first.
+    pub fn pending_releases(&self) -> Vec<PendingRelease> {
+        let st = self.lock_state();
+        st.md
+            .releasing
+            .values()
+            .map(|r| PendingRelease {
+                name: r.name.clone(),
+                data_blocks: r.data_blocks,
+                blocks_left: r.blocks_left(),
+            })
+            .collect()
+    }
+
+    /// Start the background release thread (idempotent; not for read-only pools).
+    pub(crate) fn start_releaser(&self) {
+        if self.read_only || !self.opts.release_in_background {
+            return;
+        }
+        let mut slot = lock(&self.releaser);
+        if slot.is_some() {
+            return;
+        }
+        let weak = self.me.clone();
+        let started = Worker::spawn("condense-release", move |flag| {
+            while !flag.load(Ordering::Relaxed) {
+                let Some(pool) = weak.upgrade() else { return };
+                let started = Instant::now();
+                let pause = match pool.release_step() {
+                    // As long again as the step took: the VMs get the lock at least half
+                    // the time, whatever the disk's speed.
+                    Ok(true) => started.elapsed().max(Duration::from_millis(1)),
+                    Ok(false) => Duration::from_secs(1),
+                    Err(e) => {
+                        tracing::warn!(
+                            "releasing the map of a deleted volume: {e}; trying again in 30 s \
+                             (`condense verify` checks the pool's metadata)"
+                        );
+                        Duration::from_secs(30)
+                    }
+                };
+                drop(pool);
+                if !flag.load(Ordering::Relaxed) {
+                    std::thread::park_timeout(pause);
+                }
+            }
+        });
+        match started {
+            Ok(w) => *slot = Some(Releaser(w)),
+            Err(e) => tracing::warn!(
+                "cannot start the release thread: {e}; deleted volumes' space comes back at `condense gc`"
+            ),
+        }
+    }
+
+    /// Wake the release thread (a deletion just detached a map).
+    pub(crate) fn wake_releaser(&self) {
+        if let Some(r) = lock(&self.releaser).as_ref() {
+            r.0.unpark();
+        }
+    }
+
+    /// Stop the background release thread, waiting for a step in progress.
+    pub(crate) fn stop_releaser(&self) {
+        let r = lock(&self.releaser).take();
+        drop(r);
+    }
+}
+
+/// The background release thread of a writable pool.
+pub(crate) struct Releaser(Worker);
