@@ -123,6 +123,11 @@ pub struct PoolStats {
     pub remote: Option<crate::io::StoreStatus>,
     /// The scrub: the pass under way in this process, the last finished one in the pool.
     pub scrub: crate::scrub_status::ScrubStatus,
+    /// Deleted volumes' maps still being released in the background, oldest first.
+    pub releasing: Vec<crate::pool::release::PendingRelease>,
+    /// Record bytes of live chunks only maps being released still name (with the
+    /// per-volume figures; 0 without them): they go as the release goes, then GC reclaims them.
+    pub releasing_bytes: u64,
 }
 
 pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {

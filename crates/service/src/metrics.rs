@@ -413,6 +413,16 @@ fn collect_space(s: &condense_engine::PoolStats, e: &mut Encoder) {
         "Segment files.",
         s.segments as f64,
     );
+    e.gauge(
+        "condense_pool_releasing_blocks",
+        "Data blocks deleted volumes' maps still hold while they are released in the background.",
+        s.releasing.iter().map(|r| r.blocks_left).sum::<u64>() as f64,
+    );
+    e.gauge(
+        "condense_pool_releasing_bytes",
+        "Record bytes of chunks only maps being released still hold (0 without the per-volume figures).",
+        s.releasing_bytes as f64,
+    );
     e.counter(
         "condense_pool_read_errors_total",
         "Reads that failed a checksum or could not read their bytes (the client got an I/O error).",

@@ -65,6 +65,18 @@ fn next_step(md: &mut Metadata, leaves: usize) -> Result<Option<(TreeId, u64, u6
     Ok(Some((tree, from, to)))
 }
 
+/// The maps `md` still releases, oldest first.
+pub(crate) fn pending(md: &Metadata) -> Vec<PendingRelease> {
+    md.releasing
+        .values()
+        .map(|r| PendingRelease {
+            name: r.name.clone(),
+            data_blocks: r.data_blocks,
+            blocks_left: r.blocks_left(),
+        })
+        .collect()
+}
+
 impl Pool {
     /// Take one step of the oldest pending release; false when nothing is pending (or the
     /// pool is read-only).
@@ -107,16 +119,7 @@ impl Pool {
 
     /// The maps still being released, oldest first.
     pub fn pending_releases(&self) -> Vec<PendingRelease> {
-        let st = self.lock_state();
-        st.md
-            .releasing
-            .values()
-            .map(|r| PendingRelease {
-                name: r.name.clone(),
-                data_blocks: r.data_blocks,
-                blocks_left: r.blocks_left(),
-            })
-            .collect()
+        pending(&self.lock_state().md)
     }
 
     /// Start the background release thread (idempotent; not for read-only pools).

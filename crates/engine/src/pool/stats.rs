@@ -93,7 +93,13 @@ impl Pool {
         let kept: Vec<(u32, TreeSpace)> = vols.into_iter().map(|v| (v, a.tree(v))).collect();
         let fresh = md.build_attribution()?;
         let live = md.chunks.live();
-        if kept_totals != live {
+        // Chunks only maps being released name are live, and no volume's.
+        let releasing = !md.releasing.is_empty();
+        if kept_totals != live
+            && !(releasing
+                && kept_totals.chunks <= live.chunks
+                && kept_totals.stored_bytes <= live.stored_bytes)
+        {
             return Err(Error::corrupt(
                 "space attribution",
                 format!("exclusive + shared = {kept_totals:?}, live chunks {live:?}"),
@@ -186,6 +192,18 @@ impl Pool {
         s.add_volumes(md, bs);
         s.add_space(md, &st.segments, bs, physical);
         s.add_ram(md);
+        s.releasing = super::release::pending(md);
+        if !s.releasing.is_empty() {
+            // Live chunks no volume or snapshot names: only maps being released hold them.
+            let named = md
+                .attribution
+                .as_ref()
+                .map_or(0, |a| a.totals().record_bytes());
+            s.releasing_bytes = md
+                .attribution
+                .as_ref()
+                .map_or(0, |_| md.chunks.live().record_bytes().saturating_sub(named));
+        }
         s.checkpoints = md.checkpoints;
         s.read_errors = self.read_errors.load(std::sync::atomic::Ordering::Relaxed);
         s.remote = remote;

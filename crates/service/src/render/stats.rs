@@ -75,12 +75,22 @@ struct Wire<'a> {
     volumes: Vec<Figures<'a>>,
     snapshots: Vec<Snapshot<'a>>,
     scrub: ScrubReport<'a>,
+    releasing: Vec<Releasing<'a>>,
+    releasing_bytes: u64,
     #[serde(flatten)]
     remote: Option<Remote<'a>>,
     #[serde(flatten)]
     cache: Option<cache::Wire<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     shared_pool: Option<SharedPool<'a>>,
+}
+
+/// A deleted volume's map still being released in the background.
+#[derive(Serialize)]
+struct Releasing<'a> {
+    name: &'a str,
+    data_blocks: u64,
+    blocks_left: u64,
 }
 
 #[derive(Serialize)]
@@ -186,6 +196,16 @@ impl Serialize for StatsReport<'_> {
                 block_size: s.block_size,
                 files: &no_files,
             },
+            releasing: s
+                .releasing
+                .iter()
+                .map(|r| Releasing {
+                    name: &r.name,
+                    data_blocks: r.data_blocks,
+                    blocks_left: r.blocks_left,
+                })
+                .collect(),
+            releasing_bytes: s.releasing_bytes,
             remote: s.remote.as_ref().map(Remote::of),
             cache: self.cache.map(cache::Wire::of),
             shared_pool: (!self.hosts.is_empty()).then_some(SharedPool(self.hosts)),
@@ -352,6 +372,13 @@ fn pool_lines(o: &mut String, s: &PoolStats, verbose: bool) {
     for (k, v) in rows {
         let _ = writeln!(o, "  {k:<28} {v}");
     }
+    for r in &s.releasing {
+        let _ = writeln!(
+            o,
+            "  {:<28} {} ({} of {} blocks left; deleted, released in the background)",
+            "being released", r.name, r.blocks_left, r.data_blocks
+        );
+    }
     if verbose {
         let _ = writeln!(o, "  {:<28} {}", "segments", s.segments);
         let _ = writeln!(
@@ -415,10 +442,18 @@ fn volume_tables(o: &mut String, s: &PoolStats, verbose: bool) {
                 o,
                 "(would free: stored chunks only it references, freed by deleting it and `condense gc`; \
                  shared: stored chunks other volumes or snapshots reference too, {} in the pool; \
-                 everything's `would free` plus that is the pool's {} of live chunks. \
+                 everything's `would free` plus that{} is the pool's {} of live chunks. \
                  dedup and compr: its own written blocks per distinct chunk, and block bytes per \
                  stored byte)",
                 human(shared.record_bytes()),
+                if s.releasing.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " plus {} only maps being released still hold",
+                        human(s.releasing_bytes)
+                    )
+                },
                 human(s.chunk_bytes)
             );
         }
