@@ -10,6 +10,9 @@ use crate::volume_counters::{VolumeIo, VolumeIoValues};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Blocks a step of a shrink unmaps at most (16 block-map leaves).
+const SHRINK_STEP_BLOCKS: u64 = 16 * MAP_PAGE_ENTRIES as u64;
+
 impl Pool {
     fn check_size(&self, size: u64) -> Result<()> {
         let bs = u64::from(self.sb.block_size);
@@ -155,9 +158,43 @@ impl Pool {
                 )));
             }
         }
+        if first_data.is_some() {
+            // Unmap what lies past the new end in bounded steps, the state lock let go
+            // between them, so other volumes' I/O goes on (whole-block writes to this volume
+            // past the end meanwhile are unmapped by the resize itself).
+            drop(st);
+            self.unmap_from(vol, name, first_cut)?;
+            st = self.lock_state();
+            self.writable(&st)?;
+            st.md.writable_volume_for(vol, name, "resize", 0, 0)?;
+        }
         self.commit(&mut st, vec![JournalRecord::VolumeResize { vol, size }])?;
         drop(st);
         self.after_metadata_change()
+    }
+
+    /// Unmap every block of `vol` from `first` on, [`SHRINK_STEP_BLOCKS`] at most per
+    /// commit (a crash part way leaves some of them unmapped and the size as it was).
+    fn unmap_from(&self, vol: u32, name: &str, first: u64) -> Result<()> {
+        let mut from = first;
+        loop {
+            let mut st = self.lock_state();
+            self.writable(&st)?;
+            st.md.writable_volume_for(vol, name, "resize", 0, 0)?;
+            let Some(b) = crate::block_map::first_mapped(&mut st.md.pages, u64::from(vol), from)?
+            else {
+                return Ok(());
+            };
+            let end = (b / SHRINK_STEP_BLOCKS + 1) * SHRINK_STEP_BLOCKS;
+            from = end;
+            let record = JournalRecord::MapFill {
+                vol,
+                start: b,
+                count: end - b,
+                entry: ENTRY_UNMAPPED,
+            };
+            self.commit(&mut st, vec![record])?;
+        }
     }
 
     /// Names and sizes of all volumes (not snapshots), sorted by name.
