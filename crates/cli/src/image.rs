@@ -3,7 +3,7 @@
 //! themselves are `condense_estimate::image`), and [`Bars`], the progress bars and warnings of
 //! the pipeline, which is `condense_image`'s.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use condense_estimate::image::ImageOptions;
 use condense_estimate::probe::Format;
 use condense_image::Unit;
@@ -77,23 +77,16 @@ impl condense_image::Progress for Bars {
     }
 }
 
-/// After a deletion or rollback: the old map's release (crates/engine/src/pool/release.rs)
-/// goes on in the background in a daemon, whose VMs must not wait for it; a command that
-/// opened the pool itself finishes it now (nothing is served), with a bar. Says which.
+/// [`Ctx::release_deleted`] with a bar (offline: the release finishes before the command).
 pub fn release_deleted(ctx: &Ctx, pool: &condense_engine::Pool) -> Result<&'static str> {
-    if ctx.in_daemon() {
-        return Ok("its map is released in the background (`condense stats` shows what is left)");
-    }
-    let b = ProgressBar::new(0).with_message("releasing the deleted map");
     let style = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} blocks ETA {eta}");
-    b.set_style(style.unwrap_or_else(|_| ProgressStyle::default_bar()));
-    pool.finish_releases(&|left, total| {
+    let b = ProgressBar::new(0).with_style(style.unwrap_or_else(|_| ProgressStyle::default_bar()));
+    let how = ctx.release_deleted(pool, &|left, total| {
         b.set_length(total);
         b.set_position(total - left.min(total));
-    })
-    .context("cannot release the deleted map (it is released again at the next open)")?;
+    })?;
     b.finish_and_clear();
-    Ok("its map is released")
+    Ok(how)
 }
 
 /// A progress bar on stderr with bytes/s and ETA (hidden when stderr is not a terminal).

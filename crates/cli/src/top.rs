@@ -128,11 +128,12 @@ pub fn run(pool: &Path, a: &TopArgs) -> Result<i32> {
         let shown = match (&mode, &screen) {
             (Mode::Json, _) => {
                 let secs = now_at.duration_since(at).as_secs_f64();
-                let line =
-                    condense_service::render::json_line(&Interval::new(unix, secs, &abs, &rows))?;
+                let line = condense_service::render::json_line(&Interval::new(
+                    unix, secs, &abs, &rows, &now,
+                ))?;
                 writeln!(out, "{line}")
             }
-            (_, Some(s)) => s.draw(&mut out, &clock, &rows, width),
+            (_, Some(s)) => s.draw(&mut out, &clock, &rows, width, now.releasing_note()),
             _ => {
                 let mut text = String::new();
                 if !header_shown {
@@ -141,6 +142,9 @@ pub fn run(pool: &Path, a: &TopArgs) -> Result<i32> {
                 }
                 for r in &rows {
                     text += &format!("{clock:<8} {}\n", r.line(width));
+                }
+                if let Some(note) = now.releasing_note() {
+                    text += &format!("{clock:<8} {note}\n");
                 }
                 write!(out, "{text}")
             }
@@ -276,14 +280,15 @@ impl Screen {
         clock: &str,
         rows: &[Row],
         width: usize,
+        note: Option<String>,
     ) -> std::io::Result<()> {
         let mut text = format!(
             "\x1b[H\x1b[2J{}  {clock} UTC\r\n\r\n\x1b[7m{}\x1b[0m\r\n",
             self.title,
             header(width)
         );
-        for r in rows {
-            text += &r.line(width);
+        for r in rows.iter().map(|r| r.line(width)).chain(note) {
+            text += &r;
             text += "\r\n";
         }
         out.write_all(text.as_bytes())

@@ -69,6 +69,17 @@ impl VolumeStats {
     }
 }
 
+/// One map still being released, for `stats`, `top` and metrics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingRelease {
+    /// The deleted volume's name.
+    pub name: String,
+    /// Data blocks it held when deleted.
+    pub data_blocks: u64,
+    /// Data blocks still held (estimated from the leaves left).
+    pub blocks_left: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct PoolStats {
     pub block_size: u32,
@@ -124,7 +135,7 @@ pub struct PoolStats {
     /// The scrub: the pass under way in this process, the last finished one in the pool.
     pub scrub: crate::scrub_status::ScrubStatus,
     /// Deleted volumes' maps still being released in the background, oldest first.
-    pub releasing: Vec<crate::pool::release::PendingRelease>,
+    pub releasing: Vec<PendingRelease>,
     /// Record bytes of live chunks only maps being released still name (with the
     /// per-volume figures; 0 without them): they go as the release goes, then GC reclaims them.
     pub releasing_bytes: u64,

@@ -117,6 +117,25 @@ impl<'a> Ctx<'a> {
         Ok(pool)
     }
 
+    /// After a deletion or rollback: in a daemon, the old map's release
+    /// (crates/engine/src/pool/release.rs) goes on in the background, as its VMs must not wait
+    /// for it; a command that opened the pool itself finishes it now (nothing is served),
+    /// telling `progress(blocks left, blocks in all)`. Says which, for the command's message.
+    pub fn release_deleted(
+        &self,
+        pool: &Pool,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<&'static str> {
+        if self.in_daemon() {
+            return Ok(
+                "its map is released in the background (`condense stats` shows what is left)",
+            );
+        }
+        pool.finish_releases(progress)
+            .context("cannot release the deleted map (it is released again at the next open)")?;
+        Ok("its map is released")
+    }
+
     /// End a command's use of `pool`: close a pool the command opened; flush a held one.
     pub fn done(&self, pool: &Pool) -> Result<()> {
         if self.held.is_some() {

@@ -23,6 +23,34 @@ pub struct Sample {
     block_size: u64,
     cache_tier: bool,
     volumes: Vec<VolumeSample>,
+    /// Deleted volumes' maps being released in the background (absent from older daemons).
+    #[serde(default)]
+    releasing: Vec<Releasing>,
+}
+
+/// A deleted volume's map still being released (`condense_engine::pool::release`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct Releasing {
+    name: String,
+    data_blocks: u64,
+    blocks_left: u64,
+}
+
+impl Sample {
+    /// A line on what is still being released, if anything is.
+    pub fn releasing_note(&self) -> Option<String> {
+        let parts: Vec<String> = self
+            .releasing
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} ({} of {} blocks left)",
+                    r.name, r.blocks_left, r.data_blocks
+                )
+            })
+            .collect();
+        (!parts.is_empty()).then(|| format!("being released: {}", parts.join(", ")))
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
@@ -83,6 +111,15 @@ pub fn counters(ctx: &mut Ctx) -> Result<i32> {
                 new_stored_bytes: v.new_stored_bytes,
                 cache_hits: v.cache_hits,
                 cache_misses: v.cache_misses,
+            })
+            .collect(),
+        releasing: pool
+            .pending_releases()
+            .into_iter()
+            .map(|r| Releasing {
+                name: r.name,
+                data_blocks: r.data_blocks,
+                blocks_left: r.blocks_left,
             })
             .collect(),
     };
@@ -326,15 +363,23 @@ pub struct Interval<'a> {
     interval_s: f64,
     pool: String,
     volumes: &'a [Row],
+    releasing: &'a [Releasing],
 }
 
 impl<'a> Interval<'a> {
-    pub fn new(unix_time: f64, secs: f64, pool: &Path, volumes: &'a [Row]) -> Interval<'a> {
+    pub fn new(
+        unix_time: f64,
+        secs: f64,
+        pool: &Path,
+        volumes: &'a [Row],
+        now: &'a Sample,
+    ) -> Interval<'a> {
         Interval {
             unix_time: round3(unix_time),
             interval_s: round3(secs),
             pool: pool.display().to_string(),
             volumes,
+            releasing: &now.releasing,
         }
     }
 }
@@ -481,6 +526,7 @@ mod tests {
             block_size: 4096,
             cache_tier: false,
             volumes: vec![vol("idle", op(5, 20480, 3)), vol("busy", op(10, 40960, 5))],
+            releasing: Vec::new(),
         };
         let now = Sample {
             block_size: 4096,
@@ -492,6 +538,7 @@ mod tests {
                 vol("new", op(3, 12288, 2)),
                 vol(".internal", op(1, 4096, 2)),
             ],
+            releasing: Vec::new(),
         };
         let r = rows(&before, &now, 2.0, false);
         let names: Vec<&str> = r.iter().map(|r| r.name.as_str()).collect();

@@ -28,23 +28,13 @@ use crate::format::JournalRecord;
 use crate::locks::lock;
 use crate::metadata::Metadata;
 use crate::page_cache::TreeId;
+pub use crate::stats::PendingRelease;
 use crate::worker::Worker;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Leaves (of 512 block-map entries each) one step releases.
 pub const STEP_LEAVES: usize = 16;
-
-/// One map still being released, for `stats`, `top` and metrics.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PendingRelease {
-    /// The deleted volume's name.
-    pub name: String,
-    /// Data blocks it held when deleted.
-    pub data_blocks: u64,
-    /// Data blocks still held (estimated from the leaves left).
-    pub blocks_left: u64,
-}
 
 /// The next step of the oldest pending release: (tree, from, to), `to` = `u64::MAX` for the
 /// last one. Reads the step's leaves, so a page that cannot be read fails here, before any
