@@ -161,6 +161,8 @@ fn open(dir: &Arc<SimDir>, key: &Option<UserKey>, cache: &Option<Arc<SimDir>>) -
         metadata_cache_bytes: Some(2 * 4096),
         // Destaged at the flushes below instead, so that every run replays exactly.
         destage_in_background: false,
+        // Deleted maps stay pending (verify and the figures count them as such).
+        release_in_background: false,
         ..Default::default()
     };
     match Pool::open(Arc::new(SimHandle(dir.clone())), opts) {
