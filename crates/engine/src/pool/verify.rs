@@ -68,16 +68,18 @@ impl Pool {
             bad: &bad,
         };
         // Maps: every entry names an existing, good chunk; count references.
-        let counted = self.walk_and_count(&known, &stored_refs, &mut report)?;
+        let wrong = self.walk_and_count(&known, &stored_refs, &mut report)?;
         if report.metadata_problems.is_empty() {
             let mut st = self.lock_state();
             check_shared_pages(&mut st.md, &mut report);
             st.md.pages.evict_to_budget()?;
         }
-        if !counted && report.metadata_problems.is_empty() {
-            report.not_checked.push(format!(
+        match wrong {
+            Some(wrong) => report_wrong_ref_counts(&wrong, &mut report),
+            None if report.metadata_problems.is_empty() => report.not_checked.push(format!(
                 "reference counts not compared: the pool kept changing while its maps were walked ({WALK_ATTEMPTS} tries); run verify when the pool is idle, or offline"
-            ));
+            )),
+            None => {} // the counts of damaged metadata are not compared
         }
         Ok(report)
     }
@@ -86,17 +88,18 @@ impl Pool {
     /// stored counts, repeating the walk (up to [`WALK_ATTEMPTS`] in all) while changes
     /// committed meanwhile make the count untrustworthy (the rules: [`crate::verify`]). The
     /// findings reported are the first walk's, or those of the walk whose counts were
-    /// compared. True if the counts were compared.
+    /// compared. The chunks whose count is wrong, (id, counted, stored); `None` if the
+    /// counts were not compared.
     fn walk_and_count(
         &self,
         known: &Known<'_>,
         stored_refs: &[u32],
         report: &mut VerifyReport,
-    ) -> Result<bool> {
+    ) -> Result<Option<Vec<(u64, u32, u32)>>> {
         // A chunk table the chunk pass could not read whole: its counts are not compared.
         let comparable = report.metadata_problems.is_empty();
         let mut kept: Option<MapFindings> = None;
-        let mut compared = false;
+        let mut compared = None;
         for attempt in 0..WALK_ATTEMPTS {
             if attempt > 0 {
                 std::thread::sleep(RETRY_PAUSE);
@@ -111,10 +114,9 @@ impl Pool {
             }
             if let Some(since) = quiet_since {
                 let suspects = ref_count_suspects(&found.counted, stored_refs, known.exists);
-                if let Some(wrong) = self.compare_ref_counts(&suspects, &found.counted, since)? {
-                    report_wrong_ref_counts(&wrong, report);
+                compared = self.compare_ref_counts(&suspects, &found.counted, since)?;
+                if compared.is_some() {
                     kept = Some(found);
-                    compared = true;
                     break;
                 }
             }
