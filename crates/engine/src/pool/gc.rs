@@ -8,11 +8,16 @@
 //! and empties the journal, and only after that are the victim files deleted. A crash before
 //! the checkpoint leaves the old locations valid; after it, the new ones.
 //!
-//! I/O goes on during a GC: the chunk table is scanned a window of pages at a time, victim
-//! records are read and checked without the state lock (sealed segments never change), and the
-//! state lock is taken only to append a batch of copies and journal it, re-checking that each
-//! chunk is still where it was read (and, for a drop, still unreferenced: a write may have
-//! deduplicated against it meanwhile). Flushes are not blocked (only one GC runs at a time).
+//! I/O goes on during a GC: every hold of the state lock is bounded, whatever the size of the
+//! pool. The chunk table is scanned [`SCAN_PAGES`] pages per hold, victim records are read
+//! and checked without the state lock (sealed segments never change), and the state lock is
+//! taken only to append a batch of at most [`COPY_BATCH`] copies and journal it, re-checking
+//! that each chunk is still where it was read (and, for a drop, still unreferenced: a write
+//! may have deduplicated against it meanwhile; a chunk referenced again is copied instead).
+//! Every [`CHECKPOINT_PAGES`] chunk-table pages dirtied, the GC checkpoints (a checkpoint
+//! writes the dirty pages under the state lock: so it stays a bounded hold, and the last one,
+//! before the victims go, too); the victims are then deleted one per hold, the directory
+//! synced without the state lock. Flushes are not blocked (only one GC runs at a time).
 
 use super::Pool;
 use crate::chunk_table::ChunkEntry;
@@ -26,12 +31,17 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// Chunk-table pages scanned per hold of the state lock.
-const SCAN_PAGES: u64 = 64;
+const SCAN_PAGES: u64 = 16;
 /// A chunk to move: id, its entry when scanned, its segment file, its record if it was live.
 type Copy = (u64, ChunkEntry, Arc<dyn File>, Option<Vec<u8>>);
 
-/// Chunks copied per hold of the state lock.
-const COPY_BATCH: usize = 256;
+/// Chunks copied or dropped per hold of the state lock.
+const COPY_BATCH: usize = 64;
+
+/// Chunk-table pages a GC dirties (moving or dropping their chunks) before it checkpoints:
+/// a checkpoint writes the dirty pages under the state lock, so this bounds that hold
+/// (512 pages, 2 MiB) however many chunks move.
+const CHECKPOINT_PAGES: usize = 512;
 
 #[derive(Clone, Debug, Default)]
 pub struct GcReport {
@@ -120,6 +130,8 @@ impl Pool {
         let mut spared: HashSet<u32> = HashSet::new();
         self.counters.gc_chunk_ids.store(next_id, Relaxed);
         let mut page = 0u64;
+        // Chunk-table pages dirtied since the last checkpoint.
+        let mut dirtied: HashSet<u64> = HashSet::new();
         while page * per < next_id {
             // 1. Chunks of victim segments in a window of the chunk table.
             let found = self.victim_chunks(victims, page)?;
@@ -131,6 +143,12 @@ impl Pool {
             for batch in found.chunks(COPY_BATCH) {
                 let copies = self.read_batch(batch, victims, &mut spared)?;
                 self.commit_copies(copies, report)?;
+                dirtied.extend(batch.iter().map(|(id, _)| id / per));
+                if dirtied.len() >= CHECKPOINT_PAGES {
+                    // Keeps the last checkpoint's hold of the state lock short.
+                    self.checkpoint_locked(&lock(&self.sync_lock))?;
+                    dirtied.clear();
+                }
             }
         }
         Ok(spared)
@@ -248,15 +266,16 @@ impl Pool {
             report.bytes_after = self.lock_state().segments.total_bytes();
             return Ok(());
         }
-        let mut st = self.lock_state();
+        // One file per hold of the state lock; the directory synced without it.
         for id in gone {
-            st.segments.remove(&*self.dir, id)?;
+            self.lock_state().segments.remove(&*self.dir, id)?;
             report.segments_removed += 1;
         }
         self.dir
             .sync_dir()
             .map_err(|e| Error::io("syncing the pool directory", e))?;
-        report.bytes_after = st.segments.total_bytes();
+        drop(guard);
+        report.bytes_after = self.lock_state().segments.total_bytes();
         Ok(())
     }
 

@@ -1,6 +1,7 @@
 //! The scrub's passes in the pool ([`crate::scrub`] has the rules): a window of the chunk
 //! table at a time under the GC lock, records read without the state lock, damaged records
-//! healed from the cache tier's copy.
+//! healed from the cache tier's copy; the blocks naming damaged chunks found by walking the
+//! maps in bounded steps ([`Pool::blocks_naming`]).
 
 use crate::error::Result;
 use crate::format::CHUNKS_PER_PAGE;
@@ -8,6 +9,7 @@ use crate::locks::lock;
 use crate::scrub_status::{
     now_unix, ranges, ScrubPass, ScrubStatus, DAMAGED_KEPT, LAST_KEY, WINDOW_PAGES,
 };
+use crate::verify::LEAVES_PER_STEP;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -185,7 +187,8 @@ impl Pool {
     }
 
     /// Every block of every volume and snapshot naming one of `ids`, as (name, first block,
-    /// blocks) ranges.
+    /// blocks) ranges. Each map is walked [`LEAVES_PER_STEP`] leaves per hold of the state
+    /// lock: a block is listed if it named one of `ids` when its leaf was read.
     pub fn blocks_naming(&self, ids: &HashSet<u64>) -> Result<Vec<(String, u64, u64)>> {
         let per = crate::format::MAP_PAGE_ENTRIES as u64;
         let vols: Vec<(u32, String, u64)> = {
@@ -198,25 +201,8 @@ impl Pool {
         };
         let mut found: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for (vol, name, blocks) in vols {
-            let mut st = self.lock_state();
-            let mut hit = Vec::new();
-            // A volume deleted since the list was taken has no tree: skipped.
-            let _ = st.md.pages.for_each_leaf_page(
-                u64::from(vol),
-                0,
-                blocks.div_ceil(per),
-                &mut |li, _, leaf| {
-                    crate::block_map::leaf_entries(leaf, |i, id| {
-                        if ids.contains(&id) {
-                            hit.push(li * per + i as u64);
-                        }
-                    });
-                    Ok(true)
-                },
-            );
-            st.md.pages.evict_to_budget()?;
+            let hit = self.blocks_naming_in(vol, blocks.div_ceil(per), ids)?;
             if !hit.is_empty() {
-                hit.sort_unstable();
                 found.insert(name, hit);
             }
         }
@@ -228,5 +214,45 @@ impl Pool {
                     .map(move |(first, n)| (v.clone(), first, n))
             })
             .collect())
+    }
+}
+
+impl Pool {
+    /// The blocks of volume `vol`'s leaves `[0, leaves)` naming one of `ids`, sorted, in
+    /// steps of [`LEAVES_PER_STEP`] leaves per hold of the state lock. A volume deleted
+    /// meanwhile has no tree: its walk ends there; a damaged map page ends it too (verify
+    /// reports it).
+    fn blocks_naming_in(&self, vol: u32, leaves: u64, ids: &HashSet<u64>) -> Result<Vec<u64>> {
+        let per = crate::format::MAP_PAGE_ENTRIES as u64;
+        let mut hit = Vec::new();
+        let mut next = 0;
+        loop {
+            let mut st = self.lock_state();
+            let (mut visited, mut last) = (0u64, None);
+            let walked =
+                st.md
+                    .pages
+                    .for_each_leaf_page(u64::from(vol), next, leaves, &mut |li, _, leaf| {
+                        crate::block_map::leaf_entries(leaf, |i, id| {
+                            if ids.contains(&id) {
+                                hit.push(li * per + i as u64);
+                            }
+                        });
+                        visited += 1;
+                        last = Some(li);
+                        Ok(visited < LEAVES_PER_STEP)
+                    });
+            st.md.pages.evict_to_budget()?;
+            drop(st);
+            match (walked, last) {
+                (Ok(()), Some(li)) if visited == LEAVES_PER_STEP => next = li + 1,
+                _ => {
+                    hit.sort_unstable();
+                    return Ok(hit);
+                }
+            }
+            // Let a waiting read or write take the lock (as the verify walk does).
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 }

@@ -1,24 +1,39 @@
 //! `condense verify` in the pool: the chunk pass (every live chunk read and checked, a window
-//! of the chunk table at a time, without the state lock while reading) and the map walk under
-//! the state lock; the checks themselves and the reports are [`crate::verify`]'s.
+//! of the chunk table at a time, the state lock held only to list [`CHUNK_PAGES_PER_HOLD`]
+//! pages of it, never while reading) and the map walk, a bounded step per hold of the state
+//! lock, repeated while the pool changes under it; the checks themselves, the rules of the
+//! stepped walk and the reports are [`crate::verify`]'s.
 
 use crate::error::Result;
 use crate::format::{open_record, CHUNKS_PER_PAGE};
 use crate::locks::lock;
 use crate::reduction;
 use crate::verify::{
-    check_ref_counts, check_shared_pages, walk_maps, ChunkCheck, ChunkToCheck, Known, VerifyReport,
+    check_shared_pages, ref_count_suspects, report_wrong_ref_counts, trees_to_walk,
+    wrong_ref_counts, ChunkCheck, ChunkToCheck, Known, MapFindings, MapWalk, VerifyReport,
 };
 use rayon::prelude::*;
 use std::collections::HashSet;
 
 use super::Pool;
 
+/// Walks of the maps a verify makes at most to compare reference counts on a pool that
+/// keeps changing ([`crate::verify`]'s rules).
+const WALK_ATTEMPTS: u32 = 3;
+/// The pause before a walk is repeated (a burst of writes may be over by then).
+const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+/// The pause between two steps, the state lock let go.
+const STEP_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
+/// Stored reference counts read again per step of the comparison.
+const COUNTS_PER_STEP: usize = 256;
+/// Chunk-table pages read per hold of the state lock in the chunk pass.
+const CHUNK_PAGES_PER_HOLD: u64 = 16;
+
 impl Pool {
     /// Check everything. `progress(done, total)` is called as chunks are checked.
     pub fn verify(&self, progress: &(dyn Fn(u64, u64) + Sync)) -> Result<VerifyReport> {
         // No GC while verifying: it would move chunks the first pass located. Writes may go
-        // on (a live pool): what they change is re-checked under the lock of the map walk.
+        // on (a live pool): the map walk's rules for them are `crate::verify`'s.
         let _gc = lock(&self.gc_lock);
         self.flush()?;
         let mut report = VerifyReport::default();
@@ -53,22 +68,129 @@ impl Pool {
             bad: &bad,
         };
         // Maps: every entry names an existing, good chunk; count references.
-        let mut st = self.lock_state();
-        let vols: Vec<(u32, String, u64)> = st
-            .md
-            .volumes
-            .iter()
-            .map(|(&id, v)| (id, v.name.clone(), v.size / u64::from(self.block_size())))
-            .collect();
-        let counted = walk_maps(&mut st.md, vols, &known, &mut report);
+        let wrong = self.walk_and_count(&known, &stored_refs, &mut report)?;
         if report.metadata_problems.is_empty() {
+            let mut st = self.lock_state();
             check_shared_pages(&mut st.md, &mut report);
+            st.md.pages.evict_to_budget()?;
         }
-        if report.metadata_problems.is_empty() {
-            check_ref_counts(&mut st.md, &counted, &stored_refs, &exists, &mut report);
+        match wrong {
+            Some(wrong) => report_wrong_ref_counts(&wrong, &mut report),
+            None if report.metadata_problems.is_empty() => report.not_checked.push(format!(
+                "reference counts not compared: the pool kept changing while its maps were walked ({WALK_ATTEMPTS} tries); run verify when the pool is idle, or offline"
+            )),
+            None => {} // the counts of damaged metadata are not compared
         }
-        st.md.pages.evict_to_budget()?;
         Ok(report)
+    }
+
+    /// Walk every map in steps ([`MapWalk`]) and compare the references counted with the
+    /// stored counts, repeating the walk (up to [`WALK_ATTEMPTS`] in all) while changes
+    /// committed meanwhile make the count untrustworthy (the rules: [`crate::verify`]). The
+    /// findings reported are the first walk's, or those of the walk whose counts were
+    /// compared. The chunks whose count is wrong, (id, counted, stored); `None` if the
+    /// counts were not compared.
+    fn walk_and_count(
+        &self,
+        known: &Known<'_>,
+        stored_refs: &[u32],
+        report: &mut VerifyReport,
+    ) -> Result<Option<Vec<(u64, u32, u32)>>> {
+        // A chunk table the chunk pass could not read whole: its counts are not compared.
+        let comparable = report.metadata_problems.is_empty();
+        let mut kept: Option<MapFindings> = None;
+        let mut compared = None;
+        for attempt in 0..WALK_ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(RETRY_PAUSE);
+            }
+            // After the first walk, only a walk the pool holds still for is worth finishing.
+            let Some((found, quiet_since)) = self.walk_maps(known, kept.is_some())? else {
+                continue;
+            };
+            if !found.problems.is_empty() || !comparable {
+                kept = Some(found); // the counts of a damaged map are not compared
+                break;
+            }
+            if let Some(since) = quiet_since {
+                let suspects = ref_count_suspects(&found.counted, stored_refs, known.exists);
+                compared = self.compare_ref_counts(&suspects, &found.counted, since)?;
+                if compared.is_some() {
+                    kept = Some(found);
+                    break;
+                }
+            }
+            kept.get_or_insert(found);
+        }
+        if let Some(found) = kept {
+            report.bad_blocks = found.bad_blocks;
+            report.bad_volumes = found.bad_volumes;
+            report.metadata_problems.extend(found.problems);
+        }
+        Ok(compared)
+    }
+
+    /// One walk of every map, a step per hold of the state lock, with the pool's count of
+    /// appended records when it began if no change was committed during it (`None`: the
+    /// maps changed meanwhile). With `give_up`, a walk that sees a change stops there
+    /// (`Ok(None)`).
+    fn walk_maps(
+        &self,
+        known: &Known<'_>,
+        give_up: bool,
+    ) -> Result<Option<(MapFindings, Option<u64>)>> {
+        let (mut walk, since) = {
+            let st = self.lock_state();
+            (
+                MapWalk::new(trees_to_walk(&st.md), known.next_id),
+                st.appended,
+            )
+        };
+        let mut quiet = true;
+        loop {
+            let mut st = self.lock_state();
+            quiet &= st.appended == since;
+            if !quiet && give_up {
+                return Ok(None);
+            }
+            let done = walk.step(&mut st.md, known);
+            st.md.pages.evict_to_budget()?;
+            drop(st);
+            if done {
+                return Ok(Some((walk.found, quiet.then_some(since))));
+            }
+            // The lock is not fair: without a pause this thread would take it back before
+            // a waiting read or write is scheduled (as `Pool::count_figures` does).
+            std::thread::sleep(STEP_PAUSE);
+        }
+    }
+
+    /// The chunks of `suspects` whose stored reference count is not the count `counted`,
+    /// read in steps, each checking that nothing was committed since `since` (the appended
+    /// count when the walk that counted began); `None` if something was.
+    fn compare_ref_counts(
+        &self,
+        suspects: &[u64],
+        counted: &[u32],
+        since: u64,
+    ) -> Result<Option<Vec<(u64, u32, u32)>>> {
+        let mut wrong = Vec::new();
+        let mut steps = suspects.chunks(COUNTS_PER_STEP).peekable();
+        loop {
+            let mut st = self.lock_state();
+            if st.appended != since {
+                return Ok(None);
+            }
+            let Some(part) = steps.next() else {
+                return Ok(Some(wrong));
+            };
+            wrong.extend(wrong_ref_counts(&mut st.md, part, counted));
+            st.md.pages.evict_to_budget()?;
+            drop(st);
+            if steps.peek().is_some() {
+                std::thread::sleep(STEP_PAUSE);
+            }
+        }
     }
 
     /// Read every live chunk and check its record as `verify` does (CRC, authentication,
@@ -128,7 +250,8 @@ impl Pool {
     }
 
     /// Every chunk-table slot in use in pages `[page, page + pages)`, with where its record
-    /// is. Problems reading the table are appended to `problems`.
+    /// is, the state lock held for [`CHUNK_PAGES_PER_HOLD`] pages at a time. Problems reading
+    /// the table are appended to `problems`.
     pub(crate) fn chunk_window(
         &self,
         page: u64,
@@ -136,16 +259,27 @@ impl Pool {
         problems: &mut Vec<String>,
     ) -> Vec<ChunkToCheck> {
         let mut work = Vec::new();
+        let end = page + pages;
+        let mut from = page;
+        while from < end {
+            let to = (from + CHUNK_PAGES_PER_HOLD).min(end);
+            if let Err(e) = self.chunk_slots(from, to, &mut work) {
+                problems.push(format!("chunk table pages {from}..{to}: {e}"));
+            }
+            from = to;
+        }
+        work
+    }
+
+    /// [`Pool::chunk_window`]'s pages `[from, to)`, under one hold of the state lock.
+    fn chunk_slots(&self, from: u64, to: u64, work: &mut Vec<ChunkToCheck>) -> Result<()> {
         let mut st = self.lock_state();
         let st = &mut *st;
         let segments = &st.segments;
         let md = &mut st.md;
         let per = CHUNKS_PER_PAGE as u64;
-        let walked = md.pages.for_each_leaf(
-            crate::page_cache::CHUNK_TREE,
-            page,
-            page + pages,
-            &mut |pi, data| {
+        md.pages
+            .for_each_leaf(crate::page_cache::CHUNK_TREE, from, to, &mut |pi, data| {
                 for i in 0..CHUNKS_PER_PAGE {
                     if let Some(entry) = crate::chunk_table::decode_slot(data, i) {
                         work.push(ChunkToCheck {
@@ -158,12 +292,7 @@ impl Pool {
                     }
                 }
                 Ok(true)
-            },
-        );
-        if let Err(e) = walked {
-            problems.push(format!("chunk table pages {page}..{}: {e}", page + pages));
-        }
-        work
+            })
     }
 
     /// Read one chunk and check its record, its decompression and its fingerprint: (record
@@ -216,5 +345,132 @@ impl Pool {
             );
         }
         (buf.len() as u64, None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::locks::lock;
+    use crate::sim::{SimDir, SimHandle};
+    use crate::{InitOptions, OpenOptions, Pool};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    const BS: u64 = 4096;
+    const PER: u64 = crate::format::MAP_PAGE_ENTRIES as u64;
+    /// Leaves of the test volumes: several steps of the map walk.
+    const LEAVES: u64 = 4 * crate::verify::LEAVES_PER_STEP + 3;
+
+    fn pool() -> Arc<Pool> {
+        let disk = SimDir::new();
+        Pool::init(&SimHandle(disk.clone()), &InitOptions::default()).expect("init");
+        Pool::open(Arc::new(SimHandle(disk)), OpenOptions::default()).expect("open")
+    }
+
+    /// Volume `name` with one block in each of its leaves, leaf `i`'s filled with byte
+    /// `fill(i)` (a few values: chunks named by many blocks).
+    fn volume(pool: &Pool, name: &str, fill: impl Fn(u64) -> u8) {
+        pool.create_volume(name, LEAVES * PER * BS).expect("create");
+        let v = pool.volume(name).expect("volume");
+        for leaf in 0..LEAVES {
+            let block = vec![fill(leaf); BS as usize];
+            v.write_at(leaf * PER * BS, &block, false).expect("write");
+        }
+    }
+
+    fn verify(pool: &Pool) -> crate::verify::VerifyReport {
+        pool.verify(&|_, _| {}).expect("verify")
+    }
+
+    #[test]
+    fn a_wrong_reference_count_is_found_by_the_stepped_walk() {
+        let pool = pool();
+        volume(&pool, "a", |leaf| (leaf % 5) as u8 + 1);
+        let r = verify(&pool);
+        assert!(r.is_clean() && r.not_checked.is_empty(), "{r:?}");
+        // One chunk's count raised behind the journal's back (no commit: the walk is quiet).
+        {
+            let mut st = pool.lock_state();
+            let md = &mut st.md;
+            let mut first = None;
+            md.chunks
+                .for_each(&mut md.pages, &mut |id, e| {
+                    if e.refs > 0 && first.is_none() {
+                        first = Some(id);
+                    }
+                    Ok(())
+                })
+                .expect("chunk table");
+            let id = first.expect("a live chunk");
+            md.chunks.incref(&mut md.pages, id).expect("incref");
+        }
+        let r = verify(&pool);
+        assert!(
+            r.metadata_problems
+                .iter()
+                .any(|p| p.starts_with("1 chunks have a wrong reference count")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn a_deleted_volume_being_released_is_walked_and_its_references_counted() {
+        let pool = pool();
+        volume(&pool, "a", |leaf| (leaf % 7) as u8 + 1);
+        volume(&pool, "b", |leaf| (leaf % 3) as u8 + 100);
+        // What a background delete leaves: the map as a tree with no volume, its leaves
+        // still holding their chunks' references (here: a's tree shared with such a tree,
+        // then a deleted, which leaves every page to the other).
+        let released = (1u64 << 40) + 7;
+        {
+            let guard = lock(&pool.sync_lock);
+            pool.checkpoint_locked(&guard).expect("checkpoint");
+            let vol = *pool.lock_state().md.names.get("a").expect("a");
+            let mut st = pool.lock_state();
+            st.md
+                .pages
+                .clone_tree(u64::from(vol), released)
+                .expect("clone");
+        }
+        pool.delete_volume("a").expect("delete");
+        let trees = crate::verify::trees_to_walk(&pool.lock_state().md);
+        let labels: Vec<_> = trees.iter().map(|t| (t.tree, t.volume.clone())).collect();
+        assert!(labels.contains(&(released, None)), "{labels:?}");
+        // Counted with it, every chunk's count is right; without it, a's chunks would be
+        // named by no block while their counts say otherwise.
+        let r = verify(&pool);
+        assert!(r.is_clean() && r.not_checked.is_empty(), "{r:?}");
+    }
+
+    #[test]
+    fn verify_while_writing_never_takes_a_count_that_moved_for_a_wrong_one() {
+        let pool = pool();
+        volume(&pool, "a", |leaf| (leaf % 5) as u8 + 1);
+        volume(&pool, "b", |leaf| (leaf % 5) as u8 + 1);
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                let v = pool.volume("a").expect("volume");
+                let mut i = 0u64;
+                // Blocks all over the map move between the same few chunks (shared with b):
+                // counts move ahead of and behind the walk.
+                while !stop.load(Ordering::Relaxed) {
+                    let leaf = (i * 7) % LEAVES;
+                    let block = vec![(i % 5) as u8 + 1; BS as usize];
+                    v.write_at(leaf * PER * BS, &block, false).expect("write");
+                    i += 1;
+                }
+                i
+            });
+            for _ in 0..3 {
+                let r = verify(&pool);
+                assert!(r.is_clean(), "{r:?}");
+            }
+            stop.store(true, Ordering::Relaxed);
+            assert!(writer.join().expect("writer") > 0);
+        });
+        // Idle again: the counts are compared.
+        let r = verify(&pool);
+        assert!(r.is_clean() && r.not_checked.is_empty(), "{r:?}");
     }
 }

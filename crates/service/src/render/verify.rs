@@ -20,6 +20,8 @@ struct Wire<'a> {
     bad_blocks: Vec<BadBlocks<'a>>,
     bad_volumes: &'a [String],
     metadata_problems: &'a [String],
+    /// Checks that could not be made (not damage).
+    not_checked: &'a [String],
     accepted_damage: DamageHistory<'a>,
 }
 
@@ -62,6 +64,7 @@ impl Serialize for VerifyReport<'_> {
                 .collect(),
             bad_volumes: &r.bad_volumes,
             metadata_problems: &r.metadata_problems,
+            not_checked: &r.not_checked,
             accepted_damage: DamageHistory(&r.accepted),
         }
         .serialize(s)
@@ -76,6 +79,9 @@ impl Report for VerifyReport<'_> {
             r.chunks_checked,
             human(r.bytes_checked)
         );
+        for n in &r.not_checked {
+            let _ = writeln!(o, "not checked: {n}");
+        }
         if r.is_clean() {
             o.push_str("no damage found\n");
             accepted_text(&r.accepted, &mut o);
