@@ -470,14 +470,21 @@ fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool
             let _ = m.accepts(Content::Zero);
         }
     }
-    // A deletion's release the crash interrupted resumes and finishes.
+    let report = pool
+        .verify(&|_, _| {})
+        .map_err(|e| format!("verify: {e}"))?;
+    if !report.is_clean() {
+        return Err(format!("verify after recovery: {report:?}"));
+    }
+    // A deletion's release the crash interrupted resumes and finishes; the references it
+    // dropped were exactly the deleted maps' own.
     pool.finish_releases(&|_, _| {})
         .map_err(|e| format!("finishing the releases after recovery: {e}"))?;
     let report = pool
         .verify(&|_, _| {})
         .map_err(|e| format!("verify: {e}"))?;
     if !report.is_clean() {
-        return Err(format!("verify after recovery: {report:?}"));
+        return Err(format!("verify after the releases: {report:?}"));
     }
     // The per-volume figures counted after replay obey the sum rule (docs/STATS.md).
     pool.check_attribution()
