@@ -56,10 +56,12 @@ stall_idle "$idle"
 
 space=$work/space.tsv
 # One reading of the space figures: seconds since the delete started, then the figures.
+# The time is when `stats` answered: it waits for the state lock, so a reading started during
+# a long hold describes the pool as of its end.
 read_space() {
     local t j
+    j=$(c stats --json 2>/dev/null) || { echo "$(($(now_ms) - t_del)) stats-failed" >>"$space"; return 0; }
     t=$(($(now_ms) - t_del))
-    j=$(c stats --json 2>/dev/null) || { echo "$t stats-failed" >>"$space"; return 0; }
     python3 -c '
 import json, sys
 d = json.loads(sys.argv[2])
@@ -119,10 +121,10 @@ while :; do
         continue
     fi
     read_space
-    cur=$(tail -1 "$space" | cut -d' ' -f2- | cut -d';' -f1)
+    read -r t_read cur <<<"$(tail -1 "$space" | cut -d';' -f1)"
     if [ "$cur" != "$last" ]; then
         last=$cur
-        last_change=$(($(now_ms) - t_del))
+        last_change=$t_read
     fi
     el=$(($(now_ms) - t_del))
     [ -s "$work/delete.done" ] && [ $((el - last_change)) -ge $((stable * 1000)) ] && break

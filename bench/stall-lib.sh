@@ -150,6 +150,7 @@ rows = []
 for line in open(f"{work}/windows"):
     p = line.split()
     rows.append((p[0], int(p[1]), int(p[2]), p[3], " ".join(p[4:])))
+rows.sort(key=lambda r: r[1])
 def during(d, a, b):
     # every request that completed in the window, or was in flight at its end
     return sorted(ms for t, ms in lat[d] if a <= t <= b or (t > b and t - ms <= b))
