@@ -73,6 +73,7 @@ stall_make_pool() {
     fi
     if [ -n "${CACHE:-}" ]; then
         mkdir -p "$CACHE"
+        chmod 700 "$CACHE"
         local a b
         a=$(cd "$CACHE" && pwd -P)
         b=$(cd "$pool" && pwd -P)

@@ -102,7 +102,7 @@ fn a_fold_in_steps_beside_writes_adds_or_merges_each_chunk_once() {
     // Block i of busy: the peer's content for even i (a merge or a dedup, as the fold and the
     // write fall), new content for odd i.
     let tag = |i: u64| {
-        if i % 2 == 0 {
+        if i.is_multiple_of(2) {
             100_000 + i * 3
         } else {
             900_000 + i
