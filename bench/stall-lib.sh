@@ -11,6 +11,7 @@
 #                    (tests/s3/garage.sh; GARAGE or ~/.cargo/bin/garage), WORK/pool its local
 #                    directory (S3_CACHE_SIZE, default 4G); PEER=1 also joins a second host
 #                    (WORK/peer) for `hosts sync` to fold
+#   KEEP=1           keep WORK (serve.log, fio's logs, the windows) at the end
 # The idle p99 and the goal's 2x are per direction. The serve's background GC and (on S3)
 # background sync run every 30 s: what they cost lands in whichever window they fall in.
 # Functions: stall_make_pool, stall_import VOLUME BLOCKS SEED [POOL], stall_serve,
@@ -44,6 +45,7 @@ stall_cleanup() {
     [ -n "$server" ] && kill "$server" 2>/dev/null
     wait 2>/dev/null
     [ -n "$garage_dir" ] && bash "$here/tests/s3/garage.sh" stop "$garage_dir" >/dev/null 2>&1
+    [ "${KEEP:-}" = 1 ] && { echo "$me: kept $work (KEEP=1)"; return 0; }
     [ -n "$cache_made" ] && rm -rf "$cache_made"
     rm -rf "$work"
 }
