@@ -85,6 +85,80 @@ fn a_joined_host_stores_nothing_the_first_host_holds() {
     );
 }
 
+/// The fold runs in bounded steps (engine::hosts::fold "Bounded steps"), the state lock
+/// released between them: a host writing all the while, half of it content the peer holds,
+/// loses nothing, and each of the peer's chunks is either added or merged into, exactly once.
+#[test]
+fn a_fold_in_steps_beside_writes_adds_or_merges_each_chunk_once() {
+    const PEER_BLOCKS: u64 = 10_000; // more than one window of chunk-table pages
+    const WRITES: u64 = 2_000;
+    let c = cluster();
+    let a = open(&c.a);
+    write(&a, "golden", 100_000, PEER_BLOCKS);
+    a.close().expect("close a");
+    let b = open(&c.b);
+    b.create_volume("busy", WRITES * BS as u64)
+        .expect("create busy");
+    // Block i of busy: the peer's content for even i (a merge or a dedup, as the fold and the
+    // write fall), new content for odd i.
+    let tag = |i: u64| {
+        if i.is_multiple_of(2) {
+            100_000 + i * 3
+        } else {
+            900_000 + i
+        }
+    };
+    let report = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let h = b.volume("busy").expect("busy");
+            for i in 0..WRITES {
+                h.write_at(i * BS as u64, &block(tag(i)), false)
+                    .expect("write beside the fold");
+            }
+            b.flush().expect("flush");
+        });
+        let r = b.sync_hosts().expect("sync beside writes");
+        writer.join().expect("writer");
+        r
+    });
+    let p = &report.peers[0];
+    assert_eq!(
+        p.chunks_folded + p.chunks_merged,
+        PEER_BLOCKS,
+        "each of the peer's chunks added or merged once: {report:?}"
+    );
+    assert!(p.progress.through >= PEER_BLOCKS, "{report:?}");
+    assert_eq!(b.hosts_state().2.get(&0).copied(), Some(p.progress));
+    for i in 0..WRITES {
+        let mut buf = vec![0u8; BS];
+        b.volume("busy")
+            .expect("busy")
+            .read_at(i * BS as u64, &mut buf)
+            .expect("read busy");
+        assert!(buf == block(tag(i)), "busy block {i} as written");
+    }
+    // Nothing is left to fold, and the peer's content is deduplicated against.
+    let again = b.sync_hosts().expect("sync again");
+    assert_eq!(again.peers[0].chunks_folded, 0, "{again:?}");
+    assert_eq!(again.peers[0].chunks_merged, 0, "{again:?}");
+    b.close().expect("close b"); // busy's new blocks uploaded
+    drop(b);
+    let b = open(&c.b);
+    let before = segment_bytes(&c.store.join("hosts"), false);
+    write(&b, "copy", 100_000, PEER_BLOCKS);
+    b.close().expect("close b");
+    drop(b);
+    let stored = segment_bytes(&c.store.join("hosts"), false) - before;
+    assert!(
+        stored < 64 << 10,
+        "host b stored {stored} bytes of segments for data host a holds"
+    );
+    let b = open(&c.b);
+    check(&b, "copy", 100_000, PEER_BLOCKS);
+    let v = b.verify(&|_, _| {}).expect("verify");
+    assert!(v.bad_chunks.is_empty(), "{:?}", v.bad_chunks);
+}
+
 #[test]
 fn blocks_stored_twice_merge_and_a_condemned_segment_waits_for_every_host() {
     let c = cluster();

@@ -6,6 +6,35 @@
 //! Owns: [`HostsReport`] and [`PeerReport`], and this host's progress with each peer
 //! (`hosts/peer/SS`). [`sync`] takes `gc_lock`, so one GC, sync, adopt or clone runs at a
 //! time.
+//!
+//! Bounded steps (issue 42): the work of a sync grows with the peers' pools (their chunks),
+//! and the VMs this host serves wait for the state lock whenever the sync holds it. So no
+//! step holds it for more than a fixed amount of work: a peer's chunk table is read
+//! [`FOLD_PAGES`] pages at a time (the peer's lock, which no volume I/O of this host takes),
+//! folded in [`FOLD_BATCH`] chunks per hold of this host's lock (one commit each), and this
+//! host's progress with the peer (`through`) is committed after each window, so a sync
+//! that stopped half way resumes at the window it was in, and checkpointed every
+//! [`FOLD_CHECKPOINT_CHUNKS`] chunks folded (a checkpoint prepares the pages changed since
+//! the last one under the state lock: one at the end of a big fold was the longest hold of
+//! a sync, 0.5 s for 3M chunks, bench/README.md "admin-stall.sh"); condemned segments are deleted
+//! [`SWEEP_BATCH`] per hold; the steps of the other rooms (let go, hand-overs, forgets) are
+//! stepped by the same rule. Writes of the served volumes run between any two steps, and the
+//! fold stays correct:
+//! - Each batch is decided and committed in one hold ([`Pool::fold_chunks`]): its adds and
+//!   merges are made against the chunk table and dedup index as they are at that commit. A
+//!   write between two batches that stores a content a later batch holds is found by that
+//!   batch (a merge if the peer's slot is lower, else nothing: the content is here already);
+//!   a write that deduplicates against a chunk an earlier batch added takes a reference on a
+//!   record of a live, uncondemned segment of the peer, which is what the fold is for; an
+//!   overwrite that drops a reference to a merged chunk is an ordinary decref.
+//! - What could make an earlier batch's decision wrong cannot run between batches: this
+//!   host's segments are deleted and its `hosts/condemned` record written only by its GC,
+//!   its sweep and its forgets, which all run under `gc_lock`, held for the whole sync. A
+//!   segment the peer condemns during the fold is deleted by the peer only after this host
+//!   acknowledged it, which it does at a later sync after letting go of it.
+//! - Folding a window again is harmless (a crash after some batches, before `through` moved):
+//!   a chunk already added is found by the dedup index and not added twice, and a chunk
+//!   already merged names the peer's segment, which a merge skips.
 
 use crate::error::{Error, Result};
 use crate::format::hosts::{Condemned, Forgotten, Progress};
@@ -22,6 +51,20 @@ use super::{forget, moves};
 
 /// Chunk-table pages of a peer read per hold of its state lock.
 const FOLD_PAGES: u64 = 64;
+
+/// A peer's chunks folded per hold of this host's state lock (one dedup lookup, and for a
+/// content held here one chunk-table read, each; one commit per batch).
+const FOLD_BATCH: usize = 256;
+
+/// Condemned segments deleted per hold of the state lock (on an object store, one DELETE
+/// each).
+const SWEEP_BATCH: usize = 8;
+
+/// Chunks folded (added or merged) between two checkpoints of a fold: a checkpoint prepares
+/// every page changed since the last one under the state lock, so a fold of millions of
+/// chunks checkpoints as it goes rather than once at the end (3M chunks: one hold of ~0.5 s
+/// at the end; 128Ki chunks dirty about 1000 chunk-table pages).
+const FOLD_CHECKPOINT_CHUNKS: u64 = 128 << 10;
 
 /// What one sync did with one other host.
 #[derive(Clone, Debug, Default)]
@@ -189,7 +232,7 @@ fn fold_peer(
     } else {
         peer.next_chunk_id()
     };
-    let folded = fold_new_chunks(pool, peer, slot, &condemned, progress.through, peer_next)?;
+    let folded = fold_new_chunks(pool, peer, slot, &condemned, &mut progress, peer_next)?;
     pr.chunks_folded = folded.added;
     pr.chunks_merged = folded.merged;
     progress.through = progress.through.max(peer_next);
@@ -230,31 +273,45 @@ fn let_go(pool: &Pool, condemned: &Condemned, acked: u64, host: &str) -> Result<
     Ok(gr.chunks_moved + gr.chunks_dropped)
 }
 
-/// Step 2 of a peer's fold: its chunks with ids in `[through, peer_next)` that are live, in
-/// a segment of its own (`slot`) and not condemned, folded in a window of pages at a time.
+/// Step 2 of a peer's fold: its chunks with ids in `[progress.through, peer_next)` that are
+/// live, in a segment of its own (`slot`) and not condemned, folded a window of pages at a
+/// time, [`FOLD_BATCH`] chunks per hold of this host's state lock; `progress` (`through`
+/// moved past the window) is committed after each window, and a checkpoint written every
+/// [`FOLD_CHECKPOINT_CHUNKS`] chunks folded.
 fn fold_new_chunks(
     pool: &Pool,
     peer: &Pool,
     slot: u8,
     condemned: &Condemned,
-    through: u64,
+    progress: &mut Progress,
     peer_next: u64,
 ) -> Result<Folded> {
     let mut done = Folded::default();
     let per = CHUNKS_PER_PAGE as u64;
+    let through = progress.through;
     let mut page = through / per;
+    let mut checkpointed = 0;
     while page * per < peer_next {
         let mut window = peer.chunks_in_pages(page, FOLD_PAGES)?;
         page += FOLD_PAGES;
         window.retain(|(pid, e)| {
             *pid >= through
+                && *pid < peer_next
                 && e.refs > 0
                 && segment_slot(e.loc.segment) == slot
                 && !condemned.segs.contains_key(&e.loc.segment)
         });
-        let f = pool.fold_chunks(&window, slot)?;
-        done.added += f.added;
-        done.merged += f.merged;
+        for batch in window.chunks(FOLD_BATCH) {
+            let f = pool.fold_chunks(batch, slot)?;
+            done.added += f.added;
+            done.merged += f.merged;
+        }
+        progress.through = progress.through.max((page * per).min(peer_next));
+        pool.commit_records(vec![progress.record(slot)])?;
+        if done.added + done.merged - checkpointed >= FOLD_CHECKPOINT_CHUNKS {
+            pool.checkpoint_locked(&lock(&pool.sync_lock))?;
+            checkpointed = done.added + done.merged;
+        }
     }
     Ok(done)
 }
@@ -274,13 +331,14 @@ fn sweep(pool: &Pool, peers: &[Arc<Pool>], _sync: &MutexGuard<'_, ()>) -> Result
         })
         .map(|(seg, _)| *seg)
         .collect();
-    if free.is_empty() {
-        return Ok(0);
+    // A batch at a time, each journaling what is still condemned after it: nothing else
+    // writes `hosts/condemned` meanwhile (its writers run under `gc_lock`, held here).
+    for batch in free.chunks(SWEEP_BATCH) {
+        for seg in batch {
+            condemned.segs.remove(seg);
+        }
+        pool.delete_condemned(batch, condemned.clone())?;
     }
-    for seg in &free {
-        condemned.segs.remove(seg);
-    }
-    pool.delete_condemned(&free, condemned)?;
     Ok(free.len() as u64)
 }
 
