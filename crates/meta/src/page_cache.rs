@@ -37,6 +37,18 @@
 //!   page whose last reference goes is freed, and only then are its children released.
 //! - A clone is made only of a tree with no dirty node (right after its pages were written),
 //!   so every page it shares is on disk and no longer "fresh" (never rewritten in place).
+//!
+//! Writing outside the lock. Encoding and writing thousands of pages takes tens of
+//! milliseconds, too long to hold whatever lock guards the cache, so a checkpoint first writes
+//! most dirty pages in batches, one level at a time, leaves first: [`PageCache::take_dirty`]
+//! copies dirty nodes' bytes; the caller encodes them without the lock
+//! ([`PageBatch::encode`]), allocates new runs with it ([`PageCache::allocate_batch`]: never
+//! a run in use, so no reader can meet a half-written page), writes them without it
+//! ([`PageBatch::write`]), and installs them with it ([`PageCache::install_batch`]). The nodes
+//! stay dirty until installed, so eviction meanwhile writes a victim itself as usual; a node
+//! takes its new page only if it is still dirty with the bytes that were written, else the
+//! run is freed. Installing is writing the node (its parent becomes dirty), so the
+//! checkpoint that follows writes only what changed meanwhile and the interior nodes above.
 
 use crate::page_alloc::PageAlloc;
 use condense_format::crypto::{self, Crypto, Kind};
@@ -1027,22 +1039,12 @@ impl PageCache {
     }
 
     fn write_node(&mut self, slot: usize, out: Option<&mut PageImages>) -> Result<()> {
-        let (key, old_page, old_units) = {
+        let (key, old_page) = {
             let n = self.node(slot);
-            (n.key, n.page, n.units)
+            (n.key, n.page)
         };
-        let (codec, mut stored) = encode_page(&self.node(slot).data, stride(key.tree, key.level));
-        // Sealed (encrypted pool): sealed length u16, then nonce, ciphertext of the stored form
-        // without its padding, tag; padded to whole units.
-        let plain_len = if codec == 0 {
-            PAGE_BYTES
-        } else {
-            2 + usize::from(u16::from_le_bytes([stored[0], stored[1]]))
-        };
-        let need = match &self.crypto {
-            Some(_) => (2 + plain_len + crypto::OVERHEAD).div_ceil(UNIT),
-            None => stored.len() / UNIT,
-        } as u16;
+        let (codec, stored, plain_len, need) =
+            encode_stored(&self.node(slot).data, key, self.crypto.is_some());
         // In place only if no root on disk can name the old run and the page still fits
         // (padded to the run, so the pointer's length and CRC cover the whole run);
         // otherwise a new run, and the old one is freed once the new copy is written.
@@ -1050,20 +1052,16 @@ impl PageCache {
             Some(n) if old_page != 0 && n >= need => (old_page, n),
             _ => (self.alloc.allocate(need), need),
         };
-        if let Some(c) = &self.crypto {
-            let mut sealed = vec![0u8; 2];
-            let ctx = page_ctx(page, key.tree, key.level);
-            if let Err(e) = c.seal(Kind::Page, &ctx, &stored[..plain_len], &mut sealed) {
+        let stored = match seal_padded(self.crypto.as_deref(), stored, plain_len, key, page, units)
+        {
+            Ok(s) => s,
+            Err(e) => {
                 if page != old_page {
                     self.alloc.free(page, units);
                 }
                 return Err(e);
             }
-            let len = (sealed.len() - 2) as u16;
-            sealed[..2].copy_from_slice(&len.to_le_bytes());
-            stored = sealed;
-        }
-        stored.resize(usize::from(units) * UNIT, 0);
+        };
         let sum = crc(&stored);
         match out {
             Some(out) => out.push((page, stored.into_boxed_slice())),
@@ -1079,21 +1077,31 @@ impl PageCache {
                 }
             }
         }
-        if page != old_page {
-            self.alloc.free(old_page, old_units);
-        }
         self.counters.pages_written += 1;
         self.counters.bytes_written += u64::from(units) * UNIT as u64;
-        let n = self.node_mut(slot);
-        n.page = page;
-        n.units = units;
-        n.dirty = false;
         let ptr = Ptr {
             page,
             crc: sum,
             units,
             codec,
         };
+        self.settle_written(slot, ptr)
+    }
+
+    /// Node `slot` is stored at `ptr` now: its old run is freed (unless rewritten in place),
+    /// it is clean, and its parent (or its tree's root) points at it.
+    fn settle_written(&mut self, slot: usize, ptr: Ptr) -> Result<()> {
+        let (key, old_page, old_units) = {
+            let n = self.node(slot);
+            (n.key, n.page, n.units)
+        };
+        if ptr.page != old_page {
+            self.alloc.free(old_page, old_units);
+        }
+        let n = self.node_mut(slot);
+        n.page = ptr.page;
+        n.units = ptr.units;
+        n.dirty = false;
         let info = self.tree(key.tree).ok_or_else(|| {
             Error::corrupt("metadata", format!("tree {} vanished", tree_name(key.tree)))
         })?;
@@ -1195,28 +1203,81 @@ impl PageCache {
 
     /// Write prepared page images to `meta.dat` (not synced), runs of adjacent ones at once.
     pub fn write_pages(&self, pages: &mut PageImages) -> Result<()> {
-        pages.sort_unstable_by_key(|p| p.0);
-        let mut i = 0;
-        while i < pages.len() {
-            let mut buf = pages[i].1.to_vec();
-            let mut end = pages[i].0 + (pages[i].1.len() / UNIT) as u64;
-            let mut j = i + 1;
-            while j < pages.len() && pages[j].0 == end && buf.len() < 4 << 20 {
-                buf.extend_from_slice(&pages[j].1);
-                end += (pages[j].1.len() / UNIT) as u64;
-                j += 1;
-            }
-            self.file
-                .write_at(&buf, pages[i].0 * UNIT as u64)
-                .map_err(|e| {
-                    Error::io(
-                        format!("writing metadata at byte {}", pages[i].0 * UNIT as u64),
-                        e,
-                    )
-                })?;
-            i = j;
+        write_images(&*self.file, pages)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Writing dirty pages without holding the cache ("Writing outside the lock" above).
+
+    /// Copies of up to `max` dirty nodes of `level` (none in a read-only cache), to be
+    /// encoded ([`PageBatch::encode`]), given places ([`PageCache::allocate_batch`]),
+    /// written ([`PageBatch::write`]) and installed ([`PageCache::install_batch`]). The nodes
+    /// stay dirty meanwhile.
+    pub fn take_dirty(&self, level: u8, max: usize) -> PageBatch {
+        let mut slots: Vec<usize> = if self.read_only {
+            Vec::new()
+        } else {
+            self.map
+                .iter()
+                .filter(|(k, &s)| k.level == level && self.node(s).dirty)
+                .map(|(_, &s)| s)
+                .collect()
+        };
+        slots.sort_unstable_by_key(|&s| {
+            let k = self.node(s).key;
+            (k.tree, k.index)
+        });
+        slots.truncate(max);
+        let pages = slots
+            .into_iter()
+            .map(|s| BatchPage {
+                key: self.node(s).key,
+                image: self.node(s).data.clone(),
+                stored: Vec::new(),
+                plain_len: 0,
+                ptr: Ptr::NULL,
+            })
+            .collect();
+        PageBatch {
+            file: self.file.clone(),
+            crypto: self.crypto.clone(),
+            pages,
         }
-        Ok(())
+    }
+
+    /// Give every encoded page of `batch` a new run (never one in use: nothing reads it
+    /// before it is installed).
+    pub fn allocate_batch(&mut self, batch: &mut PageBatch) {
+        for p in &mut batch.pages {
+            p.ptr.page = self.alloc.allocate(p.ptr.units);
+        }
+    }
+
+    /// Point every node of a written `batch` that is still dirty with the bytes it had when
+    /// taken at its new page (it becomes clean, its parent dirty); the runs of the others
+    /// (changed, written or dropped meanwhile) are freed. Returns the pages installed.
+    pub fn install_batch(&mut self, batch: PageBatch) -> Result<usize> {
+        let mut installed = 0;
+        for p in batch.pages {
+            self.counters.pages_written += 1;
+            self.counters.bytes_written += u64::from(p.ptr.units) * UNIT as u64;
+            let slot = self.map.get(&p.key).copied();
+            match slot {
+                Some(s) if self.node(s).dirty && self.node(s).data == p.image => {
+                    self.settle_written(s, p.ptr)?;
+                    installed += 1;
+                }
+                _ => self.alloc.free(p.ptr.page, p.ptr.units),
+            }
+        }
+        Ok(installed)
+    }
+
+    /// Give back the runs of a batch that could not be written.
+    pub fn abandon_batch(&mut self, batch: PageBatch) {
+        for p in batch.pages {
+            self.alloc.free(p.ptr.page, p.ptr.units);
+        }
     }
 
     /// Cut `meta.dat` after the last unit in use or held (only ever unreferenced space).
@@ -1247,6 +1308,133 @@ impl PageCache {
     pub fn dirty_pages(&self) -> usize {
         self.slots.iter().flatten().filter(|n| n.dirty).count()
     }
+}
+
+/// Dirty pages copied out of the cache to be encoded and written without holding it: see
+/// [`PageCache::take_dirty`].
+pub struct PageBatch {
+    file: Arc<dyn File>,
+    crypto: Option<Arc<Crypto>>,
+    pages: Vec<BatchPage>,
+}
+
+struct BatchPage {
+    key: Key,
+    /// The node's bytes when taken.
+    image: Box<[u8]>,
+    /// Encoded (then sealed and padded by [`PageBatch::write`]).
+    stored: Vec<u8>,
+    /// Bytes of `stored` to seal.
+    plain_len: usize,
+    /// Where it goes: `units` and `codec` once encoded, `page` once allocated, `crc` once
+    /// written.
+    ptr: Ptr,
+}
+
+impl PageBatch {
+    pub fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// Encode (compress) every page: this sets how many units each needs.
+    pub fn encode(&mut self) {
+        let sealed = self.crypto.is_some();
+        for p in &mut self.pages {
+            let (codec, stored, plain_len, need) = encode_stored(&p.image, p.key, sealed);
+            p.stored = stored;
+            p.plain_len = plain_len;
+            p.ptr.codec = codec;
+            p.ptr.units = need;
+        }
+    }
+
+    /// Seal (encrypted pool) and write every allocated page to `meta.dat` (not synced).
+    pub fn write(&mut self) -> Result<()> {
+        let mut images = Vec::with_capacity(self.pages.len());
+        for p in &mut self.pages {
+            let stored = std::mem::take(&mut p.stored);
+            let stored = seal_padded(
+                self.crypto.as_deref(),
+                stored,
+                p.plain_len,
+                p.key,
+                p.ptr.page,
+                p.ptr.units,
+            )?;
+            p.ptr.crc = crc(&stored);
+            images.push((p.ptr.page, stored.into_boxed_slice()));
+        }
+        write_images(&*self.file, &mut images)
+    }
+}
+
+/// A node's bytes encoded for storing: (codec, stored form, bytes of it to seal, units the
+/// page needs once sealed (`sealed`) and padded).
+fn encode_stored(data: &[u8], key: Key, sealed: bool) -> (u8, Vec<u8>, usize, u16) {
+    let (codec, stored) = encode_page(data, stride(key.tree, key.level));
+    // Sealed (encrypted pool): sealed length u16, then nonce, ciphertext of the stored form
+    // without its padding, tag; padded to whole units.
+    let plain_len = if codec == 0 {
+        PAGE_BYTES
+    } else {
+        2 + usize::from(u16::from_le_bytes([stored[0], stored[1]]))
+    };
+    let need = if sealed {
+        (2 + plain_len + crypto::OVERHEAD).div_ceil(UNIT)
+    } else {
+        stored.len() / UNIT
+    } as u16;
+    (codec, stored, plain_len, need)
+}
+
+/// The bytes written for a page encoded by [`encode_stored`] going to run `page` of `units`:
+/// sealed in an encrypted pool, padded to the run (so the pointer's CRC covers all of it).
+fn seal_padded(
+    crypto: Option<&Crypto>,
+    mut stored: Vec<u8>,
+    plain_len: usize,
+    key: Key,
+    page: u64,
+    units: u16,
+) -> Result<Vec<u8>> {
+    if let Some(c) = crypto {
+        let mut sealed = vec![0u8; 2];
+        let ctx = page_ctx(page, key.tree, key.level);
+        c.seal(Kind::Page, &ctx, &stored[..plain_len], &mut sealed)?;
+        let len = (sealed.len() - 2) as u16;
+        sealed[..2].copy_from_slice(&len.to_le_bytes());
+        stored = sealed;
+    }
+    stored.resize(usize::from(units) * UNIT, 0);
+    Ok(stored)
+}
+
+/// Write page images to `file` (not synced), runs of adjacent ones at once.
+fn write_images(file: &dyn File, pages: &mut PageImages) -> Result<()> {
+    pages.sort_unstable_by_key(|p| p.0);
+    let mut i = 0;
+    while i < pages.len() {
+        let mut buf = pages[i].1.to_vec();
+        let mut end = pages[i].0 + (pages[i].1.len() / UNIT) as u64;
+        let mut j = i + 1;
+        while j < pages.len() && pages[j].0 == end && buf.len() < 4 << 20 {
+            buf.extend_from_slice(&pages[j].1);
+            end += (pages[j].1.len() / UNIT) as u64;
+            j += 1;
+        }
+        file.write_at(&buf, pages[i].0 * UNIT as u64).map_err(|e| {
+            Error::io(
+                format!("writing metadata at byte {}", pages[i].0 * UNIT as u64),
+                e,
+            )
+        })?;
+        i = j;
+    }
+    Ok(())
 }
 
 enum LeafSrc<'a> {
@@ -1454,6 +1642,99 @@ mod tests {
         stored[0] ^= 0xff;
         let _ = decode_page(codec, &stored, 1);
         assert!(decode_page(7, &stored, 1).is_none());
+    }
+
+    fn sim_cache() -> Result<PageCache> {
+        let dir = condense_store::sim::SimHandle(condense_store::sim::SimDir::new());
+        let file = condense_store::io::Dir::open(&dir, "meta.dat", true)
+            .map_err(|e| Error::io("opening meta.dat", e))?;
+        Ok(PageCache::new(
+            file,
+            PageAlloc::from_bitmap(Vec::new()),
+            BTreeMap::new(),
+            64 << 20,
+        ))
+    }
+
+    fn fill(cache: &mut PageCache, tree: TreeId, leaf: u64, byte: u8) -> Result<()> {
+        cache.leaf_mut(tree, leaf)?.fill(byte);
+        Ok(())
+    }
+
+    /// Units the trees name, header included: what the allocator must count as used.
+    fn named_units(cache: &mut PageCache) -> Result<u64> {
+        let mut units = crate::page_alloc::HEADER_UNITS;
+        for tree in cache.trees().keys().copied().collect::<Vec<_>>() {
+            units += cache.exclusive_leaves(tree, &mut |_| Ok(()))?;
+        }
+        Ok(units)
+    }
+
+    /// A batch written outside the lock gives its pages to the nodes still as they were taken;
+    /// a node changed meanwhile stays dirty (the checkpoint after writes it), a tree dropped
+    /// meanwhile gets nothing, and no run leaks.
+    #[test]
+    fn a_batch_installs_only_the_nodes_it_wrote() -> Result<()> {
+        let mut cache = sim_cache()?;
+        cache.create_tree(1, 1024);
+        cache.create_tree(2, 1024);
+        for leaf in 0..20 {
+            fill(&mut cache, 1, leaf * 7, leaf as u8 + 1)?;
+        }
+        fill(&mut cache, 2, 0, 99)?;
+        let mut batch = cache.take_dirty(0, usize::MAX);
+        assert_eq!(batch.len(), 21);
+        // Meanwhile: a leaf changes again, another tree goes.
+        fill(&mut cache, 1, 3 * 7, 200)?;
+        cache.release_tree(2, &mut |_| Ok(()))?;
+        batch.encode();
+        cache.allocate_batch(&mut batch);
+        batch.write()?;
+        assert_eq!(cache.install_batch(batch)?, 19);
+        let dirty_leaves = cache.take_dirty(0, usize::MAX);
+        assert_eq!(dirty_leaves.len(), 1, "only the leaf changed meanwhile");
+        assert!(
+            cache.dirty_pages() > 1,
+            "the installed leaves' parents are dirty"
+        );
+        let (mut pages, _) = cache.prepare_checkpoint()?;
+        cache.write_pages(&mut pages)?;
+        assert_eq!(cache.dirty_pages(), 0);
+        assert_eq!(cache.alloc.used_units(), named_units(&mut cache)?);
+        // What the new roots name reads back, through a cache that only has them.
+        let mut reopened = PageCache::new(
+            cache.file().clone(),
+            PageAlloc::from_bitmap(cache.alloc.bitmap().to_vec()),
+            cache.trees().clone(),
+            64 << 20,
+        );
+        for leaf in 0..20 {
+            let want = if leaf == 3 { 200 } else { leaf as u8 + 1 };
+            let got = reopened.leaf(1, leaf * 7)?.map(|d| d.to_vec());
+            assert_eq!(got, Some(vec![want; PAGE_BYTES]), "leaf {}", leaf * 7);
+        }
+        assert!(reopened.tree(2).is_none());
+        Ok(())
+    }
+
+    /// A batch that could not be written gives its runs back and leaves its nodes dirty.
+    #[test]
+    fn an_abandoned_batch_gives_its_runs_back() -> Result<()> {
+        let mut cache = sim_cache()?;
+        cache.create_tree(1, 1024);
+        for leaf in 0..5 {
+            fill(&mut cache, 1, leaf, 1)?;
+        }
+        let used = cache.alloc.used_units();
+        let mut batch = cache.take_dirty(0, 3);
+        assert_eq!(batch.len(), 3, "at most max pages");
+        batch.encode();
+        cache.allocate_batch(&mut batch);
+        assert!(cache.alloc.used_units() > used);
+        cache.abandon_batch(batch);
+        assert_eq!(cache.alloc.used_units(), used);
+        assert_eq!(cache.take_dirty(0, usize::MAX).len(), 5);
+        Ok(())
     }
 
     /// Found writing the meta_page fuzz target: in an encrypted pool, a pointer of 0 units read

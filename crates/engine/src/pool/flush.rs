@@ -107,7 +107,8 @@ impl Pool {
 
     /// A checkpoint that also makes a change no journal record describes (snapshots,
     /// clones, rollback: they share pages, which needs every page of the source written).
-    /// Under the state lock: `check` may refuse (nothing changes); then dirty pages are
+    /// `check` may refuse (nothing changes); most dirty pages are then written without the
+    /// state lock ([`Pool::write_dirty_pages`]); under it, `check` runs again, the rest are
     /// written, `change` runs, and what it dirtied is written too, so the new root holds
     /// it. The change is durable, and visible after a crash, once this returns. The caller
     /// holds `sync_lock`, so no flush can acknowledge a later write before that.
@@ -131,6 +132,8 @@ impl Pool {
                 self.upload_staged_through(last, false)?;
             }
         }
+        check(&self.lock_state().md)?;
+        self.write_dirty_pages()?;
         let prepared = self.prepare_checkpoint(check, change)?;
         let done = self.write_checkpoint(&prepared);
         let mut st = self.settle_sync(done, prepared.target)?;
@@ -144,6 +147,71 @@ impl Pool {
         crate::counters::add(&c.checkpoint_nanos, took);
         c.checkpoint_last_nanos
             .store(took, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Checkpoint step 0, mostly without the state lock: the dirty metadata pages written
+    /// in bounded batches, level by level, leaves first ("Writing outside the lock" in
+    /// `condense_meta::page_cache`). The lock is held only to copy, place and install each
+    /// batch; encoding and writing go on without it, so reads and writes of every volume go
+    /// on too. Step 1 then writes only what changed meanwhile and the interior pages above.
+    /// A failed write frees its batch's runs (nothing names them) and fails the checkpoint.
+    fn write_dirty_pages(&self) -> Result<()> {
+        // Pages dirtied while a sweep runs are swept again, while there are many.
+        for _ in 0..CHECKPOINT_SWEEPS {
+            let (levels, dirty) = {
+                let st = self.lock_state();
+                self.writable(&st)?;
+                let trees = st.md.pages.trees().values();
+                (
+                    trees.map(|t| t.height).max().unwrap_or(0),
+                    st.md.pages.dirty_pages(),
+                )
+            };
+            if dirty <= CHECKPOINT_LOCKED_PAGES {
+                break;
+            }
+            for level in 0..levels {
+                self.write_dirty_level(level, dirty)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Write the dirty pages of `level` in batches: at most the rounds `dirty` pages need, so
+    /// writers dirtying pages as fast as they are written cannot keep it going.
+    fn write_dirty_level(&self, level: u8, dirty: usize) -> Result<()> {
+        for _ in 0..=dirty / CHECKPOINT_BATCH_PAGES {
+            let mut batch = {
+                let st = self.lock_state();
+                self.writable(&st)?;
+                st.md.pages.take_dirty(level, CHECKPOINT_BATCH_PAGES)
+            };
+            if batch.is_empty() {
+                break;
+            }
+            let full = batch.len() == CHECKPOINT_BATCH_PAGES;
+            batch.encode();
+            self.lock_state().md.pages.allocate_batch(&mut batch);
+            let written = batch.write();
+            let mut st = self.lock_state();
+            let installed = match written {
+                Ok(()) => st.md.pages.install_batch(batch),
+                Err(e) => {
+                    st.md.pages.abandon_batch(batch);
+                    return Err(e);
+                }
+            };
+            // Only damage of the cache's own bookkeeping fails an install.
+            if let Err(e) = installed {
+                st.poisoned = Some(e.to_string());
+                return Err(e);
+            }
+            drop(st);
+            if !full {
+                break;
+            }
+        }
         Ok(())
     }
 
@@ -293,6 +361,14 @@ impl Pool {
         Ok(st)
     }
 }
+
+/// Dirty pages a checkpoint copies and writes at a time outside the state lock (4 MiB of
+/// copies: copying them holds the lock a millisecond or two).
+const CHECKPOINT_BATCH_PAGES: usize = 1024;
+/// A checkpoint writes at most this many dirty pages under the state lock, unless pages are
+/// dirtied faster than [`CHECKPOINT_SWEEPS`] sweeps outside it write them.
+const CHECKPOINT_LOCKED_PAGES: usize = 64;
+const CHECKPOINT_SWEEPS: usize = 4;
 
 fn sync_segments(files: &[Arc<dyn crate::io::File>]) -> Result<()> {
     for f in files {
