@@ -14,7 +14,8 @@
 #
 # Operations (default order; each needs what the earlier ones made): [hosts-sync on S3,]
 # stats, snap-create, diff, clone (of the snapshot), grow, verify, rollback, snap-delete,
-# shrink (to half, --force), delete-clone, delete (big), gc.
+# shrink (to half, --force), delete-clone, delete (big), gc. The window of a deletion or
+# rollback lasts until its map's background release is over (its note: the command's time).
 # hosts-sync: a second host joined to the pool (S3 only) imports PEER_N unique blocks
 # (default N / 2; not timed), then this host's `hosts sync` folds them in; the note column
 # says how many chunks it folded. The serve's background sync (every 30 s) may fold them
@@ -102,6 +103,16 @@ for op in "${ops[@]}"; do
         fi
         end=$(now_ms)
         note=
+        case $op in rollback | snap-delete | delete-clone | delete)
+            # The command returns once the map is detached; its window runs until the
+            # background release is over (`stats --json` lists nothing releasing).
+            for _ in $(seq 1 3000); do
+                c stats --json 2>/dev/null | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("releasing", []) == [] else 1)' && break
+                sleep 0.2
+            done
+            note="command $(((end - start)))ms, then released in the background"
+            end=$(now_ms) ;;
+        esac
         if [ "$op" = hosts-sync ] && [ "$status" = ok ]; then
             folded=$(folded_in "$work/op-$op.log")
             note="folded $folded chunks"
