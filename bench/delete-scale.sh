@@ -67,8 +67,8 @@ import json, sys
 d = json.loads(sys.argv[2])
 # What the delete releases (the release is over when these stop changing), then the disk'"'"'s
 # figures, which vm'"'"'s writes and the background GC keep moving.
-keys = ["stored_bytes", "unique_chunks"]
-keys += sorted(k for k in d if k.startswith("pending") and isinstance(d[k], (int, float)))
+d["releasing_blocks"] = sum(r.get("blocks_left", 0) for r in d.get("releasing", []))
+keys = ["stored_bytes", "unique_chunks", "releasing_blocks", "releasing_bytes"]
 disk = ["physical_bytes", "dead_bytes", "segments"]
 print(sys.argv[1], " ".join(f"{k}={d.get(k)}" for k in keys), ";",
       " ".join(f"{k}={d.get(k)}" for k in disk))' "$t" "$j" >>"$space"

@@ -10,8 +10,8 @@ use crate::volume_counters::{VolumeIo, VolumeIoValues};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Blocks a step of a shrink unmaps at most (16 block-map leaves).
-const SHRINK_STEP_BLOCKS: u64 = 16 * MAP_PAGE_ENTRIES as u64;
+/// Block-map leaves that exist a step of a shrink cuts off at most.
+const SHRINK_STEP_LEAVES: usize = 16;
 
 impl Pool {
     fn check_size(&self, size: u64) -> Result<()> {
@@ -159,11 +159,11 @@ impl Pool {
             }
         }
         if first_data.is_some() {
-            // Unmap what lies past the new end in bounded steps, the state lock let go
-            // between them, so other volumes' I/O goes on (whole-block writes to this volume
-            // past the end meanwhile are unmapped by the resize itself).
+            // Cut what lies past the new end off in bounded steps, the state lock let go
+            // between them, so other volumes' I/O goes on (a whole-block write past the new
+            // end meanwhile is unmapped by the last resize).
             drop(st);
-            self.unmap_from(vol, name, first_cut)?;
+            self.shrink_in_steps(vol, name, size)?;
             st = self.lock_state();
             self.writable(&st)?;
             st.md.writable_volume_for(vol, name, "resize", 0, 0)?;
@@ -173,28 +173,32 @@ impl Pool {
         self.after_metadata_change()
     }
 
-    /// Unmap every block of `vol` from `first` on, [`SHRINK_STEP_BLOCKS`] at most per
-    /// commit (a crash part way leaves some of them unmapped and the size as it was).
-    fn unmap_from(&self, vol: u32, name: &str, first: u64) -> Result<()> {
-        let mut from = first;
-        loop {
+    /// Shrink `vol` towards `size` from its end, each resize cutting off at most
+    /// [`SHRINK_STEP_LEAVES`] block-map leaves that exist (its walk unmaps only those), with
+    /// the state lock let go between steps. A crash part way leaves the volume between its
+    /// old and new sizes; blocks past the size it has are gone.
+    fn shrink_in_steps(&self, vol: u32, name: &str, size: u64) -> Result<()> {
+        let bs = u64::from(self.sb.block_size);
+        let per = MAP_PAGE_ENTRIES as u64;
+        let first_leaf = size / bs / per;
+        let leaves =
+            self.lock_state()
+                .md
+                .pages
+                .present_leaves(u64::from(vol), first_leaf, u64::MAX)?;
+        for step in leaves.rchunks(SHRINK_STEP_LEAVES) {
+            let cut = (step[0] * per * bs).max(size);
             let mut st = self.lock_state();
             self.writable(&st)?;
-            st.md.writable_volume_for(vol, name, "resize", 0, 0)?;
-            let Some(b) = crate::block_map::first_mapped(&mut st.md.pages, u64::from(vol), from)?
-            else {
-                return Ok(());
-            };
-            let end = (b / SHRINK_STEP_BLOCKS + 1) * SHRINK_STEP_BLOCKS;
-            from = end;
-            let record = JournalRecord::MapFill {
-                vol,
-                start: b,
-                count: end - b,
-                entry: ENTRY_UNMAPPED,
-            };
-            self.commit(&mut st, vec![record])?;
+            let now = st.md.writable_volume_for(vol, name, "resize", 0, 0)?.size;
+            if cut < now {
+                self.commit(
+                    &mut st,
+                    vec![JournalRecord::VolumeResize { vol, size: cut }],
+                )?;
+            }
         }
+        Ok(())
     }
 
     /// Names and sizes of all volumes (not snapshots), sorted by name.
