@@ -121,6 +121,7 @@ fn a_chunk_dropped_before_the_first_write_makes_the_build_walk_the_table() -> Te
     // Deleting "x" and collecting removes its chunks from the table before anything
     // needed the index.
     pool.delete_volume("x")?;
+    pool.finish_releases(&|_, _| {})?;
     pool.gc(0)?;
     assert_eq!(write_duplicates(&pool, "b", &data)?, "built");
     Ok(())

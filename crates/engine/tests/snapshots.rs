@@ -89,6 +89,8 @@ fn freeable_bytes_are_exactly_what_deleting_the_snapshot_frees() {
     // Deleting it frees those chunks: GC reclaims what snapshot list promised.
     let before = pool.stats().expect("stats");
     pool.delete_snapshot("vm", "before").expect("delete");
+    // Its map is released in the background; waited for here.
+    pool.finish_releases(&|_, _| {}).expect("release");
     let after = pool.stats().expect("stats");
     let freed_chunk_bytes = (before.stored_bytes + before.unique_chunks * 32)
         - (after.stored_bytes + after.unique_chunks * 32);
