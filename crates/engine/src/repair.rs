@@ -634,7 +634,7 @@ fn journal_losses(
                     ));
                     continue;
                 }
-                JournalRecord::VolumeDelete { vol } | JournalRecord::VolumeDetach { vol, .. } => {
+                JournalRecord::VolumeDelete { vol } => {
                     notes.push(format!(
                         "volume id {vol} was deleted in a damaged journal batch; it is kept"
                     ));

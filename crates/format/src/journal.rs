@@ -118,14 +118,8 @@ pub enum JournalRecord {
     VolumeDelete {
         vol: u32,
     },
-    /// A volume deleted, its map kept for a release in steps: the volume and its name go,
-    /// its tree becomes tree `tree` (at or above [`crate::root::RELEASE_TREE_FIRST`]), whose
-    /// leaves [`JournalRecord::ReleaseStep`]s release later (docs/FORMAT.md "Background release").
-    VolumeDetach {
-        vol: u32,
-        tree: u64,
-    },
-    /// Leaves `[from, to)` of detached tree `tree` released: pages only it holds freed, the
+    /// Leaves `[from, to)` of tree `tree` (a deleted volume's map, detached at or above
+    /// [`crate::root::RELEASE_TREE_FIRST`] inside a checkpoint) released: pages only it holds freed, the
     /// chunks their entries name one reference fewer, and the pointers to them cleared. A
     /// shared subtree reaching into the range is let go whole. The last step has `to` =
     /// `u64::MAX`: the rest of the tree goes and the release is over.
@@ -198,11 +192,6 @@ impl JournalRecord {
             JournalRecord::VolumeDelete { vol } => {
                 out.push(6);
                 put_u32(out, *vol);
-            }
-            JournalRecord::VolumeDetach { vol, tree } => {
-                out.push(10);
-                put_u32(out, *vol);
-                put_u64(out, *tree);
             }
             JournalRecord::ReleaseStep { tree, from, to } => {
                 out.push(11);
@@ -311,10 +300,6 @@ impl JournalRecord {
                 };
                 JournalRecord::MetaPut { key, value }
             }
-            10 => JournalRecord::VolumeDetach {
-                vol: r.u32()?,
-                tree: r.u64()?,
-            },
             11 => JournalRecord::ReleaseStep {
                 tree: r.u64()?,
                 from: r.u64()?,
@@ -406,10 +391,6 @@ mod tests {
             },
             JournalRecord::VolumeResize { vol: 3, size: 4096 },
             JournalRecord::VolumeDelete { vol: 3 },
-            JournalRecord::VolumeDetach {
-                vol: 4,
-                tree: (1 << 32) + 1,
-            },
             JournalRecord::ReleaseStep {
                 tree: (1 << 32) + 1,
                 from: 16,

@@ -308,7 +308,6 @@ impl Metadata {
             }
             JournalRecord::VolumeResize { vol, size } => self.resize_volume(*vol, *size, mode)?,
             JournalRecord::VolumeDelete { vol } => self.delete_volume(*vol, mode)?,
-            JournalRecord::VolumeDetach { vol, tree } => self.detach_volume(*vol, *tree, mode)?,
             JournalRecord::ReleaseStep { tree, from, to } => {
                 self.release_step(*tree, *from, *to, mode)?
             }
@@ -523,20 +522,6 @@ impl Metadata {
                 let _ = self.pages.release_tree(u64::from(vol), &mut |_| Ok(()));
             }
         }
-        if let Some(v) = self.volumes.remove(&vol) {
-            self.names.remove(&v.name);
-        }
-        Ok(())
-    }
-
-    /// A volume deleted, its map kept for a release in steps as tree `tree`. Salvage: as
-    /// [`JournalRecord::VolumeDelete`] (the rebuild counts no reference a map holds).
-    fn detach_volume(&mut self, vol: u32, tree: TreeId, mode: &mut Mode) -> Result<()> {
-        if let Mode::Salvage(_) = mode {
-            return self.delete_volume(vol, mode);
-        }
-        let name = self.vol(vol)?.name.clone();
-        self.detach_tree(vol, tree, name)?;
         if let Some(v) = self.volumes.remove(&vol) {
             self.names.remove(&v.name);
         }

@@ -4,10 +4,11 @@
 //! Owns: the stepping of [`Metadata::releasing`] — which tree next, how many leaves a step
 //! takes — and the background thread ([`Releaser`]) that steps while anything is pending.
 //!
-//! A deletion only detaches the map ([`JournalRecord::VolumeDetach`]: one short commit, the
-//! name free at once); each step then releases the next [`STEP_LEAVES`] leaves that exist
-//! ([`JournalRecord::ReleaseStep`]) in a commit of its own, so the state lock is held for a
-//! bounded time (up to `STEP_LEAVES` × 512 chunk references dropped) and the VMs' I/O runs
+//! A deletion of a map bigger than a few leaves (pool/volumes.rs) or a rollback only
+//! detaches it, inside a checkpoint (the root then names it, version 3); each step then
+//! releases the next [`STEP_LEAVES`] leaves that exist ([`JournalRecord::ReleaseStep`]) in a
+//! commit of its own, so the state lock is held for a bounded time (up to `STEP_LEAVES` × 512
+//! chunk references dropped) and the VMs' I/O runs
 //! between steps. Invariants:
 //! - A step is one journal record applied like any other: replay repeats exactly the steps
 //!   that were durable, and the checkpoint root holds the trees and cursors
@@ -88,14 +89,11 @@ impl Pool {
     /// make it durable; `progress(blocks left, blocks in all)` after each step. For commands
     /// that hold the pool alone (an offline `volume delete`, `gc`): nothing waits on them.
     pub fn finish_releases(&self, progress: &dyn Fn(u64, u64)) -> Result<()> {
-        let total = self
-            .pending_releases()
-            .iter()
-            .map(|p| p.blocks_left)
-            .sum::<u64>();
-        if total == 0 && self.pending_releases().is_empty() {
+        let pending = self.pending_releases();
+        if pending.is_empty() {
             return Ok(());
         }
+        let total = pending.iter().map(|p| p.blocks_left).sum::<u64>();
         while self.release_step()? {
             let left = self
                 .pending_releases()

@@ -14,8 +14,9 @@
 //!   is durable (the new root names it) when the call returns. No journal record describes
 //!   them; a crash before the root is written leaves the pool as it was.
 //! - A snapshot refuses every change ([`Error::SnapshotReadOnly`]); it is deleted as a volume
-//!   is (a journaled `VolumeDetach`, its map released in steps by `pool/release.rs`), which
-//!   releases only the pages no other tree holds. A rollback's old map goes the same way.
+//!   is (a small map at once, a big one detached in a checkpoint and released in steps by
+//!   `pool/release.rs`), which releases only the pages no other tree holds. A rollback's old
+//!   map goes the same way.
 //! - A volume with snapshots cannot be deleted; rollback refuses while a writable handle to
 //!   the volume is open (an NBD client, a mount) unless forced.
 //! - Two versions differ at a block when their block-map entries differ. Leaves stored at

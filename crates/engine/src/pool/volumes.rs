@@ -10,6 +10,37 @@ use crate::volume_counters::{VolumeIo, VolumeIoValues};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The most block-map leaves a deletion releases in its own commit (a few milliseconds);
+/// a bigger map is released in the background.
+const RELEASE_AT_ONCE_LEAVES: usize = 16;
+
+/// The id of volume or snapshot `name` if it may be deleted: a volume with snapshots may not.
+fn deletable(md: &crate::metadata::Metadata, name: &str) -> Result<u32> {
+    let vol = *md
+        .names
+        .get(name)
+        .ok_or_else(|| Error::NotFound(name.to_string()))?;
+    let snaps = super::snapshots::snapshot_names_of(md, vol);
+    if let Some(first) = snaps.first() {
+        return Err(Error::Invalid(format!(
+            "volume {name:?} has {} snapshot(s) ({}); delete them first (`condense snapshot delete {name}@{first}`)",
+            snaps.len(),
+            snaps.join(", "),
+        )));
+    }
+    Ok(vol)
+}
+
+/// The records that do not outlive volume `name`: its "import in progress" mark
+/// (engine::importing), a half-made hand-over or a name conflict (engine::hosts).
+fn marks_of(name: &str) -> [String; 3] {
+    [
+        super::importing::key(name),
+        crate::format::hosts::Pending::key(name),
+        format!("{}{name}", crate::format::hosts::CONFLICT_PREFIX),
+    ]
+}
+
 /// Block-map leaves that exist a step of a shrink cuts off at most.
 const SHRINK_STEP_LEAVES: usize = 16;
 
@@ -85,46 +116,55 @@ impl Pool {
         self.after_metadata_change()
     }
 
+    /// Delete a volume or snapshot (refused while a volume has snapshots). A map of at most
+    /// [`RELEASE_AT_ONCE_LEAVES`] leaves is released in the deletion's own commit
+    /// (`VolumeDelete`). A bigger one is detached inside a checkpoint, so the root that holds
+    /// the deletion is the one that names the detached map (version 3: builds that cannot
+    /// release it refuse the pool, docs/FORMAT.md "Background release"), and released in
+    /// steps in the background (pool/release.rs).
     pub fn delete_volume(&self, name: &str) -> Result<()> {
         let vol_lock = self.volume_lock(self.volume_id(name)?);
         let _w = lock(&vol_lock);
         let mut st = self.lock_state();
         self.writable(&st)?;
-        let vol = *st
-            .md
-            .names
-            .get(name)
-            .ok_or_else(|| Error::NotFound(name.to_string()))?;
-        let snaps = super::snapshots::snapshot_names_of(&st.md, vol);
-        if !snaps.is_empty() {
-            return Err(Error::Invalid(format!(
-                "volume {name:?} has {} snapshot(s) ({}); delete them first (`condense snapshot delete {name}@{}`)",
-                snaps.len(),
-                snaps.join(", "),
-                snaps[0]
-            )));
-        }
-        // The map is released in steps in the background (pool/release.rs): the deletion
-        // itself is one short commit, whatever the volume's size.
-        let tree = st.md.next_release_tree();
-        let mut records = vec![JournalRecord::VolumeDetach { vol, tree }];
-        // No "import in progress" mark (engine::importing), half-made hand-over or name
-        // conflict (engine::hosts) outlives its volume.
-        let marks = [
-            super::importing::key(name),
-            crate::format::hosts::Pending::key(name),
-            format!("{}{name}", crate::format::hosts::CONFLICT_PREFIX),
-        ];
-        for mark in marks {
-            if st.md.meta.contains_key(&mark) {
-                records.push(JournalRecord::MetaPut {
-                    key: mark,
-                    value: None,
-                });
+        let vol = deletable(&st.md, name)?;
+        let leaves = st.md.pages.leaf_pages_first(
+            u64::from(vol),
+            0,
+            u64::MAX,
+            RELEASE_AT_ONCE_LEAVES + 1,
+        )?;
+        if leaves.len() > RELEASE_AT_ONCE_LEAVES {
+            drop(st);
+            let sync = lock(&self.sync_lock);
+            self.checkpoint_with(
+                &sync,
+                &|md| deletable(md, name).map(drop),
+                Some(&mut |md| {
+                    let vol = deletable(md, name)?;
+                    let tree = md.next_release_tree();
+                    md.detach_tree(vol, tree, name.to_string())?;
+                    md.volumes.remove(&vol);
+                    md.names.remove(name);
+                    for mark in marks_of(name) {
+                        md.meta.remove(&mark);
+                    }
+                    Ok(())
+                }),
+            )?;
+        } else {
+            let mut records = vec![JournalRecord::VolumeDelete { vol }];
+            for mark in marks_of(name) {
+                if st.md.meta.contains_key(&mark) {
+                    records.push(JournalRecord::MetaPut {
+                        key: mark,
+                        value: None,
+                    });
+                }
             }
+            self.commit(&mut st, records)?;
+            drop(st);
         }
-        self.commit(&mut st, records)?;
-        drop(st);
         if !name.contains('@') {
             // Its claim goes once a root holds the deletion (the next sync or close).
             lock(&self.deleted_names).insert(name.to_string());
