@@ -110,15 +110,27 @@ impl Pool {
         pending(&self.lock_state().md)
     }
 
-    /// Start the background release thread (idempotent; not for read-only pools).
+    /// Start the background release thread if a release is pending (not for read-only
+    /// pools). It ends once nothing is pending, so a pool without pending releases has no
+    /// thread holding it (a pool dropped is closed at once, and may be opened again).
     pub(crate) fn start_releaser(&self) {
-        if self.read_only || !self.opts.release_in_background {
+        if self.read_only
+            || !self.opts.release_in_background
+            || self.lock_state().md.releasing.is_empty()
+        {
             return;
         }
         let mut slot = lock(&self.releaser);
-        if slot.is_some() {
-            return;
+        // A thread that ended (nothing was pending) is joined; one still running is woken.
+        if let Some(r) = slot.as_ref() {
+            if !r.1.load(Ordering::SeqCst) {
+                r.0.unpark();
+                return;
+            }
         }
+        slot.take();
+        let ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ended_here = ended.clone();
         let weak = self.me.clone();
         let started = Worker::spawn("condense-release", move |flag| {
             while !flag.load(Ordering::Relaxed) {
@@ -128,7 +140,16 @@ impl Pool {
                     // As long again as the step took: the VMs get the lock at least half
                     // the time, whatever the disk's speed.
                     Ok(true) => started.elapsed().max(Duration::from_millis(1)),
-                    Ok(false) => Duration::from_secs(1),
+                    Ok(false) => {
+                        // Ended, unless a map was detached since the step looked (then the
+                        // waker saw this thread running and only woke it).
+                        ended_here.store(true, Ordering::SeqCst);
+                        if pool.pending_releases().is_empty() {
+                            return;
+                        }
+                        ended_here.store(false, Ordering::SeqCst);
+                        Duration::ZERO
+                    }
                     Err(e) => {
                         tracing::warn!(
                             "releasing the map of a deleted volume: {e}; trying again in 30 s \
@@ -144,18 +165,16 @@ impl Pool {
             }
         });
         match started {
-            Ok(w) => *slot = Some(Releaser(w)),
+            Ok(w) => *slot = Some(Releaser(w, ended)),
             Err(e) => tracing::warn!(
                 "cannot start the release thread: {e}; deleted volumes' space comes back at `condense gc`"
             ),
         }
     }
 
-    /// Wake the release thread (a deletion just detached a map).
+    /// Wake the release thread, or start it (a deletion or rollback just detached a map).
     pub(crate) fn wake_releaser(&self) {
-        if let Some(r) = lock(&self.releaser).as_ref() {
-            r.0.unpark();
-        }
+        self.start_releaser();
     }
 
     /// Stop the background release thread, waiting for a step in progress.
@@ -165,5 +184,5 @@ impl Pool {
     }
 }
 
-/// The background release thread of a writable pool.
-pub(crate) struct Releaser(Worker);
+/// The background release thread of a writable pool, and whether it ended by itself.
+pub(crate) struct Releaser(Worker, std::sync::Arc<std::sync::atomic::AtomicBool>);
