@@ -44,6 +44,29 @@ fn write(pool: &Pool, name: &str, tags: &[(u64, u64)]) -> Result<(), String> {
     Ok(())
 }
 
+/// Write `tags[i]` at model block i of `name`, for every i.
+fn write_all(pool: &Pool, name: &str, tags: &[u64]) -> Result<(), String> {
+    let blocks: Vec<(u64, u64)> = (0..).zip(tags.iter().copied()).collect();
+    write(pool, name, &blocks)
+}
+
+/// A pool on its simulated disk, and the tags its volume "v" holds.
+type PoolWithV = (Arc<SimDir>, Arc<Pool>, Vec<u64>);
+
+/// A new pool on a simulated disk with volume "v" of `BLOCKS` model blocks holding
+/// `first_tag + i` at block i.
+fn pool_with_v(first_tag: u64) -> Result<PoolWithV, String> {
+    let disk = SimDir::new();
+    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
+        .map_err(|e| format!("init: {e}"))?;
+    let pool = open(&disk)?;
+    pool.create_volume("v", BLOCKS * SPREAD * BS as u64)
+        .map_err(|e| e.to_string())?;
+    let tags: Vec<u64> = (0..BLOCKS).map(|b| first_tag + b).collect();
+    write_all(&pool, "v", &tags)?;
+    Ok((disk, pool, tags))
+}
+
 /// Check that `name` holds `tags` at its model blocks.
 fn check(pool: &Pool, name: &str, tags: &[u64]) -> Result<(), String> {
     let h = pool.volume(name).map_err(|e| format!("{name}: {e}"))?;
@@ -116,16 +139,7 @@ fn a_delete_interrupted_at_every_step_resumes_and_frees_exactly_its_own_chunks(
     pool.create_volume("base", size)
         .map_err(|e| e.to_string())?;
     let base: Vec<u64> = (0..BLOCKS).map(|b| 1000 + b).collect();
-    write(
-        &pool,
-        "base",
-        &base
-            .iter()
-            .copied()
-            .enumerate()
-            .map(|(i, t)| (i as u64, t))
-            .collect::<Vec<_>>(),
-    )?;
+    write_all(&pool, "base", &base)?;
     pool.create_snapshot("base", "s")
         .map_err(|e| e.to_string())?;
     pool.clone_volume("base@s", "vm")
@@ -145,16 +159,7 @@ fn a_delete_interrupted_at_every_step_resumes_and_frees_exactly_its_own_chunks(
     // The name is free at once; the new volume's content is its own.
     pool.create_volume("vm", size).map_err(|e| e.to_string())?;
     let new_vm: Vec<u64> = (0..BLOCKS).map(|b| 9000 + b).collect();
-    write(
-        &pool,
-        "vm",
-        &new_vm
-            .iter()
-            .copied()
-            .enumerate()
-            .map(|(i, t)| (i as u64, t))
-            .collect::<Vec<_>>(),
-    )?;
+    write_all(&pool, "vm", &new_vm)?;
     pool.flush().map_err(|e| e.to_string())?;
     let pending = pool.pending_releases();
     if pending.len() != 1 || pending[0].name != "vm" || pending[0].data_blocks != BLOCKS {
@@ -197,23 +202,7 @@ fn a_delete_interrupted_at_every_step_resumes_and_frees_exactly_its_own_chunks(
 /// A rollback's old map is released the same way, and the volume reads its snapshot.
 #[test]
 fn a_rollback_releases_the_old_map_in_steps() -> Result<(), String> {
-    let disk = SimDir::new();
-    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
-        .map_err(|e| format!("init: {e}"))?;
-    let pool = open(&disk)?;
-    let size = BLOCKS * SPREAD * BS as u64;
-    pool.create_volume("v", size).map_err(|e| e.to_string())?;
-    let before: Vec<u64> = (0..BLOCKS).map(|b| 100 + b).collect();
-    write(
-        &pool,
-        "v",
-        &before
-            .iter()
-            .copied()
-            .enumerate()
-            .map(|(i, t)| (i as u64, t))
-            .collect::<Vec<_>>(),
-    )?;
+    let (disk, pool, before) = pool_with_v(100)?;
     pool.create_snapshot("v", "s").map_err(|e| e.to_string())?;
     let after: Vec<(u64, u64)> = (0..BLOCKS).map(|b| (b, 700 + b)).collect();
     write(&pool, "v", &after)?;
@@ -245,23 +234,8 @@ fn a_rollback_releases_the_old_map_in_steps() -> Result<(), String> {
 /// reads as before, what was cut reads as zeros once grown back, and verify is clean.
 #[test]
 fn a_shrink_in_steps_keeps_what_is_left_and_drops_the_rest() -> Result<(), String> {
-    let disk = SimDir::new();
-    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
-        .map_err(|e| format!("init: {e}"))?;
-    let pool = open(&disk)?;
+    let (_disk, pool, tags) = pool_with_v(300)?;
     let size = BLOCKS * SPREAD * BS as u64;
-    pool.create_volume("v", size).map_err(|e| e.to_string())?;
-    let tags: Vec<u64> = (0..BLOCKS).map(|b| 300 + b).collect();
-    write(
-        &pool,
-        "v",
-        &tags
-            .iter()
-            .copied()
-            .enumerate()
-            .map(|(i, t)| (i as u64, t))
-            .collect::<Vec<_>>(),
-    )?;
     let keep = 3;
     if pool
         .resize_volume("v", keep * SPREAD * BS as u64, false)

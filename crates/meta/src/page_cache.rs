@@ -485,11 +485,8 @@ impl PageCache {
         let Some(slot) = self.find(tree, level, index, false)? else {
             return Ok(true);
         };
-        let span = FANOUT.pow(u32::from(level - 1)); // leaves under one child
-        let base = index * FANOUT * span;
-        let first = from.saturating_sub(base) / span;
-        let last = ((to - 1).saturating_sub(base) / span).min(FANOUT - 1);
-        for c in first..=last {
+        let (_, _, slots) = children_meeting(level, index, from, to);
+        for c in slots {
             let child = index * FANOUT + c;
             let key = Key {
                 tree,
@@ -857,11 +854,8 @@ impl PageCache {
                 format!("a node of {} being released is not cached", tree_name(tree)),
             )
         })?;
-        let span = FANOUT.pow(u32::from(level - 1)); // leaves under one child
-        let base = index * FANOUT * span;
-        let first = from.saturating_sub(base) / span;
-        let last = ((to - 1).saturating_sub(base) / span).min(FANOUT - 1);
-        for c in first..=last {
+        let (span, base, slots) = children_meeting(level, index, from, to);
+        for c in slots {
             let child = index * FANOUT + c;
             let child_key = Key {
                 tree,
@@ -1578,6 +1572,21 @@ pub fn open_stored(
         stride(tree, level),
     )
     .ok_or_else(|| Error::corrupt(what(), "the stored page does not decode"))
+}
+
+/// The child slots of interior node (`level`, `index`) whose leaves meet `[from, to)`, with
+/// the leaves under one child and the first leaf under the node.
+fn children_meeting(
+    level: u8,
+    index: u64,
+    from: u64,
+    to: u64,
+) -> (u64, u64, std::ops::RangeInclusive<u64>) {
+    let span = FANOUT.pow(u32::from(level - 1));
+    let base = index * FANOUT * span;
+    let first = from.saturating_sub(base) / span;
+    let last = ((to - 1).saturating_sub(base) / span).min(FANOUT - 1);
+    (span, base, first..=last)
 }
 
 fn tree_name(tree: TreeId) -> String {
