@@ -11,6 +11,8 @@
 #                    (tests/s3/garage.sh; GARAGE or ~/.cargo/bin/garage), WORK/pool its local
 #                    directory (S3_CACHE_SIZE, default 4G); PEER=1 also joins a second host
 #                    (WORK/peer) for `hosts sync` to fold
+#   CONDENSE_SLOW_HOLD_MS=N  the serve logs holds of the pool's state >= N ms; the table is
+#                    followed by a count of them by the line that took the lock
 #   KEEP=1           keep WORK (serve.log, fio's logs, the windows) at the end
 # The idle p99 and the goal's 2x are per direction. The serve's background GC and (on S3)
 # background sync run every 30 s: what they cost lands in whichever window they fall in.
@@ -197,4 +199,16 @@ for name, a, b, status, note in rows:
         note = (note + " " if note else "") + f"(the command: {status})"
     print(f"| {name} | {(b - a) / 1000:.2f} | {r99:.2f} | {rw:.2f} | {w99:.2f} | {ww:.2f} | {ir99:.2f}/{iw99:.2f} | {goal} | {note} |")
 EOF
+    stall_holds
+}
+
+# The serve's slow-hold log (CONDENSE_SLOW_HOLD_MS, pool/mod.rs `slow_hold_ms`): how many holds
+# of the pool's state reached the limit, by the line that took the lock, and the longest.
+stall_holds() {
+    [ -n "${CONDENSE_SLOW_HOLD_MS:-}" ] || return 0
+    echo
+    echo "state-lock holds >= $CONDENSE_SLOW_HOLD_MS ms (the serve's log), by where the lock was taken:"
+    sed -n 's/.*state was held \([0-9.]*\) ms by \([^ ]*\) .*/\2 \1/p' "$work/serve.log" |
+        awk '{ n[$1]++; if ($2 > m[$1]) m[$1] = $2 } END { for (k in n) printf "  %-50s %5d holds, longest %.1f ms\n", k, n[k], m[k] }' |
+        sort -k5 -rn
 }

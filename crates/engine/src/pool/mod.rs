@@ -48,6 +48,7 @@ use crate::segment::Segments;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Instant;
 
 pub(crate) mod cache_tier;
 pub(crate) mod claims;
@@ -232,6 +233,23 @@ std::thread_local! {
 /// this thread holds a pool's state, which the lock order checks.
 pub(crate) struct StateGuard<'a> {
     guard: std::sync::MutexGuard<'a, State>,
+    /// When the lock was taken and by whom, for the slow-hold log ([`slow_hold_ms`]).
+    taken: Instant,
+    by: &'static std::panic::Location<'static>,
+}
+
+/// Holds of the pool's `state` longer than this many milliseconds are logged (at `warn`,
+/// with the caller that took the lock): every VM's I/O on the pool waited that long. Set by
+/// `$CONDENSE_SLOW_HOLD_MS` (read once; default 200, 0 turns the log off). A developer's
+/// tool for finding the holds behind a stall (bench/admin-stall.sh sets it low).
+fn slow_hold_ms() -> u64 {
+    static MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *MS.get_or_init(|| {
+        std::env::var("CONDENSE_SLOW_HOLD_MS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(200)
+    })
 }
 
 impl std::ops::Deref for StateGuard<'_> {
@@ -251,6 +269,16 @@ impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
         #[cfg(debug_assertions)]
         STATE_HELD.with(|h| h.set(false));
+        let limit = slow_hold_ms();
+        let held = self.taken.elapsed();
+        if limit > 0 && held.as_millis() >= u128::from(limit) {
+            tracing::warn!(
+                "the pool's state was held {:.1} ms by {}:{} (the I/O of every volume waited)",
+                held.as_secs_f64() * 1e3,
+                self.by.file(),
+                self.by.line()
+            );
+        }
     }
 }
 
@@ -384,6 +412,7 @@ impl Pool {
     /// Take this pool's `state`, last in the lock order (see the module docs). Debug builds
     /// check the peer rule: the thread holds no pool's `state` already, this pool's or
     /// another host's (a peer's, [`crate::hosts`]).
+    #[track_caller]
     pub(crate) fn lock_state(&self) -> StateGuard<'_> {
         #[cfg(debug_assertions)]
         STATE_HELD.with(|h| {
@@ -393,8 +422,12 @@ impl Pool {
             );
             h.set(true);
         });
+        let by = std::panic::Location::caller();
+        let guard = lock(&self.state);
         StateGuard {
-            guard: lock(&self.state),
+            guard,
+            taken: Instant::now(),
+            by,
         }
     }
 
