@@ -38,7 +38,7 @@ pub use condense_meta::{
 #[cfg(any(test, feature = "sim"))]
 pub use condense_store::sim;
 pub use condense_store::{
-    cache_tier, claim_window, copies, io, remote, secret_file, segment, staging,
+    cache_tier, claim_window, copies, io, priority, remote, secret_file, segment, staging,
 };
 
 pub mod counters;

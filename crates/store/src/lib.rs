@@ -24,6 +24,7 @@ pub mod cache_tier;
 pub mod claim_window;
 pub mod copies;
 pub mod io;
+pub mod priority;
 pub mod remote;
 pub mod secret_file;
 pub mod segment;

@@ -1,0 +1,77 @@
+//! The CPU and I/O priority of threads that do an administrator's work or a background pass,
+//! beside the threads that serve the VMs.
+//!
+//! Owns: [`yield_to_io`]. Invariant: it changes only the calling thread (Linux keeps a
+//! niceness and an I/O priority per thread), and only ever lowers them, so a thread that
+//! serves I/O is never slowed by it; a thread that calls it keeps the lower priority until it
+//! ends (an unprivileged thread cannot raise it back), which is why only threads that end
+//! with their work, or do nothing else, call it.
+
+/// The CPU niceness of a background thread (0 is the VMs', 19 the lowest).
+const BACKGROUND_NICE: i32 = 10;
+/// Its I/O priority: best effort, the lowest level (0 is the highest, 7 the lowest).
+const BACKGROUND_IO_LEVEL: i32 = 7;
+
+/// Make the calling thread give way to the threads serving the VMs: CPU niceness 10 and
+/// best-effort I/O priority 7, so a background release, a GC or verify pass, a scrub, a fold
+/// or a command run by the daemon takes the CPU and the disk's queue when the VMs leave
+/// them (docs/ARCHITECTURE.md "Administration beside the VMs"). Not the idle classes: those
+/// can starve a pass (and the lock holds inside it) for as long as the VMs are busy. A
+/// refusal (a container without the right) is logged once and changes nothing else.
+pub fn yield_to_io() {
+    // SAFETY: gettid takes no argument and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let tid_ = tid as libc::id_t;
+    // SAFETY: PRIO_PROCESS with a thread id reads and sets that thread's niceness only.
+    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid_) };
+    let cpu = if now < BACKGROUND_NICE {
+        // SAFETY: as above.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, tid_, BACKGROUND_NICE) }
+    } else {
+        0
+    };
+    let cpu_err = (cpu != 0).then(std::io::Error::last_os_error);
+    // IOPRIO_WHO_PROCESS is 1 (a thread id); the value is class << 13 | level, class 2 being
+    // best effort.
+    let value = (2 << 13) | BACKGROUND_IO_LEVEL;
+    // SAFETY: as above, integers only.
+    let io = unsafe { libc::syscall(libc::SYS_ioprio_set, 1, tid, value) };
+    let io_err = (io != 0).then(std::io::Error::last_os_error);
+    if let Some(e) = cpu_err.or(io_err) {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::info!("background work runs at the VMs' priority (lowering it failed: {e})")
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_calling_thread_is_lowered() {
+        let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        let inside = std::thread::spawn(|| {
+            yield_to_io();
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
+            let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+            let io = unsafe { libc::syscall(libc::SYS_ioprio_get, 1, tid) };
+            (nice, io)
+        })
+        .join()
+        .expect("the thread ran");
+        assert_eq!(
+            inside.0,
+            BACKGROUND_NICE.max(before),
+            "the thread's niceness"
+        );
+        assert_eq!(
+            inside.1,
+            i64::from((2 << 13) | BACKGROUND_IO_LEVEL),
+            "the thread's I/O priority"
+        );
+        let after = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        assert_eq!(before, after, "the process's main thread is untouched");
+    }
+}
