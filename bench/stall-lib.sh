@@ -202,13 +202,21 @@ EOF
     stall_holds
 }
 
-# The serve's slow-hold log (CONDENSE_SLOW_HOLD_MS, pool/mod.rs `slow_hold_ms`): how many holds
+# The serve's slow-hold log (CONDENSE_SLOW_HOLD_MS, pool/mod.rs `slow_hold`): how many holds
 # of the pool's state reached the limit, by the line that took the lock, and the longest.
 stall_holds() {
     [ -n "${CONDENSE_SLOW_HOLD_MS:-}" ] || return 0
     echo
     echo "state-lock holds >= $CONDENSE_SLOW_HOLD_MS ms (the serve's log), by where the lock was taken:"
-    sed -n 's/.*state was held \([0-9.]*\) ms by \([^ ]*\) .*/\2 \1/p' "$work/serve.log" |
-        awk '{ n[$1]++; if ($2 > m[$1]) m[$1] = $2 } END { for (k in n) printf "  %-50s %5d holds, longest %.1f ms\n", k, n[k], m[k] }' |
-        sort -k5 -rn
+    python3 - "$work/serve.log" <<'EOF'
+import re, sys
+holds = {}
+for line in open(sys.argv[1], errors="replace"):
+    m = re.search(r"state was held ([0-9.]+) ms by (\S+)", line)
+    if m:
+        holds.setdefault(m.group(2), []).append(float(m.group(1)))
+for at, v in sorted(holds.items(), key=lambda kv: -max(kv[1])):
+    v.sort()
+    print(f"  {at:<45} {len(v):6} holds, p50 {v[len(v) // 2]:.2f} ms, p90 {v[len(v) * 9 // 10]:.2f} ms, longest {v[-1]:.1f} ms")
+EOF
 }

@@ -798,13 +798,13 @@ impl Metadata {
     }
 
     /// One bounded step of counting the attribution from scratch (the chunk table's lengths
-    /// 64 pages at a time, then the maps 16 leaves at a time: a few milliseconds each), for a
+    /// 16 pages at a time, then the maps 4 leaves at a time: under a millisecond each), for a
     /// caller that lets go of the state lock between steps so I/O goes on
     /// ([`crate::attribution::Counting`] keeps what changes meanwhile). True once the
     /// attribution is there; a count that fails is dropped.
     pub fn count_attribution_step(&mut self) -> Result<bool> {
-        const CHUNK_PAGES_PER_STEP: u64 = 64;
-        const LEAVES_PER_STEP: u64 = 16;
+        const CHUNK_PAGES_PER_STEP: u64 = 16;
+        const LEAVES_PER_STEP: u64 = 4;
         if let Some(a) = &self.attribution {
             if a.broken().is_none() {
                 return Ok(true);

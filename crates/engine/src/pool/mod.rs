@@ -48,7 +48,7 @@ use crate::segment::Segments;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub(crate) mod cache_tier;
 pub(crate) mod claims;
@@ -233,22 +233,24 @@ std::thread_local! {
 /// this thread holds a pool's state, which the lock order checks.
 pub(crate) struct StateGuard<'a> {
     guard: std::sync::MutexGuard<'a, State>,
-    /// When the lock was taken and by whom, for the slow-hold log ([`slow_hold_ms`]).
+    /// When the lock was taken and by whom, for the slow-hold log ([`slow_hold`]).
     taken: Instant,
     by: &'static std::panic::Location<'static>,
 }
 
-/// Holds of the pool's `state` longer than this many milliseconds are logged (at `warn`,
-/// with the caller that took the lock): every VM's I/O on the pool waited that long. Set by
-/// `$CONDENSE_SLOW_HOLD_MS` (read once; default 200, 0 turns the log off). A developer's
-/// tool for finding the holds behind a stall (bench/admin-stall.sh sets it low).
-fn slow_hold_ms() -> u64 {
-    static MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *MS.get_or_init(|| {
-        std::env::var("CONDENSE_SLOW_HOLD_MS")
+/// Holds of the pool's `state` at least this long are logged (at `warn`, with the caller
+/// that took the lock): every VM's I/O on the pool waited that long. Set in milliseconds by
+/// `$CONDENSE_SLOW_HOLD_MS` (read once; fractions allowed; default 200, 0 turns the log
+/// off). A developer's tool for finding the holds behind a stall (bench/admin-stall.sh).
+fn slow_hold() -> Option<Duration> {
+    static LIMIT: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let ms = std::env::var("CONDENSE_SLOW_HOLD_MS")
             .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(200)
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms >= 0.0)
+            .unwrap_or(200.0);
+        (ms > 0.0).then(|| Duration::from_secs_f64(ms.min(1e9) / 1e3))
     })
 }
 
@@ -269,9 +271,8 @@ impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
         #[cfg(debug_assertions)]
         STATE_HELD.with(|h| h.set(false));
-        let limit = slow_hold_ms();
         let held = self.taken.elapsed();
-        if limit > 0 && held.as_millis() >= u128::from(limit) {
+        if slow_hold().is_some_and(|limit| held >= limit) {
             tracing::warn!(
                 "the pool's state was held {:.1} ms by {}:{} (the I/O of every volume waited)",
                 held.as_secs_f64() * 1e3,

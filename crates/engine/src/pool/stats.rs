@@ -58,10 +58,15 @@ impl Pool {
     /// open): in steps, the state lock taken for each and let go between them, so reads and
     /// writes go on meanwhile ([`crate::attribution::Counting`]).
     pub fn count_figures(&self) -> Result<()> {
-        while !self.count_figures_step()? {
+        loop {
+            let started = std::time::Instant::now();
+            if self.count_figures_step()? {
+                break;
+            }
             // The lock is not fair: without a pause this thread would take it back before a
-            // waiting read or write is scheduled (a yield is not enough on 2 cores).
-            std::thread::sleep(std::time::Duration::from_millis(1));
+            // waiting read or write is scheduled (a yield is not enough on 2 cores). As long
+            // again as the step took, so the VMs have the lock at least half the time.
+            std::thread::sleep(started.elapsed().max(std::time::Duration::from_micros(500)));
         }
         Ok(())
     }
