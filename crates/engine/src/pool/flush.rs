@@ -261,11 +261,8 @@ impl Pool {
         } else {
             None
         };
-        let body = encode_root(
-            &st.md.root(new_gen, next_seq),
-            &self.sb.uuid,
-            self.crypto.as_deref(),
-        )?;
+        // Encoded (compressed, sealed) after the lock is let go, in write_checkpoint.
+        let root = st.md.root(new_gen, next_seq);
         // With a writeback cache the staging layer holds the journal there (fast fsyncs).
         let journal = Journal::create(
             &*self.dir,
@@ -284,7 +281,7 @@ impl Pool {
             }
         };
         Ok(PreparedCheckpoint {
-            body,
+            root,
             upload_through,
             old_gen: old.gen,
             new_journal_file,
@@ -316,7 +313,8 @@ impl Pool {
         if let Some(last) = p.upload_through {
             self.upload_staged_through(last, true)?;
         }
-        self.store_retry(|| crate::copies::write_both(&*self.dir, CHECKPOINT_NAME, &p.body))?;
+        let body = encode_root(&p.root, &self.sb.uuid, self.crypto.as_deref())?;
+        self.store_retry(|| crate::copies::write_both(&*self.dir, CHECKPOINT_NAME, &body))?;
         self.dir
             .remove(&journal_name(p.old_gen))
             .map_err(|e| Error::io("removing the old journal", e))
@@ -379,8 +377,8 @@ fn sync_segments(files: &[Arc<dyn crate::io::File>]) -> Result<()> {
 
 /// What a checkpoint prepared under the state lock, for the steps after it.
 struct PreparedCheckpoint {
-    /// The encoded root.
-    body: Vec<u8>,
+    /// The root, encoded without the state lock.
+    root: Root,
     /// An S3 pool: the last segment the root can name, uploaded before the root.
     upload_through: Option<u32>,
     old_gen: u64,

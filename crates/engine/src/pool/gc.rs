@@ -35,8 +35,10 @@ const SCAN_PAGES: u64 = 16;
 /// A chunk to move: id, its entry when scanned, its segment file, its record if it was live.
 type Copy = (u64, ChunkEntry, Arc<dyn File>, Option<Vec<u8>>);
 
-/// Chunks copied or dropped per hold of the state lock.
-const COPY_BATCH: usize = 64;
+/// Chunks copied or dropped per hold of the state lock (their records appended and a full
+/// segment batch written under it: 64 held it 1-3 ms on the 2-core test machine, a VM's
+/// request meeting it waiting that long; bench/README.md "admin-stall.sh").
+const COPY_BATCH: usize = 16;
 
 /// Chunk-table pages a GC dirties (moving or dropping their chunks) before it checkpoints:
 /// a checkpoint writes the dirty pages under the state lock, so this bounds that hold
