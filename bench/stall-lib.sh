@@ -55,6 +55,9 @@ trap stall_cleanup EXIT
 rm -rf "$work"
 mkdir -p "$work"
 
+# The slow-hold log is the serve's: the commands and imports run without it.
+slow_hold=${CONDENSE_SLOW_HOLD_MS:-}
+unset CONDENSE_SLOW_HOLD_MS
 c() { "$condense" --pool "$pool" "$@"; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
@@ -99,7 +102,7 @@ stall_import() {
 
 # Serve the pool on $sock (log WORK/serve.log, appended) and wait until vm answers.
 stall_serve() {
-    CONDENSE_LOG=info "$condense" --pool "$pool" serve --socket "$sock" >>"$work/serve.log" 2>&1 &
+    CONDENSE_SLOW_HOLD_MS=$slow_hold CONDENSE_LOG=info "$condense" --pool "$pool" serve --socket "$sock" >>"$work/serve.log" 2>&1 &
     server=$!
     for _ in $(seq 1 1200); do nbdinfo --size "$uri" >/dev/null 2>&1 && return 0; sleep 0.1; done
     die "the server did not answer in 120 s: $(tail -3 "$work/serve.log")"
@@ -205,9 +208,9 @@ EOF
 # The serve's slow-hold log (CONDENSE_SLOW_HOLD_MS, pool/mod.rs `slow_hold`): how many holds
 # of the pool's state reached the limit, by the line that took the lock, and the longest.
 stall_holds() {
-    [ -n "${CONDENSE_SLOW_HOLD_MS:-}" ] || return 0
+    [ -n "$slow_hold" ] || return 0
     echo
-    echo "state-lock holds >= $CONDENSE_SLOW_HOLD_MS ms (the serve's log), by where the lock was taken:"
+    echo "state-lock holds >= $slow_hold ms (the serve's log), by where the lock was taken:"
     python3 - "$work/serve.log" <<'EOF'
 import re, sys
 holds = {}

@@ -1,7 +1,7 @@
 //! The CPU and I/O priority of threads that do an administrator's work or a background pass,
 //! beside the threads that serve the VMs.
 //!
-//! Owns: [`yield_to_io`]. Invariant: it changes only the calling thread (Linux keeps a
+//! Owns: [`yield_to_io`] and [`background_threads`]. Invariant: it changes only the calling thread (Linux keeps a
 //! niceness and an I/O priority per thread), and only ever lowers them, so a thread that
 //! serves I/O is never slowed by it; a thread that calls it keeps the lower priority until it
 //! ends (an unprivileged thread cannot raise it back), which is why only threads that end
@@ -45,6 +45,24 @@ pub fn yield_to_io() {
     }
 }
 
+/// A pool of worker threads at the background priority ([`yield_to_io`]), one per core, for
+/// a pass that spreads work over the cores (verify's chunk checks): the global rayon pool
+/// serves the VMs' reads and writes at their priority, and a pass run there would take both
+/// cores from them. Made at the first use; `None` if the threads cannot be started (the
+/// caller then uses the global pool).
+pub fn background_threads() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("condense-bg-{i}"))
+            .start_handler(|_| yield_to_io())
+            .build()
+            .map_err(|e| tracing::warn!("cannot start the background threads: {e}"))
+            .ok()
+    })
+    .as_ref()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +91,18 @@ mod tests {
         );
         let after = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
         assert_eq!(before, after, "the process's main thread is untouched");
+    }
+
+    #[test]
+    fn the_background_threads_run_at_the_background_priority() {
+        let threads = background_threads().expect("threads start");
+        let nice = threads.install(|| {
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::id_t;
+            unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) }
+        });
+        assert!(
+            nice >= BACKGROUND_NICE,
+            "a background thread's niceness: {nice}"
+        );
     }
 }

@@ -228,11 +228,17 @@ impl Pool {
                     *r = w.entry.refs;
                 }
             }
-            let results: Vec<(u64, Option<(u64, String)>)> = work
-                .par_iter()
-                .filter(|w| w.entry.refs > 0)
-                .map(|w| self.check_chunk(w))
-                .collect();
+            // On the background threads: the VMs' reads and writes keep the cores first.
+            let check_all = || -> Vec<(u64, Option<(u64, String)>)> {
+                work.par_iter()
+                    .filter(|w| w.entry.refs > 0)
+                    .map(|w| self.check_chunk(w))
+                    .collect()
+            };
+            let results = match crate::priority::background_threads() {
+                Some(threads) => threads.install(check_all),
+                None => check_all(),
+            };
             for (bytes, b) in results {
                 check.chunks_checked += 1;
                 check.bytes_checked += bytes;
