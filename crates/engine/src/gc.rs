@@ -30,7 +30,6 @@ impl BackgroundGc {
         let weak = std::sync::Arc::downgrade(pool);
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
-            crate::priority::yield_to_io();
             let tick = std::time::Duration::from_millis(200);
             let mut waited = std::time::Duration::ZERO;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {

@@ -63,7 +63,6 @@ impl BackgroundScrub {
         };
         let mut due_at = next_due(pool);
         let worker = Worker::spawn("condense-scrub", move |flag| {
-            crate::priority::yield_to_io();
             let tick = Duration::from_millis(200);
             while !flag.load(Ordering::Relaxed) {
                 std::thread::sleep(tick);

@@ -378,12 +378,7 @@ impl ControlServer {
                         let stop = stop.clone();
                         let worker = std::thread::Builder::new()
                             .name("condense-control-cmd".into())
-                            .spawn(move || {
-                                // An administrator's command gives way to the VMs' I/O
-                                // (the thread ends with the command).
-                                condense_engine::priority::yield_to_io();
-                                serve_one(conn, &dir, pool, &*handler, &stop)
-                            });
+                            .spawn(move || serve_one(conn, &dir, pool, &*handler, &stop));
                         let mut w = workers.lock().unwrap_or_else(|p| p.into_inner());
                         w.retain(|h| !h.is_finished());
                         if let Ok(h) = worker {

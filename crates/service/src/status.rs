@@ -40,7 +40,6 @@ impl StatusWriter {
         let path = dir.join(STATUS_FILE);
         let out = path.clone();
         let thread = std::thread::spawn(move || {
-            condense_engine::priority::yield_to_io();
             let mut ticks = STATUS_PERIOD_SECS * 5;
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 if ticks >= STATUS_PERIOD_SECS * 5 {

@@ -1,11 +1,13 @@
-//! The CPU and I/O priority of threads that do an administrator's work or a background pass,
-//! beside the threads that serve the VMs.
+//! The CPU and I/O priority of the threads a background pass spreads its work over, beside
+//! the threads that serve the VMs.
 //!
-//! Owns: [`yield_to_io`] and [`background_threads`]. Invariant: it changes only the calling thread (Linux keeps a
-//! niceness and an I/O priority per thread), and only ever lowers them, so a thread that
-//! serves I/O is never slowed by it; a thread that calls it keeps the lower priority until it
-//! ends (an unprivileged thread cannot raise it back), which is why only threads that end
-//! with their work, or do nothing else, call it.
+//! Owns: [`yield_to_io`] and [`background_threads`]. Invariants: only the calling thread is
+//! changed (Linux keeps a niceness and an I/O priority per thread), and only ever lowered (an
+//! unprivileged thread cannot raise it back). **A thread that takes the pool's state lock is
+//! never lowered**: holding the lock at niceness 10 while the host's other processes (the
+//! VMs' qemu, a build) keep the cores busy stretched a checkpoint's 30 ms hold past a second
+//! (bench/README.md "admin-stall.sh"), every VM waiting on it. So only work done outside the
+//! lock runs lowered: verify's chunk checks (read, decompress, hash).
 
 /// The CPU niceness of a background thread (0 is the VMs', 19 the lowest).
 const BACKGROUND_NICE: i32 = 10;
@@ -13,11 +15,11 @@ const BACKGROUND_NICE: i32 = 10;
 const BACKGROUND_IO_LEVEL: i32 = 7;
 
 /// Make the calling thread give way to the threads serving the VMs: CPU niceness 10 and
-/// best-effort I/O priority 7, so a background release, a GC or verify pass, a scrub, a fold
-/// or a command run by the daemon takes the CPU and the disk's queue when the VMs leave
-/// them (docs/ARCHITECTURE.md "Administration beside the VMs"). Not the idle classes: those
-/// can starve a pass (and the lock holds inside it) for as long as the VMs are busy. A
-/// refusal (a container without the right) is logged once and changes nothing else.
+/// best-effort I/O priority 7, so it takes the CPU and the disk's queue when the VMs leave
+/// them (docs/ARCHITECTURE.md "Administration beside the VMs"). Never on a thread that
+/// takes the pool's state lock (see the module docs). Not the idle classes: those can starve
+/// a pass for as long as the VMs are busy. A refusal (a container without the right) is
+/// logged once and changes nothing else.
 pub fn yield_to_io() {
     // SAFETY: gettid takes no argument and cannot fail.
     let tid = unsafe { libc::syscall(libc::SYS_gettid) };

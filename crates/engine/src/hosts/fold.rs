@@ -354,7 +354,6 @@ pub fn start_background_sync(
     }
     let weak = Arc::downgrade(pool);
     let spawned = crate::worker::Worker::spawn("condense-hosts", move |stop| {
-        crate::priority::yield_to_io();
         let tick = std::time::Duration::from_millis(200);
         let mut waited = std::time::Duration::ZERO;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {

@@ -138,7 +138,6 @@ impl Pool {
         let ended_here = ended.clone();
         let weak = self.me.clone();
         let started = Worker::spawn("condense-release", move |flag| {
-            crate::priority::yield_to_io();
             while !flag.load(Ordering::Relaxed) {
                 let Some(pool) = weak.upgrade() else { return };
                 let started = Instant::now();
