@@ -358,7 +358,12 @@ impl Replay<'_> {
     ) -> Result<()> {
         loop {
             let (name, pos, seq) = (&self.name, self.pos, self.seq);
-            let Some(parsed) = parse_batch(&self.data, pos, seq, self.gen, self.crypto) else {
+            let parsed = match parse_batch(&self.data, pos, seq, self.gen, self.crypto) {
+                // Repair keeps what it can read: an unreadable batch is damage to skip.
+                Some(Err(Error::Corrupt { .. })) if self.mode == ReplayMode::Salvage => None,
+                p => p,
+            };
+            let Some(parsed) = parsed else {
                 if self.skip_damage() {
                     continue;
                 }
@@ -483,7 +488,10 @@ fn batch_ctx(gen: u64, seq: u64, count: u32) -> [u8; 20] {
 type Parsed = (Vec<JournalRecord>, usize);
 
 /// Parse the batch at `pos` if it is whole, valid and numbered `seq`: `None` if it is not a
-/// batch (a torn tail), an error if its CRC holds but it does not authenticate.
+/// batch (a torn tail), an error if its CRC holds but it does not authenticate or its records
+/// do not decode. A torn write cannot make a CRC hold, so such a batch was written whole, by
+/// a build that knows records this one does not (or it was damaged after its CRC was made):
+/// taking it for the journal's end would drop it and every acknowledged write after it.
 fn parse_batch(
     data: &[u8],
     pos: usize,
@@ -517,10 +525,28 @@ fn parse_batch(
     let mut r = Reader::new(payload, "journal batch");
     // The count is read from the file: every record takes at least one byte of the payload.
     let mut records = Vec::with_capacity((h.count as usize).min(payload.len()));
-    for _ in 0..h.count {
-        records.push(JournalRecord::decode(&mut r).ok()?);
+    let undecodable = |why: String| {
+        Some(Err(Error::corrupt(
+            format!("journal batch {seq} at offset {pos}"),
+            format!("its checksum holds but {why}: it was written by a newer build of condense (open the pool with that build) or damaged; nothing was changed. If no newer build wrote it, stop every user of the pool and run `condense repair --dry-run`, then `condense repair`"),
+        )))
+    };
+    for i in 0..h.count {
+        match JournalRecord::decode(&mut r) {
+            Ok(rec) => records.push(rec),
+            Err(e) => {
+                return undecodable(format!("record {i} of {} cannot be read ({e})", h.count))
+            }
+        }
     }
-    (r.remaining() == 0).then_some(Ok((records, end)))
+    if r.remaining() != 0 {
+        return undecodable(format!(
+            "{} bytes follow its {} records",
+            r.remaining(),
+            h.count
+        ));
+    }
+    Some(Ok((records, end)))
 }
 
 /// Best-effort decode of damaged journal bytes: batch headers and records are read without
@@ -649,14 +675,43 @@ mod tests {
         JournalRecord::DropChunk { id: 3 }.encode(&mut payload);
         let mut data = vec![0u8; JOURNAL_HEADER_BYTES];
         data.extend_from_slice(&encode_batch(7, u32::MAX, &payload));
-        // One record where the header promises 2^32 - 1: not a batch (a torn tail).
-        assert!(parse_batch(&data, JOURNAL_HEADER_BYTES, 7, 1, None).is_none());
+        // One record where the header promises 2^32 - 1: an error (its CRC holds), and
+        // nothing reserved for the count.
+        assert!(matches!(
+            parse_batch(&data, JOURNAL_HEADER_BYTES, 7, 1, None),
+            Some(Err(Error::Corrupt { .. }))
+        ));
         let mut data = vec![0u8; JOURNAL_HEADER_BYTES];
         data.extend_from_slice(&encode_batch(7, 1, &payload));
         assert!(matches!(
             parse_batch(&data, JOURNAL_HEADER_BYTES, 7, 1, None),
             Some(Ok((r, _))) if r == vec![JournalRecord::DropChunk { id: 3 }]
         ));
+    }
+
+    /// A whole batch (its CRC holds) with a record of a tag this build does not know, as a
+    /// newer build would write: an error naming the batch, not the journal's end (which
+    /// would drop it and every acknowledged write after it).
+    #[test]
+    fn a_whole_batch_with_an_unknown_record_is_an_error_not_the_end() {
+        let mut payload = Vec::new();
+        JournalRecord::DropChunk { id: 3 }.encode(&mut payload);
+        payload.extend_from_slice(&[0xEE, 1, 2, 3]);
+        let mut data = vec![0u8; JOURNAL_HEADER_BYTES];
+        data.extend_from_slice(&encode_batch(7, 2, &payload));
+        match parse_batch(&data, JOURNAL_HEADER_BYTES, 7, 1, None) {
+            Some(Err(e)) => {
+                let text = e.to_string();
+                assert!(
+                    text.contains("batch 7") && text.contains("newer build"),
+                    "{text}"
+                );
+            }
+            other => panic!("expected an error, got {other:?}"),
+        }
+        // The same bytes torn (one byte short of the payload): the journal's end.
+        let torn = &data[..data.len() - 1];
+        assert!(parse_batch(torn, JOURNAL_HEADER_BYTES, 7, 1, None).is_none());
     }
 
     /// Found by the journal fuzz target: a root naming the last sequence number and a valid
