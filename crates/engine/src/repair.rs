@@ -478,6 +478,7 @@ fn fresh_metadata(
         // A map being released holds nothing the rebuild keeps: its chunks' references are
         // counted again from the volumes, so what only it held goes to GC.
         releasing: BTreeMap::new(),
+        to_free: Vec::new(),
     }
 }
 

@@ -103,6 +103,14 @@ impl Journal {
         next_seq: u64,
         crypto: Option<Arc<Crypto>>,
     ) -> Result<Journal> {
+        let file = Journal::create_file(dir, gen, uuid)?;
+        Ok(Journal::with_file(gen, file, next_seq, crypto))
+    }
+
+    /// Generation `gen`'s file, made empty but for its header: the part of
+    /// [`Journal::create`] that touches the file system, which a checkpoint does before it
+    /// takes the state lock (creating a file can wait for the file system's journal).
+    pub fn create_file(dir: &dyn Dir, gen: u64, uuid: &[u8; 16]) -> Result<Arc<dyn File>> {
         let name = journal_name(gen);
         let file = dir
             .open(&name, true)
@@ -111,16 +119,26 @@ impl Journal {
         file.set_len(0)
             .and_then(|_| file.write_at(&header, 0))
             .map_err(|e| Error::io(format!("writing journal {name}"), e))?;
-        Ok(Journal {
+        Ok(file)
+    }
+
+    /// The journal of generation `gen` over `file`, made by [`Journal::create_file`] for it.
+    pub fn with_file(
+        gen: u64,
+        file: Arc<dyn File>,
+        next_seq: u64,
+        crypto: Option<Arc<Crypto>>,
+    ) -> Journal {
+        Journal {
             gen,
             file,
-            len: header.len() as u64,
+            len: JOURNAL_HEADER_BYTES as u64,
             buf: Vec::new(),
             count: 0,
             marked: false,
             next_seq,
             crypto,
-        })
+        }
     }
 
     /// Open generation `gen` and hand every valid batch to `apply` in order. `apply` returns

@@ -122,6 +122,10 @@ pub struct Metadata {
     /// release"): each tree in [`PageCache::trees`] at or above [`RELEASE_TREE_FIRST`] has
     /// one, and no volume names it.
     pub releasing: BTreeMap<TreeId, Releasing>,
+    /// Big structures let go while the state lock is held (a dropped attribution of a 10M-
+    /// chunk pool), for the lock's holder to free after it lets go of the lock
+    /// ([`Metadata::take_to_free`]): freeing them is the holder's time, not every VM's.
+    pub to_free: Vec<Box<dyn std::any::Any + Send>>,
 }
 
 /// A deleted volume's map being released in steps ([`JournalRecord::ReleaseStep`]). Its
@@ -774,8 +778,17 @@ impl Metadata {
 
     /// Forget the attribution and any count of it under way (counted again when next asked).
     fn drop_attribution(&mut self) {
-        self.attribution = None;
-        self.counting = None;
+        if let Some(a) = self.attribution.take() {
+            self.to_free.push(Box::new(a));
+        }
+        if let Some(c) = self.counting.take() {
+            self.to_free.push(Box::new(c));
+        }
+    }
+
+    /// What was let go under the lock, to be dropped once it is released.
+    pub fn take_to_free(&mut self) -> Vec<Box<dyn std::any::Any + Send>> {
+        std::mem::take(&mut self.to_free)
     }
 
     /// The attribution of chunks to volumes and snapshots: built from every map and the

@@ -224,11 +224,20 @@ impl Pool {
         check: &dyn Fn(&Metadata) -> Result<()>,
         change: Option<&mut MetadataChange<'_>>,
     ) -> Result<PreparedCheckpoint> {
+        // The next journal's file, made before the lock is taken (a file's creation can wait
+        // for the file system's journal). The generation moves only in a checkpoint, and the
+        // caller holds sync_lock: it is still the next one below.
+        let new_gen = self.lock_state().journal.gen + 1;
+        let new_file = Journal::create_file(&*self.dir, new_gen, &self.sb.uuid)?;
         let mut st = self.lock_state();
         self.writable(&st)?;
         check(&st.md)?;
+        debug_assert_eq!(
+            st.journal.gen + 1,
+            new_gen,
+            "only a checkpoint moves the generation"
+        );
         st.journal.seal()?;
-        let new_gen = st.journal.gen + 1;
         let next_seq = st.journal.next_seq();
         let prepared = (|| {
             let (mut pages, mut freed) = st.md.pages.prepare_checkpoint()?;
@@ -264,13 +273,7 @@ impl Pool {
         // Encoded (compressed, sealed) after the lock is let go, in write_checkpoint.
         let root = st.md.root(new_gen, next_seq);
         // With a writeback cache the staging layer holds the journal there (fast fsyncs).
-        let journal = Journal::create(
-            &*self.dir,
-            new_gen,
-            &self.sb.uuid,
-            next_seq,
-            self.crypto.clone(),
-        )?;
+        let journal = Journal::with_file(new_gen, new_file, next_seq, self.crypto.clone());
         let new_journal_file = journal.file.clone();
         let old = std::mem::replace(&mut st.journal, journal);
         let dirty = match st.segments.take_dirty() {

@@ -232,7 +232,8 @@ std::thread_local! {
 /// A held `state` lock ([`Pool::lock_state`]): the guard, and in debug builds the mark that
 /// this thread holds a pool's state, which the lock order checks.
 pub(crate) struct StateGuard<'a> {
-    guard: std::sync::MutexGuard<'a, State>,
+    /// Dropped by hand in `drop`, before what the holder let go of is freed.
+    guard: std::mem::ManuallyDrop<std::sync::MutexGuard<'a, State>>,
     /// When the lock was taken and by whom, for the slow-hold log ([`slow_hold`]).
     taken: Instant,
     by: &'static std::panic::Location<'static>,
@@ -271,7 +272,12 @@ impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
         #[cfg(debug_assertions)]
         STATE_HELD.with(|h| h.set(false));
+        let to_free = self.guard.md.take_to_free();
         let held = self.taken.elapsed();
+        // SAFETY: the guard is dropped once, here, and not used after.
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.guard) };
+        // Freed with the lock let go (Metadata::to_free).
+        drop(to_free);
         if slow_hold().is_some_and(|limit| held >= limit) {
             tracing::warn!(
                 "the pool's state was held {:.1} ms by {}:{} (the I/O of every volume waited)",
@@ -426,7 +432,7 @@ impl Pool {
         let by = std::panic::Location::caller();
         let guard = lock(&self.state);
         StateGuard {
-            guard,
+            guard: std::mem::ManuallyDrop::new(guard),
             taken: Instant::now(),
             by,
         }

@@ -592,6 +592,7 @@ fn load_metadata(
         attribution: None,
         counting: None,
         spill: Default::default(),
+        to_free: Vec::new(),
         releasing: root
             .releasing
             .iter()
