@@ -301,8 +301,12 @@ fn fold_new_chunks(
                 && segment_slot(e.loc.segment) == slot
                 && !condemned.segs.contains_key(&e.loc.segment)
         });
-        for batch in window.chunks(FOLD_BATCH) {
+        for (i, batch) in window.chunks(FOLD_BATCH).enumerate() {
+            let started = std::time::Instant::now();
             let f = pool.fold_chunks(batch, slot)?;
+            if i + 1 < window.len().div_ceil(FOLD_BATCH) {
+                crate::pool::pause_after_step(started);
+            }
             done.added += f.added;
             done.merged += f.merged;
         }

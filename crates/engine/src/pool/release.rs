@@ -39,9 +39,6 @@ use std::time::{Duration, Instant};
 /// meets a step waits for the rest of it: bench/README.md "admin-stall.sh").
 pub const STEP_LEAVES: usize = 4;
 
-/// The least pause between two steps.
-const STEP_PAUSE_MIN: Duration = Duration::from_micros(500);
-
 /// The next step of the oldest pending release: (tree, from, to), `to` = `u64::MAX` for the
 /// last one. Reads the step's leaves, so a page that cannot be read fails here, before any
 /// change.
@@ -144,7 +141,7 @@ impl Pool {
                 let pause = match pool.release_step() {
                     // As long again as the step took: the VMs get the lock at least half
                     // the time, whatever the disk's speed.
-                    Ok(true) => started.elapsed().max(STEP_PAUSE_MIN),
+                    Ok(true) => started.elapsed().max(super::STEP_PAUSE_MIN),
                     Ok(false) => {
                         // Ended, unless a map was detached since the step looked (then the
                         // waker saw this thread running and only woke it).

@@ -63,10 +63,7 @@ impl Pool {
             if self.count_figures_step()? {
                 break;
             }
-            // The lock is not fair: without a pause this thread would take it back before a
-            // waiting read or write is scheduled (a yield is not enough on 2 cores). As long
-            // again as the step took, so the VMs have the lock at least half the time.
-            std::thread::sleep(started.elapsed().max(std::time::Duration::from_micros(500)));
+            super::pause_after_step(started);
         }
         Ok(())
     }

@@ -42,7 +42,7 @@ fn marks_of(name: &str) -> [String; 3] {
 }
 
 /// Block-map leaves that exist a step of a shrink cuts off at most.
-const SHRINK_STEP_LEAVES: usize = 16;
+const SHRINK_STEP_LEAVES: usize = 4;
 
 impl Pool {
     fn check_size(&self, size: u64) -> Result<()> {
@@ -215,7 +215,8 @@ impl Pool {
 
     /// Shrink `vol` towards `size` from its end, each resize cutting off at most
     /// [`SHRINK_STEP_LEAVES`] block-map leaves that exist (its walk unmaps only those), with
-    /// the state lock let go between steps. A crash part way leaves the volume between its
+    /// the state lock let go between steps (and a pause as long as the step, so waiting I/O
+    /// gets it: `pause_after_step`). A crash part way leaves the volume between its
     /// old and new sizes; blocks past the size it has are gone.
     fn shrink_in_steps(&self, vol: u32, name: &str, size: u64) -> Result<()> {
         let bs = u64::from(self.sb.block_size);
@@ -226,7 +227,12 @@ impl Pool {
                 .md
                 .pages
                 .present_leaves(u64::from(vol), first_leaf, u64::MAX)?;
+        let mut last_step: Option<std::time::Instant> = None;
         for step in leaves.rchunks(SHRINK_STEP_LEAVES) {
+            if let Some(started) = last_step {
+                super::pause_after_step(started);
+            }
+            last_step = Some(std::time::Instant::now());
             let cut = (step[0] * per * bs).max(size);
             let mut st = self.lock_state();
             self.writable(&st)?;
