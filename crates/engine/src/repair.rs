@@ -479,6 +479,7 @@ fn fresh_metadata(
         // counted again from the volumes, so what only it held goes to GC.
         releasing: BTreeMap::new(),
         to_free: Vec::new(),
+        index_build: None,
     }
 }
 

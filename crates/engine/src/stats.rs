@@ -113,7 +113,8 @@ pub struct PoolStats {
     /// The dedup index alone, and per unique chunk.
     pub dedup_index_bytes: u64,
     /// Where the dedup index in RAM came from: "not built" (until the first write that needs
-    /// it), "loaded" (saved at the last clean close), "built" (from the chunk table).
+    /// it), "loaded" (saved at the last clean close), "built" (from the chunk table),
+    /// "building" (in steps, by a served pool).
     pub dedup_index: String,
     pub metadata_cache_budget_bytes: u64,
     pub metadata_cache_used_bytes: u64,
@@ -233,7 +234,11 @@ impl PoolStats {
         } else {
             crate::dedup_index::projected_ram_bytes(md.chunks.live_chunks)
         };
-        self.dedup_index = md.index_origin.as_str().to_string();
+        self.dedup_index = if md.index_build.is_some() {
+            "building".to_string()
+        } else {
+            md.index_origin.as_str().to_string()
+        };
         self.index_ram_bytes = self.dedup_index_bytes + md.pages.ram_bytes();
         self.ram_bytes_per_unique_chunk = if self.unique_chunks == 0 {
             0.0

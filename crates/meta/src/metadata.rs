@@ -126,6 +126,18 @@ pub struct Metadata {
     /// chunk pool), for the lock's holder to free after it lets go of the lock
     /// ([`Metadata::take_to_free`]): freeing them is the holder's time, not every VM's.
     pub to_free: Vec<Box<dyn std::any::Any + Send>>,
+    /// A build of the dedup index in steps under way ([`Metadata::index_build_step`], a
+    /// served pool's): until it ends, lookups miss instead of building the index at once.
+    pub index_build: Option<IndexBuild>,
+}
+
+/// The dedup index being built in steps: what the visited chunk-table pages (below
+/// `next_page`) hold. Chunks added meanwhile get ids at or past the table's next id, on pages
+/// not visited yet; chunks dropped below `next_page` are taken out.
+pub struct IndexBuild {
+    index: DedupIndex,
+    next_page: u64,
+    started: std::time::Instant,
 }
 
 /// A deleted volume's map being released in steps ([`JournalRecord::ReleaseStep`]). Its
@@ -231,6 +243,10 @@ impl Metadata {
 
     pub fn find_duplicate(&mut self, fp: &Fingerprint) -> Option<u64> {
         if !self.index_ready() {
+            if self.index_build.is_some() {
+                // Built in steps by a served pool: a miss meanwhile costs savings only.
+                return None;
+            }
             if let Err(e) = self.build_index() {
                 tracing::warn!("dedup index built in part ({e}); chunks past the damage are not deduplicated against");
             }
@@ -382,6 +398,12 @@ impl Metadata {
         if let Some(e) = self.chunks.get(&mut self.pages, id)? {
             if self.index_ready() {
                 self.index.remove(&e.fp, page_of(id));
+            } else if let Some(b) = self
+                .index_build
+                .as_mut()
+                .filter(|b| page_of(id) < b.next_page)
+            {
+                b.index.remove(&e.fp, page_of(id));
             }
         }
         if !self.index_ready() {
@@ -986,6 +1008,58 @@ impl Metadata {
         self.install_index(index, IndexOrigin::Built, started);
         crate::dedup_index::return_free_memory();
         r
+    }
+
+    /// Whether the index should be built in steps: neither built, nor to be loaded from a
+    /// saved file (which the first write loads at once), nor being built.
+    pub fn index_to_build(&self) -> bool {
+        !self.index_ready() && self.saved_index.is_none() && self.index_build.is_none()
+    }
+
+    /// Start building the index in steps ([`Metadata::index_build_step`]) into `empty` (made
+    /// by the caller for [`ChunkTable::live_chunks`] without the lock: its allocation is
+    /// tens of MB), if [`Metadata::index_to_build`] still holds. True if a build is under way.
+    pub fn begin_index_build(&mut self, empty: DedupIndex) -> bool {
+        if self.index_to_build() {
+            self.index_build = Some(IndexBuild {
+                index: empty,
+                next_page: 0,
+                started: std::time::Instant::now(),
+            });
+        }
+        self.index_build.is_some()
+    }
+
+    /// One step of the build begun by [`Metadata::begin_index_build`]: the next `pages`
+    /// chunk-table pages put in the index. The last step (the page the next chunk ids go to,
+    /// and any after it) installs the index in the same hold of the caller's lock, so no
+    /// chunk added meanwhile is missed. True once the index is there (an unreadable page
+    /// ends the build as [`Metadata::build_index`] does: what was read is kept); the caller
+    /// then calls [`crate::dedup_index::return_free_memory`] with the lock let go.
+    pub fn index_build_step(&mut self, pages: u64) -> Result<bool> {
+        let Some(mut b) = self.index_build.take() else {
+            return Ok(self.index_ready());
+        };
+        if self.index_ready() {
+            return Ok(true);
+        }
+        let open_page = page_of(self.chunks.next_id);
+        let last = b.next_page + pages >= open_page;
+        let end = if last { u64::MAX } else { b.next_page + pages };
+        let index = &mut b.index;
+        let r = self
+            .chunks
+            .for_each_in(&mut self.pages, b.next_page, end, &mut |id, e| {
+                index.insert(&e.fp, page_of(id));
+                Ok(())
+            });
+        if last || r.is_err() {
+            self.install_index(b.index, IndexOrigin::Built, b.started);
+            return r.map(|_| true);
+        }
+        b.next_page = end;
+        self.index_build = Some(b);
+        Ok(false)
     }
 
     /// The index holds every chunk of the table (it was built, or loaded).

@@ -53,6 +53,9 @@ pub fn run(
     {
         crate::tier::attach_given(&pool, path, tier)?;
     }
+    // The VMs must not wait for a walk of the whole chunk table at the first write (after a
+    // crash the saved index is stale): build the dedup index in steps now.
+    pool.start_index_build();
     let gc = (!read_only).then(|| {
         condense_engine::gc::BackgroundGc::start(&pool, Duration::from_secs(30), 25, 256 << 20)
     });

@@ -349,6 +349,8 @@ pub struct Pool {
     pub(crate) release_lock: Mutex<()>,
     /// The background release thread ([`release`]).
     pub(crate) releaser: Mutex<Option<release::Releaser>>,
+    /// The thread building the dedup index in steps, while it runs ([`saved_index`]).
+    pub(crate) index_builder: Mutex<Option<crate::worker::Worker>>,
     /// This host's member slot in a pool several hosts share (0 otherwise).
     pub(crate) slot: u8,
     /// The other hosts' trees, open read-only ([`crate::hosts`]), by slot.

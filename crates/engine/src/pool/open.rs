@@ -424,6 +424,7 @@ impl Pool {
             destager: Mutex::new(None),
             release_lock: Mutex::new(()),
             releaser: Mutex::new(None),
+            index_builder: Mutex::new(None),
             peers: Mutex::new(Default::default()),
             deleted_names: Mutex::new(Default::default()),
             handover_stop: Default::default(),
@@ -593,6 +594,7 @@ fn load_metadata(
         counting: None,
         spill: Default::default(),
         to_free: Vec::new(),
+        index_build: None,
         releasing: root
             .releasing
             .iter()

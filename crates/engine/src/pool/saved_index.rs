@@ -7,6 +7,14 @@
 //! removed before ([`crate::metadata::Metadata::saved_index`]); any other file is ignored and
 //! the index built from the chunk table. It lives on the host: in the pool directory, or in
 //! the local directory of a pool whose directory is a bucket (never uploaded).
+//!
+//! Without a usable file (after a crash, or a checkpoint since the last clean close) the index
+//! is built from the chunk table: at once by the first write of a command that holds the pool
+//! alone, and in steps by a background thread in a served pool ([`Pool::start_index_build`]),
+//! the state lock let go between steps. Built at once under the lock, a 10M-chunk pool's
+//! first write after a crash held every VM's I/O 1.6 s (100M chunks: ~30 s, past a guest's
+//! I/O timeout); in steps, writes meanwhile are not deduplicated against the chunks not yet
+//! indexed (savings only, docs/DESIGN.md invariant 3).
 
 use crate::dedup_index::SavedIndex;
 use crate::format::dedup_index::{
@@ -18,6 +26,9 @@ use crate::metadata::Metadata;
 use std::sync::Arc;
 
 use super::{OpenOptions, Pool};
+
+/// Chunk-table pages (128 chunks each) one step of the background build indexes.
+const BUILD_STEP_PAGES: u64 = 16;
 
 /// Where the saved index lives: the pool directory, or the local one of a bucket's pool.
 pub(super) fn index_dir(dir: &Arc<dyn Dir>, opts: &OpenOptions) -> Option<Arc<dyn Dir>> {
@@ -50,7 +61,7 @@ pub(super) fn find(
         Some(h) if h.uuid == uuid && h.stamp == stamp => Some(SavedIndex { file, uuid, stamp }),
         _ => {
             tracing::info!(
-                "{DEDUP_INDEX_NAME} in {} is not of this checkpoint (the last close was not clean?): the first write builds the dedup index from the chunk table",
+                "{DEDUP_INDEX_NAME} in {} is not of this checkpoint (the last close was not clean?): the dedup index is built again from the chunk table (in the background by a served pool)",
                 dir.describe()
             );
             None
@@ -109,6 +120,58 @@ impl Pool {
                 dir.describe()
             );
             let _ = dir.remove(&tmp);
+        }
+    }
+}
+
+impl Pool {
+    /// Build the dedup index in steps on a thread of its own if it is neither built nor to be
+    /// loaded from a saved file: for a served pool, whose VMs must not wait for a walk of the
+    /// whole chunk table at the first write. Writable pools only; a no-op otherwise.
+    pub fn start_index_build(&self) {
+        if self.read_only {
+            return;
+        }
+        let chunks = {
+            let st = self.lock_state();
+            if !st.md.index_to_build() {
+                return;
+            }
+            st.md.chunks.live_chunks
+        };
+        let empty = crate::dedup_index::DedupIndex::with_capacity(chunks);
+        if !self.lock_state().md.begin_index_build(empty) {
+            return;
+        }
+        let weak = self.me.clone();
+        let spawned = crate::worker::Worker::spawn("condense-index", move |stop| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Some(pool) = weak.upgrade() else { return };
+                let started = std::time::Instant::now();
+                let step = pool.lock_state().md.index_build_step(BUILD_STEP_PAGES);
+                match step {
+                    Ok(false) => super::pause_after_step(started),
+                    Ok(true) => {
+                        crate::dedup_index::return_free_memory();
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!("dedup index built in part ({e}); chunks past the damage are not deduplicated against");
+                        crate::dedup_index::return_free_memory();
+                        return;
+                    }
+                }
+            }
+        });
+        match spawned {
+            Ok(w) => *crate::locks::lock(&self.index_builder) = Some(w),
+            Err(e) => {
+                // No thread: the first write builds it at once, as an offline command does.
+                tracing::warn!(
+                    "cannot start the dedup index build thread ({e}); the first write builds it"
+                );
+                self.lock_state().md.index_build = None;
+            }
         }
     }
 }

@@ -352,6 +352,7 @@ fn pool_lines(o: &mut String, s: &PoolStats, verbose: bool) {
                 match s.dedup_index.as_str() {
                     "loaded" => "loaded at open",
                     "built" => "built from the chunk table",
+                    "building" => "being built in the background",
                     _ => "built by the first write",
                 }
             ),
