@@ -6,7 +6,8 @@
 //! names the root the pool opened at, and the build loads it only if no chunk was added or
 //! removed before ([`crate::metadata::Metadata::saved_index`]); any other file is ignored and
 //! the index built from the chunk table. It lives on the host: in the pool directory, or in
-//! the local directory of a pool whose directory is a bucket (never uploaded).
+//! the local directory of a pool whose directory is a bucket (never uploaded). Only a dense
+//! index is saved; a sparse one is rebuilt (its hooks only) at the first write.
 
 use crate::dedup_index::SavedIndex;
 use crate::format::dedup_index::{
@@ -74,12 +75,17 @@ impl Pool {
         let stamp = st.md.index_stamp(st.journal.gen, st.journal.next_seq());
         let tmp = format!("{DEDUP_INDEX_NAME}.tmp");
         let saved = if st.md.index_ready() {
+            // A sparse index is not saved: the next open rebuilds its hooks from the chunk
+            // table (docs/FORMAT.md "Dedup index mode").
+            let crate::index::Index::Dense(dense) = &st.md.index else {
+                return;
+            };
             let started = std::time::Instant::now();
             (|| {
                 let f = dir
                     .open(&tmp, true)
                     .map_err(|e| crate::Error::io(format!("creating {tmp}"), e))?;
-                st.md.index.save(&*f, self.sb.uuid, stamp)?;
+                dense.save(&*f, self.sb.uuid, stamp)?;
                 dir.rename(&tmp, DEDUP_INDEX_NAME)
                     .map_err(|e| crate::Error::io(format!("renaming {tmp}"), e))?;
                 tracing::info!(
