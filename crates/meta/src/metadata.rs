@@ -251,8 +251,13 @@ impl Metadata {
             s.counters.lookups += 1;
             (s.cache_page(fp), s.hook_page(fp))
         };
-        if let Some(id) = cached.and_then(|page| self.confirm(page, fp)) {
+        if let Some((page, id)) = cached.and_then(|page| Some((page, self.confirm(page, fp)?))) {
             self.sparse_mut()?.counters.cache_hits += 1;
+            // A hook met in the cache moves the window on: the run goes on past the pages
+            // loaded so far.
+            if crate::sparse_index::is_hook(fp) {
+                self.load_neighbourhood(page);
+            }
             return Some(id);
         }
         if let Some(page) = hooked {

@@ -234,7 +234,7 @@ const PAGE_OVERHEAD_BYTES: u64 = 64;
 impl Locality {
     fn with_entries(max_entries: usize) -> Locality {
         Locality {
-            map: Table::with_slots(max_entries / 7 * 8 + 8),
+            map: Table::with_slots(cache_slots(max_entries)),
             pages: BTreeMap::new(),
             order: VecDeque::new(),
             max_entries,
@@ -298,15 +298,11 @@ impl SparseIndex {
     /// a quarter for the locality cache.
     pub fn new(budget: u64) -> SparseIndex {
         let budget = budget.max(MIN_BUDGET);
-        let hook_slots = (budget / 4 * 3 / HOOK_SLOT_BYTES) as usize;
-        let cache_bytes = budget - hook_slots as u64 * HOOK_SLOT_BYTES;
-        // An entry: 8/7 of a 16-byte slot (the map stays below 7/8 full) and its key in its
-        // page's list (8 bytes): 184/7 bytes; 16 spare slots of rounding.
-        let entries = cache_bytes.saturating_sub(256) * 7 / 184;
+        let (hook_slots, entries) = sizes(budget);
         SparseIndex {
             budget,
             hooks: Table::with_slots(hook_slots),
-            cache: Locality::with_entries(entries as usize),
+            cache: Locality::with_entries(entries),
             counters: SparseCounters::default(),
         }
     }
@@ -325,7 +321,7 @@ impl SparseIndex {
         self.cache.entries as u64
     }
 
-    /// Bytes of memory the index holds (within the budget).
+    /// Bytes of memory the index holds (within the budget; all of it from creation on).
     pub fn ram_bytes(&self) -> u64 {
         (self.hooks.slots.len() + self.cache.map.slots.len()) as u64 * HOOK_SLOT_BYTES
             + self.cache.list_budget()
@@ -382,6 +378,28 @@ impl SparseIndex {
     }
 }
 
+/// Hook slots and locality-cache entries for `budget` bytes: three quarters for hooks, a
+/// quarter for the cache.
+fn sizes(budget: u64) -> (usize, usize) {
+    let hook_slots = budget / 4 * 3 / HOOK_SLOT_BYTES;
+    let cache_bytes = budget - hook_slots * HOOK_SLOT_BYTES;
+    // An entry: 8/7 of a 16-byte slot (the map stays below 7/8 full) and its key in its
+    // page's list (8 bytes): 184/7 bytes; 16 spare slots of rounding.
+    let entries = cache_bytes.saturating_sub(256) * 7 / 184;
+    (hook_slots as usize, entries as usize)
+}
+
+/// What [`SparseIndex::ram_bytes`] is for an index of `budget` bytes (without making one).
+pub fn projected_ram_bytes(budget: u64) -> u64 {
+    let (hook_slots, entries) = sizes(budget.max(MIN_BUDGET));
+    (hook_slots.max(8) + cache_slots(entries)) as u64 * HOOK_SLOT_BYTES + entries as u64 * 8
+}
+
+/// Slots of the locality cache's map for `entries` entries (below 7/8 full).
+fn cache_slots(entries: usize) -> usize {
+    entries / 7 * 8 + 8
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,6 +417,7 @@ mod tests {
             let mut ix = SparseIndex::new(budget);
             let ram = ix.ram_bytes();
             assert!(ram <= budget, "{ram} bytes for a budget of {budget}");
+            assert_eq!(projected_ram_bytes(budget), ram);
             // Far more hooks than fit: 64 × the hook slots.
             let n = budget / 16 * 64 * 2;
             for i in 0..n {
