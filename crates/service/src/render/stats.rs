@@ -499,8 +499,17 @@ fn share_row(o: &mut String, v: &VolumeStats) {
 
 /// The dedup index's mode, what it holds and (sparse) what its lookups found.
 fn index_row(s: &PoolStats) -> String {
-    if s.dedup_index_mode != "sparse" {
-        return format!("dense, {} chunks", s.dedup_index_entries);
+    let built = s.dedup_index != "not built";
+    match (s.dedup_index_mode == "sparse", built) {
+        (false, true) => return format!("dense, {} chunks", s.dedup_index_entries),
+        (false, false) => return "dense".to_string(),
+        (true, false) => {
+            return format!(
+                "sparse, {} budget (its counters are those of the process that writes, e.g. `condense serve`)",
+                human(s.dedup_index_budget_bytes)
+            )
+        }
+        (true, true) => {}
     }
     format!(
         "sparse, {} budget, {} hooks; {} lookups: {} by locality, {} by hook, {} found nothing",
