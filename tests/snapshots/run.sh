@@ -10,7 +10,9 @@
 #   rollback refused while an NBD client holds the volume, then restores the original ->
 #   restart: everything still as it was -> snapshot delete + gc frees the space -> verify ->
 #   a big volume deleted through the socket, the daemon killed -9 during its background
-#   release: the restarted daemon finishes it, verify clean.
+#   release: the restarted daemon finishes it, verify clean ->
+#   a pool with the sparse dedup index (init --index sparse --index-memory 8M): the image
+#   imported twice is deduplicated, stats --json says the mode and budget, index show|set.
 #
 #   bash tests/snapshots/run.sh              # builds target/release/condense first
 #   CONDENSE=/path/to/condense bash tests/snapshots/run.sh
@@ -198,4 +200,23 @@ check "vm still reads its content after the release" bash -c "qemu-img convert -
 
 stop_server
 check "verify clean with no daemon" c verify
+
+# The sparse dedup index (issue 43): a pool made with it, the same image imported twice,
+# `stats --json` says the mode and the budget, and the second import was deduplicated.
+S=$W/sparse
+s() { "$CONDENSE" --pool "$S" "$@"; }
+check "init --index sparse --index-memory 8M" s init --index sparse --index-memory 8M
+refuse "--index-memory without --index sparse is refused" "add --index sparse" \
+    "$CONDENSE" --pool "$W/sparse2" init --index-memory 8M
+check "import the image" s import "$W/orig.raw" --name one
+check "import it again" s import "$W/orig.raw" --name two
+s stats --json >"$W/sparse.json" 2>&1
+check "stats --json: mode sparse, an 8 MiB budget, RAM within it" jq -e \
+    '.dedup_index_mode == "sparse" and .dedup_index_budget_bytes == 8388608 and .dedup_index_bytes <= 8388608' "$W/sparse.json"
+check "the second import was deduplicated (>= 49 % dedup saving over both)" jq -e \
+    '.dedup_saving_percent >= 49' "$W/sparse.json"
+check "index show says sparse" bash -c "'$CONDENSE' --pool '$S' index show | grep -q 'sparse, 8.00 MiB'"
+check "index set dense" s index set dense
+check "index show --json: dense from the next open" jq -e '.mode == "dense"' <(s index show --json)
+check "verify clean (sparse pool)" s verify
 summary

@@ -33,7 +33,7 @@ use condense_service::daemon::DaemonOptions;
 use condense_service::open::{closing, open_pool, open_pool_with, warn_loose_access};
 use condense_service::render::stats::StatsReport;
 use condense_service::render::verify::VerifyReport;
-use condense_service::render::{json_pretty, FileNames, Report};
+use condense_service::render::{FileNames, Report};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -112,6 +112,9 @@ enum Command {
     /// Stored with the pool, for every host that uses it (docs/S3.md).
     #[command(subcommand)]
     Durability(s3::DurabilityCommand),
+    /// The dedup index: dense (every chunk in RAM) or sparse (a RAM budget): show, set.
+    #[command(subcommand)]
+    Index(condense_service::index::IndexCommand),
     /// The hosts that share a pool in an object store (`connect --join`): list them, or
     /// fold them in now (docs/S3.md "Many hosts").
     Hosts {
@@ -167,6 +170,8 @@ struct InitArgs {
     segment_size: u64,
     #[command(flatten)]
     metadata_cache: MetadataCacheArg,
+    #[command(flatten)]
+    index: condense_service::index::InitIndexArgs,
     /// Encrypt everything the pool stores (AES-256-GCM) under a key from --key-file, or a
     /// passphrase from --passphrase-file or the terminal. Every later command that opens the
     /// pool needs the same key or passphrase; without it the data is lost (docs/ENCRYPTION.md).
@@ -352,6 +357,7 @@ impl Command {
                 | Command::Scrub(_)
                 | Command::Cache(_)
                 | Command::Durability(_)
+                | Command::Index(_)
                 | Command::Hosts { .. }
         ) || matches!(self, Command::Top(a) if a.counters())
     }
@@ -445,6 +451,7 @@ fn init(pool: &Path, a: &InitArgs) -> Result<()> {
         return Ok(());
     }
     s3::refuse_for_local_pool(&a.remote, &dir)?;
+    let index = a.index.setting()?;
     Pool::init_path(&dir, &opts)
         .with_context(|| format!("cannot create a pool in {}", dir.display()))?;
     let pool = Pool::open_path(
@@ -456,6 +463,9 @@ fn init(pool: &Path, a: &InitArgs) -> Result<()> {
     )
     .with_context(|| format!("cannot open the new pool {}", dir.display()))?;
     warn_loose_access(&dir, &pool);
+    (index
+        .map(|s| condense_service::index::store(&pool, s))
+        .transpose())?;
     println!(
         "created pool {} (block size {}, compression {}, writes {}{})",
         dir.display(),
@@ -686,7 +696,7 @@ fn control_request(argv: Vec<String>, ctx: &mut Ctx) -> i32 {
         ))
     } else if !cli.command.routed() {
         Err(anyhow::anyhow!(
-            "only volume, snapshot, diff, stats, gc, verify, scrub, cache and durability run through the control socket"
+            "only volume, snapshot, diff, stats, gc, verify, scrub, cache, durability and index run through the control socket"
         ))
     } else {
         ctx.path = cli.pool.clone();
@@ -707,6 +717,7 @@ fn routed(ctx: &mut Ctx, cmd: Command) -> Result<i32> {
         Command::Scrub(a) => scrub::run(ctx, &a),
         Command::Cache(c) => cache::run(ctx, c),
         Command::Durability(c) => s3::durability_command(ctx, c),
+        Command::Index(c) => Ok(condense_service::index::run(ctx, c)?),
         Command::Hosts { command, json } => {
             s3::hosts_command(ctx, command.or(Some(s3::HostsCommand::List { json })))
         }
@@ -772,12 +783,9 @@ fn stats_command(ctx: &mut Ctx, a: &StatsArgs) -> Result<i32> {
 
 /// Write `report` to the command's output: as indented JSON with `json`, else as text.
 pub(crate) fn print(out: &mut dyn Write, report: &impl Report, json: bool) -> Result<()> {
-    if json {
-        writeln!(out, "{}", json_pretty(report)?)?;
-    } else {
-        write!(out, "{}", report.text())?;
-    }
-    Ok(())
+    Ok(condense_service::render::write_report(
+        out, report, json, true,
+    )?)
 }
 
 fn gc_command(ctx: &mut Ctx, a: &GcArgs) -> Result<i32> {

@@ -16,7 +16,7 @@ use condense_engine::{InitOptions, OpenOptions, Pool};
 use condense_service::control::Ctx;
 use condense_service::render::durability::{meaning, DurabilityReport};
 use condense_service::render::hosts::{Forgotten, HostsList, SyncReport};
-use condense_service::render::{json_line, now_unix, Report};
+use condense_service::render::{now_unix, write_report};
 use std::path::{Path, PathBuf};
 
 /// Where the bucket is and how to reach it (`init s3://...`, `connect`).
@@ -315,7 +315,7 @@ pub fn durability_command(ctx: &mut Ctx, cmd: DurabilityCommand) -> Result<i32> 
                 pool: &ctx.path,
                 durability: pool.durability(),
             };
-            print_line(ctx.out, &report, json)?;
+            write_report(ctx.out, &report, json, false)?;
             ctx.done(&pool)?;
         }
         DurabilityCommand::Set { mode } => {
@@ -350,15 +350,6 @@ pub fn durability_command(ctx: &mut Ctx, cmd: DurabilityCommand) -> Result<i32> 
 }
 
 /// Write `report` to the command's output: as one JSON line with `json`, else as text.
-fn print_line(out: &mut dyn std::io::Write, report: &impl Report, json: bool) -> Result<()> {
-    if json {
-        writeln!(out, "{}", json_line(report)?)?;
-    } else {
-        write!(out, "{}", report.text())?;
-    }
-    Ok(())
-}
-
 /// `condense hosts list|sync|forget`: directly, or in the daemon that holds the pool.
 pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
     let cmd = cmd.unwrap_or(HostsCommand::List { json: false });
@@ -378,7 +369,7 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                 hosts: &hosts,
                 now: now_unix(),
             };
-            print_line(ctx.out, &list, json)?;
+            write_report(ctx.out, &list, json, false)?;
             0
         }
         HostsCommand::Forget {
@@ -397,14 +388,14 @@ pub fn hosts_command(ctx: &mut Ctx, cmd: Option<HostsCommand>) -> Result<i32> {
                 synced: synced.as_ref().map_err(|e| format!("{e:#}")),
                 now: now_unix(),
             };
-            print_line(ctx.out, &report, json)?;
+            write_report(ctx.out, &report, json, false)?;
             i32::from(synced.is_err())
         }
         HostsCommand::Sync { json } => {
             let r = pool
                 .sync_hosts()
                 .context("cannot fold the other hosts in")?;
-            print_line(ctx.out, &SyncReport(&r), json)?;
+            write_report(ctx.out, &SyncReport(&r), json, false)?;
             let failed = r.peers.iter().any(|p| p.error.is_some() && !p.forgotten);
             i32::from(failed || !r.name_conflicts.is_empty())
         }

@@ -32,8 +32,8 @@ pub use condense_format as format;
 pub use condense_format::{crypto, error, reduction};
 use condense_format::{locks, worker};
 pub use condense_meta::{
-    attribution, block_map, chunk_table, dedup_index, journal, metadata, page_alloc, page_cache,
-    projection, spill,
+    attribution, block_map, chunk_table, dedup_index, index, journal, metadata, page_alloc,
+    page_cache, projection, sparse_index, spill,
 };
 #[cfg(any(test, feature = "sim"))]
 pub use condense_store::sim;
@@ -53,7 +53,7 @@ pub mod verify;
 #[cfg(test)]
 mod volume_claim_races;
 pub mod volume_claims;
-pub mod volume_counters;
+pub use condense_format::volume_counters;
 
 pub use cache_tier::{CacheConf, CacheMode, CacheStats};
 pub use counters::CounterValues;

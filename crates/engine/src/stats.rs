@@ -116,6 +116,22 @@ pub struct PoolStats {
     /// it), "loaded" (saved at the last clean close), "built" (from the chunk table),
     /// "building" (in steps, by a served pool).
     pub dedup_index: String,
+    /// The dedup index's mode: "dense" or "sparse" (the index in RAM's once built, else the
+    /// pool's setting, which the build follows).
+    pub dedup_index_mode: String,
+    /// The sparse index's budget in bytes (`--index-memory`; 0 for dense, which has none).
+    pub dedup_index_budget_bytes: u64,
+    /// Entries the index holds: chunks (dense) or hooks (sparse); 0 until built.
+    pub dedup_index_entries: u64,
+    /// The sparse index's lookups since open, those its locality cache or a hook answered,
+    /// and those that found nothing (new data, or a duplicate it could not see); all 0 for
+    /// dense.
+    pub dedup_index_lookups: u64,
+    pub dedup_index_cache_hits: u64,
+    pub dedup_index_hook_hits: u64,
+    pub dedup_index_misses: u64,
+    /// Hooks the sparse index dropped (the oldest pages) to stay within its budget.
+    pub dedup_index_hooks_dropped: u64,
     pub metadata_cache_budget_bytes: u64,
     pub metadata_cache_used_bytes: u64,
     pub metadata_cache_hits: u64,
@@ -239,6 +255,26 @@ impl PoolStats {
         } else {
             md.index_origin.as_str().to_string()
         };
+        let setting = if md.index_ready() {
+            md.index.setting()
+        } else {
+            crate::index::IndexSetting::of(&md.meta)
+        };
+        self.dedup_index_mode = setting.mode().to_string();
+        self.dedup_index_budget_bytes = setting.budget();
+        if !md.index_ready() {
+            if let crate::index::IndexSetting::Sparse { budget } = setting {
+                self.dedup_index_bytes = crate::sparse_index::projected_ram_bytes(budget);
+            }
+        }
+        self.dedup_index_entries = if md.index_ready() { md.index.len() } else { 0 };
+        if let Some(sp) = md.index.sparse() {
+            self.dedup_index_lookups = sp.counters.lookups;
+            self.dedup_index_cache_hits = sp.counters.cache_hits;
+            self.dedup_index_hook_hits = sp.counters.hook_hits;
+            self.dedup_index_misses = sp.counters.misses;
+            self.dedup_index_hooks_dropped = sp.counters.hooks_dropped;
+        }
         self.index_ram_bytes = self.dedup_index_bytes + md.pages.ram_bytes();
         self.ram_bytes_per_unique_chunk = if self.unique_chunks == 0 {
             0.0

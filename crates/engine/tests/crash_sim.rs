@@ -11,6 +11,7 @@
 //!
 //! `CONDENSE_CRASH_SEEDS=N` sets how many seeds run (default 2000);
 //! `CONDENSE_CRASH_SEED=S` replays one seed exactly.
+//! Seeds ≡ 3 (mod 4) use the sparse dedup index (crates/meta/src/sparse_index.rs).
 
 use condense_engine::sim::{SimDir, SimHandle, SimRng};
 use condense_engine::{
@@ -143,6 +144,15 @@ fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool
         opts(tiny_cache, encrypted, &cache_disk),
     )
     .map_err(|e| format!("open: {e}"))?;
+    // A quarter of the seeds of every variant run with the sparse dedup index at its
+    // smallest budget (chosen by the seed, not the RNG, so other seeds replay as before).
+    if seed % 4 == 3 {
+        let sparse = condense_engine::index::IndexSetting::Sparse {
+            budget: condense_engine::sparse_index::MIN_BUDGET,
+        };
+        pool.meta_put(condense_engine::index::SETTING_KEY, Some(&sparse.encode()))
+            .map_err(|e| format!("index setting: {e}"))?;
+    }
     if let Some(c) = &cache_disk {
         let conf = CacheConf {
             path: "sim-cache".into(),

@@ -62,6 +62,7 @@ pub mod remote;
 pub mod root;
 pub mod segment;
 pub mod superblock;
+pub mod volume_counters;
 pub mod worker;
 
 pub use common::*;

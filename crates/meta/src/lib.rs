@@ -4,6 +4,8 @@
 //! - [`page_cache`], [`page_alloc`]: paged copy-on-write trees of metadata pages behind one
 //!   bounded cache, and where their pages go in `meta.dat`
 //! - [`chunk_table`], [`dedup_index`], [`block_map`]: the metadata stores
+//! - [`index`]: the dedup index a pool holds, dense ([`dedup_index`]) or sparse
+//!   ([`sparse_index`]: hooks and a locality cache within a RAM budget), and its setting
 //! - [`metadata`]: the metadata stores together and the one `apply` that changes them
 //! - [`attribution`]: which volumes and snapshots name each chunk: per volume, the bytes only
 //!   it references (what deleting it frees) and those it shares
@@ -21,11 +23,13 @@ pub mod attribution;
 pub mod block_map;
 pub mod chunk_table;
 pub mod dedup_index;
+pub mod index;
 pub mod journal;
 pub mod metadata;
 pub mod page_alloc;
 pub mod page_cache;
 pub mod projection;
+pub mod sparse_index;
 pub mod spill;
 
 pub use condense_format::{Error, Result};

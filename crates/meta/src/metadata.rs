@@ -21,7 +21,9 @@ use crate::attribution::{Attribution, Counting, SpillTo};
 use crate::block_map::{self, MapCounts};
 use crate::chunk_table::{page_of, ChunkTable};
 use crate::dedup_index::{DedupIndex, IndexOrigin, SavedIndex};
+use crate::index::{Index, IndexSetting};
 use crate::page_cache::{PageCache, TreeId, CHUNK_TREE};
+use crate::sparse_index::{SparseIndex, LOOKAHEAD};
 use condense_format::dedup_index::{IndexStamp, DEDUP_INDEX_NAME};
 use condense_format::error::{Error, Result};
 use condense_format::*;
@@ -97,7 +99,8 @@ pub struct Metadata {
     pub next_vol: u32,
     pub pages: PageCache,
     pub chunks: ChunkTable,
-    pub index: DedupIndex,
+    /// The dedup index, dense or sparse as the pool's setting says ([`IndexSetting`]).
+    pub index: Index,
     /// The index saved at the last clean close, if its root is this state's: the build
     /// loads it instead of walking the chunk table. Dropped once a chunk is added or removed
     /// before the build (the file would then miss it).
@@ -135,7 +138,7 @@ pub struct Metadata {
 /// `next_page`) hold. Chunks added meanwhile get ids at or past the table's next id, on pages
 /// not visited yet; chunks dropped below `next_page` are taken out.
 pub struct IndexBuild {
-    index: DedupIndex,
+    index: Index,
     next_page: u64,
     started: std::time::Instant,
 }
@@ -251,19 +254,79 @@ impl Metadata {
                 tracing::warn!("dedup index built in part ({e}); chunks past the damage are not deduplicated against");
             }
         }
+        let dense = match &self.index {
+            Index::Dense(d) => d,
+            Index::Sparse(_) => return self.find_duplicate_sparse(fp),
+        };
         let mut pages = Vec::new();
-        self.index.candidates(fp, &mut pages);
-        for page in pages {
-            let Ok(Some(p)) = self.pages.leaf(CHUNK_TREE, page) else {
-                continue;
-            };
-            for (i, e) in crate::chunk_table::slots_with_fp(p, fp) {
-                if e.refs < REFS_MAX {
-                    return Some(page * CHUNKS_PER_PAGE as u64 + i as u64);
-                }
+        dense.candidates(fp, &mut pages);
+        pages.into_iter().find_map(|page| self.confirm(page, fp))
+    }
+
+    /// [`Metadata::find_duplicate`] with the sparse index: the locality cache first, then the
+    /// hooks; a hook confirmed on its page loads its neighbourhood into the cache.
+    fn find_duplicate_sparse(&mut self, fp: &Fingerprint) -> Option<u64> {
+        let (cached, hooked) = {
+            let s = self.sparse_mut()?;
+            s.counters.lookups += 1;
+            (s.cache_page(fp), s.hook_page(fp))
+        };
+        if let Some((page, id)) = cached.and_then(|page| Some((page, self.confirm(page, fp)?))) {
+            self.sparse_mut()?.counters.cache_hits += 1;
+            // A hook met in the cache moves the window on: the run goes on past the pages
+            // loaded so far.
+            if crate::sparse_index::is_hook(fp) {
+                self.load_neighbourhood(page);
+            }
+            return Some(id);
+        }
+        if let Some(page) = hooked {
+            if let Some(id) = self.confirm(page, fp) {
+                self.sparse_mut()?.counters.hook_hits += 1;
+                self.load_neighbourhood(page);
+                return Some(id);
             }
         }
+        self.sparse_mut()?.counters.misses += 1;
         None
+    }
+
+    fn sparse_mut(&mut self) -> Option<&mut SparseIndex> {
+        match &mut self.index {
+            Index::Sparse(s) => Some(s),
+            Index::Dense(_) => None,
+        }
+    }
+
+    /// Load chunk-table pages `page..page + LOOKAHEAD` not cached yet into the sparse
+    /// index's locality cache (through the page cache; unreadable pages are skipped).
+    fn load_neighbourhood(&mut self, page: u64) {
+        let last = crate::chunk_table::page_of(self.chunks.next_id.saturating_sub(1));
+        for p in page..(page + LOOKAHEAD).min(last + 1) {
+            if self.sparse_mut().is_none_or(|s| s.has_page(p)) {
+                continue;
+            }
+            let Ok(Some(leaf)) = self.pages.leaf(CHUNK_TREE, p) else {
+                continue;
+            };
+            let fps: Vec<Fingerprint> = (0..CHUNKS_PER_PAGE)
+                .filter_map(|i| crate::chunk_table::decode_slot(leaf, i).map(|e| e.fp))
+                .collect();
+            if let Some(s) = self.sparse_mut() {
+                s.load_page(p, fps.iter());
+            }
+        }
+    }
+
+    /// A live chunk on chunk-table page `page` with fingerprint `fp` that may take another
+    /// reference (an unreadable page is a miss).
+    fn confirm(&mut self, page: u64, fp: &Fingerprint) -> Option<u64> {
+        let Ok(Some(p)) = self.pages.leaf(CHUNK_TREE, page) else {
+            return None;
+        };
+        crate::chunk_table::slots_with_fp(p, fp)
+            .find(|(_, e)| e.refs < REFS_MAX)
+            .map(|(i, _)| page * CHUNKS_PER_PAGE as u64 + i as u64)
     }
 
     /// Load every page the records will touch, so applying them does no I/O.
@@ -987,11 +1050,13 @@ impl Metadata {
     /// the chunk table. On an error the index keeps what was read (it is advisory) and is
     /// marked built anyway.
     pub fn build_index(&mut self) -> Result<()> {
-        if let Some(saved) = self.saved_index.take() {
+        let saved = self.saved_index.take();
+        // A saved file is a dense index's (a sparse one is rebuilt: it keeps hooks only).
+        if let Some(saved) = saved.filter(|_| IndexSetting::of(&self.meta) == IndexSetting::Dense) {
             let started = std::time::Instant::now();
             match DedupIndex::load(&*saved.file, saved.uuid, saved.stamp) {
                 Ok(index) => {
-                    self.install_index(index, IndexOrigin::Loaded, started);
+                    self.install_index(Index::Dense(index), IndexOrigin::Loaded, started);
                     return Ok(());
                 }
                 Err(e) => tracing::warn!(
@@ -1000,9 +1065,9 @@ impl Metadata {
             }
         }
         let started = std::time::Instant::now();
-        let mut index = DedupIndex::with_capacity(self.chunks.live_chunks);
+        let mut index = Index::empty(IndexSetting::of(&self.meta), self.chunks.live_chunks);
         let r = self.chunks.for_each(&mut self.pages, &mut |id, e| {
-            index.insert(&e.fp, page_of(id));
+            index.insert_built(&e.fp, page_of(id));
             Ok(())
         });
         self.install_index(index, IndexOrigin::Built, started);
@@ -1013,14 +1078,17 @@ impl Metadata {
     /// Whether the index should be built in steps: neither built, nor to be loaded from a
     /// saved file (which the first write loads at once), nor being built.
     pub fn index_to_build(&self) -> bool {
-        !self.index_ready() && self.saved_index.is_none() && self.index_build.is_none()
+        let saved =
+            self.saved_index.is_some() && IndexSetting::of(&self.meta) == IndexSetting::Dense;
+        !self.index_ready() && !saved && self.index_build.is_none()
     }
 
     /// Start building the index in steps ([`Metadata::index_build_step`]) into `empty` (made
-    /// by the caller for [`ChunkTable::live_chunks`] without the lock: its allocation is
-    /// tens of MB), if [`Metadata::index_to_build`] still holds. True if a build is under way.
-    pub fn begin_index_build(&mut self, empty: DedupIndex) -> bool {
-        if self.index_to_build() {
+    /// by the caller with [`Index::empty`] for the pool's setting and live chunks, without
+    /// the lock: its allocation is tens of MB), if [`Metadata::index_to_build`] still holds
+    /// and `empty` is of the pool's setting. True if a build is under way.
+    pub fn begin_index_build(&mut self, empty: Index) -> bool {
+        if self.index_to_build() && empty.setting() == IndexSetting::of(&self.meta) {
             self.index_build = Some(IndexBuild {
                 index: empty,
                 next_page: 0,
@@ -1050,7 +1118,7 @@ impl Metadata {
         let r = self
             .chunks
             .for_each_in(&mut self.pages, b.next_page, end, &mut |id, e| {
-                index.insert(&e.fp, page_of(id));
+                index.insert_built(&e.fp, page_of(id));
                 Ok(())
             });
         if last || r.is_err() {
@@ -1068,19 +1136,20 @@ impl Metadata {
     }
 
     /// Make `index`, loaded or built since `started`, the pool's index.
-    fn install_index(
-        &mut self,
-        index: DedupIndex,
-        origin: IndexOrigin,
-        started: std::time::Instant,
-    ) {
+    fn install_index(&mut self, index: Index, origin: IndexOrigin, started: std::time::Instant) {
         let how = match origin {
             IndexOrigin::Loaded => format!("loaded from {DEDUP_INDEX_NAME}"),
             _ => "built".to_string(),
         };
         tracing::info!(
-            "dedup index {how}: {} chunks in {:.2} s",
+            "{} dedup index {how}: {} {} in {:.2} s",
+            index.setting().mode(),
             index.len(),
+            if index.sparse().is_some() {
+                "hooks"
+            } else {
+                "chunks"
+            },
             started.elapsed().as_secs_f64()
         );
         self.index = index;

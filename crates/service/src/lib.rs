@@ -28,6 +28,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod index;
 pub mod keys;
 pub mod metrics;
 pub mod mount;

@@ -143,6 +143,7 @@ fn collect_pool(pool: &Pool, e: &mut Encoder) {
         }
     };
     collect_space(&s, e);
+    collect_index(&s, e);
     collect_volumes(&s, e);
     collect_volume_io(&pool.volume_io(), e);
     let (unfinished, conflicts) = pool.hand_over_counts();
@@ -383,6 +384,45 @@ fn collect_gc(c: &condense_engine::CounterValues, e: &mut Encoder) {
         "Segments deleted by garbage collection.",
         c.gc_segments_removed,
     );
+}
+
+/// The dedup index: its mode, budget, RAM, entries and (sparse) what its lookups found.
+fn collect_index(s: &condense_engine::PoolStats, e: &mut Encoder) {
+    let gauges: [(&str, &str, f64); 4] = [
+        (
+            "condense_pool_dedup_index_sparse",
+            "1 if the dedup index is sparse (a RAM budget), 0 if dense.",
+            f64::from(u8::from(s.dedup_index_mode == "sparse")),
+        ),
+        (
+            "condense_pool_dedup_index_budget_bytes",
+            "The sparse dedup index's RAM budget (--index-memory; 0 for dense).",
+            s.dedup_index_budget_bytes as f64,
+        ),
+        (
+            "condense_pool_dedup_index_bytes",
+            "RAM held by the dedup index alone.",
+            s.dedup_index_bytes as f64,
+        ),
+        (
+            "condense_pool_dedup_index_entries",
+            "Entries of the dedup index: chunks (dense) or hooks (sparse); 0 until built.",
+            s.dedup_index_entries as f64,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        e.gauge(name, help, v);
+    }
+    let counters: [(&str, &str, u64); 5] = [
+        ("condense_pool_dedup_index_lookups_total", "Sparse index lookups since open (0 for dense).", s.dedup_index_lookups),
+        ("condense_pool_dedup_index_cache_hits_total", "Sparse lookups its locality cache answered.", s.dedup_index_cache_hits),
+        ("condense_pool_dedup_index_hook_hits_total", "Sparse lookups a hook answered (its neighbourhood then loaded).", s.dedup_index_hook_hits),
+        ("condense_pool_dedup_index_misses_total", "Sparse lookups that found nothing: new data, or a duplicate out of its sight (which, is unknown inline).", s.dedup_index_misses),
+        ("condense_pool_dedup_index_hooks_dropped_total", "Hooks the sparse index dropped (the oldest) to stay within its budget.", s.dedup_index_hooks_dropped),
+    ];
+    for (name, help, v) in counters {
+        e.counter(name, help, v);
+    }
 }
 
 /// Space: the pool's sizes, savings, segments, read errors, scrub and metadata cache.

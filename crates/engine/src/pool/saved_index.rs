@@ -14,7 +14,8 @@
 //! the state lock let go between steps. Built at once under the lock, a 10M-chunk pool's
 //! first write after a crash held every VM's I/O 1.6 s (100M chunks: ~30 s, past a guest's
 //! I/O timeout); in steps, writes meanwhile are not deduplicated against the chunks not yet
-//! indexed (savings only, docs/DESIGN.md invariant 3).
+//! indexed (savings only, docs/DESIGN.md invariant 3). Only a dense index is saved; a sparse one
+//! is rebuilt (its hooks only) the same way.
 
 use crate::dedup_index::SavedIndex;
 use crate::format::dedup_index::{
@@ -85,12 +86,17 @@ impl Pool {
         let stamp = st.md.index_stamp(st.journal.gen, st.journal.next_seq());
         let tmp = format!("{DEDUP_INDEX_NAME}.tmp");
         let saved = if st.md.index_ready() {
+            // A sparse index is not saved: the next open rebuilds its hooks from the chunk
+            // table (docs/FORMAT.md "Dedup index mode").
+            let crate::index::Index::Dense(dense) = &st.md.index else {
+                return;
+            };
             let started = std::time::Instant::now();
             (|| {
                 let f = dir
                     .open(&tmp, true)
                     .map_err(|e| crate::Error::io(format!("creating {tmp}"), e))?;
-                st.md.index.save(&*f, self.sb.uuid, stamp)?;
+                dense.save(&*f, self.sb.uuid, stamp)?;
                 dir.rename(&tmp, DEDUP_INDEX_NAME)
                     .map_err(|e| crate::Error::io(format!("renaming {tmp}"), e))?;
                 tracing::info!(
@@ -132,14 +138,17 @@ impl Pool {
         if self.read_only {
             return;
         }
-        let chunks = {
+        let (setting, chunks) = {
             let st = self.lock_state();
             if !st.md.index_to_build() {
                 return;
             }
-            st.md.chunks.live_chunks
+            (
+                crate::index::IndexSetting::of(&st.md.meta),
+                st.md.chunks.live_chunks,
+            )
         };
-        let empty = crate::dedup_index::DedupIndex::with_capacity(chunks);
+        let empty = crate::index::Index::empty(setting, chunks);
         if !self.lock_state().md.begin_index_build(empty) {
             return;
         }

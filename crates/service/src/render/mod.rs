@@ -13,6 +13,7 @@ pub mod cache;
 pub mod diff;
 pub mod durability;
 pub mod hosts;
+pub mod index;
 pub mod repair;
 pub mod scrub;
 pub mod snapshots;
@@ -31,6 +32,25 @@ pub trait Report: Serialize {
 /// `r` as indented JSON.
 pub fn json_pretty<T: Serialize + ?Sized>(r: &T) -> serde_json::Result<String> {
     serde_json::to_string_pretty(&serde_json::to_value(r)?)
+}
+
+/// Write `report` to `out`: as JSON with `json` (indented with `pretty`, else on one line),
+/// else as text.
+pub fn write_report(
+    out: &mut dyn std::io::Write,
+    report: &impl Report,
+    json: bool,
+    pretty: bool,
+) -> std::io::Result<()> {
+    if !json {
+        return write!(out, "{}", report.text());
+    }
+    let s = if pretty {
+        json_pretty(report)
+    } else {
+        json_line(report)
+    };
+    writeln!(out, "{}", s.map_err(std::io::Error::other)?)
 }
 
 /// `r` as JSON on one line.

@@ -64,6 +64,14 @@ struct Wire<'a> {
     ram_bytes_per_unique_chunk: f64,
     dedup_index_bytes: u64,
     dedup_index: &'a str,
+    dedup_index_mode: &'a str,
+    dedup_index_budget_bytes: u64,
+    dedup_index_entries: u64,
+    dedup_index_lookups: u64,
+    dedup_index_cache_hits: u64,
+    dedup_index_hook_hits: u64,
+    dedup_index_misses: u64,
+    dedup_index_hooks_dropped: u64,
     metadata_cache_budget_bytes: u64,
     metadata_cache_used_bytes: u64,
     metadata_cache_hits: u64,
@@ -181,6 +189,14 @@ impl Serialize for StatsReport<'_> {
             ram_bytes_per_unique_chunk: round2(s.ram_bytes_per_unique_chunk),
             dedup_index_bytes: s.dedup_index_bytes,
             dedup_index: &s.dedup_index,
+            dedup_index_mode: &s.dedup_index_mode,
+            dedup_index_budget_bytes: s.dedup_index_budget_bytes,
+            dedup_index_entries: s.dedup_index_entries,
+            dedup_index_lookups: s.dedup_index_lookups,
+            dedup_index_cache_hits: s.dedup_index_cache_hits,
+            dedup_index_hook_hits: s.dedup_index_hook_hits,
+            dedup_index_misses: s.dedup_index_misses,
+            dedup_index_hooks_dropped: s.dedup_index_hooks_dropped,
             metadata_cache_budget_bytes: s.metadata_cache_budget_bytes,
             metadata_cache_used_bytes: s.metadata_cache_used_bytes,
             metadata_cache_hits: s.metadata_cache_hits,
@@ -357,6 +373,7 @@ fn pool_lines(o: &mut String, s: &PoolStats, verbose: bool) {
                 }
             ),
         ),
+        ("dedup index", index_row(s)),
         (
             "per-volume figures",
             match (&s.attribution_error, s.attribution_scratch_bytes) {
@@ -479,4 +496,29 @@ fn share_row(o: &mut String, v: &VolumeStats) {
         ratio(v.dedup_ratio),
         ratio(v.compression_ratio),
     );
+}
+
+/// The dedup index's mode, what it holds and (sparse) what its lookups found.
+fn index_row(s: &PoolStats) -> String {
+    let built = s.dedup_index != "not built";
+    match (s.dedup_index_mode == "sparse", built) {
+        (false, true) => return format!("dense, {} chunks", s.dedup_index_entries),
+        (false, false) => return "dense".to_string(),
+        (true, false) => {
+            return format!(
+                "sparse, {} budget (its counters are those of the process that writes, e.g. `condense serve`)",
+                human(s.dedup_index_budget_bytes)
+            )
+        }
+        (true, true) => {}
+    }
+    format!(
+        "sparse, {} budget, {} hooks; {} lookups: {} by locality, {} by hook, {} found nothing",
+        human(s.dedup_index_budget_bytes),
+        s.dedup_index_entries,
+        s.dedup_index_lookups,
+        s.dedup_index_cache_hits,
+        s.dedup_index_hook_hits,
+        s.dedup_index_misses
+    )
 }

@@ -1,13 +1,15 @@
-//! Per-volume I/O counters, for a live view of who does what (`condense top`).
+//! Per-volume I/O counters, for a live view of who does what (`condense top`). Plain atomics
+//! over std, kept on the ground floor with the other utilities (locks, worker) so the engine
+//! stays within its size.
 //!
 //! Owns: [`VolumeIo`], the counters of one volume (or snapshot) name: operations, bytes and a
 //! latency histogram for reads, writes and zeroing (write-zeroes and trim), errors, what the
 //! write path did with the blocks written (zero, deduplicated, new and their stored bytes),
 //! and the cache tier's hits and misses for the volume's reads; [`VolumeIoValues`], the plain
-//! copy [`Pool::volume_io`](crate::Pool::volume_io) returns; [`Latency`], the histogram.
+//! copy the engine's `Pool::volume_io` returns; [`Latency`], the histogram.
 //!
 //! They are maintained beneath the frontends, by the Volume API calls of
-//! [`VolumeHandle`](crate::VolumeHandle) (NBD, FUSE, import and export all count), with relaxed
+//! the engine's `VolumeHandle` (NBD, FUSE, import and export all count), with relaxed
 //! atomic adds on an `Arc` the handle took when it was opened: no lock and no lookup per
 //! operation. Every handle of a name shares one `VolumeIo`, kept in the pool while the name
 //! exists or a handle holds it.
@@ -83,7 +85,7 @@ impl OpCounter {
 
 /// What the write path did with the blocks of one write (see [`VolumeIo`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Reduced {
+pub struct Reduced {
     /// All-zero blocks (stored as zero entries, no chunk).
     pub zero: u64,
     /// Blocks whose content the pool (or the same write) held already.
@@ -95,7 +97,7 @@ pub(crate) struct Reduced {
 }
 
 impl Reduced {
-    pub(crate) fn add(&mut self, other: Reduced) {
+    pub fn add(&mut self, other: Reduced) {
         self.zero += other.zero;
         self.dedup += other.dedup;
         self.new += other.new;
@@ -119,23 +121,23 @@ pub struct VolumeIo {
 }
 
 impl VolumeIo {
-    pub(crate) fn read(&self, bytes: u64, took: Duration, cache: (u64, u64)) {
+    pub fn read(&self, bytes: u64, took: Duration, cache: (u64, u64)) {
         self.read.record(bytes, took);
         add(&self.cache_hits, cache.0);
         add(&self.cache_misses, cache.1);
     }
 
-    pub(crate) fn write(&self, bytes: u64, took: Duration, r: Reduced) {
+    pub fn write(&self, bytes: u64, took: Duration, r: Reduced) {
         self.write.record(bytes, took);
         self.reduced(r);
     }
 
-    pub(crate) fn zero(&self, bytes: u64, took: Duration, r: Reduced) {
+    pub fn zero(&self, bytes: u64, took: Duration, r: Reduced) {
         self.zero.record(bytes, took);
         self.reduced(r);
     }
 
-    pub(crate) fn error(&self) {
+    pub fn error(&self) {
         add(&self.errors, 1);
     }
 
@@ -203,7 +205,7 @@ pub struct VolumeIoValues {
 }
 
 /// The counters of every name, in the pool.
-pub(crate) type VolumeIoMap = std::sync::Mutex<HashMap<String, Arc<VolumeIo>>>;
+pub type VolumeIoMap = std::sync::Mutex<HashMap<String, Arc<VolumeIo>>>;
 
 #[cfg(test)]
 mod tests {

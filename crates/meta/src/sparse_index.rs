@@ -1,0 +1,472 @@
+//! The sparse dedup index: RAM set by the administrator (`--index-memory`), not by the pool's
+//! size. Advisory like the dense one (docs/DESIGN.md invariant 3): a miss costs savings only,
+//! and every answer is a chunk-table page the caller reads to compare full fingerprints.
+//!
+//! Owns: the hooks (sampled fingerprints → the chunk-table page holding them) and the
+//! locality cache (every fingerprint of a few recently used or written pages → its page),
+//! both within one budget in bytes, and the counters of what lookups found.
+//!
+//! Design (why, in docs/ARCHITECTURE.md "Sparse index"): chunk ids are handed out in write
+//! order, so a chunk-table page (128 chunks) holds chunks written together, and data written
+//! again is written again in about the same order. RAM keeps 1 fingerprint in
+//! [`HOOK_RATE`] (chosen by fingerprint bits, so the same data always picks the same
+//! hooks). When a lookup meets a hook, the caller confirms it on its page and loads that page
+//! and the [`LOOKAHEAD`] − 1 following ones into the locality cache, which then answers for
+//! the rest of the duplicate run. New chunks go into the locality cache too (duplicates
+//! within one stream) and, if they are hooks, into the hook table.
+//!
+//! Invariants:
+//! - [`SparseIndex::ram_bytes`] never exceeds the budget given at creation (both tables are
+//!   allocated once, at their full size, and never grow).
+//! - The hook table drops its hooks of the lowest (oldest) pages when it is 7/8 full: the
+//!   dedup window is the newest hooks that fit, as VDO's sparse index keeps.
+//! - Page numbers are kept whole (u64): no chunk id is too large to index.
+//! - A fingerprint seen twice maps to its newest page (the nearest to what is being written).
+
+use condense_format::Fingerprint;
+use std::collections::{BTreeMap, VecDeque};
+
+/// One fingerprint in this many is a hook. Measured on the ten-image corpus (bench/README.md
+/// "Issue 43"): 1 in 64 keeps a hook in every page of 128 chunks on average (two), so a run of
+/// duplicates is found within about 64 chunks of its start, at 16 bytes a hook slot; 1 in 32
+/// doubles the hooks' RAM for a run found ~32 chunks earlier.
+pub const HOOK_RATE: u64 = 64;
+
+/// Pages loaded into the locality cache on a hook hit: the hook's page and the ones after it.
+pub const LOOKAHEAD: u64 = 8;
+
+/// The smallest budget accepted: room for a few hundred hooks and eight pages of cache.
+pub const MIN_BUDGET: u64 = 256 << 10;
+
+/// Bytes of a hook slot: the key (64 fingerprint bits) and the page.
+const HOOK_SLOT_BYTES: u64 = 16;
+
+/// The 64 fingerprint bits a hook or cache entry is known by (bytes 8..16: the dense index
+/// uses bytes 0..8, so the two spread independently). Never 0 (0 marks an empty hook slot).
+pub fn key(fp: &Fingerprint) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&fp[8..16]);
+    u64::from_le_bytes(b).max(1)
+}
+
+/// Whether `fp` is a hook: its key is a multiple of [`HOOK_RATE`] (1 in [`HOOK_RATE`]).
+pub fn is_hook(fp: &Fingerprint) -> bool {
+    key(fp).is_multiple_of(HOOK_RATE)
+}
+
+/// What the lookups found (since open).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SparseCounters {
+    /// Lookups ([`crate::metadata::Metadata::find_duplicate`] calls).
+    pub lookups: u64,
+    /// Lookups answered by the locality cache (a duplicate confirmed on its page).
+    pub cache_hits: u64,
+    /// Lookups answered through a hook (confirmed; its neighbourhood then loaded).
+    pub hook_hits: u64,
+    /// Lookups that found nothing: new data, or a duplicate outside the cache that is not a
+    /// hook (a dense index would have found it; which of the two is unknown inline).
+    pub misses: u64,
+    /// Hooks dropped to stay within the budget (the oldest pages).
+    pub hooks_dropped: u64,
+    /// Pages loaded into the locality cache on hook hits.
+    pub pages_loaded: u64,
+}
+
+/// Open-addressed key → page (the hooks, and the locality cache's map), linear probing,
+/// allocated once and never grown: the caller keeps it below 7/8 full.
+struct Table {
+    /// (key, page); key 0: empty.
+    slots: Vec<(u64, u64)>,
+    len: usize,
+}
+
+impl Table {
+    fn with_slots(n: usize) -> Table {
+        Table {
+            slots: vec![(0, 0); n.max(8)],
+            len: 0,
+        }
+    }
+
+    fn home(&self, k: u64) -> usize {
+        // The low bits are the hook-choice bits (all zero for a hook): use the high ones.
+        ((u128::from(k >> 8) * self.slots.len() as u128) >> 56) as usize
+    }
+
+    fn get(&self, k: u64) -> Option<u64> {
+        let mut i = self.home(k);
+        loop {
+            let (sk, page) = self.slots[i];
+            if sk == 0 {
+                return None;
+            }
+            if sk == k {
+                return Some(page);
+            }
+            i = (i + 1) % self.slots.len();
+        }
+    }
+
+    /// Insert or move `k` to `page`. The caller keeps the table below 7/8 full.
+    fn put(&mut self, k: u64, page: u64) {
+        let mut i = self.home(k);
+        loop {
+            let sk = self.slots[i].0;
+            if sk == 0 {
+                self.slots[i] = (k, page);
+                self.len += 1;
+                return;
+            }
+            if sk == k {
+                self.slots[i].1 = self.slots[i].1.max(page);
+                return;
+            }
+            i = (i + 1) % self.slots.len();
+        }
+    }
+
+    /// Remove `k` if it names `page` (backward-shift deletion: the entries after it that
+    /// would lose their way to their home move into the gap, so no tombstones).
+    fn remove_if(&mut self, k: u64, page: u64) {
+        let n = self.slots.len();
+        let mut i = self.home(k);
+        loop {
+            match self.slots[i] {
+                (0, _) => return,
+                (sk, p) if sk == k => {
+                    if p != page {
+                        return;
+                    }
+                    break;
+                }
+                _ => i = (i + 1) % n,
+            }
+        }
+        let mut j = i;
+        loop {
+            j = (j + 1) % n;
+            let sk = self.slots[j].0;
+            if sk == 0 {
+                break;
+            }
+            let h = self.home(sk);
+            // The entry at j may stay if its home lies cyclically in (i, j].
+            let stays = if i <= j {
+                i < h && h <= j
+            } else {
+                i < h || h <= j
+            };
+            if !stays {
+                self.slots[i] = self.slots[j];
+                i = j;
+            }
+        }
+        self.slots[i] = (0, 0);
+        self.len -= 1;
+    }
+
+    fn full(&self) -> bool {
+        (self.len + 1) * 8 > self.slots.len() * 7
+    }
+
+    /// Drop the hooks of the oldest pages until at most 5/8 of the slots are used; returns
+    /// how many were dropped. In place: no second table, so the budget holds meanwhile.
+    fn drop_oldest(&mut self) -> u64 {
+        let target = self.slots.len() * 5 / 8;
+        let before = self.len;
+        while self.len > target {
+            let (lo, hi) = self
+                .slots
+                .iter()
+                .filter(|s| s.0 != 0)
+                .fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s.1), hi.max(s.1)));
+            // Pages fill in write order, so hooks spread evenly over [lo, hi]: dropping the
+            // lowest quarter of that span drops about a quarter of them (repeat if not).
+            let below = lo.saturating_add(((hi - lo) / 4).max(1));
+            for s in &mut self.slots {
+                if s.0 != 0 && s.1 < below {
+                    *s = (0, 0);
+                    self.len -= 1;
+                }
+            }
+            self.reseat();
+        }
+        (before - self.len) as u64
+    }
+
+    /// After slots were emptied: take out and put back every entry, going once around the
+    /// table from an empty slot. An entry only moves towards its home, and every entry
+    /// before it in its run has been put back already, so each is found again.
+    fn reseat(&mut self) {
+        let n = self.slots.len();
+        let Some(start) = self.slots.iter().position(|s| s.0 == 0) else {
+            return;
+        };
+        for j in 1..=n {
+            let i = (start + j) % n;
+            let (k, page) = self.slots[i];
+            if k != 0 {
+                self.slots[i] = (0, 0);
+                self.len -= 1;
+                self.put(k, page);
+            }
+        }
+    }
+}
+
+/// The locality cache: every fingerprint of a bounded number of pages, dropped whole pages at a
+/// time in the order they came in.
+struct Locality {
+    map: Table,
+    pages: BTreeMap<u64, Vec<u64>>,
+    order: VecDeque<u64>,
+    max_entries: usize,
+    entries: usize,
+    /// Bytes of the pages' key lists (their capacities) and of their places in `pages` and
+    /// `order`; kept within `max_entries` × 8.
+    list_bytes: u64,
+}
+
+/// What one cached page costs beside its keys: its list's header, its B-tree entry and its
+/// place in the order (rounded up).
+const PAGE_OVERHEAD_BYTES: u64 = 64;
+
+impl Locality {
+    fn with_entries(max_entries: usize) -> Locality {
+        Locality {
+            map: Table::with_slots(cache_slots(max_entries)),
+            pages: BTreeMap::new(),
+            order: VecDeque::new(),
+            max_entries,
+            entries: 0,
+            list_bytes: 0,
+        }
+    }
+
+    fn list_budget(&self) -> u64 {
+        self.max_entries as u64 * 8
+    }
+
+    fn add(&mut self, page: u64, k: u64) {
+        let growth = match self.pages.get(&page) {
+            None => PAGE_OVERHEAD_BYTES + 32,
+            Some(l) if l.len() == l.capacity() => l.capacity().max(4) as u64 * 8,
+            Some(_) => 0,
+        };
+        while self.entries >= self.max_entries || self.list_bytes + growth > self.list_budget() {
+            if !self.evict_one() {
+                return;
+            }
+        }
+        if !self.pages.contains_key(&page) {
+            self.order.push_back(page);
+            self.list_bytes += PAGE_OVERHEAD_BYTES;
+        }
+        let list = self.pages.entry(page).or_default();
+        let cap = list.capacity();
+        list.push(k);
+        self.list_bytes += (list.capacity() - cap) as u64 * 8;
+        self.map.put(k, page);
+        self.entries += 1;
+    }
+
+    /// Drop the page that came in first (its keys, unless a newer page took them over).
+    fn evict_one(&mut self) -> bool {
+        let Some(page) = self.order.pop_front() else {
+            return false;
+        };
+        if let Some(keys) = self.pages.remove(&page) {
+            self.entries -= keys.len();
+            self.list_bytes -= PAGE_OVERHEAD_BYTES + keys.capacity() as u64 * 8;
+            for k in keys {
+                self.map.remove_if(k, page);
+            }
+        }
+        true
+    }
+}
+
+pub struct SparseIndex {
+    budget: u64,
+    hooks: Table,
+    cache: Locality,
+    pub counters: SparseCounters,
+}
+
+impl SparseIndex {
+    /// An index within `budget` bytes (at least [`MIN_BUDGET`]): three quarters for hooks,
+    /// a quarter for the locality cache.
+    pub fn new(budget: u64) -> SparseIndex {
+        let budget = budget.max(MIN_BUDGET);
+        let (hook_slots, entries) = sizes(budget);
+        SparseIndex {
+            budget,
+            hooks: Table::with_slots(hook_slots),
+            cache: Locality::with_entries(entries),
+            counters: SparseCounters::default(),
+        }
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Hooks held.
+    pub fn hooks(&self) -> u64 {
+        self.hooks.len as u64
+    }
+
+    /// Fingerprints in the locality cache.
+    pub fn cached(&self) -> u64 {
+        self.cache.entries as u64
+    }
+
+    /// Bytes of memory the index holds (within the budget; all of it from creation on).
+    pub fn ram_bytes(&self) -> u64 {
+        (self.hooks.slots.len() + self.cache.map.slots.len()) as u64 * HOOK_SLOT_BYTES
+            + self.cache.list_budget()
+    }
+
+    /// The page the locality cache holds `fp` on, if any.
+    pub fn cache_page(&self, fp: &Fingerprint) -> Option<u64> {
+        self.cache.map.get(key(fp))
+    }
+
+    /// The page of hook `fp`, if `fp` is a hook held.
+    pub fn hook_page(&self, fp: &Fingerprint) -> Option<u64> {
+        if !is_hook(fp) {
+            return None;
+        }
+        self.hooks.get(key(fp))
+    }
+
+    /// Whether the locality cache holds page `page`.
+    pub fn has_page(&self, page: u64) -> bool {
+        self.cache.pages.contains_key(&page)
+    }
+
+    /// Load a page's fingerprints into the locality cache (on a hook hit).
+    pub fn load_page<'a>(&mut self, page: u64, fps: impl Iterator<Item = &'a Fingerprint>) {
+        for fp in fps {
+            self.cache.add(page, key(fp));
+        }
+        self.counters.pages_loaded += 1;
+    }
+
+    /// A new chunk with fingerprint `fp` on page `page`: into the locality cache, and a hook
+    /// if it is one.
+    pub fn insert(&mut self, fp: &Fingerprint, page: u64) {
+        self.cache.add(page, key(fp));
+        self.add_hook(fp, page);
+    }
+
+    /// Index `fp` on `page` if it is a hook (the build at open keeps only hooks).
+    pub fn add_hook(&mut self, fp: &Fingerprint, page: u64) {
+        if !is_hook(fp) {
+            return;
+        }
+        if self.hooks.full() {
+            self.counters.hooks_dropped += self.hooks.drop_oldest();
+        }
+        self.hooks.put(key(fp), page);
+    }
+
+    /// A chunk dropped: forget it in the locality cache (a hook naming it stays until it ages
+    /// out; the caller's check on the page turns it into a miss).
+    pub fn remove(&mut self, fp: &Fingerprint, page: u64) {
+        self.cache.map.remove_if(key(fp), page);
+    }
+}
+
+/// Hook slots and locality-cache entries for `budget` bytes: three quarters for hooks, a
+/// quarter for the cache.
+fn sizes(budget: u64) -> (usize, usize) {
+    let hook_slots = budget / 4 * 3 / HOOK_SLOT_BYTES;
+    let cache_bytes = budget - hook_slots * HOOK_SLOT_BYTES;
+    // An entry: 8/7 of a 16-byte slot (the map stays below 7/8 full) and its key in its
+    // page's list (8 bytes): 184/7 bytes; 16 spare slots of rounding.
+    let entries = cache_bytes.saturating_sub(256) * 7 / 184;
+    (hook_slots as usize, entries as usize)
+}
+
+/// What [`SparseIndex::ram_bytes`] is for an index of `budget` bytes (without making one).
+pub fn projected_ram_bytes(budget: u64) -> u64 {
+    let (hook_slots, entries) = sizes(budget.max(MIN_BUDGET));
+    (hook_slots.max(8) + cache_slots(entries)) as u64 * HOOK_SLOT_BYTES + entries as u64 * 8
+}
+
+/// Slots of the locality cache's map for `entries` entries (below 7/8 full).
+fn cache_slots(entries: usize) -> usize {
+    entries / 7 * 8 + 8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp(n: u64) -> Fingerprint {
+        let h = blake3::hash(&n.to_le_bytes());
+        let mut f = [0u8; 16];
+        f.copy_from_slice(&h.as_bytes()[..16]);
+        f
+    }
+
+    #[test]
+    fn ram_stays_within_the_budget_and_the_oldest_hooks_go() {
+        for budget in [MIN_BUDGET, 1 << 20] {
+            let mut ix = SparseIndex::new(budget);
+            let ram = ix.ram_bytes();
+            assert!(ram <= budget, "{ram} bytes for a budget of {budget}");
+            assert_eq!(projected_ram_bytes(budget), ram);
+            // Far more hooks than fit: 64 × the hook slots.
+            let n = budget / 16 * 64 * 2;
+            for i in 0..n {
+                ix.insert(&fp(i), i / 128);
+            }
+            assert!(ix.ram_bytes() <= budget);
+            assert_eq!(ix.ram_bytes(), ram, "the tables never grew");
+            assert!(ix.counters.hooks_dropped > 0);
+            assert!(ix.hooks() > 0);
+            // The newest hooks are held, the oldest dropped.
+            let newest = (n - 4000..n).filter(|&i| is_hook(&fp(i)));
+            for i in newest {
+                assert_eq!(ix.hook_page(&fp(i)), Some(i / 128), "recent hook {i}");
+            }
+            let oldest = (0..4000).filter(|&i| is_hook(&fp(i)));
+            for i in oldest {
+                assert_eq!(ix.hook_page(&fp(i)), None, "old hook {i} kept");
+            }
+        }
+    }
+
+    #[test]
+    fn pages_past_2_to_the_28_are_indexed() {
+        let mut ix = SparseIndex::new(MIN_BUDGET);
+        let base = (1u64 << 35) / 128 + (1 << 30);
+        let mut hooks = 0;
+        for i in 0..10_000u64 {
+            let page = base + i / 128;
+            ix.insert(&fp(i), page);
+            if is_hook(&fp(i)) {
+                hooks += 1;
+                assert_eq!(ix.hook_page(&fp(i)), Some(page));
+            }
+        }
+        assert!(hooks > 50);
+        assert_eq!(ix.cache_page(&fp(9_999)), Some(base + 9_999 / 128));
+    }
+
+    #[test]
+    fn the_locality_cache_drops_whole_pages_first_in_first_out() {
+        let mut ix = SparseIndex::new(MIN_BUDGET);
+        let max = ix.cache.max_entries as u64;
+        for i in 0..max * 3 {
+            ix.insert(&fp(i), i / 128);
+        }
+        assert!(ix.cached() <= max);
+        assert_eq!(ix.cache_page(&fp(0)), None);
+        assert_eq!(ix.cache_page(&fp(max * 3 - 1)), Some((max * 3 - 1) / 128));
+        ix.remove(&fp(max * 3 - 1), (max * 3 - 1) / 128);
+        assert_eq!(ix.cache_page(&fp(max * 3 - 1)), None);
+    }
+}

@@ -1,0 +1,118 @@
+//! `condense index show|set` and `init --index`: the pool's dedup index mode, dense or
+//! sparse (docs/ARCHITECTURE.md "Sparse index", docs/FORMAT.md "Dedup index mode").
+//!
+//! Owns: the arguments of both (the CLI flattens them) and storing the setting, the named
+//! record [`SETTING_KEY`], through a journaled change. The index is built by the first
+//! write after an open, following the setting then: a change takes effect at the next open.
+
+use crate::control::Ctx;
+use crate::error::{io, Context, Result, ServiceError};
+use crate::render::index::IndexReport;
+use crate::render::write_report;
+use condense_engine::index::{IndexSetting, DEFAULT_SPARSE_BUDGET, SETTING_KEY};
+use condense_engine::sparse_index::MIN_BUDGET;
+use condense_engine::Pool;
+
+/// `init --index MODE --index-memory SIZE`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct InitIndexArgs {
+    /// The dedup index: dense (every chunk, ~7.8 bytes of RAM each) or sparse (a RAM budget
+    /// set by --index-memory; finds duplicates through their neighbours). Change it later
+    /// with `condense index set`.
+    #[arg(long, value_name = "MODE", value_parser = ["dense", "sparse"])]
+    pub index: Option<String>,
+    /// The sparse index's RAM (default 32M; at least 256K).
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    pub index_memory: Option<u64>,
+}
+
+/// `condense index`.
+#[derive(clap::Subcommand, Debug)]
+pub enum IndexCommand {
+    /// The pool's dedup index mode, its budget and the RAM it holds.
+    Show {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change the pool's dedup index mode (dense or sparse); takes effect at the next open.
+    Set {
+        #[arg(value_name = "MODE", value_parser = ["dense", "sparse"])]
+        mode: String,
+        /// The sparse index's RAM (default 32M; at least 256K).
+        #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+        memory: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_memory(s: &str) -> std::result::Result<u64, String> {
+    let bytes = condense_api::size::parse_size(s)?;
+    if bytes < MIN_BUDGET {
+        return Err(format!(
+            "an index memory of {bytes} bytes is too small: the minimum is 256K"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The setting `mode` and `memory` name; an error for --index-memory without sparse.
+fn setting(mode: &str, memory: Option<u64>) -> Result<IndexSetting> {
+    match (mode, memory) {
+        ("sparse", m) => Ok(IndexSetting::Sparse {
+            budget: m.unwrap_or(DEFAULT_SPARSE_BUDGET),
+        }),
+        (_, Some(_)) => Err(ServiceError::Invalid(
+            "--index-memory is the sparse index's budget: add --index sparse, or drop it".into(),
+        )),
+        _ => Ok(IndexSetting::Dense),
+    }
+}
+
+impl InitIndexArgs {
+    /// The setting to store in the new pool (`None`: the default, dense, without options),
+    /// checked before the pool is created.
+    pub fn setting(&self) -> Result<Option<IndexSetting>> {
+        let s = setting(self.index.as_deref().unwrap_or("dense"), self.index_memory)?;
+        Ok(self.index.is_some().then_some(s))
+    }
+}
+
+/// Store `s` as the pool's setting (a journaled change of its named record).
+pub fn store(pool: &Pool, s: IndexSetting) -> Result<()> {
+    pool.meta_put(SETTING_KEY, Some(&s.encode()))
+        .context("cannot store the dedup index mode")
+}
+
+/// `condense index show|set`.
+pub fn run(ctx: &mut Ctx, cmd: IndexCommand) -> Result<i32> {
+    let (json, new) = match cmd {
+        IndexCommand::Show { json } => (json, None),
+        IndexCommand::Set { mode, memory, json } => (json, Some(setting(&mode, memory)?)),
+    };
+    let pool = ctx.pool(new.is_none())?;
+    let stored = pool
+        .meta_get(SETTING_KEY)
+        .map_or(Ok(IndexSetting::Dense), |v| IndexSetting::decode(&v))?;
+    let changed = new.is_some_and(|n| n != stored);
+    if let Some(n) = new.filter(|_| changed) {
+        store(&pool, n)?;
+    }
+    let s = pool.stats().context("cannot read the pool's figures")?;
+    let now = new.unwrap_or(stored);
+    let report = IndexReport {
+        mode: now.mode(),
+        memory_bytes: now.budget(),
+        // Not built yet: the first write builds it as the setting says.
+        in_effect: if s.dedup_index == "not built" {
+            now.mode().to_string()
+        } else {
+            s.dedup_index_mode.clone()
+        },
+        ram_bytes: s.dedup_index_bytes,
+        changed,
+    };
+    write_report(ctx.out, &report, json, false).map_err(io("cannot write the output"))?;
+    ctx.done(&pool)?;
+    Ok(0)
+}
