@@ -113,6 +113,11 @@ const TIMING_KEYS: &[&str] = &[
     "ram_bytes_per_unique_chunk",
     // The daemon's background scrub (its rate, a pass under way); a direct open runs none.
     "scrub",
+    // The daemon builds the dedup index in the background from its start; a direct open
+    // builds it at its first write only.
+    "dedup_index",
+    "dedup_index_entries",
+    "dedup_index_bytes",
 ];
 
 fn mask_stats_json(s: &str) -> Value {
@@ -131,6 +136,8 @@ fn mask_stats_text(s: &str) -> String {
         .map(|l| {
             if l.contains("physical used")
                 || l.contains("RAM for index")
+                // The daemon built its dedup index at its start (figures); a direct open has not.
+                || l.trim_start().starts_with("dedup index")
                 || l.trim_start().starts_with("scrub")
                 || l.trim_start().starts_with("last scrub")
             {
