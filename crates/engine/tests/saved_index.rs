@@ -58,6 +58,20 @@ fn write_duplicates(
     Ok(s.dedup_index)
 }
 
+/// `pool_with_data`'s pool, 64 blocks of "a" written again and flushed, then dropped without
+/// a close (the saved index names the root before these writes) and opened again: the
+/// pool, the first data and the 64 blocks.
+type Reopened = (Arc<Pool>, Vec<u8>, Vec<u8>);
+fn reopened_after_a_crash() -> Result<Reopened, Box<dyn std::error::Error>> {
+    let (disk, data) = pool_with_data()?;
+    let pool = open(&disk)?;
+    let more = random(3, 64);
+    pool.volume("a")?.write_at(0, &more, false)?;
+    pool.flush()?;
+    drop(pool);
+    Ok((open(&disk)?, data, more))
+}
+
 #[test]
 fn a_clean_close_saves_the_index_and_the_next_open_loads_it() -> TestResult {
     let (disk, data) = pool_with_data()?;
@@ -83,14 +97,7 @@ fn a_clean_close_saves_the_index_and_the_next_open_loads_it() -> TestResult {
 
 #[test]
 fn after_a_crash_the_index_is_built_from_the_chunk_table() -> TestResult {
-    let (disk, data) = pool_with_data()?;
-    let pool = open(&disk)?;
-    let more = random(3, 64);
-    pool.volume("a")?.write_at(0, &more, false)?;
-    pool.flush()?;
-    // No close: the saved index names the root before these writes.
-    drop(pool);
-    let pool = open(&disk)?;
+    let (pool, data, more) = reopened_after_a_crash()?;
     assert_eq!(write_duplicates(&pool, "b", &more)?, "built");
     // Blocks of `data` past what `more` overwrote still deduplicate.
     let tail = &data[more.len()..];
@@ -105,13 +112,7 @@ fn after_a_crash_the_index_is_built_from_the_chunk_table() -> TestResult {
 /// block written before the crash and during the build deduplicates again.
 #[test]
 fn after_a_crash_a_served_pool_builds_the_index_in_steps() -> TestResult {
-    let (disk, data) = pool_with_data()?;
-    let pool = open(&disk)?;
-    let more = random(3, 64);
-    pool.volume("a")?.write_at(0, &more, false)?;
-    pool.flush()?;
-    drop(pool);
-    let pool = open(&disk)?;
+    let (pool, data, more) = reopened_after_a_crash()?;
     pool.start_index_build();
     let first = pool.stats()?.dedup_index;
     assert!(
