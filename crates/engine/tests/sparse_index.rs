@@ -56,6 +56,17 @@ fn check(pool: &Pool, name: &str, first: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// [`write_again`] into `name`, checking that the sparse index found the data again: at most
+/// 8 runs before the first hook met, then at least 99 % of the blocks.
+fn found_again(pool: &Pool, name: &str, when: &str) -> Result<(), String> {
+    let (start, missed) = write_again(pool, name, 0)?;
+    assert!(
+        start <= RUN * 8 && missed * 100 <= BLOCKS,
+        "{start} + {missed} of {BLOCKS} blocks not deduplicated {when}"
+    );
+    Ok(())
+}
+
 /// [`write`] of data the pool holds already: (blocks not deduplicated before the first hook
 /// was met, those after). A run is found from its first hook on: what comes before depends
 /// on where the pool's keyed fingerprints put the first hook (1 in 64 blocks).
@@ -110,11 +121,7 @@ fn data_written_again_is_found_through_the_sparse_index_across_a_crash() -> Resu
 
     // The same data again, in another volume: the locality cache (~2,400 entries) no longer
     // holds its start, so it is found by a hook, then by the locality cache.
-    let (start, missed) = write_again(&pool, "b", 0)?;
-    assert!(
-        start <= RUN * 8 && missed * 100 <= BLOCKS,
-        "{start} + {missed} of {BLOCKS} blocks not deduplicated"
-    );
+    found_again(&pool, "b", "at first")?;
     let s = pool.stats().map_err(|e| e.to_string())?;
     assert!(s.dedup_index_cache_hits > s.dedup_index_hook_hits);
     check(&pool, "b", 0)?;
@@ -124,11 +131,7 @@ fn data_written_again_is_found_through_the_sparse_index_across_a_crash() -> Resu
     let crashed = disk.crash(&mut SimRng::new(7));
     drop(pool);
     let pool = open(&crashed)?;
-    let (start, missed) = write_again(&pool, "c", 0)?;
-    assert!(
-        start <= RUN * 8 && missed * 100 <= BLOCKS,
-        "{start} + {missed} of {BLOCKS} missed after the crash"
-    );
+    found_again(&pool, "c", "after the crash")?;
     let s = pool.stats().map_err(|e| e.to_string())?;
     assert_eq!(s.dedup_index_mode, "sparse");
     assert!(s.dedup_index_entries > 0, "hooks built at open");
@@ -162,11 +165,7 @@ fn a_dense_pool_switched_to_sparse_uses_it_from_the_next_open() -> Result<(), St
     );
     pool.close().map_err(|e| e.to_string())?;
     let pool = open(&disk)?;
-    let (start, missed) = write_again(&pool, "b", 0)?;
-    assert!(
-        start <= RUN * 8 && missed * 100 <= BLOCKS,
-        "{start} + {missed} missed"
-    );
+    found_again(&pool, "b", "after the switch")?;
     let s = pool.stats().map_err(|e| e.to_string())?;
     assert_eq!(s.dedup_index_mode, "sparse");
     check(&pool, "b", 0)

@@ -502,11 +502,12 @@ pub fn projected_ram_bytes(chunks: u64) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Arc;
 
-    fn fp(n: u64) -> Fingerprint {
+    /// A fingerprint for test number `n` (also the sparse index's tests').
+    pub(crate) fn fp(n: u64) -> Fingerprint {
         let h = blake3::hash(&n.to_le_bytes());
         let mut f = [0u8; 16];
         f.copy_from_slice(&h.as_bytes()[..16]);

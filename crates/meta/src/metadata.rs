@@ -1064,15 +1064,15 @@ impl Metadata {
                 ),
             }
         }
-        let started = std::time::Instant::now();
-        let mut index = Index::empty(IndexSetting::of(&self.meta), self.chunks.live_chunks);
-        let r = self.chunks.for_each(&mut self.pages, &mut |id, e| {
-            index.insert_built(&e.fp, page_of(id));
-            Ok(())
+        // At once: the build in steps, in one step.
+        self.index_build = Some(IndexBuild {
+            index: Index::empty(IndexSetting::of(&self.meta), self.chunks.live_chunks),
+            next_page: 0,
+            started: std::time::Instant::now(),
         });
-        self.install_index(index, IndexOrigin::Built, started);
+        let r = self.index_build_step(u64::MAX);
         crate::dedup_index::return_free_memory();
-        r
+        r.map(drop)
     }
 
     /// Whether the index should be built in steps: neither built, nor to be loaded from a
@@ -1112,7 +1112,7 @@ impl Metadata {
             return Ok(true);
         }
         let open_page = page_of(self.chunks.next_id);
-        let last = b.next_page + pages >= open_page;
+        let last = b.next_page.saturating_add(pages) >= open_page;
         let end = if last { u64::MAX } else { b.next_page + pages };
         let index = &mut b.index;
         let r = self

@@ -403,13 +403,7 @@ fn cache_slots(entries: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fp(n: u64) -> Fingerprint {
-        let h = blake3::hash(&n.to_le_bytes());
-        let mut f = [0u8; 16];
-        f.copy_from_slice(&h.as_bytes()[..16]);
-        f
-    }
+    use crate::dedup_index::tests::fp;
 
     #[test]
     fn ram_stays_within_the_budget_and_the_oldest_hooks_go() {

@@ -301,12 +301,10 @@ fn fold_new_chunks(
                 && segment_slot(e.loc.segment) == slot
                 && !condemned.segs.contains_key(&e.loc.segment)
         });
-        for (i, batch) in window.chunks(FOLD_BATCH).enumerate() {
-            let started = std::time::Instant::now();
+        let mut pace = crate::pool::Pacer::default();
+        for batch in window.chunks(FOLD_BATCH) {
+            pace.step();
             let f = pool.fold_chunks(batch, slot)?;
-            if i + 1 < window.len().div_ceil(FOLD_BATCH) {
-                crate::pool::pause_after_step(started);
-            }
             done.added += f.added;
             done.merged += f.merged;
         }

@@ -251,6 +251,20 @@ pub(crate) fn pause_after_step(started: Instant) {
     std::thread::sleep(started.elapsed().max(STEP_PAUSE_MIN));
 }
 
+/// Paces a loop of steps: [`Pacer::step`] at the top of each step pauses after the one
+/// before it ([`pause_after_step`]), and not after the last.
+#[derive(Default)]
+pub(crate) struct Pacer(Option<Instant>);
+
+impl Pacer {
+    pub(crate) fn step(&mut self) {
+        if let Some(started) = self.0 {
+            pause_after_step(started);
+        }
+        self.0 = Some(Instant::now());
+    }
+}
+
 /// Holds of the pool's `state` at least this long are logged (at `warn`, with the caller
 /// that took the lock): every VM's I/O on the pool waited that long. Set in milliseconds by
 /// `$CONDENSE_SLOW_HOLD_MS` (read once; fractions allowed; default 200, 0 turns the log

@@ -58,12 +58,12 @@ impl Pool {
     /// open): in steps, the state lock taken for each and let go between them, so reads and
     /// writes go on meanwhile ([`crate::attribution::Counting`]).
     pub fn count_figures(&self) -> Result<()> {
+        let mut pace = super::Pacer::default();
         loop {
-            let started = std::time::Instant::now();
+            pace.step();
             if self.count_figures_step()? {
                 break;
             }
-            super::pause_after_step(started);
         }
         Ok(())
     }

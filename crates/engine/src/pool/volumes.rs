@@ -227,12 +227,9 @@ impl Pool {
                 .md
                 .pages
                 .present_leaves(u64::from(vol), first_leaf, u64::MAX)?;
-        let mut last_step: Option<std::time::Instant> = None;
+        let mut pace = super::Pacer::default();
         for step in leaves.rchunks(SHRINK_STEP_LEAVES) {
-            if let Some(started) = last_step {
-                super::pause_after_step(started);
-            }
-            last_step = Some(std::time::Instant::now());
+            pace.step();
             let cut = (step[0] * per * bs).max(size);
             let mut st = self.lock_state();
             self.writable(&st)?;
