@@ -13,7 +13,8 @@
 //! Modules of this crate, one per concept:
 //! - [`pool`]: the core (state, lock order, group commit) and its rooms: open/recovery,
 //!   checkpoints, the write and read paths, flush, the volume table, volume handles
-//!   ([`VolumeHandle`], the Volume API), snapshots, GC, verify and scrub passes, destage
+//!   ([`VolumeHandle`], the Volume API), snapshots, GC, verify and scrub passes, the merge
+//!   pass of duplicates the sparse index let through, destage
 //! - [`hosts`]: a pool several hosts share: the fold, moves and adoption, forget, the overview
 //! - [`volume_claims`]: one host per volume name (the claim protocol)
 //! - [`gc`], [`verify`], [`stats`], [`scrub`] (the background thread; [`scrub_status`] what a
@@ -32,8 +33,8 @@ pub use condense_format as format;
 pub use condense_format::{crypto, error, reduction};
 use condense_format::{locks, worker};
 pub use condense_meta::{
-    attribution, block_map, chunk_table, dedup_index, index, journal, metadata, page_alloc,
-    page_cache, projection, sparse_index, spill,
+    attribution, block_map, chunk_table, dedup_index, fingerprint_sort, index, journal, metadata,
+    page_alloc, page_cache, projection, sparse_index, spill, verify,
 };
 #[cfg(any(test, feature = "sim"))]
 pub use condense_store::sim;
@@ -49,7 +50,6 @@ pub mod repair;
 pub mod scrub;
 pub mod scrub_status;
 pub mod stats;
-pub mod verify;
 #[cfg(test)]
 mod volume_claim_races;
 pub mod volume_claims;

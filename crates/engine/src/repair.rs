@@ -662,27 +662,29 @@ fn journal_losses(
     }
 }
 
-/// Where chunk `id` is, if it can be found: the batches, then the old chunk table.
+/// Where chunk `id` is, if it can be found: the batches, then the old chunk table. With the
+/// id of the chunk whose record it is: a forward of the old table resolves to the chunk it
+/// names (the rebuild maps the blocks to that one, so the new table holds no forward).
 fn locate(
     old: &mut Metadata,
     salvage: &Salvage,
     segments: &Segments,
     id: u64,
-) -> std::result::Result<(Location, Fingerprint), (String, Option<Fingerprint>)> {
+) -> std::result::Result<(u64, Location, Fingerprint), (String, Option<Fingerprint>)> {
     if let Some((loc, fp)) = salvage.chunks.get(&id) {
         if let Some(fp) = fp.or_else(|| record_fp(segments, id, loc)) {
-            return Ok((*loc, fp));
+            return Ok((id, *loc, fp));
         }
     }
-    match old.chunks.get(&mut old.pages, id) {
-        Ok(Some(e)) if segments.file(e.loc.segment).is_none() => Err((
+    match old.chunks.resolve(&mut old.pages, id) {
+        Ok(Some((_, e))) if segments.file(e.loc.segment).is_none() => Err((
             format!(
                 "was in segment {}, which is missing (a lost writeback cache?)",
                 e.loc.segment
             ),
             Some(e.fp),
         )),
-        Ok(Some(e)) => Ok((e.loc, e.fp)),
+        Ok(Some((rid, e))) => Ok((rid, e.loc, e.fp)),
         Ok(None) => Err(("is not in the chunk table".into(), None)),
         Err(e) => Err((format!("is on an unreadable chunk-table page ({e})"), None)),
     }
@@ -875,9 +877,13 @@ impl Rebuild<'_> {
                 continue;
             }
             match self.locate_checked(id) {
-                Ok((loc, fp)) => {
-                    self.new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
-                    self.inserted.add(id);
+                Ok((rid, loc, fp)) => {
+                    if !self.inserted.contains(rid) {
+                        self.new
+                            .apply(&JournalRecord::NewChunk { id: rid, loc, fp })?;
+                        self.inserted.add(rid);
+                    }
+                    *e = rid;
                 }
                 Err((w, fp)) => {
                     self.why.entry(id).or_insert(w);
@@ -903,14 +909,14 @@ impl Rebuild<'_> {
     fn locate_checked(
         &mut self,
         id: u64,
-    ) -> std::result::Result<(Location, Fingerprint), (String, Option<Fingerprint>)> {
+    ) -> std::result::Result<(u64, Location, Fingerprint), (String, Option<Fingerprint>)> {
         let located = if id < self.next_id {
             locate(self.old, self.salvage, self.segments, id)
         } else {
             Err(("is past the last chunk id".into(), None))
         };
         match (located, self.damaged.get(&id)) {
-            (Ok((_, fp)), Some(why)) => Err((format!("has a damaged record ({why})"), Some(fp))),
+            (Ok((_, _, fp)), Some(why)) => Err((format!("has a damaged record ({why})"), Some(fp))),
             (located, _) => located,
         }
     }

@@ -135,6 +135,13 @@ pub enum JournalRecord {
     DropChunk {
         id: u64,
     },
+    /// Chunk `id` is a duplicate of chunk `to` (same fingerprint, found by the merge pass):
+    /// its slot becomes a forward to `to`, which takes over its references; its own record
+    /// is dead space for GC. Only after a root of version [`crate::root::ROOT_VERSION_FORWARDS`].
+    Forward {
+        id: u64,
+        to: u64,
+    },
     MetaPut {
         key: String,
         value: Option<Vec<u8>>,
@@ -209,6 +216,11 @@ impl JournalRecord {
             JournalRecord::DropChunk { id } => {
                 out.push(8);
                 put_u64(out, *id);
+            }
+            JournalRecord::Forward { id, to } => {
+                out.push(12);
+                put_u64(out, *id);
+                put_u64(out, *to);
             }
             JournalRecord::MetaPut { key, value } => {
                 out.push(9);
@@ -288,6 +300,10 @@ impl JournalRecord {
                 }
             }
             8 => JournalRecord::DropChunk { id: r.u64()? },
+            12 => JournalRecord::Forward {
+                id: r.u64()?,
+                to: r.u64()?,
+            },
             9 => {
                 let n = r.u16()? as usize;
                 let key = r.string(n)?;
@@ -406,6 +422,7 @@ mod tests {
                 },
             },
             JournalRecord::DropChunk { id: 5 },
+            JournalRecord::Forward { id: 6, to: 2 },
             JournalRecord::MetaPut {
                 key: "fs/x".into(),
                 value: Some(vec![1, 2]),

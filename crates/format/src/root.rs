@@ -64,6 +64,10 @@ pub struct RootRelease {
 /// The root header's version while a release is pending: builds that do not know the
 /// release section refuse the pool instead of reading a tree without a volume as garbage.
 pub const ROOT_VERSION_RELEASING: u32 = 3;
+/// The root header's version once the merge pass may have made forwards (chunk-table slots
+/// naming another chunk, docs/FORMAT.md "Forwards"): builds that do not know forwards refuse
+/// the pool instead of reading a forward as a chunk. It covers a pending release too.
+pub const ROOT_VERSION_FORWARDS: u32 = 4;
 
 /// Everything a checkpoint root holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -90,6 +94,11 @@ pub struct Root {
     /// Deleted volumes' maps still being released (the release section; the header's version
     /// is then [`ROOT_VERSION_RELEASING`]).
     pub releasing: Vec<RootRelease>,
+    /// Forwards made over the pool's life, present (the forward section; the header's
+    /// version is then [`ROOT_VERSION_FORWARDS`]) from the checkpoint before the merge pass
+    /// first journals one, and for good: a pool that may hold forwards stays closed to builds
+    /// that do not know them.
+    pub forwards: Option<u64>,
 }
 
 /// Tag and version of the snapshot extension at the end of a root body.
@@ -98,6 +107,9 @@ pub const ROOT_SNAPSHOT_EXT_VERSION: u32 = 1;
 /// Tag and version of the release section, after the snapshot extension if any.
 pub const ROOT_RELEASE_EXT_MAGIC: u32 = u32::from_le_bytes(*b"RELS");
 pub const ROOT_RELEASE_EXT_VERSION: u32 = 1;
+/// Tag and version of the forward section, after the release section if any.
+pub const ROOT_FORWARD_EXT_MAGIC: u32 = u32::from_le_bytes(*b"FWDS");
+pub const ROOT_FORWARD_EXT_VERSION: u32 = 1;
 
 /// The associated data of a sealed root body: what the header says about it.
 fn root_ctx(raw_len: u32, journal_gen: u64, next_seq: u64) -> [u8; 20] {
@@ -169,7 +181,9 @@ pub fn encode_root(root: &Root, uuid: &[u8; 16], crypto: Option<&Crypto>) -> Res
     out.extend_from_slice(&CHECKPOINT_MAGIC);
     put_u32(
         &mut out,
-        if root.releasing.is_empty() {
+        if root.forwards.is_some() {
+            ROOT_VERSION_FORWARDS
+        } else if root.releasing.is_empty() {
             FORMAT_VERSION
         } else {
             ROOT_VERSION_RELEASING
@@ -225,6 +239,11 @@ fn encode_extensions(b: &mut Vec<u8>, root: &Root) {
             b.extend_from_slice(x.name.as_bytes());
         }
     }
+    if let Some(n) = root.forwards {
+        put_u32(b, ROOT_FORWARD_EXT_MAGIC);
+        put_u32(b, ROOT_FORWARD_EXT_VERSION);
+        put_u64(b, n);
+    }
 }
 
 /// Decode a checkpoint root; in an encrypted pool (`crypto`) its body is opened first.
@@ -265,7 +284,7 @@ fn decode_root_header<'a>(buf: &'a [u8], uuid: &[u8; 16]) -> Result<RootHeader<'
     let mut r = Reader::new(buf, WHAT);
     check_magic(r.bytes(8)?, &CHECKPOINT_MAGIC, WHAT)?;
     let version = r.u32()?;
-    if version != ROOT_VERSION_RELEASING {
+    if version != ROOT_VERSION_RELEASING && version != ROOT_VERSION_FORWARDS {
         check_version(version, WHAT)?;
     }
     let stored = u32::from_le_bytes([buf[60], buf[61], buf[62], buf[63]]);
@@ -352,16 +371,28 @@ fn decode_root_body(raw: &[u8], journal_gen: u64, next_seq: u64) -> Result<Root>
         let n = r.u32()? as usize;
         root.meta.push((k, r.bytes(n)?.to_vec()));
     }
-    let mut seen = (false, false);
+    // The sections in their order, each at most once: snapshot, release, forward.
+    let mut seen = 0;
     while r.remaining() != 0 {
         match r.u32()? {
-            ROOT_SNAPSHOT_EXT_MAGIC if !seen.0 && !seen.1 => {
-                seen.0 = true;
+            ROOT_SNAPSHOT_EXT_MAGIC if seen < 1 => {
+                seen = 1;
                 decode_snapshot_extension(&mut r, &mut root)?;
             }
-            ROOT_RELEASE_EXT_MAGIC if !seen.1 => {
-                seen.1 = true;
+            ROOT_RELEASE_EXT_MAGIC if seen < 2 => {
+                seen = 2;
                 decode_release_extension(&mut r, &mut root)?;
+            }
+            ROOT_FORWARD_EXT_MAGIC if seen < 3 => {
+                seen = 3;
+                let v = r.u32()?;
+                if v != ROOT_FORWARD_EXT_VERSION {
+                    return Err(Error::corrupt(
+                        WHAT,
+                        format!("forward section version {v}; this build reads version {ROOT_FORWARD_EXT_VERSION} (upgrade Condense)"),
+                    ));
+                }
+                root.forwards = Some(r.u64()?);
             }
             _ => return Err(Error::corrupt(WHAT, "unknown section after the body")),
         }
@@ -547,7 +578,39 @@ mod tests {
             meta: vec![("scrub/last".into(), b"started=1".to_vec())],
             shared_pages: vec![(64, 2)],
             releasing: Vec::new(),
+            forwards: None,
         }
+    }
+
+    /// A root of a pool the merge pass made forwards in: the forward section round-trips
+    /// under version 4 (which builds before it refuse), with or without the other sections.
+    #[test]
+    fn forwards_round_trip_under_their_own_version() -> Result<()> {
+        let uuid = [6; 16];
+        let mut root = full_root();
+        root.forwards = Some(0);
+        let b = encode_root(&root, &uuid, None)?;
+        assert_eq!(
+            decode_root(&b, &uuid, None)?,
+            root,
+            "allowed, none made yet"
+        );
+        root.forwards = Some(12);
+        let b = encode_root(&root, &uuid, None)?;
+        assert_eq!(
+            u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            ROOT_VERSION_FORWARDS
+        );
+        assert_eq!(decode_root(&b, &uuid, None)?, root);
+        let mut plain = root.clone();
+        plain.volumes.retain(|v| v.snapshot_of.is_none());
+        plain.shared_pages.clear();
+        let b = encode_root(&plain, &uuid, None)?;
+        assert_eq!(decode_root(&b, &uuid, None)?, plain);
+        for cut in 0..b.len() {
+            assert!(decode_root(&b[..cut], &uuid, None).is_err(), "cut {cut}");
+        }
+        Ok(())
     }
 
     /// A root with a release pending: the release section round-trips, the header says

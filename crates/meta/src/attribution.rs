@@ -78,7 +78,7 @@ impl SpillTo {
     /// A new array: on a scratch file of `dir` when it gives one, else in RAM. Without the
     /// scratch file `dir` should have given, the array stays in RAM up to its budget and
     /// fails past it, saying why (the figures are then missing, with that message).
-    fn array(&self) -> Spill {
+    pub fn array(&self) -> Spill {
         let Some(dir) = &self.dir else {
             return Spill::in_ram(self.page_words);
         };
@@ -373,6 +373,20 @@ impl Attribution {
             true
         });
         self.free = free;
+    }
+
+    /// Chunk `from` became a forward to chunk `to` (the merge pass): every tree's entries
+    /// naming `from` now count for `to` (`stored_from`, `stored_to`: their stored lengths).
+    pub fn merge(&mut self, from: u64, to: u64, stored_from: u32, stored_to: u32) {
+        let held = match unpack(self.owner.get(from)) {
+            (_, 0) => return,
+            (SEVERAL, head) => self.chain(head).0,
+            (t, k) => vec![(t, k)],
+        };
+        for (tree, n) in held {
+            self.remove(tree, from, n, stored_from);
+            self.add(tree, to, n, stored_to);
+        }
     }
 
     /// A tree that names no chunk any more is forgotten.

@@ -6,17 +6,25 @@
 //! Stored as a paged copy-on-write tree ([`crate::page_cache`], tree [`CHUNK_TREE`]) of
 //! 32-byte records, 128 to a page: fingerprint (16), segment (4), offset (4), length and codec
 //! (4), references (4). A record whose length/codec word is 0 is free.
+//! A slot may be a **forward** instead ([`Slot::Forward`], made by the merge pass,
+//! [`ChunkTable::forward`]): a chunk found to duplicate an older one, whose blocks read that
+//! one's record. [`ChunkTable::get`] resolves it; walks of records never see it.
 //! Invariants:
-//! - `refs` equals the number of block-map entries naming the chunk; changes to it are made
-//!   only by applying journal records, so replay reproduces them.
+//! - `refs` equals the number of block-map entries naming the chunk, plus, for a chunk
+//!   forwards point to, the `refs` of each of them (a forward's own count is the entries
+//!   naming it); changes to it are made only by applying journal records, so replay
+//!   reproduces them.
+//! - A forward points to a chunk with a record and the same fingerprint, never to another
+//!   forward; a forward whose count falls to 0 is freed at once (it has no record).
 //! - Ids are handed out in increasing order and never reused (48 bits last forever), so the
 //!   table is ordered by time of writing: chunks written together share pages.
 //! - The counters (`live_chunks`, `live_stored_bytes`, live bytes per segment) change with
 //!   every reference taken or dropped and are saved in the checkpoint root.
 
 use crate::page_cache::{PageCache, CHUNK_TREE};
+use condense_format::chunk_slot::encode_forward;
 pub use condense_format::chunk_slot::encode_slot;
-pub use condense_format::chunk_slot::{decode_slot, slots_with_fp, ChunkEntry};
+pub use condense_format::chunk_slot::{decode_any, decode_slot, slots_with_fp, ChunkEntry, Slot};
 use condense_format::error::{Error, Result};
 use condense_format::{Fingerprint, Location, CHUNKS_PER_PAGE, CHUNK_ID_LIMIT};
 use std::collections::HashMap;
@@ -36,6 +44,18 @@ pub struct ChunkTable {
     pub live_bytes: HashMap<u32, u64>,
     pub live_chunks: u64,
     pub live_stored_bytes: u64,
+    /// Forwards made over the pool's life; `None` until the pool allows them (saved in the
+    /// root; see `Root::forwards`).
+    pub forwards: Option<u64>,
+}
+
+/// What [`ChunkTable::forward`] changed: the references the forward took over, and the
+/// stored payload lengths of the chunk forwarded and of its target.
+#[derive(Clone, Copy, Debug)]
+pub struct Forwarded {
+    pub refs: u32,
+    pub stored_from: u32,
+    pub stored_to: u32,
 }
 
 impl ChunkTable {
@@ -53,13 +73,105 @@ impl ChunkTable {
         self.next_id = self.next_id.min(id);
     }
 
+    /// The chunk whose record blocks naming `id` read: `id`'s own, or the one it forwards to
+    /// (that chunk's entry; its `refs` count the forward's too).
     pub fn get(&self, cache: &mut PageCache, id: u64) -> Result<Option<ChunkEntry>> {
+        Ok(self.resolve(cache, id)?.map(|(_, e)| e))
+    }
+
+    /// [`ChunkTable::get`] with the id of the chunk found.
+    pub fn resolve(&self, cache: &mut PageCache, id: u64) -> Result<Option<(u64, ChunkEntry)>> {
+        match self.slot(cache, id)? {
+            Some(Slot::Chunk(e)) => Ok(Some((id, e))),
+            Some(Slot::Forward { to, .. }) => match self.slot(cache, to)? {
+                Some(Slot::Chunk(e)) => Ok(Some((to, e))),
+                _ => Err(Error::corrupt(
+                    "chunk table",
+                    format!("chunk {id} forwards to chunk {to}, which has no record"),
+                )),
+            },
+            None => Ok(None),
+        }
+    }
+
+    /// Slot `id` as stored: a chunk, a forward, or `None` (free).
+    pub fn slot(&self, cache: &mut PageCache, id: u64) -> Result<Option<Slot>> {
         if id >= self.next_id {
             return Ok(None);
         }
         Ok(cache
             .leaf(CHUNK_TREE, page_of(id))?
-            .and_then(|p| decode_slot(p, (id % PER) as usize)))
+            .and_then(|p| decode_any(p, (id % PER) as usize)))
+    }
+
+    /// Make chunk `id` a forward to chunk `to` (same fingerprint, both with a record): `to`
+    /// takes over `id`'s references, `id`'s record is dead from now on (GC reclaims it).
+    pub fn forward(&mut self, cache: &mut PageCache, id: u64, to: u64) -> Result<Forwarded> {
+        let bad = |why: String| {
+            Err(Error::corrupt(
+                "journal",
+                format!("forward of chunk {id} to chunk {to}: {why}"),
+            ))
+        };
+        let (Some(Slot::Chunk(from)), Some(Slot::Chunk(target))) =
+            (self.slot(cache, id)?, self.slot(cache, to)?)
+        else {
+            return bad("both must be chunks with a record".into());
+        };
+        if id == to || from.fp != target.fp {
+            return bad("not the same chunk".into());
+        }
+        cache.grow_tree(CHUNK_TREE, page_of(id) + 1)?;
+        let page = cache.leaf_mut(CHUNK_TREE, page_of(id))?;
+        let i = (id % PER) as usize;
+        if from.refs == 0 {
+            encode_slot(page, i, None);
+        } else {
+            encode_forward(page, i, &from.fp, to, from.refs);
+            self.account(&from, false);
+        }
+        let refs = from.refs;
+        self.update(cache, to, |old| {
+            Ok(old.map(|e| ChunkEntry {
+                refs: e.refs.saturating_add(refs),
+                ..e
+            }))
+        })?;
+        if target.refs == 0 && refs > 0 {
+            self.account(&target, true);
+        }
+        *self.forwards.get_or_insert(0) += 1;
+        Ok(Forwarded {
+            refs,
+            stored_from: from.loc.stored_len,
+            stored_to: target.loc.stored_len,
+        })
+    }
+
+    /// If slot `id` is a forward: its count one up (`up`) or down (a forward reaching 0 is
+    /// freed), and the chunk it forwards to. `None`: not a forward.
+    fn step_forward(&mut self, cache: &mut PageCache, id: u64, up: bool) -> Result<Option<u64>> {
+        let Some(Slot::Forward { fp, to, refs }) = self.slot(cache, id)? else {
+            return Ok(None);
+        };
+        let refs = match (up, refs) {
+            (true, n) => n.saturating_add(1),
+            (false, 0) => {
+                return Err(Error::corrupt(
+                    "chunk table",
+                    format!("forward {id} dereferenced below zero"),
+                ))
+            }
+            (false, n) => n - 1,
+        };
+        let page = cache.leaf_mut(CHUNK_TREE, page_of(id))?;
+        let i = (id % PER) as usize;
+        if refs == 0 {
+            encode_slot(page, i, None);
+        } else {
+            encode_forward(page, i, &fp, to, refs);
+        }
+        Ok(Some(to))
     }
 
     /// Make sure the page of `id` is in memory (a later change does no I/O).
@@ -145,6 +257,12 @@ impl ChunkTable {
 
     /// Forget chunk `id` (it has no references).
     pub fn remove(&mut self, cache: &mut PageCache, id: u64) -> Result<()> {
+        if let Some(Slot::Forward { refs, .. }) = self.slot(cache, id)? {
+            return Err(Error::corrupt(
+                "journal",
+                format!("chunk {id} dropped while it forwards {refs} blocks"),
+            ));
+        }
         self.update(cache, id, |old| match old {
             Some(e) if e.refs > 0 => Err(Error::corrupt(
                 "journal",
@@ -155,8 +273,10 @@ impl ChunkTable {
         .map(drop)
     }
 
-    /// Take a reference; returns the chunk's payload length.
-    pub fn incref(&mut self, cache: &mut PageCache, id: u64) -> Result<u32> {
+    /// Take a reference; returns the id of the chunk whose record it reads (`id`, or the
+    /// one `id` forwards to) and that record's payload length.
+    pub fn incref(&mut self, cache: &mut PageCache, id: u64) -> Result<(u64, u32)> {
+        let id = self.step_forward(cache, id, true)?.unwrap_or(id);
         let (old, new) = self.update(cache, id, |old| match old {
             None => Err(Error::corrupt(
                 "block map",
@@ -174,11 +294,13 @@ impl ChunkTable {
                 self.account(&n, true);
             }
         }
-        Ok(new.map_or(0, |n| n.loc.stored_len))
+        Ok((id, new.map_or(0, |n| n.loc.stored_len)))
     }
 
-    /// Drop a reference; returns the chunk's payload length.
-    pub fn decref(&mut self, cache: &mut PageCache, id: u64) -> Result<u32> {
+    /// Drop a reference; returns the id of the chunk whose record it read and that record's
+    /// payload length (see [`ChunkTable::incref`]).
+    pub fn decref(&mut self, cache: &mut PageCache, id: u64) -> Result<(u64, u32)> {
+        let id = self.step_forward(cache, id, false)?.unwrap_or(id);
         let (old, new) = self.update(cache, id, |old| match old {
             None => Err(Error::corrupt(
                 "block map",
@@ -199,7 +321,7 @@ impl ChunkTable {
             }
         }
         let _ = old;
-        Ok(new.map_or(0, |n| n.loc.stored_len))
+        Ok((id, new.map_or(0, |n| n.loc.stored_len)))
     }
 
     /// The live chunks and their stored payload bytes (`record_bytes()`: what the segments

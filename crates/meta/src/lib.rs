@@ -6,11 +6,15 @@
 //! - [`chunk_table`], [`dedup_index`], [`block_map`]: the metadata stores
 //! - [`index`]: the dedup index a pool holds, dense ([`dedup_index`]) or sparse
 //!   ([`sparse_index`]: hooks and a locality cache within a RAM budget), and its setting
+//! - [`fingerprint_sort`]: the merge pass's sort of every chunk's fingerprint within a RAM
+//!   budget, which finds the duplicates the sparse index let through
 //! - [`metadata`]: the metadata stores together and the one `apply` that changes them
 //! - [`attribution`]: which volumes and snapshots name each chunk: per volume, the bytes only
 //!   it references (what deleting it frees) and those it shares
 //! - [`spill`]: arrays of words paged to a sealed scratch file past a RAM budget (the
 //!   attribution's, so it covers a pool far beyond RAM)
+//! - [`verify`]: what `condense verify` reports, and its walk of the maps against the chunk
+//!   pass (the passes themselves run in the engine, under the pool's locks)
 //! - [`journal`]: making metadata changes durable between checkpoints
 //! - [`projection`]: what the metadata of a pool of a given size costs (RAM, `meta.dat`)
 //!
@@ -23,6 +27,7 @@ pub mod attribution;
 pub mod block_map;
 pub mod chunk_table;
 pub mod dedup_index;
+pub mod fingerprint_sort;
 pub mod index;
 pub mod journal;
 pub mod metadata;
@@ -31,5 +36,6 @@ pub mod page_cache;
 pub mod projection;
 pub mod sparse_index;
 pub mod spill;
+pub mod verify;
 
 pub use condense_format::{Error, Result};

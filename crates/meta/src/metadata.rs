@@ -51,6 +51,8 @@ pub enum Mode<'a> {
 pub trait SalvageHook {
     /// A batch put chunk `id` at `loc`: a new chunk with its fingerprint, or a moved one.
     fn chunk_placed(&mut self, id: u64, loc: &Location, fp: Option<&Fingerprint>);
+    /// A batch made chunk `id` a forward to chunk `to` (its blocks read `to`'s record).
+    fn chunk_forwarded(&mut self, id: u64, to: u64);
     /// Blocks `[start, end)` of volume `vol` were written (mapped, zeroed or trimmed).
     fn blocks_written(&mut self, vol: u32, start: u64, end: u64);
     /// A change that could not be applied, in words.
@@ -309,8 +311,9 @@ impl Metadata {
             let Ok(Some(leaf)) = self.pages.leaf(CHUNK_TREE, p) else {
                 continue;
             };
+            // Forwards too: a duplicate run met again finds its blocks through them.
             let fps: Vec<Fingerprint> = (0..CHUNKS_PER_PAGE)
-                .filter_map(|i| crate::chunk_table::decode_slot(leaf, i).map(|e| e.fp))
+                .filter_map(|i| crate::chunk_table::decode_any(leaf, i).map(|s| *s.fp()))
                 .collect();
             if let Some(s) = self.sparse_mut() {
                 s.load_page(p, fps.iter());
@@ -321,12 +324,29 @@ impl Metadata {
     /// A live chunk on chunk-table page `page` with fingerprint `fp` that may take another
     /// reference (an unreadable page is a miss).
     fn confirm(&mut self, page: u64, fp: &Fingerprint) -> Option<u64> {
+        use crate::chunk_table::Slot;
         let Ok(Some(p)) = self.pages.leaf(CHUNK_TREE, page) else {
             return None;
         };
-        crate::chunk_table::slots_with_fp(p, fp)
-            .find(|(_, e)| e.refs < REFS_MAX)
-            .map(|(i, _)| page * CHUNKS_PER_PAGE as u64 + i as u64)
+        let mut forward = None;
+        for i in 0..CHUNKS_PER_PAGE {
+            if p.get(i * 32..i * 32 + 16) != Some(&fp[..]) {
+                continue;
+            }
+            match crate::chunk_table::decode_any(p, i) {
+                Some(Slot::Chunk(e)) if e.refs < REFS_MAX => {
+                    return Some(page * CHUNKS_PER_PAGE as u64 + i as u64)
+                }
+                Some(Slot::Forward { to, .. }) => forward = forward.or(Some(to)),
+                _ => {}
+            }
+        }
+        // A forward found: the chunk it names, if that may take another reference.
+        let to = forward?;
+        match self.chunks.slot(&mut self.pages, to) {
+            Ok(Some(Slot::Chunk(e))) if e.refs < REFS_MAX && e.fp == *fp => Some(to),
+            _ => None,
+        }
     }
 
     /// Load every page the records will touch, so applying them does no I/O.
@@ -336,6 +356,10 @@ impl Metadata {
                 JournalRecord::NewChunk { id, .. }
                 | JournalRecord::Relocate { id, .. }
                 | JournalRecord::DropChunk { id } => self.chunks.prefetch(&mut self.pages, *id)?,
+                JournalRecord::Forward { id, to } => {
+                    self.chunks.prefetch(&mut self.pages, *id)?;
+                    self.chunks.prefetch(&mut self.pages, *to)?;
+                }
                 JournalRecord::MapRun {
                     vol,
                     start,
@@ -375,6 +399,7 @@ impl Metadata {
             JournalRecord::NewChunk { id, loc, fp } => self.new_chunk(*id, loc, fp, mode)?,
             JournalRecord::Relocate { id, loc } => self.relocate_chunk(*id, loc, mode)?,
             JournalRecord::DropChunk { id } => self.drop_chunk(*id, mode)?,
+            JournalRecord::Forward { id, to } => self.forward_chunk(*id, *to, mode)?,
             JournalRecord::MapRun {
                 vol,
                 start,
@@ -473,6 +498,42 @@ impl Metadata {
             self.saved_index = None;
         }
         self.chunks.remove(&mut self.pages, id)
+    }
+
+    /// A chunk found to duplicate chunk `to` by the merge pass: its slot becomes a forward,
+    /// the index finds the fingerprint at `to` only, and the attribution counts its entries
+    /// for `to`. Salvage: told to the hook.
+    fn forward_chunk(&mut self, id: u64, to: u64, mode: &mut Mode) -> Result<()> {
+        if let Mode::Salvage(s) = mode {
+            s.chunk_forwarded(id, to);
+            return Ok(());
+        }
+        let fp = match self.chunks.slot(&mut self.pages, id)? {
+            Some(crate::chunk_table::Slot::Chunk(e)) => e.fp,
+            _ => [0; 16],
+        };
+        let f = self.chunks.forward(&mut self.pages, id, to)?;
+        if self.index_ready() {
+            self.index.remove(&fp, page_of(id));
+        } else {
+            if let Some(b) = self
+                .index_build
+                .as_mut()
+                .filter(|b| page_of(id) < b.next_page)
+            {
+                b.index.remove(&fp, page_of(id));
+            }
+            self.saved_index = None;
+        }
+        if let Some(a) = self.attribution.as_mut() {
+            a.merge(id, to, f.stored_from, f.stored_to);
+        }
+        if let Some(c) = self.counting.as_mut() {
+            c.a.merge(id, to, f.stored_from, f.stored_to);
+            // Entries naming it walked from now on look it up (and find `to`).
+            c.stored.set(id, 0);
+        }
+        Ok(())
     }
 
     /// Blocks `start..` of `vol` set to `entries`.
@@ -741,9 +802,9 @@ impl Metadata {
 
     fn set_entry(&mut self, vol: u32, block: u64, e: u64) -> Result<()> {
         if e < CHUNK_ID_LIMIT {
-            let stored = self.chunks.incref(&mut self.pages, e)?;
+            let (id, stored) = self.chunks.incref(&mut self.pages, e)?;
             if let Some(a) = self.attribution_for(vol, block) {
-                a.add(vol, e, 1, stored);
+                a.add(vol, id, 1, stored);
             }
         }
         let v = self
@@ -761,9 +822,9 @@ impl Metadata {
             }
         }
         if old < CHUNK_ID_LIMIT {
-            let stored = self.chunks.decref(&mut self.pages, old)?;
+            let (id, stored) = self.chunks.decref(&mut self.pages, old)?;
             if let Some(a) = self.attribution_for(vol, block) {
-                a.remove(vol, old, 1, stored);
+                a.remove(vol, id, 1, stored);
             }
         }
         Ok(())
@@ -946,8 +1007,8 @@ impl Metadata {
                 })?;
             // Chunks made after their chunk-table page was scanned.
             for id in later {
-                match self.chunks.get(&mut self.pages, id)? {
-                    Some(e) if e.refs > 0 => c.a.add(vol, id, 1, e.loc.stored_len),
+                match self.chunks.resolve(&mut self.pages, id)? {
+                    Some((id, e)) if e.refs > 0 => c.a.add(vol, id, 1, e.loc.stored_len),
                     _ => {
                         return Err(Error::corrupt(
                             "block map",
@@ -1199,6 +1260,7 @@ impl Metadata {
             next_chunk: self.chunks.next_id,
             live_chunks: self.chunks.live_chunks,
             live_stored_bytes: self.chunks.live_stored_bytes,
+            forwards: self.chunks.forwards,
             segment_live,
             meta_bytes_written: self.meta_bytes_written(),
             checkpoints: self.checkpoints,

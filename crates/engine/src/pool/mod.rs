@@ -60,6 +60,7 @@ pub(crate) mod foreign;
 pub mod gc;
 pub mod handle;
 mod importing;
+pub mod merge;
 pub(crate) mod open;
 pub mod peers;
 mod read;

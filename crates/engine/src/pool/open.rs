@@ -583,6 +583,7 @@ fn load_metadata(
             live_bytes: root.segment_live.iter().copied().collect(),
             live_chunks: root.live_chunks,
             live_stored_bytes: root.live_stored_bytes,
+            forwards: root.forwards,
         },
         index: Default::default(),
         saved_index: None,

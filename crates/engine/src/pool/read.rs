@@ -243,15 +243,16 @@ impl Pool {
                 continue;
             }
             let md = &mut st.md;
-            let loc = md.chunks.get(&mut md.pages, e).and_then(|c| {
-                c.map(|c| (c.loc, c.fp)).ok_or_else(|| {
+            // A forward (docs/FORMAT.md "Forwards") reads the record of the chunk it names.
+            let loc = md.chunks.resolve(&mut md.pages, e).and_then(|c| {
+                c.map(|(id, c)| (id, c.loc, c.fp)).ok_or_else(|| {
                     Error::corrupt(
                         format!("volume {name:?} block {block}"),
                         format!("chunk {e} does not exist (damaged metadata)"),
                     )
                 })
             });
-            let (loc, fp) = match loc {
+            let (id, loc, fp) = match loc {
                 Ok(l) => l,
                 Err(err) => {
                     self.read_errors.fetch_add(1, Ordering::Relaxed);
@@ -267,7 +268,7 @@ impl Pool {
             in_memory.push(st.segments.in_memory(&loc));
             wanted.push(Wanted {
                 index: i,
-                id: e,
+                id,
                 loc,
                 file,
                 fp,

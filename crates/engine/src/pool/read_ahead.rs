@@ -105,10 +105,10 @@ impl Pool {
                 if e == ENTRY_ZERO || e == ENTRY_UNMAPPED || e == ENTRY_LOST {
                     continue;
                 }
-                let Ok(Some(c)) = md.chunks.get(&mut md.pages, e) else {
+                let Ok(Some((id, c))) = md.chunks.resolve(&mut md.pages, e) else {
                     continue;
                 };
-                if tier.as_ref().is_some_and(|t| t.holds(e, &c.fp)) {
+                if tier.as_ref().is_some_and(|t| t.holds(id, &c.fp)) {
                     continue;
                 }
                 ranges.push((c.loc.segment, u64::from(c.loc.offset), c.loc.record_bytes()));

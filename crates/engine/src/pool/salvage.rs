@@ -97,6 +97,10 @@ impl SalvageHook for AfterDamage<'_> {
         }
     }
 
+    /// Ignored: the chunk keeps its own record in the rebuild. That record is still on disk:
+    /// GC deletes a segment only after a checkpoint, and this forward came after the last.
+    fn chunk_forwarded(&mut self, _id: u64, _to: u64) {}
+
     fn blocks_written(&mut self, vol: u32, start: u64, end: u64) {
         if self.after_damage {
             self.salvage

@@ -57,6 +57,7 @@ impl Pool {
             exists,
             stored_refs,
             next_id,
+            forwards,
             ..
         } = checked;
         // The chunk pass keeps one bit and one count per chunk id below `next_id`.
@@ -66,6 +67,7 @@ impl Pool {
             exists: &exists,
             next_id,
             bad: &bad,
+            forwards: &forwards,
         };
         // Maps: every entry names an existing, good chunk; count references.
         let wrong = self.walk_and_count(&known, &stored_refs, &mut report)?;
@@ -246,13 +248,64 @@ impl Pool {
             }
             done += work.iter().filter(|w| w.entry.refs > 0).count() as u64;
             progress(done.min(total), total);
+            for (id, to, refs) in
+                self.forward_slots(page, WINDOW_PAGES, &mut check.metadata_problems)
+            {
+                if let Some(x) = exists.get_mut((id / 64) as usize) {
+                    *x |= 1 << (id % 64);
+                }
+                if let Some(r) = stored_refs.get_mut(id as usize) {
+                    *r = refs;
+                }
+                check.forwards.insert(id, to);
+            }
             page += WINDOW_PAGES;
         }
         progress(total, total);
+        check_forwards(&mut check, &exists);
         check.exists = exists;
         check.stored_refs = stored_refs;
         check.next_id = next_id;
         Ok(check)
+    }
+
+    /// The forwards in chunk-table pages `[page, page + pages)`: (id, the chunk it forwards
+    /// to, its count), the state lock held for [`CHUNK_PAGES_PER_HOLD`] pages at a time.
+    fn forward_slots(
+        &self,
+        page: u64,
+        pages: u64,
+        problems: &mut Vec<String>,
+    ) -> Vec<(u64, u64, u32)> {
+        use crate::chunk_table::Slot;
+        let mut found = Vec::new();
+        let (end, per) = (page + pages, CHUNKS_PER_PAGE as u64);
+        let mut from = page;
+        while from < end {
+            let to = (from + CHUNK_PAGES_PER_HOLD).min(end);
+            let mut st = self.lock_state();
+            let walked = st.md.pages.for_each_leaf(
+                crate::page_cache::CHUNK_TREE,
+                from,
+                to,
+                &mut |pi, data| {
+                    for i in 0..CHUNKS_PER_PAGE {
+                        if let Some(Slot::Forward { to, refs, .. }) =
+                            crate::chunk_table::decode_any(data, i)
+                        {
+                            found.push((pi * per + i as u64, to, refs));
+                        }
+                    }
+                    Ok(true)
+                },
+            );
+            if let Err(e) = walked {
+                problems.push(format!("chunk table pages {from}..{to}: {e}"));
+            }
+            drop(st);
+            from = to;
+        }
+        found
     }
 
     /// Every chunk-table slot in use in pages `[page, page + pages)`, with where its record
@@ -351,6 +404,29 @@ impl Pool {
             );
         }
         (buf.len() as u64, None)
+    }
+}
+
+/// Each forward names a chunk with a record (not a forward, not missing); one whose chunk is
+/// damaged is damaged too (its blocks read that record).
+fn check_forwards(check: &mut ChunkCheck, exists: &[u64]) {
+    let bad: HashSet<u64> = check.bad.iter().map(|b| b.0).collect();
+    let mut forwards: Vec<(u64, u64)> = check.forwards.iter().map(|(&d, &k)| (d, k)).collect();
+    forwards.sort_unstable();
+    for (id, to) in forwards {
+        let present = exists
+            .get((to / 64) as usize)
+            .is_some_and(|x| x & (1 << (to % 64)) != 0);
+        if !present || check.forwards.contains_key(&to) {
+            check.metadata_problems.push(format!(
+                "chunk {id} forwards to chunk {to}, which is not a chunk with a record; run condense repair"
+            ));
+        } else if bad.contains(&to) {
+            check.bad.push((
+                id,
+                format!("forwards to chunk {to}, whose record is damaged"),
+            ));
+        }
     }
 }
 

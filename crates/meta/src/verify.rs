@@ -8,8 +8,8 @@
 //! verify's memory stays bounded apart from one bit and one counter per chunk id.
 //!
 //! Owns: the reports and the checks of the maps against the chunk pass; the passes run as
-//! [`Pool::verify`](crate::Pool::verify) and [`Pool::check_chunks`](crate::Pool::check_chunks)
-//! (the room `pool/verify.rs`), under the pool's locks.
+//! `Pool::verify` and `Pool::check_chunks` (condense-engine, the room `pool/verify.rs`),
+//! under the pool's locks. Here, in the metadata crate, as they need only the metadata.
 //!
 //! The maps walked are every tree of the metadata but the chunk table
 //! ([`trees_to_walk`]): each volume and snapshot by its name, up to its size, and the map of
@@ -31,9 +31,9 @@
 //! - The shared-page counts ([`check_shared_pages`]) are compared under one hold of the
 //!   lock, whose work is the interior map pages (one per 256 leaves), not the leaves.
 
-use crate::format::MAP_PAGE_ENTRIES;
 use crate::metadata::Metadata;
-use std::collections::{BTreeMap, HashSet};
+use condense_format::MAP_PAGE_ENTRIES;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 #[derive(Clone, Debug, Default)]
 pub struct VerifyReport {
@@ -46,10 +46,10 @@ pub struct VerifyReport {
     /// Volumes whose block map is damaged (every block unreadable).
     pub bad_volumes: Vec<String>,
     pub metadata_problems: Vec<String>,
-    /// Losses earlier repairs accepted (the pool's history, [`crate::format::damage::DAMAGE_PREFIX`]):
+    /// Losses earlier repairs accepted (the pool's history, [`condense_format::damage::DAMAGE_PREFIX`]):
     /// those blocks fail to read until written (or read as zeros, as the repair was asked).
     /// Not damage now: a pool with only these is clean.
-    pub accepted: Vec<crate::format::damage::DamageRecord>,
+    pub accepted: Vec<condense_format::damage::DamageRecord>,
     /// Checks that could not be made, and why (a served pool that kept changing while its
     /// maps were walked): not damage, a clean pool may have them.
     pub not_checked: Vec<String>,
@@ -64,7 +64,7 @@ impl VerifyReport {
     }
 }
 
-/// What reading every live chunk found ([`Pool::check_chunks`](crate::Pool::check_chunks)).
+/// What reading every live chunk found (`Pool::check_chunks`).
 #[derive(Clone, Debug, Default)]
 pub struct ChunkCheck {
     pub chunks_checked: u64,
@@ -74,34 +74,38 @@ pub struct ChunkCheck {
     /// Problems reading the chunk table itself.
     pub metadata_problems: Vec<String>,
     /// Bit `id` set: the chunk table holds chunk `id`.
-    pub(crate) exists: Vec<u64>,
+    pub exists: Vec<u64>,
     /// Each chunk's stored reference count.
-    pub(crate) stored_refs: Vec<u32>,
-    pub(crate) next_id: u64,
+    pub stored_refs: Vec<u32>,
+    pub next_id: u64,
+    /// The forwards the pass met: chunk id → the chunk it forwards to.
+    pub forwards: HashMap<u64, u64>,
 }
 
 /// One chunk-table slot in use, as `Pool::chunk_window` found it.
-pub(crate) struct ChunkToCheck {
+pub struct ChunkToCheck {
     pub id: u64,
     pub entry: crate::chunk_table::ChunkEntry,
     /// The segment file of its record (`None`: the segment is missing).
-    pub file: Option<std::sync::Arc<dyn crate::io::File>>,
+    pub file: Option<std::sync::Arc<dyn condense_store::io::File>>,
     /// The record's bytes, if still in memory (written since the last flush).
     pub in_memory: Option<Vec<u8>>,
 }
 
 /// What the chunk pass found, as the map walk checks entries against it.
-pub(crate) struct Known<'a> {
+pub struct Known<'a> {
     /// Bit `id` set: the chunk table held chunk `id`.
-    pub(crate) exists: &'a [u64],
-    pub(crate) next_id: u64,
-    /// Chunks whose record failed its check.
-    pub(crate) bad: &'a HashSet<u64>,
+    pub exists: &'a [u64],
+    pub next_id: u64,
+    /// Chunks whose record failed its check (and forwards to them).
+    pub bad: &'a HashSet<u64>,
+    /// Forwards: an entry naming one counts for it and for the chunk it forwards to.
+    pub forwards: &'a HashMap<u64, u64>,
 }
 
 /// A tree the map walk visits: a volume's or snapshot's block map, or the map of a deleted
 /// volume still being released (its leaves keep their chunk references until released).
-pub(crate) struct TreeToWalk {
+pub struct TreeToWalk {
     pub tree: u64,
     /// The volume's name, or `None` for a deleted volume's map being released.
     pub volume: Option<String>,
@@ -120,7 +124,7 @@ impl TreeToWalk {
 
 /// Every tree the maps hold but the chunk table: the volumes and snapshots by name, and the
 /// maps of deleted volumes not yet released (in `md.pages.trees()` without a volume).
-pub(crate) fn trees_to_walk(md: &Metadata) -> Vec<TreeToWalk> {
+pub fn trees_to_walk(md: &Metadata) -> Vec<TreeToWalk> {
     let per = MAP_PAGE_ENTRIES as u64;
     md.pages
         .trees()
@@ -147,7 +151,7 @@ pub(crate) fn trees_to_walk(md: &Metadata) -> Vec<TreeToWalk> {
 /// What a walk of the maps found: damaged maps and blocks naming a bad or missing chunk,
 /// and the references counted per chunk.
 #[derive(Default)]
-pub(crate) struct MapFindings {
+pub struct MapFindings {
     pub bad_blocks: BTreeMap<String, Vec<u64>>,
     pub bad_volumes: Vec<String>,
     pub problems: Vec<String>,
@@ -164,7 +168,7 @@ pub(crate) struct MapFindings {
 /// up under the same lock). The references counted are per stored leaf page, over every
 /// step; they are a count at one instant only if no change was committed between the first
 /// step and the last (the caller's rule, `pool/verify.rs`).
-pub(crate) struct MapWalk {
+pub struct MapWalk {
     trees: std::collections::VecDeque<TreeToWalk>,
     next_leaf: u64,
     /// Stored leaves counted already: a leaf shared by snapshots or clones holds one
@@ -177,10 +181,10 @@ pub(crate) struct MapWalk {
 
 /// Leaves visited per step of [`MapWalk`] at most (a few milliseconds with every leaf read
 /// from disk).
-pub(crate) const LEAVES_PER_STEP: u64 = 32;
+pub const LEAVES_PER_STEP: u64 = 32;
 
 impl MapWalk {
-    pub(crate) fn new(trees: Vec<TreeToWalk>, next_id: u64) -> MapWalk {
+    pub fn new(trees: Vec<TreeToWalk>, next_id: u64) -> MapWalk {
         MapWalk {
             trees: trees.into(),
             next_leaf: 0,
@@ -195,7 +199,7 @@ impl MapWalk {
 
     /// One step under the caller's hold of the state lock: the next leaves of the tree
     /// being walked. True once every tree is walked.
-    pub(crate) fn step(&mut self, md: &mut Metadata, known: &Known<'_>) -> bool {
+    pub fn step(&mut self, md: &mut Metadata, known: &Known<'_>) -> bool {
         let Some(t) = self.trees.front() else {
             return true;
         };
@@ -204,6 +208,7 @@ impl MapWalk {
             exists,
             next_id,
             bad,
+            forwards,
         } = *known;
         let per = MAP_PAGE_ENTRIES as u64;
         // Chunks the chunk pass did not see: written since (on a live pool), or missing.
@@ -228,8 +233,14 @@ impl MapWalk {
                             // (A damaged chunk only a deleted volume names harms no reader.)
                             bad_here.push(b);
                         }
-                        if let Some(c) = counted.get_mut(id as usize).filter(|_| first_visit) {
-                            *c = c.saturating_add(1);
+                        if !first_visit {
+                            return;
+                        }
+                        let to = forwards.get(&id).copied();
+                        for id in std::iter::once(id).chain(to) {
+                            if let Some(c) = counted.get_mut(id as usize) {
+                                *c = c.saturating_add(1);
+                            }
                         }
                     });
                     visited += 1;
@@ -292,7 +303,7 @@ impl MapWalk {
 
 /// Every metadata page shared by snapshots or clones must have as many parents as its count
 /// says, and every counted page a parent.
-pub(crate) fn check_shared_pages(md: &mut Metadata, report: &mut VerifyReport) {
+pub fn check_shared_pages(md: &mut Metadata, report: &mut VerifyReport) {
     match md.pages.count_parents() {
         Ok(parents) => {
             let stored = md.pages.shared_pages();
@@ -330,7 +341,7 @@ pub(crate) fn check_shared_pages(md: &mut Metadata, report: &mut VerifyReport) {
 /// The chunks whose references counted by a map walk differ from the stored count the
 /// chunk pass read (which may be older than the walk): the only ones whose count must be
 /// read again. No lock needed.
-pub(crate) fn ref_count_suspects(counted: &[u32], stored_refs: &[u32], exists: &[u64]) -> Vec<u64> {
+pub fn ref_count_suspects(counted: &[u32], stored_refs: &[u32], exists: &[u64]) -> Vec<u64> {
     // Both are indexed by chunk id, up to the chunk pass's next id.
     debug_assert_eq!(counted.len(), stored_refs.len());
     counted
@@ -344,7 +355,7 @@ pub(crate) fn ref_count_suspects(counted: &[u32], stored_refs: &[u32], exists: &
 
 /// Chunks whose stored reference count differs from the references counted: (chunk id,
 /// counted, stored), reading the counts of `suspects` now (the caller holds the state lock).
-pub(crate) fn wrong_ref_counts(
+pub fn wrong_ref_counts(
     md: &mut Metadata,
     suspects: &[u64],
     counted: &[u32],
@@ -365,7 +376,7 @@ pub(crate) fn wrong_ref_counts(
 }
 
 /// Report chunks whose reference count is wrong (as [`wrong_ref_counts`] found them).
-pub(crate) fn report_wrong_ref_counts(wrong: &[(u64, u32, u32)], report: &mut VerifyReport) {
+pub fn report_wrong_ref_counts(wrong: &[(u64, u32, u32)], report: &mut VerifyReport) {
     if let Some(&(id, c, s)) = wrong.first() {
         report.metadata_problems.push(format!(
             "{} chunks have a wrong reference count (first: chunk {id} is named by {c} blocks, its count says {s})",

@@ -1,0 +1,150 @@
+//! The merge pass: chunks holding the same data that the inline dedup index let through (the
+//! sparse index finds a duplicate only through its neighbours, so it misses some) are found
+//! by sorting every live chunk's fingerprint, and each is made a forward to the oldest chunk
+//! of its data (`JournalRecord::Forward`, docs/FORMAT.md "Forwards"); GC then reclaims their
+//! records. docs/ARCHITECTURE.md "Merge pass".
+//!
+//! Owns: the pass's steps. Every hold of the state lock is bounded ([`SCAN_PAGES`] chunk-table
+//! pages read, or [`MERGE_BATCH`] forwards checked and journaled) and followed by a pause at
+//! least as long ([`Pacer`]), so the VMs' I/O goes on; the sort itself runs without the lock,
+//! within its RAM budget (`fingerprint_sort`).
+//!
+//! Invariants:
+//! - A forward is journaled only after a checkpoint whose root allows forwards (version 4:
+//!   builds that do not know them refuse the pool), and only after checking, under the hold
+//!   that journals it, that both chunks still have records with the same fingerprint.
+//! - Crash safety: each batch is one commit. A pass killed midway keeps the forwards it
+//!   made; the next pass finds the rest (a forward is no longer a chunk, so it is not sorted
+//!   again). Blocks never change: a forward reads the same bytes its own record held.
+
+use super::{Pacer, Pool};
+use crate::chunk_table::Slot;
+use crate::error::{Error, Result};
+use crate::fingerprint_sort::FingerprintSort;
+use crate::format::{JournalRecord, CHUNKS_PER_PAGE};
+use crate::locks::lock;
+use crate::metadata::{Metadata, REFS_MAX};
+
+/// Chunk-table pages read per hold of the state lock.
+const SCAN_PAGES: u64 = 16;
+/// Forwards checked and journaled per hold of the state lock.
+const MERGE_BATCH: usize = 64;
+
+/// What a merge pass did.
+#[derive(Clone, Debug, Default)]
+pub struct MergeReport {
+    /// Live chunks whose fingerprints were sorted.
+    pub chunks_sorted: u64,
+    /// Sorted runs (more than one: the sort went past its RAM budget, to a scratch file).
+    pub runs: usize,
+    /// Chunks found to hold the data of an older chunk.
+    pub duplicates: u64,
+    /// Of those, made forwards (the rest changed meanwhile, or the older chunk is shared too
+    /// often to take more).
+    pub merged: u64,
+    /// Bytes of the merged chunks' records: what GC can reclaim now.
+    pub record_bytes_merged: u64,
+}
+
+impl Pool {
+    /// Find every live chunk whose data an older chunk holds and make it a forward to that
+    /// one, sorting within `budget` bytes of RAM; `progress(done, total)` as it goes. The
+    /// space comes back at the next GC.
+    pub fn merge_duplicates(
+        &self,
+        budget: u64,
+        progress: &(dyn Fn(u64, u64) + Sync),
+    ) -> Result<MergeReport> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        self.allow_forwards()?;
+        let (mut sort, pages) = {
+            let st = self.lock_state();
+            let pages = st.md.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
+            (FingerprintSort::new(budget, &st.md.spill), pages)
+        };
+        let mut pacer = Pacer::default();
+        let mut page = 0;
+        while page < pages {
+            pacer.step();
+            let mut st = self.lock_state();
+            let md = &mut st.md;
+            let end = (page + SCAN_PAGES).min(pages);
+            md.chunks
+                .for_each_in(&mut md.pages, page, end, &mut |id, e| {
+                    if e.refs > 0 {
+                        sort.push(&e.fp, id);
+                    }
+                    Ok(())
+                })?;
+            md.pages.evict_to_budget()?;
+            drop(st);
+            page = end;
+            progress(page, 2 * pages);
+        }
+        let mut report = MergeReport {
+            chunks_sorted: sort.len(),
+            runs: sort.runs().max(1),
+            ..Default::default()
+        };
+        let mut pairs = sort.finish()?;
+        loop {
+            let batch: Vec<(u64, u64)> = pairs.by_ref().take(MERGE_BATCH).collect();
+            if batch.is_empty() {
+                break;
+            }
+            pairs.check()?;
+            pacer.step();
+            self.forward_batch(&batch, &mut report)?;
+            progress(
+                pages + pages * report.duplicates / report.chunks_sorted.max(1),
+                2 * pages,
+            );
+        }
+        pairs.check()?;
+        progress(2 * pages, 2 * pages);
+        Ok(report)
+    }
+
+    /// Journal the forwards of `batch` ((chunk, the older chunk of its data)) whose chunks
+    /// are still as sorted, under one hold of the state lock.
+    fn forward_batch(&self, batch: &[(u64, u64)], report: &mut MergeReport) -> Result<()> {
+        let mut st = self.lock_state();
+        self.writable(&st)?;
+        let md = &mut st.md;
+        let mut records = Vec::new();
+        for &(id, to) in batch {
+            report.duplicates += 1;
+            let (Some(Slot::Chunk(d)), Some(Slot::Chunk(k))) = (
+                md.chunks.slot(&mut md.pages, id)?,
+                md.chunks.slot(&mut md.pages, to)?,
+            ) else {
+                continue;
+            };
+            if d.fp == k.fp && d.refs > 0 && k.refs.saturating_add(d.refs) < REFS_MAX {
+                records.push(JournalRecord::Forward { id, to });
+                report.merged += 1;
+                report.record_bytes_merged += d.loc.record_bytes();
+            }
+        }
+        if !records.is_empty() {
+            self.commit(&mut st, records)?;
+        }
+        st.md.pages.evict_to_budget()
+    }
+
+    /// Make sure the root on disk allows forwards before the first is journaled: a
+    /// checkpoint whose root says so (docs/FORMAT.md "Forwards"), once in the pool's life.
+    fn allow_forwards(&self) -> Result<()> {
+        if self.lock_state().md.chunks.forwards.is_some() {
+            return Ok(());
+        }
+        let sync = lock(&self.sync_lock);
+        let mut allow = |md: &mut Metadata| {
+            md.chunks.forwards.get_or_insert(0);
+            Ok(())
+        };
+        self.checkpoint_with(&sync, &|_| Ok(()), Some(&mut allow))
+    }
+}
