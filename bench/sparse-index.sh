@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Issue 43: the ten corpus images imported into a dense pool and into a sparse pool whose
 # --index-memory is 1/16 of what the dense index uses at the end (its dedup_index_bytes in
-# `stats --json`), the two modes alternately, ROUNDS times; then the same ten imported again,
-# in reverse order, into the sparse pool: the share of that pass deduplicated inline.
+# `stats --json`), the two modes alternately, ROUNDS times; then the merge pass and GC on the
+# last sparse pool (`condense index merge`: its wall time, stored and du bytes against dense's);
+# then the same ten imported again, in reverse order, into the sparse pool: the share of that
+# pass deduplicated inline.
 #
 #   bench/sparse-index.sh IMAGES_DIR [WORK_DIR] [ROUNDS]
 set -euo pipefail
@@ -50,8 +52,24 @@ for r in $(seq 1 "$rounds"); do
       "$(field "$work/$mode.json" stored_bytes)" "$ram"
   done
 done
-# The second day: the same ten again, reverse order, into the last sparse pool.
+# The merge pass and GC on the last sparse pool, against the last dense one.
 pool=$work/sparse
+start=$(date +%s.%N)
+CONDENSE_POOL=$pool "$condense" index merge --json > "$work/merge.json"
+secs=$(echo "$(date +%s.%N) - $start" | bc)
+CONDENSE_POOL=$pool "$condense" stats --json > "$work/merged.json"
+CONDENSE_POOL=$work/dense "$condense" stats --json > "$work/dense-final.json"
+python3 - "$work/merge.json" "$work/merged.json" "$work/dense-final.json" "$(du -sb "$pool" | cut -f1)" \
+  "$(du -sb "$work/dense" | cut -f1)" "$secs" <<'PY'
+import json, sys
+m, s, d = (json.load(open(f)) for f in sys.argv[1:4])
+du_s, du_d, secs = int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+print(f"merge pass + GC: {secs:.1f} s, {m['chunks_sorted']} chunks sorted in {m['sort_runs']} run(s), "
+      f"{m['merged']} merged; sparse/dense stored_bytes {s['stored_bytes'] / d['stored_bytes']:.4f}, "
+      f"du {du_s / du_d:.4f}, unique chunks {s['unique_chunks']} / {d['unique_chunks']}")
+PY
+cp "$work/merged.json" "$work/sparse.json"
+# The second day: the same ten again, reverse order, into the last sparse pool.
 before_u=$(field "$work/sparse.json" unique_chunks); before_w=$(field "$work/sparse.json" written_bytes)
 secs=$(import_all "$pool" "${reverse[@]}")
 CONDENSE_POOL=$pool "$condense" stats --json > "$work/again.json"

@@ -11,7 +11,8 @@
 //!
 //! `CONDENSE_CRASH_SEEDS=N` sets how many seeds run (default 2000);
 //! `CONDENSE_CRASH_SEED=S` replays one seed exactly.
-//! Seeds ≡ 3 (mod 4) use the sparse dedup index (crates/meta/src/sparse_index.rs).
+//! Seeds ≡ 3 (mod 4) use the sparse dedup index (crates/meta/src/sparse_index.rs); the merge
+//! pass (crates/engine/src/pool/merge.rs) is one of the operations, in every variant.
 
 use condense_engine::sim::{SimDir, SimHandle, SimRng};
 use condense_engine::{
@@ -376,6 +377,11 @@ fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool
                     vec![true, false]
                 };
                 r.is_ok()
+            }
+            110..=111 => {
+                // The merge pass: duplicates the (sparse) index missed become forwards;
+                // no block changes, whatever the faults.
+                pool.merge_duplicates(1 << 16, &|_, _| {}).is_ok()
             }
             _ => {
                 let r = pool.gc(1);

@@ -1,5 +1,6 @@
-//! `condense index show|set` and `init --index`: the pool's dedup index mode, dense or
-//! sparse (docs/ARCHITECTURE.md "Sparse index", docs/FORMAT.md "Dedup index mode").
+//! `condense index show|set|merge` and `init --index`: the pool's dedup index mode, dense or
+//! sparse (docs/ARCHITECTURE.md "Sparse index", docs/FORMAT.md "Dedup index mode"), and the
+//! merge pass that finds what the sparse index let through (ARCHITECTURE.md "Merge pass").
 //!
 //! Owns: the arguments of both (the CLI flattens them) and storing the setting, the named
 //! record [`SETTING_KEY`], through a journaled change. The index is built by the first
@@ -7,7 +8,7 @@
 
 use crate::control::Ctx;
 use crate::error::{io, Context, Result, ServiceError};
-use crate::render::index::IndexReport;
+use crate::render::index::{IndexReport, MergeView};
 use crate::render::write_report;
 use condense_engine::index::{IndexSetting, DEFAULT_SPARSE_BUDGET, SETTING_KEY};
 use condense_engine::sparse_index::MIN_BUDGET;
@@ -44,7 +45,24 @@ pub enum IndexCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Find the duplicates the sparse index let through (a sort of every chunk's fingerprint
+    /// within --memory) and merge each into the oldest copy of its data, then run GC to take
+    /// their space back. Safe while VMs run: it works in short steps, pausing between them.
+    Merge {
+        /// RAM for the sort (default 64M); past it, runs go to a scratch file in the pool's
+        /// directory (24 bytes per chunk, sealed).
+        #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+        memory: Option<u64>,
+        /// Leave the space to the next GC (`condense gc`) instead of running one now.
+        #[arg(long)]
+        no_gc: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
+
+/// The merge pass's sort budget by default.
+const MERGE_MEMORY: u64 = 64 << 20;
 
 fn parse_memory(s: &str) -> std::result::Result<u64, String> {
     let bytes = condense_api::size::parse_size(s)?;
@@ -89,6 +107,11 @@ pub fn run(ctx: &mut Ctx, cmd: IndexCommand) -> Result<i32> {
     let (json, new) = match cmd {
         IndexCommand::Show { json } => (json, None),
         IndexCommand::Set { mode, memory, json } => (json, Some(setting(&mode, memory)?)),
+        IndexCommand::Merge {
+            memory,
+            no_gc,
+            json,
+        } => return merge(ctx, memory.unwrap_or(MERGE_MEMORY), !no_gc, json),
     };
     let pool = ctx.pool(new.is_none())?;
     let stored = pool
@@ -113,6 +136,26 @@ pub fn run(ctx: &mut Ctx, cmd: IndexCommand) -> Result<i32> {
         changed,
     };
     write_report(ctx.out, &report, json, false).map_err(io("cannot write the output"))?;
+    ctx.done(&pool)?;
+    Ok(0)
+}
+
+/// `condense index merge`: the merge pass, then (with `gc`) a GC of every segment holding dead
+/// records.
+fn merge(ctx: &mut Ctx, memory: u64, gc: bool, json: bool) -> Result<i32> {
+    let pool = ctx.pool(false)?;
+    let merged = pool
+        .merge_duplicates(memory, &|_, _| {})
+        .context("the merge pass failed (the chunks merged so far stay merged; run it again)")?;
+    let gc = match gc && merged.merged > 0 {
+        true => Some(
+            pool.gc(0)
+                .context("the merge pass is done, but GC failed")?,
+        ),
+        false => None,
+    };
+    let view = MergeView::new(&merged, gc.as_ref());
+    write_report(ctx.out, &view, json, false).map_err(io("cannot write the output"))?;
     ctx.done(&pool)?;
     Ok(0)
 }
