@@ -132,6 +132,9 @@ pub struct PoolStats {
     pub dedup_index_misses: u64,
     /// Hooks the sparse index dropped (the oldest pages) to stay within its budget.
     pub dedup_index_hooks_dropped: u64,
+    /// Chunks the merge pass (`condense index merge`) found holding an older chunk's data and
+    /// merged into it, over the pool's life.
+    pub dedup_merged_chunks: u64,
     pub metadata_cache_budget_bytes: u64,
     pub metadata_cache_used_bytes: u64,
     pub metadata_cache_hits: u64,
@@ -268,6 +271,7 @@ impl PoolStats {
             }
         }
         self.dedup_index_entries = if md.index_ready() { md.index.len() } else { 0 };
+        self.dedup_merged_chunks = md.chunks.forwards.unwrap_or(0);
         if let Some(sp) = md.index.sparse() {
             self.dedup_index_lookups = sp.counters.lookups;
             self.dedup_index_cache_hits = sp.counters.cache_hits;

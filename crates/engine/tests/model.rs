@@ -52,6 +52,8 @@ enum Op {
     },
     Reopen,
     Gc,
+    /// The merge pass (crates/engine/src/pool/merge.rs): no block changes.
+    Merge,
     Flush,
     Snapshot {
         v: usize,
@@ -107,6 +109,7 @@ fn op() -> impl Strategy<Value = Op> {
         (v, 1..48u64, any::<bool>()).prop_map(|(v, blocks, force)| Op::Resize { v, blocks, force }),
         Just(Op::Reopen),
         Just(Op::Gc),
+        Just(Op::Merge),
         Just(Op::Flush),
         (0..NAMES.len(), 0..SNAPS.len()).prop_map(|(v, s)| Op::Snapshot { v, s }),
         (0..NAMES.len(), 0..SNAPS.len()).prop_map(|(v, s)| Op::Snapshot { v, s }),
@@ -208,6 +211,17 @@ fn check_all(pool: &Pool, model: &MemCatalog) {
 const TINY_CACHE_BYTES: u64 = 4096 + 24 * 4224;
 
 fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, mode: Option<CacheMode>) {
+    run_with(ops, compression, key, mode, false)
+}
+
+/// [`run`], with the sparse dedup index at its smallest budget if `sparse`.
+fn run_with(
+    ops: Vec<Op>,
+    compression: Compression,
+    key: Option<UserKey>,
+    mode: Option<CacheMode>,
+    sparse: bool,
+) {
     let disk = SimDir::new();
     let cache = mode.map(|_| SimDir::new());
     let init = InitOptions {
@@ -222,6 +236,16 @@ fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, mode: Optio
         panic!("init: {e}");
     }
     let mut pool = open(&disk, &key, &cache);
+    if sparse {
+        let setting = condense_engine::index::IndexSetting::Sparse {
+            budget: condense_engine::sparse_index::MIN_BUDGET,
+        };
+        let key_name = condense_engine::index::SETTING_KEY;
+        assert!(pool.meta_put(key_name, Some(&setting.encode())).is_ok());
+        assert!(pool.close().is_ok());
+        drop(pool);
+        pool = open(&disk, &key, &cache);
+    }
     if let Some(c) = &cache {
         let conf = CacheConf {
             path: "sim-cache".into(),
@@ -297,6 +321,12 @@ fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, mode: Optio
                 if let Err(e) = pool.gc(1) {
                     panic!("gc: {e}");
                 }
+            }
+            Op::Merge => {
+                if let Err(e) = pool.merge_duplicates(1 << 16, &|_, _| {}) {
+                    panic!("merge: {e}");
+                }
+                check_all(&pool, &model);
             }
             Op::Flush => {
                 assert!(pool.flush().is_ok());
@@ -407,6 +437,12 @@ proptest! {
     #[test]
     fn engine_matches_model_zstd_fast(ops in proptest::collection::vec(op(), 1..60)) {
         run(ops, Compression::Zstd(-1), None, None);
+    }
+
+    /// The LZ4 run with the sparse dedup index (smallest budget) and its merge pass.
+    #[test]
+    fn engine_matches_model_sparse(ops in proptest::collection::vec(op(), 1..120)) {
+        run_with(ops, Compression::Lz4, None, None, true);
     }
 
     /// The LZ4 run on an encrypted pool.

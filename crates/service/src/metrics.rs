@@ -413,12 +413,13 @@ fn collect_index(s: &condense_engine::PoolStats, e: &mut Encoder) {
     for (name, help, v) in gauges {
         e.gauge(name, help, v);
     }
-    let counters: [(&str, &str, u64); 5] = [
+    let counters: [(&str, &str, u64); 6] = [
         ("condense_pool_dedup_index_lookups_total", "Sparse index lookups since open (0 for dense).", s.dedup_index_lookups),
         ("condense_pool_dedup_index_cache_hits_total", "Sparse lookups its locality cache answered.", s.dedup_index_cache_hits),
         ("condense_pool_dedup_index_hook_hits_total", "Sparse lookups a hook answered (its neighbourhood then loaded).", s.dedup_index_hook_hits),
         ("condense_pool_dedup_index_misses_total", "Sparse lookups that found nothing: new data, or a duplicate out of its sight (which, is unknown inline).", s.dedup_index_misses),
         ("condense_pool_dedup_index_hooks_dropped_total", "Hooks the sparse index dropped (the oldest) to stay within its budget.", s.dedup_index_hooks_dropped),
+        ("condense_pool_dedup_merged_chunks_total", "Chunks the merge pass merged into an older copy of their data, over the pool's life.", s.dedup_merged_chunks),
     ];
     for (name, help, v) in counters {
         e.counter(name, help, v);
