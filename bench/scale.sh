@@ -12,7 +12,8 @@
 #
 # Environment: CONDENSE (binary; default target/release/condense, built if missing),
 # GEN_UNIQUE (default target/release/gen-unique, built if missing), SEED (1), KILL_AT (50, the
-# percentage at which pass 3 is killed), IMPORT_CMD (testing only: a simple command that
+# percentage at which pass 3 is killed), INIT_ARGS (more `condense init` arguments, e.g.
+# INIT_ARGS="--index sparse --index-memory 32M" for the sparse dedup index), IMPORT_CMD (testing only: a simple command that
 # replaces `condense import -` and reads the stream on stdin, with $NAME, $SIZE, $POOL and
 # $CONDENSE in its environment, e.g. IMPORT_CMD='cat >/dev/null'; RSS figures are then its own).
 set -euo pipefail
@@ -205,7 +206,9 @@ per() { if num "$1" && num "$2" && [ "$2" -gt 0 ]; then echo "$(f "$1 / $2")${3:
 echo "scale: N=$n blocks of $bs bytes = $(f "$size / 1e9" %.2f) GB ($(f "$size / 2^30" %.2f) GiB) per pass, seed $seed"
 echo "condense: $condense${IMPORT_CMD:+ (import replaced by IMPORT_CMD=$IMPORT_CMD)}"
 echo "pool: $pool ($((avail >> 30)) GiB free on its file system, $((mem_avail >> 20)) GiB RAM available)"
-"$condense" init "$pool" >/dev/null
+# shellcheck disable=SC2086 # INIT_ARGS is a list of arguments
+"$condense" init "$pool" ${INIT_ARGS:-} >/dev/null
+echo "init arguments: ${INIT_ARGS:-none}"
 
 echo
 echo "## pass 1: N unique blocks into volume a"

@@ -3,9 +3,11 @@
 //! clean, GC gets their space back and the per-volume figures see the sharing; a crash in the
 //! middle of the pass loses nothing and the next pass finishes the work.
 
+mod common;
+use common::damage_record_of;
 use condense_engine::index::{IndexSetting, SETTING_KEY};
 use condense_engine::sim::{SimDir, SimHandle, SimRng};
-use condense_engine::{InitOptions, OpenOptions, Pool};
+use condense_engine::{Compression, InitOptions, OpenOptions, Pool};
 use std::sync::{Arc, Mutex};
 
 const BS: usize = 4096;
@@ -177,4 +179,58 @@ fn a_crash_in_the_middle_of_the_pass_loses_nothing() -> Result<(), String> {
     pool.gc(0).map_err(|e| e.to_string())?;
     check(&pool, "b")?;
     verify_clean(&pool, "after the second pass")
+}
+
+/// A chunk merged into and then damaged: the scrub names the blocks of every volume reading
+/// it, through a forward or not, and verify finds them too.
+#[test]
+fn damage_to_a_merged_chunk_names_the_blocks_of_its_forwards_too() -> Result<(), String> {
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let dir = tmp.path();
+    let init = InitOptions {
+        compression: Compression::None,
+        segment_bytes_target: 1 << 20,
+        ..Default::default()
+    };
+    Pool::init_path(dir, &init).map_err(|e| format!("init: {e}"))?;
+    let open = || Pool::open_path(dir, OpenOptions::default()).map_err(|e| format!("open: {e}"));
+    let pool = open()?;
+    let setting = IndexSetting::Sparse { budget: 256 << 10 };
+    pool.meta_put(SETTING_KEY, Some(&setting.encode()))
+        .map_err(|e| e.to_string())?;
+    pool.close().map_err(|e| e.to_string())?;
+    drop(pool);
+    let pool = open()?;
+    write(&pool, "a")?;
+    write(&pool, "b")?;
+    let r = pool
+        .merge_duplicates(1 << 20, &|_, _| {})
+        .map_err(|e| e.to_string())?;
+    assert!(r.merged > BLOCKS / 2, "{r:?}");
+    pool.gc(0).map_err(|e| e.to_string())?;
+    pool.close().map_err(|e| e.to_string())?;
+    drop(pool);
+    // Eight chunks: most of b's blocks are forwards, so some of these are.
+    let tags: Vec<u64> = (0..8).map(|i| 1000 + 1500 * i).collect();
+    for &t in &tags {
+        damage_record_of(dir, &block(t));
+    }
+    let pool = open()?;
+    let pass = pool
+        .scrub_pass(0, &|| true, &|_| {})
+        .map_err(|e| e.to_string())?;
+    assert_eq!(pass.damaged_chunks, 8, "{pass:?}");
+    let mut want: Vec<(String, u64, u64)> = Vec::new();
+    for name in ["a", "b"] {
+        let mut blocks: Vec<u64> = (0..BLOCKS)
+            .filter(|&b| tags.contains(&tag(name, b)))
+            .collect();
+        blocks.sort_unstable();
+        want.extend(blocks.into_iter().map(|b| (name.to_string(), b, 1)));
+    }
+    assert_eq!(pass.damaged_blocks, want);
+    let v = pool.verify(&|_, _| {}).map_err(|e| e.to_string())?;
+    let named: usize = v.bad_blocks.values().map(Vec::len).sum();
+    assert_eq!(named, 16, "{:?}", v.bad_blocks);
+    Ok(())
 }

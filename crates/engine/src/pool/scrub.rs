@@ -120,6 +120,9 @@ impl Pool {
             self.scrub_wait(rate, pass.bytes_checked, began, keep_going);
         }
         if !bad_ids.is_empty() {
+            // Blocks naming a forward to a damaged chunk read that chunk's record too.
+            let forwards = self.forwards_to(&bad_ids);
+            bad_ids.extend(forwards);
             pass.damaged_blocks = self.blocks_naming(&bad_ids)?;
         }
         pass.finished_unix = Some(now_unix());

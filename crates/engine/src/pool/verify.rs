@@ -269,6 +269,25 @@ impl Pool {
         Ok(check)
     }
 
+    /// The forwards to one of `ids` (chunks found damaged), read in steps over the whole
+    /// chunk table (pages it could not read are skipped: verify reports them).
+    pub(crate) fn forwards_to(&self, ids: &HashSet<u64>) -> Vec<u64> {
+        let pages = self
+            .lock_state()
+            .md
+            .chunks
+            .next_id
+            .div_ceil(CHUNKS_PER_PAGE as u64);
+        let mut found = Vec::new();
+        let (mut problems, mut pacer) = (Vec::new(), crate::pool::Pacer::default());
+        for page in (0..pages).step_by(CHUNK_PAGES_PER_HOLD as usize) {
+            pacer.step();
+            let slots = self.forward_slots(page, CHUNK_PAGES_PER_HOLD, &mut problems);
+            found.extend(slots.iter().filter(|f| ids.contains(&f.1)).map(|f| f.0));
+        }
+        found
+    }
+
     /// The forwards in chunk-table pages `[page, page + pages)`: (id, the chunk it forwards
     /// to, its count), the state lock held for [`CHUNK_PAGES_PER_HOLD`] pages at a time.
     fn forward_slots(
