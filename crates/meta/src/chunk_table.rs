@@ -347,6 +347,22 @@ impl ChunkTable {
         self.for_each_in(cache, 0, u64::MAX, f)
     }
 
+    /// Visit the forwards of every page: (id, the chunk it forwards to).
+    pub fn for_each_forward(
+        &self,
+        cache: &mut PageCache,
+        f: &mut dyn FnMut(u64, u64) -> Result<()>,
+    ) -> Result<()> {
+        cache.for_each_leaf(CHUNK_TREE, 0, u64::MAX, &mut |pi, page| {
+            for i in 0..CHUNKS_PER_PAGE {
+                if let Some(Slot::Forward { to, .. }) = decode_any(page, i) {
+                    f(pi * PER + i as u64, to)?;
+                }
+            }
+            Ok(true)
+        })
+    }
+
     /// Visit the chunks of pages `[first_page, end_page)`: (id, entry).
     pub fn for_each_in(
         &self,

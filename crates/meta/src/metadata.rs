@@ -897,11 +897,12 @@ impl Metadata {
         let held = self.tree_chunks(vol)?;
         let mut stored = Vec::with_capacity(held.len());
         for (&id, &n) in &held {
-            let len = self
-                .chunks
-                .get(&mut self.pages, id)?
-                .map(|c| c.loc.stored_len);
-            stored.push((id, n, len.unwrap_or(0)));
+            // An entry naming a forward is counted for the chunk it forwards to.
+            let (id, len) = match self.chunks.resolve(&mut self.pages, id)? {
+                Some((rid, c)) => (rid, c.loc.stored_len),
+                None => (id, 0),
+            };
+            stored.push((id, n, len));
         }
         if let Some(a) = self.attribution.as_mut() {
             for (id, n, len) in stored {
@@ -1063,15 +1064,25 @@ impl Metadata {
             }
             Ok(())
         })?;
+        // Entries naming a forward count for the chunk it forwards to.
+        let mut forwards: HashMap<u64, u64> = HashMap::new();
+        self.chunks
+            .for_each_forward(&mut self.pages, &mut |id, to| {
+                forwards.insert(id, to);
+                Ok(())
+            })?;
         let mut a = Attribution::default();
         let vols: Vec<u32> = self.volumes.keys().copied().collect();
         for vol in vols {
             let mut missing = None;
             self.pages
                 .for_each_leaf(u64::from(vol), 0, u64::MAX, &mut |_, leaf| {
-                    block_map::leaf_chunks(leaf, |id| match stored.get(&id) {
-                        Some(&len) => a.add(vol, id, 1, len),
-                        None => missing = Some(id),
+                    block_map::leaf_chunks(leaf, |id| {
+                        let id = forwards.get(&id).copied().unwrap_or(id);
+                        match stored.get(&id) {
+                            Some(&len) => a.add(vol, id, 1, len),
+                            None => missing = Some(id),
+                        }
                     });
                     Ok(true)
                 })?;

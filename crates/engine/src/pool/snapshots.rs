@@ -25,7 +25,7 @@
 use super::{check_new_volume_name, Pool};
 use crate::block_map;
 use crate::error::{Error, Result};
-use crate::format::{ENTRY_UNMAPPED, MAP_PAGE_ENTRIES};
+use crate::format::{CHUNK_ID_LIMIT, ENTRY_UNMAPPED, MAP_PAGE_ENTRIES};
 use crate::locks::lock;
 use crate::metadata::{Metadata, VolumeState};
 use std::collections::HashMap;
@@ -282,12 +282,20 @@ impl Pool {
             block_map::leaf_chunks(leaf, |id| *held.entry(id).or_default() += 1);
             Ok(())
         })?;
-        let mut bytes = units * crate::page_cache::UNIT as u64;
+        // Entries naming a forward count for the chunk it forwards to.
+        let mut chunks: HashMap<u64, (u32, u64, u32)> = HashMap::new();
         for (id, n) in held {
-            if let Some(e) = md.chunks.get(&mut md.pages, id)? {
-                if e.refs <= n {
-                    bytes += e.loc.record_bytes();
-                }
+            if let Some((rid, e)) = md.chunks.resolve(&mut md.pages, id)? {
+                let c = chunks
+                    .entry(rid)
+                    .or_insert((e.refs, e.loc.record_bytes(), 0));
+                c.2 += n;
+            }
+        }
+        let mut bytes = units * crate::page_cache::UNIT as u64;
+        for (refs, record, n) in chunks.into_values() {
+            if refs <= n {
+                bytes += record;
             }
         }
         Ok(bytes)
@@ -407,7 +415,11 @@ impl Pool {
                 let eb = leaf_entries(md, b, next, lb.is_some())?;
                 for blk in lo..hi {
                     let k = (blk - next * PER) as usize;
-                    push(blk, blk + 1, ea[k] != eb[k]);
+                    push(
+                        blk,
+                        blk + 1,
+                        ea[k] != eb[k] && !same_data(md, ea[k], eb[k])?,
+                    );
                 }
             }
             l = next + 1;
@@ -451,4 +463,16 @@ fn leaf_entries(md: &mut Metadata, tree: u64, l: u64, present: bool) -> Result<V
         })?;
     }
     Ok(e)
+}
+
+/// Whether map entries `x` and `y`, which differ, name chunks holding the same data: two
+/// chunks of one fingerprint (a duplicate the sparse index stored again, or a forward and
+/// the chunk it names). So a block written again with the same data is not changed.
+fn same_data(md: &mut Metadata, x: u64, y: u64) -> Result<bool> {
+    if x >= CHUNK_ID_LIMIT || y >= CHUNK_ID_LIMIT {
+        return Ok(false);
+    }
+    let fp =
+        |md: &mut Metadata, id| Ok::<_, Error>(md.chunks.get(&mut md.pages, id)?.map(|e| e.fp));
+    Ok(matches!((fp(md, x)?, fp(md, y)?), (Some(a), Some(b)) if a == b))
 }
