@@ -130,8 +130,11 @@ pub struct PoolStats {
     pub dedup_index_cache_hits: u64,
     pub dedup_index_hook_hits: u64,
     pub dedup_index_misses: u64,
-    /// Hooks the sparse index dropped (the oldest pages) to stay within its budget.
+    /// Hooks the sparse index dropped to stay within its budget (halving its rate, or at
+    /// the sparsest rate the oldest pages').
     pub dedup_index_hooks_dropped: u64,
+    /// The sparse index's hook rate now: one fingerprint in this many (0 for dense).
+    pub dedup_index_hook_rate: u64,
     /// Chunks the merge pass (`condense index merge`) found holding an older chunk's data and
     /// merged into it, over the pool's life.
     pub dedup_merged_chunks: u64,
@@ -278,6 +281,7 @@ impl PoolStats {
             self.dedup_index_hook_hits = sp.counters.hook_hits;
             self.dedup_index_misses = sp.counters.misses;
             self.dedup_index_hooks_dropped = sp.counters.hooks_dropped;
+            self.dedup_index_hook_rate = sp.hook_rate();
         }
         self.index_ram_bytes = self.dedup_index_bytes + md.pages.ram_bytes();
         self.ram_bytes_per_unique_chunk = if self.unique_chunks == 0 {

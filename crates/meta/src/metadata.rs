@@ -277,7 +277,7 @@ impl Metadata {
             self.sparse_mut()?.counters.cache_hits += 1;
             // A hook met in the cache moves the window on: the run goes on past the pages
             // loaded so far.
-            if crate::sparse_index::is_hook(fp) {
+            if self.sparse_mut().is_some_and(|s| s.is_hook(fp)) {
                 self.load_neighbourhood(page);
             }
             return Some(id);

@@ -10,7 +10,9 @@
 //! order, so a chunk-table page (128 chunks) holds chunks written together, and data written
 //! again is written again in about the same order. RAM keeps 1 fingerprint in
 //! [`HOOK_RATE`] (chosen by fingerprint bits, so the same data always picks the same
-//! hooks). When a lookup meets a hook, the caller confirms it on its page and loads that page
+//! hooks); a hook table that fills up halves its rate (1 in 128, 256, ...: every other hook
+//! goes, and the hooks kept still cover every page, at half the density), so the whole pool
+//! stays in the index's sight, up to [`HOOK_RATE_MAX`]. When a lookup meets a hook, the caller confirms it on its page and loads that page
 //! and the [`LOOKAHEAD`] − 1 following ones into the locality cache, which then answers for
 //! the rest of the duplicate run. New chunks go into the locality cache too (duplicates
 //! within one stream) and, if they are hooks, into the hook table.
@@ -18,19 +20,27 @@
 //! Invariants:
 //! - [`SparseIndex::ram_bytes`] never exceeds the budget given at creation (both tables are
 //!   allocated once, at their full size, and never grow).
-//! - The hook table drops its hooks of the lowest (oldest) pages when it is 7/8 full: the
-//!   dedup window is the newest hooks that fit, as VDO's sparse index keeps.
+//! - The hook table, 7/8 full, first halves its rate (the hooks whose key is not a multiple of
+//!   the new rate go); at [`HOOK_RATE_MAX`] it drops its hooks of the lowest (oldest) pages
+//!   instead: the dedup window is then the newest hooks that fit, as VDO's sparse index keeps.
+//! - The rate is a function of the hooks seen so far, never stored: the build at open reaches
+//!   the same rate from the chunk table.
 //! - Page numbers are kept whole (u64): no chunk id is too large to index.
 //! - A fingerprint seen twice maps to its newest page (the nearest to what is being written).
 
 use condense_format::Fingerprint;
 use std::collections::{BTreeMap, VecDeque};
 
-/// One fingerprint in this many is a hook. Measured on the ten-image corpus (bench/README.md
+/// One fingerprint in this many is a hook, at first (the rate halves as the table fills). Measured on the ten-image corpus (bench/README.md
 /// "Issue 43"): 1 in 64 keeps a hook in every page of 128 chunks on average (two), so a run of
 /// duplicates is found within about 64 chunks of its start, at 16 bytes a hook slot; 1 in 32
 /// doubles the hooks' RAM for a run found ~32 chunks earlier.
 pub const HOOK_RATE: u64 = 64;
+
+/// The sparsest hook rate: past it, the oldest hooks are dropped instead. 1 in 16,384
+/// (2^14) still leaves a hook every 128 pages of chunks on average, a run of duplicates found
+/// within ~64 MiB of data.
+pub const HOOK_RATE_MAX: u64 = HOOK_RATE << 8;
 
 /// Pages loaded into the locality cache on a hook hit: the hook's page and the ones after it.
 pub const LOOKAHEAD: u64 = 8;
@@ -49,7 +59,8 @@ pub fn key(fp: &Fingerprint) -> u64 {
     u64::from_le_bytes(b).max(1)
 }
 
-/// Whether `fp` is a hook: its key is a multiple of [`HOOK_RATE`] (1 in [`HOOK_RATE`]).
+/// Whether `fp` is a hook at the first rate: its key is a multiple of [`HOOK_RATE`] (the
+/// index's own rate may be sparser, [`SparseIndex::is_hook`]).
 pub fn is_hook(fp: &Fingerprint) -> bool {
     key(fp).is_multiple_of(HOOK_RATE)
 }
@@ -66,7 +77,8 @@ pub struct SparseCounters {
     /// Lookups that found nothing: new data, or a duplicate outside the cache that is not a
     /// hook (a dense index would have found it; which of the two is unknown inline).
     pub misses: u64,
-    /// Hooks dropped to stay within the budget (the oldest pages).
+    /// Hooks dropped to stay within the budget: the oldest pages' at the sparsest rate, or
+    /// every other one when the rate halved.
     pub hooks_dropped: u64,
     /// Pages loaded into the locality cache on hook hits.
     pub pages_loaded: u64,
@@ -167,6 +179,19 @@ impl Table {
 
     fn full(&self) -> bool {
         (self.len + 1) * 8 > self.slots.len() * 7
+    }
+
+    /// Keep only the hooks whose key is a multiple of `rate`; returns how many went.
+    fn thin(&mut self, rate: u64) -> u64 {
+        let before = self.len;
+        for s in &mut self.slots {
+            if s.0 != 0 && !s.0.is_multiple_of(rate) {
+                *s = (0, 0);
+                self.len -= 1;
+            }
+        }
+        self.reseat();
+        (before - self.len) as u64
     }
 
     /// Drop the hooks of the oldest pages until at most 5/8 of the slots are used; returns
@@ -288,6 +313,9 @@ impl Locality {
 
 pub struct SparseIndex {
     budget: u64,
+    /// One fingerprint in `rate` is a hook (a power of two, [`HOOK_RATE`] to
+    /// [`HOOK_RATE_MAX`]).
+    rate: u64,
     hooks: Table,
     cache: Locality,
     pub counters: SparseCounters,
@@ -301,6 +329,7 @@ impl SparseIndex {
         let (hook_slots, entries) = sizes(budget);
         SparseIndex {
             budget,
+            rate: HOOK_RATE,
             hooks: Table::with_slots(hook_slots),
             cache: Locality::with_entries(entries),
             counters: SparseCounters::default(),
@@ -309,6 +338,16 @@ impl SparseIndex {
 
     pub fn budget(&self) -> u64 {
         self.budget
+    }
+
+    /// One fingerprint in this many is a hook now.
+    pub fn hook_rate(&self) -> u64 {
+        self.rate
+    }
+
+    /// Whether `fp` is a hook at the index's rate now.
+    pub fn is_hook(&self, fp: &Fingerprint) -> bool {
+        key(fp).is_multiple_of(self.rate)
     }
 
     /// Hooks held.
@@ -334,7 +373,7 @@ impl SparseIndex {
 
     /// The page of hook `fp`, if `fp` is a hook held.
     pub fn hook_page(&self, fp: &Fingerprint) -> Option<u64> {
-        if !is_hook(fp) {
+        if !self.is_hook(fp) {
             return None;
         }
         self.hooks.get(key(fp))
@@ -362,11 +401,19 @@ impl SparseIndex {
 
     /// Index `fp` on `page` if it is a hook (the build at open keeps only hooks).
     pub fn add_hook(&mut self, fp: &Fingerprint, page: u64) {
-        if !is_hook(fp) {
+        if !self.is_hook(fp) {
             return;
         }
         if self.hooks.full() {
-            self.counters.hooks_dropped += self.hooks.drop_oldest();
+            if self.rate < HOOK_RATE_MAX {
+                self.rate *= 2;
+                self.counters.hooks_dropped += self.hooks.thin(self.rate);
+                if !self.is_hook(fp) {
+                    return;
+                }
+            } else {
+                self.counters.hooks_dropped += self.hooks.drop_oldest();
+            }
         }
         self.hooks.put(key(fp), page);
     }
@@ -405,32 +452,61 @@ mod tests {
     use super::*;
     use crate::dedup_index::tests::fp;
 
+    /// Twice the hooks that fit: the rate halves, and every hook at the new rate, old or
+    /// new, is still held (the whole pool stays in sight); RAM never grows.
     #[test]
-    fn ram_stays_within_the_budget_and_the_oldest_hooks_go() {
+    fn a_full_hook_table_halves_its_rate_and_keeps_the_whole_pool_in_sight() {
         for budget in [MIN_BUDGET, 1 << 20] {
             let mut ix = SparseIndex::new(budget);
             let ram = ix.ram_bytes();
             assert!(ram <= budget, "{ram} bytes for a budget of {budget}");
             assert_eq!(projected_ram_bytes(budget), ram);
-            // Far more hooks than fit: 64 × the hook slots.
-            let n = budget / 16 * 64 * 2;
+            let n = budget / 16 * HOOK_RATE * 2;
             for i in 0..n {
                 ix.insert(&fp(i), i / 128);
             }
-            assert!(ix.ram_bytes() <= budget);
             assert_eq!(ix.ram_bytes(), ram, "the tables never grew");
+            assert!(ix.hook_rate() > HOOK_RATE, "rate {}", ix.hook_rate());
             assert!(ix.counters.hooks_dropped > 0);
-            assert!(ix.hooks() > 0);
-            // The newest hooks are held, the oldest dropped.
-            let newest = (n - 4000..n).filter(|&i| is_hook(&fp(i)));
-            for i in newest {
-                assert_eq!(ix.hook_page(&fp(i)), Some(i / 128), "recent hook {i}");
+            let kept = (0..n).filter(|&i| ix.is_hook(&fp(i)));
+            let mut held = 0;
+            for i in kept {
+                assert_eq!(ix.hook_page(&fp(i)), Some(i / 128), "hook {i}");
+                held += 1;
             }
-            let oldest = (0..4000).filter(|&i| is_hook(&fp(i)));
-            for i in oldest {
-                assert_eq!(ix.hook_page(&fp(i)), None, "old hook {i} kept");
-            }
+            assert_eq!(held, ix.hooks());
+            assert!(
+                held * 4 >= n / ix.hook_rate() * 3,
+                "{held} hooks of {n} chunks"
+            );
         }
+    }
+
+    /// At the sparsest rate the oldest hooks go: the newest are held.
+    #[test]
+    fn at_the_sparsest_rate_the_oldest_hooks_go() {
+        let mut ix = SparseIndex::new(MIN_BUDGET);
+        ix.rate = HOOK_RATE_MAX;
+        // Keys that are hooks at the sparsest rate: far more than the table holds.
+        let n = MIN_BUDGET / 16 * 3;
+        let hook = |i: u64| {
+            let mut f = [0u8; 16];
+            let k = ((i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) & !(HOOK_RATE_MAX - 1))
+                .max(HOOK_RATE_MAX);
+            f[8..16].copy_from_slice(&k.to_le_bytes());
+            f
+        };
+        for i in 0..n {
+            ix.insert(&hook(i), i);
+        }
+        assert_eq!(ix.hook_rate(), HOOK_RATE_MAX);
+        assert!(ix.counters.hooks_dropped > 0);
+        assert_eq!(
+            ix.hook_page(&hook(n - 1)),
+            Some(n - 1),
+            "the newest is held"
+        );
+        assert_eq!(ix.hook_page(&hook(0)), None, "the oldest went");
     }
 
     #[test]
@@ -441,7 +517,7 @@ mod tests {
         for i in 0..10_000u64 {
             let page = base + i / 128;
             ix.insert(&fp(i), page);
-            if is_hook(&fp(i)) {
+            if ix.is_hook(&fp(i)) {
                 hooks += 1;
                 assert_eq!(ix.hook_page(&fp(i)), Some(page));
             }

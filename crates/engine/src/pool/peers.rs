@@ -195,14 +195,14 @@ impl Pool {
     }
 }
 
-#[cfg(test)]
+// Debug builds only: the assertion it tests is a debug assertion.
+#[cfg(all(test, debug_assertions))]
 mod tests {
     use crate::{InitOptions, OpenOptions, Pool};
 
     /// The peer rule of the lock order: a thread that holds one pool's state and takes
     /// another's (a peer's) fails in debug builds, and one at a time is fine.
     #[test]
-    #[cfg(debug_assertions)]
     fn a_thread_takes_one_pools_state_at_a_time() {
         let (a, b) = (
             tempfile::tempdir().expect("tempdir"),
