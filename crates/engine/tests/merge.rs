@@ -29,12 +29,7 @@ fn tag(name: &str, b: u64) -> u64 {
 }
 
 fn open(disk: &Arc<SimDir>) -> Result<Arc<Pool>, String> {
-    let opts = OpenOptions {
-        destage_in_background: false,
-        release_in_background: false,
-        ..Default::default()
-    };
-    Pool::open(Arc::new(SimHandle(disk.clone())), opts).map_err(|e| format!("open: {e}"))
+    common::open_sim(disk)
 }
 
 fn write(pool: &Pool, name: &str) -> Result<(), String> {

@@ -3,9 +3,10 @@
 //! (≥ 99 %, from the pool's own counters), also after a crash and reopen, and what is read
 //! back is what was written (a match is confirmed on the chunk table).
 
+mod common;
 use condense_engine::index::{IndexSetting, SETTING_KEY};
 use condense_engine::sim::{SimDir, SimHandle, SimRng};
-use condense_engine::{InitOptions, OpenOptions, Pool};
+use condense_engine::{InitOptions, Pool};
 use std::sync::Arc;
 
 const BS: usize = 4096;
@@ -20,12 +21,7 @@ fn block(tag: u64) -> Vec<u8> {
 }
 
 fn open(disk: &Arc<SimDir>) -> Result<Arc<Pool>, String> {
-    let opts = OpenOptions {
-        destage_in_background: false,
-        release_in_background: false,
-        ..Default::default()
-    };
-    Pool::open(Arc::new(SimHandle(disk.clone())), opts).map_err(|e| format!("open: {e}"))
+    common::open_sim(disk)
 }
 
 /// Volume `name` with blocks `first..first + BLOCKS` of the tag sequence.
