@@ -5,7 +5,9 @@
 //!   bounded cache, and where their pages go in `meta.dat`
 //! - [`chunk_table`], [`dedup_index`], [`block_map`]: the metadata stores
 //! - [`index`]: the dedup index a pool holds, dense ([`dedup_index`]) or sparse
-//!   ([`sparse_index`]: hooks and a locality cache within a RAM budget), and its setting
+//!   ([`sparse_index`]: hooks and a locality cache within a RAM budget), and its setting;
+//!   [`sparse_replay`]: what the sparse index finds inline in a stream of writes, without a
+//!   pool (`condense estimate --index sparse`)
 //! - [`metadata`]: the metadata stores together and the one `apply` that changes them
 //! - [`attribution`]: which volumes and snapshots name each chunk: per volume, the bytes only
 //!   it references (what deleting it frees) and those it shares
@@ -30,6 +32,7 @@ pub mod page_alloc;
 pub mod page_cache;
 pub mod projection;
 pub mod sparse_index;
+pub mod sparse_replay;
 pub mod spill;
 
 pub use condense_format::{Error, Result};
