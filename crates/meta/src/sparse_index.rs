@@ -62,7 +62,7 @@ pub trait ChunkPages {
     fn confirm(&mut self, page: u64, fp: &Fingerprint) -> Option<u64>;
     /// The keys ([`key`]) of the chunks on `page`; `None` if it cannot be read.
     fn page_keys(&mut self, page: u64) -> Option<Vec<u64>>;
-    /// The page the next chunk id goes to: a neighbourhood loads no page after it.
+    /// The page of the last chunk id handed out: a neighbourhood loads no page after it.
     fn last_page(&self) -> u64;
 }
 
