@@ -592,3 +592,29 @@ fn a_sparse_host_folds_a_peers_chunks_within_its_budget_and_finds_them() {
     check(&b, "copy", 0, SPARSE_PEER_BLOCKS);
     assert!(b.stats().expect("stats").dedup_index_bytes <= SPARSE_BUDGET);
 }
+
+#[test]
+fn a_joining_host_takes_the_first_hosts_index_setting() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("store dir");
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let opts = InitOptions::default();
+    Pool::init_remote(&pa, &conf(&store), Durability::Local, CACHE, &opts).expect("init");
+    let a = open(&pa);
+    let sparse = IndexSetting::Sparse { budget: 1 << 20 };
+    a.meta_put(SETTING_KEY, Some(&sparse.encode()))
+        .expect("setting");
+    a.close().expect("close a");
+    drop(a);
+    Pool::join_remote(&pb, &conf(&store), CACHE, "host-b", None).expect("join");
+    let b = open(&pb);
+    let s = b.stats().expect("stats");
+    assert_eq!(s.dedup_index_mode, "sparse");
+    assert_eq!(s.dedup_index_budget_bytes, 1 << 20);
+    // The first host stays the owner of its part: b holds no lease on it.
+    b.close().expect("close b");
+    drop(b);
+    let a = open(&pa);
+    assert_eq!(a.stats().expect("stats").dedup_index_mode, "sparse");
+}
