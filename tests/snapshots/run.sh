@@ -257,7 +257,7 @@ check "init a pool with the smallest sparse index" c init --index sparse --index
 check "import the image" c import "$W/seq.raw" --name vm
 check "import it shuffled" c import "$W/shuffled.raw" --name shuffled
 before=$(c stats --json | jq .unique_chunks)
-expect_ge "most of the shuffled copy was stored again (unique chunks)" "$before" 24576
+expect_ge "a good part of the shuffled copy was stored again (unique chunks)" "$before" 20480
 serve_vm
 check "index merge --json through the control socket" c index merge --json
 cp "$W/out" "$W/merge.json"

@@ -10,8 +10,9 @@ use condense_engine::{InitOptions, Pool};
 use std::sync::Arc;
 
 const BS: usize = 4096;
-/// Blocks of the volume: 32 chunk-table pages, far more than one hook's neighbourhood.
-const BLOCKS: u64 = 4096;
+/// Blocks of the volume: 128 chunk-table pages, far more than one hook's neighbourhood and
+/// than the smallest index's locality cache holds (~7,400 entries, 58 pages).
+const BLOCKS: u64 = 16384;
 /// Blocks per write.
 const RUN: u64 = 64;
 
@@ -115,7 +116,7 @@ fn data_written_again_is_found_through_the_sparse_index_across_a_crash() -> Resu
     );
     assert_eq!(s.unique_chunks, BLOCKS);
 
-    // The same data again, in another volume: the locality cache (~2,400 entries) no longer
+    // The same data again, in another volume: the locality cache (~7,400 entries) no longer
     // holds its start, so it is found by a hook, then by the locality cache.
     found_again(&pool, "b", "at first")?;
     let s = pool.stats().map_err(|e| e.to_string())?;
