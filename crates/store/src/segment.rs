@@ -938,6 +938,45 @@ mod tests {
         Ok(())
     }
 
+    /// The waits made under the state lock and waited on without it: one for what is queued
+    /// (none when nothing is), one after handing the pending records off; each returns only
+    /// once the writer wrote those batches, and write_all then has nothing left to wait for.
+    #[test]
+    fn waits_for_queued_batches_end_when_they_are_written() -> Result<()> {
+        let pool = SimHandle(SimDir::new());
+        let mut segs = Segments::new(1 << 20, [7; 16]);
+        segs.background = Some(SegmentWriter::start()?);
+        let first = record(&mut segs, &pool, 0)?;
+        assert!(segs.queued_wait().is_none(), "nothing queued yet");
+        held(&segs, true);
+        let wait = segs
+            .hand_off_pending()?
+            .ok_or(Error::Invalid("no writer".into()))?;
+        assert!(segs.is_writing(first.segment));
+        let queued = segs
+            .queued_wait()
+            .ok_or(Error::Invalid("no wait for the queued batch".into()))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            wait.wait();
+            queued.wait();
+            let _ = tx.send(());
+        });
+        let early = rx.recv_timeout(std::time::Duration::from_millis(100));
+        assert!(
+            early.is_err(),
+            "the wait ended before the batch was written"
+        );
+        held(&segs, false);
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .map_err(|_| Error::Invalid("the wait did not end once written".into()))?;
+        let _ = waiter.join();
+        segs.reap();
+        assert!(!segs.is_writing(first.segment));
+        assert!(segs.queued_wait().is_none());
+        Ok(())
+    }
+
     /// Found writing the segment fuzz target: a segment named `seg-ffffffff.dat` overflowed the
     /// next id (a panic in debug builds; in release the next segment became id 0 and was
     /// written over the existing segment 0). Now the next new segment is refused.
