@@ -98,13 +98,8 @@ fn data_written_again_is_found_through_the_sparse_index_across_a_crash() -> Resu
     let disk = SimDir::new();
     Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
         .map_err(|e| format!("init: {e}"))?;
-    let pool = open(&disk)?;
-    let setting = IndexSetting::Sparse { budget: 256 << 10 };
-    pool.meta_put(SETTING_KEY, Some(&setting.encode()))
-        .map_err(|e| e.to_string())?;
-    pool.close().map_err(|e| e.to_string())?;
+    let pool = common::open_sparse(&disk, 256 << 10)?;
 
-    let pool = open(&disk)?;
     write(&pool, "a", 0)?;
     let s = pool.stats().map_err(|e| e.to_string())?;
     assert_eq!(s.dedup_index_mode, "sparse");

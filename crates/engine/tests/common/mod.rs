@@ -40,3 +40,18 @@ pub fn open_sim(
     )
     .map_err(|e| format!("open: {e}"))
 }
+
+/// [`open_sim`] of a pool set to the sparse dedup index of `budget` bytes first (the setting
+/// takes effect at the next open, so the pool is opened, set, closed and opened again).
+pub fn open_sparse(
+    disk: &std::sync::Arc<condense_engine::sim::SimDir>,
+    budget: u64,
+) -> Result<std::sync::Arc<condense_engine::Pool>, String> {
+    use condense_engine::index::{IndexSetting, SETTING_KEY};
+    let pool = open_sim(disk)?;
+    pool.meta_put(SETTING_KEY, Some(&IndexSetting::Sparse { budget }.encode()))
+        .map_err(|e| e.to_string())?;
+    pool.close().map_err(|e| e.to_string())?;
+    drop(pool);
+    open_sim(disk)
+}
