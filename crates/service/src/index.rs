@@ -150,7 +150,7 @@ pub fn run(ctx: &mut Ctx, cmd: IndexCommand) -> Result<i32> {
     if let Some(n) = new.filter(|_| changed) {
         store(&pool, n)?;
     }
-    let s = pool.stats().context("cannot read the pool's figures")?;
+    let s = pool.index_stats();
     let now = new.unwrap_or(stored);
     let report = IndexReport {
         mode: now.mode(),

@@ -175,6 +175,20 @@ impl Pool {
         Ok((physical, remote))
     }
 
+    /// The dedup index's and the RAM's figures only ([`PoolStats::add_ram`]; the rest are
+    /// left at zero): no per-volume figures are counted, so `condense index show` answers at
+    /// once on a pool of any size (counting them took 10 s of a 10M-chunk pool's 13 s).
+    pub fn index_stats(&self) -> PoolStats {
+        let st = self.lock_state();
+        let mut s = PoolStats {
+            block_size: self.block_size(),
+            unique_chunks: st.md.chunks.live_chunks,
+            ..Default::default()
+        };
+        s.add_ram(&st.md);
+        s
+    }
+
     /// Pool and per-volume figures, from counters (no map is walked).
     pub fn stats(&self) -> Result<PoolStats> {
         let (physical, remote) = self.physical_and_remote()?;
