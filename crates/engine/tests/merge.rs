@@ -224,3 +224,34 @@ fn damage_to_a_merged_chunk_names_the_blocks_of_its_forwards_too() -> Result<(),
     assert_eq!(named, 16, "{:?}", v.bad_blocks);
     Ok(())
 }
+
+/// The backlog the daemon's schedule reads: every chunk until a whole pass, none after it; a
+/// pass stopped part way merges what it reached and is not recorded.
+#[test]
+fn a_whole_pass_records_its_backlog_and_a_stopped_one_does_not() -> Result<(), String> {
+    let (_disk, pool) = pool_with_duplicates()?;
+    let before = unique(&pool)?;
+    let backlog = pool.merge_backlog();
+    assert!(backlog.sparse, "{backlog:?}");
+    assert_eq!((backlog.new_chunks, backlog.live_chunks), (before, before));
+    let stopped = pool
+        .merge_duplicates_until(1 << 20, &|done, total| done * 2 > total)
+        .map_err(|e| e.to_string())?;
+    assert!(stopped.stopped && stopped.merged > 0, "{stopped:?}");
+    assert!(stopped.merged < before - BLOCKS, "{stopped:?}");
+    assert_eq!(pool.merge_backlog().new_chunks, before);
+    check(&pool, "b")?;
+    let whole = pool
+        .merge_duplicates(1 << 20, &|_, _| {})
+        .map_err(|e| e.to_string())?;
+    assert!(!whole.stopped, "{whole:?}");
+    assert_eq!(stopped.merged + whole.merged, before - BLOCKS);
+    assert_eq!(pool.merge_backlog().new_chunks, 0);
+    // New chunks count from the pass's start.
+    let h = pool.volume("b").map_err(|e| e.to_string())?;
+    h.write_at(0, &vec![9u8; BS], false)
+        .map_err(|e| e.to_string())?;
+    assert_eq!(pool.merge_backlog().new_chunks, 1);
+    check(&pool, "a")?;
+    verify_clean(&pool, "after both passes")
+}

@@ -1,11 +1,13 @@
 //! A long-lived frontend on a pool (`serve`, `mount`) and what runs beside it while it holds
 //! the pool: background GC once a quarter of the segment bytes are dead, the background scrub,
+//! the background merge pass of a sparse-indexed pool,
 //! the sync with the other hosts of a shared pool, the status publisher ([`crate::status`])
 //! and the control socket ([`crate::control`]).
 //!
 //! Invariants: the control socket stops answering (waiting for the commands in flight) before
 //! anything else stops; the pool is closed last, once every helper has stopped.
 
+use crate::background_merge::{BackgroundMerge, MergeSchedule};
 use crate::control::{ControlServer, Handler};
 use crate::error::{Result, ServiceError};
 use crate::status::StatusWriter;
@@ -19,6 +21,18 @@ use std::time::Duration;
 /// The default rate of the background scrub: 32 MiB/s of chunk records, about 10 % of one
 /// core (bench/README.md, "The scrub's cost": fio-bench with and without it).
 pub const DEFAULT_SCRUB_RATE: u64 = 32 << 20;
+
+/// The background merge pass of a pool with a sparse dedup index ([`crate::background_merge`]):
+/// looked at every 10 minutes, run once the chunks written since the last pass are 5 % of the
+/// live ones (at least 65,536: 256 MiB of 4 KiB blocks), sorting within the RAM `condense index
+/// merge` takes by default, then GC of the segments a quarter dead or more.
+const MERGE_SCHEDULE: MergeSchedule = MergeSchedule {
+    every: Duration::from_secs(600),
+    new_percent: 5,
+    new_min: 1 << 16,
+    memory: crate::index::MERGE_MEMORY,
+    gc_dead_percent: 25,
+};
 
 /// How the daemon opens the pool and what runs beside the frontend.
 #[derive(Debug, Clone)]
@@ -60,6 +74,7 @@ pub fn run(
         condense_engine::gc::BackgroundGc::start(&pool, Duration::from_secs(30), 25, 256 << 20)
     });
     let scrubber = scrub(&pool, opts);
+    let merger = (!read_only).then(|| BackgroundMerge::start(&pool, MERGE_SCHEDULE));
     // A pool other hosts share: fold them in every 30 s (dedup across hosts, docs/S3.md).
     let hosts = condense_engine::hosts::start_background_sync(&pool, Duration::from_secs(30));
     let status = StatusWriter::start(&pool, path);
@@ -81,6 +96,7 @@ pub fn run(
     drop(status);
     drop(hosts);
     drop(scrubber);
+    drop(merger);
     drop(gc);
     pool.close()?;
     Ok(())

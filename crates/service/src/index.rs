@@ -83,7 +83,7 @@ pub enum IndexCommand {
 }
 
 /// The merge pass's sort budget by default.
-const MERGE_MEMORY: u64 = 64 << 20;
+pub const MERGE_MEMORY: u64 = 64 << 20;
 
 fn parse_memory(s: &str) -> std::result::Result<u64, String> {
     let bytes = condense_api::size::parse_size(s)?;

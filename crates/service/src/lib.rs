@@ -24,6 +24,7 @@
 
 #![deny(clippy::unwrap_used)]
 
+pub mod background_merge;
 pub mod config;
 pub mod control;
 pub mod daemon;

@@ -30,6 +30,23 @@ const SCAN_PAGES: u64 = 16;
 /// Forwards checked and journaled per hold of the state lock.
 const MERGE_BATCH: usize = 64;
 
+/// The pool's metadata record naming the chunk id the last whole merge pass sorted up to (8
+/// bytes, little-endian): chunks from it on were written since, and may hold data the inline
+/// index missed ([`Pool::merge_backlog`]).
+pub const MERGED_THROUGH_KEY: &str = "index/merged-through";
+
+/// [`Pool::merge_backlog`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MergeBacklog {
+    /// Chunk ids handed out since the last whole pass began (all of them if there was none;
+    /// a record of [`MERGED_THROUGH_KEY`] that does not decode counts as none).
+    pub new_chunks: u64,
+    /// Live chunks now.
+    pub live_chunks: u64,
+    /// The pool's dedup index is sparse (set so: a dense index misses no duplicate inline).
+    pub sparse: bool,
+}
+
 /// What a merge pass did.
 #[derive(Clone, Debug, Default)]
 pub struct MergeReport {
@@ -44,6 +61,8 @@ pub struct MergeReport {
     pub merged: u64,
     /// Bytes of the merged chunks' records: what GC can reclaim now.
     pub record_bytes_merged: u64,
+    /// Stopped before the end ([`Pool::merge_duplicates_until`]).
+    pub stopped: bool,
 }
 
 impl Pool {
@@ -55,14 +74,29 @@ impl Pool {
         budget: u64,
         progress: &(dyn Fn(u64, u64) + Sync),
     ) -> Result<MergeReport> {
+        self.merge_duplicates_until(budget, &|done, total| {
+            progress(done, total);
+            false
+        })
+    }
+
+    /// [`Pool::merge_duplicates`], stopped at the next step once `stop(done, total)` says so
+    /// (the report then has `stopped`; the forwards made so far stay, and the pass is not
+    /// recorded as whole).
+    pub fn merge_duplicates_until(
+        &self,
+        budget: u64,
+        stop: &(dyn Fn(u64, u64) -> bool + Sync),
+    ) -> Result<MergeReport> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
         self.allow_forwards()?;
-        let (mut sort, pages) = {
+        let (mut sort, pages, through) = {
             let st = self.lock_state();
-            let pages = st.md.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
-            (FingerprintSort::new(budget, &st.md.spill), pages)
+            let through = st.md.chunks.next_id;
+            let pages = through.div_ceil(CHUNKS_PER_PAGE as u64);
+            (FingerprintSort::new(budget, &st.md.spill), pages, through)
         };
         let mut pacer = Pacer::default();
         let mut page = 0;
@@ -81,7 +115,12 @@ impl Pool {
             md.pages.evict_to_budget()?;
             drop(st);
             page = end;
-            progress(page, 2 * pages);
+            if stop(page, 2 * pages) {
+                return Ok(MergeReport {
+                    stopped: true,
+                    ..Default::default()
+                });
+            }
         }
         let mut report = MergeReport {
             chunks_sorted: sort.len(),
@@ -97,14 +136,35 @@ impl Pool {
             pairs.check()?;
             pacer.step();
             self.forward_batch(&batch, &mut report)?;
-            progress(
-                pages + pages * report.duplicates / report.chunks_sorted.max(1),
-                2 * pages,
-            );
+            let done = pages + pages * report.duplicates / report.chunks_sorted.max(1);
+            if stop(done, 2 * pages) {
+                report.stopped = true;
+                return Ok(report);
+            }
         }
         pairs.check()?;
-        progress(2 * pages, 2 * pages);
+        self.meta_put(MERGED_THROUGH_KEY, Some(&through.to_le_bytes()))?;
+        stop(2 * pages, 2 * pages);
         Ok(report)
+    }
+
+    /// What a merge pass would look through for duplicates the inline index missed.
+    pub fn merge_backlog(&self) -> MergeBacklog {
+        let st = self.lock_state();
+        let through = st
+            .md
+            .meta
+            .get(MERGED_THROUGH_KEY)
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map_or(0, u64::from_le_bytes);
+        MergeBacklog {
+            new_chunks: st.md.chunks.next_id.saturating_sub(through),
+            live_chunks: st.md.chunks.live_chunks,
+            sparse: matches!(
+                crate::index::IndexSetting::of(&st.md.meta),
+                crate::index::IndexSetting::Sparse { .. }
+            ),
+        }
     }
 
     /// Journal the forwards of `batch` ((chunk, the older chunk of its data)) whose chunks
