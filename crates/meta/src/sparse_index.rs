@@ -334,8 +334,8 @@ pub struct SparseIndex {
 }
 
 impl SparseIndex {
-    /// An index within `budget` bytes (at least [`MIN_BUDGET`]): a quarter for hooks, three
-    /// quarters for the locality cache.
+    /// An index within `budget` bytes (at least [`MIN_BUDGET`]): half for hooks, half for
+    /// the locality cache.
     pub fn new(budget: u64) -> SparseIndex {
         let budget = budget.max(MIN_BUDGET);
         let (hook_slots, entries) = sizes(budget);
@@ -493,14 +493,15 @@ impl SparseIndex {
     }
 }
 
-/// Hook slots and locality-cache entries for `budget` bytes: a quarter for hooks, three
-/// quarters for the cache. Measured on the ten-image corpus at 256 KiB (bench/README.md
-/// "Issue 43"): with ¾ for hooks the cache held ~19 pages and the sparse pool stored 1.27×
-/// dense, 94.4 % of a second day found inline; ½: 1.06×, 97.5 %; ¼: 1.06×, 98.6 %; ⅛: 1.29×,
-/// 85.4 % (the hooks thin to 1 in 256 and runs are found too late). The hook table halves its
-/// rate as it fills, so a smaller share still covers the whole pool.
+/// Hook slots and locality-cache entries for `budget` bytes: half for hooks, half for the
+/// cache. Measured (bench/README.md "Issue 43", "The budget's split"): on the ten-image corpus
+/// at 256 KiB, ¾ for hooks stored 1.27× dense (the cache held ~19 pages), 94.4 % of a second
+/// day found inline; ½: 1.06×, 97.5 %; ¼: 1.06×, 98.6 %; ⅛: 1.29×, 85.4 %. At 100M chunks and
+/// 32 MiB a second pass found 99.94 % inline with ½ (hooks 1 in 128) and 97.7 % with ¼ (1 in
+/// 256): the hook table halves its rate as it fills, so its share sets how thin the hooks of a
+/// big pool get.
 fn sizes(budget: u64) -> (usize, usize) {
-    let hook_slots = budget / 4 / HOOK_SLOT_BYTES;
+    let hook_slots = budget / 2 / HOOK_SLOT_BYTES;
     let cache_bytes = budget - hook_slots * HOOK_SLOT_BYTES;
     // An entry: 8/7 of a 16-byte slot (the map stays below 7/8 full) and its key in its
     // page's list (8 bytes): 184/7 bytes; 16 spare slots of rounding.
