@@ -354,6 +354,7 @@ impl Pool {
             poisoned: None,
             written_since_space_check: SPACE_CHECK_BYTES,
             checkpointed: 0,
+            journal_flush_at: opts.journal_bytes_max,
         };
 
         // A copy of the superblock or root that open did not use is said, and a writable open
@@ -419,6 +420,7 @@ impl Pool {
             reads_in_flight: Default::default(),
             space_low: Default::default(),
             spread_writes: std::sync::atomic::AtomicBool::new(true),
+            journal_full: Default::default(),
             counters: Default::default(),
             replay,
             tier: RwLock::new(None),
