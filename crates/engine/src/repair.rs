@@ -480,6 +480,7 @@ fn fresh_metadata(
         releasing: BTreeMap::new(),
         to_free: Vec::new(),
         index_build: None,
+        index_load: None,
     }
 }
 

@@ -258,6 +258,8 @@ impl PoolStats {
         };
         self.dedup_index = if md.index_build.is_some() {
             "building".to_string()
+        } else if md.index_load.is_some() {
+            "loading".to_string()
         } else {
             md.index_origin.as_str().to_string()
         };

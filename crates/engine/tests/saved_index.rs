@@ -168,3 +168,123 @@ fn a_chunk_dropped_before_the_first_write_makes_the_build_walk_the_table() -> Te
     assert_eq!(write_duplicates(&pool, "b", &data)?, "built");
     Ok(())
 }
+
+/// Lets the reads of `dedup.idx` go when dropped (also when a test fails half-way, so the
+/// index thread it holds ends and the pool can be dropped).
+struct LetGo<'a>(&'a SimDir);
+
+impl Drop for LetGo<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.hold_reads("dedup.idx", false);
+    }
+}
+
+/// Wait until the pool's index is `want` (the background thread finished).
+fn wait_for_index(pool: &Pool, want: &str) -> TestResult {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while pool.stats()?.dedup_index != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the index became {want}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// A served pool loads the saved index on a thread, without the state lock; the file's reads
+/// are held here so that writes, an overwrite and a GC that drops chunks all happen while it
+/// loads. Meanwhile lookups miss (duplicates are stored again: savings only). Once loaded,
+/// the index holds exactly the live chunks (the chunks added meanwhile in, the dropped ones
+/// out), every block reads back what was written, and the chunks added during the load are
+/// found by later writes.
+#[test]
+fn a_served_pool_loads_the_saved_index_in_the_background() -> TestResult {
+    let (disk, data) = pool_with_data()?;
+    let pool = open(&disk)?;
+    disk.hold_reads("dedup.idx", true)?;
+    let let_go = LetGo(&disk);
+    pool.start_index_build();
+    assert_eq!(pool.stats()?.dedup_index, "loading");
+
+    // While it loads: new data, data's first 64 blocks again (missed: stored again), then
+    // those blocks of "a" overwritten and collected (their first copies dropped).
+    let during = random(5, 256);
+    pool.create_volume("during", 64 << 20)?;
+    pool.volume("during")?.write_at(0, &during, false)?;
+    let head = &data[..64 * 4096];
+    let before = pool.stats()?.unique_chunks;
+    pool.create_volume("again", 64 << 20)?;
+    pool.volume("again")?.write_at(0, head, false)?;
+    assert_eq!(
+        pool.stats()?.unique_chunks,
+        before + 64,
+        "lookups miss while the index loads"
+    );
+    let other = random(6, 64);
+    pool.volume("a")?.write_at(0, &other, false)?;
+    pool.gc(0)?;
+    assert_eq!(pool.stats()?.dedup_index, "loading", "the load was held");
+
+    drop(let_go);
+    wait_for_index(&pool, "loaded")?;
+    let s = pool.stats()?;
+    assert_eq!(
+        s.dedup_index_entries, s.unique_chunks,
+        "the index names every live chunk once: the changes made while it loaded applied"
+    );
+    // Found by later writes: chunks of the file, and chunks added while it loaded.
+    assert_eq!(write_duplicates(&pool, "b", &during)?, "loaded");
+    assert_eq!(write_duplicates(&pool, "c", head)?, "loaded");
+    assert_eq!(write_duplicates(&pool, "d", &data[64 * 4096..])?, "loaded");
+    assert_eq!(write_duplicates(&pool, "e", &other)?, "loaded");
+    let mut back = vec![0u8; data.len()];
+    pool.volume("a")?.read_at(0, &mut back)?;
+    assert!(back[..other.len()] == other[..], "a's overwritten head");
+    assert!(back[other.len()..] == data[other.len()..], "a's tail");
+    assert!(pool.verify(&|_, _| {})?.is_clean());
+    // The close saves the index it ends with; the next open loads it.
+    pool.close()?;
+    let pool = open(&disk)?;
+    assert_eq!(write_duplicates(&pool, "f", &during)?, "loaded");
+    Ok(())
+}
+
+/// A served pool whose saved index fails its checks builds the index from the chunk table in
+/// steps instead, and dedup is exact again once it is built.
+#[test]
+fn a_served_pool_with_a_damaged_saved_index_builds_it_in_steps() -> TestResult {
+    let (disk, data) = pool_with_data()?;
+    let len = disk.file_len("dedup.idx").ok_or("no dedup.idx")?;
+    disk.flip_bit("dedup.idx", len / 2, 5)?;
+    let pool = open(&disk)?;
+    pool.start_index_build();
+    wait_for_index(&pool, "built")?;
+    assert_eq!(write_duplicates(&pool, "b", &data)?, "built");
+    Ok(())
+}
+
+/// A pool closed while its saved index loads waits for the load, and saves the index.
+#[test]
+fn a_close_during_the_load_saves_the_loaded_index() -> TestResult {
+    let (disk, data) = pool_with_data()?;
+    let pool = open(&disk)?;
+    disk.hold_reads("dedup.idx", true)?;
+    let let_go = LetGo(&disk);
+    pool.start_index_build();
+    let more = random(7, 32);
+    pool.create_volume("more", 64 << 20)?;
+    pool.volume("more")?.write_at(0, &more, false)?;
+    let closer = {
+        let pool = pool.clone();
+        std::thread::spawn(move || pool.close())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    drop(let_go);
+    closer.join().map_err(|_| "the close panicked")??;
+    drop(pool);
+    let pool = open(&disk)?;
+    assert_eq!(write_duplicates(&pool, "b", &data)?, "loaded");
+    assert_eq!(write_duplicates(&pool, "c", &more)?, "loaded");
+    Ok(())
+}

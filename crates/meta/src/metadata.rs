@@ -134,6 +134,9 @@ pub struct Metadata {
     /// A build of the dedup index in steps under way ([`Metadata::index_build_step`], a
     /// served pool's): until it ends, lookups miss instead of building the index at once.
     pub index_build: Option<IndexBuild>,
+    /// A load of the saved index without the state lock under way ([`Metadata::begin_index_load`],
+    /// a served pool's): until it ends, lookups miss and the chunk table's changes are kept.
+    pub index_load: Option<IndexLoad>,
 }
 
 /// The dedup index being built in steps: what the visited chunk-table pages (below
@@ -143,6 +146,42 @@ pub struct IndexBuild {
     index: Index,
     next_page: u64,
     started: std::time::Instant,
+}
+
+/// The saved index being loaded by a served pool without the state lock
+/// ([`Metadata::begin_index_load`]). The file describes the chunk table as it was when the load
+/// began (its stamp is the open's root, and no chunk was added or removed since, or
+/// [`Metadata::saved_index`] would be gone); every change to the table after that is kept
+/// here, in order, and applied to the loaded index before it is installed
+/// ([`Metadata::finish_index_load`]), so the index installed is the one a load under the lock
+/// followed by the same changes would hold.
+pub struct IndexLoad {
+    changes: Vec<IndexChange>,
+    /// More than [`INDEX_LOAD_CHANGES_MAX`] changes came: they are no longer kept, and the
+    /// load is not installed (the index is built from the chunk table instead).
+    overflowed: bool,
+    started: std::time::Instant,
+}
+
+/// A change to the chunk table while the saved index loads: a chunk with this fingerprint
+/// on this chunk-table page came (`true`) or went (`false`).
+type IndexChange = (Fingerprint, u64, bool);
+
+/// Changes kept while the saved index loads (24 bytes each, 24 MiB at most); past it the
+/// load is abandoned for a build in steps, so a load that takes long under heavy writes
+/// cannot grow memory without bound.
+pub const INDEX_LOAD_CHANGES_MAX: usize = 1 << 20;
+
+impl IndexLoad {
+    fn keep(&mut self, fp: &Fingerprint, page: u64, added: bool) {
+        if self.changes.len() >= INDEX_LOAD_CHANGES_MAX {
+            self.overflowed = true;
+            self.changes = Vec::new();
+        }
+        if !self.overflowed {
+            self.changes.push((*fp, page, added));
+        }
+    }
 }
 
 /// A deleted volume's map being released in steps ([`JournalRecord::ReleaseStep`]). Its
@@ -236,9 +275,6 @@ impl Metadata {
         Ok(v)
     }
 
-    /// A live chunk with fingerprint `fp` that may take another reference. Exact: the
-    /// index only names pages, and the fingerprint is compared with the chunk table's.
-    /// Unreadable pages count as misses (the index is advisory).
     /// Warm the dedup index for a coming [`Metadata::find_duplicate`] or insert of `fp`.
     pub fn prefetch_duplicate(&self, fp: &Fingerprint) {
         if self.index_ready() {
@@ -246,10 +282,19 @@ impl Metadata {
         }
     }
 
+    /// A live chunk with fingerprint `fp` that may take another reference. Exact: the
+    /// index only names pages, and the fingerprint is compared with the chunk table's.
+    /// Unreadable pages count as misses (the index is advisory).
+    ///
+    /// Never a wrong chunk: whatever the index holds (loaded, built, or with changes applied
+    /// late), it only names chunk-table pages, and a candidate is returned only if the
+    /// table's own slot on that page holds `fp` and is live (`confirm`). A wrong or missing
+    /// index entry costs a page read or a lost dedup, never a block of other data.
     pub fn find_duplicate(&mut self, fp: &Fingerprint) -> Option<u64> {
         if !self.index_ready() {
-            if self.index_build.is_some() {
-                // Built in steps by a served pool: a miss meanwhile costs savings only.
+            if self.index_build.is_some() || self.index_load.is_some() {
+                // Built in steps or loaded by a served pool: a miss meanwhile costs savings
+                // only.
                 return None;
             }
             if let Err(e) = self.build_index() {
@@ -391,6 +436,9 @@ impl Metadata {
         if self.index_ready() {
             self.index.insert(fp, page_of(id));
         } else {
+            if let Some(l) = self.index_load.as_mut() {
+                l.keep(fp, page_of(id), true);
+            }
             self.saved_index = None;
         }
         Ok(())
@@ -430,6 +478,9 @@ impl Metadata {
             {
                 b.index.remove(&e.fp, page_of(id));
             }
+            if let Some(l) = self.index_load.as_mut() {
+                l.keep(&e.fp, page_of(id), false);
+            }
         }
         if !self.index_ready() {
             self.saved_index = None;
@@ -459,6 +510,9 @@ impl Metadata {
                 .filter(|b| page_of(id) < b.next_page)
             {
                 b.index.remove(&fp, page_of(id));
+            }
+            if let Some(l) = self.index_load.as_mut() {
+                l.keep(&fp, page_of(id), false);
             }
             self.saved_index = None;
         }
@@ -1089,7 +1143,76 @@ impl Metadata {
     pub fn index_to_build(&self) -> bool {
         let saved =
             self.saved_index.is_some() && IndexSetting::of(&self.meta) == IndexSetting::Dense;
-        !self.index_ready() && !saved && self.index_build.is_none()
+        !self.index_ready() && !saved && self.index_build.is_none() && self.index_load.is_none()
+    }
+
+    /// Start loading the saved index without the state lock (a served pool's first write must
+    /// not wait ~100 ms for a 10M-chunk file), if there is a dense one to load and the index
+    /// is neither there nor being built or loaded. The caller reads the returned file with
+    /// [`DedupIndex::load`] with the lock let go, then hands the result to
+    /// [`Metadata::finish_index_load`]. Until then lookups miss, and every chunk added,
+    /// dropped or forwarded is kept to be applied to what the file holds.
+    pub fn begin_index_load(&mut self) -> Option<SavedIndex> {
+        if self.index_ready()
+            || self.index_build.is_some()
+            || self.index_load.is_some()
+            || IndexSetting::of(&self.meta) != IndexSetting::Dense
+        {
+            return None;
+        }
+        let s = self.saved_index.as_ref()?;
+        let file = SavedIndex {
+            file: s.file.clone(),
+            uuid: s.uuid,
+            stamp: s.stamp,
+        };
+        self.index_load = Some(IndexLoad {
+            changes: Vec::new(),
+            overflowed: false,
+            started: std::time::Instant::now(),
+        });
+        Some(file)
+    }
+
+    /// End the load begun by [`Metadata::begin_index_load`] with what it read. True if the
+    /// index is there: the loaded one with every change since the load began applied, in
+    /// order ([`IndexLoad`]). False if the file could not be used, too many changes came
+    /// meanwhile, or the pool's index setting is no longer dense: nothing is installed, the
+    /// saved file is forgotten, and [`Metadata::index_to_build`] holds for the caller to
+    /// build the index from the chunk table in steps. Call with the state lock held (the
+    /// same hold as no change may come between the changes applied and the install).
+    pub fn finish_index_load(&mut self, loaded: Result<DedupIndex>) -> bool {
+        let Some(load) = self.index_load.take() else {
+            return self.index_ready();
+        };
+        if self.index_ready() {
+            return true;
+        }
+        let why = match loaded {
+            Ok(_) if load.overflowed => format!(
+                "more than {INDEX_LOAD_CHANGES_MAX} chunks were added or removed while it loaded"
+            ),
+            Ok(_) if IndexSetting::of(&self.meta) != IndexSetting::Dense => {
+                "the pool's index setting changed while it loaded".to_string()
+            }
+            Ok(mut index) => {
+                for (fp, page, added) in &load.changes {
+                    if *added {
+                        index.insert(fp, *page);
+                    } else {
+                        index.remove(fp, *page);
+                    }
+                }
+                self.install_index(Index::Dense(index), IndexOrigin::Loaded, load.started);
+                return true;
+            }
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(
+            "the saved dedup index was not used ({why}); building it from the chunk table"
+        );
+        self.saved_index = None;
+        false
     }
 
     /// Start building the index in steps ([`Metadata::index_build_step`]) into `empty` (made

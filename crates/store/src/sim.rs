@@ -10,12 +10,15 @@
 //! [`SimDir::crash`] builds the disk a reboot would see: durable state, plus, per file, a
 //! random prefix of its unsynced operations (the last one possibly torn), plus a random prefix
 //! of the unsynced directory operations.
+//!
+//! To pin an ordering between threads, a test may hold the reads of a file
+//! ([`SimDir::hold_reads`]): they wait until it lets them go.
 
 use crate::io::{Dir, File};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// A small deterministic generator (splitmix64), so the simulation needs no outside crate.
 #[derive(Clone, Debug)]
@@ -90,11 +93,16 @@ pub struct SimDir {
     stop_at: AtomicU64,
     /// The disk's size for `available_bytes` (u64::MAX: 1 TiB always free).
     capacity: AtomicU64,
+    /// Files (by index in `DiskState::files`) whose reads wait ([`SimDir::hold_reads`]).
+    reads_held: Mutex<BTreeSet<usize>>,
+    reads_let_go: Condvar,
 }
 
 struct SimFile {
     data: Arc<Mutex<FileData>>,
     disk: Arc<SimDir>,
+    /// Its index in `DiskState::files`.
+    id: usize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -112,6 +120,8 @@ impl SimDir {
             calls: AtomicU64::new(0),
             stop_at: AtomicU64::new(u64::MAX),
             capacity: AtomicU64::new(u64::MAX),
+            reads_held: Mutex::new(BTreeSet::new()),
+            reads_let_go: Condvar::new(),
         })
     }
 
@@ -192,6 +202,8 @@ impl SimDir {
             calls: AtomicU64::new(0),
             stop_at: AtomicU64::new(u64::MAX),
             capacity: AtomicU64::new(u64::MAX),
+            reads_held: Mutex::new(BTreeSet::new()),
+            reads_let_go: Condvar::new(),
         })
     }
 
@@ -214,6 +226,33 @@ impl SimDir {
         Ok(())
     }
 
+    /// Make reads of file `name` wait (`hold`) until they are let go (`!hold`): a test's
+    /// way to keep a background reader of it in the middle of its work.
+    pub fn hold_reads(&self, name: &str, hold: bool) -> io::Result<()> {
+        let id = *lock(&self.state)
+            .live
+            .get(name)
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        let mut held = lock(&self.reads_held);
+        if hold {
+            held.insert(id);
+        } else {
+            held.remove(&id);
+            self.reads_let_go.notify_all();
+        }
+        Ok(())
+    }
+
+    fn wait_for_reads(&self, id: usize) {
+        let mut held = lock(&self.reads_held);
+        while held.contains(&id) {
+            held = self
+                .reads_let_go
+                .wait(held)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
     /// The live length of a file.
     pub fn file_len(&self, name: &str) -> Option<u64> {
         let st = lock(&self.state);
@@ -225,6 +264,7 @@ impl SimDir {
 
 impl File for SimFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.disk.wait_for_reads(self.id);
         self.disk.tick()?;
         let f = lock(&self.data);
         let end = offset as usize + buf.len();
@@ -321,6 +361,7 @@ impl Dir for SimHandle {
         Ok(Arc::new(SimFile {
             data: st.files[id].clone(),
             disk: self.0.clone(),
+            id,
         }))
     }
     fn exists(&self, name: &str) -> io::Result<bool> {

@@ -521,6 +521,7 @@ impl Pool {
         }
         self.stop_destager();
         self.stop_releaser();
+        self.stop_index_builder();
         self.flush()?;
         let deleted = self.deleted_names_now();
         let guard = lock(&self.sync_lock);

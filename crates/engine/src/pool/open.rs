@@ -601,6 +601,7 @@ fn load_metadata(
         spill: Default::default(),
         to_free: Vec::new(),
         index_build: None,
+        index_load: None,
         releasing: root
             .releasing
             .iter()
