@@ -61,6 +61,7 @@ pub mod reduction;
 pub mod remote;
 pub mod root;
 pub mod segment;
+pub mod sketch;
 pub mod superblock;
 pub mod volume_counters;
 pub mod worker;

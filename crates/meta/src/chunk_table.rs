@@ -10,8 +10,9 @@
 //! [`ChunkTable::forward`]): a chunk found to duplicate an older one, whose blocks read that
 //! one's record. [`ChunkTable::get`] resolves it; walks of records never see it.
 //! Invariants:
-//! - `refs` equals the number of block-map entries naming the chunk, plus, for a chunk
-//!   forwards point to, the `refs` of each of them (a forward's own count is the entries
+//! - `refs` equals the number of block-map entries naming the chunk, plus the delta chunks
+//!   (`NewDelta`, docs/FORMAT.md "Delta records") naming it as a base until they are dropped
+//!   (`DropDelta`), plus, for a chunk forwards point to, the `refs` of each of them (a forward's own count is the entries
 //!   naming it); changes to it are made only by applying journal records, so replay
 //!   reproduces them.
 //! - A forward points to a chunk with a record and the same fingerprint, never to another

@@ -34,6 +34,7 @@ pub mod metadata;
 pub mod page_alloc;
 pub mod page_cache;
 pub mod projection;
+pub mod sketch_index;
 pub mod sparse_index;
 pub mod spill;
 pub mod verify;

@@ -360,6 +360,13 @@ impl Metadata {
                     self.chunks.prefetch(&mut self.pages, *id)?;
                     self.chunks.prefetch(&mut self.pages, *to)?;
                 }
+                JournalRecord::NewDelta { id, bases, .. }
+                | JournalRecord::DropDelta { id, bases } => {
+                    self.chunks.prefetch(&mut self.pages, *id)?;
+                    for b in bases {
+                        self.chunks.prefetch(&mut self.pages, *b)?;
+                    }
+                }
                 JournalRecord::MapRun {
                     vol,
                     start,
@@ -400,6 +407,14 @@ impl Metadata {
             JournalRecord::Relocate { id, loc } => self.relocate_chunk(*id, loc, mode)?,
             JournalRecord::DropChunk { id } => self.drop_chunk(*id, mode)?,
             JournalRecord::Forward { id, to } => self.forward_chunk(*id, *to, mode)?,
+            JournalRecord::NewDelta { id, loc, fp, bases } => {
+                self.new_chunk(*id, loc, fp, mode)?;
+                self.delta_bases(bases, true, mode)?
+            }
+            JournalRecord::DropDelta { id, bases } => {
+                self.drop_chunk(*id, mode)?;
+                self.delta_bases(bases, false, mode)?
+            }
             JournalRecord::MapRun {
                 vol,
                 start,
@@ -456,6 +471,25 @@ impl Metadata {
         } else {
             self.saved_index = None;
         }
+        Ok(())
+    }
+
+    /// A delta's references on its bases, taken (`NewDelta`) or dropped (`DropDelta`): a base
+    /// lives while a delta names it. Salvage: ignored (the rebuild takes them again for every
+    /// delta it keeps).
+    fn delta_bases(&mut self, bases: &[u64], take: bool, mode: &mut Mode) -> Result<()> {
+        if let Mode::Salvage(_) = mode {
+            return Ok(());
+        }
+        for &b in bases {
+            if take {
+                self.chunks.incref(&mut self.pages, b)?;
+            } else {
+                self.chunks.decref(&mut self.pages, b)?;
+            }
+        }
+        // The attribution counts map entries only: counted again from scratch.
+        self.drop_attribution();
         Ok(())
     }
 
