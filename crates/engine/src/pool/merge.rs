@@ -58,7 +58,7 @@ impl Pool {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        self.allow_forwards()?;
+        self.allow_new_records()?;
         let (mut sort, pages) = {
             let st = self.lock_state();
             let pages = st.md.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
@@ -134,9 +134,10 @@ impl Pool {
         st.md.pages.evict_to_budget()
     }
 
-    /// Make sure the root on disk allows forwards before the first is journaled: a
-    /// checkpoint whose root says so (docs/FORMAT.md "Forwards"), once in the pool's life.
-    fn allow_forwards(&self) -> Result<()> {
+    /// Make sure the root on disk allows forwards and deltas (`Forward`, `NewDelta`,
+    /// `DropDelta`) before the first is journaled: a checkpoint whose root says so
+    /// (docs/FORMAT.md "Forwards"), once in the pool's life.
+    pub(crate) fn allow_new_records(&self) -> Result<()> {
         if self.lock_state().md.chunks.forwards.is_some() {
             return Ok(());
         }

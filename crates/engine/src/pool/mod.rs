@@ -53,6 +53,7 @@ use std::time::{Duration, Instant};
 pub(crate) mod cache_tier;
 pub(crate) mod claims;
 pub mod damage;
+pub mod delta;
 mod destage;
 mod durability;
 mod flush;
@@ -223,6 +224,8 @@ pub(crate) struct State {
     /// `appended` when the last checkpoint was prepared (an S3 pool checkpoints on a timer
     /// only if records were appended since).
     checkpointed: u64,
+    /// The sketch index of a delta pool, made by its first write (pool/delta.rs).
+    sketch: Option<condense_meta::sketch_index::SketchIndex>,
 }
 
 std::thread_local! {

@@ -351,6 +351,7 @@ impl Pool {
             poisoned: None,
             written_since_space_check: SPACE_CHECK_BYTES,
             checkpointed: 0,
+            sketch: None,
         };
 
         // A copy of the superblock or root that open did not use is said, and a writable open

@@ -58,6 +58,7 @@ impl Pool {
             stored_refs,
             next_id,
             forwards,
+            delta_bases,
             ..
         } = checked;
         // The chunk pass keeps one bit and one count per chunk id below `next_id`.
@@ -68,6 +69,7 @@ impl Pool {
             next_id,
             bad: &bad,
             forwards: &forwards,
+            delta_bases: &delta_bases,
         };
         // Maps: every entry names an existing, good chunk; count references.
         let wrong = self.walk_and_count(&known, &stored_refs, &mut report)?;
@@ -113,6 +115,15 @@ impl Pool {
             if !found.problems.is_empty() || !comparable {
                 kept = Some(found); // the counts of a damaged map are not compared
                 break;
+            }
+            let mut found = found;
+            for &b in known.delta_bases {
+                // A delta's reference on its base counts as an entry naming it would.
+                for id in std::iter::once(b).chain(known.forwards.get(&b).copied()) {
+                    if let Some(c) = found.counted.get_mut(id as usize) {
+                        *c += 1;
+                    }
+                }
             }
             if let Some(since) = quiet_since {
                 let suspects = ref_count_suspects(&found.counted, stored_refs, known.exists);
@@ -231,20 +242,33 @@ impl Pool {
                 }
             }
             // On the background threads: the VMs' reads and writes keep the cores first.
-            let check_all = || -> Vec<(u64, Option<(u64, String)>)> {
+            let check_all = || -> Vec<((u64, Option<(u64, String)>), Vec<u64>)> {
                 work.par_iter()
-                    .filter(|w| w.entry.refs > 0)
-                    .map(|w| self.check_chunk(w))
+                    .filter(|w| w.entry.refs > 0 || w.entry.loc.codec.is_delta())
+                    .map(|w| {
+                        let bases = self.checked_delta_bases(w);
+                        if w.entry.refs == 0 {
+                            return ((0, None), bases); // a dead delta: its bases only
+                        }
+                        (self.check_chunk(w), bases)
+                    })
                     .collect()
             };
             let results = match crate::priority::background_threads() {
                 Some(threads) => threads.install(check_all),
                 None => check_all(),
             };
-            for (bytes, b) in results {
-                check.chunks_checked += 1;
-                check.bytes_checked += bytes;
+            for (w, ((bytes, b), bases)) in work
+                .iter()
+                .filter(|w| w.entry.refs > 0 || w.entry.loc.codec.is_delta())
+                .zip(results)
+            {
+                if w.entry.refs > 0 {
+                    check.chunks_checked += 1;
+                    check.bytes_checked += bytes;
+                }
                 check.bad.extend(b);
+                check.delta_bases.extend(bases);
             }
             done += work.iter().filter(|w| w.entry.refs > 0).count() as u64;
             progress(done.min(total), total);
@@ -411,9 +435,12 @@ impl Pool {
             Err(err) => return (0, Some((id, err.to_string()))),
         };
         let mut out = vec![0u8; self.block_size() as usize];
-        if let Err(err) =
+        let decoded = if loc.codec.is_delta() {
+            self.decode_delta(&payload, &mut out, || format!("chunk {id}"))
+        } else {
             reduction::decompress(loc.codec, &payload, &mut out, || format!("chunk {id}"))
-        {
+        };
+        if let Err(err) = decoded {
             return (0, Some((id, err.to_string())));
         }
         if reduction::fingerprint(&self.sb.key, &out) != e.fp {
@@ -423,6 +450,30 @@ impl Pool {
             );
         }
         (buf.len() as u64, None)
+    }
+}
+
+impl Pool {
+    /// The bases a delta chunk's record names (none for another chunk, or a record that
+    /// cannot be read: `check_chunk` reports that one).
+    fn checked_delta_bases(&self, w: &ChunkToCheck) -> Vec<u64> {
+        if !w.entry.loc.codec.is_delta() {
+            return Vec::new();
+        }
+        let loc = w.entry.loc;
+        let record = match (w.in_memory.as_deref(), w.file.as_deref()) {
+            (Some(m), _) => m.to_vec(),
+            (None, Some(f)) => {
+                let mut b = vec![0u8; loc.record_bytes() as usize];
+                if f.read_at(&mut b, u64::from(loc.offset)).is_err() {
+                    return Vec::new();
+                }
+                b
+            }
+            (None, None) => return Vec::new(),
+        };
+        self.delta_bases_of(w.id, &w.entry, &record)
+            .unwrap_or_default()
     }
 }
 

@@ -45,6 +45,7 @@ impl Pool {
             crypto: self.crypto.as_deref(),
         };
         let compressed = storer.compress(&fps, &misses, spread)?;
+        let deltas = self.find_deltas(data, &fps, &misses, &compressed)?;
         drop(in_flight);
 
         let mut st = self.lock_state();
@@ -58,7 +59,7 @@ impl Pool {
         // lock): its misses are misses still, and are not looked up again.
         let misses_hold = ids_at_lookup == Some(first_new_id);
         let (mut records, entries, reduced) =
-            match self.stage_new_chunks(&mut st, &storer, &fps, &compressed, misses_hold) {
+            match self.stage_new_chunks(&mut st, &storer, &fps, &compressed, &deltas, misses_hold) {
                 Ok(staged) => staged,
                 Err(e) => {
                     Self::unwind(&mut st, first_new_id, mark);
@@ -139,6 +140,7 @@ impl Pool {
         storer: &Storer<'d>,
         fps: &[Option<Fingerprint>],
         compressed: &[Option<Stored<'d>>],
+        deltas: &super::delta::Deltas,
         misses_hold: bool,
     ) -> Result<(Vec<JournalRecord>, Vec<u64>, Reduced)> {
         let mut records = Vec::new();
@@ -184,14 +186,37 @@ impl Pool {
                     "allocating a chunk id (the pool holds 2^48 chunks)".into(),
                 ));
             };
-            let loc = st.segments.append(&*self.dir, id, fp, codec, payload)?;
-            records.push(JournalRecord::NewChunk { id, loc, fp: *fp });
             batch_new.insert(*fp, id);
             entries.push(id);
             reduced.new += 1;
+            if let Some(d) = deltas.delta.get(&i).filter(|d| Self::bases_hold(st, &d.bases)) {
+                let loc = st.segments.append(&*self.dir, id, fp, ChunkCodec::ZstdDelta, &d.payload)?;
+                let bases = d.bases.clone();
+                records.push(JournalRecord::NewDelta { id, loc, fp: *fp, bases });
+                reduced.stored_bytes += d.payload.len() as u64;
+                if let Some(s) = st.sketch.as_mut() {
+                    s.deltas += 1;
+                    s.delta_saved_bytes += payload.len().saturating_sub(d.payload.len()) as u64;
+                }
+                continue;
+            }
+            let loc = st.segments.append(&*self.dir, id, fp, codec, payload)?;
+            records.push(JournalRecord::NewChunk { id, loc, fp: *fp });
             reduced.stored_bytes += payload.len() as u64;
+            if let (Some(k), Some(s)) = (deltas.keys.get(&i), st.sketch.as_mut()) {
+                s.insert(k, id);
+            }
         }
         Ok((records, entries, reduced))
+    }
+
+    /// True if every base still has a record that is not a delta (found before the lock
+    /// was taken again: GC may have dropped one since).
+    fn bases_hold(st: &mut State, bases: &[u64]) -> bool {
+        let md = &mut st.md;
+        bases.iter().all(|&b| {
+            matches!(md.chunks.resolve(&mut md.pages, b), Ok(Some((_, e))) if !e.loc.codec.is_delta())
+        })
     }
 
     /// Give back the ids and staged records of a write that failed before anything of it

@@ -1,0 +1,235 @@
+//! Delta compression (issue 44; docs/FORMAT.md "Delta records"): the engine's glue between
+//! the write and read paths and the pure parts (`format::sketch`, `reduction::DeltaPayload`,
+//! `meta::sketch_index`).
+//!
+//! Owns: the pool's delta mode (the named record [`DELTA_MODE_KEY`], read under the state
+//! lock by each write), the sketch index in the state (built from nothing after an open),
+//! finding a write's deltas, and reading a delta's bases. Invariants: a base is never a
+//! delta (depth 1: only records that are not deltas enter the sketch index, and a candidate
+//! is checked under the lock); a delta is kept only if it saves 1/8 of the block stored
+//! alone; a delta names its bases by chunk id, each resolved (it may have become a forward)
+//! when read.
+
+use crate::error::{Error, Result};
+use crate::format::reduction::{self, DeltaPayload};
+use crate::chunk_table::ChunkEntry;
+use crate::format::*;
+use condense_meta::sketch_index::{SketchIndex, DEFAULT_BUDGET};
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use super::Pool;
+
+/// The named metadata record that turns delta compression on for a pool's new writes.
+pub const DELTA_MODE_KEY: &str = "delta/mode";
+
+/// zstd level of delta records.
+const DELTA_LEVEL: i32 = 3;
+/// Candidates tried one by one (and the first two together).
+const TRIES: usize = 4;
+
+/// A new chunk found to be a delta: its bases and its payload as stored (sealed in an
+/// encrypted pool).
+pub(crate) struct Delta {
+    pub bases: Vec<u64>,
+    pub payload: Vec<u8>,
+}
+
+/// What [`Pool::find_deltas`] found for a write, by block index: deltas, and the
+/// super-features of the other new chunks (indexed once they have an id).
+#[derive(Default)]
+pub(crate) struct Deltas {
+    pub delta: HashMap<usize, Delta>,
+    pub keys: HashMap<usize, [u64; sketch::FEATURES]>,
+}
+
+impl Pool {
+    /// Turn delta compression on for new writes: the root on disk first made one older
+    /// builds refuse ([`Pool::allow_new_records`]), then the mode record journaled.
+    pub fn enable_deltas(&self) -> Result<()> {
+        self.allow_new_records()?;
+        self.meta_put(DELTA_MODE_KEY, Some(b"zstd"))
+    }
+
+    /// True if the pool stores new chunks as deltas where they save.
+    pub fn deltas_enabled(&self) -> bool {
+        self.lock_state().md.meta.contains_key(DELTA_MODE_KEY)
+    }
+
+    /// The misses of a write in a delta pool: their super-features, candidates looked up in
+    /// the sketch index under the lock, then, without it, each compressed against its best
+    /// candidate alone and the top two together; kept if it saves 1/8 of `alone` (the
+    /// block as step 3 stored it).
+    pub(crate) fn find_deltas(
+        &self,
+        data: &[u8],
+        fps: &[Option<Fingerprint>],
+        misses: &[usize],
+        alone: &[Option<(ChunkCodec, Cow<'_, [u8]>)>],
+    ) -> Result<Deltas> {
+        let bs = self.sb.block_size as usize;
+        let mut found = Deltas::default();
+        if misses.is_empty() || !self.lock_state().md.meta.contains_key(DELTA_MODE_KEY) {
+            return Ok(found);
+        }
+        for &i in misses {
+            if let Some(k) = sketch::super_features(&data[i * bs..(i + 1) * bs]) {
+                found.keys.insert(i, k);
+            }
+        }
+        // Candidates, each resolved to a chunk with a record that is not a delta.
+        let mut candidates: Vec<(usize, Vec<u64>)> = Vec::new();
+        {
+            let mut st = self.lock_state();
+            let st = &mut *st;
+            let index = st.sketch.get_or_insert_with(|| SketchIndex::new(DEFAULT_BUDGET));
+            for &i in misses {
+                let Some(k) = found.keys.get(&i) else { continue };
+                let mut ok = Vec::new();
+                for c in index.candidates(k) {
+                    if let Ok(Some((_, e))) = st.md.chunks.resolve(&mut st.md.pages, c) {
+                        if !e.loc.codec.is_delta() {
+                            ok.push(c);
+                        }
+                    }
+                }
+                if !ok.is_empty() {
+                    candidates.push((i, ok));
+                }
+            }
+        }
+        let mut blocks: HashMap<u64, Option<Vec<u8>>> = HashMap::new();
+        for (i, cands) in candidates {
+            let Some(fp) = fps[i] else { continue };
+            let block = &data[i * bs..(i + 1) * bs];
+            let alone_len = alone[i].as_ref().map_or(bs, |(_, p)| p.len());
+            let mut usable: Vec<u64> = Vec::new();
+            for &c in cands.iter().take(TRIES) {
+                let b = blocks
+                    .entry(c)
+                    .or_insert_with(|| self.base_block(c).ok())
+                    .as_ref();
+                if b.is_some_and(|b| reduction::may_be_base(b)) {
+                    usable.push(c);
+                }
+            }
+            let block_of = |c: &u64| blocks.get(c).and_then(|b| b.as_deref()).unwrap_or(&[]);
+            let mut best: Option<(Vec<u64>, Vec<u8>)> = None;
+            let mut consider = |bases: Vec<u64>, dict: Vec<u8>| {
+                let Some(c) = reduction::compress_delta(block, &dict, DELTA_LEVEL) else {
+                    return;
+                };
+                let cost = c.len() + 8 * bases.len();
+                if best
+                    .as_ref()
+                    .is_none_or(|(b, p)| cost < p.len() + 8 * b.len())
+                {
+                    best = Some((bases, c));
+                }
+            };
+            for c in &usable {
+                consider(vec![*c], block_of(c).to_vec());
+            }
+            if usable.len() >= 2 {
+                let mut dict = block_of(&usable[0]).to_vec();
+                dict.extend_from_slice(block_of(&usable[1]));
+                consider(usable[..2].to_vec(), dict);
+            }
+            let Some((bases, compressed)) = best else { continue };
+            let payload = DeltaPayload {
+                bases: bases.clone(),
+                compressed: &compressed,
+            }
+            .encode();
+            if payload.len() > alone_len - alone_len / 8 {
+                continue;
+            }
+            let payload = match self.crypto.as_deref() {
+                Some(c) => c.sealed(
+                    crate::crypto::Kind::Chunk,
+                    &chunk_ctx(&fp, ChunkCodec::ZstdDelta),
+                    &payload,
+                )?,
+                None => payload,
+            };
+            found.delta.insert(i, Delta { bases, payload });
+        }
+        Ok(found)
+    }
+
+    /// The block of chunk `id` (resolved if a forward), which must not be a delta: from
+    /// memory, the cache tier or its segment, checked and decompressed. Takes the state lock.
+    pub(crate) fn base_block(&self, id: u64) -> Result<Vec<u8>> {
+        let what = || format!("base chunk {id} of a delta");
+        let (rid, e, file, in_memory) = {
+            let mut st = self.lock_state();
+            let md = &mut st.md;
+            let (rid, e) = md
+                .chunks
+                .resolve(&mut md.pages, id)?
+                .ok_or_else(|| Error::corrupt(what(), "the chunk does not exist"))?;
+            let file = st.segments.file(e.loc.segment);
+            (rid, e, file, st.segments.in_memory(&e.loc))
+        };
+        if e.loc.codec.is_delta() {
+            return Err(Error::corrupt(what(), "a base is itself a delta"));
+        }
+        let record = match (in_memory, self.tier()) {
+            (Some(m), _) => m,
+            (None, tier) => match tier.and_then(|c| c.lookup(rid, &e.fp, &e.loc)) {
+                Some(r) => r,
+                None => {
+                    let file = file.ok_or_else(|| {
+                        Error::corrupt(what(), format!("segment {} is missing", e.loc.segment))
+                    })?;
+                    let mut buf = vec![0u8; e.loc.record_bytes() as usize];
+                    file.read_at(&mut buf, u64::from(e.loc.offset))
+                        .map_err(|err| Error::io(what(), err))?;
+                    buf
+                }
+            },
+        };
+        let payload = open_record(
+            &record,
+            record_id(rid, &e.loc, self.slot),
+            &e.loc,
+            self.crypto.as_deref(),
+            Some(&e.fp),
+            what,
+        )?;
+        let mut out = vec![0u8; self.sb.block_size as usize];
+        reduction::decompress(e.loc.codec, &payload, &mut out, what)?;
+        Ok(out)
+    }
+
+    /// Decode a delta record's (opened) payload into `dst`, reading its bases.
+    pub(crate) fn decode_delta(
+        &self,
+        payload: &[u8],
+        dst: &mut [u8],
+        what: impl Fn() -> String,
+    ) -> Result<()> {
+        let p = DeltaPayload::parse(payload, &what)?;
+        let mut dict = Vec::with_capacity(p.bases.len() * dst.len());
+        for &b in &p.bases {
+            dict.extend_from_slice(&self.base_block(b).map_err(|e| {
+                Error::corrupt(what(), format!("reading its base chunk {b}: {e}"))
+            })?);
+        }
+        reduction::decompress_delta(p.compressed, &dict, dst, what)
+    }
+
+    /// The bases a delta's record (whole, as read from its segment) names.
+    pub(crate) fn delta_bases_of(&self, id: u64, e: &ChunkEntry, record: &[u8]) -> Result<Vec<u64>> {
+        let what = || format!("delta chunk {id} in segment {}", e.loc.segment);
+        let payload = open_record(
+            record,
+            record_id(id, &e.loc, self.slot),
+            &e.loc,
+            self.crypto.as_deref(),
+            Some(&e.fp),
+            what,
+        )?;
+        Ok(DeltaPayload::parse(&payload, what)?.bases)
+    }
+}
