@@ -233,3 +233,33 @@ impl Pool {
         Ok(DeltaPayload::parse(&payload, what)?.bases)
     }
 }
+
+/// The delta figures since the pool was opened (the sketch index lives in memory only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeltaStats {
+    /// Delta records written.
+    pub deltas: u64,
+    /// Payload bytes they saved against the blocks stored alone.
+    pub saved_bytes: u64,
+    /// Sketch index lookups, and those that found a candidate.
+    pub lookups: u64,
+    pub hits: u64,
+    /// RAM the sketch index takes (its fixed budget once made).
+    pub sketch_ram_bytes: u64,
+}
+
+impl Pool {
+    /// [`DeltaStats`] of this open.
+    pub fn delta_stats(&self) -> DeltaStats {
+        match &self.lock_state().sketch {
+            Some(s) => DeltaStats {
+                deltas: s.deltas,
+                saved_bytes: s.delta_saved_bytes,
+                lookups: s.lookups,
+                hits: s.hits,
+                sketch_ram_bytes: s.ram_bytes(),
+            },
+            None => DeltaStats::default(),
+        }
+    }
+}
