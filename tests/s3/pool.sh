@@ -21,7 +21,8 @@
 #      a plain `connect` (no --durability) to a fresh one: stats shows remote and every
 #      flushed write of both rounds is there; before the second round `durability set` through
 #      the control socket switches the running server to local and back to remote; a last
-#      `durability set local` is kept across a reconnect.
+#      `durability set local` is kept across a reconnect. The pool is made with `--index sparse
+#      --index-memory 1M`: stats shows that setting after init and after every connect.
 #   e. the lease: while a server holds the pool, a second local directory connected to the same
 #      bucket prefix cannot write ("held by"); `connect --read-only` beside it exports a volume
 #      byte-identical and refuses writes; the writer is unharmed.
@@ -406,8 +407,12 @@ timed "after the reopen: img exports identical" same_export img "$IMG"
 
 step "d2. durability remote, the pool's: two lost local directories in a row, plain connects"
 POOL=$W/b
-timed "init $(s3url pool-b) --durability remote" \
-    cond init "$(s3url pool-b)" --cache "$POOL" --cache-size "$CACHE_SIZE" --durability remote
+timed "init $(s3url pool-b) --durability remote --index sparse --index-memory 1M" \
+    cond init "$(s3url pool-b)" --cache "$POOL" --cache-size "$CACHE_SIZE" --durability remote \
+    --index sparse --index-memory 1M
+# sparse_1m: stats says the sparse dedup index of init, with its 1 MiB budget.
+sparse_1m() { jq_true '.dedup_index_mode == "sparse" and .dedup_index_budget_bytes == 1048576'; }
+check "stats --json: the sparse index of init, 1 MiB" sparse_1m
 check "create volume vm (64M)" c volume create vm --size 64M
 check "create volume known (64M)" c volume create known --size 64M
 serve_pool || fail "serve the remote-durability pool" "$SERVER_LOG"
@@ -435,6 +440,7 @@ plain_connect() {
         while_held 60 timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$(s3url pool-b)" \
         --cache "$POOL" --cache-size "$CACHE_SIZE"
     check "stats after the plain connect: durability $2" jq_true ".$K_DURABILITY == \"$2\""
+    check "... and the sparse index of init, 1 MiB (kept in the bucket)" sparse_1m
 }
 # serve_b: serve the reconnected pool (its open may wait out the lease too).
 serve_b() {

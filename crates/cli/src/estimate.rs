@@ -33,6 +33,8 @@ pub struct EstimateArgs {
     /// none. The other codecs are reported too.
     #[arg(long, default_value = "lz4", value_parser = crate::parse_compression)]
     pub compression: Compression,
+    #[command(flatten)]
+    pub index: condense_service::index::EstimateIndexArgs,
 }
 
 pub fn run(args: &EstimateArgs) -> Result<()> {
@@ -42,6 +44,7 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         sample: args.sample,
         compression: args.compression,
         image: args.image.options(),
+        index: args.index.setting()?,
     };
     let bar = crate::image::bar(0, "estimating");
     let report = condense_estimate::run(&options, &|done, total| {
@@ -49,11 +52,9 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         bar.set_position(done);
     });
     bar.finish_and_clear();
-    let report = report?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", report.text());
+    match (report?, args.json) {
+        (r, true) => println!("{}", serde_json::to_string_pretty(&r)?),
+        (r, false) => print!("{}", r.text()),
     }
     Ok(())
 }

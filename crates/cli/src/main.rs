@@ -447,6 +447,7 @@ fn init(pool: &Path, a: &InitArgs) -> Result<()> {
             a.tier.cache.as_deref(),
             a.tier.cache_size,
             &opts,
+            a.index.setting()?,
         )?;
         return Ok(());
     }
@@ -463,9 +464,7 @@ fn init(pool: &Path, a: &InitArgs) -> Result<()> {
     )
     .with_context(|| format!("cannot open the new pool {}", dir.display()))?;
     warn_loose_access(&dir, &pool);
-    (index
-        .map(|s| condense_service::index::store(&pool, s))
-        .transpose())?;
+    condense_service::index::store_given(&pool, index)?;
     println!(
         "created pool {} (block size {}, compression {}, writes {}{})",
         dir.display(),

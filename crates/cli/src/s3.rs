@@ -221,13 +221,14 @@ pub fn refuse_for_local_pool(args: &RemoteArgs, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `condense init s3://BUCKET/PREFIX --cache DIR --cache-size SIZE ...`.
+/// `condense init s3://BUCKET/PREFIX --cache DIR --cache-size SIZE ... [--index ...]`.
 pub fn init(
     url: &str,
     args: &RemoteArgs,
     dir: Option<&Path>,
     size: Option<u64>,
     opts: &InitOptions,
+    index: Option<condense_engine::index::IndexSetting>,
 ) -> Result<()> {
     let (dir, size) = check_cache(dir, size)?;
     let conf = conf(url, &args.store, false)?;
@@ -242,6 +243,7 @@ pub fn init(
         },
     )
     .with_context(|| format!("cannot open the new pool {url}"))?;
+    condense_service::index::store_given(&pool, index)?;
     pool.close()?;
     println!(
         "created pool {url} (block size {}, durability {}{}); its local directory is {} \

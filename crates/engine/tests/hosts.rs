@@ -2,9 +2,11 @@
 //! the object store: a second host joins, folds the first host's chunks in and stores nothing
 //! of data the first host holds; blocks both stored at once are merged into the lower slot's
 //! copy; a segment the first host's GC emptied is kept until the second host let it go, then
-//! deleted, and every block of both hosts still reads back, also after a reopen.
+//! deleted, and every block of both hosts still reads back, also after a reopen; a host
+//! with the sparse dedup index folds a peer's chunks within its budget.
 
 use condense_engine::hosts::SharedPool;
+use condense_engine::index::{IndexSetting, SETTING_KEY};
 use condense_engine::remote::{self, Durability};
 use condense_engine::{InitOptions, Pool};
 
@@ -495,4 +497,124 @@ fn a_moved_volume_is_claimed_one_turn_up_and_a_dead_hosts_volume_is_taken_over()
     assert_eq!(r.volumes_moved_out, 2, "{r:?}");
     assert_eq!(claims_of(&c.store, "solo"), vec![(1, 0)]);
     assert_eq!(claims_of(&c.store, "vm"), vec![(2, 0)]);
+}
+
+/// Many hosts with the sparse dedup index (issue 43, "Many hosts"): a host folds a peer's
+/// chunks into its own chunk table and index at a sync; with a sparse index that index stays
+/// within the host's budget however many chunks the peer holds, and data the peer holds,
+/// written on this host after the fold, is still found (through the hooks and the locality
+/// cache over the folded chunks, which keep the peer's write order).
+/// Its locality cache (~38 pages) holds what one 8 MiB write loads (~24 pages). At 256K (~19
+/// pages) a write's second lookup of a block misses pages its first loaded: 2.6 % of these
+/// blocks were stored again (the write path's two lookups, engine pool/write.rs).
+const SPARSE_BUDGET: u64 = 512 << 10;
+/// The peer's chunks: a dense index of them takes more than the budget.
+const SPARSE_PEER_BLOCKS: u64 = 60_000;
+
+/// Volume `vol` of `blocks` blocks of tags from `first`, in writes of 8 MiB (an import's).
+fn write_in_pieces(pool: &Pool, vol: &str, first: u64, blocks: u64) {
+    pool.create_volume(vol, blocks * BS as u64).expect("create");
+    let h = pool.volume(vol).expect("volume");
+    for start in (0..blocks).step_by(2048) {
+        let end = (start + 2048).min(blocks);
+        let data: Vec<u8> = (start..end).flat_map(|b| block(first + b)).collect();
+        h.write_at(start * BS as u64, &data, false).expect("write");
+    }
+    pool.flush().expect("flush");
+}
+
+#[test]
+fn a_sparse_host_folds_a_peers_chunks_within_its_budget_and_finds_them() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("store dir");
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let opts = InitOptions {
+        segment_bytes_target: 4 << 20,
+        ..Default::default()
+    };
+    Pool::init_remote(&pa, &conf(&store), Durability::Local, CACHE, &opts).expect("init");
+    Pool::join_remote(&pb, &conf(&store), CACHE, "host-b", None).expect("join");
+
+    let a = open(&pa);
+    write_in_pieces(&a, "golden", 0, SPARSE_PEER_BLOCKS);
+    a.close().expect("close a");
+    drop(a);
+
+    let b = open(&pb);
+    let sparse = IndexSetting::Sparse {
+        budget: SPARSE_BUDGET,
+    };
+    b.meta_put(SETTING_KEY, Some(&sparse.encode()))
+        .expect("setting");
+    b.close().expect("close b");
+    drop(b);
+    let b = open(&pb);
+    let data = || b.stats().expect("stats").data_bytes;
+    let empty = data();
+    write_in_pieces(&b, "own", 1_000_000, 1_000); // builds the sparse index at the first write
+    let own = data() - empty;
+    let r = b.sync_hosts().expect("sync");
+    assert_eq!(r.peers[0].chunks_folded, SPARSE_PEER_BLOCKS, "{r:?}");
+    let s = b.stats().expect("stats");
+    assert_eq!(s.dedup_index_mode, "sparse");
+    // `unique_chunks` counts this host's own records; the folded ones are indexed too: the
+    // hooks (1 in 64) of both.
+    assert_eq!(s.unique_chunks, 1_000);
+    assert!(
+        s.dedup_index_entries > SPARSE_PEER_BLOCKS / 64 / 2,
+        "{} hooks: the folded chunks are not indexed",
+        s.dedup_index_entries
+    );
+    eprintln!(
+        "sparse host b after the fold: index {} bytes, {} hooks, {} hooks dropped",
+        s.dedup_index_bytes, s.dedup_index_entries, s.dedup_index_hooks_dropped
+    );
+    assert!(
+        s.dedup_index_bytes <= SPARSE_BUDGET,
+        "{} bytes of index for a budget of {SPARSE_BUDGET}",
+        s.dedup_index_bytes
+    );
+    let dense = condense_engine::dedup_index::projected_ram_bytes(SPARSE_PEER_BLOCKS + 1_000);
+    assert!(dense > SPARSE_BUDGET, "a dense index would take {dense}");
+    eprintln!("a dense index of them: {dense} bytes");
+
+    // The peer's data written on this host: found from the first hook on, not stored again.
+    let before = data();
+    write_in_pieces(&b, "copy", 0, SPARSE_PEER_BLOCKS);
+    let stored = data() - before;
+    eprintln!("the peer's {SPARSE_PEER_BLOCKS} blocks written on b: {stored} bytes stored; 1000 own blocks took {own}");
+    // At most 1 % of what storing them all would take (1000 blocks took `own`).
+    assert!(
+        stored * 100 <= own * (SPARSE_PEER_BLOCKS / 1_000),
+        "{stored} bytes stored for {SPARSE_PEER_BLOCKS} blocks the peer holds ({own} per 1000 new)"
+    );
+    check(&b, "copy", 0, SPARSE_PEER_BLOCKS);
+    assert!(b.stats().expect("stats").dedup_index_bytes <= SPARSE_BUDGET);
+}
+
+#[test]
+fn a_joining_host_takes_the_first_hosts_index_setting() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("store dir");
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let opts = InitOptions::default();
+    Pool::init_remote(&pa, &conf(&store), Durability::Local, CACHE, &opts).expect("init");
+    let a = open(&pa);
+    let sparse = IndexSetting::Sparse { budget: 1 << 20 };
+    a.meta_put(SETTING_KEY, Some(&sparse.encode()))
+        .expect("setting");
+    a.close().expect("close a");
+    drop(a);
+    Pool::join_remote(&pb, &conf(&store), CACHE, "host-b", None).expect("join");
+    let b = open(&pb);
+    let s = b.stats().expect("stats");
+    assert_eq!(s.dedup_index_mode, "sparse");
+    assert_eq!(s.dedup_index_budget_bytes, 1 << 20);
+    // The first host stays the owner of its part: b holds no lease on it.
+    b.close().expect("close b");
+    drop(b);
+    let a = open(&pa);
+    assert_eq!(a.stats().expect("stats").dedup_index_mode, "sparse");
 }

@@ -29,12 +29,7 @@ fn tag(name: &str, b: u64) -> u64 {
 }
 
 fn open(disk: &Arc<SimDir>) -> Result<Arc<Pool>, String> {
-    let opts = OpenOptions {
-        destage_in_background: false,
-        release_in_background: false,
-        ..Default::default()
-    };
-    Pool::open(Arc::new(SimHandle(disk.clone())), opts).map_err(|e| format!("open: {e}"))
+    common::open_sim(disk)
 }
 
 fn write(pool: &Pool, name: &str) -> Result<(), String> {
@@ -83,12 +78,7 @@ fn pool_with_duplicates() -> Result<(Arc<SimDir>, Arc<Pool>), String> {
         ..Default::default()
     };
     Pool::init(&SimHandle(disk.clone()), &init).map_err(|e| format!("init: {e}"))?;
-    let pool = open(&disk)?;
-    let setting = IndexSetting::Sparse { budget: 256 << 10 };
-    pool.meta_put(SETTING_KEY, Some(&setting.encode()))
-        .map_err(|e| e.to_string())?;
-    pool.close().map_err(|e| e.to_string())?;
-    let pool = open(&disk)?;
+    let pool = common::open_sparse(&disk, 256 << 10)?;
     write(&pool, "a")?;
     write(&pool, "b")?;
     let stored = unique(&pool)?;

@@ -3,14 +3,16 @@
 //! (≥ 99 %, from the pool's own counters), also after a crash and reopen, and what is read
 //! back is what was written (a match is confirmed on the chunk table).
 
+mod common;
 use condense_engine::index::{IndexSetting, SETTING_KEY};
 use condense_engine::sim::{SimDir, SimHandle, SimRng};
-use condense_engine::{InitOptions, OpenOptions, Pool};
+use condense_engine::{InitOptions, Pool};
 use std::sync::Arc;
 
 const BS: usize = 4096;
-/// Blocks of the volume: 32 chunk-table pages, far more than one hook's neighbourhood.
-const BLOCKS: u64 = 4096;
+/// Blocks of the volume: 128 chunk-table pages, far more than one hook's neighbourhood and
+/// than the smallest index's locality cache holds (~7,400 entries, 58 pages).
+const BLOCKS: u64 = 16384;
 /// Blocks per write.
 const RUN: u64 = 64;
 
@@ -20,12 +22,7 @@ fn block(tag: u64) -> Vec<u8> {
 }
 
 fn open(disk: &Arc<SimDir>) -> Result<Arc<Pool>, String> {
-    let opts = OpenOptions {
-        destage_in_background: false,
-        release_in_background: false,
-        ..Default::default()
-    };
-    Pool::open(Arc::new(SimHandle(disk.clone())), opts).map_err(|e| format!("open: {e}"))
+    common::open_sim(disk)
 }
 
 /// Volume `name` with blocks `first..first + BLOCKS` of the tag sequence.
@@ -101,13 +98,8 @@ fn data_written_again_is_found_through_the_sparse_index_across_a_crash() -> Resu
     let disk = SimDir::new();
     Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
         .map_err(|e| format!("init: {e}"))?;
-    let pool = open(&disk)?;
-    let setting = IndexSetting::Sparse { budget: 256 << 10 };
-    pool.meta_put(SETTING_KEY, Some(&setting.encode()))
-        .map_err(|e| e.to_string())?;
-    pool.close().map_err(|e| e.to_string())?;
+    let pool = common::open_sparse(&disk, 256 << 10)?;
 
-    let pool = open(&disk)?;
     write(&pool, "a", 0)?;
     let s = pool.stats().map_err(|e| e.to_string())?;
     assert_eq!(s.dedup_index_mode, "sparse");
@@ -119,7 +111,7 @@ fn data_written_again_is_found_through_the_sparse_index_across_a_crash() -> Resu
     );
     assert_eq!(s.unique_chunks, BLOCKS);
 
-    // The same data again, in another volume: the locality cache (~2,400 entries) no longer
+    // The same data again, in another volume: the locality cache (~7,400 entries) no longer
     // holds its start, so it is found by a hook, then by the locality cache.
     found_again(&pool, "b", "at first")?;
     let s = pool.stats().map_err(|e| e.to_string())?;
@@ -169,4 +161,108 @@ fn a_dense_pool_switched_to_sparse_uses_it_from_the_next_open() -> Result<(), St
     let s = pool.stats().map_err(|e| e.to_string())?;
     assert_eq!(s.dedup_index_mode, "sparse");
     check(&pool, "b", 0)
+}
+
+/// One session of [`replay_matches`]: the pool opened, volume `name` written in writes of the
+/// given sizes (blocks), each block `Some(tag)` or zero; the pool closed.
+struct Session {
+    name: &'static str,
+    writes: Vec<(usize, Vec<Option<u64>>)>,
+}
+
+/// Blocks `tags` in writes of `per` blocks.
+fn in_writes(per: usize, tags: Vec<Option<u64>>) -> Vec<(usize, Vec<Option<u64>>)> {
+    tags.chunks(per).map(|w| (per, w.to_vec())).collect()
+}
+
+/// `condense estimate --index sparse` replays writes through `sparse_replay`: the same writes,
+/// fingerprinted with the pool's key, must leave it with the chunks the pool stored, write
+/// for write. Returns the chunks stored and the distinct contents written.
+fn replay_matches(budget: u64, sessions: &[Session]) -> Result<(u64, u64), String> {
+    use condense_engine::sparse_replay::SparseReplay;
+    let disk = SimDir::new();
+    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
+        .map_err(|e| format!("init: {e}"))?;
+    let pool = open(&disk)?;
+    let key = pool.superblock().key;
+    pool.meta_put(SETTING_KEY, Some(&IndexSetting::Sparse { budget }.encode()))
+        .map_err(|e| e.to_string())?;
+    pool.close().map_err(|e| e.to_string())?;
+    let mut replay = SparseReplay::new(budget);
+    let mut distinct: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    for s in sessions {
+        let pool = open(&disk)?;
+        replay.reopen();
+        let blocks: usize = s.writes.iter().map(|w| w.1.len()).sum();
+        pool.create_volume(s.name, (blocks * BS) as u64)
+            .map_err(|e| format!("create {}: {e}", s.name))?;
+        let h = pool.volume(s.name).map_err(|e| e.to_string())?;
+        let mut at = 0;
+        for (n, (_, tags)) in s.writes.iter().enumerate() {
+            let buf: Vec<u8> = tags
+                .iter()
+                .flat_map(|t| t.map_or_else(|| vec![0; BS], block))
+                .collect();
+            h.write_at((at * BS) as u64, &buf, false)
+                .map_err(|e| format!("{} write {n}: {e}", s.name))?;
+            at += tags.len();
+            replay.write(&condense_engine::reduction::classify(&key, &buf, BS));
+            distinct.extend(tags.iter().flatten().copied());
+            assert_eq!(
+                unique_chunks(&pool)?,
+                replay.chunks(),
+                "{} write {n}: the pool and the replay differ",
+                s.name
+            );
+        }
+        pool.close().map_err(|e| e.to_string())?;
+    }
+    Ok((replay.chunks(), distinct.len() as u64))
+}
+
+#[test]
+fn the_replay_stores_what_the_pool_stores() -> Result<(), String> {
+    let new = |r: std::ops::Range<u64>| r.map(Some).collect::<Vec<_>>();
+    // a: 6000 new blocks with zeros and duplicates within a write among them.
+    let mut a = new(0..6000);
+    for i in (0..6000).step_by(97) {
+        a[i] = None;
+    }
+    for i in (50..6000).step_by(301) {
+        a[i] = a[i - 7];
+    }
+    // b: a long run of a, then old blocks far apart between new ones, in writes of
+    // 2048 blocks, of 3 (small writes: one pass) and of 100.
+    let mut b = in_writes(2048, new(1000..4000));
+    let scattered: Vec<Option<u64>> = (0..600)
+        .flat_map(|i| [Some(i * 7919 % 6000), Some(100_000 + i)])
+        .collect();
+    b.extend(in_writes(3, scattered[..300].to_vec()));
+    b.extend(in_writes(100, scattered[300..].to_vec()));
+    // c: all of b again, in writes of 512.
+    let c: Vec<Option<u64>> = b.iter().flat_map(|w| w.1.clone()).collect();
+    let sessions = [
+        Session {
+            name: "a",
+            writes: in_writes(2048, a),
+        },
+        Session {
+            name: "b",
+            writes: b,
+        },
+        Session {
+            name: "c",
+            writes: in_writes(512, c),
+        },
+    ];
+    // The smallest budget: a write's first pass loads more pages than the locality cache
+    // keeps for its second; and a budget where it does not.
+    for budget in [256 << 10, 4 << 20] {
+        let (stored, distinct) = replay_matches(budget, &sessions)?;
+        assert!(
+            stored > distinct + 100,
+            "budget {budget}: {stored} chunks for {distinct} contents: the sparse index missed too little for this test to tell"
+        );
+    }
+    Ok(())
 }

@@ -6,6 +6,11 @@
 //! engine would give them, and only first occurrences are compressed (in parallel; zstd on a
 //! sample chosen by fingerprint). Every non-zero chunk's id is kept per image (4 bytes, the
 //! same as a block map entry) for the per-image figures and the sharing matrix.
+//!
+//! With a sparse index to project ([`SparseRun`]), every piece is also replayed as one write
+//! of an import (a raw image's import writes the same pieces: 8 MiB of a data range) through
+//! `condense_engine::sparse_replay`, each image as its own import; the duplicates that
+//! replay stores again are kept per image (4 bytes each).
 
 use condense_engine::format::{Fingerprint, MAP_PAGE_ENTRIES};
 
@@ -13,6 +18,7 @@ use condense_engine::format::{Fingerprint, MAP_PAGE_ENTRIES};
 const ENTRY_UNMAPPED: u32 = u32::MAX;
 const ENTRY_ZERO: u32 = u32::MAX - 1;
 use condense_engine::reduction::{compress, fingerprint, is_zero};
+use condense_engine::sparse_replay::SparseReplay;
 use condense_engine::Compression;
 use rayon::prelude::*;
 use std::collections::hash_map::Entry;
@@ -296,10 +302,54 @@ impl Cutter {
     }
 }
 
+/// The sparse index's inline dedup of the images, each imported in turn into one pool.
+pub struct SparseRun {
+    pub replay: SparseReplay,
+    /// The image being imported (a new one opens the pool again).
+    image: Option<usize>,
+    /// Per image: the chunk (its id here) of each duplicate its import would store again.
+    pub missed: Vec<Vec<u32>>,
+    /// Hooks dropped to keep the budget, over every import.
+    pub hooks_dropped: u64,
+}
+
+impl SparseRun {
+    fn new(budget: u64, images: usize) -> SparseRun {
+        SparseRun {
+            replay: SparseReplay::new(budget),
+            image: None,
+            missed: vec![Vec::new(); images],
+            hooks_dropped: 0,
+        }
+    }
+
+    /// One piece of `image` written, `ids[i]` its blocks' chunks (`None`: zero) and whether
+    /// each was seen before: the duplicates the replay stores are missed.
+    fn write(&mut self, image: usize, fps: &[Option<Fingerprint>], ids: &[Option<(u32, bool)>]) {
+        if self.image != Some(image) {
+            self.hooks_dropped += self.replay.counters().hooks_dropped;
+            self.replay.reopen();
+            self.image = Some(image);
+        }
+        for i in self.replay.write(fps) {
+            if let Some(Some((id, true))) = ids.get(i) {
+                self.missed[image].push(*id);
+            }
+        }
+    }
+
+    /// Hooks dropped over every import so far.
+    pub fn hooks_dropped(&self) -> u64 {
+        self.hooks_dropped + self.replay.counters().hooks_dropped
+    }
+}
+
 pub struct Analysis {
     pub chunking: Chunking,
     sampling: Sampling,
     index: HashMap<Fingerprint, u32, FpHash>,
+    /// With `--index sparse`: its replay.
+    pub sparse: Option<SparseRun>,
     pub chunks: Vec<Chunk>,
     /// Per chunk, `words` u64s: bit i set when image i holds the chunk.
     pub masks: Vec<u64>,
@@ -310,12 +360,20 @@ pub struct Analysis {
 }
 
 impl Analysis {
-    pub fn new(chunking: Chunking, images: usize, sampling: Sampling) -> Analysis {
+    /// The analysis of `images` images; `sparse_budget`: also replay a sparse index of
+    /// that many bytes.
+    pub fn new(
+        chunking: Chunking,
+        images: usize,
+        sampling: Sampling,
+        sparse_budget: Option<u64>,
+    ) -> Analysis {
         let words = images.div_ceil(64).max(1);
         Analysis {
             chunking,
             sampling,
             index: HashMap::with_hasher(FpHash),
+            sparse: sparse_budget.map(|b| SparseRun::new(b, images)),
             chunks: Vec::new(),
             masks: Vec::new(),
             words,
@@ -337,6 +395,8 @@ impl Analysis {
         let words = self.words;
         let (word, bit) = (image / 64, 1u64 << (image % 64));
         let mut fresh: Vec<(u32, usize, usize, u16)> = Vec::new();
+        // Each block's chunk and whether it was seen before (for the sparse replay).
+        let mut block_ids: Vec<Option<(u32, bool)>> = Vec::with_capacity(fps.len());
         let acc = &mut self.images[image];
         for (i, (fp, &(s, l))) in fps.iter().zip(slices).enumerate() {
             let block = match first_block {
@@ -350,17 +410,18 @@ impl Analysis {
                 acc.zero_chunks += 1;
                 acc.zero_bytes += l as u64;
                 acc.map.entry(block, ENTRY_ZERO);
+                block_ids.push(None);
                 continue;
             };
             acc.nonzero_chunks += 1;
             acc.nonzero_bytes += l as u64;
-            let id = match self.index.entry(*fp) {
+            let (id, seen) = match self.index.entry(*fp) {
                 Entry::Occupied(o) => {
                     let id = *o.get();
                     let c = &mut self.chunks[id as usize];
                     c.refs = c.refs.saturating_add(1);
                     acc.dup_chunks += 1;
-                    id
+                    (id, true)
                 }
                 Entry::Vacant(v) => {
                     let id = self.chunks.len() as u32;
@@ -379,12 +440,16 @@ impl Analysis {
                     });
                     self.masks.resize(self.masks.len() + words, 0);
                     fresh.push((id, s, l, u16::from_le_bytes([fp[8], fp[9]])));
-                    id
+                    (id, false)
                 }
             };
             self.masks[id as usize * words + word] |= bit;
             acc.ids.push(id);
             acc.map.entry(block, id);
+            block_ids.push(Some((id, seen)));
+        }
+        if let Some(sparse) = &mut self.sparse {
+            sparse.write(image, fps, &block_ids);
         }
         // 3. Compress first occurrences, in parallel.
         let sm = self.sampling;
@@ -427,7 +492,7 @@ mod tests {
     struct Feeder(Cutter, Analysis);
     impl Feeder {
         fn new(c: Chunking, images: usize) -> Feeder {
-            Feeder(Cutter::new(c), Analysis::new(c, images, sampling()))
+            Feeder(Cutter::new(c), Analysis::new(c, images, sampling(), None))
         }
         fn feed(&mut self, image: usize, offset: u64, data: &[u8], end: bool) {
             let cut = self.0.cut(image, offset, data, end);

@@ -4,6 +4,7 @@
 use super::analysis::{Analysis, Chunk, ImageAcc, NOT_SAMPLED};
 use super::source::Image;
 use condense_engine::format::RECORD_HEADER_BYTES;
+use condense_engine::index::IndexSetting;
 use condense_engine::projection::{
     project, saving_percent, Projection, ProjectionInput, DEFAULT_SEGMENT_BYTES,
 };
@@ -177,6 +178,34 @@ pub struct Sharing {
     pub percent: Vec<Vec<f64>>,
 }
 
+/// The projected pool's dedup index (`--index`): its RAM, and in sparse mode what it would
+/// find inline, each image imported in turn. `total` projects every duplicate found (a dense
+/// index).
+#[derive(Serialize, Clone, Debug)]
+pub struct IndexFigures {
+    /// `dense` or `sparse`.
+    pub mode: &'static str,
+    /// The sparse index's budget (`--index-memory`); 0 for dense.
+    pub budget_bytes: u64,
+    /// RAM of the dedup index in this mode (`dedup_index_bytes` of `condense stats`).
+    pub ram_bytes: u64,
+    /// RAM a dense index of these chunks would take.
+    pub dense_ram_bytes: u64,
+    /// Chunks the pool would hold: the unique ones, and the duplicates the index misses
+    /// inline, stored again.
+    pub stored_chunks: u64,
+    pub missed_duplicate_chunks: u64,
+    /// 100 × duplicates found inline / duplicate chunks (100 with nothing to find).
+    pub inline_dedup_percent: f64,
+    /// Payload bytes of the stored chunks with the chosen codec.
+    pub stored_bytes: u64,
+    pub projected_physical_bytes: u64,
+    pub projected_saving_percent: f64,
+    /// Hooks the sparse index dropped, the oldest first, to keep its budget: past its dedup
+    /// window (0 for dense).
+    pub hooks_dropped: u64,
+}
+
 #[derive(Serialize, Clone, Debug)]
 pub struct ChunkingFigures {
     pub chunking: String,
@@ -184,6 +213,7 @@ pub struct ChunkingFigures {
     pub total: Figures,
     pub images: Vec<ImageFigures>,
     pub sharing: Sharing,
+    pub index: IndexFigures,
 }
 
 /// What one pool (or one image alone) would hold, in raw numbers.
@@ -202,6 +232,7 @@ struct Tally {
     map_breaks: u64,
     volumes: u64,
     name_bytes: u64,
+    index: IndexSetting,
 }
 
 fn figures(t: &Tally, selected: Codec, zstd_level: i8, stored: &Stored) -> Figures {
@@ -215,6 +246,7 @@ fn figures(t: &Tally, selected: Codec, zstd_level: i8, stored: &Stored) -> Figur
             volumes: t.volumes,
             volume_name_bytes: t.name_bytes,
             segment_bytes: DEFAULT_SEGMENT_BYTES,
+            index: t.index,
         })
     };
     let codecs: Vec<CodecFigures> = Codec::ALL
@@ -388,6 +420,7 @@ fn image_tally(i: usize, img: &Image, acc: &ImageAcc, per: &PerImage, name: &str
         map_breaks: acc.map.breaks,
         volumes: 1,
         name_bytes: name.len() as u64,
+        index: IndexSetting::Dense,
     }
 }
 
@@ -413,6 +446,74 @@ fn total_tally(a: &Analysis, images: &[Image], names: &[String], per: &PerImage)
         map_breaks: a.images.iter().map(|x| x.map.breaks).sum(),
         volumes: images.len() as u64,
         name_bytes: names.iter().map(|s| s.len() as u64).sum(),
+        index: IndexSetting::Dense,
+    }
+}
+
+/// The dedup index's figures: dense from `dense` (the total), sparse from the total with the
+/// duplicates the replay missed stored again, each in the record bytes of its import. (The
+/// block maps are the dense ones': a duplicate stored again breaks a run of ids or extends
+/// one, a few bytes of metadata either way.)
+fn index_figures(
+    a: &Analysis,
+    total: Tally,
+    dense: &Figures,
+    stored: &Stored,
+    selected: Codec,
+    zstd_level: i8,
+) -> IndexFigures {
+    let dense_ram = dense.index_ram_bytes;
+    let Some(sparse) = &a.sparse else {
+        return IndexFigures {
+            mode: "dense",
+            budget_bytes: 0,
+            ram_bytes: dense_ram,
+            dense_ram_bytes: dense_ram,
+            stored_chunks: dense.unique_chunks,
+            missed_duplicate_chunks: 0,
+            inline_dedup_percent: 100.0,
+            stored_bytes: dense.stored_bytes,
+            projected_physical_bytes: dense.projected_physical_bytes,
+            projected_saving_percent: dense.projected_saving_percent,
+            hooks_dropped: 0,
+        };
+    };
+    let mut t = total;
+    let mut missed = 0u64;
+    for (img, ids) in sparse.missed.iter().enumerate() {
+        missed += ids.len() as u64;
+        for &id in ids {
+            let c = &a.chunks[id as usize];
+            for k in Codec::ALL {
+                let st = stored.get(c, k);
+                t.stored[k.index()] += st;
+                if let Some(r) = t.record_bytes_per_import[k.index()].get_mut(img) {
+                    *r += to_u64(RECORD + st);
+                }
+            }
+        }
+    }
+    t.unique_chunks += missed;
+    let budget = sparse.replay.budget();
+    t.index = IndexSetting::Sparse { budget };
+    let f = figures(&t, selected, zstd_level, stored);
+    let duplicates = dense.duplicate_chunks;
+    IndexFigures {
+        mode: "sparse",
+        budget_bytes: budget,
+        ram_bytes: f.index_ram_bytes,
+        dense_ram_bytes: dense_ram,
+        stored_chunks: t.unique_chunks,
+        missed_duplicate_chunks: missed,
+        inline_dedup_percent: if duplicates == 0 {
+            100.0
+        } else {
+            round2(100.0 * duplicates.saturating_sub(missed) as f64 / duplicates as f64)
+        },
+        stored_bytes: f.stored_bytes,
+        projected_physical_bytes: f.projected_physical_bytes,
+        projected_saving_percent: f.projected_saving_percent,
+        hooks_dropped: sparse.hooks_dropped(),
     }
 }
 
@@ -465,15 +566,18 @@ pub fn build(
         .collect();
 
     let total = total_tally(a, images, names, &per);
+    let total_figures = figures(&total, selected, zstd_level, &stored);
+    let index = index_figures(a, total, &total_figures, &stored, selected, zstd_level);
     ChunkingFigures {
         chunking: a.chunking.label(),
         chunk_bytes: a.chunking.chunk_bytes(),
-        total: figures(&total, selected, zstd_level, &stored),
+        total: total_figures,
         images: image_figures,
         sharing: Sharing {
             images: names.to_vec(),
             bytes: sharing_bytes,
             percent: sharing_percent,
         },
+        index,
     }
 }

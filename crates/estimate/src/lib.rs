@@ -28,6 +28,7 @@ pub use analysis::Chunking;
 pub use error::{Error, Result};
 
 use analysis::{Analysis, Cut, Cutter, Sampling};
+use condense_engine::index::IndexSetting;
 use condense_engine::Compression;
 use error::{bail, Context};
 use figures::ChunkingFigures;
@@ -54,6 +55,8 @@ pub struct Options {
     pub compression: Compression,
     /// The images' format (or probe) and whether they may read other files (image.rs).
     pub image: image::ImageOptions,
+    /// The projected pool's dedup index (`--index`): sparse is replayed over the chunks.
+    pub index: IndexSetting,
 }
 
 /// Parse a `--sample` percentage such as `10%` (above 0, at most 100).
@@ -85,6 +88,7 @@ pub struct Report {
     total: figures::Figures,
     images: Vec<figures::ImageFigures>,
     sharing: figures::Sharing,
+    index: figures::IndexFigures,
     chunkings: Vec<ChunkingFigures>,
     read_bytes: u64,
     elapsed_seconds: f64,
@@ -104,7 +108,13 @@ pub fn run(args: &Options, progress: &dyn Fn(u64, u64)) -> Result<Report> {
     let sampling = sampling(args);
     let mut analyses: Vec<Analysis> = chunkings
         .iter()
-        .map(|&c| Analysis::new(c, images.len(), sampling))
+        .map(|&c| {
+            let sparse = match args.index {
+                IndexSetting::Sparse { budget } => Some(budget),
+                IndexSetting::Dense => None,
+            };
+            Analysis::new(c, images.len(), sampling, sparse)
+        })
         .collect();
 
     let started = Instant::now();
@@ -305,6 +315,7 @@ fn report(
         total: first.total,
         images: first.images,
         sharing: first.sharing,
+        index: first.index,
         chunkings: results,
         read_bytes: read,
         elapsed_seconds: (elapsed * 1000.0).round() / 1000.0,

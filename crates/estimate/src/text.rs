@@ -1,9 +1,9 @@
 //! The text form of a [`Report`], as `condense estimate` prints it without `--json`: a header
-//! line, then per chunking the totals, one line per codec, the per-image table and (for more
-//! than one image) the sharing matrix. Only formats figures the report already holds; the
-//! layout is documented in docs/ESTIMATE.md.
+//! line, then per chunking the totals, one line per codec, the dedup index (sparse: what it
+//! finds inline), the per-image table and (for more than one image) the sharing matrix. Only
+//! formats figures the report already holds; the layout is documented in docs/ESTIMATE.md.
 
-use super::figures::{ChunkingFigures, Figures, ImageFigures, Sharing};
+use super::figures::{ChunkingFigures, Figures, ImageFigures, IndexFigures, Sharing};
 use super::Report;
 use condense_api::size::human;
 use std::fmt::Write as _;
@@ -38,6 +38,7 @@ fn chunking(o: &mut String, c: &ChunkingFigures) {
     totals(o, t);
     codecs(o, t);
     projection(o, t);
+    index(o, &c.index);
     image_table(o, &c.images);
     if c.images.len() > 1 {
         sharing_matrix(o, &c.images, &c.sharing);
@@ -109,6 +110,41 @@ fn projection(o: &mut String, t: &Figures) {
         "RAM for index and maps",
         human(t.index_ram_bytes),
         t.ram_bytes_per_unique_chunk
+    );
+}
+
+/// The dedup index: dense's RAM; sparse's RAM and what it would store inline.
+fn index(o: &mut String, x: &IndexFigures) {
+    if x.mode == "dense" {
+        let _ = writeln!(
+            o,
+            "  {:<28} dense: {} of RAM (sparse: --index sparse)",
+            "dedup index",
+            human(x.ram_bytes)
+        );
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "  {:<28} sparse, budget {}: {} of RAM (dense: {})",
+        "dedup index",
+        human(x.budget_bytes),
+        human(x.ram_bytes),
+        human(x.dense_ram_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "  {:<28} {:.1} % of duplicates found, {} missed -> {} physical, {:.1} % saved{}",
+        "sparse inline",
+        x.inline_dedup_percent,
+        x.missed_duplicate_chunks,
+        human(x.projected_physical_bytes),
+        x.projected_saving_percent,
+        if x.hooks_dropped > 0 {
+            format!(" ({} hooks dropped for the budget)", x.hooks_dropped)
+        } else {
+            String::new()
+        }
     );
 }
 

@@ -176,7 +176,7 @@ mod tests {
 
     fn fp(n: u64) -> Fingerprint {
         let mut f = [0u8; 16];
-        f[..8].copy_from_slice(&(n * 0x9e37_79b9_7f4a_7c15).to_le_bytes());
+        f[..8].copy_from_slice(&n.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes());
         f
     }
 

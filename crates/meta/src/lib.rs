@@ -5,7 +5,9 @@
 //!   bounded cache, and where their pages go in `meta.dat`
 //! - [`chunk_table`], [`dedup_index`], [`block_map`]: the metadata stores
 //! - [`index`]: the dedup index a pool holds, dense ([`dedup_index`]) or sparse
-//!   ([`sparse_index`]: hooks and a locality cache within a RAM budget), and its setting
+//!   ([`sparse_index`]: hooks and a locality cache within a RAM budget), and its setting;
+//!   [`sparse_replay`]: what the sparse index finds inline in a stream of writes, without a
+//!   pool (`condense estimate --index sparse`)
 //! - [`fingerprint_sort`]: the merge pass's sort of every chunk's fingerprint within a RAM
 //!   budget, which finds the duplicates the sparse index let through
 //! - [`metadata`]: the metadata stores together and the one `apply` that changes them
@@ -36,6 +38,7 @@ pub mod page_cache;
 pub mod projection;
 pub mod sketch_index;
 pub mod sparse_index;
+pub mod sparse_replay;
 pub mod spill;
 pub mod verify;
 

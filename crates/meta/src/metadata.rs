@@ -23,7 +23,7 @@ use crate::chunk_table::{page_of, ChunkTable};
 use crate::dedup_index::{DedupIndex, IndexOrigin, SavedIndex};
 use crate::index::{Index, IndexSetting};
 use crate::page_cache::{PageCache, TreeId, CHUNK_TREE};
-use crate::sparse_index::{SparseIndex, LOOKAHEAD};
+use crate::sparse_index::ChunkPages;
 use condense_format::dedup_index::{IndexStamp, DEDUP_INDEX_NAME};
 use condense_format::error::{Error, Result};
 use condense_format::*;
@@ -265,88 +265,25 @@ impl Metadata {
         pages.into_iter().find_map(|page| self.confirm(page, fp))
     }
 
-    /// [`Metadata::find_duplicate`] with the sparse index: the locality cache first, then the
-    /// hooks; a hook confirmed on its page loads its neighbourhood into the cache.
+    /// [`Metadata::find_duplicate`] with the sparse index: [`crate::sparse_index::SparseIndex::find`] over this
+    /// pool's chunk table.
     fn find_duplicate_sparse(&mut self, fp: &Fingerprint) -> Option<u64> {
-        let (cached, hooked) = {
-            let s = self.sparse_mut()?;
-            s.counters.lookups += 1;
-            (s.cache_page(fp), s.hook_page(fp))
+        let Index::Sparse(s) = &mut self.index else {
+            return None;
         };
-        if let Some((page, id)) = cached.and_then(|page| Some((page, self.confirm(page, fp)?))) {
-            self.sparse_mut()?.counters.cache_hits += 1;
-            // A hook met in the cache moves the window on: the run goes on past the pages
-            // loaded so far.
-            if self.sparse_mut().is_some_and(|s| s.is_hook(fp)) {
-                self.load_neighbourhood(page);
-            }
-            return Some(id);
-        }
-        if let Some(page) = hooked {
-            if let Some(id) = self.confirm(page, fp) {
-                self.sparse_mut()?.counters.hook_hits += 1;
-                self.load_neighbourhood(page);
-                return Some(id);
-            }
-        }
-        self.sparse_mut()?.counters.misses += 1;
-        None
-    }
-
-    fn sparse_mut(&mut self) -> Option<&mut SparseIndex> {
-        match &mut self.index {
-            Index::Sparse(s) => Some(s),
-            Index::Dense(_) => None,
-        }
-    }
-
-    /// Load chunk-table pages `page..page + LOOKAHEAD` not cached yet into the sparse
-    /// index's locality cache (through the page cache; unreadable pages are skipped).
-    fn load_neighbourhood(&mut self, page: u64) {
-        let last = crate::chunk_table::page_of(self.chunks.next_id.saturating_sub(1));
-        for p in page..(page + LOOKAHEAD).min(last + 1) {
-            if self.sparse_mut().is_none_or(|s| s.has_page(p)) {
-                continue;
-            }
-            let Ok(Some(leaf)) = self.pages.leaf(CHUNK_TREE, p) else {
-                continue;
-            };
-            // Forwards too: a duplicate run met again finds its blocks through them.
-            let fps: Vec<Fingerprint> = (0..CHUNKS_PER_PAGE)
-                .filter_map(|i| crate::chunk_table::decode_any(leaf, i).map(|s| *s.fp()))
-                .collect();
-            if let Some(s) = self.sparse_mut() {
-                s.load_page(p, fps.iter());
-            }
-        }
+        s.find(
+            fp,
+            &mut TablePages {
+                pages: &mut self.pages,
+                chunks: &self.chunks,
+            },
+        )
     }
 
     /// A live chunk on chunk-table page `page` with fingerprint `fp` that may take another
     /// reference (an unreadable page is a miss).
     fn confirm(&mut self, page: u64, fp: &Fingerprint) -> Option<u64> {
-        use crate::chunk_table::Slot;
-        let Ok(Some(p)) = self.pages.leaf(CHUNK_TREE, page) else {
-            return None;
-        };
-        let mut forward = None;
-        for i in 0..CHUNKS_PER_PAGE {
-            if p.get(i * 32..i * 32 + 16) != Some(&fp[..]) {
-                continue;
-            }
-            match crate::chunk_table::decode_any(p, i) {
-                Some(Slot::Chunk(e)) if e.refs < REFS_MAX => {
-                    return Some(page * CHUNKS_PER_PAGE as u64 + i as u64)
-                }
-                Some(Slot::Forward { to, .. }) => forward = forward.or(Some(to)),
-                _ => {}
-            }
-        }
-        // A forward found: the chunk it names, if that may take another reference.
-        let to = forward?;
-        match self.chunks.slot(&mut self.pages, to) {
-            Ok(Some(Slot::Chunk(e))) if e.refs < REFS_MAX && e.fp == *fp => Some(to),
-            _ => None,
-        }
+        confirm(&mut self.pages, &self.chunks, page, fp)
     }
 
     /// Load every page the records will touch, so applying them does no I/O.
@@ -1338,5 +1275,60 @@ impl Metadata {
     /// Metadata page bytes written over the pool's life.
     pub fn meta_bytes_written(&self) -> u64 {
         self.meta_bytes_written_before + self.pages.counters.bytes_written
+    }
+}
+
+/// The pool's chunk table as the sparse index reads it ([`crate::sparse_index::SparseIndex::find`]).
+struct TablePages<'a> {
+    pages: &'a mut PageCache,
+    chunks: &'a ChunkTable,
+}
+
+impl ChunkPages for TablePages<'_> {
+    fn confirm(&mut self, page: u64, fp: &Fingerprint) -> Option<u64> {
+        confirm(self.pages, self.chunks, page, fp)
+    }
+
+    /// Forwards too: a duplicate run met again finds its blocks through them.
+    fn page_keys(&mut self, page: u64) -> Option<Vec<u64>> {
+        let leaf = self.pages.leaf(CHUNK_TREE, page).ok()??;
+        Some(
+            (0..CHUNKS_PER_PAGE)
+                .filter_map(|i| crate::chunk_table::decode_any(leaf, i))
+                .map(|s| crate::sparse_index::key(s.fp()))
+                .collect(),
+        )
+    }
+
+    fn last_page(&self) -> u64 {
+        page_of(self.chunks.next_id.saturating_sub(1))
+    }
+}
+
+/// A live chunk on chunk-table page `page` with fingerprint `fp` that may take another
+/// reference: a chunk of the page, or the one a forward of the page names (an unreadable
+/// page is a miss).
+fn confirm(pages: &mut PageCache, chunks: &ChunkTable, page: u64, fp: &Fingerprint) -> Option<u64> {
+    use crate::chunk_table::Slot;
+    let Ok(Some(p)) = pages.leaf(CHUNK_TREE, page) else {
+        return None;
+    };
+    let mut forward = None;
+    for i in 0..CHUNKS_PER_PAGE {
+        if p.get(i * 32..i * 32 + 16) != Some(&fp[..]) {
+            continue;
+        }
+        match crate::chunk_table::decode_any(p, i) {
+            Some(Slot::Chunk(e)) if e.refs < REFS_MAX => {
+                return Some(page * CHUNKS_PER_PAGE as u64 + i as u64)
+            }
+            Some(Slot::Forward { to, .. }) => forward = forward.or(Some(to)),
+            _ => {}
+        }
+    }
+    let to = forward?;
+    match chunks.slot(pages, to) {
+        Ok(Some(Slot::Chunk(e))) if e.refs < REFS_MAX && e.fp == *fp => Some(to),
+        _ => None,
     }
 }

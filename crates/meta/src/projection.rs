@@ -13,9 +13,11 @@
 //! checkpoint rewrote; the projection counts live pages only, so a small pool may show a few
 //! tens of KiB more than projected.
 //!
-//! RAM follows the in-memory layouts: the dedup index at 6 bytes a slot (82 % mean load); the
-//! page cache is bounded by its budget and is not counted per chunk.
+//! RAM follows the in-memory layouts: the dense dedup index at 6 bytes a slot (82 % mean
+//! load), the sparse one at its budget; the page cache is bounded by its budget and is not
+//! counted per chunk.
 
+use crate::index::IndexSetting;
 use condense_format::{
     CHUNKS_PER_PAGE, JOURNAL_HEADER_BYTES, RECORD_HEADER_BYTES, ROOT_HEADER_BYTES,
     SEGMENT_HEADER_BYTES, SUPERBLOCK_BYTES,
@@ -67,6 +69,9 @@ pub struct ProjectionInput {
     pub volume_name_bytes: u64,
     /// Segment size target of the pool.
     pub segment_bytes: u64,
+    /// The pool's dedup index: dense saves a file of it at a clean close (`dedup.idx`) and
+    /// takes RAM per chunk; sparse saves none and takes its budget.
+    pub index: IndexSetting,
 }
 
 /// Projected bytes on disk (as `condense stats --json` counts them) and RAM.
@@ -108,12 +113,18 @@ pub fn project(p: &ProjectionInput) -> Projection {
         + (leaves + p.volumes + 1) as f64 * META_BYTES_PER_CHILD;
     let root = ROOT_HEADER_BYTES as f64 + 64.0 + (p.volumes * 40 + p.volume_name_bytes) as f64;
     // The superblock and the root are each kept twice (condense_store::copies).
+    // The dedup index: its saved file and its RAM (the page cache is a fixed budget, not
+    // per chunk).
+    let (index_file, index) = match p.index {
+        IndexSetting::Dense => (
+            crate::dedup_index::projected_file_bytes(p.unique_chunks),
+            crate::dedup_index::projected_ram_bytes(p.unique_chunks),
+        ),
+        IndexSetting::Sparse { budget } => (0, crate::sparse_index::projected_ram_bytes(budget)),
+    };
     let metadata_bytes = (2 * SUPERBLOCK_BYTES + JOURNAL_HEADER_BYTES) as u64
         + (2.0 * root + meta_file) as u64
-        + crate::dedup_index::projected_file_bytes(p.unique_chunks);
-
-    // RAM: the dedup index (the page cache is a fixed budget, not per chunk).
-    let index = crate::dedup_index::projected_ram_bytes(p.unique_chunks);
+        + index_file;
     Projection {
         data_bytes,
         metadata_bytes,
@@ -159,6 +170,28 @@ mod tests {
         });
         // Two segments for the first import, one for the second.
         assert_eq!(p.data_bytes, 3 * 64 + 10 * 32 + 1000);
+    }
+
+    #[test]
+    fn a_sparse_index_saves_no_file_and_takes_its_budget() {
+        let input = |index| ProjectionInput {
+            unique_chunks: 1_000_000,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            index,
+            ..Default::default()
+        };
+        let dense = project(&input(IndexSetting::Dense));
+        let sparse = project(&input(IndexSetting::Sparse { budget: 1 << 20 }));
+        assert_eq!(
+            dense.metadata_bytes - sparse.metadata_bytes,
+            crate::dedup_index::projected_file_bytes(1_000_000)
+        );
+        assert_eq!(
+            sparse.index_ram_bytes,
+            crate::sparse_index::projected_ram_bytes(1 << 20)
+        );
+        assert!(sparse.index_ram_bytes <= 1 << 20);
+        assert!(dense.index_ram_bytes > 6_000_000);
     }
 
     #[test]

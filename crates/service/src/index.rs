@@ -27,6 +27,27 @@ pub struct InitIndexArgs {
     pub index_memory: Option<u64>,
 }
 
+/// `estimate --index MODE --index-memory SIZE`: the projected pool's, parsed as `init`'s.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct EstimateIndexArgs {
+    /// Dedup index of the projected pool, as `condense init --index`: dense (every chunk, its
+    /// RAM shown) or sparse (a RAM budget, --index-memory): then the images' writes are
+    /// replayed through it, each image as its own import in the order given, to show what
+    /// it finds inline and what the pool would store.
+    #[arg(long, value_name = "MODE", value_parser = ["dense", "sparse"])]
+    pub index: Option<String>,
+    /// The sparse index's RAM, as `condense init --index-memory` (default 32M; at least 256K).
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+    pub index_memory: Option<u64>,
+}
+
+impl EstimateIndexArgs {
+    /// The setting to project (dense without --index).
+    pub fn setting(&self) -> Result<IndexSetting> {
+        setting(self.index.as_deref().unwrap_or("dense"), self.index_memory)
+    }
+}
+
 /// `condense index`.
 #[derive(clap::Subcommand, Debug)]
 pub enum IndexCommand {
@@ -74,7 +95,8 @@ fn parse_memory(s: &str) -> std::result::Result<u64, String> {
     Ok(bytes)
 }
 
-/// The setting `mode` and `memory` name; an error for --index-memory without sparse.
+/// The setting `mode` and `memory` name (sparse without a memory: 32M); an error for
+/// --index-memory without sparse.
 fn setting(mode: &str, memory: Option<u64>) -> Result<IndexSetting> {
     match (mode, memory) {
         ("sparse", m) => Ok(IndexSetting::Sparse {
@@ -100,6 +122,13 @@ impl InitIndexArgs {
 pub fn store(pool: &Pool, s: IndexSetting) -> Result<()> {
     pool.meta_put(SETTING_KEY, Some(&s.encode()))
         .context("cannot store the dedup index mode")
+}
+
+/// [`store`] the setting `init --index` gave, if it gave one ([`InitIndexArgs::setting`]).
+/// A new pool on S3 too: the record reaches the bucket with the close's checkpoint, so every
+/// later open (a connect from a fresh directory too) has it.
+pub fn store_given(pool: &Pool, s: Option<IndexSetting>) -> Result<()> {
+    s.map_or(Ok(()), |s| store(pool, s))
 }
 
 /// `condense index show|set`.

@@ -125,6 +125,9 @@ struct Queue {
     /// Oldest first; the front one is being written.
     batches: VecDeque<Arc<Batch>>,
     written: Vec<Written>,
+    /// Batches ever queued, and ever taken off the queue written (or failed).
+    queued: u64,
+    done: u64,
     stop: bool,
     /// Tests: the writer takes no batch while held.
     held: bool,
@@ -146,6 +149,24 @@ struct WriterQueue {
 impl WriterQueue {
     fn wait<'a>(&self, q: std::sync::MutexGuard<'a, Queue>) -> std::sync::MutexGuard<'a, Queue> {
         self.changed.wait(q).unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A wait, without the caller's locks, for the segment writer to have written the batches
+/// queued when it was made ([`Segments::hand_off_pending`]).
+pub struct WrittenWait {
+    shared: Arc<WriterQueue>,
+    through: u64,
+}
+
+impl WrittenWait {
+    /// Return once every batch queued before this wait was made is written (or failed: the
+    /// next `write_all` reports it).
+    pub fn wait(&self) {
+        let mut q = lock(&self.shared.queue);
+        while q.done < self.through && !q.batches.is_empty() {
+            q = self.shared.wait(q);
+        }
     }
 }
 
@@ -187,6 +208,7 @@ impl SegmentWriter {
             let mut written = batch.write();
             let mut q = lock(&shared.queue);
             q.batches.pop_front();
+            q.done += 1;
             written.buf = Arc::try_unwrap(batch).ok().map(|b| b.buf);
             q.written.push(written);
             shared.changed.notify_all();
@@ -200,6 +222,7 @@ impl SegmentWriter {
             q = self.shared.wait(q);
         }
         q.batches.push_back(Arc::new(batch));
+        q.queued += 1;
         self.shared.changed.notify_all();
     }
 
@@ -633,6 +656,31 @@ impl Segments {
         }
     }
 
+    /// Hand the pending records to the segment writer, and a wait for it to write everything
+    /// queued so far, to be waited on without the state lock: the next [`Segments::write_all`]
+    /// under it (a flush's, a checkpoint's) then waits only for what is appended meanwhile,
+    /// not for megabytes of queued direct writes on a busy disk. `None` without a segment
+    /// writer (the records were written here, at once).
+    pub fn hand_off_pending(&mut self) -> Result<Option<WrittenWait>> {
+        self.write_pending()?;
+        Ok(self.background.as_ref().map(|w| WrittenWait {
+            shared: w.shared.clone(),
+            through: lock(&w.shared.queue).queued,
+        }))
+    }
+
+    /// A wait for the batches queued for the segment writer now (the pending records stay
+    /// pending), to be waited on without the state lock before a hold that writes or queues
+    /// (a flush, a GC's copies): `None` if nothing is queued.
+    pub fn queued_wait(&self) -> Option<WrittenWait> {
+        let w = self.background.as_ref()?;
+        let q = lock(&w.shared.queue);
+        (!q.batches.is_empty()).then(|| WrittenWait {
+            shared: w.shared.clone(),
+            through: q.queued,
+        })
+    }
+
     /// Write every pending record and wait until all are in their files. What is queued is
     /// written first (the writer keeps their order); what is still pending is then written
     /// here rather than handed to the writer and waited for: for a flush after a small write
@@ -894,6 +942,45 @@ mod tests {
         assert_eq!(segs.start_destage(all()), None);
         segs.end_destage(id, true);
         assert_eq!(segs.start_destage([next.segment]), None);
+        Ok(())
+    }
+
+    /// The waits made under the state lock and waited on without it: one for what is queued
+    /// (none when nothing is), one after handing the pending records off; each returns only
+    /// once the writer wrote those batches, and write_all then has nothing left to wait for.
+    #[test]
+    fn waits_for_queued_batches_end_when_they_are_written() -> Result<()> {
+        let pool = SimHandle(SimDir::new());
+        let mut segs = Segments::new(1 << 20, [7; 16]);
+        segs.background = Some(SegmentWriter::start()?);
+        let first = record(&mut segs, &pool, 0)?;
+        assert!(segs.queued_wait().is_none(), "nothing queued yet");
+        held(&segs, true);
+        let wait = segs
+            .hand_off_pending()?
+            .ok_or(Error::Invalid("no writer".into()))?;
+        assert!(segs.is_writing(first.segment));
+        let queued = segs
+            .queued_wait()
+            .ok_or(Error::Invalid("no wait for the queued batch".into()))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            wait.wait();
+            queued.wait();
+            let _ = tx.send(());
+        });
+        let early = rx.recv_timeout(std::time::Duration::from_millis(100));
+        assert!(
+            early.is_err(),
+            "the wait ended before the batch was written"
+        );
+        held(&segs, false);
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .map_err(|_| Error::Invalid("the wait did not end once written".into()))?;
+        let _ = waiter.join();
+        segs.reap();
+        assert!(!segs.is_writing(first.segment));
+        assert!(segs.queued_wait().is_none());
         Ok(())
     }
 

@@ -300,7 +300,13 @@ impl Pool {
     }
 
     /// Append the copies read outside the lock and journal them, re-checking each chunk.
+    /// The segment writer's queue is waited for first, without the lock: with a cache tier
+    /// on a busy disk, appending to a full queue under the lock held every VM ~100-200 ms.
     fn commit_copies(&self, copies: Vec<Copy>, report: &mut GcReport) -> Result<()> {
+        let queued = self.lock_state().segments.queued_wait();
+        if let Some(w) = queued {
+            w.wait();
+        }
         let mut st = self.lock_state();
         self.writable(&st)?;
         let mut records = Vec::new();

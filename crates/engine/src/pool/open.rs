@@ -245,8 +245,9 @@ impl Pool {
 
     /// Join the pool in a bucket as a new host (docs/S3.md "Many hosts"): register a slot, and
     /// create this host's tree under it with the pool's superblock (its identity, settings and
-    /// durability; `key` unlocks an encrypted pool) and the local directory `path`. `conf`
-    /// names the pool (its first host's URL). Returns the slot and the tree's URL.
+    /// durability; `key` unlocks an encrypted pool) and the local directory `path`, with the
+    /// first host's dedup index setting. `conf` names the pool (its first host's URL).
+    /// Returns the slot and the tree's URL.
     pub fn join_remote(
         path: &Path,
         conf: &crate::remote::RemoteConf,
@@ -280,6 +281,8 @@ impl Pool {
         let dir = crate::remote::init(path, &member, durability, cache_size)?;
         let crypto = sb.unlock(&sb_bytes, key, true, &member.url)?;
         Pool::write_new_pool(&dir, &sb, crypto)?;
+        drop(dir); // its lease: the open below takes it again
+        Pool::take_index_setting(path, key)?;
         Ok((slot, member.url))
     }
 

@@ -8,12 +8,15 @@
 //! a peer's `state` is taken only by its own methods, with no pool's `state` held, and never
 //! under the `peers` map's lock (the map is copied out first).
 
+use crate::crypto::UserKey;
 use crate::error::{Error, Result};
 use crate::format::hosts::{released_slot, Forgotten};
 use crate::format::segment_slot;
+use crate::index::SETTING_KEY;
 use crate::io::{File, Peer};
 use crate::locks::lock;
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::Arc;
 
 use super::Pool;
@@ -42,6 +45,23 @@ impl Pool {
             .peers()
             .map_err(|e| Error::io("listing the hosts of the pool", e))?
             .is_empty())
+    }
+
+    /// A host that just joined ([`Pool::join_remote`], its part at `path`) takes the pool's
+    /// dedup index setting, its first host's `index/mode` record, so that every host's index
+    /// has the mode and budget the pool was made with (docs/S3.md "Many hosts"); `condense
+    /// index set` changes one host's later. Without a readable first host it stays dense.
+    pub(crate) fn take_index_setting(path: &Path, key: Option<&UserKey>) -> Result<()> {
+        let opts = super::OpenOptions {
+            key: key.cloned(),
+            ..Default::default()
+        };
+        let pool = Pool::open_path(path, opts)?;
+        let first = pool.peers().get(&0).and_then(|p| p.meta_get(SETTING_KEY));
+        if let Some(v) = first {
+            pool.meta_put(SETTING_KEY, Some(&v))?;
+        }
+        pool.close()
     }
 
     /// The peers as last opened ([`Pool::attach_peers`]), by slot.

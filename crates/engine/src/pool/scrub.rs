@@ -229,7 +229,10 @@ impl Pool {
         let per = crate::format::MAP_PAGE_ENTRIES as u64;
         let mut hit = Vec::new();
         let mut next = 0;
+        // Lets a waiting read or write take the lock between steps (as the verify walk does).
+        let mut pacer = super::Pacer::default();
         loop {
+            pacer.step();
             let mut st = self.lock_state();
             let (mut visited, mut last) = (0u64, None);
             let walked =
@@ -254,8 +257,6 @@ impl Pool {
                     return Ok(hit);
                 }
             }
-            // Let a waiting read or write take the lock (as the verify walk does).
-            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 }

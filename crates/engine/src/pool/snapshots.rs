@@ -415,11 +415,7 @@ impl Pool {
                 let eb = leaf_entries(md, b, next, lb.is_some())?;
                 for blk in lo..hi {
                     let k = (blk - next * PER) as usize;
-                    push(
-                        blk,
-                        blk + 1,
-                        ea[k] != eb[k] && !same_data(md, ea[k], eb[k])?,
-                    );
+                    push(blk, blk + 1, changed(md, ea[k], eb[k])?);
                 }
             }
             l = next + 1;
@@ -465,14 +461,17 @@ fn leaf_entries(md: &mut Metadata, tree: u64, l: u64, present: bool) -> Result<V
     Ok(e)
 }
 
-/// Whether map entries `x` and `y`, which differ, name chunks holding the same data: two
-/// chunks of one fingerprint (a duplicate the sparse index stored again, or a forward and
-/// the chunk it names). So a block written again with the same data is not changed.
-fn same_data(md: &mut Metadata, x: u64, y: u64) -> Result<bool> {
-    if x >= CHUNK_ID_LIMIT || y >= CHUNK_ID_LIMIT {
+/// Whether map entries `x` and `y` differ in data: two chunks of one fingerprint (a
+/// duplicate the sparse index stored again, or a forward and the chunk it names) do not, so a
+/// block written again with the same data is not changed.
+fn changed(md: &mut Metadata, x: u64, y: u64) -> Result<bool> {
+    if x == y {
         return Ok(false);
+    }
+    if x >= CHUNK_ID_LIMIT || y >= CHUNK_ID_LIMIT {
+        return Ok(true);
     }
     let fp =
         |md: &mut Metadata, id| Ok::<_, Error>(md.chunks.get(&mut md.pages, id)?.map(|e| e.fp));
-    Ok(matches!((fp(md, x)?, fp(md, y)?), (Some(a), Some(b)) if a == b))
+    Ok(!matches!((fp(md, x)?, fp(md, y)?), (Some(a), Some(b)) if a == b))
 }

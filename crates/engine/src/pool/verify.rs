@@ -22,8 +22,6 @@ use super::Pool;
 const WALK_ATTEMPTS: u32 = 3;
 /// The pause before a walk is repeated (a burst of writes may be over by then).
 const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
-/// The pause between two steps, the state lock let go.
-const STEP_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 /// Stored reference counts read again per step of the comparison.
 const COUNTS_PER_STEP: usize = 256;
 /// Chunk-table pages read per hold of the state lock in the chunk pass.
@@ -160,7 +158,11 @@ impl Pool {
             )
         };
         let mut quiet = true;
+        // The lock is not fair: without a pause after each step this thread would take it
+        // back before a waiting read or write is scheduled.
+        let mut pacer = super::Pacer::default();
         loop {
+            pacer.step();
             let mut st = self.lock_state();
             quiet &= st.appended == since;
             if !quiet && give_up {
@@ -172,9 +174,6 @@ impl Pool {
             if done {
                 return Ok(Some((walk.found, quiet.then_some(since))));
             }
-            // The lock is not fair: without a pause this thread would take it back before
-            // a waiting read or write is scheduled (as `Pool::count_figures` does).
-            std::thread::sleep(STEP_PAUSE);
         }
     }
 
@@ -188,8 +187,10 @@ impl Pool {
         since: u64,
     ) -> Result<Option<Vec<(u64, u32, u32)>>> {
         let mut wrong = Vec::new();
-        let mut steps = suspects.chunks(COUNTS_PER_STEP).peekable();
+        let mut steps = suspects.chunks(COUNTS_PER_STEP);
+        let mut pacer = super::Pacer::default();
         loop {
+            pacer.step();
             let mut st = self.lock_state();
             if st.appended != since {
                 return Ok(None);
@@ -199,10 +200,6 @@ impl Pool {
             };
             wrong.extend(wrong_ref_counts(&mut st.md, part, counted));
             st.md.pages.evict_to_budget()?;
-            drop(st);
-            if steps.peek().is_some() {
-                std::thread::sleep(STEP_PAUSE);
-            }
         }
     }
 
