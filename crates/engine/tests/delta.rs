@@ -37,7 +37,8 @@ fn open(disk: &Arc<SimDir>) -> Arc<Pool> {
 }
 
 fn write(pool: &Pool, name: &str, bytes: &[u8]) {
-    pool.create_volume(name, bytes.len() as u64).expect("create");
+    pool.create_volume(name, bytes.len() as u64)
+        .expect("create");
     let h = pool.volume(name).expect("volume");
     h.write_at(0, bytes, false).expect("write");
     pool.flush().expect("flush");
@@ -113,14 +114,24 @@ fn similar_blocks_become_deltas_whose_bases_live_while_named() {
 
     // The deltas overwritten: GC drops them (DropDelta), then their bases.
     let h = pool.volume("near").expect("volume");
-    h.write_at(0, &(0..BLOCKS as u64).flat_map(|s| noise(1000 + s)).collect::<Vec<u8>>(), false)
-        .expect("overwrite");
+    h.write_at(
+        0,
+        &(0..BLOCKS as u64)
+            .flat_map(|s| noise(1000 + s))
+            .collect::<Vec<u8>>(),
+        false,
+    )
+    .expect("overwrite");
     pool.flush().expect("flush");
     for _ in 0..3 {
         pool.gc(0).expect("gc");
     }
     verify_clean(&pool, "after the deltas' GC");
-    assert_eq!(unique(&pool), BLOCKS as u64, "the deltas and their bases are gone");
+    assert_eq!(
+        unique(&pool),
+        BLOCKS as u64,
+        "the deltas and their bases are gone"
+    );
     pool.close().expect("close");
     let pool = open(&crashed);
     verify_clean(&pool, "after the last reopen");

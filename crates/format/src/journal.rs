@@ -148,7 +148,7 @@ pub enum JournalRecord {
     },
     /// A new chunk whose record is a delta against `bases` (1 or 2 chunks with records, never
     /// deltas): applied as `NewChunk` plus one reference on each base, so a base lives while
-    /// a delta names it. Only after a root of version [`crate::root::ROOT_VERSION_FORWARDS`].
+    /// a delta names it. Only after a root of version [`crate::root::ROOT_VERSION_DELTAS`].
     NewDelta {
         id: u64,
         loc: Location,

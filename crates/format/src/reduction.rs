@@ -413,7 +413,11 @@ mod tests {
             compressed: &c,
         }
         .encode();
-        assert!(payload.len() < 1024, "a near copy is small: {}", payload.len());
+        assert!(
+            payload.len() < 1024,
+            "a near copy is small: {}",
+            payload.len()
+        );
         let p = DeltaPayload::parse(&payload, String::new).expect("parse");
         assert_eq!(p.bases, vec![5]);
         let mut out = vec![0u8; 4096];

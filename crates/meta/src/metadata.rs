@@ -346,6 +346,7 @@ impl Metadata {
             JournalRecord::Forward { id, to } => self.forward_chunk(*id, *to, mode)?,
             JournalRecord::NewDelta { id, loc, fp, bases } => {
                 self.new_chunk(*id, loc, fp, mode)?;
+                *self.chunks.deltas.get_or_insert(0) += 1;
                 self.delta_bases(bases, true, mode)?
             }
             JournalRecord::DropDelta { id, bases } => {
@@ -1243,6 +1244,7 @@ impl Metadata {
             live_chunks: self.chunks.live_chunks,
             live_stored_bytes: self.chunks.live_stored_bytes,
             forwards: self.chunks.forwards,
+            deltas: self.chunks.deltas,
             segment_live,
             meta_bytes_written: self.meta_bytes_written(),
             checkpoints: self.checkpoints,

@@ -10,9 +10,9 @@
 //! alone; a delta names its bases by chunk id, each resolved (it may have become a forward)
 //! when read.
 
+use crate::chunk_table::ChunkEntry;
 use crate::error::{Error, Result};
 use crate::format::reduction::{self, DeltaPayload};
-use crate::chunk_table::ChunkEntry;
 use crate::format::*;
 use condense_meta::sketch_index::{SketchIndex, DEFAULT_BUDGET};
 use std::borrow::Cow;
@@ -45,10 +45,28 @@ pub(crate) struct Deltas {
 
 impl Pool {
     /// Turn delta compression on for new writes: the root on disk first made one older
-    /// builds refuse ([`Pool::allow_new_records`]), then the mode record journaled.
+    /// builds refuse ([`Pool::allow_deltas`]), then the mode record journaled.
     pub fn enable_deltas(&self) -> Result<()> {
-        self.allow_new_records()?;
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        self.allow_deltas()?;
         self.meta_put(DELTA_MODE_KEY, Some(b"zstd"))
+    }
+
+    /// Make sure the root on disk allows deltas before the first is journaled: a checkpoint
+    /// whose root has the delta section (version 5, docs/FORMAT.md "Delta records"), once in
+    /// the pool's life, so builds that do not know deltas refuse the pool.
+    fn allow_deltas(&self) -> Result<()> {
+        if self.lock_state().md.chunks.deltas.is_some() {
+            return Ok(());
+        }
+        let sync = crate::locks::lock(&self.sync_lock);
+        let mut allow = |md: &mut crate::metadata::Metadata| {
+            md.chunks.deltas.get_or_insert(0);
+            Ok(())
+        };
+        self.checkpoint_with(&sync, &|_| Ok(()), Some(&mut allow))
     }
 
     /// True if the pool stores new chunks as deltas where they save.
@@ -82,9 +100,13 @@ impl Pool {
         {
             let mut st = self.lock_state();
             let st = &mut *st;
-            let index = st.sketch.get_or_insert_with(|| SketchIndex::new(DEFAULT_BUDGET));
+            let index = st
+                .sketch
+                .get_or_insert_with(|| SketchIndex::new(DEFAULT_BUDGET));
             for &i in misses {
-                let Some(k) = found.keys.get(&i) else { continue };
+                let Some(k) = found.keys.get(&i) else {
+                    continue;
+                };
                 let mut ok = Vec::new();
                 for c in index.candidates(k) {
                     if let Ok(Some((_, e))) = st.md.chunks.resolve(&mut st.md.pages, c) {
@@ -135,7 +157,9 @@ impl Pool {
                 dict.extend_from_slice(block_of(&usable[1]));
                 consider(usable[..2].to_vec(), dict);
             }
-            let Some((bases, compressed)) = best else { continue };
+            let Some((bases, compressed)) = best else {
+                continue;
+            };
             let payload = DeltaPayload {
                 bases: bases.clone(),
                 compressed: &compressed,
@@ -212,15 +236,22 @@ impl Pool {
         let p = DeltaPayload::parse(payload, &what)?;
         let mut dict = Vec::with_capacity(p.bases.len() * dst.len());
         for &b in &p.bases {
-            dict.extend_from_slice(&self.base_block(b).map_err(|e| {
-                Error::corrupt(what(), format!("reading its base chunk {b}: {e}"))
-            })?);
+            dict.extend_from_slice(
+                &self.base_block(b).map_err(|e| {
+                    Error::corrupt(what(), format!("reading its base chunk {b}: {e}"))
+                })?,
+            );
         }
         reduction::decompress_delta(p.compressed, &dict, dst, what)
     }
 
     /// The bases a delta's record (whole, as read from its segment) names.
-    pub(crate) fn delta_bases_of(&self, id: u64, e: &ChunkEntry, record: &[u8]) -> Result<Vec<u64>> {
+    pub(crate) fn delta_bases_of(
+        &self,
+        id: u64,
+        e: &ChunkEntry,
+        record: &[u8],
+    ) -> Result<Vec<u64>> {
         let what = || format!("delta chunk {id} in segment {}", e.loc.segment);
         let payload = open_record(
             record,

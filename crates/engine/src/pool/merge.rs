@@ -16,6 +16,10 @@
 //! - Crash safety: each batch is one commit. A pass killed midway keeps the forwards it
 //!   made; the next pass finds the rest (a forward is no longer a chunk, so it is not sorted
 //!   again). Blocks never change: a forward reads the same bytes its own record held.
+//! - Deltas (docs/FORMAT.md "Delta records") are neither sorted nor forwarded to: a delta's
+//!   record holds references on its bases that only GC's `DropDelta` gives back, and a base,
+//!   resolved through a forward, must never land on a delta. A base may become a forward to
+//!   another chunk that is not a delta.
 
 use super::{Pacer, Pool};
 use crate::chunk_table::Slot;
@@ -58,7 +62,7 @@ impl Pool {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        self.allow_new_records()?;
+        self.allow_forwards()?;
         let (mut sort, pages) = {
             let st = self.lock_state();
             let pages = st.md.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
@@ -73,7 +77,9 @@ impl Pool {
             let end = (page + SCAN_PAGES).min(pages);
             md.chunks
                 .for_each_in(&mut md.pages, page, end, &mut |id, e| {
-                    if e.refs > 0 {
+                    // Deltas are left alone (docs/FORMAT.md "Delta records"): never made a
+                    // forward, never forwarded to.
+                    if e.refs > 0 && !e.loc.codec.is_delta() {
                         sort.push(&e.fp, id);
                     }
                     Ok(())
@@ -122,7 +128,12 @@ impl Pool {
             ) else {
                 continue;
             };
-            if d.fp == k.fp && d.refs > 0 && k.refs.saturating_add(d.refs) < REFS_MAX {
+            if d.fp == k.fp
+                && d.refs > 0
+                && k.refs.saturating_add(d.refs) < REFS_MAX
+                && !d.loc.codec.is_delta()
+                && !k.loc.codec.is_delta()
+            {
                 records.push(JournalRecord::Forward { id, to });
                 report.merged += 1;
                 report.record_bytes_merged += d.loc.record_bytes();
@@ -134,10 +145,9 @@ impl Pool {
         st.md.pages.evict_to_budget()
     }
 
-    /// Make sure the root on disk allows forwards and deltas (`Forward`, `NewDelta`,
-    /// `DropDelta`) before the first is journaled: a checkpoint whose root says so
-    /// (docs/FORMAT.md "Forwards"), once in the pool's life.
-    pub(crate) fn allow_new_records(&self) -> Result<()> {
+    /// Make sure the root on disk allows forwards before the first is journaled: a
+    /// checkpoint whose root says so (docs/FORMAT.md "Forwards"), once in the pool's life.
+    fn allow_forwards(&self) -> Result<()> {
         if self.lock_state().md.chunks.forwards.is_some() {
             return Ok(());
         }

@@ -588,6 +588,7 @@ fn load_metadata(
             live_chunks: root.live_chunks,
             live_stored_bytes: root.live_stored_bytes,
             forwards: root.forwards,
+            deltas: root.deltas,
         },
         index: Default::default(),
         saved_index: None,

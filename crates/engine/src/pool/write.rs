@@ -58,14 +58,20 @@ impl Pool {
         // No chunk was added since step 2 (ids are taken and committed under one hold of the
         // lock): its misses are misses still, and are not looked up again.
         let misses_hold = ids_at_lookup == Some(first_new_id);
-        let (mut records, entries, reduced) =
-            match self.stage_new_chunks(&mut st, &storer, &fps, &compressed, &deltas, misses_hold) {
-                Ok(staged) => staged,
-                Err(e) => {
-                    Self::unwind(&mut st, first_new_id, mark);
-                    return Err(e);
-                }
-            };
+        let (mut records, entries, reduced) = match self.stage_new_chunks(
+            &mut st,
+            &storer,
+            &fps,
+            &compressed,
+            &deltas,
+            misses_hold,
+        ) {
+            Ok(staged) => staged,
+            Err(e) => {
+                Self::unwind(&mut st, first_new_id, mark);
+                return Err(e);
+            }
+        };
         debug_assert_eq!(entries.len(), fps.len(), "one map entry per block written");
         // 5. Apply and journal the changes. The new records are readable from memory until
         // a batch's worth is staged and handed to be written (by the segment writer, in the
@@ -189,10 +195,21 @@ impl Pool {
             batch_new.insert(*fp, id);
             entries.push(id);
             reduced.new += 1;
-            if let Some(d) = deltas.delta.get(&i).filter(|d| Self::bases_hold(st, &d.bases)) {
-                let loc = st.segments.append(&*self.dir, id, fp, ChunkCodec::ZstdDelta, &d.payload)?;
+            if let Some(d) = deltas
+                .delta
+                .get(&i)
+                .filter(|d| Self::bases_hold(st, &d.bases))
+            {
+                let loc =
+                    st.segments
+                        .append(&*self.dir, id, fp, ChunkCodec::ZstdDelta, &d.payload)?;
                 let bases = d.bases.clone();
-                records.push(JournalRecord::NewDelta { id, loc, fp: *fp, bases });
+                records.push(JournalRecord::NewDelta {
+                    id,
+                    loc,
+                    fp: *fp,
+                    bases,
+                });
                 reduced.stored_bytes += d.payload.len() as u64;
                 if let Some(s) = st.sketch.as_mut() {
                     s.deltas += 1;
@@ -210,12 +227,13 @@ impl Pool {
         Ok((records, entries, reduced))
     }
 
-    /// True if every base still has a record that is not a delta (found before the lock
-    /// was taken again: GC may have dropped one since).
+    /// True if every base still has a record that is not a delta and can take another
+    /// reference (found before the lock was taken again: GC may have dropped one since).
     fn bases_hold(st: &mut State, bases: &[u64]) -> bool {
         let md = &mut st.md;
         bases.iter().all(|&b| {
-            matches!(md.chunks.resolve(&mut md.pages, b), Ok(Some((_, e))) if !e.loc.codec.is_delta())
+            matches!(md.chunks.resolve(&mut md.pages, b),
+                Ok(Some((_, e))) if !e.loc.codec.is_delta() && e.refs < crate::metadata::REFS_MAX)
         })
     }
 
