@@ -20,6 +20,16 @@ pub const DEFAULT_BUDGET: u64 = 64 << 20;
 /// Most candidates a lookup returns.
 pub const MAX_CANDIDATES: usize = 4;
 
+/// Slots of a table of `budget` bytes: the largest power of two within it, at least 1024.
+pub fn slots_for(budget: u64) -> u64 {
+    let want = (budget / SLOT_BYTES).max(1024);
+    if want.is_power_of_two() {
+        want
+    } else {
+        want.next_power_of_two() / 2
+    }
+}
+
 /// The table and its counters.
 pub struct SketchIndex {
     slots: Vec<(u64, u64)>,
@@ -36,12 +46,7 @@ const EMPTY: (u64, u64) = (0, u64::MAX);
 impl SketchIndex {
     /// A table of the largest power-of-two slot count within `budget` bytes (at least 1024).
     pub fn new(budget: u64) -> SketchIndex {
-        let want = (budget / SLOT_BYTES).max(1024);
-        let n = if want.is_power_of_two() {
-            want
-        } else {
-            want.next_power_of_two() / 2
-        };
+        let n = slots_for(budget);
         SketchIndex {
             slots: vec![EMPTY; n as usize],
             mask: n - 1,

@@ -14,11 +14,12 @@ use crate::chunk_table::ChunkEntry;
 use crate::error::{Error, Result};
 use crate::format::reduction::{self, DeltaPayload};
 use crate::format::*;
-use condense_meta::sketch_index::{SketchIndex, DEFAULT_BUDGET};
+use condense_meta::sketch_index::{slots_for, SketchIndex, DEFAULT_BUDGET, SLOT_BYTES};
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::Pool;
+use super::{Pool, State};
+use crate::stats::PoolStats;
 
 /// The named metadata record that turns delta compression on for a pool's new writes.
 pub const DELTA_MODE_KEY: &str = "delta/mode";
@@ -280,6 +281,38 @@ pub struct DeltaStats {
 }
 
 impl Pool {
+    /// The delta figures of `stats` (docs/STATS.md): the sketch index's RAM counts in
+    /// `index_ram_bytes`.
+    pub(crate) fn add_delta_figures(st: &State, s: &mut PoolStats) {
+        s.delta_mode = st.md.meta.contains_key(DELTA_MODE_KEY);
+        s.delta_chunks_written = st.md.chunks.deltas.unwrap_or(0);
+        let ram = match &st.sketch {
+            Some(x) => {
+                s.delta_chunks_since_open = x.deltas;
+                s.delta_saved_bytes_since_open = x.delta_saved_bytes;
+                s.delta_sketch_lookups = x.lookups;
+                s.delta_sketch_hits = x.hits;
+                x.ram_bytes()
+            }
+            // Allocated at the first write: what it will take.
+            None if s.delta_mode => slots_for(DEFAULT_BUDGET) * SLOT_BYTES,
+            None => 0,
+        };
+        s.sketch_index_bytes = ram;
+        s.sketch_index_chunks = ram / SLOT_BYTES / sketch::FEATURES as u64;
+        s.sketch_index_bytes_per_chunk = if s.unique_chunks == 0 {
+            0.0
+        } else {
+            ram as f64 / s.unique_chunks as f64
+        };
+        s.index_ram_bytes += ram;
+        s.ram_bytes_per_unique_chunk = if s.unique_chunks == 0 {
+            0.0
+        } else {
+            s.index_ram_bytes as f64 / s.unique_chunks as f64
+        };
+    }
+
     /// [`DeltaStats`] of this open.
     pub fn delta_stats(&self) -> DeltaStats {
         match &self.lock_state().sketch {

@@ -194,6 +194,8 @@ impl Pool {
         s.add_volumes(md, bs);
         s.add_space(md, &st.segments, bs, physical);
         s.add_ram(md);
+        Self::add_delta_figures(&st, &mut s);
+        let md = &st.md;
         s.releasing = super::release::pending(md);
         if !s.releasing.is_empty() {
             // Live chunks no volume or snapshot names: only maps being released hold them.
