@@ -15,7 +15,6 @@ use crate::error::{Error, Result};
 use crate::format::reduction::{self, DeltaPayload};
 use crate::format::*;
 use condense_meta::sketch_index::{slots_for, SketchIndex, DEFAULT_BUDGET, SLOT_BYTES};
-use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::{Pool, State};
@@ -84,7 +83,7 @@ impl Pool {
         data: &[u8],
         fps: &[Option<Fingerprint>],
         misses: &[usize],
-        alone: &[Option<(ChunkCodec, Cow<'_, [u8]>)>],
+        alone: &[Option<super::write::Stored<'_>>],
     ) -> Result<Deltas> {
         let bs = self.sb.block_size as usize;
         let mut found = Deltas::default();

@@ -239,7 +239,7 @@ impl Pool {
                 }
             }
             // On the background threads: the VMs' reads and writes keep the cores first.
-            let check_all = || -> Vec<((u64, Option<(u64, String)>), Vec<u64>)> {
+            let check_all = || -> Vec<(Checked, Vec<u64>)> {
                 work.par_iter()
                     .filter(|w| w.entry.refs > 0 || w.entry.loc.codec.is_delta())
                     .map(|w| {
@@ -496,6 +496,10 @@ fn check_forwards(check: &mut ChunkCheck, exists: &[u64]) {
         }
     }
 }
+
+/// What `check_chunk` found of one chunk: bytes checked, and what is wrong with it if
+/// anything (chunk id, why).
+type Checked = (u64, Option<(u64, String)>);
 
 #[cfg(test)]
 mod tests {

@@ -322,7 +322,7 @@ impl std::hash::Hasher for FpHasher {
 }
 
 /// A new chunk as stored: its codec and payload (the block itself when stored raw).
-type Stored<'a> = (ChunkCodec, Cow<'a, [u8]>);
+pub(crate) type Stored<'a> = (ChunkCodec, Cow<'a, [u8]>);
 
 /// Writes of at most this many blocks compress their new chunks under the state lock.
 const SMALL_WRITE_BLOCKS: usize = 4;
