@@ -51,7 +51,10 @@ impl Pool {
             return Err(Error::ReadOnly);
         }
         self.allow_deltas()?;
-        self.meta_put(DELTA_MODE_KEY, Some(b"zstd"))
+        self.meta_put(DELTA_MODE_KEY, Some(b"zstd"))?;
+        self.deltas_on
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     /// Make sure the root on disk allows deltas before the first is journaled: a checkpoint

@@ -356,6 +356,9 @@ pub struct Pool {
     /// Whether a write alone in flight hashes and compresses on every core
     /// ([`Pool::set_spread_writes`]).
     spread_writes: std::sync::atomic::AtomicBool,
+    /// Delta compression is on (the mode record, pool/delta.rs): small writes look their
+    /// misses up before the lock too, so they find deltas.
+    deltas_on: std::sync::atomic::AtomicBool,
     /// Activity counters for monitoring ([`Pool::counters`]).
     pub(crate) counters: crate::counters::Counters,
     pub(crate) replay: ReplayReport,

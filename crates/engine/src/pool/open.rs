@@ -397,6 +397,7 @@ impl Pool {
         lock_file: Option<std::fs::File>,
     ) -> Arc<Pool> {
         let slot = dir.segment_slot();
+        let deltas_on = state.md.meta.contains_key(super::delta::DELTA_MODE_KEY);
         Arc::new_cyclic(|me| Pool {
             slot,
             dir,
@@ -420,6 +421,7 @@ impl Pool {
             reads_in_flight: Default::default(),
             space_low: Default::default(),
             spread_writes: std::sync::atomic::AtomicBool::new(true),
+            deltas_on: std::sync::atomic::AtomicBool::new(deltas_on),
             counters: Default::default(),
             replay,
             tier: RwLock::new(None),

@@ -95,8 +95,9 @@ impl Pool {
         let kept: Vec<(u32, TreeSpace)> = vols.into_iter().map(|v| (v, a.tree(v))).collect();
         let fresh = md.build_attribution()?;
         let live = md.chunks.live();
-        // Chunks only maps being released name are live, and no volume's.
-        let releasing = !md.releasing.is_empty();
+        // Chunks only maps being released name are live, and no volume's; so are bases only
+        // deltas name (docs/STATS.md "Delta compression").
+        let releasing = !md.releasing.is_empty() || md.chunks.deltas.is_some();
         if kept_totals != live
             && !(releasing
                 && kept_totals.chunks <= live.chunks

@@ -112,9 +112,10 @@ impl Pool {
 
     /// Write step 2: the blocks whose chunk the pool lacks (the first of each fingerprint),
     /// and the next chunk id when they were looked up. A small write skips this and
-    /// compresses its new chunks under the lock in step 4: one lock round trip instead of two.
+    /// compresses its new chunks under the lock in step 4: one lock round trip instead of two
+    /// (not in a delta pool: the delta search needs the misses before the lock).
     fn find_misses(&self, fps: &[Option<Fingerprint>]) -> Result<(Vec<usize>, Option<u64>)> {
-        if fps.len() <= SMALL_WRITE_BLOCKS {
+        if fps.len() <= SMALL_WRITE_BLOCKS && !self.deltas_on.load(Ordering::Relaxed) {
             return Ok((Vec::new(), None));
         }
         let mut st = self.lock_state();
