@@ -138,22 +138,8 @@ pub struct PoolStats {
     /// Chunks the merge pass (`condense index merge`) found holding an older chunk's data and
     /// merged into it, over the pool's life.
     pub dedup_merged_chunks: u64,
-    /// Delta compression (docs/FORMAT.md "Delta records"): on for new writes.
-    pub delta_mode: bool,
-    /// Delta records written over the pool's life.
-    pub delta_chunks_written: u64,
-    /// Since open: delta records written, and the payload bytes they saved against the
-    /// blocks stored alone.
-    pub delta_chunks_since_open: u64,
-    pub delta_saved_bytes_since_open: u64,
-    /// Since open: sketch index lookups, and those that found a candidate base.
-    pub delta_sketch_lookups: u64,
-    pub delta_sketch_hits: u64,
-    /// The sketch index's RAM (a fixed table: its budget; projected before the first write),
-    /// the most recent chunks it covers, and its RAM per unique chunk of the pool.
-    pub sketch_index_bytes: u64,
-    pub sketch_index_chunks: u64,
-    pub sketch_index_bytes_per_chunk: f64,
+    /// Delta compression's figures (docs/STATS.md).
+    pub delta: condense_meta::sketch_index::DeltaFigures,
     pub metadata_cache_budget_bytes: u64,
     pub metadata_cache_used_bytes: u64,
     pub metadata_cache_hits: u64,

@@ -534,7 +534,8 @@ fn run_seed(
     let written = pool
         .stats()
         .map_err(|e| e.to_string())?
-        .delta_chunks_written;
+        .delta
+        .chunks_written;
     DELTAS_SEEN.with(|d| d.set(d.get() + written));
     // The per-volume figures counted after replay obey the sum rule (docs/STATS.md).
     pool.check_attribution()

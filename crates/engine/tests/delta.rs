@@ -121,10 +121,22 @@ fn similar_blocks_become_deltas_whose_bases_live_while_named() {
         ROOT_VERSION_DELTAS,
         "older builds refuse it"
     );
-    let d = pool.delta_stats();
-    assert!(d.deltas >= BLOCKS as u64 * 9 / 10, "{d:?}");
-    assert!(d.saved_bytes >= d.deltas * 3 * BS as u64 / 4, "{d:?}");
-    assert!(d.sketch_ram_bytes > 0);
+    let s = pool.stats().expect("stats");
+    let deltas = s.delta.chunks_since_open;
+    assert!(deltas >= BLOCKS as u64 * 9 / 10, "{s:?}");
+    assert_eq!(s.delta.chunks_written, deltas);
+    assert!(
+        s.delta.saved_bytes_since_open >= deltas * 3 * BS as u64 / 4,
+        "{s:?}"
+    );
+    assert!(
+        s.delta.sketch_index_bytes > 0 && s.delta.sketch_index_chunks > 0,
+        "{s:?}"
+    );
+    assert!(
+        s.index_ram_bytes >= s.delta.sketch_index_bytes,
+        "the sketch index counts"
+    );
     assert_eq!(unique(&pool), 2 * BLOCKS as u64);
     reads(&pool, "base", &base);
     reads(&pool, "near", &near);
@@ -135,13 +147,13 @@ fn similar_blocks_become_deltas_whose_bases_live_while_named() {
     pool.close().expect("close");
     let pool = open(&disk);
     assert!(pool.deltas_enabled());
-    assert_eq!(pool.stats().expect("stats").delta_chunks_written, d.deltas);
+    assert_eq!(pool.stats().expect("stats").delta.chunks_written, deltas);
     reads(&pool, "near", &near);
     verify_clean(&pool, "after a reopen");
 
     // The merge pass sorts only the chunks that are not deltas, and changes nothing here.
     let m = pool.merge_duplicates(1 << 20, &|_, _| {}).expect("merge");
-    assert_eq!(m.chunks_sorted, 2 * BLOCKS as u64 - d.deltas, "{m:?}");
+    assert_eq!(m.chunks_sorted, 2 * BLOCKS as u64 - deltas, "{m:?}");
     assert_eq!(m.merged, 0);
     reads(&pool, "near", &near);
     verify_clean(&pool, "after the merge pass");
@@ -207,7 +219,8 @@ fn damage_to_a_base_names_every_block_it_breaks() {
     let (base, near) = data();
     let disk = SimDir::new();
     let pool = delta_pool(&disk, &base, &near);
-    assert!(pool.delta_stats().deltas >= BLOCKS as u64 * 9 / 10);
+    let deltas = pool.stats().expect("stats").delta.chunks_written;
+    assert!(deltas >= BLOCKS as u64 * 9 / 10, "{deltas}");
     pool.close().expect("close");
     drop(pool);
     damage_record_of(&disk, &base[7 * BS..8 * BS]);

@@ -80,6 +80,9 @@ pub enum ChunkCodec {
     ZstdDelta = 3,
 }
 
+/// Most bases a delta record names (its payload and the journal's delta records).
+pub const MAX_DELTA_BASES: usize = 2;
+
 impl ChunkCodec {
     /// True for a delta record: its block needs its bases to decode.
     pub fn is_delta(self) -> bool {

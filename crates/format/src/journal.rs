@@ -163,6 +163,29 @@ pub enum JournalRecord {
     },
 }
 
+/// A `NewDelta` (with its location and fingerprint) or a `DropDelta` (without).
+fn put_delta(out: &mut Vec<u8>, id: u64, new: Option<(&Location, &Fingerprint)>, bases: &[u64]) {
+    out.push(if new.is_some() { 13 } else { 14 });
+    put_u64(out, id);
+    if let Some((loc, fp)) = new {
+        put_u32(out, loc.segment);
+        put_u32(out, loc.offset);
+        put_u32(out, loc.len_codec());
+        out.extend_from_slice(fp);
+    }
+    put_bases(out, bases);
+}
+
+/// The fields of a `NewDelta` after its tag.
+fn get_new_delta(r: &mut Reader<'_>) -> Result<JournalRecord> {
+    let id = r.u64()?;
+    let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
+    let loc = Location::from_parts(s, o, lc)?;
+    let fp = r.array()?;
+    let bases = get_bases(r)?;
+    Ok(JournalRecord::NewDelta { id, loc, fp, bases })
+}
+
 /// The bases of a `NewDelta`/`DropDelta`: a count (u8) and that many ids.
 fn put_bases(out: &mut Vec<u8>, bases: &[u64]) {
     out.push(bases.len() as u8);
@@ -173,7 +196,7 @@ fn put_bases(out: &mut Vec<u8>, bases: &[u64]) {
 
 fn get_bases(r: &mut Reader<'_>) -> Result<Vec<u64>> {
     let n = usize::from(r.u8()?);
-    if n == 0 || n > crate::reduction::MAX_BASES {
+    if n == 0 || n > crate::common::MAX_DELTA_BASES {
         return Err(Error::corrupt(
             "journal record",
             format!("a delta with {n} bases"),
@@ -257,19 +280,9 @@ impl JournalRecord {
                 put_u64(out, *to);
             }
             JournalRecord::NewDelta { id, loc, fp, bases } => {
-                out.push(13);
-                put_u64(out, *id);
-                put_u32(out, loc.segment);
-                put_u32(out, loc.offset);
-                put_u32(out, loc.len_codec());
-                out.extend_from_slice(fp);
-                put_bases(out, bases);
+                put_delta(out, *id, Some((loc, fp)), bases)
             }
-            JournalRecord::DropDelta { id, bases } => {
-                out.push(14);
-                put_u64(out, *id);
-                put_bases(out, bases);
-            }
+            JournalRecord::DropDelta { id, bases } => put_delta(out, *id, None, bases),
             JournalRecord::MetaPut { key, value } => {
                 out.push(9);
                 put_u16(out, key.len() as u16);
@@ -352,18 +365,7 @@ impl JournalRecord {
                 id: r.u64()?,
                 to: r.u64()?,
             },
-            13 => {
-                let id = r.u64()?;
-                let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
-                let loc = Location::from_parts(s, o, lc)?;
-                let fp = r.array()?;
-                JournalRecord::NewDelta {
-                    id,
-                    loc,
-                    fp,
-                    bases: get_bases(r)?,
-                }
-            }
+            13 => get_new_delta(r)?,
             14 => JournalRecord::DropDelta {
                 id: r.u64()?,
                 bases: get_bases(r)?,

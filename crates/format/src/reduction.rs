@@ -308,7 +308,7 @@ pub fn decompress(
 }
 
 /// Most bases a delta names.
-pub const MAX_BASES: usize = 2;
+pub const MAX_BASES: usize = crate::common::MAX_DELTA_BASES;
 
 /// A delta record's payload (docs/FORMAT.md "Delta records"): base count (u8, 1 or 2), each
 /// base's chunk id (u64 LE), then the block compressed with zstd against the bases' blocks,
@@ -369,6 +369,38 @@ pub fn compress_delta(block: &[u8], dict: &[u8], level: i32) -> Option<Vec<u8>> 
     cctx.compress_using_dict(&mut out, block, dict, level)
         .ok()?;
     Some(out)
+}
+
+/// The smallest delta payload of `block` against each usable base of `bases` (id, block)
+/// alone and the first two together, with its bases' ids; `None` unless it is at most
+/// `limit` bytes.
+pub fn best_delta(
+    block: &[u8],
+    bases: &[(u64, &[u8])],
+    level: i32,
+    limit: usize,
+) -> Option<(Vec<u64>, Vec<u8>)> {
+    let usable: Vec<&(u64, &[u8])> = bases.iter().filter(|(_, b)| may_be_base(b)).collect();
+    let mut tries: Vec<(Vec<u64>, Vec<u8>)> = usable
+        .iter()
+        .map(|(id, b)| (vec![*id], b.to_vec()))
+        .collect();
+    if let [(a, x), (b, y), ..] = usable[..] {
+        tries.push((vec![*a, *b], [*x, *y].concat()));
+    }
+    tries
+        .into_iter()
+        .filter_map(|(ids, dict)| {
+            let compressed = compress_delta(block, &dict, level)?;
+            let payload = DeltaPayload {
+                bases: ids.clone(),
+                compressed: &compressed,
+            }
+            .encode();
+            Some((ids, payload))
+        })
+        .min_by_key(|(_, p)| p.len())
+        .filter(|(_, p)| p.len() <= limit)
 }
 
 /// Decode a delta's compressed bytes against `dict` (its bases' blocks, concatenated in the
@@ -441,6 +473,19 @@ mod tests {
                 let _ = decompress_delta(p.compressed, &[], &mut out, String::new);
             }
         }
+        // The best of two bases alone and together: a block of half of each takes both.
+        let other: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
+        let mut halves = base[..2048].to_vec();
+        halves.extend_from_slice(&other[2048..]);
+        let (ids, p) = best_delta(&halves, &[(5, &base), (6, &other)], 3, 4096).expect("a delta");
+        assert_eq!(ids, vec![5, 6]);
+        assert!(p.len() < 512, "{}", p.len());
+        let (ids, _) = best_delta(&block, &[(6, &other), (5, &base)], 3, 4096).expect("a delta");
+        assert_eq!(ids, vec![5], "the near copy's own base");
+        assert!(
+            best_delta(&block, &[(6, &other)], 3, 3584).is_none(),
+            "saves nothing"
+        );
         assert!(DeltaPayload::parse(&[0], String::new).is_err());
         assert!(DeltaPayload::parse(&[3; 40], String::new).is_err());
         assert!(decompress(ChunkCodec::ZstdDelta, &payload, &mut out, String::new).is_err());

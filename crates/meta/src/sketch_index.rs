@@ -99,6 +99,58 @@ impl SketchIndex {
     }
 }
 
+/// The delta compression figures of `stats` (docs/STATS.md "delta_mode" and after).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeltaFigures {
+    /// Delta compression is on for new writes.
+    pub mode: bool,
+    /// Delta records written over the pool's life.
+    pub chunks_written: u64,
+    /// Since open: delta records written, and the payload bytes they saved.
+    pub chunks_since_open: u64,
+    pub saved_bytes_since_open: u64,
+    /// Since open: sketch index lookups, and those that found a candidate.
+    pub sketch_lookups: u64,
+    pub sketch_hits: u64,
+    /// The sketch index's RAM (what it will take before the first write), the most recent
+    /// chunks it covers, and its RAM per unique chunk of the pool.
+    pub sketch_index_bytes: u64,
+    pub sketch_index_chunks: u64,
+    pub sketch_index_bytes_per_chunk: f64,
+}
+
+impl DeltaFigures {
+    /// The figures of a pool whose mode is `mode`, with `written` deltas over its life,
+    /// `unique_chunks` live chunks and `index` (if made since open).
+    pub fn of(
+        index: Option<&SketchIndex>,
+        mode: bool,
+        written: u64,
+        unique_chunks: u64,
+    ) -> DeltaFigures {
+        let ram = match index {
+            Some(x) => x.ram_bytes(),
+            None if mode => slots_for(DEFAULT_BUDGET) * SLOT_BYTES,
+            None => 0,
+        };
+        let x = |f: fn(&SketchIndex) -> u64| index.map_or(0, f);
+        DeltaFigures {
+            mode,
+            chunks_written: written,
+            chunks_since_open: x(|i| i.deltas),
+            saved_bytes_since_open: x(|i| i.delta_saved_bytes),
+            sketch_lookups: x(|i| i.lookups),
+            sketch_hits: x(|i| i.hits),
+            sketch_index_bytes: ram,
+            sketch_index_chunks: ram / SLOT_BYTES / FEATURES as u64,
+            sketch_index_bytes_per_chunk: match unique_chunks {
+                0 => 0.0,
+                n => ram as f64 / n as f64,
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,8 +2,8 @@
 //! the write and read paths and the pure parts (`format::sketch`, `reduction::DeltaPayload`,
 //! `meta::sketch_index`).
 //!
-//! Owns: the pool's delta mode (the named record [`DELTA_MODE_KEY`], read under the state
-//! lock by each write), the sketch index in the state (built from nothing after an open),
+//! Owns: the pool's delta mode (the named record [`DELTA_MODE_KEY`], mirrored in
+//! `Pool::deltas_on` for the write path), the sketch index in the state (built from nothing after an open),
 //! finding a write's deltas, and reading a delta's bases. Invariants: a base is never a
 //! delta (depth 1: only records that are not deltas enter the sketch index, and a candidate
 //! is checked under the lock); a delta is kept only if it saves 1/8 of the block stored
@@ -14,7 +14,7 @@ use crate::chunk_table::ChunkEntry;
 use crate::error::{Error, Result};
 use crate::format::reduction::{self, DeltaPayload};
 use crate::format::*;
-use condense_meta::sketch_index::{slots_for, SketchIndex, DEFAULT_BUDGET, SLOT_BYTES};
+use condense_meta::sketch_index::{DeltaFigures, SketchIndex, DEFAULT_BUDGET};
 use std::collections::HashMap;
 
 use super::{Pool, State};
@@ -24,9 +24,7 @@ use crate::stats::PoolStats;
 pub const DELTA_MODE_KEY: &str = "delta/mode";
 
 /// zstd level of delta records.
-const DELTA_LEVEL: i32 = 3;
-/// Candidates tried one by one (and the first two together).
-const TRIES: usize = 4;
+const LEVEL: i32 = 3;
 
 /// A new chunk found to be a delta: its bases and its payload as stored (sealed in an
 /// encrypted pool).
@@ -78,19 +76,19 @@ impl Pool {
     }
 
     /// The misses of a write in a delta pool: their super-features, candidates looked up in
-    /// the sketch index under the lock, then, without it, each compressed against its best
-    /// candidate alone and the top two together; kept if it saves 1/8 of `alone` (the
-    /// block as step 3 stored it).
+    /// the sketch index under the lock, then, without it, each compressed against its
+    /// candidates ([`reduction::best_delta`]); kept if it saves 1/8 of `alone(i)` (the
+    /// payload length of block `i` as step 3 stored it).
     pub(crate) fn find_deltas(
         &self,
         data: &[u8],
         fps: &[Option<Fingerprint>],
         misses: &[usize],
-        alone: &[Option<super::write::Stored<'_>>],
+        alone: &dyn Fn(usize) -> usize,
     ) -> Result<Deltas> {
         let bs = self.sb.block_size as usize;
         let mut found = Deltas::default();
-        if misses.is_empty() || !self.lock_state().md.meta.contains_key(DELTA_MODE_KEY) {
+        if misses.is_empty() || !self.deltas_on.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(found);
         }
         for &i in misses {
@@ -98,79 +96,21 @@ impl Pool {
                 found.keys.insert(i, k);
             }
         }
-        // Candidates, each resolved to a chunk with a record that is not a delta.
-        let mut candidates: Vec<(usize, Vec<u64>)> = Vec::new();
-        {
-            let mut st = self.lock_state();
-            let st = &mut *st;
-            let index = st
-                .sketch
-                .get_or_insert_with(|| SketchIndex::new(DEFAULT_BUDGET));
-            for &i in misses {
-                let Some(k) = found.keys.get(&i) else {
-                    continue;
-                };
-                let mut ok = Vec::new();
-                for c in index.candidates(k) {
-                    if let Ok(Some((_, e))) = st.md.chunks.resolve(&mut st.md.pages, c) {
-                        if !e.loc.codec.is_delta() {
-                            ok.push(c);
-                        }
-                    }
-                }
-                if !ok.is_empty() {
-                    candidates.push((i, ok));
-                }
-            }
-        }
         let mut blocks: HashMap<u64, Option<Vec<u8>>> = HashMap::new();
-        for (i, cands) in candidates {
+        for (i, cands) in self.delta_candidates(misses, &found.keys) {
             let Some(fp) = fps[i] else { continue };
+            for &c in &cands {
+                blocks.entry(c).or_insert_with(|| self.base_block(c).ok());
+            }
+            let bases: Vec<(u64, &[u8])> = cands
+                .iter()
+                .filter_map(|c| Some((*c, blocks.get(c)?.as_deref()?)))
+                .collect();
             let block = &data[i * bs..(i + 1) * bs];
-            let alone_len = alone[i].as_ref().map_or(bs, |(_, p)| p.len());
-            let mut usable: Vec<u64> = Vec::new();
-            for &c in cands.iter().take(TRIES) {
-                let b = blocks
-                    .entry(c)
-                    .or_insert_with(|| self.base_block(c).ok())
-                    .as_ref();
-                if b.is_some_and(|b| reduction::may_be_base(b)) {
-                    usable.push(c);
-                }
-            }
-            let block_of = |c: &u64| blocks.get(c).and_then(|b| b.as_deref()).unwrap_or(&[]);
-            let mut best: Option<(Vec<u64>, Vec<u8>)> = None;
-            let mut consider = |bases: Vec<u64>, dict: Vec<u8>| {
-                let Some(c) = reduction::compress_delta(block, &dict, DELTA_LEVEL) else {
-                    return;
-                };
-                let cost = c.len() + 8 * bases.len();
-                if best
-                    .as_ref()
-                    .is_none_or(|(b, p)| cost < p.len() + 8 * b.len())
-                {
-                    best = Some((bases, c));
-                }
-            };
-            for c in &usable {
-                consider(vec![*c], block_of(c).to_vec());
-            }
-            if usable.len() >= 2 {
-                let mut dict = block_of(&usable[0]).to_vec();
-                dict.extend_from_slice(block_of(&usable[1]));
-                consider(usable[..2].to_vec(), dict);
-            }
-            let Some((bases, compressed)) = best else {
+            let limit = alone(i) - alone(i) / 8;
+            let Some((bases, payload)) = reduction::best_delta(block, &bases, LEVEL, limit) else {
                 continue;
             };
-            let payload = DeltaPayload {
-                bases: bases.clone(),
-                compressed: &compressed,
-            }
-            .encode();
-            if payload.len() > alone_len - alone_len / 8 {
-                continue;
-            }
             let payload = match self.crypto.as_deref() {
                 Some(c) => c.sealed(
                     crate::crypto::Kind::Chunk,
@@ -182,6 +122,36 @@ impl Pool {
             found.delta.insert(i, Delta { bases, payload });
         }
         Ok(found)
+    }
+
+    /// The candidate bases of each miss with super-features, from the sketch index (made by
+    /// the first write), each a chunk with a record that is not a delta; under one hold.
+    fn delta_candidates(
+        &self,
+        misses: &[usize],
+        keys: &HashMap<usize, [u64; sketch::FEATURES]>,
+    ) -> Vec<(usize, Vec<u64>)> {
+        let mut st = self.lock_state();
+        let st = &mut *st;
+        let index = st
+            .sketch
+            .get_or_insert_with(|| SketchIndex::new(DEFAULT_BUDGET));
+        let mut out = Vec::new();
+        for i in misses {
+            let Some(k) = keys.get(i) else { continue };
+            let ok: Vec<u64> = index
+                .candidates(k)
+                .into_iter()
+                .filter(|&c| {
+                    matches!(st.md.chunks.resolve(&mut st.md.pages, c),
+                        Ok(Some((_, e))) if !e.loc.codec.is_delta())
+                })
+                .collect();
+            if !ok.is_empty() {
+                out.push((*i, ok));
+            }
+        }
+        out
     }
 
     /// The block of chunk `id` (resolved if a forward), which must not be a delta: from
@@ -268,64 +238,18 @@ impl Pool {
     }
 }
 
-/// The delta figures since the pool was opened (the sketch index lives in memory only).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DeltaStats {
-    /// Delta records written.
-    pub deltas: u64,
-    /// Payload bytes they saved against the blocks stored alone.
-    pub saved_bytes: u64,
-    /// Sketch index lookups, and those that found a candidate.
-    pub lookups: u64,
-    pub hits: u64,
-    /// RAM the sketch index takes (its fixed budget once made).
-    pub sketch_ram_bytes: u64,
-}
-
 impl Pool {
     /// The delta figures of `stats` (docs/STATS.md): the sketch index's RAM counts in
     /// `index_ram_bytes`.
     pub(crate) fn add_delta_figures(st: &State, s: &mut PoolStats) {
-        s.delta_mode = st.md.meta.contains_key(DELTA_MODE_KEY);
-        s.delta_chunks_written = st.md.chunks.deltas.unwrap_or(0);
-        let ram = match &st.sketch {
-            Some(x) => {
-                s.delta_chunks_since_open = x.deltas;
-                s.delta_saved_bytes_since_open = x.delta_saved_bytes;
-                s.delta_sketch_lookups = x.lookups;
-                s.delta_sketch_hits = x.hits;
-                x.ram_bytes()
-            }
-            // Allocated at the first write: what it will take.
-            None if s.delta_mode => slots_for(DEFAULT_BUDGET) * SLOT_BYTES,
-            None => 0,
-        };
-        s.sketch_index_bytes = ram;
-        s.sketch_index_chunks = ram / SLOT_BYTES / sketch::FEATURES as u64;
-        s.sketch_index_bytes_per_chunk = if s.unique_chunks == 0 {
-            0.0
-        } else {
-            ram as f64 / s.unique_chunks as f64
-        };
-        s.index_ram_bytes += ram;
-        s.ram_bytes_per_unique_chunk = if s.unique_chunks == 0 {
-            0.0
-        } else {
-            s.index_ram_bytes as f64 / s.unique_chunks as f64
-        };
-    }
-
-    /// [`DeltaStats`] of this open.
-    pub fn delta_stats(&self) -> DeltaStats {
-        match &self.lock_state().sketch {
-            Some(s) => DeltaStats {
-                deltas: s.deltas,
-                saved_bytes: s.delta_saved_bytes,
-                lookups: s.lookups,
-                hits: s.hits,
-                sketch_ram_bytes: s.ram_bytes(),
-            },
-            None => DeltaStats::default(),
+        let (mode, written) = (
+            st.md.meta.contains_key(DELTA_MODE_KEY),
+            st.md.chunks.deltas.unwrap_or(0),
+        );
+        s.delta = DeltaFigures::of(st.sketch.as_ref(), mode, written, s.unique_chunks);
+        s.index_ram_bytes += s.delta.sketch_index_bytes;
+        if s.unique_chunks > 0 {
+            s.ram_bytes_per_unique_chunk = s.index_ram_bytes as f64 / s.unique_chunks as f64;
         }
     }
 }

@@ -176,6 +176,11 @@ impl Pool {
         Ok((physical, remote))
     }
 
+    /// The pool's activity counters since it was opened (cheap: a few atomic loads).
+    pub fn counters(&self) -> crate::CounterValues {
+        self.counters.values()
+    }
+
     /// Pool and per-volume figures, from counters (no map is walked).
     pub fn stats(&self) -> Result<PoolStats> {
         let (physical, remote) = self.physical_and_remote()?;

@@ -45,7 +45,8 @@ impl Pool {
             crypto: self.crypto.as_deref(),
         };
         let compressed = storer.compress(&fps, &misses, spread)?;
-        let deltas = self.find_deltas(data, &fps, &misses, &compressed)?;
+        let alone = |i: usize| compressed[i].as_ref().map_or(bs, |(_, p)| p.len());
+        let deltas = self.find_deltas(data, &fps, &misses, &alone)?;
         drop(in_flight);
 
         let mut st = self.lock_state();
@@ -323,7 +324,7 @@ impl std::hash::Hasher for FpHasher {
 }
 
 /// A new chunk as stored: its codec and payload (the block itself when stored raw).
-pub(crate) type Stored<'a> = (ChunkCodec, Cow<'a, [u8]>);
+type Stored<'a> = (ChunkCodec, Cow<'a, [u8]>);
 
 /// Writes of at most this many blocks compress their new chunks under the state lock.
 const SMALL_WRITE_BLOCKS: usize = 4;
