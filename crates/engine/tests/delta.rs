@@ -268,3 +268,42 @@ fn damage_to_a_base_names_every_block_it_breaks() {
         "scrub after the delete: {pass:?}"
     );
 }
+
+#[test]
+fn similar_blocks_of_one_write_are_deltas_of_each_other() {
+    // One write of pairs: each odd block a near copy of the even block before it.
+    let (base, near) = data();
+    let mut pairs = Vec::with_capacity(2 * base.len());
+    for b in 0..BLOCKS {
+        pairs.extend_from_slice(&base[b * BS..(b + 1) * BS]);
+        pairs.extend_from_slice(&near[b * BS..(b + 1) * BS]);
+    }
+    let disk = SimDir::new();
+    Pool::init(&SimHandle(disk.clone()), &InitOptions::default()).expect("init");
+    let pool = open(&disk);
+    pool.enable_deltas().expect("enable deltas");
+    write(&pool, "pairs", &pairs);
+    let deltas = pool.stats().expect("stats").delta.chunks_written;
+    assert!(deltas >= BLOCKS as u64 * 9 / 10, "{deltas} deltas");
+    reads(&pool, "pairs", &pairs);
+    verify_clean(&pool, "after the write");
+    // The bases' blocks overwritten: the bases live on for the deltas, and read back.
+    let h = pool.volume("pairs").expect("volume");
+    for b in 0..BLOCKS as u64 {
+        h.write_at(2 * b * BS as u64, &noise(5000 + b), false)
+            .expect("overwrite");
+    }
+    pool.flush().expect("flush");
+    pool.gc(0).expect("gc");
+    let h = pool.volume("pairs").expect("volume");
+    let mut buf = vec![0u8; BS];
+    for b in 0..BLOCKS {
+        h.read_at((2 * b + 1) as u64 * BS as u64, &mut buf)
+            .expect("read");
+        assert!(buf[..] == near[b * BS..(b + 1) * BS], "block {}", 2 * b + 1);
+    }
+    verify_clean(&pool, "after the bases' blocks were overwritten and GC");
+    pool.close().expect("close");
+    let pool = open(&disk);
+    verify_clean(&pool, "after a reopen");
+}

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::format::reduction::{self, DeltaPayload};
 use crate::format::*;
 use condense_meta::sketch_index::{DeltaFigures, SketchIndex, DEFAULT_BUDGET};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::{Pool, State};
 use crate::stats::PoolStats;
@@ -25,9 +25,15 @@ pub const DELTA_MODE_KEY: &str = "delta/mode";
 
 /// zstd level of delta records.
 const LEVEL: i32 = 3;
+/// Most candidate bases a block is compressed against (each alone, the first two together).
+const MAX_TRIES: usize = 4;
 
-/// A new chunk found to be a delta: its bases and its payload as stored (sealed in an
-/// encrypted pool).
+/// A base id naming block `j` of the same write (`IN_WRITE | j`), resolved to its chunk id
+/// when the write is staged (chunk ids are below 2^48).
+const IN_WRITE: u64 = 1 << 63;
+
+/// A new chunk found to be a delta: its bases (some maybe [`IN_WRITE`]) and its payload with
+/// those ids, unsealed (staging names the real ids, then seals it).
 pub(crate) struct Delta {
     pub bases: Vec<u64>,
     pub payload: Vec<u8>,
@@ -43,31 +49,16 @@ pub(crate) struct Deltas {
 
 impl Pool {
     /// Turn delta compression on for new writes: the root on disk first made one older
-    /// builds refuse ([`Pool::allow_deltas`]), then the mode record journaled.
+    /// builds refuse (the delta section: version 5), then the mode record journaled.
     pub fn enable_deltas(&self) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        self.allow_deltas()?;
+        self.allow_section(|c| &mut c.deltas)?;
         self.meta_put(DELTA_MODE_KEY, Some(b"zstd"))?;
         self.deltas_on
             .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Make sure the root on disk allows deltas before the first is journaled: a checkpoint
-    /// whose root has the delta section (version 5, docs/FORMAT.md "Delta records"), once in
-    /// the pool's life, so builds that do not know deltas refuse the pool.
-    fn allow_deltas(&self) -> Result<()> {
-        if self.lock_state().md.chunks.deltas.is_some() {
-            return Ok(());
-        }
-        let sync = crate::locks::lock(&self.sync_lock);
-        let mut allow = |md: &mut crate::metadata::Metadata| {
-            md.chunks.deltas.get_or_insert(0);
-            Ok(())
-        };
-        self.checkpoint_with(&sync, &|_| Ok(()), Some(&mut allow))
     }
 
     /// True if the pool stores new chunks as deltas where they save.
@@ -75,14 +66,14 @@ impl Pool {
         self.lock_state().md.meta.contains_key(DELTA_MODE_KEY)
     }
 
-    /// The misses of a write in a delta pool: their super-features, candidates looked up in
-    /// the sketch index under the lock, then, without it, each compressed against its
-    /// candidates ([`reduction::best_delta`]); kept if it saves 1/8 of `alone(i)` (the
-    /// payload length of block `i` as step 3 stored it).
+    /// The misses of a write in a delta pool, in order: their super-features, candidates
+    /// looked up in the sketch index under the lock, then, without it, each compressed
+    /// against its candidates ([`reduction::best_delta`]): the earlier misses of this write
+    /// stored alone that share the most super-features with it (up to 2), then the index's;
+    /// kept if it saves 1/8 of `alone(i)` (the payload length of block `i` stored alone).
     pub(crate) fn find_deltas(
         &self,
         data: &[u8],
-        fps: &[Option<Fingerprint>],
         misses: &[usize],
         alone: &dyn Fn(usize) -> usize,
     ) -> Result<Deltas> {
@@ -96,32 +87,112 @@ impl Pool {
                 found.keys.insert(i, k);
             }
         }
+        let global: HashMap<usize, Vec<u64>> = self.delta_candidates(misses, &found.keys);
         let mut blocks: HashMap<u64, Option<Vec<u8>>> = HashMap::new();
-        for (i, cands) in self.delta_candidates(misses, &found.keys) {
-            let Some(fp) = fps[i] else { continue };
-            for &c in &cands {
-                blocks.entry(c).or_insert_with(|| self.base_block(c).ok());
-            }
-            let bases: Vec<(u64, &[u8])> = cands
-                .iter()
-                .filter_map(|c| Some((*c, blocks.get(c)?.as_deref()?)))
-                .collect();
-            let block = &data[i * bs..(i + 1) * bs];
-            let limit = alone(i) - alone(i) / 8;
-            let Some((bases, payload)) = reduction::best_delta(block, &bases, LEVEL, limit) else {
+        // Super-feature → the latest earlier miss of this write stored alone that had it.
+        let mut local: HashMap<u64, usize> = HashMap::new();
+        for &i in misses {
+            let Some(keys) = found.keys.get(&i) else {
                 continue;
             };
-            let payload = match self.crypto.as_deref() {
-                Some(c) => c.sealed(
-                    crate::crypto::Kind::Chunk,
-                    &chunk_ctx(&fp, ChunkCodec::ZstdDelta),
-                    &payload,
-                )?,
-                None => payload,
-            };
-            found.delta.insert(i, Delta { bases, payload });
+            let mut shared: Vec<(usize, usize)> = Vec::new();
+            for k in keys {
+                if let Some(&j) = local.get(k) {
+                    match shared.iter_mut().find(|(x, _)| *x == j) {
+                        Some((_, n)) => *n += 1,
+                        None => shared.push((j, 1)),
+                    }
+                }
+            }
+            shared.sort_unstable_by_key(|&(j, n)| std::cmp::Reverse((n, j)));
+            let ids = global.get(&i).map_or(&[][..], |g| &g[..]);
+            for &c in ids
+                .iter()
+                .take(MAX_TRIES.saturating_sub(shared.len().min(2)))
+            {
+                blocks.entry(c).or_insert_with(|| self.base_block(c).ok());
+            }
+            let mut bases: Vec<(u64, &[u8])> = shared
+                .iter()
+                .take(2)
+                .map(|&(j, _)| (IN_WRITE | j as u64, &data[j * bs..(j + 1) * bs]))
+                .collect();
+            bases.extend(
+                ids.iter()
+                    .filter_map(|c| Some((*c, blocks.get(c)?.as_deref()?))),
+            );
+            bases.truncate(MAX_TRIES);
+            let block = &data[i * bs..(i + 1) * bs];
+            let limit = alone(i) - alone(i) / 8;
+            match reduction::best_delta(block, &bases, LEVEL, limit) {
+                Some((bases, payload)) => {
+                    found.delta.insert(i, Delta { bases, payload });
+                }
+                None => local.extend(keys.iter().map(|&k| (k, i))),
+            }
         }
         Ok(found)
+    }
+
+    /// Stage new chunk `id` (block `fp`) as its delta `d` in the open segment, if its bases
+    /// still hold: a block of this write ([`IN_WRITE`]) must have been staged alone (its id in
+    /// `plain`; `entries` are the write's ids so far), another base must be a chunk that is
+    /// not a delta and can take another reference. Returns the record and the bytes stored;
+    /// counts the delta and what it saved against `alone` bytes.
+    pub(crate) fn stage_delta(
+        &self,
+        st: &mut State,
+        (id, fp): (u64, &Fingerprint),
+        d: &Delta,
+        (entries, plain): (&[u64], &HashSet<u64>),
+        alone: usize,
+    ) -> Result<Option<(JournalRecord, u64)>> {
+        let mut bases = Vec::with_capacity(d.bases.len());
+        for &b in &d.bases {
+            let b = match b & IN_WRITE {
+                0 => b,
+                _ => match entries.get((b & !IN_WRITE) as usize) {
+                    Some(&e) if plain.contains(&e) => e,
+                    _ => return Ok(None),
+                },
+            };
+            let md = &mut st.md;
+            let holds = plain.contains(&b)
+                || matches!(md.chunks.resolve(&mut md.pages, b),
+                    Ok(Some((_, e))) if !e.loc.codec.is_delta() && e.refs < crate::metadata::REFS_MAX);
+            if !holds {
+                return Ok(None);
+            }
+            bases.push(b);
+        }
+        let compressed = DeltaPayload::parse(&d.payload, String::new)?.compressed;
+        let payload = DeltaPayload {
+            bases: bases.clone(),
+            compressed,
+        }
+        .encode();
+        let payload = match self.crypto.as_deref() {
+            Some(c) => c.sealed(
+                crate::crypto::Kind::Chunk,
+                &chunk_ctx(fp, ChunkCodec::ZstdDelta),
+                &payload,
+            )?,
+            None => payload,
+        };
+        let loc = st
+            .segments
+            .append(&*self.dir, id, fp, ChunkCodec::ZstdDelta, &payload)?;
+        if let Some(s) = st.sketch.as_mut() {
+            s.deltas += 1;
+            s.delta_saved_bytes += alone.saturating_sub(payload.len()) as u64;
+        }
+        let record = JournalRecord::NewDelta {
+            id,
+            loc,
+            fp: *fp,
+            bases,
+        };
+        Ok(Some((record, payload.len() as u64)))
     }
 
     /// The candidate bases of each miss with super-features, from the sketch index (made by
@@ -130,13 +201,13 @@ impl Pool {
         &self,
         misses: &[usize],
         keys: &HashMap<usize, [u64; sketch::FEATURES]>,
-    ) -> Vec<(usize, Vec<u64>)> {
+    ) -> HashMap<usize, Vec<u64>> {
         let mut st = self.lock_state();
         let st = &mut *st;
         let index = st
             .sketch
             .get_or_insert_with(|| SketchIndex::new(DEFAULT_BUDGET));
-        let mut out = Vec::new();
+        let mut out = HashMap::new();
         for i in misses {
             let Some(k) = keys.get(i) else { continue };
             let ok: Vec<u64> = index
@@ -148,7 +219,7 @@ impl Pool {
                 })
                 .collect();
             if !ok.is_empty() {
-                out.push((*i, ok));
+                out.insert(*i, ok);
             }
         }
         out

@@ -22,7 +22,7 @@
 //!   another chunk that is not a delta.
 
 use super::{Pacer, Pool};
-use crate::chunk_table::Slot;
+use crate::chunk_table::{ChunkTable, Slot};
 use crate::error::{Error, Result};
 use crate::fingerprint_sort::FingerprintSort;
 use crate::format::{JournalRecord, CHUNKS_PER_PAGE};
@@ -62,7 +62,7 @@ impl Pool {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        self.allow_forwards()?;
+        self.allow_section(|c| &mut c.forwards)?;
         let (mut sort, pages) = {
             let st = self.lock_state();
             let pages = st.md.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
@@ -145,15 +145,19 @@ impl Pool {
         st.md.pages.evict_to_budget()
     }
 
-    /// Make sure the root on disk allows forwards before the first is journaled: a
-    /// checkpoint whose root says so (docs/FORMAT.md "Forwards"), once in the pool's life.
-    fn allow_forwards(&self) -> Result<()> {
-        if self.lock_state().md.chunks.forwards.is_some() {
+    /// Make sure the root on disk has the section of forwards or deltas (`section`: its
+    /// counter in the chunk table) before the first is journaled: a checkpoint whose root
+    /// says so (docs/FORMAT.md "Forwards", "Delta records"), once in the pool's life.
+    pub(crate) fn allow_section(
+        &self,
+        section: fn(&mut ChunkTable) -> &mut Option<u64>,
+    ) -> Result<()> {
+        if section(&mut self.lock_state().md.chunks).is_some() {
             return Ok(());
         }
         let sync = lock(&self.sync_lock);
         let mut allow = |md: &mut Metadata| {
-            md.chunks.forwards.get_or_insert(0);
+            section(&mut md.chunks).get_or_insert(0);
             Ok(())
         };
         self.checkpoint_with(&sync, &|_| Ok(()), Some(&mut allow))

@@ -397,28 +397,11 @@ impl Pool {
     /// Read one chunk and check its record, its decompression and its fingerprint: (record
     /// bytes checked, the problem if any).
     pub(crate) fn check_chunk(&self, w: &ChunkToCheck) -> (u64, Option<(u64, String)>) {
-        let (id, e, file, in_memory) = (w.id, &w.entry, w.file.as_deref(), w.in_memory.as_deref());
+        let (id, e) = (w.id, &w.entry);
         let loc = e.loc;
-        let mut read = vec![];
-        let buf: &[u8] = match (in_memory, file) {
-            (Some(m), _) => m,
-            (None, None) => return (0, Some((id, format!("segment {} is missing", loc.segment)))),
-            (None, Some(file)) => {
-                read.resize(loc.record_bytes() as usize, 0);
-                if let Err(err) = file.read_at(&mut read, u64::from(loc.offset)) {
-                    return (
-                        0,
-                        Some((
-                            id,
-                            format!(
-                                "cannot read segment {} at {}: {err}",
-                                loc.segment, loc.offset
-                            ),
-                        )),
-                    );
-                }
-                &read
-            }
+        let buf = match stored_record(w) {
+            Ok(b) => b,
+            Err(why) => return (0, Some((id, why))),
         };
         let what = || {
             format!(
@@ -427,7 +410,8 @@ impl Pool {
             )
         };
         let rid = crate::format::record_id(id, &loc, self.slot);
-        let payload = match open_record(buf, rid, &loc, self.crypto.as_deref(), Some(&e.fp), what) {
+        let payload = match open_record(&buf, rid, &loc, self.crypto.as_deref(), Some(&e.fp), what)
+        {
             Ok(p) => p,
             Err(err) => return (0, Some((id, err.to_string()))),
         };
@@ -457,20 +441,29 @@ impl Pool {
         if !w.entry.loc.codec.is_delta() {
             return Vec::new();
         }
-        let loc = w.entry.loc;
-        let record = match (w.in_memory.as_deref(), w.file.as_deref()) {
-            (Some(m), _) => m.to_vec(),
-            (None, Some(f)) => {
-                let mut b = vec![0u8; loc.record_bytes() as usize];
-                if f.read_at(&mut b, u64::from(loc.offset)).is_err() {
-                    return Vec::new();
-                }
-                b
-            }
-            (None, None) => return Vec::new(),
-        };
-        self.delta_bases_of(w.id, &w.entry, &record)
+        stored_record(w)
+            .ok()
+            .and_then(|r| self.delta_bases_of(w.id, &w.entry, &r).ok())
             .unwrap_or_default()
+    }
+}
+
+/// The record of `w` as stored: in memory, or read from its segment.
+fn stored_record(w: &ChunkToCheck) -> std::result::Result<std::borrow::Cow<'_, [u8]>, String> {
+    let loc = w.entry.loc;
+    match (w.in_memory.as_deref(), w.file.as_deref()) {
+        (Some(m), _) => Ok(std::borrow::Cow::Borrowed(m)),
+        (None, None) => Err(format!("segment {} is missing", loc.segment)),
+        (None, Some(file)) => {
+            let mut b = vec![0u8; loc.record_bytes() as usize];
+            file.read_at(&mut b, u64::from(loc.offset)).map_err(|err| {
+                format!(
+                    "cannot read segment {} at {}: {err}",
+                    loc.segment, loc.offset
+                )
+            })?;
+            Ok(std::borrow::Cow::Owned(b))
+        }
     }
 }
 

@@ -46,7 +46,7 @@ impl Pool {
         };
         let compressed = storer.compress(&fps, &misses, spread)?;
         let alone = |i: usize| compressed[i].as_ref().map_or(bs, |(_, p)| p.len());
-        let deltas = self.find_deltas(data, &fps, &misses, &alone)?;
+        let deltas = self.find_deltas(data, &misses, &alone)?;
         drop(in_flight);
 
         let mut st = self.lock_state();
@@ -157,6 +157,8 @@ impl Pool {
         let mut batch_new: HashMap<Fingerprint, u64, FpHash> =
             HashMap::with_capacity_and_hasher(fps.len(), FpHash);
         let mut small = Compressor::default();
+        // This write's new chunks stored alone: bases its deltas may name.
+        let mut plain = std::collections::HashSet::new();
         for (i, fp) in fps.iter().enumerate() {
             // Also for known misses: the commit below inserts them.
             if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
@@ -197,46 +199,24 @@ impl Pool {
             batch_new.insert(*fp, id);
             entries.push(id);
             reduced.new += 1;
-            if let Some(d) = deltas
-                .delta
-                .get(&i)
-                .filter(|d| Self::bases_hold(st, &d.bases))
-            {
-                let loc =
-                    st.segments
-                        .append(&*self.dir, id, fp, ChunkCodec::ZstdDelta, &d.payload)?;
-                let bases = d.bases.clone();
-                records.push(JournalRecord::NewDelta {
-                    id,
-                    loc,
-                    fp: *fp,
-                    bases,
-                });
-                reduced.stored_bytes += d.payload.len() as u64;
-                if let Some(s) = st.sketch.as_mut() {
-                    s.deltas += 1;
-                    s.delta_saved_bytes += payload.len().saturating_sub(d.payload.len()) as u64;
-                }
+            let staged = match deltas.delta.get(&i) {
+                Some(d) => self.stage_delta(st, (id, fp), d, (&entries, &plain), payload.len())?,
+                None => None,
+            };
+            if let Some((record, stored)) = staged {
+                records.push(record);
+                reduced.stored_bytes += stored;
                 continue;
             }
             let loc = st.segments.append(&*self.dir, id, fp, codec, payload)?;
             records.push(JournalRecord::NewChunk { id, loc, fp: *fp });
+            plain.insert(id);
             reduced.stored_bytes += payload.len() as u64;
             if let (Some(k), Some(s)) = (deltas.keys.get(&i), st.sketch.as_mut()) {
                 s.insert(k, id);
             }
         }
         Ok((records, entries, reduced))
-    }
-
-    /// True if every base still has a record that is not a delta and can take another
-    /// reference (found before the lock was taken again: GC may have dropped one since).
-    fn bases_hold(st: &mut State, bases: &[u64]) -> bool {
-        let md = &mut st.md;
-        bases.iter().all(|&b| {
-            matches!(md.chunks.resolve(&mut md.pages, b),
-                Ok(Some((_, e))) if !e.loc.codec.is_delta() && e.refs < crate::metadata::REFS_MAX)
-        })
     }
 
     /// Give back the ids and staged records of a write that failed before anything of it
