@@ -48,6 +48,7 @@ manifest         65536  1024 128
 wal_object       16384  1024 64
 sealed_object    16384  1024 64
 key_file         256    1024 64
+delta_record     8192   1024 64
 fuse_records     8192   1024 64
 image_header     327680 1024 64
 qemu_img_json    16384  1024 128

@@ -228,7 +228,7 @@ pub fn init(
     dir: Option<&Path>,
     size: Option<u64>,
     opts: &InitOptions,
-    index: Option<condense_engine::index::IndexSetting>,
+    index: condense_service::index::InitSettings,
 ) -> Result<()> {
     let (dir, size) = check_cache(dir, size)?;
     let conf = conf(url, &args.store, false)?;

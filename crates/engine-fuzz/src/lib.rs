@@ -463,6 +463,47 @@ pub fn segment(data: &[u8]) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Delta records.
+
+/// The block of base chunk `id` in the fuzzed delta records: noise seeded by the id, so a
+/// seed's bases are known and a mutated id names another (wrong) base.
+pub fn delta_base_block(id: u64) -> Vec<u8> {
+    let mut s = id;
+    (0..FUZZ_BLOCK)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let z = (s ^ (s >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            (z ^ (z >> 27)) as u8
+        })
+        .collect()
+}
+
+/// `delta_record`: the (opened) payload of a delta chunk record (docs/FORMAT.md "Delta
+/// records"): parsed, encoded back to the same bytes, then decoded into a 4 KiB block
+/// against its bases' blocks ([`delta_base_block`]) and against no bases at all.
+pub fn delta_record(data: &[u8]) -> bool {
+    use condense_engine::reduction::{decompress_delta, DeltaPayload, MAX_BASES};
+    let Ok(p) = DeltaPayload::parse(data, String::new) else {
+        return false;
+    };
+    assert!(!p.bases.is_empty() && p.bases.len() <= MAX_BASES);
+    assert_eq!(p.encode(), data, "delta payload round trip");
+    let dict: Vec<u8> = p.bases.iter().flat_map(|&b| delta_base_block(b)).collect();
+    let mut block = vec![0u8; FUZZ_BLOCK as usize];
+    let decoded = decompress_delta(p.compressed, &dict, &mut block, String::new).is_ok();
+    let _ = decompress_delta(p.compressed, &[], &mut block, String::new);
+    // The chunk read path refuses a delta decoded without its bases.
+    assert!(condense_engine::reduction::decompress(
+        format::ChunkCodec::ZstdDelta,
+        data,
+        &mut block,
+        String::new
+    )
+    .is_err());
+    decoded
+}
+
+// ---------------------------------------------------------------------------------------------
 // The cache tier.
 
 const FUZZ_BLOCK: u32 = 4096;

@@ -62,6 +62,7 @@ pub(super) fn write(out: &Path) -> Result<usize> {
     ));
     pages(&mut seeds, &root, &meta)?;
     small_objects(&mut seeds, uuid)?;
+    delta_records(&mut seeds)?;
 
     for (target, name, bytes) in &seeds {
         let dir = out.join(target);
@@ -70,6 +71,32 @@ pub(super) fn write(out: &Path) -> Result<usize> {
         std::fs::write(&path, bytes).map_err(|e| Error::io(path.display().to_string(), e))?;
     }
     Ok(seeds.len())
+}
+
+/// Delta payloads as the write path makes them: a near copy of one base, and of two bases'
+/// halves (`delta_record`).
+fn delta_records(seeds: &mut Seeds) -> Result<()> {
+    use condense_engine::reduction::{compress_delta, DeltaPayload};
+    let (a, b) = (delta_base_block(3), delta_base_block(9));
+    let mut near = a.clone();
+    near[100..140].fill(7);
+    let mut halves = a[..2048].to_vec();
+    halves.extend_from_slice(&b[2048..]);
+    let both: Vec<u8> = a.iter().chain(&b).copied().collect();
+    for (name, block, bases, dict) in [
+        ("one-base", &near, vec![3u64], &a),
+        ("two-bases", &halves, vec![3, 9], &both),
+    ] {
+        let compressed = compress_delta(block, dict, 3)
+            .ok_or_else(|| Error::Invalid("zstd refused a delta".into()))?;
+        let payload = DeltaPayload {
+            bases,
+            compressed: &compressed,
+        }
+        .encode();
+        seeds.push(("delta_record", name.into(), payload));
+    }
+    Ok(())
 }
 
 /// A saved dedup index of 1,000 chunks (flags byte 0: its checksums are right as saved).
@@ -243,17 +270,34 @@ fn sealed_journal(uuid: [u8; 16]) -> Result<Vec<u8>> {
     Ok(b)
 }
 
-/// A segment of an encrypted pool: three records, one per codec, payloads sealed.
+/// A segment of an encrypted pool: four records, one per codec (a delta against
+/// [`delta_base_block`] 3), payloads sealed.
 fn sealed_segment(crypto: &Crypto, uuid: [u8; 16]) -> Result<Vec<u8>> {
     let mut seg = format::encode_segment_header(3, &uuid);
     let data = test_data();
-    for (i, block) in data.chunks(4096).take(3).enumerate() {
-        let codec = [ChunkCodec::Raw, ChunkCodec::Lz4, ChunkCodec::Zstd][i];
+    let codecs = [
+        ChunkCodec::Raw,
+        ChunkCodec::Lz4,
+        ChunkCodec::Zstd,
+        ChunkCodec::ZstdDelta,
+    ];
+    for (i, block) in data.chunks(4096).take(codecs.len()).enumerate() {
+        let codec = codecs[i];
         let payload = match codec {
             ChunkCodec::Raw => block.to_vec(),
             ChunkCodec::Lz4 => lz4_flex::block::compress(block),
             ChunkCodec::Zstd => {
                 zstd::bulk::compress(block, 3).map_err(|e| Error::io("compressing a seed", e))?
+            }
+            ChunkCodec::ZstdDelta => {
+                let compressed =
+                    condense_engine::reduction::compress_delta(block, &delta_base_block(3), 3)
+                        .ok_or_else(|| Error::Invalid("zstd refused a delta".into()))?;
+                condense_engine::reduction::DeltaPayload {
+                    bases: vec![3],
+                    compressed: &compressed,
+                }
+                .encode()
             }
         };
         let fp: Fingerprint = [i as u8 + 1; 16];
@@ -475,6 +519,7 @@ mod tests {
                 "wal_object" => wal_object,
                 "sealed_object" => sealed_object,
                 "key_file" => key_file,
+                "delta_record" => delta_record,
                 _ => continue,
             };
             for seed in std::fs::read_dir(entry.path()).map_err(|e| Error::io("seeds", e))? {

@@ -42,18 +42,16 @@ pub use condense_store::{
     cache_tier, claim_window, copies, io, priority, remote, secret_file, segment, staging,
 };
 
-pub mod counters;
 pub mod gc;
 pub mod hosts;
 pub mod pool;
 pub mod repair;
 pub mod scrub;
-pub mod scrub_status;
-pub mod stats;
+pub use condense_meta::stats;
 #[cfg(test)]
 mod volume_claim_races;
 pub mod volume_claims;
-pub use condense_format::volume_counters;
+pub use condense_format::{counters, scrub_status, volume_counters};
 
 pub use cache_tier::{CacheConf, CacheMode, CacheStats};
 pub use counters::CounterValues;

@@ -157,6 +157,14 @@ pub fn repair_with(
         reader,
         old_root,
     } = read_head(&dir, path, key.as_ref())?;
+    if old_root.deltas.is_some() && !dry_run {
+        // The rebuild does not follow a delta's bases yet (docs/FORMAT.md "Delta records"):
+        // it would keep deltas without the references that keep their bases alive.
+        return Err(Error::Invalid(format!(
+            "{} has delta compression on, whose repair is not built yet: `condense verify` and `condense scrub` name the damaged blocks, `condense repair --dry-run` what a repair would find; restore them from a backup",
+            path.display()
+        )));
+    }
     // What the rebuilt metadata is sealed with: a session of its own, as a writable open
     // (refused for a format 3 pool before anything is written).
     let sealer = if dry_run {

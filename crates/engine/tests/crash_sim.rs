@@ -12,7 +12,10 @@
 //! `CONDENSE_CRASH_SEEDS=N` sets how many seeds run (default 2000);
 //! `CONDENSE_CRASH_SEED=S` replays one seed exactly.
 //! Seeds ≡ 3 (mod 4) use the sparse dedup index (crates/meta/src/sparse_index.rs); the merge
-//! pass (crates/engine/src/pool/merge.rs) is one of the operations, in every variant.
+//! pass (crates/engine/src/pool/merge.rs) is one of the operations, in every variant. The
+//! deltas variant turns delta compression on (crates/engine/src/pool/delta.rs) and writes
+//! blocks of a few families of similar content, so many are deltas whose bases GC, the
+//! merge pass and the crash must keep; its odd seeds are encrypted.
 
 use condense_engine::sim::{SimDir, SimHandle, SimRng};
 use condense_engine::{
@@ -32,9 +35,26 @@ enum Content {
     Tag(u64),
 }
 
+std::thread_local! {
+    /// Set by the deltas variant (each test runs on its own thread): blocks of similar content.
+    static SIMILAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Delta records the recovered pools of this thread's seeds had written.
+    static DELTAS_SEEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 fn bytes_of(c: Content) -> Vec<u8> {
     match c {
         Content::Zero => vec![0; BS],
+        Content::Tag(t) if SIMILAR.with(|s| s.get()) => {
+            // One of 3 families of noise, the tag written at its start and at a spot of its
+            // own: near copies of each other, deltas against each other.
+            let mut rng = SimRng::new(1000 + t % 3);
+            let mut b: Vec<u8> = (0..BS).map(|_| rng.next_u64() as u8).collect();
+            b[..8].copy_from_slice(&t.to_le_bytes());
+            let at = 64 + (t as usize * 97) % (BS - 128);
+            b[at..at + 8].copy_from_slice(&t.to_le_bytes());
+            b
+        }
         Content::Tag(t) => {
             let mut b: Vec<u8> = (0..BS).map(|i| ((i / 64) as u64 ^ t) as u8).collect();
             b[..8].copy_from_slice(&t.to_le_bytes());
@@ -111,7 +131,12 @@ fn opts(tiny_cache: bool, encrypted: bool, cache: &Option<Arc<SimDir>>) -> OpenO
 }
 
 /// Runs one seed; returns whether the writeback stage held pool files when it crashed.
-fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool, String> {
+fn run_seed(
+    seed: u64,
+    encrypted: bool,
+    cache: Option<CacheMode>,
+    deltas: bool,
+) -> Result<bool, String> {
     let cached = cache.is_some();
     let writeback = cache == Some(CacheMode::WriteBack);
     let mut rng = SimRng::new(seed);
@@ -153,6 +178,10 @@ fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool
         };
         pool.meta_put(condense_engine::index::SETTING_KEY, Some(&sparse.encode()))
             .map_err(|e| format!("index setting: {e}"))?;
+    }
+    if deltas {
+        pool.enable_deltas()
+            .map_err(|e| format!("enable deltas: {e}"))?;
     }
     if let Some(c) = &cache_disk {
         let conf = CacheConf {
@@ -502,6 +531,12 @@ fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool
     if !report.is_clean() {
         return Err(format!("verify after the releases: {report:?}"));
     }
+    let written = pool
+        .stats()
+        .map_err(|e| e.to_string())?
+        .delta
+        .chunks_written;
+    DELTAS_SEEN.with(|d| d.set(d.get() + written));
     // The per-volume figures counted after replay obey the sum rule (docs/STATS.md).
     pool.check_attribution()
         .map_err(|e| format!("space attribution after recovery: {e}"))?;
@@ -556,7 +591,13 @@ fn run_seed(seed: u64, encrypted: bool, cache: Option<CacheMode>) -> Result<bool
 }
 
 fn crash_points(encrypted: bool, cached: Option<CacheMode>) {
+    crash_points_of(encrypted, cached, false)
+}
+
+fn crash_points_of(encrypted: bool, cached: Option<CacheMode>, deltas: bool) {
+    SIMILAR.with(|s| s.set(deltas));
     let test = match (encrypted, cached) {
+        _ if deltas => "crash_points_keep_acknowledged_data_deltas",
         (true, None) => "crash_points_keep_acknowledged_data_encrypted",
         (false, None) => "crash_points_keep_acknowledged_data",
         (_, Some(CacheMode::WriteThrough)) => "crash_points_keep_acknowledged_data_cached",
@@ -564,7 +605,7 @@ fn crash_points(encrypted: bool, cached: Option<CacheMode>) {
     };
     if let Ok(s) = std::env::var("CONDENSE_CRASH_SEED") {
         let seed: u64 = s.parse().unwrap_or(0);
-        if let Err(e) = run_seed(seed, encrypted, cached) {
+        if let Err(e) = run_seed(seed, encrypted || (deltas && seed % 2 == 1), cached, deltas) {
             panic!("crash seed {seed} failed: {e}");
         }
         return;
@@ -576,7 +617,7 @@ fn crash_points(encrypted: bool, cached: Option<CacheMode>) {
     let mut failures = Vec::new();
     let mut staged = 0;
     for seed in 0..seeds {
-        match run_seed(seed, encrypted, cached) {
+        match run_seed(seed, encrypted || (deltas && seed % 2 == 1), cached, deltas) {
             Ok(s) => staged += u64::from(s),
             Err(e) => {
                 eprintln!("crash seed {seed} failed: {e}\n  replay: CONDENSE_CRASH_SEED={seed} cargo test -p condense-engine --test crash_sim {test}");
@@ -590,6 +631,14 @@ fn crash_points(encrypted: bool, cached: Option<CacheMode>) {
         failures.len()
     );
     assert!(failures.is_empty(), "failing seeds: {failures:?}");
+    if deltas {
+        // The variant must really write deltas.
+        let seen = DELTAS_SEEN.with(|d| d.get());
+        assert!(
+            seen > seeds,
+            "only {seen} deltas in {seeds} seeds' recovered pools"
+        );
+    }
     if cached == Some(CacheMode::WriteBack) {
         // The variant must really crash with writes in the stage, not bypass it.
         assert!(
@@ -624,4 +673,12 @@ fn crash_points_keep_acknowledged_data_writeback() {
 #[test]
 fn crash_points_keep_acknowledged_data_encrypted() {
     crash_points(true, None);
+}
+
+/// The same seeds with delta compression on and blocks of similar content (odd seeds
+/// encrypted): a crash at any point keeps every delta's bases, and every block reads its old
+/// or new content.
+#[test]
+fn crash_points_keep_acknowledged_data_deltas() {
+    crash_points_of(false, None, true);
 }

@@ -125,12 +125,30 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+std::thread_local! {
+    /// Set by the deltas variant (each test runs on its own thread): similar blocks.
+    static SIMILAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Block content from a pattern: few patterns, so blocks deduplicate; pattern 0 is zeros.
+/// In the deltas variant every block is one noise block with the pattern in 8 bytes of each
+/// 512: blocks of different patterns are near copies (deltas of each other).
 fn data(pattern: u8, off: u64, len: u64) -> Vec<u8> {
+    let similar = SIMILAR.with(|s| s.get());
     (off..off + len)
         .map(|i| {
             if pattern == 0 {
                 0
+            } else if similar {
+                let j = i % BS;
+                let mut z = j.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                z = (z ^ (z >> 31)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                let noise = (z ^ (z >> 29)) as u8;
+                if j % 512 < 8 {
+                    noise ^ pattern
+                } else {
+                    noise
+                }
             } else {
                 ((i / 512 % 7) as u8 * 31) ^ pattern
             }
@@ -211,17 +229,20 @@ fn check_all(pool: &Pool, model: &MemCatalog) {
 const TINY_CACHE_BYTES: u64 = 4096 + 24 * 4224;
 
 fn run(ops: Vec<Op>, compression: Compression, key: Option<UserKey>, mode: Option<CacheMode>) {
-    run_with(ops, compression, key, mode, false)
+    run_with(ops, compression, key, mode, false, false)
 }
 
-/// [`run`], with the sparse dedup index at its smallest budget if `sparse`.
+/// [`run`], with the sparse dedup index at its smallest budget if `sparse`, and delta
+/// compression on (and similar blocks) if `deltas`.
 fn run_with(
     ops: Vec<Op>,
     compression: Compression,
     key: Option<UserKey>,
     mode: Option<CacheMode>,
     sparse: bool,
+    deltas: bool,
 ) {
+    SIMILAR.with(|s| s.set(deltas));
     let disk = SimDir::new();
     let cache = mode.map(|_| SimDir::new());
     let init = InitOptions {
@@ -245,6 +266,11 @@ fn run_with(
         assert!(pool.close().is_ok());
         drop(pool);
         pool = open(&disk, &key, &cache);
+    }
+    if deltas {
+        if let Err(e) = pool.enable_deltas() {
+            panic!("enable deltas: {e}");
+        }
     }
     if let Some(c) = &cache {
         let conf = CacheConf {
@@ -442,7 +468,14 @@ proptest! {
     /// The LZ4 run with the sparse dedup index (smallest budget) and its merge pass.
     #[test]
     fn engine_matches_model_sparse(ops in proptest::collection::vec(op(), 1..120)) {
-        run_with(ops, Compression::Lz4, None, None, true);
+        run_with(ops, Compression::Lz4, None, None, true, false);
+    }
+
+    /// Delta compression on, with similar blocks, the sparse index and its merge pass (which
+    /// leaves deltas alone), on an encrypted pool.
+    #[test]
+    fn engine_matches_model_deltas(ops in proptest::collection::vec(op(), 1..120)) {
+        run_with(ops, Compression::Lz4, Some(UserKey::key([0xa5; 32])), None, true, true);
     }
 
     /// The LZ4 run on an encrypted pool.

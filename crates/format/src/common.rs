@@ -75,14 +75,26 @@ pub enum ChunkCodec {
     Raw = 0,
     Lz4 = 1,
     Zstd = 2,
+    /// A delta (issue 44): compressed with zstd against one or two base chunks' blocks as a
+    /// raw-content dictionary; the payload names the bases ([`crate::reduction::DeltaPayload`]).
+    ZstdDelta = 3,
 }
 
+/// Most bases a delta record names (its payload and the journal's delta records).
+pub const MAX_DELTA_BASES: usize = 2;
+
 impl ChunkCodec {
+    /// True for a delta record: its block needs its bases to decode.
+    pub fn is_delta(self) -> bool {
+        self == ChunkCodec::ZstdDelta
+    }
+
     pub fn from_u8(v: u8) -> Option<ChunkCodec> {
         match v {
             0 => Some(ChunkCodec::Raw),
             1 => Some(ChunkCodec::Lz4),
             2 => Some(ChunkCodec::Zstd),
+            3 => Some(ChunkCodec::ZstdDelta),
             _ => None,
         }
     }

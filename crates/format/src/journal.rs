@@ -146,6 +146,63 @@ pub enum JournalRecord {
         key: String,
         value: Option<Vec<u8>>,
     },
+    /// A new chunk whose record is a delta against `bases` (1 or 2 chunks with records, never
+    /// deltas): applied as `NewChunk` plus one reference on each base, so a base lives while
+    /// a delta names it. Only after a root of version [`crate::root::ROOT_VERSION_DELTAS`].
+    NewDelta {
+        id: u64,
+        loc: Location,
+        fp: Fingerprint,
+        bases: Vec<u64>,
+    },
+    /// Delta chunk `id`, which nothing names, dropped by GC: `DropChunk` plus the references
+    /// its `bases` (read from its record) held dropped.
+    DropDelta {
+        id: u64,
+        bases: Vec<u64>,
+    },
+}
+
+/// A `NewDelta` (with its location and fingerprint) or a `DropDelta` (without).
+fn put_delta(out: &mut Vec<u8>, id: u64, new: Option<(&Location, &Fingerprint)>, bases: &[u64]) {
+    out.push(if new.is_some() { 13 } else { 14 });
+    put_u64(out, id);
+    if let Some((loc, fp)) = new {
+        put_u32(out, loc.segment);
+        put_u32(out, loc.offset);
+        put_u32(out, loc.len_codec());
+        out.extend_from_slice(fp);
+    }
+    put_bases(out, bases);
+}
+
+/// The fields of a `NewDelta` after its tag.
+fn get_new_delta(r: &mut Reader<'_>) -> Result<JournalRecord> {
+    let id = r.u64()?;
+    let (s, o, lc) = (r.u32()?, r.u32()?, r.u32()?);
+    let loc = Location::from_parts(s, o, lc)?;
+    let fp = r.array()?;
+    let bases = get_bases(r)?;
+    Ok(JournalRecord::NewDelta { id, loc, fp, bases })
+}
+
+/// The bases of a `NewDelta`/`DropDelta`: a count (u8) and that many ids.
+fn put_bases(out: &mut Vec<u8>, bases: &[u64]) {
+    out.push(bases.len() as u8);
+    for b in bases {
+        put_u64(out, *b);
+    }
+}
+
+fn get_bases(r: &mut Reader<'_>) -> Result<Vec<u64>> {
+    let n = usize::from(r.u8()?);
+    if n == 0 || n > crate::common::MAX_DELTA_BASES {
+        return Err(Error::corrupt(
+            "journal record",
+            format!("a delta with {n} bases"),
+        ));
+    }
+    (0..n).map(|_| r.u64()).collect()
 }
 
 impl JournalRecord {
@@ -222,6 +279,10 @@ impl JournalRecord {
                 put_u64(out, *id);
                 put_u64(out, *to);
             }
+            JournalRecord::NewDelta { id, loc, fp, bases } => {
+                put_delta(out, *id, Some((loc, fp)), bases)
+            }
+            JournalRecord::DropDelta { id, bases } => put_delta(out, *id, None, bases),
             JournalRecord::MetaPut { key, value } => {
                 out.push(9);
                 put_u16(out, key.len() as u16);
@@ -303,6 +364,11 @@ impl JournalRecord {
             12 => JournalRecord::Forward {
                 id: r.u64()?,
                 to: r.u64()?,
+            },
+            13 => get_new_delta(r)?,
+            14 => JournalRecord::DropDelta {
+                id: r.u64()?,
+                bases: get_bases(r)?,
             },
             9 => {
                 let n = r.u16()? as usize;
@@ -423,6 +489,21 @@ mod tests {
             },
             JournalRecord::DropChunk { id: 5 },
             JournalRecord::Forward { id: 6, to: 2 },
+            JournalRecord::NewDelta {
+                id: 9,
+                loc: Location {
+                    segment: 1,
+                    offset: 64,
+                    stored_len: 100,
+                    codec: ChunkCodec::ZstdDelta,
+                },
+                fp: [3; 16],
+                bases: vec![2, 6],
+            },
+            JournalRecord::DropDelta {
+                id: 9,
+                bases: vec![2],
+            },
             JournalRecord::MetaPut {
                 key: "fs/x".into(),
                 value: Some(vec![1, 2]),

@@ -30,13 +30,16 @@
 //! - `bucket.rs`: the names of a pool's objects in a bucket (generations, claims) and the
 //!   manifest of a checkpoint root
 //! - `damage.rs`: the records of the pool's history of accepted losses (`damage/`)
+//! - `scrub_status.rs`: the scrub's state and the record of its last pass (`scrub/last`)
+//! - `sketch.rs`: a block's similarity sketch (delta compression's super-features)
 //! - `page.rs`: the `meta.dat` header, page pointers ([`page::Ptr`]) and the stored form of
 //!   a metadata page
 //!
 //! And what every layer shares:
 //! - `error.rs`: the engine's [`Error`] and [`Result`]
 //! - `crypto.rs`: encryption at rest (keys, the AEAD, the nonce scheme)
-//! - `reduction.rs`: zero detection, fingerprints, compression
+//! - `reduction.rs`: zero detection, fingerprints, compression, delta payloads
+//! - `counters.rs`, `volume_counters.rs`: an open pool's activity and per-volume I/O counters
 //! - `locks.rs`: the lock-order checks
 //! - `worker.rs`: background worker threads
 //!
@@ -48,6 +51,7 @@ pub mod bucket;
 pub mod cache_tier;
 pub mod chunk_slot;
 mod common;
+pub mod counters;
 pub mod crypto;
 pub mod damage;
 pub mod dedup_index;
@@ -60,7 +64,9 @@ pub mod page;
 pub mod reduction;
 pub mod remote;
 pub mod root;
+pub mod scrub_status;
 pub mod segment;
+pub mod sketch;
 pub mod superblock;
 pub mod volume_counters;
 pub mod worker;

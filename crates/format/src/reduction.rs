@@ -291,6 +291,12 @@ pub fn decompress(
             .map_err(|e| Error::corrupt(what(), format!("lz4: {e}")))?,
         ChunkCodec::Zstd => zstd::bulk::decompress_to_buffer(payload, out)
             .map_err(|e| Error::corrupt(what(), format!("zstd: {e}")))?,
+        ChunkCodec::ZstdDelta => {
+            return Err(Error::corrupt(
+                what(),
+                "a delta record decoded without its bases (a bug: use decompress_delta)",
+            ))
+        }
     };
     if n != out.len() {
         return Err(Error::corrupt(
@@ -301,9 +307,189 @@ pub fn decompress(
     Ok(())
 }
 
+/// Most bases a delta names.
+pub const MAX_BASES: usize = crate::common::MAX_DELTA_BASES;
+
+/// A delta record's payload (docs/FORMAT.md "Delta records"): base count (u8, 1 or 2), each
+/// base's chunk id (u64 LE), then the block compressed with zstd against the bases' blocks,
+/// concatenated in that order, as a raw-content dictionary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeltaPayload<'a> {
+    pub bases: Vec<u64>,
+    pub compressed: &'a [u8],
+}
+
+impl<'a> DeltaPayload<'a> {
+    /// Parse a payload read from disk (checked: never panics, whatever the bytes).
+    pub fn parse(payload: &'a [u8], what: impl Fn() -> String) -> Result<DeltaPayload<'a>> {
+        let bad = |why: &str| Error::corrupt(what(), format!("delta record: {why}"));
+        let (&n, rest) = payload.split_first().ok_or_else(|| bad("empty payload"))?;
+        let n = usize::from(n);
+        if n == 0 || n > MAX_BASES {
+            return Err(bad(&format!("{n} bases (1 or {MAX_BASES} expected)")));
+        }
+        let ids = rest.get(..8 * n).ok_or_else(|| bad("truncated base ids"))?;
+        let bases = ids
+            .chunks_exact(8)
+            .map(|c| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(c);
+                u64::from_le_bytes(b)
+            })
+            .collect();
+        Ok(DeltaPayload {
+            bases,
+            compressed: &rest[8 * n..],
+        })
+    }
+
+    /// The payload's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(1 + 8 * self.bases.len() + self.compressed.len());
+        out.push(self.bases.len() as u8);
+        for b in &self.bases {
+            out.extend_from_slice(&b.to_le_bytes());
+        }
+        out.extend_from_slice(self.compressed);
+        out
+    }
+}
+
+/// True if `block` may be (the first) base: zstd would take a dictionary starting with its
+/// dictionary magic for a trained one, so such a block never is.
+pub fn may_be_base(block: &[u8]) -> bool {
+    block.get(..4) != Some(&zstd::zstd_safe::MAGIC_DICTIONARY.to_le_bytes()[..])
+}
+
+/// `block` compressed with zstd at `level` against `dict` (the bases' blocks, concatenated)
+/// as raw content; `None` if zstd failed.
+pub fn compress_delta(block: &[u8], dict: &[u8], level: i32) -> Option<Vec<u8>> {
+    let mut cctx = zstd::zstd_safe::CCtx::create();
+    let mut out: Vec<u8> = Vec::with_capacity(zstd::zstd_safe::compress_bound(block.len()));
+    cctx.compress_using_dict(&mut out, block, dict, level)
+        .ok()?;
+    Some(out)
+}
+
+/// The smallest delta payload of `block` against each usable base of `bases` (id, block)
+/// alone and the first two together, with its bases' ids; `None` unless it is at most
+/// `limit` bytes.
+pub fn best_delta(
+    block: &[u8],
+    bases: &[(u64, &[u8])],
+    level: i32,
+    limit: usize,
+) -> Option<(Vec<u64>, Vec<u8>)> {
+    let usable: Vec<&(u64, &[u8])> = bases.iter().filter(|(_, b)| may_be_base(b)).collect();
+    let mut tries: Vec<(Vec<u64>, Vec<u8>)> = usable
+        .iter()
+        .map(|(id, b)| (vec![*id], b.to_vec()))
+        .collect();
+    if let [(a, x), (b, y), ..] = usable[..] {
+        tries.push((vec![*a, *b], [*x, *y].concat()));
+    }
+    tries
+        .into_iter()
+        .filter_map(|(ids, dict)| {
+            let compressed = compress_delta(block, &dict, level)?;
+            let payload = DeltaPayload {
+                bases: ids.clone(),
+                compressed: &compressed,
+            }
+            .encode();
+            Some((ids, payload))
+        })
+        .min_by_key(|(_, p)| p.len())
+        .filter(|(_, p)| p.len() <= limit)
+}
+
+/// Decode a delta's compressed bytes against `dict` (its bases' blocks, concatenated in the
+/// payload's order) into `out` (exactly one block).
+pub fn decompress_delta(
+    compressed: &[u8],
+    dict: &[u8],
+    out: &mut [u8],
+    what: impl Fn() -> String,
+) -> Result<()> {
+    let mut dctx = zstd::zstd_safe::DCtx::create();
+    let n = dctx
+        .decompress_using_dict(out, compressed, dict)
+        .map_err(|c| {
+            Error::corrupt(
+                what(),
+                format!("zstd delta: {}", zstd::zstd_safe::get_error_name(c)),
+            )
+        })?;
+    if n != out.len() {
+        return Err(Error::corrupt(
+            what(),
+            format!("delta decompressed to {n} bytes, expected {}", out.len()),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn damaged_or_truncated_delta_payloads_never_panic() {
+        let mut rng = TestRng::new(44);
+        let base: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
+        let mut block = base.clone();
+        block[10..50].fill(7);
+        let c = compress_delta(&block, &base, 3).expect("compress");
+        let payload = DeltaPayload {
+            bases: vec![5],
+            compressed: &c,
+        }
+        .encode();
+        assert!(
+            payload.len() < 1024,
+            "a near copy is small: {}",
+            payload.len()
+        );
+        let p = DeltaPayload::parse(&payload, String::new).expect("parse");
+        assert_eq!(p.bases, vec![5]);
+        let mut out = vec![0u8; 4096];
+        decompress_delta(p.compressed, &base, &mut out, String::new).expect("decode");
+        assert_eq!(out, block);
+        // Every truncation and many damaged copies: an error or some block, never a panic.
+        for len in 0..payload.len() {
+            if let Ok(p) = DeltaPayload::parse(&payload[..len], String::new) {
+                let _ = decompress_delta(p.compressed, &base, &mut out, String::new);
+            }
+        }
+        for _ in 0..2000 {
+            let mut d = payload.clone();
+            for _ in 0..1 + rng.next_u64() % 4 {
+                let i = (rng.next_u64() % d.len() as u64) as usize;
+                d[i] ^= 1 << (rng.next_u64() % 8);
+            }
+            if let Ok(p) = DeltaPayload::parse(&d, String::new) {
+                assert!(p.bases.len() <= MAX_BASES);
+                let _ = decompress_delta(p.compressed, &base, &mut out, String::new);
+                let _ = decompress_delta(p.compressed, &[], &mut out, String::new);
+            }
+        }
+        // The best of two bases alone and together: a block of half of each takes both.
+        let other: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
+        let mut halves = base[..2048].to_vec();
+        halves.extend_from_slice(&other[2048..]);
+        let (ids, p) = best_delta(&halves, &[(5, &base), (6, &other)], 3, 4096).expect("a delta");
+        assert_eq!(ids, vec![5, 6]);
+        assert!(p.len() < 512, "{}", p.len());
+        let (ids, _) = best_delta(&block, &[(6, &other), (5, &base)], 3, 4096).expect("a delta");
+        assert_eq!(ids, vec![5], "the near copy's own base");
+        assert!(
+            best_delta(&block, &[(6, &other)], 3, 3584).is_none(),
+            "saves nothing"
+        );
+        assert!(DeltaPayload::parse(&[0], String::new).is_err());
+        assert!(DeltaPayload::parse(&[3; 40], String::new).is_err());
+        assert!(decompress(ChunkCodec::ZstdDelta, &payload, &mut out, String::new).is_err());
+    }
 
     /// A seeded pseudo-random stream (splitmix64) for test data.
     struct TestRng(u64);

@@ -68,6 +68,11 @@ pub const ROOT_VERSION_RELEASING: u32 = 3;
 /// naming another chunk, docs/FORMAT.md "Forwards"): builds that do not know forwards refuse
 /// the pool instead of reading a forward as a chunk. It covers a pending release too.
 pub const ROOT_VERSION_FORWARDS: u32 = 4;
+/// The root header's version once delta compression is on (chunk records that need other
+/// chunks' blocks to decode, docs/FORMAT.md "Delta records"): builds that do not know deltas
+/// (version 4 and before) refuse the pool instead of reading a delta as a chunk. It covers
+/// forwards and a pending release too.
+pub const ROOT_VERSION_DELTAS: u32 = 5;
 
 /// Everything a checkpoint root holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -99,6 +104,10 @@ pub struct Root {
     /// first journals one, and for good: a pool that may hold forwards stays closed to builds
     /// that do not know them.
     pub forwards: Option<u64>,
+    /// Delta records made over the pool's life, present (the delta section; the header's
+    /// version is then [`ROOT_VERSION_DELTAS`]) from the checkpoint before the first delta
+    /// is journaled, and for good, as `forwards`.
+    pub deltas: Option<u64>,
 }
 
 /// Tag and version of the snapshot extension at the end of a root body.
@@ -110,6 +119,9 @@ pub const ROOT_RELEASE_EXT_VERSION: u32 = 1;
 /// Tag and version of the forward section, after the release section if any.
 pub const ROOT_FORWARD_EXT_MAGIC: u32 = u32::from_le_bytes(*b"FWDS");
 pub const ROOT_FORWARD_EXT_VERSION: u32 = 1;
+/// Tag and version of the delta section, after the forward section if any.
+pub const ROOT_DELTA_EXT_MAGIC: u32 = u32::from_le_bytes(*b"DLTA");
+pub const ROOT_DELTA_EXT_VERSION: u32 = 1;
 
 /// The associated data of a sealed root body: what the header says about it.
 fn root_ctx(raw_len: u32, journal_gen: u64, next_seq: u64) -> [u8; 20] {
@@ -181,7 +193,9 @@ pub fn encode_root(root: &Root, uuid: &[u8; 16], crypto: Option<&Crypto>) -> Res
     out.extend_from_slice(&CHECKPOINT_MAGIC);
     put_u32(
         &mut out,
-        if root.forwards.is_some() {
+        if root.deltas.is_some() {
+            ROOT_VERSION_DELTAS
+        } else if root.forwards.is_some() {
             ROOT_VERSION_FORWARDS
         } else if root.releasing.is_empty() {
             FORMAT_VERSION
@@ -244,6 +258,11 @@ fn encode_extensions(b: &mut Vec<u8>, root: &Root) {
         put_u32(b, ROOT_FORWARD_EXT_VERSION);
         put_u64(b, n);
     }
+    if let Some(n) = root.deltas {
+        put_u32(b, ROOT_DELTA_EXT_MAGIC);
+        put_u32(b, ROOT_DELTA_EXT_VERSION);
+        put_u64(b, n);
+    }
 }
 
 /// Decode a checkpoint root; in an encrypted pool (`crypto`) its body is opened first.
@@ -284,7 +303,10 @@ fn decode_root_header<'a>(buf: &'a [u8], uuid: &[u8; 16]) -> Result<RootHeader<'
     let mut r = Reader::new(buf, WHAT);
     check_magic(r.bytes(8)?, &CHECKPOINT_MAGIC, WHAT)?;
     let version = r.u32()?;
-    if version != ROOT_VERSION_RELEASING && version != ROOT_VERSION_FORWARDS {
+    if !matches!(
+        version,
+        ROOT_VERSION_RELEASING | ROOT_VERSION_FORWARDS | ROOT_VERSION_DELTAS
+    ) {
         check_version(version, WHAT)?;
     }
     let stored = u32::from_le_bytes([buf[60], buf[61], buf[62], buf[63]]);
@@ -371,7 +393,7 @@ fn decode_root_body(raw: &[u8], journal_gen: u64, next_seq: u64) -> Result<Root>
         let n = r.u32()? as usize;
         root.meta.push((k, r.bytes(n)?.to_vec()));
     }
-    // The sections in their order, each at most once: snapshot, release, forward.
+    // The sections in their order, each at most once: snapshot, release, forward, delta.
     let mut seen = 0;
     while r.remaining() != 0 {
         match r.u32()? {
@@ -393,6 +415,17 @@ fn decode_root_body(raw: &[u8], journal_gen: u64, next_seq: u64) -> Result<Root>
                     ));
                 }
                 root.forwards = Some(r.u64()?);
+            }
+            ROOT_DELTA_EXT_MAGIC if seen < 4 => {
+                seen = 4;
+                let v = r.u32()?;
+                if v != ROOT_DELTA_EXT_VERSION {
+                    return Err(Error::corrupt(
+                        WHAT,
+                        format!("delta section version {v}; this build reads version {ROOT_DELTA_EXT_VERSION} (upgrade Condense)"),
+                    ));
+                }
+                root.deltas = Some(r.u64()?);
             }
             _ => return Err(Error::corrupt(WHAT, "unknown section after the body")),
         }
@@ -579,7 +612,35 @@ mod tests {
             shared_pages: vec![(64, 2)],
             releasing: Vec::new(),
             forwards: None,
+            deltas: None,
         }
+    }
+
+    /// A root of a pool with delta compression on: the delta section round-trips under
+    /// version 5 (which builds before it refuse), with and without forwards.
+    #[test]
+    fn deltas_round_trip_under_their_own_version() -> Result<()> {
+        let uuid = [7; 16];
+        let mut root = full_root();
+        root.deltas = Some(0);
+        let b = encode_root(&root, &uuid, None)?;
+        assert_eq!(
+            u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            ROOT_VERSION_DELTAS
+        );
+        assert_eq!(decode_root(&b, &uuid, None)?, root);
+        root.deltas = Some(99);
+        root.forwards = Some(3);
+        let b = encode_root(&root, &uuid, None)?;
+        assert_eq!(
+            u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
+            ROOT_VERSION_DELTAS
+        );
+        assert_eq!(decode_root(&b, &uuid, None)?, root);
+        for cut in 0..b.len() {
+            assert!(decode_root(&b[..cut], &uuid, None).is_err(), "cut {cut}");
+        }
+        Ok(())
     }
 
     /// A root of a pool the merge pass made forwards in: the forward section round-trips

@@ -10,8 +10,9 @@
 //! [`ChunkTable::forward`]): a chunk found to duplicate an older one, whose blocks read that
 //! one's record. [`ChunkTable::get`] resolves it; walks of records never see it.
 //! Invariants:
-//! - `refs` equals the number of block-map entries naming the chunk, plus, for a chunk
-//!   forwards point to, the `refs` of each of them (a forward's own count is the entries
+//! - `refs` equals the number of block-map entries naming the chunk, plus the delta chunks
+//!   (`NewDelta`, docs/FORMAT.md "Delta records") naming it as a base until they are dropped
+//!   (`DropDelta`), plus, for a chunk forwards point to, the `refs` of each of them (a forward's own count is the entries
 //!   naming it); changes to it are made only by applying journal records, so replay
 //!   reproduces them.
 //! - A forward points to a chunk with a record and the same fingerprint, never to another
@@ -47,6 +48,9 @@ pub struct ChunkTable {
     /// Forwards made over the pool's life; `None` until the pool allows them (saved in the
     /// root; see `Root::forwards`).
     pub forwards: Option<u64>,
+    /// Delta records made over the pool's life; `None` until the pool allows them (saved in
+    /// the root; see `Root::deltas`).
+    pub deltas: Option<u64>,
 }
 
 /// What [`ChunkTable::forward`] changed: the references the forward took over, and the
@@ -120,6 +124,11 @@ impl ChunkTable {
         };
         if id == to || from.fp != target.fp {
             return bad("not the same chunk".into());
+        }
+        if from.loc.codec.is_delta() || target.loc.codec.is_delta() {
+            // A delta's record holds references on its bases that only its drop gives back,
+            // and a base must not read a delta: the merge pass leaves deltas alone.
+            return bad("a delta is never forwarded nor forwarded to".into());
         }
         cache.grow_tree(CHUNK_TREE, page_of(id) + 1)?;
         let page = cache.leaf_mut(CHUNK_TREE, page_of(id))?;

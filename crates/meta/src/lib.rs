@@ -36,9 +36,11 @@ pub mod metadata;
 pub mod page_alloc;
 pub mod page_cache;
 pub mod projection;
+pub mod sketch_index;
 pub mod sparse_index;
 pub mod sparse_replay;
 pub mod spill;
+pub mod stats;
 pub mod verify;
 
 pub use condense_format::{Error, Result};

@@ -342,6 +342,13 @@ impl Metadata {
                     self.chunks.prefetch(&mut self.pages, *id)?;
                     self.chunks.prefetch(&mut self.pages, *to)?;
                 }
+                JournalRecord::NewDelta { id, bases, .. }
+                | JournalRecord::DropDelta { id, bases } => {
+                    self.chunks.prefetch(&mut self.pages, *id)?;
+                    for b in bases {
+                        self.chunks.prefetch(&mut self.pages, *b)?;
+                    }
+                }
                 JournalRecord::MapRun {
                     vol,
                     start,
@@ -382,6 +389,15 @@ impl Metadata {
             JournalRecord::Relocate { id, loc } => self.relocate_chunk(*id, loc, mode)?,
             JournalRecord::DropChunk { id } => self.drop_chunk(*id, mode)?,
             JournalRecord::Forward { id, to } => self.forward_chunk(*id, *to, mode)?,
+            JournalRecord::NewDelta { id, loc, fp, bases } => {
+                self.new_chunk(*id, loc, fp, mode)?;
+                *self.chunks.deltas.get_or_insert(0) += 1;
+                self.delta_bases(bases, true, mode)?
+            }
+            JournalRecord::DropDelta { id, bases } => {
+                self.drop_chunk(*id, mode)?;
+                self.delta_bases(bases, false, mode)?
+            }
             JournalRecord::MapRun {
                 vol,
                 start,
@@ -441,6 +457,25 @@ impl Metadata {
             }
             self.saved_index = None;
         }
+        Ok(())
+    }
+
+    /// A delta's references on its bases, taken (`NewDelta`) or dropped (`DropDelta`): a base
+    /// lives while a delta names it. Salvage: ignored (the rebuild takes them again for every
+    /// delta it keeps).
+    fn delta_bases(&mut self, bases: &[u64], take: bool, mode: &mut Mode) -> Result<()> {
+        if let Mode::Salvage(_) = mode {
+            return Ok(());
+        }
+        for &b in bases {
+            if take {
+                self.chunks.incref(&mut self.pages, b)?;
+            } else {
+                self.chunks.decref(&mut self.pages, b)?;
+            }
+        }
+        // The attribution counts map entries only: counted again from scratch.
+        self.drop_attribution();
         Ok(())
     }
 
@@ -1332,6 +1367,7 @@ impl Metadata {
             live_chunks: self.chunks.live_chunks,
             live_stored_bytes: self.chunks.live_stored_bytes,
             forwards: self.chunks.forwards,
+            deltas: self.chunks.deltas,
             segment_live,
             meta_bytes_written: self.meta_bytes_written(),
             checkpoints: self.checkpoints,

@@ -80,6 +80,8 @@ pub struct ChunkCheck {
     pub next_id: u64,
     /// The forwards the pass met: chunk id → the chunk it forwards to.
     pub forwards: HashMap<u64, u64>,
+    /// The bases the delta chunks name, one per reference they hold.
+    pub delta_bases: Vec<u64>,
 }
 
 /// One chunk-table slot in use, as `Pool::chunk_window` found it.
@@ -101,6 +103,8 @@ pub struct Known<'a> {
     pub bad: &'a HashSet<u64>,
     /// Forwards: an entry naming one counts for it and for the chunk it forwards to.
     pub forwards: &'a HashMap<u64, u64>,
+    /// One base id per reference a delta chunk holds on it (docs/FORMAT.md "Delta records").
+    pub delta_bases: &'a [u64],
 }
 
 /// A tree the map walk visits: a volume's or snapshot's block map, or the map of a deleted
@@ -209,6 +213,7 @@ impl MapWalk {
             next_id,
             bad,
             forwards,
+            ..
         } = *known;
         let per = MAP_PAGE_ENTRIES as u64;
         // Chunks the chunk pass did not see: written since (on a live pool), or missing.

@@ -25,6 +25,19 @@ pub struct InitIndexArgs {
     /// The sparse index's RAM (default 32M; at least 256K).
     #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
     pub index_memory: Option<u64>,
+    /// Delta compression: a new block similar to a stored one (found by a sketch, in a
+    /// 64 MiB index) is stored compressed against it (docs/FORMAT.md "Delta records").
+    /// Builds before it cannot open the pool.
+    #[arg(long)]
+    pub delta: bool,
+}
+
+/// What `init` stores in the new pool: the dedup index setting (`None`: the default, dense,
+/// without options) and whether delta compression is on.
+#[derive(Clone, Copy, Debug)]
+pub struct InitSettings {
+    pub index: Option<IndexSetting>,
+    pub delta: bool,
 }
 
 /// `estimate --index MODE --index-memory SIZE`: the projected pool's, parsed as `init`'s.
@@ -110,11 +123,13 @@ fn setting(mode: &str, memory: Option<u64>) -> Result<IndexSetting> {
 }
 
 impl InitIndexArgs {
-    /// The setting to store in the new pool (`None`: the default, dense, without options),
-    /// checked before the pool is created.
-    pub fn setting(&self) -> Result<Option<IndexSetting>> {
+    /// The settings to store in the new pool, checked before the pool is created.
+    pub fn setting(&self) -> Result<InitSettings> {
         let s = setting(self.index.as_deref().unwrap_or("dense"), self.index_memory)?;
-        Ok(self.index.is_some().then_some(s))
+        Ok(InitSettings {
+            index: self.index.is_some().then_some(s),
+            delta: self.delta,
+        })
     }
 }
 
@@ -124,11 +139,19 @@ pub fn store(pool: &Pool, s: IndexSetting) -> Result<()> {
         .context("cannot store the dedup index mode")
 }
 
-/// [`store`] the setting `init --index` gave, if it gave one ([`InitIndexArgs::setting`]).
-/// A new pool on S3 too: the record reaches the bucket with the close's checkpoint, so every
-/// later open (a connect from a fresh directory too) has it.
-pub fn store_given(pool: &Pool, s: Option<IndexSetting>) -> Result<()> {
-    s.map_or(Ok(()), |s| store(pool, s))
+/// [`store`] the setting `init --index` gave, if it gave one, and turn delta compression on
+/// for `init --delta` ([`InitIndexArgs::setting`]). A new pool on S3 too: the records reach
+/// the bucket with the close's checkpoint, so every later open (a connect from a fresh
+/// directory too) has them.
+pub fn store_given(pool: &Pool, s: InitSettings) -> Result<()> {
+    if let Some(i) = s.index {
+        store(pool, i)?;
+    }
+    if s.delta {
+        pool.enable_deltas()
+            .context("cannot turn delta compression on")?;
+    }
+    Ok(())
 }
 
 /// `condense index show|set`.

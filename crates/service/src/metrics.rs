@@ -388,7 +388,7 @@ fn collect_gc(c: &condense_engine::CounterValues, e: &mut Encoder) {
 
 /// The dedup index: its mode, budget, RAM, entries and (sparse) what its lookups found.
 fn collect_index(s: &condense_engine::PoolStats, e: &mut Encoder) {
-    let gauges: [(&str, &str, f64); 4] = [
+    let gauges: [(&str, &str, f64); 5] = [
         (
             "condense_pool_dedup_index_sparse",
             "1 if the dedup index is sparse (a RAM budget), 0 if dense.",
@@ -409,17 +409,24 @@ fn collect_index(s: &condense_engine::PoolStats, e: &mut Encoder) {
             "Entries of the dedup index: chunks (dense) or hooks (sparse); 0 until built.",
             s.dedup_index_entries as f64,
         ),
+        (
+            "condense_pool_sketch_index_bytes",
+            "RAM of the sketch index of delta compression (a fixed table; 0 when off).",
+            s.delta.sketch_index_bytes as f64,
+        ),
     ];
     for (name, help, v) in gauges {
         e.gauge(name, help, v);
     }
-    let counters: [(&str, &str, u64); 6] = [
+    let counters: [(&str, &str, u64); 8] = [
         ("condense_pool_dedup_index_lookups_total", "Sparse index lookups since open (0 for dense).", s.dedup_index_lookups),
         ("condense_pool_dedup_index_cache_hits_total", "Sparse lookups its locality cache answered.", s.dedup_index_cache_hits),
         ("condense_pool_dedup_index_hook_hits_total", "Sparse lookups a hook answered (its neighbourhood then loaded).", s.dedup_index_hook_hits),
         ("condense_pool_dedup_index_misses_total", "Sparse lookups that found nothing: new data, or a duplicate out of its sight (which, is unknown inline).", s.dedup_index_misses),
         ("condense_pool_dedup_index_hooks_dropped_total", "Hooks the sparse index dropped (the oldest) to stay within its budget.", s.dedup_index_hooks_dropped),
         ("condense_pool_dedup_merged_chunks_total", "Chunks the merge pass merged into an older copy of their data, over the pool's life.", s.dedup_merged_chunks),
+        ("condense_pool_delta_chunks_total", "Delta records written (blocks stored against similar stored blocks), over the pool's life.", s.delta.chunks_written),
+        ("condense_pool_delta_saved_bytes_total", "Payload bytes delta records saved against the blocks stored alone, since open.", s.delta.saved_bytes_since_open),
     ];
     for (name, help, v) in counters {
         e.counter(name, help, v);

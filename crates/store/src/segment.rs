@@ -474,6 +474,7 @@ impl Segments {
     ) -> bool {
         records.iter().all(|r| match r {
             condense_format::JournalRecord::NewChunk { id, loc, .. }
+            | condense_format::JournalRecord::NewDelta { id, loc, .. }
             | condense_format::JournalRecord::Relocate { id, loc } => {
                 // Another host's record was in the bucket, under that host's root, before
                 // this host journaled a reference to it: durable before the batch was.
@@ -481,7 +482,8 @@ impl Segments {
                     return true;
                 }
                 let fp = match r {
-                    condense_format::JournalRecord::NewChunk { fp, .. } => Some(fp),
+                    condense_format::JournalRecord::NewChunk { fp, .. }
+                    | condense_format::JournalRecord::NewDelta { fp, .. } => Some(fp),
                     _ => None,
                 };
                 let Some(file) = self.file(loc.segment) else {
@@ -496,6 +498,11 @@ impl Segments {
                 else {
                     return false;
                 };
+                if loc.codec.is_delta() {
+                    // Its bases are other records: the record's checks and its header suffice.
+                    return condense_format::reduction::DeltaPayload::parse(&payload, String::new)
+                        .is_ok();
+                }
                 let mut out = vec![0u8; block_size as usize];
                 condense_format::reduction::decompress(loc.codec, &payload, &mut out, String::new)
                     .is_ok()

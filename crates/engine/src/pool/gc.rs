@@ -224,7 +224,8 @@ impl Pool {
             let Some(file) = victims.get(&e.loc.segment).cloned() else {
                 continue; // found only chunks of victims
             };
-            let buf = if e.refs > 0 {
+            // A dead delta is read too: its record names the bases whose references it holds.
+            let buf = if e.refs > 0 || e.loc.codec.is_delta() {
                 match read_record(&*file, *id, e, self.crypto.as_deref(), self.slot) {
                     Ok(b) => Some(b),
                     Err(err) if err.is_damage() => {
@@ -315,6 +316,16 @@ impl Pool {
                 continue;
             };
             if now.loc != was.loc {
+                continue;
+            }
+            if now.refs == 0 && now.loc.codec.is_delta() {
+                let buf = match buf {
+                    Some(b) => b,
+                    None => read_record(&*file, id, &now, self.crypto.as_deref(), self.slot)?,
+                };
+                let bases = self.delta_bases_of(id, &now, &buf)?;
+                records.push(JournalRecord::DropDelta { id, bases });
+                report.chunks_dropped += 1;
                 continue;
             }
             if now.refs == 0 {

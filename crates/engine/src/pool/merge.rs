@@ -16,9 +16,13 @@
 //! - Crash safety: each batch is one commit. A pass killed midway keeps the forwards it
 //!   made; the next pass finds the rest (a forward is no longer a chunk, so it is not sorted
 //!   again). Blocks never change: a forward reads the same bytes its own record held.
+//! - Deltas (docs/FORMAT.md "Delta records") are neither sorted nor forwarded to: a delta's
+//!   record holds references on its bases that only GC's `DropDelta` gives back, and a base,
+//!   resolved through a forward, must never land on a delta. A base may become a forward to
+//!   another chunk that is not a delta.
 
 use super::{Pacer, Pool};
-use crate::chunk_table::Slot;
+use crate::chunk_table::{ChunkTable, Slot};
 use crate::error::{Error, Result};
 use crate::fingerprint_sort::FingerprintSort;
 use crate::format::{JournalRecord, CHUNKS_PER_PAGE};
@@ -91,7 +95,7 @@ impl Pool {
         if self.read_only {
             return Err(Error::ReadOnly);
         }
-        self.allow_forwards()?;
+        self.allow_section(|c| &mut c.forwards)?;
         let (mut sort, pages, through) = {
             let st = self.lock_state();
             let through = st.md.chunks.next_id;
@@ -107,7 +111,9 @@ impl Pool {
             let end = (page + SCAN_PAGES).min(pages);
             md.chunks
                 .for_each_in(&mut md.pages, page, end, &mut |id, e| {
-                    if e.refs > 0 {
+                    // Deltas are left alone (docs/FORMAT.md "Delta records"): never made a
+                    // forward, never forwarded to.
+                    if e.refs > 0 && !e.loc.codec.is_delta() {
                         sort.push(&e.fp, id);
                     }
                     Ok(())
@@ -182,7 +188,12 @@ impl Pool {
             ) else {
                 continue;
             };
-            if d.fp == k.fp && d.refs > 0 && k.refs.saturating_add(d.refs) < REFS_MAX {
+            if d.fp == k.fp
+                && d.refs > 0
+                && k.refs.saturating_add(d.refs) < REFS_MAX
+                && !d.loc.codec.is_delta()
+                && !k.loc.codec.is_delta()
+            {
                 records.push(JournalRecord::Forward { id, to });
                 report.merged += 1;
                 report.record_bytes_merged += d.loc.record_bytes();
@@ -194,15 +205,19 @@ impl Pool {
         st.md.pages.evict_to_budget()
     }
 
-    /// Make sure the root on disk allows forwards before the first is journaled: a
-    /// checkpoint whose root says so (docs/FORMAT.md "Forwards"), once in the pool's life.
-    fn allow_forwards(&self) -> Result<()> {
-        if self.lock_state().md.chunks.forwards.is_some() {
+    /// Make sure the root on disk has the section of forwards or deltas (`section`: its
+    /// counter in the chunk table) before the first is journaled: a checkpoint whose root
+    /// says so (docs/FORMAT.md "Forwards", "Delta records"), once in the pool's life.
+    pub(crate) fn allow_section(
+        &self,
+        section: fn(&mut ChunkTable) -> &mut Option<u64>,
+    ) -> Result<()> {
+        if section(&mut self.lock_state().md.chunks).is_some() {
             return Ok(());
         }
         let sync = lock(&self.sync_lock);
         let mut allow = |md: &mut Metadata| {
-            md.chunks.forwards.get_or_insert(0);
+            section(&mut md.chunks).get_or_insert(0);
             Ok(())
         };
         self.checkpoint_with(&sync, &|_| Ok(()), Some(&mut allow))

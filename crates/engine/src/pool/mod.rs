@@ -53,6 +53,7 @@ use std::time::{Duration, Instant};
 pub(crate) mod cache_tier;
 pub(crate) mod claims;
 pub mod damage;
+pub mod delta;
 mod destage;
 mod durability;
 mod flush;
@@ -225,6 +226,8 @@ pub(crate) struct State {
     checkpointed: u64,
     /// Journal bytes at which a write asks for a flush ([`Pool::journal_full`]).
     journal_flush_at: u64,
+    /// The sketch index of a delta pool, made by its first write (pool/delta.rs).
+    sketch: Option<condense_meta::sketch_index::SketchIndex>,
 }
 
 std::thread_local! {
@@ -360,6 +363,9 @@ pub struct Pool {
     /// writer that never flushes (an import, a guest with cache=unsafe) grew the journal
     /// without bound: 300 MB in 150 s of an import, ~6 s of replay at the next open.
     journal_full: std::sync::atomic::AtomicBool,
+    /// Delta compression is on (the mode record, pool/delta.rs): small writes look their
+    /// misses up before the lock too, so they find deltas.
+    deltas_on: std::sync::atomic::AtomicBool,
     /// Activity counters for monitoring ([`Pool::counters`]).
     pub(crate) counters: crate::counters::Counters,
     pub(crate) replay: ReplayReport,

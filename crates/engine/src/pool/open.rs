@@ -355,6 +355,7 @@ impl Pool {
             written_since_space_check: SPACE_CHECK_BYTES,
             checkpointed: 0,
             journal_flush_at: opts.journal_bytes_max,
+            sketch: None,
         };
 
         // A copy of the superblock or root that open did not use is said, and a writable open
@@ -397,6 +398,7 @@ impl Pool {
         lock_file: Option<std::fs::File>,
     ) -> Arc<Pool> {
         let slot = dir.segment_slot();
+        let deltas_on = state.md.meta.contains_key(super::delta::DELTA_MODE_KEY);
         Arc::new_cyclic(|me| Pool {
             slot,
             dir,
@@ -421,6 +423,7 @@ impl Pool {
             space_low: Default::default(),
             spread_writes: std::sync::atomic::AtomicBool::new(true),
             journal_full: Default::default(),
+            deltas_on: std::sync::atomic::AtomicBool::new(deltas_on),
             counters: Default::default(),
             replay,
             tier: RwLock::new(None),
@@ -589,6 +592,7 @@ fn load_metadata(
             live_chunks: root.live_chunks,
             live_stored_bytes: root.live_stored_bytes,
             forwards: root.forwards,
+            deltas: root.deltas,
         },
         index: Default::default(),
         saved_index: None,
@@ -602,19 +606,7 @@ fn load_metadata(
         to_free: Vec::new(),
         index_build: None,
         index_load: None,
-        releasing: root
-            .releasing
-            .iter()
-            .map(|r| {
-                let x = crate::metadata::Releasing {
-                    name: r.name.clone(),
-                    end: r.end,
-                    next: r.next,
-                    data_blocks: r.data_blocks,
-                };
-                (r.tree, x)
-            })
-            .collect(),
+        releasing: releasing_of(root),
     };
     for v in &root.volumes {
         let counts = crate::block_map::MapCounts {
@@ -637,6 +629,22 @@ fn load_metadata(
         md.pages.set_read_only();
     }
     md
+}
+
+/// The maps being released in the background, as the root lists them.
+fn releasing_of(root: &Root) -> BTreeMap<u64, crate::metadata::Releasing> {
+    root.releasing
+        .iter()
+        .map(|r| {
+            let x = crate::metadata::Releasing {
+                name: r.name.clone(),
+                end: r.end,
+                next: r.next,
+                data_blocks: r.data_blocks,
+            };
+            (r.tree, x)
+        })
+        .collect()
 }
 
 /// Open step 6: the journal generation the root names, replayed into `md`; each batch only

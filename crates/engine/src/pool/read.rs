@@ -302,6 +302,9 @@ impl Pool {
         let rid = record_id(id, loc, self.slot);
         let payload = open_record(record, rid, loc, self.crypto.as_deref(), Some(&w.fp), what)
             .map_err(|err| with_context(err, &what()))?;
+        if loc.codec.is_delta() {
+            return self.decode_delta(&payload, dst, what);
+        }
         reduction::decompress(loc.codec, &payload, dst, what)
     }
 

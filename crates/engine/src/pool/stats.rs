@@ -95,8 +95,9 @@ impl Pool {
         let kept: Vec<(u32, TreeSpace)> = vols.into_iter().map(|v| (v, a.tree(v))).collect();
         let fresh = md.build_attribution()?;
         let live = md.chunks.live();
-        // Chunks only maps being released name are live, and no volume's.
-        let releasing = !md.releasing.is_empty();
+        // Chunks only maps being released name are live, and no volume's; so are bases only
+        // deltas name (docs/STATS.md "Delta compression").
+        let releasing = !md.releasing.is_empty() || md.chunks.deltas.is_some();
         if kept_totals != live
             && !(releasing
                 && kept_totals.chunks <= live.chunks
@@ -189,6 +190,11 @@ impl Pool {
         s
     }
 
+    /// The pool's activity counters since it was opened (cheap: a few atomic loads).
+    pub fn counters(&self) -> crate::CounterValues {
+        self.counters.values()
+    }
+
     /// Pool and per-volume figures, from counters (no map is walked).
     pub fn stats(&self) -> Result<PoolStats> {
         let (physical, remote) = self.physical_and_remote()?;
@@ -208,6 +214,8 @@ impl Pool {
         s.add_volumes(md, bs);
         s.add_space(md, &st.segments, bs, physical);
         s.add_ram(md);
+        Self::add_delta_figures(&st, &mut s);
+        let md = &st.md;
         s.releasing = super::release::pending(md);
         if !s.releasing.is_empty() {
             // Live chunks no volume or snapshot names: only maps being released hold them.

@@ -56,6 +56,7 @@ impl Pool {
             stored_refs,
             next_id,
             forwards,
+            delta_bases,
             ..
         } = checked;
         // The chunk pass keeps one bit and one count per chunk id below `next_id`.
@@ -66,6 +67,7 @@ impl Pool {
             next_id,
             bad: &bad,
             forwards: &forwards,
+            delta_bases: &delta_bases,
         };
         // Maps: every entry names an existing, good chunk; count references.
         let wrong = self.walk_and_count(&known, &stored_refs, &mut report)?;
@@ -111,6 +113,15 @@ impl Pool {
             if !found.problems.is_empty() || !comparable {
                 kept = Some(found); // the counts of a damaged map are not compared
                 break;
+            }
+            let mut found = found;
+            for &b in known.delta_bases {
+                // A delta's reference on its base counts as an entry naming it would.
+                for id in std::iter::once(b).chain(known.forwards.get(&b).copied()) {
+                    if let Some(c) = found.counted.get_mut(id as usize) {
+                        *c += 1;
+                    }
+                }
             }
             if let Some(since) = quiet_since {
                 let suspects = ref_count_suspects(&found.counted, stored_refs, known.exists);
@@ -228,20 +239,33 @@ impl Pool {
                 }
             }
             // On the background threads: the VMs' reads and writes keep the cores first.
-            let check_all = || -> Vec<(u64, Option<(u64, String)>)> {
+            let check_all = || -> Vec<(Checked, Vec<u64>)> {
                 work.par_iter()
-                    .filter(|w| w.entry.refs > 0)
-                    .map(|w| self.check_chunk(w))
+                    .filter(|w| w.entry.refs > 0 || w.entry.loc.codec.is_delta())
+                    .map(|w| {
+                        let bases = self.checked_delta_bases(w);
+                        if w.entry.refs == 0 {
+                            return ((0, None), bases); // a dead delta: its bases only
+                        }
+                        (self.check_chunk(w), bases)
+                    })
                     .collect()
             };
             let results = match crate::priority::background_threads() {
                 Some(threads) => threads.install(check_all),
                 None => check_all(),
             };
-            for (bytes, b) in results {
-                check.chunks_checked += 1;
-                check.bytes_checked += bytes;
+            for (w, ((bytes, b), bases)) in work
+                .iter()
+                .filter(|w| w.entry.refs > 0 || w.entry.loc.codec.is_delta())
+                .zip(results)
+            {
+                if w.entry.refs > 0 {
+                    check.chunks_checked += 1;
+                    check.bytes_checked += bytes;
+                }
                 check.bad.extend(b);
+                check.delta_bases.extend(bases);
             }
             done += work.iter().filter(|w| w.entry.refs > 0).count() as u64;
             progress(done.min(total), total);
@@ -373,28 +397,11 @@ impl Pool {
     /// Read one chunk and check its record, its decompression and its fingerprint: (record
     /// bytes checked, the problem if any).
     pub(crate) fn check_chunk(&self, w: &ChunkToCheck) -> (u64, Option<(u64, String)>) {
-        let (id, e, file, in_memory) = (w.id, &w.entry, w.file.as_deref(), w.in_memory.as_deref());
+        let (id, e) = (w.id, &w.entry);
         let loc = e.loc;
-        let mut read = vec![];
-        let buf: &[u8] = match (in_memory, file) {
-            (Some(m), _) => m,
-            (None, None) => return (0, Some((id, format!("segment {} is missing", loc.segment)))),
-            (None, Some(file)) => {
-                read.resize(loc.record_bytes() as usize, 0);
-                if let Err(err) = file.read_at(&mut read, u64::from(loc.offset)) {
-                    return (
-                        0,
-                        Some((
-                            id,
-                            format!(
-                                "cannot read segment {} at {}: {err}",
-                                loc.segment, loc.offset
-                            ),
-                        )),
-                    );
-                }
-                &read
-            }
+        let buf = match stored_record(w) {
+            Ok(b) => b,
+            Err(why) => return (0, Some((id, why))),
         };
         let what = || {
             format!(
@@ -403,14 +410,18 @@ impl Pool {
             )
         };
         let rid = crate::format::record_id(id, &loc, self.slot);
-        let payload = match open_record(buf, rid, &loc, self.crypto.as_deref(), Some(&e.fp), what) {
+        let payload = match open_record(&buf, rid, &loc, self.crypto.as_deref(), Some(&e.fp), what)
+        {
             Ok(p) => p,
             Err(err) => return (0, Some((id, err.to_string()))),
         };
         let mut out = vec![0u8; self.block_size() as usize];
-        if let Err(err) =
+        let decoded = if loc.codec.is_delta() {
+            self.decode_delta(&payload, &mut out, || format!("chunk {id}"))
+        } else {
             reduction::decompress(loc.codec, &payload, &mut out, || format!("chunk {id}"))
-        {
+        };
+        if let Err(err) = decoded {
             return (0, Some((id, err.to_string())));
         }
         if reduction::fingerprint(&self.sb.key, &out) != e.fp {
@@ -420,6 +431,39 @@ impl Pool {
             );
         }
         (buf.len() as u64, None)
+    }
+}
+
+impl Pool {
+    /// The bases a delta chunk's record names (none for another chunk, or a record that
+    /// cannot be read: `check_chunk` reports that one).
+    fn checked_delta_bases(&self, w: &ChunkToCheck) -> Vec<u64> {
+        if !w.entry.loc.codec.is_delta() {
+            return Vec::new();
+        }
+        stored_record(w)
+            .ok()
+            .and_then(|r| self.delta_bases_of(w.id, &w.entry, &r).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// The record of `w` as stored: in memory, or read from its segment.
+fn stored_record(w: &ChunkToCheck) -> std::result::Result<std::borrow::Cow<'_, [u8]>, String> {
+    let loc = w.entry.loc;
+    match (w.in_memory.as_deref(), w.file.as_deref()) {
+        (Some(m), _) => Ok(std::borrow::Cow::Borrowed(m)),
+        (None, None) => Err(format!("segment {} is missing", loc.segment)),
+        (None, Some(file)) => {
+            let mut b = vec![0u8; loc.record_bytes() as usize];
+            file.read_at(&mut b, u64::from(loc.offset)).map_err(|err| {
+                format!(
+                    "cannot read segment {} at {}: {err}",
+                    loc.segment, loc.offset
+                )
+            })?;
+            Ok(std::borrow::Cow::Owned(b))
+        }
     }
 }
 
@@ -445,6 +489,10 @@ fn check_forwards(check: &mut ChunkCheck, exists: &[u64]) {
         }
     }
 }
+
+/// What `check_chunk` found of one chunk: bytes checked, and what is wrong with it if
+/// anything (chunk id, why).
+type Checked = (u64, Option<(u64, String)>);
 
 #[cfg(test)]
 mod tests {

@@ -45,6 +45,8 @@ impl Pool {
             crypto: self.crypto.as_deref(),
         };
         let compressed = storer.compress(&fps, &misses, spread)?;
+        let alone = |i: usize| compressed[i].as_ref().map_or(bs, |(_, p)| p.len());
+        let deltas = self.find_deltas(data, &misses, &alone)?;
         drop(in_flight);
 
         let mut st = self.lock_state();
@@ -57,14 +59,20 @@ impl Pool {
         // No chunk was added since step 2 (ids are taken and committed under one hold of the
         // lock): its misses are misses still, and are not looked up again.
         let misses_hold = ids_at_lookup == Some(first_new_id);
-        let (mut records, entries, reduced) =
-            match self.stage_new_chunks(&mut st, &storer, &fps, &compressed, misses_hold) {
-                Ok(staged) => staged,
-                Err(e) => {
-                    Self::unwind(&mut st, first_new_id, mark);
-                    return Err(e);
-                }
-            };
+        let (mut records, entries, reduced) = match self.stage_new_chunks(
+            &mut st,
+            &storer,
+            &fps,
+            &compressed,
+            &deltas,
+            misses_hold,
+        ) {
+            Ok(staged) => staged,
+            Err(e) => {
+                Self::unwind(&mut st, first_new_id, mark);
+                return Err(e);
+            }
+        };
         debug_assert_eq!(entries.len(), fps.len(), "one map entry per block written");
         // 5. Apply and journal the changes. The new records are readable from memory until
         // a batch's worth is staged and handed to be written (by the segment writer, in the
@@ -105,9 +113,10 @@ impl Pool {
 
     /// Write step 2: the blocks whose chunk the pool lacks (the first of each fingerprint),
     /// and the next chunk id when they were looked up. A small write skips this and
-    /// compresses its new chunks under the lock in step 4: one lock round trip instead of two.
+    /// compresses its new chunks under the lock in step 4: one lock round trip instead of two
+    /// (not in a delta pool: the delta search needs the misses before the lock).
     fn find_misses(&self, fps: &[Option<Fingerprint>]) -> Result<(Vec<usize>, Option<u64>)> {
-        if fps.len() <= SMALL_WRITE_BLOCKS {
+        if fps.len() <= SMALL_WRITE_BLOCKS && !self.deltas_on.load(Ordering::Relaxed) {
             return Ok((Vec::new(), None));
         }
         let mut st = self.lock_state();
@@ -139,6 +148,7 @@ impl Pool {
         storer: &Storer<'d>,
         fps: &[Option<Fingerprint>],
         compressed: &[Option<Stored<'d>>],
+        deltas: &super::delta::Deltas,
         misses_hold: bool,
     ) -> Result<(Vec<JournalRecord>, Vec<u64>, Reduced)> {
         let mut records = Vec::new();
@@ -147,6 +157,8 @@ impl Pool {
         let mut batch_new: HashMap<Fingerprint, u64, FpHash> =
             HashMap::with_capacity_and_hasher(fps.len(), FpHash);
         let mut small = Compressor::default();
+        // This write's new chunks stored alone: bases its deltas may name.
+        let mut plain = std::collections::HashSet::new();
         for (i, fp) in fps.iter().enumerate() {
             // Also for known misses: the commit below inserts them.
             if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
@@ -184,12 +196,25 @@ impl Pool {
                     "allocating a chunk id (the pool holds 2^48 chunks)".into(),
                 ));
             };
-            let loc = st.segments.append(&*self.dir, id, fp, codec, payload)?;
-            records.push(JournalRecord::NewChunk { id, loc, fp: *fp });
             batch_new.insert(*fp, id);
             entries.push(id);
             reduced.new += 1;
+            let staged = match deltas.delta.get(&i) {
+                Some(d) => self.stage_delta(st, (id, fp), d, (&entries, &plain), payload.len())?,
+                None => None,
+            };
+            if let Some((record, stored)) = staged {
+                records.push(record);
+                reduced.stored_bytes += stored;
+                continue;
+            }
+            let loc = st.segments.append(&*self.dir, id, fp, codec, payload)?;
+            records.push(JournalRecord::NewChunk { id, loc, fp: *fp });
+            plain.insert(id);
             reduced.stored_bytes += payload.len() as u64;
+            if let (Some(k), Some(s)) = (deltas.keys.get(&i), st.sketch.as_mut()) {
+                s.insert(k, id);
+            }
         }
         Ok((records, entries, reduced))
     }

@@ -74,6 +74,8 @@ struct Wire<'a> {
     dedup_index_hooks_dropped: u64,
     dedup_index_hook_rate: u64,
     dedup_merged_chunks: u64,
+    #[serde(flatten)]
+    delta: DeltaWire,
     metadata_cache_budget_bytes: u64,
     metadata_cache_used_bytes: u64,
     metadata_cache_hits: u64,
@@ -201,6 +203,7 @@ impl Serialize for StatsReport<'_> {
             dedup_index_hooks_dropped: s.dedup_index_hooks_dropped,
             dedup_index_hook_rate: s.dedup_index_hook_rate,
             dedup_merged_chunks: s.dedup_merged_chunks,
+            delta: DeltaWire::of(s),
             metadata_cache_budget_bytes: s.metadata_cache_budget_bytes,
             metadata_cache_used_bytes: s.metadata_cache_used_bytes,
             metadata_cache_hits: s.metadata_cache_hits,
@@ -378,6 +381,7 @@ fn pool_lines(o: &mut String, s: &PoolStats, verbose: bool) {
             ),
         ),
         ("dedup index", index_row(s)),
+        ("delta compression", delta_row(s)),
         (
             "per-volume figures",
             match (&s.attribution_error, s.attribution_scratch_bytes) {
@@ -500,6 +504,58 @@ fn share_row(o: &mut String, v: &VolumeStats) {
         ratio(v.dedup_ratio),
         ratio(v.compression_ratio),
     );
+}
+
+/// The delta figures of the JSON (docs/STATS.md "Delta compression").
+#[derive(Serialize)]
+struct DeltaWire {
+    delta_mode: bool,
+    delta_chunks_written: u64,
+    delta_chunks_since_open: u64,
+    delta_saved_bytes_since_open: u64,
+    delta_sketch_lookups: u64,
+    delta_sketch_hits: u64,
+    sketch_index_bytes: u64,
+    sketch_index_chunks: u64,
+    sketch_index_bytes_per_chunk: f64,
+}
+
+impl DeltaWire {
+    fn of(s: &PoolStats) -> DeltaWire {
+        let d = &s.delta;
+        DeltaWire {
+            delta_mode: d.mode,
+            delta_chunks_written: d.chunks_written,
+            delta_chunks_since_open: d.chunks_since_open,
+            delta_saved_bytes_since_open: d.saved_bytes_since_open,
+            delta_sketch_lookups: d.sketch_lookups,
+            delta_sketch_hits: d.sketch_hits,
+            sketch_index_bytes: d.sketch_index_bytes,
+            sketch_index_chunks: d.sketch_index_chunks,
+            sketch_index_bytes_per_chunk: round2(d.sketch_index_bytes_per_chunk),
+        }
+    }
+}
+
+/// Delta compression: off, or the deltas written, what this process's saved, and the
+/// sketch index's RAM.
+fn delta_row(s: &PoolStats) -> String {
+    let d = &s.delta;
+    if !d.mode {
+        return match d.chunks_written {
+            0 => "off".to_string(),
+            n => format!("off for new writes ({n} deltas written)"),
+        };
+    }
+    format!(
+        "on, {} deltas written; since open {} saving {}; sketch index {} ({} recent chunks, {:.1} bytes per unique chunk)",
+        d.chunks_written,
+        d.chunks_since_open,
+        human(d.saved_bytes_since_open),
+        human(d.sketch_index_bytes),
+        d.sketch_index_chunks,
+        d.sketch_index_bytes_per_chunk
+    )
 }
 
 /// The dedup index's mode, what it holds and (sparse) what its lookups found.

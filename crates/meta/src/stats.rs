@@ -1,8 +1,8 @@
 //! `condense stats`: how much the pool saves, per pool and per volume.
 //!
 //! Owns: the figures ([`PoolStats`], [`VolumeStats`]) and how they are added up from the
-//! metadata; [`Pool::stats`](crate::Pool::stats) and its kin (the room `pool/stats.rs`) take
-//! the state lock and call them.
+//! metadata; the engine's `Pool::stats` and its kin (crates/engine/src/pool/stats.rs) take the
+//! pool's state lock and call them (re-exported as `condense_engine::stats`).
 //!
 //!
 //! Definitions (also in docs/STATS.md):
@@ -21,9 +21,9 @@
 //!   pool's live chunks (`chunk_bytes`).
 
 use crate::attribution::{Space, TreeSpace};
-use crate::format::SEGMENT_HEADER_BYTES;
 use crate::metadata::Metadata;
-use crate::segment::Segments;
+use condense_format::SEGMENT_HEADER_BYTES;
+use condense_store::segment::Segments;
 
 #[derive(Clone, Debug, Default)]
 pub struct VolumeStats {
@@ -32,7 +32,7 @@ pub struct VolumeStats {
     pub written_bytes: u64,
     pub zero_bytes: u64,
     /// The volume's share of the pool's live chunk bytes, in proportion to its data blocks
-    /// (kept from counters; [`crate::Pool::volume_physical_bytes`] gives the exact share).
+    /// (kept from counters; the engine's `Pool::volume_physical_bytes` gives the exact share).
     pub physical_bytes: u64,
     pub saving_percent: f64,
     /// For a snapshot (`name` is `VOLUME@SNAPSHOT`): the volume it was taken of.
@@ -138,6 +138,8 @@ pub struct PoolStats {
     /// Chunks the merge pass (`condense index merge`) found holding an older chunk's data and
     /// merged into it, over the pool's life.
     pub dedup_merged_chunks: u64,
+    /// Delta compression's figures (docs/STATS.md).
+    pub delta: crate::sketch_index::DeltaFigures,
     pub metadata_cache_budget_bytes: u64,
     pub metadata_cache_used_bytes: u64,
     pub metadata_cache_hits: u64,
@@ -154,9 +156,9 @@ pub struct PoolStats {
     /// chunk bytes.
     pub snapshots: Vec<VolumeStats>,
     /// The bucket side of a pool in an object store (`None`: a local pool).
-    pub remote: Option<crate::io::StoreStatus>,
+    pub remote: Option<condense_store::io::StoreStatus>,
     /// The scrub: the pass under way in this process, the last finished one in the pool.
-    pub scrub: crate::scrub_status::ScrubStatus,
+    pub scrub: condense_format::scrub_status::ScrubStatus,
     /// Deleted volumes' maps still being released in the background, oldest first.
     pub releasing: Vec<PendingRelease>,
     /// Record bytes of live chunks only maps being released still name (with the
@@ -164,7 +166,7 @@ pub struct PoolStats {
     pub releasing_bytes: u64,
 }
 
-pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {
+pub fn percent_saved(used: u64, of: u64) -> f64 {
     if of == 0 {
         0.0
     } else {
@@ -174,7 +176,7 @@ pub(crate) fn percent_saved(used: u64, of: u64) -> f64 {
 
 impl PoolStats {
     /// Each volume's and snapshot's figures, and the volumes' totals.
-    pub(crate) fn add_volumes(&mut self, md: &Metadata, bs: u64) {
+    pub fn add_volumes(&mut self, md: &Metadata, bs: u64) {
         let total_data_blocks: u64 = md.volumes.values().map(|v| v.counts.data_blocks).sum();
         let live_record_bytes = md.chunks.live().record_bytes();
         for (id, v) in &md.volumes {
@@ -225,7 +227,7 @@ impl PoolStats {
     }
 
     /// Chunks, segments, the pool's physical bytes and the savings.
-    pub(crate) fn add_space(&mut self, md: &Metadata, segments: &Segments, bs: u64, physical: u64) {
+    pub fn add_space(&mut self, md: &Metadata, segments: &Segments, bs: u64, physical: u64) {
         self.unique_chunks = md.chunks.live_chunks;
         self.stored_bytes = md.chunks.live_stored_bytes;
         self.chunk_bytes = md.chunks.live().record_bytes();
@@ -248,7 +250,7 @@ impl PoolStats {
     }
 
     /// RAM held by the dedup index and the metadata page cache, and the page cache's figures.
-    pub(crate) fn add_ram(&mut self, md: &Metadata) {
+    pub fn add_ram(&mut self, md: &Metadata) {
         // The index is built by the first write that needs it; until then, show what it will
         // take, so a read-only look at a pool still answers "how much RAM to serve this".
         self.dedup_index_bytes = if md.index_ready() {

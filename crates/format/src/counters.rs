@@ -1,20 +1,21 @@
 //! Activity counters of an open pool, for monitoring: journal appends and syncs, flushes,
 //! checkpoints, garbage collection.
 //!
-//! Owns: [`Counters`], a set of `AtomicU64`s inside the [`Pool`](crate::Pool), bumped with
+//! Owns: [`Counters`], a set of `AtomicU64`s inside the engine's `Pool`, bumped with
 //! relaxed ordering where the work happens (most under locks the code holds anyway), and
-//! [`CounterValues`], the plain copy [`Pool::counters`](crate::Pool::counters) returns.
+//! [`CounterValues`], the plain copy `Pool::counters` returns. Plain atomics and their copy, so
+//! they live with the other counters (`volume_counters`) in condense-format.
 //! Invariants: the counters start at zero when the pool is opened and only go up, except the
 //! GC progress pair and `gc_running`, which describe the current (or last) collection.
 //! Figures about space (savings, dead bytes) are not here: they come from
-//! [`Pool::stats`](crate::Pool::stats), computed from the metadata's own counters.
+//! `Pool::stats`, computed from the metadata's own counters.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The live counters (see the module docs).
 #[derive(Debug, Default)]
-pub(crate) struct Counters {
+pub struct Counters {
     pub journal_records: AtomicU64,
     pub flushes: AtomicU64,
     pub flush_nanos: AtomicU64,
@@ -37,11 +38,11 @@ pub(crate) struct Counters {
     pub destaged_bytes: AtomicU64,
 }
 
-pub(crate) fn nanos(d: Duration) -> u64 {
+pub fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-pub(crate) fn add(c: &AtomicU64, n: u64) {
+pub fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
@@ -99,12 +100,5 @@ impl Counters {
             gc_segments_removed: get(&self.gc_segments_removed),
             gc_reclaimed_bytes: get(&self.gc_reclaimed_bytes),
         }
-    }
-}
-
-impl crate::Pool {
-    /// The pool's activity counters since it was opened (cheap: a few atomic loads).
-    pub fn counters(&self) -> CounterValues {
-        self.counters.values()
     }
 }

@@ -3,7 +3,8 @@
 //! (`scrub/last`, [`LAST_KEY`], encoded by [`ScrubPass::encode`]), and the requests that
 //! start or stop a pass ([`ScrubState`], held by the pool), and how a pass walks the chunk
 //! table ([`WINDOW_PAGES`]). Below the pool: the pool's scrub room and `stats` read it; the
-//! background thread is [`crate::scrub`].
+//! background thread is the engine's `scrub` module. Pure data and its
+//! encoding, so it lives with the encodings (condense-format).
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
@@ -11,9 +12,9 @@ use std::sync::Mutex;
 /// The pool's metadata record of the last finished pass.
 pub const LAST_KEY: &str = "scrub/last";
 /// Damaged chunks kept in the status (all are counted).
-pub(crate) const DAMAGED_KEPT: usize = 100;
+pub const DAMAGED_KEPT: usize = 100;
 /// Block ranges kept in the record of the last pass.
-pub(crate) const RANGES_KEPT: usize = 100;
+pub const RANGES_KEPT: usize = 100;
 
 /// A scrub's progress and results, as `stats` shows them.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -62,7 +63,7 @@ impl ScrubPass {
 
     /// The record kept in the pool: `key=value` lines, then one `block` line per damaged
     /// range (volume TAB first TAB count).
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    pub fn encode(&self) -> Vec<u8> {
         let mut s = format!(
             "started={}\nfinished={}\nchunks_total={}\nchunks={}\nbytes={}\ndamaged={}\nhealed={}\nstopped={}\n",
             self.started_unix,
@@ -85,7 +86,7 @@ impl ScrubPass {
 
     /// A record as [`ScrubPass::encode`] wrote it; unknown or malformed lines are skipped (it
     /// is a report, not something the pool depends on).
-    pub(crate) fn decode(bytes: &[u8]) -> ScrubPass {
+    pub fn decode(bytes: &[u8]) -> ScrubPass {
         let mut p = ScrubPass::default();
         for line in String::from_utf8_lossy(bytes).lines() {
             if let Some(rest) = line.strip_prefix("block\t") {
@@ -117,7 +118,7 @@ impl ScrubPass {
     }
 }
 
-pub(crate) fn now_unix() -> u64 {
+pub fn now_unix() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -125,18 +126,18 @@ pub(crate) fn now_unix() -> u64 {
 
 /// The scrub's shared state: what `stats` reads and what asks a pass to start or stop.
 #[derive(Default)]
-pub(crate) struct ScrubState {
-    pub(crate) status: Mutex<ScrubStatus>,
+pub struct ScrubState {
+    pub status: Mutex<ScrubStatus>,
     /// Start a pass now, whatever the schedule (`condense scrub`).
-    pub(crate) start: AtomicBool,
+    pub start: AtomicBool,
     /// Stop the pass under way (`condense scrub --stop`).
-    pub(crate) stop: AtomicBool,
+    pub stop: AtomicBool,
 }
 
 /// Chunk-table pages per window (128 chunk ids each).
 pub const WINDOW_PAGES: u64 = 8;
 /// Merge sorted block numbers into (first, count) ranges.
-pub(crate) fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
+pub fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     for &b in blocks {
         match out.last_mut() {
