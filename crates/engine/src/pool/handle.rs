@@ -209,8 +209,15 @@ impl VolumeHandle {
             self.pool.flush_through(seq)?;
         } else if self.pool.take_journal_full() {
             // The journal passed its size with no flush: this one checkpoints it, so a crash
-            // replays at most that much at the next open.
-            self.pool.flush()?;
+            // replays at most that much at the next open. The write itself did not ask for a
+            // flush, so one that fails (an object store away) does not fail it: the next
+            // flush, or the next time the journal grows by its size, tries again.
+            if let Err(e) = self.pool.flush() {
+                tracing::warn!(
+                    "volume {}: flushing the journal past its size failed: {e}",
+                    self.name
+                );
+            }
         }
         Ok(())
     }
