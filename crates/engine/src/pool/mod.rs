@@ -646,6 +646,12 @@ impl Pool {
         Ok(appended)
     }
 
+    /// Take the journal's request for a flush (set by a commit that found it past
+    /// `journal_bytes_max`; once per `journal_bytes_max` appended).
+    pub(crate) fn take_journal_full(&self) -> bool {
+        self.journal_full.swap(false, Ordering::Relaxed)
+    }
+
     /// Whether a write that is the only one in flight spreads its hashing and compression
     /// over every core (on by default). Worth it for one stream of writes in this process
     /// (`condense import`: 10.3–11.4 s against 12.0–13.2 s for the ten corpus images). The
@@ -653,12 +659,6 @@ impl Pool {
     /// request from the socket and the client runs on the same cores, and the spread took
     /// their CPU (rayon's idle workers spin between writes). Over NBD, 1 MiB writes went
     /// from ~960 to ~1040 MiB/s at queue depth 4 and from 611 to 713 at depth 1 without it.
-    /// Take the journal's request for a flush (set by a commit that found it past
-    /// `journal_bytes_max`; once per `journal_bytes_max` appended).
-    pub(crate) fn take_journal_full(&self) -> bool {
-        self.journal_full.swap(false, Ordering::Relaxed)
-    }
-
     pub fn set_spread_writes(&self, on: bool) {
         self.spread_writes.store(on, Ordering::Relaxed);
     }

@@ -147,19 +147,15 @@ impl Pool {
         if self.read_only {
             return;
         }
-        let (load, setting, chunks) = {
+        let load = {
             let mut st = self.lock_state();
             let load = st.md.begin_index_load();
             if load.is_none() && !st.md.index_to_build() {
                 return;
             }
-            (
-                load,
-                crate::index::IndexSetting::of(&st.md.meta),
-                st.md.chunks.live_chunks,
-            )
+            load
         };
-        if load.is_none() && !self.begin_build(setting, chunks) {
+        if load.is_none() && !self.begin_build() {
             return;
         }
         let weak = self.me.clone();
@@ -174,14 +170,7 @@ impl Pool {
                     return;
                 }
                 // Unusable: built from the chunk table instead, in steps.
-                let (setting, chunks) = {
-                    let st = pool.lock_state();
-                    (
-                        crate::index::IndexSetting::of(&st.md.meta),
-                        st.md.chunks.live_chunks,
-                    )
-                };
-                if !pool.begin_build(setting, chunks) {
+                if !pool.begin_build() {
                     return;
                 }
             }
@@ -218,9 +207,16 @@ impl Pool {
         }
     }
 
-    /// Begin a build in steps into an empty index of `setting` sized for `chunks`, allocated
-    /// without the lock (tens of MB). True if a build is under way.
-    fn begin_build(&self, setting: crate::index::IndexSetting, chunks: u64) -> bool {
+    /// Begin a build in steps into an empty index of the pool's setting sized for its live
+    /// chunks, allocated without the lock (tens of MB). True if a build is under way.
+    fn begin_build(&self) -> bool {
+        let (setting, chunks) = {
+            let st = self.lock_state();
+            (
+                crate::index::IndexSetting::of(&st.md.meta),
+                st.md.chunks.live_chunks,
+            )
+        };
         let empty = crate::index::Index::empty(setting, chunks);
         self.lock_state().md.begin_index_build(empty)
     }

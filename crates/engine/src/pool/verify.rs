@@ -239,15 +239,14 @@ impl Pool {
                 }
             }
             // On the background threads: the VMs' reads and writes keep the cores first.
-            let check_all = || -> Vec<(Checked, Vec<u64>)> {
+            // A dead delta still holds references on its bases (until GC drops it): only
+            // its bases are taken.
+            let check_all = || -> Vec<(bool, Checked, Vec<u64>)> {
                 work.par_iter()
                     .filter(|w| w.entry.refs > 0 || w.entry.loc.codec.is_delta())
                     .map(|w| {
-                        let bases = self.checked_delta_bases(w);
-                        if w.entry.refs == 0 {
-                            return ((0, None), bases); // a dead delta: its bases only
-                        }
-                        (self.check_chunk(w), bases)
+                        let (checked, bases) = self.check_chunk_and_bases(w);
+                        (w.entry.refs > 0, checked, bases)
                     })
                     .collect()
             };
@@ -255,16 +254,12 @@ impl Pool {
                 Some(threads) => threads.install(check_all),
                 None => check_all(),
             };
-            for (w, ((bytes, b), bases)) in work
-                .iter()
-                .filter(|w| w.entry.refs > 0 || w.entry.loc.codec.is_delta())
-                .zip(results)
-            {
-                if w.entry.refs > 0 {
+            for (live, (bytes, b), bases) in results {
+                if live {
                     check.chunks_checked += 1;
                     check.bytes_checked += bytes;
+                    check.bad.extend(b);
                 }
-                check.bad.extend(b);
                 check.delta_bases.extend(bases);
             }
             done += work.iter().filter(|w| w.entry.refs > 0).count() as u64;
@@ -396,12 +391,18 @@ impl Pool {
 
     /// Read one chunk and check its record, its decompression and its fingerprint: (record
     /// bytes checked, the problem if any).
-    pub(crate) fn check_chunk(&self, w: &ChunkToCheck) -> (u64, Option<(u64, String)>) {
+    pub(crate) fn check_chunk(&self, w: &ChunkToCheck) -> Checked {
+        self.check_chunk_and_bases(w).0
+    }
+
+    /// [`Pool::check_chunk`], and the bases a delta's record names (none for another chunk,
+    /// or a record that does not open), from the one read of its record.
+    fn check_chunk_and_bases(&self, w: &ChunkToCheck) -> (Checked, Vec<u64>) {
         let (id, e) = (w.id, &w.entry);
         let loc = e.loc;
         let buf = match stored_record(w) {
             Ok(b) => b,
-            Err(why) => return (0, Some((id, why))),
+            Err(why) => return ((0, Some((id, why))), Vec::new()),
         };
         let what = || {
             format!(
@@ -413,38 +414,32 @@ impl Pool {
         let payload = match open_record(&buf, rid, &loc, self.crypto.as_deref(), Some(&e.fp), what)
         {
             Ok(p) => p,
-            Err(err) => return (0, Some((id, err.to_string()))),
+            Err(err) => return ((0, Some((id, err.to_string()))), Vec::new()),
         };
         let mut out = vec![0u8; self.block_size() as usize];
-        let decoded = if loc.codec.is_delta() {
-            self.decode_delta(&payload, &mut out, || format!("chunk {id}"))
+        let (decoded, bases) = if loc.codec.is_delta() {
+            let bases =
+                reduction::DeltaPayload::parse(&payload, what).map_or(Vec::new(), |p| p.bases);
+            let decoded = self.decode_delta(&payload, &mut out, || format!("chunk {id}"));
+            (decoded, bases)
         } else {
-            reduction::decompress(loc.codec, &payload, &mut out, || format!("chunk {id}"))
+            let decoded =
+                reduction::decompress(loc.codec, &payload, &mut out, || format!("chunk {id}"));
+            (decoded, Vec::new())
         };
         if let Err(err) = decoded {
-            return (0, Some((id, err.to_string())));
+            return ((0, Some((id, err.to_string()))), bases);
         }
         if reduction::fingerprint(&self.sb.key, &out) != e.fp {
             return (
-                0,
-                Some((id, "content does not match its fingerprint".into())),
+                (
+                    0,
+                    Some((id, "content does not match its fingerprint".into())),
+                ),
+                bases,
             );
         }
-        (buf.len() as u64, None)
-    }
-}
-
-impl Pool {
-    /// The bases a delta chunk's record names (none for another chunk, or a record that
-    /// cannot be read: `check_chunk` reports that one).
-    fn checked_delta_bases(&self, w: &ChunkToCheck) -> Vec<u64> {
-        if !w.entry.loc.codec.is_delta() {
-            return Vec::new();
-        }
-        stored_record(w)
-            .ok()
-            .and_then(|r| self.delta_bases_of(w.id, &w.entry, &r).ok())
-            .unwrap_or_default()
+        ((buf.len() as u64, None), bases)
     }
 }
 
