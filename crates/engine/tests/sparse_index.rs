@@ -234,11 +234,11 @@ fn the_replay_stores_what_the_pool_stores() -> Result<(), String> {
     // b: a long run of a, then old blocks far apart between new ones, in writes of
     // 2048 blocks, of 3 (small writes: one pass) and of 100.
     let mut b = in_writes(2048, new(1000..4000));
-    let scattered: Vec<Option<u64>> = (0..600)
+    let scattered: Vec<Option<u64>> = (0..2000)
         .flat_map(|i| [Some(i * 7919 % 6000), Some(100_000 + i)])
         .collect();
-    b.extend(in_writes(3, scattered[..300].to_vec()));
-    b.extend(in_writes(100, scattered[300..].to_vec()));
+    b.extend(in_writes(3, scattered[..1000].to_vec()));
+    b.extend(in_writes(100, scattered[1000..].to_vec()));
     // c: all of b again, in writes of 512.
     let c: Vec<Option<u64>> = b.iter().flat_map(|w| w.1.clone()).collect();
     let sessions = [
@@ -256,11 +256,14 @@ fn the_replay_stores_what_the_pool_stores() -> Result<(), String> {
         },
     ];
     // The smallest budget: a write's first pass loads more pages than the locality cache
-    // keeps for its second; and a budget where it does not.
+    // keeps for its second; and a budget where it does not. Each pool gets its own key, so
+    // which chunks are hooks, and how many the sparse index misses, changes from run to run:
+    // at 4 MiB 2,000 scattered old blocks gave 211 to 737 misses in 8 runs (600 gave 97 to
+    // 485, and 97 failed CI against a bound of 100).
     for budget in [256 << 10, 4 << 20] {
         let (stored, distinct) = replay_matches(budget, &sessions)?;
         assert!(
-            stored > distinct + 100,
+            stored > distinct + 50,
             "budget {budget}: {stored} chunks for {distinct} contents: the sparse index missed too little for this test to tell"
         );
     }
