@@ -2,9 +2,11 @@
 //! cache entry is detected, counted and read from the segments instead; an entry whose chunk
 //! id was reused by another chunk is not served; a scan does not flush a hot set.
 
+use condense_engine::io::Dir;
 use condense_engine::sim::{SimDir, SimHandle, SimRng};
 use condense_engine::{
-    CacheConf, CacheDir, CacheMode, CacheStats, InitOptions, OpenOptions, Pool, WritePolicy,
+    CacheConf, CacheDir, CacheMode, CacheStats, Compression, InitOptions, OpenOptions, Pool,
+    WritePolicy,
 };
 use std::sync::Arc;
 
@@ -309,5 +311,94 @@ fn metadata_pages_are_served_from_the_cache_after_a_reopen() {
     assert!(
         third.corrupt > first.corrupt,
         "damage is counted: {third:?}"
+    );
+}
+
+/// A delta's bases are read as a read's own records are: through the cache tier, and
+/// offered to it. So once a volume of deltas was read, its deltas read from the cache alone,
+/// even with every base's record in the pool's segments damaged.
+#[test]
+fn reading_deltas_leaves_their_bases_in_the_cache() {
+    const N: usize = 32;
+    let noise = |seed: u64| -> Vec<u8> {
+        let mut rng = SimRng::new(seed);
+        (0..BS).map(|_| rng.next_u64() as u8).collect()
+    };
+    let base: Vec<Vec<u8>> = (0..N as u64).map(|s| noise(s + 1)).collect();
+    let near: Vec<u8> = base
+        .iter()
+        .enumerate()
+        .flat_map(|(b, block)| {
+            let mut block = block.clone();
+            block[1000..1016].copy_from_slice(&[b as u8; 16]);
+            block
+        })
+        .collect();
+    let d = Disks {
+        pool: SimDir::new(),
+        cache: SimDir::new(),
+    };
+    let init = InitOptions {
+        compression: Compression::Zstd(3),
+        segment_bytes_target: 64 << 10,
+        ..Default::default()
+    };
+    Pool::init(&SimHandle(d.pool.clone()), &init).expect("init");
+    let pool = open(&d);
+    pool.enable_deltas().expect("enable deltas");
+    for (name, bytes) in [("base", base.concat()), ("near", near.clone())] {
+        pool.create_volume(name, bytes.len() as u64)
+            .expect("create");
+        let h = pool.volume(name).expect("volume");
+        h.write_at(0, &bytes, false).expect("write");
+        pool.flush().expect("flush");
+    }
+    let deltas = pool.stats().expect("stats").delta.chunks_written;
+    assert!(deltas >= N as u64 * 9 / 10, "deltas: {deltas}");
+    pool.close().expect("close");
+    drop(pool);
+
+    let pool = open(&d);
+    let conf = CacheConf {
+        path: "sim".into(),
+        size_bytes: 4096 + 4 * N as u64 * SLOT,
+        mode: CacheMode::WriteThrough,
+    };
+    pool.attach_cache(Arc::new(SimHandle(d.cache.clone())), conf)
+        .expect("attach");
+    let h = pool.volume("near").expect("volume");
+    let mut buf = vec![0u8; near.len()];
+    h.read_at(0, &mut buf).expect("first read");
+    assert!(buf == near, "the first read reads other data");
+    pool.cache_drain();
+    let s = stats(&pool);
+    assert!(
+        s.promotions >= N as u64 + deltas,
+        "the deltas and their bases cached: {s:?}"
+    );
+    // Every base's record damaged where the pool keeps it.
+    let dir = SimHandle(d.pool.clone());
+    for block in &base {
+        let damaged = dir.list("seg-").expect("list").into_iter().any(|name| {
+            let f = dir.open(&name, false).expect("open segment");
+            let mut seg = vec![0u8; f.len().expect("len") as usize];
+            f.read_at(&mut seg, 0).expect("read segment");
+            let at = seg.windows(BS).position(|w| w == &block[..]);
+            at.map(|at| {
+                d.pool
+                    .flip_bit(&name, (at + 100) as u64, 3)
+                    .expect("damage")
+            })
+            .is_some()
+        });
+        assert!(damaged, "a base's record is in no segment");
+    }
+    h.read_at(0, &mut buf)
+        .expect("the second read, from the cache");
+    assert!(buf == near, "the second read reads other data");
+    let again = stats(&pool);
+    assert!(
+        again.hits - s.hits >= N as u64 + deltas && again.misses == s.misses,
+        "the second read's blocks and bases counted as hits: {again:?}"
     );
 }

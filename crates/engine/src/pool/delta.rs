@@ -10,13 +10,13 @@
 //! alone; a delta names its bases by chunk id, each resolved (it may have become a forward)
 //! when read.
 
-use crate::chunk_table::ChunkEntry;
 use crate::error::{Error, Result};
 use crate::format::reduction::{self, DeltaPayload};
 use crate::format::*;
 use condense_meta::sketch_index::{DeltaFigures, SketchIndex, DEFAULT_BUDGET};
 use std::collections::{HashMap, HashSet};
 
+use super::read::{adjacent_groups, hint_groups, read_group, Wanted};
 use super::{Pool, State};
 use crate::stats::PoolStats;
 
@@ -27,6 +27,8 @@ pub const DELTA_MODE_KEY: &str = "delta/mode";
 const LEVEL: i32 = 3;
 /// Most candidate bases a block is compressed against (each alone, the first two together).
 const MAX_TRIES: usize = 4;
+/// Misses whose candidates' blocks are fetched together (at most 4 × 4 KiB each: 4 MiB).
+const FETCH_MISSES: usize = 256;
 
 /// A base id naming block `j` of the same write (`IN_WRITE | j`), resolved to its chunk id
 /// when the write is staged (chunk ids are below 2^48).
@@ -88,10 +90,27 @@ impl Pool {
             }
         }
         let global: HashMap<usize, Vec<u64>> = self.delta_candidates(misses, &found.keys);
-        let mut blocks: HashMap<u64, Option<Vec<u8>>> = HashMap::new();
         // Super-feature → the latest earlier miss of this write stored alone that had it.
         let mut local: HashMap<u64, usize> = HashMap::new();
-        for &i in misses {
+        let mut blocks: HashMap<u64, Vec<u8>> = HashMap::new();
+        for (n, &i) in misses.iter().enumerate() {
+            if n % FETCH_MISSES == 0 {
+                // The candidates' blocks of the next misses, fetched together (those that
+                // fail are left out); a bounded batch, whatever the write's size.
+                let next = &misses[n..(n + FETCH_MISSES).min(misses.len())];
+                let ids: Vec<u64> = next
+                    .iter()
+                    .filter_map(|i| global.get(i))
+                    .flatten()
+                    .copied()
+                    .collect();
+                blocks = match ids.is_empty() {
+                    true => HashMap::new(),
+                    false => (self.base_blocks(&ids).into_iter())
+                        .filter_map(|(c, b)| Some((c, b.ok()?)))
+                        .collect(),
+                };
+            }
             let Some(keys) = found.keys.get(&i) else {
                 continue;
             };
@@ -106,21 +125,12 @@ impl Pool {
             }
             shared.sort_unstable_by_key(|&(j, n)| std::cmp::Reverse((n, j)));
             let ids = global.get(&i).map_or(&[][..], |g| &g[..]);
-            for &c in ids
-                .iter()
-                .take(MAX_TRIES.saturating_sub(shared.len().min(2)))
-            {
-                blocks.entry(c).or_insert_with(|| self.base_block(c).ok());
-            }
             let mut bases: Vec<(u64, &[u8])> = shared
                 .iter()
                 .take(2)
                 .map(|&(j, _)| (IN_WRITE | j as u64, &data[j * bs..(j + 1) * bs]))
                 .collect();
-            bases.extend(
-                ids.iter()
-                    .filter_map(|c| Some((*c, blocks.get(c)?.as_deref()?))),
-            );
+            bases.extend(ids.iter().filter_map(|c| Some((*c, &blocks.get(c)?[..]))));
             bases.truncate(MAX_TRIES);
             let block = &data[i * bs..(i + 1) * bs];
             let limit = alone(i) - alone(i) / 8;
@@ -196,95 +206,166 @@ impl Pool {
     }
 
     /// The candidate bases of each miss with super-features, from the sketch index (made by
-    /// the first write), each a chunk with a record that is not a delta; under one hold.
+    /// the first write), under one short hold: the index only, no chunk looked up (only
+    /// chunks that are not deltas enter it; [`Pool::base_blocks`] skips one that went or
+    /// became a forward to a delta, and staging checks each base again).
     fn delta_candidates(
         &self,
         misses: &[usize],
         keys: &HashMap<usize, [u64; sketch::FEATURES]>,
     ) -> HashMap<usize, Vec<u64>> {
         let mut st = self.lock_state();
-        let st = &mut *st;
         let index = st
             .sketch
             .get_or_insert_with(|| SketchIndex::new(DEFAULT_BUDGET));
         let mut out = HashMap::new();
         for i in misses {
             let Some(k) = keys.get(i) else { continue };
-            let ok: Vec<u64> = index
-                .candidates(k)
-                .into_iter()
-                .filter(|&c| {
-                    matches!(st.md.chunks.resolve(&mut st.md.pages, c),
-                        Ok(Some((_, e))) if !e.loc.codec.is_delta())
-                })
-                .collect();
-            if !ok.is_empty() {
-                out.insert(*i, ok);
+            let found = index.candidates(k);
+            if !found.is_empty() {
+                out.insert(*i, found);
             }
         }
         out
     }
 
-    /// The block of chunk `id` (resolved if a forward), which must not be a delta: from
-    /// memory, the cache tier or its segment, checked and decompressed. Takes the state lock.
-    pub(crate) fn base_block(&self, id: u64) -> Result<Vec<u8>> {
-        let what = || format!("base chunk {id} of a delta");
-        let (rid, e, file, in_memory) = {
+    /// The blocks of chunks `ids` (each resolved if a forward; none may be a delta), by id:
+    /// the bases of a read's deltas fetched together. The records are located under one
+    /// hold of the state lock; then, as a read's own records, each is taken from memory or
+    /// the cache tier or read from its segment (adjacent ones with one call; on a store
+    /// whose reads cost requests, every group hinted first, so they are fetched side by
+    /// side), checked and decompressed; one read from its segment is offered to the cache
+    /// tier, which so keeps bases as hot as the blocks read. Each id's result is its own.
+    pub(crate) fn base_blocks(&self, ids: &[u64]) -> HashMap<u64, Result<Vec<u8>>> {
+        let mut out: HashMap<u64, Result<Vec<u8>>> = HashMap::new();
+        let mut wanted: Vec<(u64, Wanted, Option<Vec<u8>>)> = Vec::new();
+        {
             let mut st = self.lock_state();
-            let md = &mut st.md;
-            let (rid, e) = md
-                .chunks
-                .resolve(&mut md.pages, id)?
-                .ok_or_else(|| Error::corrupt(what(), "the chunk does not exist"))?;
-            let file = st.segments.file(e.loc.segment);
-            (rid, e, file, st.segments.in_memory(&e.loc))
-        };
-        if e.loc.codec.is_delta() {
-            return Err(Error::corrupt(what(), "a base is itself a delta"));
-        }
-        let record = match (in_memory, self.tier()) {
-            (Some(m), _) => m,
-            (None, tier) => match tier.and_then(|c| c.lookup(rid, &e.fp, &e.loc)) {
-                Some(r) => r,
-                None => {
-                    let file = file.ok_or_else(|| {
+            let st = &mut *st;
+            for &id in ids {
+                if out.contains_key(&id) || wanted.iter().any(|w| w.0 == id) {
+                    continue;
+                }
+                let what = || format!("base chunk {id} of a delta");
+                let found = st.md.chunks.resolve(&mut st.md.pages, id).and_then(|c| {
+                    let (rid, e) =
+                        c.ok_or_else(|| Error::corrupt(what(), "the chunk does not exist"))?;
+                    if e.loc.codec.is_delta() {
+                        return Err(Error::corrupt(what(), "a base is itself a delta"));
+                    }
+                    let file = st.segments.file(e.loc.segment).ok_or_else(|| {
                         Error::corrupt(what(), format!("segment {} is missing", e.loc.segment))
                     })?;
-                    let mut buf = vec![0u8; e.loc.record_bytes() as usize];
-                    file.read_at(&mut buf, u64::from(e.loc.offset))
-                        .map_err(|err| Error::io(what(), err))?;
-                    buf
+                    let index = wanted.len();
+                    let w = Wanted {
+                        index,
+                        id: rid,
+                        loc: e.loc,
+                        file,
+                        fp: e.fp,
+                    };
+                    Ok((w, st.segments.in_memory(&e.loc)))
+                });
+                match found {
+                    Ok((w, mem)) => wanted.push((id, w, mem)),
+                    Err(e) => drop(out.insert(id, Err(e))),
                 }
-            },
-        };
-        let payload = open_record(
-            &record,
-            record_id(rid, &e.loc, self.slot),
-            &e.loc,
-            self.crypto.as_deref(),
-            Some(&e.fp),
-            what,
-        )?;
-        let mut out = vec![0u8; self.sb.block_size as usize];
-        reduction::decompress(e.loc.codec, &payload, &mut out, what)?;
-        Ok(out)
+            }
+        }
+        wanted.sort_by_key(|(_, w, _)| (w.loc.segment, w.loc.offset));
+        let tier = self.tier();
+        let (mut asked, mut ws, mut records) = (Vec::new(), Vec::new(), Vec::new());
+        let mut hits = 0;
+        for (id, w, mem) in wanted {
+            let cached = || tier.as_ref()?.lookup(w.id, &w.fp, &w.loc);
+            let record = mem.or_else(|| cached().inspect(|_| hits += 1));
+            records.push(record);
+            asked.push(id);
+            ws.push(w);
+        }
+        let missed: Vec<usize> = (0..ws.len()).filter(|&k| records[k].is_none()).collect();
+        let bs = self.sb.block_size as usize;
+        if let Some(c) = &tier {
+            c.count(hits, missed.len() as u64, bs as u64);
+        }
+        let groups = adjacent_groups(&ws, &missed);
+        if self.dir.reads_cost_requests() {
+            hint_groups(&ws, &missed, &groups);
+        }
+        for &(s, e) in &groups {
+            match read_group(&ws, &missed, (s, e), "a delta's bases", &self.read_buffers) {
+                Ok((start, buf)) => {
+                    for &k in &missed[s..e] {
+                        let at = (u64::from(ws[k].loc.offset) - start) as usize;
+                        let record = buf[at..at + ws[k].loc.record_bytes() as usize].to_vec();
+                        if let Some(c) = &tier {
+                            self.offer_to_cache(c, &ws[k], &record);
+                        }
+                        records[k] = Some(record);
+                    }
+                    self.read_buffers.give_back(std::iter::once(buf));
+                }
+                Err(err) => {
+                    for &k in &missed[s..e] {
+                        let what = format!("base chunk {} of a delta", asked[k]);
+                        let err = std::io::Error::other(err.to_string());
+                        out.insert(asked[k], Err(Error::io(what, err)));
+                    }
+                }
+            }
+        }
+        for ((w, id), record) in ws.iter().zip(asked).zip(records) {
+            let Some(record) = record else { continue };
+            let what = || format!("base chunk {id} of a delta");
+            let rid = record_id(w.id, &w.loc, self.slot);
+            let block = open_record(
+                &record,
+                rid,
+                &w.loc,
+                self.crypto.as_deref(),
+                Some(&w.fp),
+                what,
+            )
+            .and_then(|payload| {
+                let mut block = vec![0u8; bs];
+                reduction::decompress(w.loc.codec, &payload, &mut block, what)?;
+                Ok(block)
+            });
+            out.insert(id, block);
+        }
+        out
     }
 
-    /// Decode a delta record's (opened) payload into `dst`, reading its bases.
+    /// Decode a delta record's (opened) payload into `dst` with its bases' blocks, from
+    /// `fetched` (a read's bases, fetched together) or else fetched here.
     pub(crate) fn decode_delta(
         &self,
         payload: &[u8],
         dst: &mut [u8],
+        fetched: Option<&HashMap<u64, Result<Vec<u8>>>>,
         what: impl Fn() -> String,
     ) -> Result<()> {
         let p = DeltaPayload::parse(payload, &what)?;
+        let own;
+        let fetched = match fetched {
+            Some(f) if p.bases.iter().all(|b| f.contains_key(b)) => f,
+            _ => {
+                own = self.base_blocks(&p.bases);
+                &own
+            }
+        };
         let mut dict = Vec::with_capacity(p.bases.len() * dst.len());
-        for &b in &p.bases {
-            dict.extend_from_slice(
-                &self.base_block(b).map_err(|e| {
-                    Error::corrupt(what(), format!("reading its base chunk {b}: {e}"))
-                })?,
-            );
+        for b in &p.bases {
+            match fetched.get(b) {
+                Some(Ok(block)) => dict.extend_from_slice(block),
+                Some(Err(e)) => {
+                    return Err(Error::corrupt(
+                        what(),
+                        format!("reading its base chunk {b}: {e}"),
+                    ))
+                }
+                None => return Err(Error::corrupt(what(), format!("base chunk {b} not read"))),
+            }
         }
         reduction::decompress_delta(p.compressed, &dict, dst, what)
     }
@@ -293,18 +374,12 @@ impl Pool {
     pub(crate) fn delta_bases_of(
         &self,
         id: u64,
-        e: &ChunkEntry,
+        (loc, fp): (&Location, &Fingerprint),
         record: &[u8],
     ) -> Result<Vec<u64>> {
-        let what = || format!("delta chunk {id} in segment {}", e.loc.segment);
-        let payload = open_record(
-            record,
-            record_id(id, &e.loc, self.slot),
-            &e.loc,
-            self.crypto.as_deref(),
-            Some(&e.fp),
-            what,
-        )?;
+        let what = || format!("delta chunk {id} in segment {}", loc.segment);
+        let rid = record_id(id, loc, self.slot);
+        let payload = open_record(record, rid, loc, self.crypto.as_deref(), Some(fp), what)?;
         Ok(DeltaPayload::parse(&payload, what)?.bases)
     }
 }

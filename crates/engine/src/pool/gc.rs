@@ -323,7 +323,7 @@ impl Pool {
                     Some(b) => b,
                     None => read_record(&*file, id, &now, self.crypto.as_deref(), self.slot)?,
                 };
-                let bases = self.delta_bases_of(id, &now, &buf)?;
+                let bases = self.delta_bases_of(id, (&now.loc, &now.fp), &buf)?;
                 records.push(JournalRecord::DropDelta { id, bases });
                 report.chunks_dropped += 1;
                 continue;

@@ -116,12 +116,7 @@ impl Pool {
         missed: &[usize],
         groups: &[(usize, usize)],
     ) {
-        if groups.len() > 1 {
-            for &g in groups {
-                let (start, len) = group_span(wanted, missed, g);
-                wanted[missed[g.0]].file.will_need(start, len);
-            }
-        }
+        hint_groups(wanted, missed, groups);
         let bs32 = self.sb.block_size;
         if let Some((from, to)) = self.read_ahead.next_window(vol, first, count, bs32) {
             self.hint_blocks(vol, from, to);
@@ -161,18 +156,37 @@ impl Pool {
                 slot[wanted[k].index] = Some((None, k));
             }
         }
+        let record_of = |g: Option<usize>, k: usize| -> Option<&[u8]> {
+            match (g, &cached[k], &in_memory[k]) {
+                (Some(g), _, _) => {
+                    let (start, buf) = &bufs[g];
+                    buf.get((u64::from(wanted[k].loc.offset) - start) as usize..)
+                }
+                (None, Some(c), _) | (None, None, Some(c)) => Some(c),
+                (None, None, None) => None,
+            }
+        };
+        // The bases of the read's deltas, fetched together before any is decoded. A record
+        // that does not open is left to its decode to report.
+        let mut bases = Vec::new();
+        for &(g, k) in slot.iter().flatten() {
+            let w = &wanted[k];
+            if let (true, Some(r)) = (w.loc.codec.is_delta(), record_of(g, k)) {
+                bases.extend(
+                    self.delta_bases_of(w.id, (&w.loc, &w.fp), r)
+                        .unwrap_or_default(),
+                );
+            }
+        }
+        let bases = (!bases.is_empty()).then(|| self.base_blocks(&bases));
         let decode = |(i, dst): (usize, &mut [u8])| -> Result<()> {
             let Some((g, k)) = slot[i] else { return Ok(()) };
             let w = &wanted[k];
-            let record: &[u8] = match (g, &cached[k], &in_memory[k]) {
-                (Some(g), _, _) => {
-                    let (start, buf) = &bufs[g];
-                    &buf[(u64::from(w.loc.offset) - start) as usize..]
-                }
-                (None, Some(c), _) | (None, None, Some(c)) => c,
-                (None, None, None) => return Ok(()),
-            };
-            self.decode_block(w, record, dst, first + i as u64, name)?;
+            let record = record_of(g, k).ok_or_else(|| {
+                let at = format!("volume {name:?} block {}", first + i as u64);
+                Error::corrupt(at, "its record was not read (a bug)")
+            })?;
+            self.decode_block(w, record, dst, (first + i as u64, name), bases.as_ref())?;
             if let (Some(c), true) = (cache, cached[k].is_none()) {
                 self.offer_to_cache(c, w, record);
             }
@@ -186,7 +200,7 @@ impl Pool {
     }
 
     /// Offer the cache tier a record read from its segment (`record` starts with it).
-    fn offer_to_cache(&self, c: &ChunkCache, w: &Wanted, record: &[u8]) {
+    pub(super) fn offer_to_cache(&self, c: &ChunkCache, w: &Wanted, record: &[u8]) {
         let Some(r) = record.get(..w.loc.record_bytes() as usize) else {
             return;
         };
@@ -289,8 +303,8 @@ impl Pool {
         w: &Wanted,
         record: &[u8],
         dst: &mut [u8],
-        block: u64,
-        name: &str,
+        (block, name): (u64, &str),
+        bases: Option<&std::collections::HashMap<u64, Result<Vec<u8>>>>,
     ) -> Result<()> {
         let (id, loc) = (w.id, &w.loc);
         let what = || {
@@ -303,7 +317,7 @@ impl Pool {
         let payload = open_record(record, rid, loc, self.crypto.as_deref(), Some(&w.fp), what)
             .map_err(|err| with_context(err, &what()))?;
         if loc.codec.is_delta() {
-            return self.decode_delta(&payload, dst, what);
+            return self.decode_delta(&payload, dst, bases, what);
         }
         reduction::decompress(loc.codec, &payload, dst, what)
     }
@@ -341,19 +355,19 @@ struct Sources<'a> {
     in_memory: &'a [Option<Vec<u8>>],
 }
 
-/// A block of a read whose bytes are a chunk's record.
-struct Wanted {
+/// A block of a read (or a base of its deltas) whose bytes are a chunk's record.
+pub(super) struct Wanted {
     /// The block's index in the read.
-    index: usize,
-    id: u64,
-    loc: Location,
-    file: Arc<dyn crate::io::File>,
-    fp: Fingerprint,
+    pub index: usize,
+    pub id: u64,
+    pub loc: Location,
+    pub file: Arc<dyn crate::io::File>,
+    pub fp: Fingerprint,
 }
 
 /// Read step 3: the missed records (indexes into `wanted`) that are adjacent in one segment,
 /// grouped to be read with one call; a group is a range of `missed`.
-fn adjacent_groups(wanted: &[Wanted], missed: &[usize]) -> Vec<(usize, usize)> {
+pub(super) fn adjacent_groups(wanted: &[Wanted], missed: &[usize]) -> Vec<(usize, usize)> {
     let mut groups: Vec<(usize, usize)> = Vec::new();
     for (m, &k) in missed.iter().enumerate() {
         let w = &wanted[k];
@@ -373,6 +387,17 @@ fn adjacent_groups(wanted: &[Wanted], missed: &[usize]) -> Vec<(usize, usize)> {
     groups
 }
 
+/// On a store whose reads cost requests: hint every group of adjacent records at once (when
+/// there are more than one), so that they are fetched side by side.
+pub(super) fn hint_groups(wanted: &[Wanted], missed: &[usize], groups: &[(usize, usize)]) {
+    if groups.len() > 1 {
+        for &g in groups {
+            let (start, len) = group_span(wanted, missed, g);
+            wanted[missed[g.0]].file.will_need(start, len);
+        }
+    }
+}
+
 /// The offset and length of one group's records in their segment.
 fn group_span(wanted: &[Wanted], missed: &[usize], (s, e): (usize, usize)) -> (u64, u64) {
     let first_loc = &wanted[missed[s]].loc;
@@ -386,7 +411,7 @@ fn group_span(wanted: &[Wanted], missed: &[usize], (s, e): (usize, usize)) -> (u
 
 /// Read step 3: one group's records with one read into a buffer of `spare`; returns its
 /// offset and bytes.
-fn read_group(
+pub(super) fn read_group(
     wanted: &[Wanted],
     missed: &[usize],
     (s, e): (usize, usize),
@@ -434,7 +459,7 @@ impl ReadBuffers {
     }
 
     /// Keep these buffers for later reads, up to the bounds.
-    fn give_back(&self, bufs: impl Iterator<Item = Vec<u8>>) {
+    pub(super) fn give_back(&self, bufs: impl Iterator<Item = Vec<u8>>) {
         let mut kept = lock(&self.kept);
         for buf in bufs {
             if kept.len() < Self::KEPT && buf.capacity() <= Self::MAX_BYTES {

@@ -420,7 +420,7 @@ impl Pool {
         let (decoded, bases) = if loc.codec.is_delta() {
             let bases =
                 reduction::DeltaPayload::parse(&payload, what).map_or(Vec::new(), |p| p.bases);
-            let decoded = self.decode_delta(&payload, &mut out, || format!("chunk {id}"));
+            let decoded = self.decode_delta(&payload, &mut out, None, || format!("chunk {id}"));
             (decoded, bases)
         } else {
             let decoded =
