@@ -318,6 +318,16 @@ fn main() {
             }
         };
     let cli = Cli::parse_from(argv);
+    // The state lock's slow-hold log speaks of the I/O of every volume waiting: only a
+    // process that serves volumes has any. A one-shot command holds the pool alone, where a
+    // long hold (a figures' count, a big import write) stalls nobody. Still on if asked for.
+    if !matches!(
+        cli.command,
+        Command::Serve(_) | Command::Mount(_) | Command::Bench(_)
+    ) && std::env::var_os("CONDENSE_SLOW_HOLD_MS").is_none()
+    {
+        std::env::set_var("CONDENSE_SLOW_HOLD_MS", "0");
+    }
     keys::set(&cli.keys);
     match run(cli) {
         Ok(code) => std::process::exit(code),
