@@ -48,6 +48,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod deltas;
+
 const PER: u64 = MAP_PAGE_ENTRIES as u64;
 
 pub use crate::journal::Salvage;
@@ -157,14 +159,6 @@ pub fn repair_with(
         reader,
         old_root,
     } = read_head(&dir, path, key.as_ref())?;
-    if old_root.deltas.is_some() && !dry_run {
-        // The rebuild does not follow a delta's bases yet (docs/FORMAT.md "Delta records"):
-        // it would keep deltas without the references that keep their bases alive.
-        return Err(Error::Invalid(format!(
-            "{} has delta compression on, whose repair is not built yet: `condense verify` and `condense scrub` name the damaged blocks, `condense repair --dry-run` what a repair would find; restore them from a backup",
-            path.display()
-        )));
-    }
     // What the rebuilt metadata is sealed with: a session of its own, as a writable open
     // (refused for a format 3 pool before anything is written).
     let sealer = if dry_run {
@@ -181,6 +175,7 @@ pub fn repair_with(
         ..Default::default()
     };
     let (damaged, salvage) = survey(&pool, progress, &mut report)?;
+    let (crypto, slot) = (pool.crypto.clone(), pool.slot);
 
     let (next_seq, mut new) = pool.salvaged(|md, segments, next_seq| -> Result<_> {
         let mut new = fresh_metadata(md, &old_root, dry_run, sealer.clone());
@@ -197,7 +192,7 @@ pub fn repair_with(
         );
         rebuild(
             md,
-            segments,
+            (segments, crypto.as_deref(), slot),
             &salvage,
             &damaged,
             &mut new,
@@ -752,10 +747,11 @@ pub fn scan_segments(
     found
 }
 
-/// Rebuild every map and the chunk table into `new` from what is readable in `old`.
+/// Rebuild every map and the chunk table into `new` from what is readable in `old`; `records`
+/// are the segments and what opens their records (the crypto, the host slot).
 fn rebuild(
     old: &mut Metadata,
-    segments: &Segments,
+    (segments, crypto, slot): (&Segments, Option<&Crypto>, u8),
     salvage: &Salvage,
     damaged: &HashMap<u64, String>,
     new: &mut Metadata,
@@ -772,6 +768,8 @@ fn rebuild(
         now_reads: lost.now_reads(),
         old,
         segments,
+        crypto,
+        slot,
         salvage,
         damaged,
         new,
@@ -782,12 +780,18 @@ fn rebuild(
         pending: Vec::new(),
         why: HashMap::new(),
         expect: HashMap::new(),
+        waiting: HashMap::new(),
+        lost_deltas: HashMap::new(),
     };
     let vols: Vec<u32> = r.old.volumes.keys().copied().collect();
     for vol in vols {
         r.volume(vol)?;
     }
-    r.resolve_from_segments()
+    r.resolve_from_segments()?;
+    // The counts of deltas and forwards made over the pool's life (the root's sections) go on.
+    new.chunks.deltas = old.chunks.deltas;
+    new.chunks.forwards = old.chunks.forwards.or(new.chunks.forwards);
+    Ok(())
 }
 
 /// Count the chunk-table pages that cannot be read, for the report.
@@ -808,6 +812,9 @@ fn count_unreadable_chunk_pages(old: &mut Metadata, report: &mut RepairReport) -
 struct Rebuild<'a> {
     old: &'a mut Metadata,
     segments: &'a Segments,
+    /// What opens a record (a delta's names its bases): the pool's crypto and host slot.
+    crypto: Option<&'a Crypto>,
+    slot: u8,
     salvage: &'a Salvage,
     /// Chunks whose record failed the check: id → why.
     damaged: &'a HashMap<u64, String>,
@@ -825,6 +832,10 @@ struct Rebuild<'a> {
     why: HashMap<u64, String>,
     /// The fingerprints pending chunks must have, where the old table knows them.
     expect: HashMap<u64, Fingerprint>,
+    /// Deltas located whose bases are not all located yet: kept or lost after the scan.
+    waiting: HashMap<u64, (Location, Fingerprint)>,
+    /// Deltas given up (a base lost): id → why.
+    lost_deltas: HashMap<u64, String>,
 }
 
 impl Rebuild<'_> {
@@ -880,12 +891,21 @@ impl Rebuild<'_> {
             }
         }
         entries.truncate(blocks.saturating_sub(first).min(PER) as usize);
+        let mut lost = Vec::new();
         for (i, e) in entries.iter_mut().enumerate() {
-            let id = *e;
+            let (id, block) = (*e, first + i as u64);
             if id >= CHUNK_ID_LIMIT || self.inserted.contains(id) {
                 continue;
             }
+            *e = ENTRY_UNMAPPED;
             match self.locate_checked(id) {
+                Ok((rid, loc, fp)) if loc.codec.is_delta() => {
+                    match self.keep_delta(rid, loc, fp, None)? {
+                        deltas::Fate::Kept => *e = rid,
+                        deltas::Fate::Wait => self.pending.push((vol, block, rid)),
+                        deltas::Fate::Lost(why) => lost.push((block, why)),
+                    }
+                }
                 Ok((rid, loc, fp)) => {
                     if !self.inserted.contains(rid) {
                         self.new
@@ -899,8 +919,7 @@ impl Rebuild<'_> {
                     if let Some(fp) = fp {
                         self.expect.insert(id, fp);
                     }
-                    self.pending.push((vol, first + i as u64, id));
-                    *e = ENTRY_UNMAPPED;
+                    self.pending.push((vol, block, id));
                 }
             }
         }
@@ -909,6 +928,11 @@ impl Rebuild<'_> {
             start: first,
             entries,
         })?;
+        for (block, why) in lost {
+            let reason = format!("{why}; {}", self.now_reads);
+            self.lost
+                .give_up(self.new, vol, block, block + 1, &reason)?;
+        }
         self.old.pages.evict_to_budget()?;
         self.new.pages.evict_to_budget()
     }
@@ -925,6 +949,12 @@ impl Rebuild<'_> {
             Err(("is past the last chunk id".into(), None))
         };
         match (located, self.damaged.get(&id)) {
+            // A delta whose own record opens: the damage is a base's, judged with its bases.
+            (Ok((rid, loc, fp)), Some(_))
+                if loc.codec.is_delta() && self.bases_of(rid, &loc, &fp).is_ok() =>
+            {
+                Ok((rid, loc, fp))
+            }
             (Ok((_, _, fp)), Some(why)) => Err((format!("has a damaged record ({why})"), Some(fp))),
             (located, _) => located,
         }
@@ -936,27 +966,44 @@ impl Rebuild<'_> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let found = scan_segments(self.segments, &self.why, &self.expect);
+        let mut found = scan_segments(self.segments, &self.why, &self.expect);
+        self.scan_for_bases(&mut found);
         for (vol, block, id) in std::mem::take(&mut self.pending) {
-            match found.get(&id) {
-                Some(&(loc, fp)) => {
+            let kept = match self.waiting.get(&id).or_else(|| found.get(&id)).copied() {
+                Some((loc, fp)) if loc.codec.is_delta() => {
+                    let scanned = !self.waiting.contains_key(&id) && !self.inserted.contains(id);
+                    match self.keep_delta(id, loc, fp, Some(&found))? {
+                        deltas::Fate::Kept => {
+                            self.report.chunks_from_segments += u64::from(scanned);
+                            Ok(())
+                        }
+                        deltas::Fate::Lost(why) => Err(why),
+                        deltas::Fate::Wait => Err(format!("its delta chunk {id} lacks a base")),
+                    }
+                }
+                Some((loc, fp)) => {
                     if !self.inserted.contains(id) {
                         self.new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
                         self.report.chunks_from_segments += 1;
                         self.inserted.add(id);
                     }
-                    self.new.apply(&JournalRecord::MapRun {
-                        vol,
-                        start: block,
-                        entries: vec![id],
-                    })?;
+                    Ok(())
                 }
                 None => {
                     let w = self.why.get(&id).map_or("is missing", |w| w.as_str());
-                    let reason = format!(
-                        "its chunk {w} and no valid copy is in the segments; {}",
-                        self.now_reads
-                    );
+                    Err(format!(
+                        "its chunk {w} and no valid copy is in the segments"
+                    ))
+                }
+            };
+            match kept {
+                Ok(()) => self.new.apply(&JournalRecord::MapRun {
+                    vol,
+                    start: block,
+                    entries: vec![id],
+                })?,
+                Err(why) => {
+                    let reason = format!("{why}; {}", self.now_reads);
                     self.lost
                         .give_up(self.new, vol, block, block + 1, &reason)?;
                 }
