@@ -20,9 +20,10 @@
 //!    scanning the segments for a valid record with its id and, when the old chunk table knows
 //!    it, its fingerprint (ids a crash took back are handed out again, so a record with the
 //!    id may hold other data; a missing segment, e.g. a lost writeback cache, loses its
-//!    blocks). Reference
-//!    counts, live bytes and free metadata space are recomputed from the maps; chunks nothing
-//!    names are dropped (their bytes are dead space for `condense gc`).
+//!    blocks). A delta is kept only with every base its record names, found the same way, and
+//!    applied as `NewDelta` (`repair/deltas.rs`); a lost base loses its deltas' blocks. Reference
+//!    counts, live bytes and free metadata space are recomputed from the maps and the deltas;
+//!    chunks nothing names are dropped (their bytes are dead space for `condense gc`).
 //! 4. Write the new pages into space the old checkpoint does not use, then a new root and an
 //!    empty journal: the switch is the atomic replacement of the root, so a crash during
 //!    repair leaves the old (damaged) pool or the repaired one.

@@ -234,3 +234,80 @@ fn damaged_base_record_loses_the_blocks_of_every_delta_naming_it() {
     let again = repair::repair(dir, true, None, &|_, _| {}).expect("dry run");
     assert!(!again.found_damage(), "{again:?}");
 }
+
+/// Deltas whose bases the merge pass made forwards (a duplicate the sparse index let through
+/// became a forward to the older copy): the rebuild keeps each such base id as a forward, so
+/// the deltas read, verify is clean and GC frees nothing they need.
+#[test]
+fn bases_made_forwards_stay_forwards() {
+    use condense_engine::index::{IndexSetting, SETTING_KEY};
+    // 128 chunk-table pages of distinct blocks: more than the smallest sparse index's locality
+    // cache holds, so most of a scrambled copy is stored again (crates/engine/tests/merge.rs).
+    const N: usize = 16384;
+    const NEAR: usize = 1024;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let init = InitOptions {
+        compression: Compression::Zstd(3),
+        ..Default::default()
+    };
+    Pool::init_path(dir, &init).expect("init");
+    let pool = open(dir);
+    let setting = IndexSetting::Sparse { budget: 256 << 10 }.encode();
+    pool.meta_put(SETTING_KEY, Some(&setting)).expect("sparse");
+    pool.close().expect("close");
+    drop(pool);
+    let pool = open(dir);
+    let (x, near) = data(N);
+    // "a": the blocks in order; "b": the same scrambled, with deltas on (most are stored again:
+    // the sparse index misses them; each enters the sketch index); "near": deltas of b's.
+    let scrambled: Vec<u8> = (0..N)
+        .flat_map(|b| x[(b * 7919 % N) * BS..][..BS].to_vec())
+        .collect();
+    let near: Vec<u8> = (0..NEAR)
+        .flat_map(|b| near[(b * 7919 % N) * BS..][..BS].to_vec())
+        .collect();
+    for (name, bytes, deltas) in [
+        ("a", &x, false),
+        ("b", &scrambled, true),
+        ("near", &near, true),
+    ] {
+        if deltas && !pool.deltas_enabled() {
+            pool.enable_deltas().expect("enable deltas");
+        }
+        pool.create_volume(name, bytes.len() as u64)
+            .expect("create");
+        let h = pool.volume(name).expect("volume");
+        h.write_at(0, bytes, false).expect("write");
+        pool.flush().expect("flush");
+    }
+    let m = pool.merge_duplicates(1 << 20, &|_, _| {}).expect("merge");
+    assert!(m.merged > 100, "{m:?}");
+    let deltas = pool.stats().expect("stats").delta.chunks_written;
+    assert!(deltas > NEAR as u64 / 2, "{deltas}");
+    verify_clean(&pool, "after the merge pass");
+    pool.close().expect("close");
+    // A chunk-table page of deltas damaged (found again by scanning): a rebuild.
+    let at = repair::chunk_page_offset(&pool, m.chunks_sorted + 300)
+        .expect("locate")
+        .expect("a written page");
+    drop(pool);
+    let meta = dir.join("meta.dat");
+    let mut mb = std::fs::read(&meta).expect("read meta");
+    mb[at as usize + 8] ^= 0xff;
+    std::fs::write(&meta, &mb).expect("damage");
+
+    let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
+    assert_eq!(report.lost, vec![], "{report:?}");
+    let pool = open(dir);
+    reads(&pool, "near", &near, &BTreeSet::new());
+    reads(&pool, "b", &scrambled, &BTreeSet::new());
+    verify_clean(&pool, "after the repair");
+    pool.delete_volume("a").expect("delete");
+    pool.delete_volume("b").expect("delete");
+    for _ in 0..2 {
+        pool.gc(0).expect("gc");
+    }
+    reads(&pool, "near", &near, &BTreeSet::new());
+    verify_clean(&pool, "after GC");
+}
