@@ -10,7 +10,9 @@
 # holds per block the old or the new data, nothing else changed. Then `condense gc`, verify
 # and the exports again, volume a deleted (its last blocks' chunks then live only as the bases
 # b's deltas name) and gc again: b still reads back and verify is clean (a base is never freed
-# while a delta names it), and `repair --dry-run` finds nothing.
+# while a delta names it), and `repair --dry-run` finds nothing. Last, the record of a base
+# only one of b's deltas names is damaged: `repair` names exactly that block of b (dry run and
+# repair), verify is clean, and b reads as before but that block.
 #
 #   bash tests/deltas/run.sh               # builds target/release/condense first
 #   ROUNDS=10 SEED=7 bash tests/deltas/run.sh
@@ -113,9 +115,37 @@ def check(w, seed, rnd, pieces):
     print(f"every block as acknowledged (round {rnd})")
 
 
+def damage(w, seed, pieces, pool):
+    """Flip a byte in the record of the base of one of b's deltas (a's block of the round b's
+    block holds, stored raw: random data); prints the block."""
+    state = json.load(open(f"{w}/state.json"))
+    segs = [f"{pool}/{n}" for n in os.listdir(pool) if n.startswith("seg-") and n.endswith(".dat")]
+    for k in random.Random(seed).sample(range(len(state["b"])), len(state["b"])):
+        rnd = state["b"][k][0]
+        if rnd == 0:
+            continue
+        base = content(seed, rnd, "a", pieces)[k * BS:(k + 1) * BS]
+        hit = False
+        for s in segs:
+            data = bytearray(open(s, "rb").read())
+            at = data.find(base)
+            while at >= 0:
+                data[at + 100] ^= 0xFF
+                hit = True
+                at = data.find(base, at + 1)
+            if hit:
+                open(s, "wb").write(data)
+        if hit:
+            print(k)
+            return
+    sys.exit("no base record of b's blocks found in the segments")
+
+
 if __name__ == "__main__":
     cmd, w, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    if cmd == "make":
+    if cmd == "damage":
+        damage(w, seed, int(sys.argv[4]), sys.argv[5])
+    elif cmd == "make":
         make(w, seed, int(sys.argv[4]), int(sys.argv[5]))
     else:
         check(w, seed, int(sys.argv[4]), int(sys.argv[5]))
@@ -190,5 +220,39 @@ rm -f "$W/b.raw"
 check "export b after the delete and gc" c export b "$W/b.raw"
 check "b reads as before the delete" cmp "$W/b.raw" "$W/b.before"
 check "repair --dry-run finds nothing to repair" c repair --dry-run
+
+# A base only a delta names damaged in its segment: repair names the delta's block, verify is
+# clean after it, and every other block of b reads as before.
+if k=$(python3 "$W/data.py" damage "$W" "$SEED" "$PIECES" "$POOL" 2>"$W/out"); then
+    ok "flipped a byte of the base of b's block $k"
+    want="[{\"volume\":\"b\",\"first_block\":$k,\"blocks\":1}]"
+    lost_of() { jq -c '[.lost[] | {volume, first_block, blocks}]' "$1"; }
+    c repair --dry-run --json >"$W/dry.json" 2>"$W/out"
+    rc=$?
+    if [ "$rc" = 3 ] && [ "$(lost_of "$W/dry.json")" = "$want" ]; then
+        ok "repair --dry-run names b's block $k (exit 3)"
+    else
+        fail "repair --dry-run names b's block $k (exit $rc): $(lost_of "$W/dry.json")"
+    fi
+    c repair --json >"$W/repair.json" 2>"$W/out"
+    rc=$?
+    if [ "$rc" = 0 ] && [ "$(lost_of "$W/repair.json")" = "$want" ]; then
+        ok "repair loses exactly b's block $k, the delta on the damaged base"
+    else
+        fail "repair loses exactly b's block $k (exit $rc): $(lost_of "$W/repair.json")"
+    fi
+    check "verify clean after the repair" c verify
+    rm -f "$W/b.raw"
+    check "export --lost-as-zeros b" c export --lost-as-zeros b "$W/b.raw"
+    python3 - "$W/b.before" "$W/b.raw" "$k" >"$W/out" 2>&1 <<'PY'
+import sys
+a, b, k = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read(), int(sys.argv[3])
+diff = [i for i in range(len(a) // 4096) if a[i * 4096:(i + 1) * 4096] != b[i * 4096:(i + 1) * 4096]]
+sys.exit(0 if diff == [k] and b[k * 4096:(k + 1) * 4096] == bytes(4096) else f"blocks differing: {diff}")
+PY
+    if [ $? = 0 ]; then ok "b reads as before but block $k (zeros)"; else fail "b reads as before but block $k" "$W/out"; fi
+else
+    fail "damaging a base of b's deltas" "$W/out"
+fi
 
 summary
