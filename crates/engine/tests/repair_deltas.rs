@@ -7,7 +7,7 @@
 mod common;
 use common::damage_record_of;
 use condense_engine::repair::{self, RepairReport};
-use condense_engine::{Compression, InitOptions, OpenOptions, Pool};
+use condense_engine::{Compression, InitOptions, OpenOptions, Pool, UserKey};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -37,20 +37,25 @@ fn data(blocks: usize) -> (Vec<u8>, Vec<u8>) {
     (base, near)
 }
 
-fn open(dir: &Path) -> Arc<Pool> {
-    Pool::open_path(dir, OpenOptions::default()).expect("open")
+fn open(dir: &Path, key: Option<&UserKey>) -> Arc<Pool> {
+    let opts = OpenOptions {
+        key: key.cloned(),
+        ..Default::default()
+    };
+    Pool::open_path(dir, opts).expect("open")
 }
 
 /// A pool with delta compression on holding `base` and its near copy `near` (the copy's
 /// blocks deltas of the base's); returns the number of deltas made.
-fn delta_pool(dir: &Path, base: &[u8], near: &[u8]) -> u64 {
+fn delta_pool(dir: &Path, key: Option<&UserKey>, base: &[u8], near: &[u8]) -> u64 {
     let init = InitOptions {
         compression: Compression::Zstd(3),
         segment_bytes_target: 256 << 10,
+        encryption: key.cloned(),
         ..Default::default()
     };
     Pool::init_path(dir, &init).expect("init");
-    let pool = open(dir);
+    let pool = open(dir, key);
     pool.enable_deltas().expect("enable deltas");
     for (name, bytes) in [("base", base), ("near", near)] {
         pool.create_volume(name, bytes.len() as u64)
@@ -106,12 +111,23 @@ fn reads(pool: &Pool, name: &str, bytes: &[u8], lost: &BTreeSet<(String, u64)>) 
 /// scan), nothing is lost, every block reads, verify is clean, and GC frees no base.
 #[test]
 fn damaged_chunk_table_pages_of_bases_and_deltas_are_rebuilt_from_the_segments() {
+    chunk_table_case(None);
+}
+
+/// The same in an encrypted pool: a delta's record is opened with the pool's key to read its
+/// bases, and the rebuilt metadata is sealed.
+#[test]
+fn encrypted_chunk_table_pages_of_bases_and_deltas_are_rebuilt() {
+    chunk_table_case(Some(&UserKey::Key(zeroize::Zeroizing::new([9u8; 32]))));
+}
+
+fn chunk_table_case(key: Option<&UserKey>) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
     let (base, near) = data(300);
-    let deltas = delta_pool(dir, &base, &near);
+    let deltas = delta_pool(dir, key, &base, &near);
     // The base volume goes: its chunks (ids 0..300) live only as the deltas' bases.
-    let pool = open(dir);
+    let pool = open(dir, key);
     pool.delete_volume("base").expect("delete");
     pool.gc(0).expect("gc");
     pool.close().expect("close");
@@ -132,8 +148,8 @@ fn damaged_chunk_table_pages_of_bases_and_deltas_are_rebuilt_from_the_segments()
         std::fs::write(&meta, &m).expect("damage");
     }
 
-    let dry = repair::repair(dir, true, None, &|_, _| {}).expect("dry run");
-    let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
+    let dry = repair::repair(dir, true, key.cloned(), &|_, _| {}).expect("dry run");
+    let report = repair::repair(dir, false, key.cloned(), &|_, _| {}).expect("repair");
     assert_eq!(report.lost, vec![], "{report:?}");
     assert_eq!(report.unreadable_chunk_pages, 2, "{report:?}");
     // The deltas of page 3 and every base of pages 1 (128 each, bar those not made deltas).
@@ -148,7 +164,7 @@ fn damaged_chunk_table_pages_of_bases_and_deltas_are_rebuilt_from_the_segments()
         "the dry run says what the repair does"
     );
 
-    let pool = open(dir);
+    let pool = open(dir, key);
     assert!(pool.deltas_enabled(), "the delta mode is kept");
     let s = pool.stats().expect("stats");
     assert_eq!(
@@ -178,15 +194,15 @@ fn damaged_base_record_loses_the_blocks_of_every_delta_naming_it() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
     let (base, near) = data(64);
-    delta_pool(dir, &base, &near);
-    let pool = open(dir);
+    delta_pool(dir, None, &base, &near);
+    let pool = open(dir, None);
     pool.create_snapshot("near", "s1").expect("snapshot");
     pool.close().expect("close");
     drop(pool);
     damage_record_of(dir, &base[7 * BS..8 * BS]);
 
     let named: BTreeSet<(String, u64)> = {
-        let pool = open(dir);
+        let pool = open(dir, None);
         let v = pool.verify(&|_, _| {}).expect("verify");
         v.bad_blocks
             .iter()
@@ -217,7 +233,7 @@ fn damaged_base_record_loses_the_blocks_of_every_delta_naming_it() {
         "{report:?}"
     );
 
-    let pool = open(dir);
+    let pool = open(dir, None);
     reads(&pool, "base", &base, &named);
     reads(&pool, "near", &near, &named);
     reads(&pool, "near@s1", &near, &named);
@@ -252,12 +268,12 @@ fn bases_made_forwards_stay_forwards() {
         ..Default::default()
     };
     Pool::init_path(dir, &init).expect("init");
-    let pool = open(dir);
+    let pool = open(dir, None);
     let setting = IndexSetting::Sparse { budget: 256 << 10 }.encode();
     pool.meta_put(SETTING_KEY, Some(&setting)).expect("sparse");
     pool.close().expect("close");
     drop(pool);
-    let pool = open(dir);
+    let pool = open(dir, None);
     let (x, near) = data(N);
     // "a": the blocks in order; "b": the same scrambled, with deltas on (most are stored again:
     // the sparse index misses them; each enters the sketch index); "near": deltas of b's.
@@ -299,7 +315,7 @@ fn bases_made_forwards_stay_forwards() {
 
     let report = repair::repair(dir, false, None, &|_, _| {}).expect("repair");
     assert_eq!(report.lost, vec![], "{report:?}");
-    let pool = open(dir);
+    let pool = open(dir, None);
     reads(&pool, "near", &near, &BTreeSet::new());
     reads(&pool, "b", &scrambled, &BTreeSet::new());
     verify_clean(&pool, "after the repair");
