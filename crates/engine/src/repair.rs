@@ -20,9 +20,10 @@
 //!    scanning the segments for a valid record with its id and, when the old chunk table knows
 //!    it, its fingerprint (ids a crash took back are handed out again, so a record with the
 //!    id may hold other data; a missing segment, e.g. a lost writeback cache, loses its
-//!    blocks). Reference
-//!    counts, live bytes and free metadata space are recomputed from the maps; chunks nothing
-//!    names are dropped (their bytes are dead space for `condense gc`).
+//!    blocks). A delta is kept only with every base its record names, found the same way, and
+//!    applied as `NewDelta` (`repair/deltas.rs`); a lost base loses its deltas' blocks. Reference
+//!    counts, live bytes and free metadata space are recomputed from the maps and the deltas;
+//!    chunks nothing names are dropped (their bytes are dead space for `condense gc`).
 //! 4. Write the new pages into space the old checkpoint does not use, then a new root and an
 //!    empty journal: the switch is the atomic replacement of the root, so a crash during
 //!    repair leaves the old (damaged) pool or the repaired one.
@@ -48,8 +49,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod deltas;
+
 const PER: u64 = MAP_PAGE_ENTRIES as u64;
 
+use crate::format::damage::{merge, subtract, utc_stamp};
 pub use crate::journal::Salvage;
 use crate::pool::damage::encode_damage;
 pub use crate::pool::damage::{
@@ -157,14 +161,6 @@ pub fn repair_with(
         reader,
         old_root,
     } = read_head(&dir, path, key.as_ref())?;
-    if old_root.deltas.is_some() && !dry_run {
-        // The rebuild does not follow a delta's bases yet (docs/FORMAT.md "Delta records"):
-        // it would keep deltas without the references that keep their bases alive.
-        return Err(Error::Invalid(format!(
-            "{} has delta compression on, whose repair is not built yet: `condense verify` and `condense scrub` name the damaged blocks, `condense repair --dry-run` what a repair would find; restore them from a backup",
-            path.display()
-        )));
-    }
     // What the rebuilt metadata is sealed with: a session of its own, as a writable open
     // (refused for a format 3 pool before anything is written).
     let sealer = if dry_run {
@@ -181,6 +177,7 @@ pub fn repair_with(
         ..Default::default()
     };
     let (damaged, salvage) = survey(&pool, progress, &mut report)?;
+    let (crypto, slot) = (pool.crypto.clone(), pool.slot);
 
     let (next_seq, mut new) = pool.salvaged(|md, segments, next_seq| -> Result<_> {
         let mut new = fresh_metadata(md, &old_root, dry_run, sealer.clone());
@@ -197,7 +194,7 @@ pub fn repair_with(
         );
         rebuild(
             md,
-            segments,
+            (segments, crypto.as_deref(), slot),
             &salvage,
             &damaged,
             &mut new,
@@ -414,28 +411,6 @@ fn back_up(path: &Path) -> Result<PathBuf> {
     Ok(to)
 }
 
-/// `YYYYMMDDTHHMMSSZ` for seconds since the Unix epoch.
-fn utc_stamp(secs: u64) -> String {
-    let days = (secs / 86400) as i64;
-    let rem = secs % 86400;
-    // Civil date from days since 1970-01-01 (proleptic Gregorian calendar).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 /// Empty metadata for the rebuild, on the same `meta.dat`: its allocator starts from the old
 /// root's bitmap, so no page the old root names is overwritten before the new root is durable.
 fn fresh_metadata(
@@ -561,38 +536,6 @@ impl Lost {
         out.sort_by(|a, b| (&a.volume, a.first_block).cmp(&(&b.volume, b.first_block)));
         out
     }
-}
-
-/// Sort and merge overlapping or touching ranges.
-fn merge(r: &mut [(u64, u64)]) -> Vec<(u64, u64)> {
-    r.sort_unstable();
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &(s, e) in r.iter() {
-        match out.last_mut() {
-            Some(last) if s <= last.1 => last.1 = last.1.max(e),
-            _ => out.push((s, e)),
-        }
-    }
-    out
-}
-
-/// `[s, e)` minus the sorted, merged `cut`.
-fn subtract(s: u64, e: u64, cut: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut at = s;
-    for &(cs, ce) in cut {
-        if ce <= at || cs >= e {
-            continue;
-        }
-        if cs > at {
-            out.push((at, cs));
-        }
-        at = at.max(ce);
-    }
-    if at < e {
-        out.push((at, e));
-    }
-    out
 }
 
 /// What the damaged journal stretches changed and no later batch wrote again.
@@ -752,10 +695,11 @@ pub fn scan_segments(
     found
 }
 
-/// Rebuild every map and the chunk table into `new` from what is readable in `old`.
+/// Rebuild every map and the chunk table into `new` from what is readable in `old`; `records`
+/// are the segments and what opens their records (the crypto, the host slot).
 fn rebuild(
     old: &mut Metadata,
-    segments: &Segments,
+    (segments, crypto, slot): (&Segments, Option<&Crypto>, u8),
     salvage: &Salvage,
     damaged: &HashMap<u64, String>,
     new: &mut Metadata,
@@ -772,6 +716,8 @@ fn rebuild(
         now_reads: lost.now_reads(),
         old,
         segments,
+        crypto,
+        slot,
         salvage,
         damaged,
         new,
@@ -782,12 +728,18 @@ fn rebuild(
         pending: Vec::new(),
         why: HashMap::new(),
         expect: HashMap::new(),
+        waiting: HashMap::new(),
+        lost_deltas: HashMap::new(),
     };
     let vols: Vec<u32> = r.old.volumes.keys().copied().collect();
     for vol in vols {
         r.volume(vol)?;
     }
-    r.resolve_from_segments()
+    r.resolve_from_segments()?;
+    // The counts of deltas and forwards made over the pool's life (the root's sections) go on.
+    new.chunks.deltas = old.chunks.deltas;
+    new.chunks.forwards = old.chunks.forwards.or(new.chunks.forwards);
+    Ok(())
 }
 
 /// Count the chunk-table pages that cannot be read, for the report.
@@ -808,6 +760,9 @@ fn count_unreadable_chunk_pages(old: &mut Metadata, report: &mut RepairReport) -
 struct Rebuild<'a> {
     old: &'a mut Metadata,
     segments: &'a Segments,
+    /// What opens a record (a delta's names its bases): the pool's crypto and host slot.
+    crypto: Option<&'a Crypto>,
+    slot: u8,
     salvage: &'a Salvage,
     /// Chunks whose record failed the check: id → why.
     damaged: &'a HashMap<u64, String>,
@@ -825,6 +780,10 @@ struct Rebuild<'a> {
     why: HashMap<u64, String>,
     /// The fingerprints pending chunks must have, where the old table knows them.
     expect: HashMap<u64, Fingerprint>,
+    /// Deltas located whose bases are not all located yet: kept or lost after the scan.
+    waiting: HashMap<u64, (Location, Fingerprint)>,
+    /// Deltas given up (a base lost): id → why.
+    lost_deltas: HashMap<u64, String>,
 }
 
 impl Rebuild<'_> {
@@ -880,12 +839,21 @@ impl Rebuild<'_> {
             }
         }
         entries.truncate(blocks.saturating_sub(first).min(PER) as usize);
+        let mut lost = Vec::new();
         for (i, e) in entries.iter_mut().enumerate() {
-            let id = *e;
+            let (id, block) = (*e, first + i as u64);
             if id >= CHUNK_ID_LIMIT || self.inserted.contains(id) {
                 continue;
             }
+            *e = ENTRY_UNMAPPED;
             match self.locate_checked(id) {
+                Ok((rid, loc, fp)) if loc.codec.is_delta() => {
+                    match self.keep_delta(rid, loc, fp, None)? {
+                        deltas::Fate::Kept => *e = rid,
+                        deltas::Fate::Wait => self.pending.push((vol, block, rid)),
+                        deltas::Fate::Lost(why) => lost.push((block, why)),
+                    }
+                }
                 Ok((rid, loc, fp)) => {
                     if !self.inserted.contains(rid) {
                         self.new
@@ -899,8 +867,7 @@ impl Rebuild<'_> {
                     if let Some(fp) = fp {
                         self.expect.insert(id, fp);
                     }
-                    self.pending.push((vol, first + i as u64, id));
-                    *e = ENTRY_UNMAPPED;
+                    self.pending.push((vol, block, id));
                 }
             }
         }
@@ -909,6 +876,11 @@ impl Rebuild<'_> {
             start: first,
             entries,
         })?;
+        for (block, why) in lost {
+            let reason = format!("{why}; {}", self.now_reads);
+            self.lost
+                .give_up(self.new, vol, block, block + 1, &reason)?;
+        }
         self.old.pages.evict_to_budget()?;
         self.new.pages.evict_to_budget()
     }
@@ -925,6 +897,12 @@ impl Rebuild<'_> {
             Err(("is past the last chunk id".into(), None))
         };
         match (located, self.damaged.get(&id)) {
+            // A delta whose own record opens: the damage is a base's, judged with its bases.
+            (Ok((rid, loc, fp)), Some(_))
+                if loc.codec.is_delta() && self.bases_of(rid, &loc, &fp).is_ok() =>
+            {
+                Ok((rid, loc, fp))
+            }
             (Ok((_, _, fp)), Some(why)) => Err((format!("has a damaged record ({why})"), Some(fp))),
             (located, _) => located,
         }
@@ -936,27 +914,44 @@ impl Rebuild<'_> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let found = scan_segments(self.segments, &self.why, &self.expect);
+        let mut found = scan_segments(self.segments, &self.why, &self.expect);
+        self.scan_for_bases(&mut found);
         for (vol, block, id) in std::mem::take(&mut self.pending) {
-            match found.get(&id) {
-                Some(&(loc, fp)) => {
+            let kept = match self.waiting.get(&id).or_else(|| found.get(&id)).copied() {
+                Some((loc, fp)) if loc.codec.is_delta() => {
+                    let scanned = !self.waiting.contains_key(&id) && !self.inserted.contains(id);
+                    match self.keep_delta(id, loc, fp, Some(&found))? {
+                        deltas::Fate::Kept => {
+                            self.report.chunks_from_segments += u64::from(scanned);
+                            Ok(())
+                        }
+                        deltas::Fate::Lost(why) => Err(why),
+                        deltas::Fate::Wait => Err(format!("its delta chunk {id} lacks a base")),
+                    }
+                }
+                Some((loc, fp)) => {
                     if !self.inserted.contains(id) {
                         self.new.apply(&JournalRecord::NewChunk { id, loc, fp })?;
                         self.report.chunks_from_segments += 1;
                         self.inserted.add(id);
                     }
-                    self.new.apply(&JournalRecord::MapRun {
-                        vol,
-                        start: block,
-                        entries: vec![id],
-                    })?;
+                    Ok(())
                 }
                 None => {
                     let w = self.why.get(&id).map_or("is missing", |w| w.as_str());
-                    let reason = format!(
-                        "its chunk {w} and no valid copy is in the segments; {}",
-                        self.now_reads
-                    );
+                    Err(format!(
+                        "its chunk {w} and no valid copy is in the segments"
+                    ))
+                }
+            };
+            match kept {
+                Ok(()) => self.new.apply(&JournalRecord::MapRun {
+                    vol,
+                    start: block,
+                    entries: vec![id],
+                })?,
+                Err(why) => {
+                    let reason = format!("{why}; {}", self.now_reads);
                     self.lost
                         .give_up(self.new, vol, block, block + 1, &reason)?;
                 }
@@ -1065,46 +1060,4 @@ pub fn map_page_offset(pool: &Pool, volume: &str, block: u64) -> Result<Option<u
 /// [`map_page_offset`] for the chunk-table page holding chunk `id`.
 pub fn chunk_page_offset(pool: &Pool, id: u64) -> Result<Option<u64>> {
     pool.stored_page_offset(CHUNK_TREE, crate::chunk_table::page_of(id))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::pool::damage::decode_damage;
-
-    #[test]
-    fn ranges_merge_and_subtract() {
-        assert_eq!(merge(&mut [(5, 7), (0, 2), (2, 3)]), vec![(0, 3), (5, 7)]);
-        assert_eq!(subtract(0, 10, &[(2, 4), (6, 12)]), vec![(0, 2), (4, 6)]);
-        assert_eq!(subtract(3, 5, &[(0, 10)]), vec![]);
-    }
-
-    #[test]
-    fn damage_records_round_trip_and_garbage_is_skipped() {
-        let lost = vec![
-            LostRange {
-                volume: "vm@s1".into(),
-                first_block: 100,
-                blocks: 3,
-                reason: "its chunk has a damaged record\t(crc)".into(),
-            },
-            LostRange {
-                volume: ".file.7".into(),
-                first_block: 0,
-                blocks: 1,
-                reason: "r".into(),
-            },
-        ];
-        let mut got = decode_damage(&encode_damage(&lost));
-        assert_eq!(got[0].reason, "its chunk has a damaged record (crc)");
-        got[0].reason = lost[0].reason.clone();
-        assert_eq!(got, lost);
-        assert!(decode_damage(b"x\ty\n\xff\t1\n").is_empty());
-    }
-
-    #[test]
-    fn utc_stamp_is_a_calendar_date() {
-        assert_eq!(utc_stamp(0), "19700101T000000Z");
-        assert_eq!(utc_stamp(1_700_000_000), "20231114T221320Z");
-    }
 }
