@@ -163,7 +163,7 @@ struct InitArgs {
     compression: Compression,
     /// When writes are acknowledged: sync (durable first), async (durable at the next flush),
     /// auto (async where the pool's directory honours flushes, else sync).
-    #[arg(long, default_value = "auto", value_parser = parse_policy)]
+    #[arg(long, default_value = "auto", value_parser = clap::value_parser!(WritePolicy))]
     write_policy: WritePolicy,
     /// Size at which segment files are sealed.
     #[arg(long, default_value = "64M", value_parser = size::parse_size, hide = true)]
@@ -270,29 +270,7 @@ struct VerifyArgs {
 }
 
 fn parse_compression(s: &str) -> Result<Compression, String> {
-    match s {
-        "lz4" => Ok(Compression::Lz4),
-        "none" => Ok(Compression::None),
-        "zstd" => Ok(Compression::Zstd(3)),
-        _ => match s.strip_prefix("zstd:").and_then(|l| l.parse::<i8>().ok()) {
-            Some(l) if Compression::zstd_level_ok(l) => Ok(Compression::Zstd(l)),
-            _ => Err(format!(
-                "unknown compression {s:?}: use lz4, zstd, zstd:LEVEL (1 to 22, or -1 to -7 for \
-                 zstd's fast levels) or none"
-            )),
-        },
-    }
-}
-
-fn parse_policy(s: &str) -> Result<WritePolicy, String> {
-    match s {
-        "auto" => Ok(WritePolicy::Auto),
-        "sync" => Ok(WritePolicy::Sync),
-        "async" => Ok(WritePolicy::Async),
-        _ => Err(format!(
-            "unknown write policy {s:?}: use auto, sync or async"
-        )),
-    }
+    s.parse()
 }
 
 fn main() {
@@ -318,14 +296,13 @@ fn main() {
             }
         };
     let cli = Cli::parse_from(argv);
-    // The state lock's slow-hold log speaks of the I/O of every volume waiting: only a
-    // process that serves volumes has any. A one-shot command holds the pool alone, where a
-    // long hold (a figures' count, a big import write) stalls nobody. Still on if asked for.
-    if !matches!(
+    // The state lock's slow-hold log speaks of every volume's I/O waiting: a one-shot
+    // command holds the pool alone, so its long holds stall nobody (unless asked for).
+    let serves = matches!(
         cli.command,
         Command::Serve(_) | Command::Mount(_) | Command::Bench(_)
-    ) && std::env::var_os("CONDENSE_SLOW_HOLD_MS").is_none()
-    {
+    );
+    if !serves && std::env::var_os("CONDENSE_SLOW_HOLD_MS").is_none() {
         std::env::set_var("CONDENSE_SLOW_HOLD_MS", "0");
     }
     keys::set(&cli.keys);

@@ -45,6 +45,41 @@ impl std::fmt::Display for Compression {
     }
 }
 
+/// `lz4`, `none`, `zstd` (level 3) or `zstd:LEVEL`, as `condense init --compression` takes
+/// it; the error says what is accepted.
+impl std::str::FromStr for Compression {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Compression, String> {
+        match s {
+            "lz4" => Ok(Compression::Lz4),
+            "none" => Ok(Compression::None),
+            "zstd" => Ok(Compression::Zstd(3)),
+            _ => match s.strip_prefix("zstd:").and_then(|l| l.parse::<i8>().ok()) {
+                Some(l) if Compression::zstd_level_ok(l) => Ok(Compression::Zstd(l)),
+                _ => Err(format!(
+                    "unknown compression {s:?}: use lz4, zstd, zstd:LEVEL (1 to 22, or -1 to -7 for \
+                     zstd's fast levels) or none"
+                )),
+            },
+        }
+    }
+}
+
+/// `auto`, `sync` or `async`, as `condense init --write-policy` takes it.
+impl std::str::FromStr for WritePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<WritePolicy, String> {
+        match s {
+            "auto" => Ok(WritePolicy::Auto),
+            "sync" => Ok(WritePolicy::Sync),
+            "async" => Ok(WritePolicy::Async),
+            _ => Err(format!(
+                "unknown write policy {s:?}: use auto, sync or async"
+            )),
+        }
+    }
+}
+
 /// When writes are acknowledged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WritePolicy {
