@@ -35,12 +35,6 @@ pub struct EstimateArgs {
     pub compression: Compression,
     #[command(flatten)]
     pub index: condense_service::index::EstimateIndexArgs,
-    /// Project delta compression, as `condense init --delta`: the images' blocks replayed
-    /// through the write path's delta search (each image as its own import, in the order
-    /// given), showing the payload bytes with and without deltas and the sketch index's RAM.
-    /// Fixed chunkings only; not with --index sparse.
-    #[arg(long)]
-    pub delta: bool,
 }
 
 pub fn run(args: &EstimateArgs) -> Result<()> {
@@ -51,7 +45,7 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         compression: args.compression,
         image: args.image.options(),
         index: args.index.setting()?,
-        delta: args.delta,
+        delta: args.index.delta,
     };
     let bar = crate::image::bar(0, "estimating");
     let report = condense_estimate::run(&options, &|done, total| {

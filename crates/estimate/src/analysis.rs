@@ -460,17 +460,7 @@ impl Analysis {
         if let Some(sparse) = &mut self.sparse {
             sparse.write(image, fps, &block_ids);
         }
-        if let (Some(delta), Some(first), Chunking::Fixed(bs)) =
-            (&mut self.delta, first_block, self.chunking)
-        {
-            let bs = bs as usize;
-            let misses: Vec<usize> = fresh
-                .iter()
-                .filter(|f| f.2 == bs)
-                .map(|f| f.1 / bs)
-                .collect();
-            delta.write((image, first * bs as u64), data, bs, &misses, read);
-        }
+        self.replay_deltas((image, first_block), data, &fresh, read);
         // 3. Compress first occurrences, in parallel.
         let sm = self.sampling;
         let sizes: Vec<(u32, u32)> = fresh
@@ -494,6 +484,28 @@ impl Analysis {
             let c = &mut self.chunks[id as usize];
             c.lz4 = lz4;
             c.zstd = zstd;
+        }
+    }
+
+    /// With `--delta`: the piece of `image` from block `first` as one write, its new chunks
+    /// `fresh` (id, offset, length, sample key) the misses (whole blocks only).
+    fn replay_deltas(
+        &mut self,
+        (image, first): (usize, Option<u64>),
+        data: &[u8],
+        fresh: &[(u32, usize, usize, u16)],
+        read: &mut ReadBlock<'_>,
+    ) {
+        if let (Some(delta), Some(first), Chunking::Fixed(bs)) =
+            (&mut self.delta, first, self.chunking)
+        {
+            let bs = bs as usize;
+            let misses: Vec<usize> = fresh
+                .iter()
+                .filter(|f| f.2 == bs)
+                .map(|f| f.1 / bs)
+                .collect();
+            delta.write((image, first * bs as u64), data, bs, &misses, read);
         }
     }
 

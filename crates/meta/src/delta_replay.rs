@@ -201,7 +201,7 @@ mod tests {
         let mut r = DeltaReplay::new(0);
         let blocks: Vec<Vec<u8>> = vec![a.clone(), b.clone(), c.clone()];
         let mut store: Vec<Vec<u8>> = Vec::new();
-        let mut write = |r: &mut DeltaReplay, w: &[Vec<u8>], store: &mut Vec<Vec<u8>>| {
+        let write = |r: &mut DeltaReplay, w: &[Vec<u8>], store: &mut Vec<Vec<u8>>| {
             let data = w.concat();
             let misses: Vec<usize> = (0..w.len()).collect();
             let known = store.clone();

@@ -36,11 +36,16 @@ pub struct Delta {
 #[derive(Default)]
 pub struct Deltas {
     pub delta: HashMap<usize, Delta>,
-    pub keys: HashMap<usize, [u64; FEATURES]>,
+    pub keys: Keys,
 }
 
+/// Super-features by block index of a write.
+pub type Keys = HashMap<usize, [u64; FEATURES]>;
+/// The sketch index's candidate bases by block index of a write, best first.
+pub type Candidates = HashMap<usize, Vec<u64>>;
+
 /// The super-features of the misses of a write (`bs`-byte blocks of `data`) that have any.
-pub fn miss_keys(data: &[u8], bs: usize, misses: &[usize]) -> HashMap<usize, [u64; FEATURES]> {
+pub fn miss_keys(data: &[u8], bs: usize, misses: &[usize]) -> Keys {
     misses
         .iter()
         .filter_map(|&i| Some((i, sketch::super_features(&data[i * bs..(i + 1) * bs])?)))
@@ -55,7 +60,7 @@ pub fn choose(
     data: &[u8],
     bs: usize,
     misses: &[usize],
-    (keys, global): (&HashMap<usize, [u64; FEATURES]>, &HashMap<usize, Vec<u64>>),
+    (keys, global): (&Keys, &Candidates),
     base: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
     alone: &dyn Fn(usize) -> usize,
 ) -> HashMap<usize, Delta> {
