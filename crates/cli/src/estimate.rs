@@ -45,6 +45,7 @@ pub fn run(args: &EstimateArgs) -> Result<()> {
         compression: args.compression,
         image: args.image.options(),
         index: args.index.setting()?,
+        delta: args.index.delta,
     };
     let bar = crate::image::bar(0, "estimating");
     let report = condense_estimate::run(&options, &|done, total| {

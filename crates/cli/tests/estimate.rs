@@ -107,6 +107,8 @@ fn block(id: u64) -> Vec<u8> {
 enum B {
     Data(u64),
     Zero,
+    /// Block `id` with 24 bytes changed by variant `v` (a near copy of it).
+    Near(u64, u64),
 }
 
 /// A sparse raw image of `blocks` blocks: `runs` of (first block, contents); the rest holes.
@@ -120,6 +122,15 @@ fn make_image(path: &Path, blocks: u64, runs: &[(u64, Vec<B>)]) {
             match b {
                 B::Data(id) => buf.extend_from_slice(&block(*id)),
                 B::Zero => buf.extend_from_slice(&[0u8; BS as usize]),
+                B::Near(id, v) => {
+                    let mut b = block(*id);
+                    let mut r = Rng::new(v.wrapping_mul(7919) ^ id);
+                    let at = 100 + (*v as usize * 331) % 3900;
+                    for x in &mut b[at..at + 24] {
+                        *x = r.next() as u8;
+                    }
+                    buf.extend_from_slice(&b);
+                }
             }
         }
         file.write_all_at(&buf, first * BS)
@@ -427,6 +438,79 @@ fn sparse_mode_is_projected_as_import_stores_it() {
     // than the estimate's: the same share, not the same ones.
     assert_within_1_percent("sparse stored chunks", stored, u(&s, "unique_chunks"));
     assert_within_1_percent("sparse physical bytes", physical, u(&s, "physical_bytes"));
+}
+
+#[test]
+fn delta_mode_is_projected_as_import_stores_it() {
+    let dir = tmp();
+    // a: 3000 blocks, then a near copy of each, 3000 blocks on (in the next 8 MiB writes:
+    // found in the sketch index) or 10 on (in the same write: an earlier block of it).
+    let a = dir.path().join("a.raw");
+    let b = dir.path().join("b.raw");
+    let mut blocks = data(A..A + 3000);
+    blocks.extend((A..A + 3000).map(|i| B::Near(i, 1)));
+    for k in 0..200 {
+        blocks.extend((A + 10 * k..A + 10 * k + 10).map(B::Data));
+        blocks.extend((A + 10 * k..A + 10 * k + 10).map(|i| B::Near(i, 2)));
+    }
+    make_image(&a, blocks.len() as u64, &[(0, blocks)]);
+    // b, its own import (the sketch index starts empty): near copies of a's blocks, each
+    // a second time a little later.
+    let mut blocks = Vec::new();
+    for k in 0..100 {
+        blocks.extend((A + 10 * k..A + 10 * k + 10).map(|i| B::Near(i, 3)));
+        blocks.extend((A + 10 * k..A + 10 * k + 10).map(|i| B::Near(i, 4)));
+    }
+    make_image(&b, blocks.len() as u64, &[(0, blocks)]);
+    let paths = [a.as_path(), b.as_path()];
+
+    let e = estimate(&paths, &["--delta", "--compression", "zstd:3"]);
+    let d = &e["delta"];
+    assert_eq!(d["codec"], "zstd:3");
+    assert_eq!(e["chunkings"][0]["delta"], *d);
+    let (with, without) = (u(d, "stored_bytes"), u(d, "stored_bytes_without"));
+    assert_eq!(with + u(d, "saved_bytes"), without);
+    assert!(u(d, "delta_chunks") > 4000, "{d}");
+    assert!(with < without * 3 / 4, "{d}");
+    assert!(u(d, "sketch_hits") > 2000, "{d}");
+
+    let s = import_stats_with(
+        &dir.path().join("pool-delta"),
+        &["--delta", "--compression", "zstd:3"],
+        &paths,
+    );
+    assert_eq!(s["delta_mode"], true);
+    // Dense dedup and the sketch do not depend on the pool's key: the same decisions.
+    assert_eq!(u(&s, "delta_chunks_written"), u(d, "delta_chunks"), "{d}");
+    assert_eq!(u(&s, "stored_bytes"), with, "{d}");
+    assert_eq!(u(&s, "sketch_index_bytes"), u(d, "sketch_index_bytes"));
+    assert_within_1_percent(
+        "delta physical bytes",
+        u(d, "projected_physical_bytes"),
+        u(&s, "physical_bytes"),
+    );
+    let plain = import_stats(dir.path(), "zstd:3", &paths);
+    assert_eq!(u(&plain, "stored_bytes"), without, "{d}");
+    assert_within_1_percent(
+        "physical bytes without deltas",
+        u(d, "projected_physical_bytes_without"),
+        u(&plain, "physical_bytes"),
+    );
+
+    // Not with a sparse index; CDC has no delta figures.
+    let o = run(&[
+        os("estimate"),
+        os("--delta"),
+        os("--index"),
+        os("sparse"),
+        a.as_os_str(),
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--index sparse"));
+    let cdc = estimate(&[a.as_path()], &["--delta", "--chunking", "cdc:8K"]);
+    assert!(cdc["delta"].is_null());
+    let text = ok(&[os("estimate"), os("--delta"), b.as_os_str()]);
+    assert!(text.contains("delta compression"), "{text}");
 }
 
 fn qemu_img(args: &[&std::ffi::OsStr]) {

@@ -33,8 +33,9 @@ pub use condense_format as format;
 pub use condense_format::{crypto, error, reduction};
 use condense_format::{locks, worker};
 pub use condense_meta::{
-    attribution, block_map, chunk_table, dedup_index, fingerprint_sort, index, journal, metadata,
-    page_alloc, page_cache, projection, sparse_index, sparse_replay, spill, verify,
+    attribution, block_map, chunk_table, dedup_index, delta_replay, delta_search, fingerprint_sort,
+    index, journal, metadata, page_alloc, page_cache, projection, sparse_index, sparse_replay,
+    spill, verify,
 };
 #[cfg(any(test, feature = "sim"))]
 pub use condense_store::sim;

@@ -17,6 +17,7 @@ use condense_engine::format::{Fingerprint, MAP_PAGE_ENTRIES};
 /// Map markers as this model codes them (32-bit deltas).
 const ENTRY_UNMAPPED: u32 = u32::MAX;
 const ENTRY_ZERO: u32 = u32::MAX - 1;
+use crate::delta::ReadBlock;
 use condense_engine::reduction::{compress, fingerprint, is_zero};
 use condense_engine::sparse_replay::SparseReplay;
 use condense_engine::Compression;
@@ -350,6 +351,8 @@ pub struct Analysis {
     index: HashMap<Fingerprint, u32, FpHash>,
     /// With `--index sparse`: its replay.
     pub sparse: Option<SparseRun>,
+    /// With `--delta` (fixed chunkings only): its replay.
+    pub delta: Option<crate::delta::DeltaRun>,
     pub chunks: Vec<Chunk>,
     /// Per chunk, `words` u64s: bit i set when image i holds the chunk.
     pub masks: Vec<u64>,
@@ -361,12 +364,13 @@ pub struct Analysis {
 
 impl Analysis {
     /// The analysis of `images` images; `sparse_budget`: also replay a sparse index of
-    /// that many bytes.
+    /// that many bytes; `delta`: also replay delta compression into a pool with this codec
+    /// (a fixed chunking only: pools store fixed blocks).
     pub fn new(
         chunking: Chunking,
         images: usize,
         sampling: Sampling,
-        sparse_budget: Option<u64>,
+        (sparse_budget, delta): (Option<u64>, Option<Compression>),
     ) -> Analysis {
         let words = images.div_ceil(64).max(1);
         Analysis {
@@ -374,6 +378,10 @@ impl Analysis {
             sampling,
             index: HashMap::with_hasher(FpHash),
             sparse: sparse_budget.map(|b| SparseRun::new(b, images)),
+            delta: match chunking {
+                Chunking::Fixed(_) => delta.map(|c| crate::delta::DeltaRun::new(images, c)),
+                Chunking::Cdc(_) => None,
+            },
             chunks: Vec::new(),
             masks: Vec::new(),
             words,
@@ -383,8 +391,9 @@ impl Analysis {
     }
 
     /// Count a piece [`Cutter::cut`] prepared: dedup in order, then compress first
-    /// occurrences. `piece` is the data that was cut (CDC cuts carry their own bytes).
-    pub fn commit(&mut self, cut: &Cut, piece: &[u8]) {
+    /// occurrences. `piece` is the data that was cut (CDC cuts carry their own bytes);
+    /// `read` reads a delta's base back from its image (with `--delta`).
+    pub fn commit(&mut self, cut: &Cut, piece: &[u8], read: &mut ReadBlock<'_>) {
         let data = cut.owned.as_deref().unwrap_or(piece);
         let image = cut.image;
         let slices = &cut.slices;
@@ -451,6 +460,7 @@ impl Analysis {
         if let Some(sparse) = &mut self.sparse {
             sparse.write(image, fps, &block_ids);
         }
+        self.replay_deltas((image, first_block), data, &fresh, read);
         // 3. Compress first occurrences, in parallel.
         let sm = self.sampling;
         let sizes: Vec<(u32, u32)> = fresh
@@ -477,6 +487,28 @@ impl Analysis {
         }
     }
 
+    /// With `--delta`: the piece of `image` from block `first` as one write, its new chunks
+    /// `fresh` (id, offset, length, sample key) the misses (whole blocks only).
+    fn replay_deltas(
+        &mut self,
+        (image, first): (usize, Option<u64>),
+        data: &[u8],
+        fresh: &[(u32, usize, usize, u16)],
+        read: &mut ReadBlock<'_>,
+    ) {
+        if let (Some(delta), Some(first), Chunking::Fixed(bs)) =
+            (&mut self.delta, first, self.chunking)
+        {
+            let bs = bs as usize;
+            let misses: Vec<usize> = fresh
+                .iter()
+                .filter(|f| f.2 == bs)
+                .map(|f| f.1 / bs)
+                .collect();
+            delta.write((image, first * bs as u64), data, bs, &misses, read);
+        }
+    }
+
     /// Whether chunk `id` is held by image `i`.
     #[cfg(test)]
     pub fn holds(&self, id: u32, i: usize) -> bool {
@@ -492,11 +524,15 @@ mod tests {
     struct Feeder(Cutter, Analysis);
     impl Feeder {
         fn new(c: Chunking, images: usize) -> Feeder {
-            Feeder(Cutter::new(c), Analysis::new(c, images, sampling(), None))
+            Feeder(
+                Cutter::new(c),
+                Analysis::new(c, images, sampling(), (None, None)),
+            )
         }
         fn feed(&mut self, image: usize, offset: u64, data: &[u8], end: bool) {
             let cut = self.0.cut(image, offset, data, end);
-            self.1.commit(&cut, data);
+            self.1
+                .commit(&cut, data, &mut |_, _, _| Err("no image".into()));
         }
     }
 

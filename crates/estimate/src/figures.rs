@@ -2,6 +2,7 @@
 //! Bytes on disk come from `condense_engine::projection::project`, the one projection formula.
 
 use super::analysis::{Analysis, Chunk, ImageAcc, NOT_SAMPLED};
+use super::delta::DeltaRun;
 use super::source::Image;
 use condense_engine::format::RECORD_HEADER_BYTES;
 use condense_engine::index::IndexSetting;
@@ -214,9 +215,44 @@ pub struct ChunkingFigures {
     pub images: Vec<ImageFigures>,
     pub sharing: Sharing,
     pub index: IndexFigures,
+    /// With `--delta` (fixed chunkings): what delta compression would store.
+    pub delta: Option<DeltaFigures>,
+}
+
+/// The projected pool with delta compression (`--delta`, docs/ESTIMATE.md "Delta
+/// compression"), from the replay of every import: the selected codec's payload bytes of
+/// every unique chunk stored alone (as the write path compresses them, every chunk measured)
+/// and with the deltas the write path would make.
+#[derive(Serialize, Clone, Debug)]
+pub struct DeltaFigures {
+    /// The codec of the blocks stored alone (deltas are zstd level 3).
+    pub codec: String,
+    /// Payload bytes of the unique chunks without deltas, and with them.
+    pub stored_bytes_without: u64,
+    pub stored_bytes: u64,
+    /// Chunks stored as deltas, and the payload bytes they save against being stored alone.
+    pub delta_chunks: u64,
+    pub saved_bytes: u64,
+    /// 100 × saved_bytes / stored_bytes_without.
+    pub delta_saving_percent: f64,
+    /// The pool's bytes on disk (as `projected_physical_bytes`) without deltas and with them,
+    /// and the saving with them (of `nonzero_bytes`, metadata included).
+    pub projected_physical_bytes_without: u64,
+    pub projected_physical_bytes: u64,
+    pub projected_saving_percent: f64,
+    /// The sketch index's RAM (a fixed table), per unique chunk, and the RAM of index and
+    /// maps with it (what `condense stats` reports as `index_ram_bytes` of a delta pool).
+    pub sketch_index_bytes: u64,
+    pub sketch_index_bytes_per_unique_chunk: f64,
+    pub index_ram_bytes: u64,
+    /// Sketch index lookups (one per new chunk with a sketch) and those that found a
+    /// candidate, over every import.
+    pub sketch_lookups: u64,
+    pub sketch_hits: u64,
 }
 
 /// What one pool (or one image alone) would hold, in raw numbers.
+#[derive(Clone)]
 struct Tally {
     logical: u64,
     allocated: u64,
@@ -567,6 +603,15 @@ pub fn build(
 
     let total = total_tally(a, images, names, &per);
     let total_figures = figures(&total, selected, zstd_level, &stored);
+    let delta = a.delta.as_ref().map(|d| {
+        delta_figures(
+            d,
+            (&total, &total_figures, &per),
+            selected,
+            zstd_level,
+            &stored,
+        )
+    });
     let index = index_figures(a, total, &total_figures, &stored, selected, zstd_level);
     ChunkingFigures {
         chunking: a.chunking.label(),
@@ -579,5 +624,55 @@ pub fn build(
             percent: sharing_percent,
         },
         index,
+        delta,
+    }
+}
+
+/// The delta figures: the total pool projected again with the replay's payload bytes, alone
+/// and with deltas, for the selected codec (each import's records as the replay stored them).
+fn delta_figures(
+    d: &DeltaRun,
+    (total, dense, per): (&Tally, &Figures, &PerImage),
+    selected: Codec,
+    zstd_level: i8,
+    stored: &Stored,
+) -> DeltaFigures {
+    let project = |bytes: &dyn Fn(&(u64, u64)) -> u64| -> Figures {
+        let mut t = total.clone();
+        let k = selected.index();
+        t.stored[k] = d.stored.iter().map(bytes).sum::<u64>() as f64;
+        t.record_bytes_per_import[k] = d
+            .stored
+            .iter()
+            .zip(&per.new_chunks)
+            .map(|(s, &n)| to_u64(n as f64 * RECORD) + bytes(s))
+            .collect();
+        figures(&t, selected, zstd_level, stored)
+    };
+    let (with, without) = (project(&|s| s.0), project(&|s| s.1));
+    let totals = d.replay.totals();
+    let sketch = d.replay.ram_bytes();
+    DeltaFigures {
+        codec: dense
+            .codecs
+            .get(selected.index())
+            .map_or_else(String::new, |c| c.codec.clone()),
+        stored_bytes_without: without.stored_bytes,
+        stored_bytes: with.stored_bytes,
+        delta_chunks: totals.deltas,
+        saved_bytes: totals.saved_bytes,
+        delta_saving_percent: percent(totals.saved_bytes as f64, without.stored_bytes as f64),
+        projected_physical_bytes_without: without.projected_physical_bytes,
+        projected_physical_bytes: with.projected_physical_bytes,
+        projected_saving_percent: with.projected_saving_percent,
+        sketch_index_bytes: sketch,
+        sketch_index_bytes_per_unique_chunk: if dense.unique_chunks == 0 {
+            0.0
+        } else {
+            round2(sketch as f64 / dense.unique_chunks as f64)
+        },
+        index_ram_bytes: dense.index_ram_bytes + sketch,
+        sketch_lookups: totals.lookups,
+        sketch_hits: totals.hits,
     }
 }

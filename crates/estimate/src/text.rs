@@ -1,9 +1,9 @@
 //! The text form of a [`Report`], as `condense estimate` prints it without `--json`: a header
 //! line, then per chunking the totals, one line per codec, the dedup index (sparse: what it
-//! finds inline), the per-image table and (for more than one image) the sharing matrix. Only
+//! finds inline), delta compression (`--delta`), the per-image table and (for more than one image) the sharing matrix. Only
 //! formats figures the report already holds; the layout is documented in docs/ESTIMATE.md.
 
-use super::figures::{ChunkingFigures, Figures, ImageFigures, IndexFigures, Sharing};
+use super::figures::{ChunkingFigures, DeltaFigures, Figures, ImageFigures, IndexFigures, Sharing};
 use super::Report;
 use condense_api::size::human;
 use std::fmt::Write as _;
@@ -39,6 +39,9 @@ fn chunking(o: &mut String, c: &ChunkingFigures) {
     codecs(o, t);
     projection(o, t);
     index(o, &c.index);
+    if let Some(d) = &c.delta {
+        delta(o, d);
+    }
     image_table(o, &c.images);
     if c.images.len() > 1 {
         sharing_matrix(o, &c.images, &c.sharing);
@@ -145,6 +148,39 @@ fn index(o: &mut String, x: &IndexFigures) {
         } else {
             String::new()
         }
+    );
+}
+
+/// Delta compression (`--delta`): what it saves, the pool with it, the sketch index's RAM.
+fn delta(o: &mut String, d: &DeltaFigures) {
+    let _ = writeln!(
+        o,
+        "  {:<28} {} deltas save {} of {} stored with {} ({:.1} %): {} payload",
+        "delta compression",
+        d.delta_chunks,
+        human(d.saved_bytes),
+        human(d.stored_bytes_without),
+        d.codec,
+        d.delta_saving_percent,
+        human(d.stored_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "  {:<28} {} physical ({} without deltas), {:.1} % saved",
+        "with deltas",
+        human(d.projected_physical_bytes),
+        human(d.projected_physical_bytes_without),
+        d.projected_saving_percent
+    );
+    let _ = writeln!(
+        o,
+        "  {:<28} {} ({:.1} bytes per unique chunk; {} with index and maps); {} of {} lookups found a candidate",
+        "sketch index RAM",
+        human(d.sketch_index_bytes),
+        d.sketch_index_bytes_per_unique_chunk,
+        human(d.index_ram_bytes),
+        d.sketch_hits,
+        d.sketch_lookups
     );
 }
 

@@ -251,6 +251,18 @@ fn sampled_distinct_bytes(block: &[u8]) -> u32 {
     seen.iter().map(|&s| u32::from(s)).sum()
 }
 
+/// How many of a write's `misses` new chunks each [`Compressor`] takes, in order (one run each,
+/// so each starts trying every block): all of them, or with `spread` over `threads` threads
+/// four runs per thread, long enough to skip noise. The write path's split (engine
+/// `pool/write.rs`), which `condense estimate --delta` follows to size each block alone.
+pub fn compressor_run(misses: usize, threads: usize, spread: bool) -> usize {
+    if spread && misses >= 16 {
+        misses.div_ceil(4 * threads.max(1)).max(8)
+    } else {
+        misses.max(1)
+    }
+}
+
 thread_local! {
     /// LZ4's worst-case output buffer, kept per thread: `lz4_flex::block::compress` allocates
     /// and zeroes a fresh one for every block, which cost as much as a fifth of the LZ4 time.

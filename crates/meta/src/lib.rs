@@ -8,6 +8,9 @@
 //!   ([`sparse_index`]: hooks and a locality cache within a RAM budget), and its setting;
 //!   [`sparse_replay`]: what the sparse index finds inline in a stream of writes, without a
 //!   pool (`condense estimate --index sparse`)
+//! - [`sketch_index`], [`delta_search`]: delta compression's index of similar chunks and the
+//!   write path's choice of deltas; [`delta_replay`]: what it stores for a stream of writes,
+//!   without a pool (`condense estimate --delta`)
 //! - [`fingerprint_sort`]: the merge pass's sort of every chunk's fingerprint within a RAM
 //!   budget, which finds the duplicates the sparse index let through
 //! - [`metadata`]: the metadata stores together and the one `apply` that changes them
@@ -29,6 +32,8 @@ pub mod attribution;
 pub mod block_map;
 pub mod chunk_table;
 pub mod dedup_index;
+pub mod delta_replay;
+pub mod delta_search;
 pub mod fingerprint_sort;
 pub mod index;
 pub mod journal;

@@ -40,7 +40,8 @@ pub struct InitSettings {
     pub delta: bool,
 }
 
-/// `estimate --index MODE --index-memory SIZE`: the projected pool's, parsed as `init`'s.
+/// `estimate --index MODE --index-memory SIZE --delta`: the projected pool's, parsed as
+/// `init`'s.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct EstimateIndexArgs {
     /// Dedup index of the projected pool, as `condense init --index`: dense (every chunk, its
@@ -52,6 +53,12 @@ pub struct EstimateIndexArgs {
     /// The sparse index's RAM, as `condense init --index-memory` (default 32M; at least 256K).
     #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
     pub index_memory: Option<u64>,
+    /// Project delta compression, as `condense init --delta`: the images' blocks replayed
+    /// through the write path's delta search (each image as its own import, in the order
+    /// given), showing the payload bytes with and without deltas and the sketch index's RAM.
+    /// Fixed chunkings only; not with --index sparse.
+    #[arg(long)]
+    pub delta: bool,
 }
 
 impl EstimateIndexArgs {

@@ -1,6 +1,7 @@
 //! Delta compression (issue 44; docs/FORMAT.md "Delta records"): the engine's glue between
 //! the write and read paths and the pure parts (`format::sketch`, `reduction::DeltaPayload`,
-//! `meta::sketch_index`).
+//! `meta::sketch_index`, and `meta::delta_search`, the choice of deltas, which `condense
+//! estimate --delta` replays too).
 //!
 //! Owns: the pool's delta mode (the named record [`DELTA_MODE_KEY`], mirrored in
 //! `Pool::deltas_on` for the write path), the sketch index in the state (built from nothing after an open),
@@ -13,6 +14,8 @@
 use crate::error::{Error, Result};
 use crate::format::reduction::{self, DeltaPayload};
 use crate::format::*;
+use condense_meta::delta_search;
+pub(crate) use condense_meta::delta_search::{Delta, Deltas, IN_WRITE};
 use condense_meta::sketch_index::{DeltaFigures, SketchIndex, DEFAULT_BUDGET};
 use std::collections::{HashMap, HashSet};
 
@@ -22,32 +25,6 @@ use crate::stats::PoolStats;
 
 /// The named metadata record that turns delta compression on for a pool's new writes.
 pub const DELTA_MODE_KEY: &str = "delta/mode";
-
-/// zstd level of delta records.
-const LEVEL: i32 = 3;
-/// Most candidate bases a block is compressed against (each alone, the first two together).
-const MAX_TRIES: usize = 4;
-/// Misses whose candidates' blocks are fetched together (at most 4 × 4 KiB each: 4 MiB).
-const FETCH_MISSES: usize = 256;
-
-/// A base id naming block `j` of the same write (`IN_WRITE | j`), resolved to its chunk id
-/// when the write is staged (chunk ids are below 2^48).
-const IN_WRITE: u64 = 1 << 63;
-
-/// A new chunk found to be a delta: its bases (some maybe [`IN_WRITE`]) and its payload with
-/// those ids, unsealed (staging names the real ids, then seals it).
-pub(crate) struct Delta {
-    pub bases: Vec<u64>,
-    pub payload: Vec<u8>,
-}
-
-/// What [`Pool::find_deltas`] found for a write, by block index: deltas, and the
-/// super-features of the other new chunks (indexed once they have an id).
-#[derive(Default)]
-pub(crate) struct Deltas {
-    pub delta: HashMap<usize, Delta>,
-    pub keys: HashMap<usize, [u64; sketch::FEATURES]>,
-}
 
 impl Pool {
     /// Turn delta compression on for new writes: the root on disk first made one older
@@ -69,10 +46,11 @@ impl Pool {
     }
 
     /// The misses of a write in a delta pool, in order: their super-features, candidates
-    /// looked up in the sketch index under the lock, then, without it, each compressed
-    /// against its candidates ([`reduction::best_delta`]): the earlier misses of this write
-    /// stored alone that share the most super-features with it (up to 2), then the index's;
-    /// kept if it saves 1/8 of `alone(i)` (the payload length of block `i` stored alone).
+    /// looked up in the sketch index under the lock, then, without it,
+    /// [`delta_search::choose`]: each compressed against its candidates
+    /// ([`reduction::best_delta`]): the earlier misses of this write stored alone that share
+    /// the most super-features with it (up to 2), then the index's; kept if it saves 1/8 of
+    /// `alone(i)` (the payload length of block `i` stored alone).
     pub(crate) fn find_deltas(
         &self,
         data: &[u8],
@@ -80,68 +58,23 @@ impl Pool {
         alone: &dyn Fn(usize) -> usize,
     ) -> Result<Deltas> {
         let bs = self.sb.block_size as usize;
-        let mut found = Deltas::default();
         if misses.is_empty() || !self.deltas_on.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(found);
+            return Ok(Deltas::default());
         }
-        for &i in misses {
-            if let Some(k) = sketch::super_features(&data[i * bs..(i + 1) * bs]) {
-                found.keys.insert(i, k);
-            }
-        }
-        let global: HashMap<usize, Vec<u64>> = self.delta_candidates(misses, &found.keys);
-        // Super-feature → the latest earlier miss of this write stored alone that had it.
-        let mut local: HashMap<u64, usize> = HashMap::new();
-        let mut blocks: HashMap<u64, Vec<u8>> = HashMap::new();
-        for (n, &i) in misses.iter().enumerate() {
-            if n % FETCH_MISSES == 0 {
-                // The candidates' blocks of the next misses, fetched together (those that
-                // fail are left out); a bounded batch, whatever the write's size.
-                let next = &misses[n..(n + FETCH_MISSES).min(misses.len())];
-                let ids: Vec<u64> = next
-                    .iter()
-                    .filter_map(|i| global.get(i))
-                    .flatten()
-                    .copied()
-                    .collect();
-                blocks = match ids.is_empty() {
-                    true => HashMap::new(),
-                    false => (self.base_blocks(&ids).into_iter())
-                        .filter_map(|(c, b)| Some((c, b.ok()?)))
-                        .collect(),
-                };
-            }
-            let Some(keys) = found.keys.get(&i) else {
-                continue;
-            };
-            let mut shared: Vec<(usize, usize)> = Vec::new();
-            for k in keys {
-                if let Some(&j) = local.get(k) {
-                    match shared.iter_mut().find(|(x, _)| *x == j) {
-                        Some((_, n)) => *n += 1,
-                        None => shared.push((j, 1)),
-                    }
-                }
-            }
-            shared.sort_unstable_by_key(|&(j, n)| std::cmp::Reverse((n, j)));
-            let ids = global.get(&i).map_or(&[][..], |g| &g[..]);
-            let mut bases: Vec<(u64, &[u8])> = shared
-                .iter()
-                .take(2)
-                .map(|&(j, _)| (IN_WRITE | j as u64, &data[j * bs..(j + 1) * bs]))
-                .collect();
-            bases.extend(ids.iter().filter_map(|c| Some((*c, &blocks.get(c)?[..]))));
-            bases.truncate(MAX_TRIES);
-            let block = &data[i * bs..(i + 1) * bs];
-            let limit = alone(i) - alone(i) / 8;
-            match reduction::best_delta(block, &bases, LEVEL, limit) {
-                Some((bases, payload)) => {
-                    found.delta.insert(i, Delta { bases, payload });
-                }
-                None => local.extend(keys.iter().map(|&k| (k, i))),
-            }
-        }
-        Ok(found)
+        let keys = delta_search::miss_keys(data, bs, misses);
+        let global = self.delta_candidates(misses, &keys);
+        let delta = delta_search::choose(
+            data,
+            bs,
+            misses,
+            (&keys, &global),
+            &mut |ids| {
+                let fetched = self.base_blocks(ids).into_iter();
+                fetched.filter_map(|(c, b)| Some((c, b.ok()?))).collect()
+            },
+            alone,
+        );
+        Ok(Deltas { delta, keys })
     }
 
     /// Stage new chunk `id` (block `fp`) as its delta `d` in the open segment, if its bases
@@ -218,15 +151,12 @@ impl Pool {
         let index = st
             .sketch
             .get_or_insert_with(|| SketchIndex::new(DEFAULT_BUDGET));
-        let mut out = HashMap::new();
-        for i in misses {
-            let Some(k) = keys.get(i) else { continue };
-            let found = index.candidates(k);
-            if !found.is_empty() {
-                out.insert(*i, found);
-            }
-        }
-        out
+        let found = |i: &usize| Some((*i, index.candidates(keys.get(i)?)));
+        misses
+            .iter()
+            .filter_map(found)
+            .filter(|(_, c)| !c.is_empty())
+            .collect()
     }
 
     /// The blocks of chunks `ids` (each resolved if a forward; none may be a delta), by id:

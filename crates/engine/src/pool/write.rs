@@ -352,12 +352,9 @@ impl<'d> Storer<'d> {
                 .map(|&i| self.store(&mut z, i, fps[i].as_ref()).map(|c| (i, c)))
                 .collect()
         };
-        let compressed_list: Vec<(usize, Stored<'d>)> = if spread && misses.len() >= 16 {
-            // Four runs per core: long enough to skip noise, enough to share the cores.
-            let per = misses
-                .len()
-                .div_ceil(4 * rayon::current_num_threads())
-                .max(8);
+        // Four runs per core: long enough to skip noise, enough to share the cores.
+        let per = reduction::compressor_run(misses.len(), rayon::current_num_threads(), spread);
+        let compressed_list: Vec<(usize, Stored<'d>)> = if per < misses.len() {
             let runs: Vec<Vec<(usize, Stored<'d>)>> = misses
                 .par_chunks(per)
                 .map(compress_run)

@@ -1,0 +1,121 @@
+//! Which new chunks of a write become deltas (issue 44; docs/FORMAT.md "Delta records"): the
+//! pure part of the write path's search, shared by the engine (`pool/delta.rs`) and the
+//! replay `condense estimate --delta` runs ([`crate::delta_replay`]), so both decide alike.
+//!
+//! Owns: the search's constants (zstd level, tries per block, the in-write base marker) and
+//! [`choose`]: for each miss of a write, in order, its candidate bases (the earlier misses of
+//! the same write stored alone that share the most super-features with it, up to 2, then the
+//! sketch index's candidates the caller looked up), compressed against each alone and the
+//! first two together ([`reduction::best_delta`]), kept if it saves 1/8 of the block stored
+//! alone. Invariants: a miss that is not kept as a delta becomes a base for the later misses
+//! of its write (never one that is: depth 1); the caller supplies the index's candidates and
+//! their blocks, so this module holds no state and touches no pool.
+
+use condense_format::reduction;
+use condense_format::sketch::{self, FEATURES};
+use std::collections::HashMap;
+
+/// zstd level of delta records.
+pub const LEVEL: i32 = 3;
+/// Most candidate bases a block is compressed against (each alone, the first two together).
+pub const MAX_TRIES: usize = 4;
+/// Misses whose candidates' blocks are fetched together (at most 4 × 4 KiB each: 4 MiB), so
+/// that the engine reads them with one hold of its lock, whatever the write's size.
+pub const FETCH_MISSES: usize = 256;
+
+/// A base id naming block `j` of the same write (`IN_WRITE | j`), resolved to its chunk id
+/// when the write is staged (chunk ids are below 2^48).
+pub const IN_WRITE: u64 = 1 << 63;
+
+/// A new chunk found to be a delta: its bases (some maybe [`IN_WRITE`]) and its payload with
+/// those ids, unsealed (staging names the real ids, then seals it).
+pub struct Delta {
+    pub bases: Vec<u64>,
+    pub payload: Vec<u8>,
+}
+
+/// What the search found for a write, by block index: deltas, and the super-features of the
+/// other new chunks (indexed once they have an id).
+#[derive(Default)]
+pub struct Deltas {
+    pub delta: HashMap<usize, Delta>,
+    pub keys: Keys,
+}
+
+/// Super-features by block index of a write.
+pub type Keys = HashMap<usize, [u64; FEATURES]>;
+/// The sketch index's candidate bases by block index of a write, best first.
+pub type Candidates = HashMap<usize, Vec<u64>>;
+
+/// The super-features of the misses of a write (`bs`-byte blocks of `data`) that have any.
+pub fn miss_keys(data: &[u8], bs: usize, misses: &[usize]) -> Keys {
+    misses
+        .iter()
+        .filter_map(|&i| Some((i, sketch::super_features(&data[i * bs..(i + 1) * bs])?)))
+        .collect()
+}
+
+/// The deltas among the misses of a write, in order (see the module docs). `keys` are
+/// [`miss_keys`]; `global` the sketch index's candidates of each miss (chunks that may be
+/// bases), best first; `fetch(ids)` the blocks of such candidates (one left out is not
+/// usable), asked for [`FETCH_MISSES`] misses' candidates at a time; `alone(i)` the payload
+/// length of block `i` stored alone.
+pub fn choose(
+    data: &[u8],
+    bs: usize,
+    misses: &[usize],
+    (keys, global): (&Keys, &Candidates),
+    fetch: &mut dyn FnMut(&[u64]) -> HashMap<u64, Vec<u8>>,
+    alone: &dyn Fn(usize) -> usize,
+) -> HashMap<usize, Delta> {
+    let mut found = HashMap::new();
+    let mut blocks: HashMap<u64, Vec<u8>> = HashMap::new();
+    // Super-feature → the latest earlier miss of this write stored alone that had it.
+    let mut local: HashMap<u64, usize> = HashMap::new();
+    for (n, &i) in misses.iter().enumerate() {
+        if n % FETCH_MISSES == 0 {
+            let next = &misses[n..(n + FETCH_MISSES).min(misses.len())];
+            let ids: Vec<u64> = next
+                .iter()
+                .filter_map(|i| global.get(i))
+                .flatten()
+                .copied()
+                .collect();
+            blocks = if ids.is_empty() {
+                HashMap::new()
+            } else {
+                fetch(&ids)
+            };
+        }
+        let Some(keys) = keys.get(&i) else {
+            continue;
+        };
+        let mut shared: Vec<(usize, usize)> = Vec::new();
+        for k in keys {
+            if let Some(&j) = local.get(k) {
+                match shared.iter_mut().find(|(x, _)| *x == j) {
+                    Some((_, n)) => *n += 1,
+                    None => shared.push((j, 1)),
+                }
+            }
+        }
+        shared.sort_unstable_by_key(|&(j, n)| std::cmp::Reverse((n, j)));
+        let ids = global.get(&i).map_or(&[][..], |g| &g[..]);
+        let mut bases: Vec<(u64, &[u8])> = shared
+            .iter()
+            .take(2)
+            .map(|&(j, _)| (IN_WRITE | j as u64, &data[j * bs..(j + 1) * bs]))
+            .collect();
+        bases.extend(ids.iter().filter_map(|c| Some((*c, &blocks.get(c)?[..]))));
+        bases.truncate(MAX_TRIES);
+        let block = &data[i * bs..(i + 1) * bs];
+        let limit = alone(i) - alone(i) / 8;
+        match reduction::best_delta(block, &bases, LEVEL, limit) {
+            Some((bases, payload)) => {
+                found.insert(i, Delta { bases, payload });
+            }
+            None => local.extend(keys.iter().map(|&k| (k, i))),
+        }
+    }
+    found
+}
