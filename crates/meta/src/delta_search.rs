@@ -42,6 +42,8 @@ pub struct Deltas {
     pub keys: Keys,
 }
 
+/// Blocks by chunk id.
+pub type Blocks = HashMap<u64, Vec<u8>>;
 /// Super-features by block index of a write.
 pub type Keys = HashMap<usize, [u64; FEATURES]>;
 /// The sketch index's candidate bases by block index of a write, best first.
@@ -65,11 +67,11 @@ pub fn choose(
     bs: usize,
     misses: &[usize],
     (keys, global): (&Keys, &Candidates),
-    fetch: &mut dyn FnMut(&[u64]) -> HashMap<u64, Vec<u8>>,
+    fetch: &mut dyn FnMut(&[u64]) -> Blocks,
     alone: &dyn Fn(usize) -> usize,
 ) -> HashMap<usize, Delta> {
     let mut found = HashMap::new();
-    let mut blocks: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut blocks = Blocks::new();
     // Super-feature → the latest earlier miss of this write stored alone that had it.
     let mut local: HashMap<u64, usize> = HashMap::new();
     for (n, &i) in misses.iter().enumerate() {
