@@ -16,15 +16,8 @@ const BS: usize = 4096;
 
 /// Incompressible blocks (stored raw alone), one per seed.
 fn noise(seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..BS)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut rng = condense_engine::sim::SimRng::new(seed);
+    (0..BS).map(|_| rng.next_u64() as u8).collect()
 }
 
 /// `blocks` noise blocks, and a near copy: each block with 16 bytes changed.

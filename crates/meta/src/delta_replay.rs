@@ -181,15 +181,8 @@ mod tests {
     use super::*;
 
     fn noise(seed: u64, n: usize) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        let mut rng = condense_store::sim::SimRng::new(seed);
+        (0..n).map(|_| rng.next_u64() as u8).collect()
     }
 
     #[test]
