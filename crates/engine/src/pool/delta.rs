@@ -169,13 +169,14 @@ impl Pool {
     pub(crate) fn base_blocks(&self, ids: &[u64]) -> HashMap<u64, Result<Vec<u8>>> {
         let mut out: HashMap<u64, Result<Vec<u8>>> = HashMap::new();
         let mut wanted: Vec<(u64, Wanted, Option<Vec<u8>>)> = Vec::new();
+        // Each id once, before the lock (a read of 8,192 deltas names up to 16,384 bases).
+        let mut ids = ids.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
         {
             let mut st = self.lock_state();
             let st = &mut *st;
-            for &id in ids {
-                if out.contains_key(&id) || wanted.iter().any(|w| w.0 == id) {
-                    continue;
-                }
+            for &id in &ids {
                 let what = || format!("base chunk {id} of a delta");
                 let found = st.md.chunks.resolve(&mut st.md.pages, id).and_then(|c| {
                     let (rid, e) =
@@ -186,9 +187,8 @@ impl Pool {
                     let file = st.segments.file(e.loc.segment).ok_or_else(|| {
                         Error::corrupt(what(), format!("segment {} is missing", e.loc.segment))
                     })?;
-                    let index = wanted.len();
                     let w = Wanted {
-                        index,
+                        index: wanted.len(),
                         id: rid,
                         loc: e.loc,
                         file,
