@@ -298,6 +298,11 @@ async fn serve(
         if table.len() >= cap && table.evict(true) {
             stats.evicted.inc();
             tracing::debug!("metrics endpoint: {cap} connections open; closed the oldest");
+            // The abort only schedules the evicted task's drop, and with it its socket's
+            // close. On this one-thread runtime a flood keeps `accept` ready, so without a
+            // yield up to a coop budget of accepts (128) would come first, each an open file
+            // past the cap (CI saw 32).
+            tokio::task::yield_now().await;
         }
         let head_read = Arc::new(AtomicBool::new(false));
         let task = conns.spawn(connection(
