@@ -114,7 +114,8 @@ fn quick_bench_writes_a_complete_report() {
     let dir = tmp();
     let out = dir.path().join("report");
     let out_s = out.to_string_lossy().into_owned();
-    let stdout = ok(&["bench", "--quick", "--out", &out_s]);
+    // One second per fio job (3 by default with --quick): every job still runs on both sides.
+    let stdout = ok(&["bench", "--quick", "--runtime", "1", "--out", &out_s]);
     assert!(stdout.contains("condense bench summary"), "{stdout}");
 
     let report = read(&out.join("report.md"));

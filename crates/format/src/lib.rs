@@ -42,6 +42,7 @@
 //! - `counters.rs`, `volume_counters.rs`: an open pool's activity and per-volume I/O counters
 //! - `locks.rs`: the lock-order checks
 //! - `worker.rs`: background worker threads
+//! - `volume_name.rs`: which volume and snapshot names are valid
 //!
 //! No module here imports a crate above it (condense-store, condense-meta, condense-engine).
 
@@ -69,6 +70,7 @@ pub mod segment;
 pub mod sketch;
 pub mod superblock;
 pub mod volume_counters;
+pub mod volume_name;
 pub mod worker;
 
 pub use common::*;

@@ -32,7 +32,10 @@ pub fn slots_for(budget: u64) -> u64 {
 
 /// The table and its counters.
 pub struct SketchIndex {
-    slots: Vec<(u64, u64)>,
+    /// `[super-feature, chunk id + 1]`; all zeros is an empty slot, so a new table is
+    /// zeroed memory the kernel hands out as it is first touched (a pool opened with deltas
+    /// on does not pay for its whole budget's pages up front).
+    slots: Vec<[u64; 2]>,
     mask: u64,
     pub lookups: u64,
     pub hits: u64,
@@ -40,15 +43,12 @@ pub struct SketchIndex {
     pub delta_saved_bytes: u64,
 }
 
-/// An empty slot (no super-feature is 0 in practice; a 0 key finds nothing either way).
-const EMPTY: (u64, u64) = (0, u64::MAX);
-
 impl SketchIndex {
     /// A table of the largest power-of-two slot count within `budget` bytes (at least 1024).
     pub fn new(budget: u64) -> SketchIndex {
         let n = slots_for(budget);
         SketchIndex {
-            slots: vec![EMPTY; n as usize],
+            slots: vec![[0, 0]; n as usize],
             mask: n - 1,
             lookups: 0,
             hits: 0,
@@ -73,10 +73,11 @@ impl SketchIndex {
         self.lookups += 1;
         let mut found: Vec<(u64, u32)> = Vec::new();
         for &k in keys {
-            let (key, id) = self.slots[self.slot(k)];
-            if key != k || id == u64::MAX {
+            let [key, id_plus_1] = self.slots[self.slot(k)];
+            if key != k || id_plus_1 == 0 {
                 continue;
             }
+            let id = id_plus_1 - 1;
             match found.iter_mut().find(|(c, _)| *c == id) {
                 Some((_, n)) => *n += 1,
                 None => found.push((id, 1)),
@@ -92,9 +93,13 @@ impl SketchIndex {
 
     /// Chunk `id` (not a delta) has super-features `keys`: it is their most recent chunk.
     pub fn insert(&mut self, keys: &[u64; FEATURES], id: u64) {
+        // u64::MAX is no chunk's id, and a slot could not name it.
+        let Some(id_plus_1) = id.checked_add(1) else {
+            return;
+        };
         for &k in keys {
             let s = self.slot(k);
-            self.slots[s] = (k, id);
+            self.slots[s] = [k, id_plus_1];
         }
     }
 }

@@ -248,13 +248,28 @@ pub(crate) struct StateGuard<'a> {
 /// The least pause after a step of a pass that holds the state lock in steps.
 pub(crate) const STEP_PAUSE_MIN: Duration = Duration::from_micros(500);
 
+/// Threads of this process waiting in [`Pool::lock_state`] (of any pool) right now.
+static STATE_WAITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// After a step of a pass that takes the state lock once per step: sleep as long as the step
-/// took (at least [`STEP_PAUSE_MIN`]). std's mutex is not fair, so a thread that takes the
-/// lock back at once keeps it from the reads and writes waiting for it (one 4 KiB write
-/// waited through a whole 1.3 s shrink of 10M blocks); pausing as long as the step gives
-/// the VMs the lock at least half the time.
+/// took, and at least [`STEP_PAUSE_MIN`] while a thread waits for a pool's lock. std's mutex
+/// is not fair, so a thread that takes the lock back at once keeps it from the reads and
+/// writes waiting for it (one 4 KiB write waited through a whole 1.3 s shrink of 10M
+/// blocks); pausing as long as the step gives the VMs the lock at least half the time. With
+/// no one waiting, the floor only slowed passes of many tiny steps (small pools, tests).
 pub(crate) fn pause_after_step(started: Instant) {
-    std::thread::sleep(started.elapsed().max(STEP_PAUSE_MIN));
+    std::thread::sleep(step_pause(started));
+}
+
+/// How long [`pause_after_step`] sleeps after a step that began at `started`.
+pub(crate) fn step_pause(started: Instant) -> Duration {
+    let waiters = STATE_WAITERS.load(std::sync::atomic::Ordering::Relaxed);
+    let floor = if waiters > 0 {
+        STEP_PAUSE_MIN
+    } else {
+        Duration::ZERO
+    };
+    started.elapsed().max(floor)
 }
 
 /// Paces a loop of steps: [`Pacer::step`] at the top of each step pauses after the one
@@ -422,33 +437,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Check a volume name: what NBD export names and file names can both carry.
-pub fn check_volume_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 255
-        && name != "."
-        && name != ".."
-        && !name.chars().any(|c| c == '/' || c.is_control());
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Invalid(format!(
-            "invalid volume name {name:?}: use 1 to 255 bytes, no '/' or control characters"
-        )))
-    }
-}
-
-/// [`check_volume_name`] for a new volume or snapshot part: `@` separates a volume from
-/// its snapshot, so it may not appear in either.
-pub fn check_new_volume_name(name: &str) -> Result<()> {
-    check_volume_name(name)?;
-    if name.contains('@') {
-        return Err(Error::Invalid(format!(
-            "invalid name {name:?}: '@' separates a volume from its snapshot (VOLUME@SNAPSHOT)"
-        )));
-    }
-    Ok(())
-}
+pub use condense_format::volume_name::{check_new_volume_name, check_volume_name};
 
 fn random_bytes<const N: usize>() -> Result<[u8; N]> {
     let mut b = [0u8; N];
@@ -472,7 +461,9 @@ impl Pool {
             h.set(true);
         });
         let by = std::panic::Location::caller();
+        STATE_WAITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let guard = lock(&self.state);
+        STATE_WAITERS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         StateGuard {
             guard: std::mem::ManuallyDrop::new(guard),
             taken: Instant::now(),

@@ -141,7 +141,7 @@ impl Pool {
                 let pause = match pool.release_step() {
                     // As long again as the step took: the VMs get the lock at least half
                     // the time, whatever the disk's speed.
-                    Ok(true) => started.elapsed().max(super::STEP_PAUSE_MIN),
+                    Ok(true) => super::step_pause(started),
                     Ok(false) => {
                         // Ended, unless a map was detached since the step looked (then the
                         // waker saw this thread running and only woke it).
