@@ -14,6 +14,11 @@ set -euo pipefail
 GARAGE_VERSION=2.5.0
 
 bin=$HOME/.cargo/bin/garage
+# One build at a time: scripts/test.sh starts one in the background under CI, and the first
+# test of tests/s3 calls this script again; that call waits here, then finds it installed.
+mkdir -p "$HOME/.cargo"
+exec 9>"$HOME/.cargo/.condense-garage-install.lock"
+flock 9
 if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -qwF "$GARAGE_VERSION"; then
     echo "garage $GARAGE_VERSION already installed: $bin"
     exit 0
