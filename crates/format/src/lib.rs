@@ -41,6 +41,7 @@
 //! - `reduction.rs`: zero detection, fingerprints, compression, delta payloads
 //! - `counters.rs`, `volume_counters.rs`: an open pool's activity and per-volume I/O counters
 //! - `locks.rs`: the lock-order checks
+//! - `pacing.rs`: how a pass in steps shares the pool's state lock with the VMs' I/O
 //! - `worker.rs`: background worker threads
 //! - `volume_name.rs`: which volume and snapshot names are valid
 //!
@@ -61,6 +62,7 @@ pub mod hosts;
 pub mod journal;
 pub mod locks;
 pub mod map_entry;
+pub mod pacing;
 pub mod page;
 pub mod reduction;
 pub mod remote;

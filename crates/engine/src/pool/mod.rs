@@ -245,46 +245,8 @@ pub(crate) struct StateGuard<'a> {
     by: &'static std::panic::Location<'static>,
 }
 
-/// The least pause after a step of a pass that holds the state lock in steps.
-pub(crate) const STEP_PAUSE_MIN: Duration = Duration::from_micros(500);
-
-/// Threads of this process waiting in [`Pool::lock_state`] (of any pool) right now.
-static STATE_WAITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// After a step of a pass that takes the state lock once per step: sleep as long as the step
-/// took, and at least [`STEP_PAUSE_MIN`] while a thread waits for a pool's lock. std's mutex
-/// is not fair, so a thread that takes the lock back at once keeps it from the reads and
-/// writes waiting for it (one 4 KiB write waited through a whole 1.3 s shrink of 10M
-/// blocks); pausing as long as the step gives the VMs the lock at least half the time. With
-/// no one waiting, the floor only slowed passes of many tiny steps (small pools, tests).
-pub(crate) fn pause_after_step(started: Instant) {
-    std::thread::sleep(step_pause(started));
-}
-
-/// How long [`pause_after_step`] sleeps after a step that began at `started`.
-pub(crate) fn step_pause(started: Instant) -> Duration {
-    let waiters = STATE_WAITERS.load(std::sync::atomic::Ordering::Relaxed);
-    let floor = if waiters > 0 {
-        STEP_PAUSE_MIN
-    } else {
-        Duration::ZERO
-    };
-    started.elapsed().max(floor)
-}
-
-/// Paces a loop of steps: [`Pacer::step`] at the top of each step pauses after the one
-/// before it ([`pause_after_step`]), and not after the last.
-#[derive(Default)]
-pub(crate) struct Pacer(Option<Instant>);
-
-impl Pacer {
-    pub(crate) fn step(&mut self) {
-        if let Some(started) = self.0 {
-            pause_after_step(started);
-        }
-        self.0 = Some(Instant::now());
-    }
-}
+// Passes in steps share the state lock with the VMs' I/O as condense-format's pacing.rs says.
+pub(crate) use condense_format::pacing::{pause_after_step, step_pause, Pacer};
 
 /// Holds of the pool's `state` at least this long are logged (at `warn`, with the caller
 /// that took the lock): every VM's I/O on the pool waited that long. Set in milliseconds by
@@ -321,6 +283,7 @@ impl Drop for StateGuard<'_> {
         STATE_HELD.with(|h| h.set(false));
         let to_free = self.guard.md.take_to_free();
         let held = self.taken.elapsed();
+        condense_format::pacing::note_release();
         // SAFETY: the guard is dropped once, here, and not used after.
         unsafe { std::mem::ManuallyDrop::drop(&mut self.guard) };
         // Freed with the lock let go (Metadata::to_free).
@@ -461,9 +424,7 @@ impl Pool {
             h.set(true);
         });
         let by = std::panic::Location::caller();
-        STATE_WAITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let guard = lock(&self.state);
-        STATE_WAITERS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        let guard = condense_format::pacing::lock_counted(&self.state);
         StateGuard {
             guard: std::mem::ManuallyDrop::new(guard),
             taken: Instant::now(),
