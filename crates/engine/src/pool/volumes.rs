@@ -215,9 +215,9 @@ impl Pool {
 
     /// Shrink `vol` towards `size` from its end, each resize cutting off at most
     /// [`SHRINK_STEP_LEAVES`] block-map leaves that exist (its walk unmaps only those), with
-    /// the state lock let go between steps (and a pause at least as long as the step, so waiting I/O
-    /// gets it: `Pacer`). A crash part way leaves the volume between its
-    /// old and new sizes; blocks past the size it has are gone.
+    /// the state lock let go between steps (and a pause at least as long as the step, so
+    /// waiting I/O gets it: `Pacer`). A crash part way leaves the volume between its old and
+    /// new sizes; blocks past the size it has are gone.
     fn shrink_in_steps(&self, vol: u32, name: &str, size: u64) -> Result<()> {
         let bs = u64::from(self.sb.block_size);
         let per = MAP_PAGE_ENTRIES as u64;
