@@ -283,7 +283,6 @@ impl Drop for StateGuard<'_> {
         STATE_HELD.with(|h| h.set(false));
         let to_free = self.guard.md.take_to_free();
         let held = self.taken.elapsed();
-        condense_format::pacing::note_release();
         // SAFETY: the guard is dropped once, here, and not used after.
         unsafe { std::mem::ManuallyDrop::drop(&mut self.guard) };
         // Freed with the lock let go (Metadata::to_free).
