@@ -41,8 +41,10 @@ fn marks_of(name: &str) -> [String; 3] {
     ]
 }
 
-/// Block-map leaves that exist a step of a shrink cuts off at most.
-const SHRINK_STEP_LEAVES: usize = 4;
+/// Block-map leaves that exist a step of a shrink cuts off at most. One (512 entries): a VM
+/// request that meets a step waits for it, and 4 per step doubled the VMs' p99 during a
+/// shrink for half its wall time (bench/README.md "admin-stall.sh", 2026-11-29).
+const SHRINK_STEP_LEAVES: usize = 1;
 
 impl Pool {
     fn check_size(&self, size: u64) -> Result<()> {
