@@ -11,7 +11,7 @@
 //! tests: the crash simulator's passes slept 2/3 of its time).
 //!
 //! Tried and not kept (bench/README.md, admin-stall.sh, 2026-11-29): pausing 9 times the
-//! step after a step that kept a thread waiting made the passes 1.5-3x slower and left the
+//! step after a step that kept a thread waiting made the passes 1.2-2.8x slower and left the
 //! VMs' p99 where it was (a VM at queue depth 1 still meets a step in more than 1 % of its
 //! requests).
 //!

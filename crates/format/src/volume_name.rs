@@ -1,5 +1,5 @@
-//! Volume and snapshot names: what NBD export names, file names and object names can all
-//! carry. A snapshot is named `VOLUME@SNAPSHOT`, so `@` is refused in new names.
+//! Volume and snapshot names: what NBD export names and file names can both carry. A
+//! snapshot is named `VOLUME@SNAPSHOT`, so `@` is refused in new names.
 
 use crate::error::{Error, Result};
 
