@@ -39,6 +39,8 @@ pub struct PageAlloc {
     /// Every unit from here on is free.
     top: u64,
     used: u64,
+    /// While metadata is compacted: runs are handed out below this unit when one fits there.
+    ceiling: Option<u64>,
 }
 
 fn bit(v: &[u64], s: u64) -> bool {
@@ -130,10 +132,16 @@ impl PageAlloc {
     }
 
     /// A run of `n` units to write a page to: the smallest free extent that fits (lowest
-    /// first among equals), else the end of the file.
+    /// first among equals; while a ceiling is set, the smallest below it first), else the end
+    /// of the file.
     pub fn allocate(&mut self, n: u16) -> u64 {
         let n = u64::from(n.max(1));
-        let start = match self.free_by_len.range((n, 0)..).next().copied() {
+        let below = |&&(_, start): &&(u64, u64)| self.ceiling.is_none_or(|c| start + n <= c);
+        let fit = match self.free_by_len.range((n, 0)..).find(below) {
+            Some(e) => Some(*e),
+            None => self.free_by_len.range((n, 0)..).next().copied(),
+        };
+        let start = match fit {
             Some((len, start)) => {
                 self.remove_free(start, len);
                 if len > n {
@@ -221,6 +229,35 @@ impl PageAlloc {
                 .map_or(0, |i| i as u64 * 64 + 64 - u64::from(v[i].leading_zeros()))
         };
         last(&self.bits).max(last(&self.held))
+    }
+
+    /// Compaction: the lowest unit `t` (a multiple of 64) such that the units in use from
+    /// `t` on, at most `max_units`, would take at most 4/5 of the free units below it; `None`
+    /// unless moving them would cut at least `min_gain` units off the end of the file, or
+    /// while runs are held (a checkpoint is not durable yet).
+    pub fn compaction_target(&self, max_units: u64, min_gain: u64) -> Option<u64> {
+        if self.held.iter().any(|&w| w != 0) {
+            return None;
+        }
+        let end = self.end();
+        let mut t = end.div_ceil(64) * 64;
+        let mut above = 0u64;
+        while t > HEADER_UNITS {
+            let w = self.bits.get((t / 64 - 1) as usize).copied().unwrap_or(0);
+            let up = above + u64::from(w.count_ones());
+            let free_below = (t - 64) - (self.used - up);
+            if up > max_units || up * 5 > free_below * 4 {
+                break;
+            }
+            above = up;
+            t -= 64;
+        }
+        (end.saturating_sub(t) >= min_gain.max(1)).then_some(t)
+    }
+
+    /// Hand out runs below `ceiling` first while it is set (metadata compaction).
+    pub fn set_ceiling(&mut self, ceiling: Option<u64>) {
+        self.ceiling = ceiling;
     }
 
     /// Bytes of RAM this allocator holds (a B-tree entry costs about 3 words).

@@ -50,6 +50,8 @@
 //! run is freed. Installing is writing the node (its parent becomes dirty), so the
 //! checkpoint that follows writes only what changed meanwhile and the interior nodes above.
 
+mod compaction;
+
 use crate::page_alloc::PageAlloc;
 use condense_format::crypto::{self, Crypto, Kind};
 use condense_format::error::{Error, Result};

@@ -483,6 +483,14 @@ impl Pool {
         let deleted = self.deleted_names_now();
         let guard = lock(&self.sync_lock);
         self.checkpoint_locked(&guard)?;
+        // The free end of meta.dat given back (condense_meta::page_cache::compaction).
+        let marked = self.lock_state().md.pages.start_compaction();
+        match marked {
+            Ok(0) => {}
+            Ok(_) => self.checkpoint_locked(&guard)?,
+            Err(e) => tracing::warn!("compacting meta.dat at close: {e}"),
+        }
+        self.lock_state().md.pages.alloc.set_ceiling(None);
         drop(guard);
         self.drop_claims_of_deleted(deleted);
         self.save_dedup_index();
