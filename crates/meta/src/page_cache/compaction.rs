@@ -169,7 +169,11 @@ mod tests {
     fn check_leaves(cache: &mut PageCache, tree: TreeId, generation: u64) -> Result<()> {
         for leaf in 0..200 {
             let got = cache.leaf(tree, leaf)?.map(|d| d.to_vec());
-            assert_eq!(got, Some(leaf_bytes(leaf, generation)), "tree {tree} leaf {leaf}");
+            assert_eq!(
+                got,
+                Some(leaf_bytes(leaf, generation)),
+                "tree {tree} leaf {leaf}"
+            );
         }
         Ok(())
     }
@@ -185,7 +189,11 @@ mod tests {
         write_leaves(&mut cache, 1, 2)?;
         checkpoint(&mut cache)?;
         let before = file_len(&cache)?;
-        assert_eq!(cache.start_compaction()?, 0, "under 1 MiB to gain: left alone");
+        assert_eq!(
+            cache.start_compaction()?,
+            0,
+            "under 1 MiB to gain: left alone"
+        );
         // 200 more leaves of 4 KiB past the 1 MiB floor.
         cache.create_tree(2, 4096);
         write_leaves(&mut cache, 2, 1)?;
