@@ -14,8 +14,8 @@
 //! Invariants: nothing changes but where pages are stored (a marked node keeps its bytes),
 //! so a crash at any point leaves the last durable root as valid as any checkpoint does; a
 //! page that is shared, or lies below a shared page, is never marked (moving it would copy
-//! it, see "Sharing"); at most a quarter of the cache's page limit is marked, so a close
-//! never holds more than that in memory on top of the cache.
+//! it, see "Sharing"); at most a quarter of the cache's page limit is marked, and no more than
+//! the cache has room for, so a close never holds more pages than the cache's budget.
 
 use super::{Key, PageCache, Ptr, TreeId, TreeInfo};
 use condense_format::error::Result;
@@ -33,7 +33,12 @@ impl PageCache {
         if self.read_only {
             return Ok(0);
         }
-        let max_pages = (self.page_limit() / 4).max(64);
+        // Within the cache's budget: a close holds no more pages than the cache may.
+        let room = self.page_limit().saturating_sub(self.map.len());
+        let max_pages = (self.page_limit() / 4).min(room);
+        if max_pages == 0 {
+            return Ok(0);
+        }
         let end = self.alloc.end();
         let min_gain = (end / 8).max(MIN_GAIN_UNITS);
         let Some(from) = self
