@@ -423,30 +423,47 @@ pub fn compress_delta(block: &[u8], dict: &[u8], level: i32) -> Option<Vec<u8>> 
     zstd_compress(block, Some(dict), level)
 }
 
-/// The smallest delta payload of `block` against each usable base of `bases` (id, block)
-/// alone and the first two together, with its bases' ids; `None` unless it is at most
-/// `limit` bytes.
+/// Delta bytes made ahead for some tries of one block, by their bases' ids: the same block,
+/// bases and level always give the same bytes, so a search may make them side by side on
+/// other threads and [`best_delta`] then only looks them up.
+pub type DeltaMemo = std::collections::HashMap<Vec<u64>, Vec<u8>>;
+
+/// The tries of a block against `bases` (id, block): each usable base alone, then the first
+/// two together (their blocks in that order make the dictionary).
+pub fn delta_tries<'b>(bases: &[(u64, &'b [u8])]) -> Vec<(Vec<u64>, Vec<&'b [u8]>)> {
+    let usable: Vec<&(u64, &[u8])> = bases.iter().filter(|(_, b)| may_be_base(b)).collect();
+    let mut tries: Vec<(Vec<u64>, Vec<&[u8]>)> =
+        usable.iter().map(|(id, b)| (vec![*id], vec![*b])).collect();
+    if let [(a, x), (b, y), ..] = usable[..] {
+        tries.push((vec![*a, *b], vec![*x, *y]));
+    }
+    tries
+}
+
+/// The smallest delta payload of `block` over its [`delta_tries`] against `bases`, with its
+/// bases' ids (the bytes of a try found in `memo` are not made again); `None` unless it is
+/// at most `limit` bytes.
 pub fn best_delta(
     block: &[u8],
     bases: &[(u64, &[u8])],
     level: i32,
     limit: usize,
+    memo: &DeltaMemo,
 ) -> Option<(Vec<u64>, Vec<u8>)> {
-    let usable: Vec<&(u64, &[u8])> = bases.iter().filter(|(_, b)| may_be_base(b)).collect();
-    let mut tries: Vec<(Vec<u64>, Vec<u8>)> = usable
-        .iter()
-        .map(|(id, b)| (vec![*id], b.to_vec()))
-        .collect();
-    if let [(a, x), (b, y), ..] = usable[..] {
-        tries.push((vec![*a, *b], [*x, *y].concat()));
-    }
-    tries
+    delta_tries(bases)
         .into_iter()
         .filter_map(|(ids, dict)| {
-            let compressed = compress_delta(block, &dict, level)?;
+            let made;
+            let compressed = match memo.get(&ids) {
+                Some(c) => c,
+                None => {
+                    made = compress_delta(block, &dict.concat(), level)?;
+                    &made
+                }
+            };
             let payload = DeltaPayload {
                 bases: ids.clone(),
-                compressed: &compressed,
+                compressed,
             }
             .encode();
             Some((ids, payload))
@@ -561,13 +578,30 @@ mod tests {
         let other: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
         let mut halves = base[..2048].to_vec();
         halves.extend_from_slice(&other[2048..]);
-        let (ids, p) = best_delta(&halves, &[(5, &base), (6, &other)], 3, 4096).expect("a delta");
+        let none = DeltaMemo::new();
+        let both = [(5, &base[..]), (6, &other[..])];
+        let (ids, p) = best_delta(&halves, &both, 3, 4096, &none).expect("a delta");
         assert_eq!(ids, vec![5, 6]);
         assert!(p.len() < 512, "{}", p.len());
-        let (ids, _) = best_delta(&block, &[(6, &other), (5, &base)], 3, 4096).expect("a delta");
+        // Tries made ahead give the same choice and bytes; a memo's bytes are taken as they are.
+        let memo: DeltaMemo = delta_tries(&both)
+            .into_iter()
+            .map(|(ids, d)| (ids, compress_delta(&halves, &d.concat(), 3).expect("try")))
+            .collect();
+        assert_eq!(memo.len(), 3, "two alone, one together");
+        assert_eq!(best_delta(&halves, &both, 3, 4096, &memo), Some((ids, p)));
+        let fake = DeltaMemo::from([(vec![6], vec![1u8])]);
+        let picked = best_delta(&halves, &both, 3, 4096, &fake).map(|(ids, _)| ids);
+        assert_eq!(
+            picked,
+            Some(vec![6]),
+            "the memo's bytes were used, not made again"
+        );
+        let (ids, _) =
+            best_delta(&block, &[(6, &other), (5, &base)], 3, 4096, &none).expect("a delta");
         assert_eq!(ids, vec![5], "the near copy's own base");
         assert!(
-            best_delta(&block, &[(6, &other)], 3, 3584).is_none(),
+            best_delta(&block, &[(6, &other)], 3, 3584, &none).is_none(),
             "saves nothing"
         );
         assert!(DeltaPayload::parse(&[0], String::new).is_err());

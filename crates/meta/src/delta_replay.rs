@@ -119,7 +119,7 @@ impl DeltaReplay {
         if misses.is_empty() {
             return Vec::new();
         }
-        let keys = delta_search::miss_keys(data, bs, misses);
+        let keys = delta_search::miss_keys(data, bs, misses, true);
         let global = misses
             .iter()
             .filter_map(|i| {
@@ -128,7 +128,8 @@ impl DeltaReplay {
             })
             .collect();
         let mut fetch = |ids: &[u64]| ids.iter().filter_map(|&c| Some((c, base(c)?))).collect();
-        let deltas = delta_search::choose(data, bs, misses, (&keys, &global), &mut fetch, alone);
+        let found = (&keys, &global);
+        let deltas = delta_search::choose(data, bs, misses, found, &mut fetch, alone, true);
         let mut out = Vec::with_capacity(misses.len());
         for &i in misses {
             let id = self.next_id;

@@ -10,9 +10,17 @@
 //! alone. Invariants: a miss that is not kept as a delta becomes a base for the later misses
 //! of its write (never one that is: depth 1); the caller supplies the index's candidates and
 //! their blocks, so this module holds no state and touches no pool.
+//!
+//! Side by side (`spread`): the choice is sequential (a miss's in-write bases depend on what
+//! the misses before it became), but its tries against the index's candidates alone do not
+//! depend on it: [`ahead`] makes them for each fetched group of misses on rayon's threads,
+//! and the sequential pass looks them up ([`reduction::DeltaMemo`]) and makes only the tries
+//! that name a block of the write. The same tries give the same bytes, so what is chosen
+//! does not depend on `spread` (test `choices_do_not_depend_on_spread`).
 
-use condense_format::reduction;
+use condense_format::reduction::{self, DeltaMemo};
 use condense_format::sketch::{self, FEATURES};
+use rayon::prelude::*;
 use std::collections::HashMap;
 
 /// zstd level of delta records.
@@ -49,11 +57,44 @@ pub type Keys = HashMap<usize, [u64; FEATURES]>;
 /// The sketch index's candidate bases by block index of a write, best first.
 pub type Candidates = HashMap<usize, Vec<u64>>;
 
-/// The super-features of the misses of a write (`bs`-byte blocks of `data`) that have any.
-pub fn miss_keys(data: &[u8], bs: usize, misses: &[usize]) -> Keys {
+/// The super-features of the misses of a write (`bs`-byte blocks of `data`) that have any;
+/// on rayon's threads if `spread`.
+pub fn miss_keys(data: &[u8], bs: usize, misses: &[usize], spread: bool) -> Keys {
+    let key = |&i: &usize| Some((i, sketch::super_features(&data[i * bs..(i + 1) * bs])?));
+    if spread {
+        misses.par_iter().filter_map(key).collect()
+    } else {
+        misses.iter().filter_map(key).collect()
+    }
+}
+
+/// The tries of `misses` against their index candidates alone ([`reduction::delta_tries`] of
+/// the first [`MAX_TRIES`] with a fetched block), made on rayon's threads, by miss.
+fn ahead(
+    data: &[u8],
+    bs: usize,
+    misses: &[usize],
+    global: &Candidates,
+    blocks: &Blocks,
+) -> HashMap<usize, DeltaMemo> {
     misses
-        .iter()
-        .filter_map(|&i| Some((i, sketch::super_features(&data[i * bs..(i + 1) * bs])?)))
+        .par_iter()
+        .filter_map(|&i| {
+            let ids = global.get(&i)?;
+            let mut bases: Vec<(u64, &[u8])> = ids
+                .iter()
+                .filter_map(|c| Some((*c, &blocks.get(c)?[..])))
+                .collect();
+            bases.truncate(MAX_TRIES);
+            let block = &data[i * bs..(i + 1) * bs];
+            let memo: DeltaMemo = reduction::delta_tries(&bases)
+                .into_iter()
+                .filter_map(|(ids, d)| {
+                    Some((ids, reduction::compress_delta(block, &d.concat(), LEVEL)?))
+                })
+                .collect();
+            Some((i, memo))
+        })
         .collect()
 }
 
@@ -61,7 +102,8 @@ pub fn miss_keys(data: &[u8], bs: usize, misses: &[usize]) -> Keys {
 /// [`miss_keys`]; `global` the sketch index's candidates of each miss (chunks that may be
 /// bases), best first; `fetch(ids)` the blocks of such candidates (one left out is not
 /// usable), asked for [`FETCH_MISSES`] misses' candidates at a time; `alone(i)` the payload
-/// length of block `i` stored alone.
+/// length of block `i` stored alone; `spread`: make the tries that allow it side by side
+/// (same result).
 pub fn choose(
     data: &[u8],
     bs: usize,
@@ -69,9 +111,12 @@ pub fn choose(
     (keys, global): (&Keys, &Candidates),
     fetch: &mut dyn FnMut(&[u64]) -> Blocks,
     alone: &dyn Fn(usize) -> usize,
+    spread: bool,
 ) -> HashMap<usize, Delta> {
     let mut found = HashMap::new();
     let mut blocks = Blocks::new();
+    let mut made: HashMap<usize, DeltaMemo> = HashMap::new();
+    let none = DeltaMemo::new();
     // Super-feature → the latest earlier miss of this write stored alone that had it.
     let mut local: HashMap<u64, usize> = HashMap::new();
     for (n, &i) in misses.iter().enumerate() {
@@ -88,6 +133,9 @@ pub fn choose(
             } else {
                 fetch(&ids)
             };
+            if spread {
+                made = ahead(data, bs, next, global, &blocks);
+            }
         }
         let Some(keys) = keys.get(&i) else {
             continue;
@@ -112,7 +160,8 @@ pub fn choose(
         bases.truncate(MAX_TRIES);
         let block = &data[i * bs..(i + 1) * bs];
         let limit = alone(i) - alone(i) / 8;
-        match reduction::best_delta(block, &bases, LEVEL, limit) {
+        let memo = made.get(&i).unwrap_or(&none);
+        match reduction::best_delta(block, &bases, LEVEL, limit, memo) {
             Some((bases, payload)) => {
                 found.insert(i, Delta { bases, payload });
             }
@@ -120,4 +169,70 @@ pub fn choose(
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noise(rng: &mut condense_store::sim::SimRng, n: usize) -> Vec<u8> {
+        (0..n).map(|_| rng.next_u64() as u8).collect()
+    }
+
+    /// A write of 600 misses (three fetch groups): near copies of stored blocks (the index's
+    /// candidates), of earlier blocks of the write, of both, and noise. Choosing with the
+    /// tries made ahead on rayon's threads gives exactly what the sequential search gives.
+    #[test]
+    fn choices_do_not_depend_on_spread() {
+        const BS: usize = 4096;
+        let mut rng = condense_store::sim::SimRng::new(44);
+        let stored: Blocks = (0..40u64).map(|id| (id, noise(&mut rng, BS))).collect();
+        let mut data = Vec::with_capacity(600 * BS);
+        let mut global = Candidates::new();
+        for i in 0..600usize {
+            let mut block = match i % 4 {
+                0 | 1 => stored[&(i as u64 % 40)].clone(),
+                2 if i >= 8 => data[(i - 7) * BS..(i - 6) * BS].to_vec(),
+                _ => noise(&mut rng, BS),
+            };
+            for _ in 0..1 + i % 5 {
+                let at = (rng.next_u64() % (BS as u64 - 16)) as usize;
+                block[at..at + 16].copy_from_slice(&noise(&mut rng, 16));
+            }
+            if i % 4 != 3 {
+                let c = (0..1 + i % 4).map(|k| (i + k * 7) as u64 % 40).collect();
+                global.insert(i, c);
+            }
+            data.extend_from_slice(&block);
+        }
+        let misses: Vec<usize> = (0..600).collect();
+        let run = |spread: bool| {
+            let keys = miss_keys(&data, BS, &misses, spread);
+            let mut fetch = |ids: &[u64]| -> Blocks {
+                ids.iter()
+                    .filter_map(|c| Some((*c, stored.get(c)?.clone())))
+                    .collect()
+            };
+            let found = (&keys, &global);
+            let alone = |_: usize| BS;
+            let mut out: Vec<(usize, Vec<u64>, Vec<u8>)> =
+                choose(&data, BS, &misses, found, &mut fetch, &alone, spread)
+                    .into_iter()
+                    .map(|(i, d)| (i, d.bases, d.payload))
+                    .collect();
+            out.sort();
+            out
+        };
+        let sequential = run(false);
+        let in_write = sequential
+            .iter()
+            .filter(|(_, b, _)| b.iter().any(|&b| b & IN_WRITE != 0))
+            .count();
+        assert!(sequential.len() > 300, "deltas: {}", sequential.len());
+        assert!(
+            in_write > 50,
+            "deltas naming blocks of the write: {in_write}"
+        );
+        assert_eq!(run(true), sequential);
+    }
 }

@@ -50,18 +50,20 @@ impl Pool {
     /// [`delta_search::choose`]: each compressed against its candidates
     /// ([`reduction::best_delta`]): the earlier misses of this write stored alone that share
     /// the most super-features with it (up to 2), then the index's; kept if it saves 1/8 of
-    /// `alone(i)` (the payload length of block `i` stored alone).
+    /// `alone(i)` (the payload length of block `i` stored alone). `spread`: sketches and
+    /// tries on every core (the write is alone in flight), with the same result.
     pub(crate) fn find_deltas(
         &self,
         data: &[u8],
         misses: &[usize],
         alone: &dyn Fn(usize) -> usize,
+        spread: bool,
     ) -> Result<Deltas> {
         let bs = self.sb.block_size as usize;
         if misses.is_empty() || !self.deltas_on.load(std::sync::atomic::Ordering::Relaxed) {
             return Ok(Deltas::default());
         }
-        let keys = delta_search::miss_keys(data, bs, misses);
+        let keys = delta_search::miss_keys(data, bs, misses, spread);
         let global = self.delta_candidates(misses, &keys);
         let delta = delta_search::choose(
             data,
@@ -73,6 +75,7 @@ impl Pool {
                 fetched.filter_map(|(c, b)| Some((c, b.ok()?))).collect()
             },
             alone,
+            spread,
         );
         Ok(Deltas { delta, keys })
     }

@@ -46,7 +46,7 @@ impl Pool {
         };
         let compressed = storer.compress(&fps, &misses, spread)?;
         let alone = |i: usize| compressed[i].as_ref().map_or(bs, |(_, p)| p.len());
-        let deltas = self.find_deltas(data, &misses, &alone)?;
+        let deltas = self.find_deltas(data, &misses, &alone, spread)?;
         drop(in_flight);
 
         let mut st = self.lock_state();
