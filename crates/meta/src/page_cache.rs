@@ -1655,7 +1655,8 @@ mod tests {
         assert!(decode_page(7, &stored, 1).is_none());
     }
 
-    fn sim_cache() -> Result<PageCache> {
+    /// A cache over an empty `meta.dat` on the simulated disk (the compaction tests too).
+    pub(super) fn sim_cache() -> Result<PageCache> {
         let dir = condense_store::sim::SimHandle(condense_store::sim::SimDir::new());
         let file = condense_store::io::Dir::open(&dir, "meta.dat", true)
             .map_err(|e| Error::io("opening meta.dat", e))?;

@@ -105,32 +105,14 @@ impl PageCache {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::sim_cache;
     use super::super::*;
     use std::collections::HashMap;
 
-    fn sim_cache() -> Result<PageCache> {
-        let dir = condense_store::sim::SimHandle(condense_store::sim::SimDir::new());
-        let file = condense_store::io::Dir::open(&dir, "meta.dat", true)
-            .map_err(|e| Error::io("opening meta.dat", e))?;
-        Ok(PageCache::new(
-            file,
-            PageAlloc::from_bitmap(Vec::new()),
-            BTreeMap::new(),
-            64 << 20,
-        ))
-    }
-
     /// Bytes that do not compress, so every leaf takes a whole page of units.
     fn leaf_bytes(leaf: u64, generation: u64) -> Vec<u8> {
-        let mut x = (leaf + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ generation;
-        (0..PAGE_BYTES)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        let mut rng = condense_store::sim::SimRng::new((leaf << 8) ^ generation);
+        (0..PAGE_BYTES).map(|_| rng.next_u64() as u8).collect()
     }
 
     fn write_leaves(cache: &mut PageCache, tree: TreeId, generation: u64) -> Result<()> {
