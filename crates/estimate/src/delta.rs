@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 
 /// Reads `buf.len()` bytes of image `image` at `offset` (a base's block), or says why not.
-pub type ReadBlock<'a> = dyn FnMut(usize, u64, &mut [u8]) -> Result<(), String> + 'a;
+pub type ReadBlock<'a> = dyn FnMut(usize, u64, &mut [u8]) -> Result<(), String> + Send + 'a;
 
 /// The delta replay of one fixed chunking over every image.
 pub struct DeltaRun {

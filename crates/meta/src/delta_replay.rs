@@ -114,7 +114,7 @@ impl DeltaReplay {
         bs: usize,
         misses: &[usize],
         alone: &dyn Fn(usize) -> usize,
-        base: &mut dyn FnMut(u64) -> Option<Vec<u8>>,
+        base: &mut (dyn FnMut(u64) -> Option<Vec<u8>> + Send),
     ) -> Vec<Stored> {
         if misses.is_empty() {
             return Vec::new();

@@ -15,8 +15,11 @@
 //! the misses before it became), but its tries against the index's candidates alone do not
 //! depend on it: [`ahead`] makes them for each fetched group of misses on rayon's threads,
 //! and the sequential pass looks them up ([`reduction::DeltaMemo`]) and makes only the tries
-//! that name a block of the write. The same tries give the same bytes, so what is chosen
-//! does not depend on `spread` (test `choices_do_not_depend_on_spread`).
+//! that name a block of the write. A write of more than one group runs as a pipeline: a
+//! scoped thread fetches the next group's candidate blocks and makes its tries while the
+//! calling thread chooses among the current group's (one group ahead, so at most two
+//! groups' blocks are held). The same tries give the same bytes, so what is chosen does not
+//! depend on `spread` (test `choices_do_not_depend_on_spread`).
 
 use condense_format::reduction::{self, DeltaMemo};
 use condense_format::sketch::{self, FEATURES};
@@ -98,77 +101,130 @@ fn ahead(
         .collect()
 }
 
+/// A fetch group's candidate blocks, and the tries made ahead for its misses (with `spread`).
+type Prepared = (Blocks, HashMap<usize, DeltaMemo>);
+
 /// The deltas among the misses of a write, in order (see the module docs). `keys` are
 /// [`miss_keys`]; `global` the sketch index's candidates of each miss (chunks that may be
 /// bases), best first; `fetch(ids)` the blocks of such candidates (one left out is not
 /// usable), asked for [`FETCH_MISSES`] misses' candidates at a time; `alone(i)` the payload
 /// length of block `i` stored alone; `spread`: make the tries that allow it side by side
-/// (same result).
+/// (same result), and fetch and try the next group's on another thread while this one
+/// chooses among the current group's.
 pub fn choose(
     data: &[u8],
     bs: usize,
     misses: &[usize],
     (keys, global): (&Keys, &Candidates),
-    fetch: &mut dyn FnMut(&[u64]) -> Blocks,
+    fetch: &mut (dyn FnMut(&[u64]) -> Blocks + Send),
     alone: &dyn Fn(usize) -> usize,
     spread: bool,
 ) -> HashMap<usize, Delta> {
-    let mut found = HashMap::new();
-    let mut blocks = Blocks::new();
-    let mut made: HashMap<usize, DeltaMemo> = HashMap::new();
-    let none = DeltaMemo::new();
-    // Super-feature → the latest earlier miss of this write stored alone that had it.
-    let mut local: HashMap<u64, usize> = HashMap::new();
-    for (n, &i) in misses.iter().enumerate() {
-        if n % FETCH_MISSES == 0 {
-            let next = &misses[n..(n + FETCH_MISSES).min(misses.len())];
-            let ids: Vec<u64> = next
-                .iter()
-                .filter_map(|i| global.get(i))
-                .flatten()
-                .copied()
-                .collect();
-            blocks = if ids.is_empty() {
-                HashMap::new()
-            } else {
-                fetch(&ids)
-            };
-            if spread {
-                made = ahead(data, bs, next, global, &blocks);
-            }
-        }
-        let Some(keys) = keys.get(&i) else {
-            continue;
-        };
-        let mut shared: Vec<(usize, usize)> = Vec::new();
-        for k in keys {
-            if let Some(&j) = local.get(k) {
-                match shared.iter_mut().find(|(x, _)| *x == j) {
-                    Some((_, n)) => *n += 1,
-                    None => shared.push((j, 1)),
-                }
-            }
-        }
-        shared.sort_unstable_by_key(|&(j, n)| std::cmp::Reverse((n, j)));
-        let ids = global.get(&i).map_or(&[][..], |g| &g[..]);
-        let mut bases: Vec<(u64, &[u8])> = shared
+    let mut prepare = |group: &[usize]| -> Prepared {
+        let ids: Vec<u64> = group
             .iter()
-            .take(2)
-            .map(|&(j, _)| (IN_WRITE | j as u64, &data[j * bs..(j + 1) * bs]))
+            .filter_map(|i| global.get(i))
+            .flatten()
+            .copied()
             .collect();
-        bases.extend(ids.iter().filter_map(|c| Some((*c, &blocks.get(c)?[..]))));
-        bases.truncate(MAX_TRIES);
-        let block = &data[i * bs..(i + 1) * bs];
-        let limit = alone(i) - alone(i) / 8;
-        let memo = made.get(&i).unwrap_or(&none);
-        match reduction::best_delta(block, &bases, LEVEL, limit, memo) {
-            Some((bases, payload)) => {
-                found.insert(i, Delta { bases, payload });
+        let blocks = if ids.is_empty() {
+            Blocks::new()
+        } else {
+            fetch(&ids)
+        };
+        let made = match spread {
+            true => ahead(data, bs, group, global, &blocks),
+            false => HashMap::new(),
+        };
+        (blocks, made)
+    };
+    let mut search = Search {
+        data,
+        bs,
+        keys,
+        global,
+        alone,
+        found: HashMap::new(),
+        local: HashMap::new(),
+    };
+    if spread && misses.len() > FETCH_MISSES {
+        // One group ahead: the next group's blocks are fetched and its tries made while
+        // this thread chooses the current group's deltas (a rendezvous channel).
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Prepared>(0);
+            s.spawn(move || {
+                for group in misses.chunks(FETCH_MISSES) {
+                    if tx.send(prepare(group)).is_err() {
+                        break;
+                    }
+                }
+            });
+            for (group, prepared) in misses.chunks(FETCH_MISSES).zip(rx) {
+                search.group(group, &prepared);
             }
-            None => local.extend(keys.iter().map(|&k| (k, i))),
+        });
+    } else {
+        for group in misses.chunks(FETCH_MISSES) {
+            let prepared = prepare(group);
+            search.group(group, &prepared);
         }
     }
-    found
+    search.found
+}
+
+/// The sequential part of [`choose`]: what it has found so far, and which earlier misses of
+/// the write were stored alone.
+struct Search<'a> {
+    data: &'a [u8],
+    bs: usize,
+    keys: &'a Keys,
+    global: &'a Candidates,
+    alone: &'a dyn Fn(usize) -> usize,
+    found: HashMap<usize, Delta>,
+    /// Super-feature → the latest earlier miss of this write stored alone that had it.
+    local: HashMap<u64, usize>,
+}
+
+impl Search<'_> {
+    /// Each miss of `group`, in order: compressed against its bases (the earlier misses of
+    /// the write stored alone that share the most super-features with it, up to 2, then
+    /// its fetched index candidates), kept as a delta if that saves 1/8 of it stored alone.
+    fn group(&mut self, group: &[usize], (blocks, made): &Prepared) {
+        let (data, bs) = (self.data, self.bs);
+        let none = DeltaMemo::new();
+        for &i in group {
+            let Some(keys) = self.keys.get(&i) else {
+                continue;
+            };
+            let mut shared: Vec<(usize, usize)> = Vec::new();
+            for k in keys {
+                if let Some(&j) = self.local.get(k) {
+                    match shared.iter_mut().find(|(x, _)| *x == j) {
+                        Some((_, n)) => *n += 1,
+                        None => shared.push((j, 1)),
+                    }
+                }
+            }
+            shared.sort_unstable_by_key(|&(j, n)| std::cmp::Reverse((n, j)));
+            let ids = self.global.get(&i).map_or(&[][..], |g| &g[..]);
+            let mut bases: Vec<(u64, &[u8])> = shared
+                .iter()
+                .take(2)
+                .map(|&(j, _)| (IN_WRITE | j as u64, &data[j * bs..(j + 1) * bs]))
+                .collect();
+            bases.extend(ids.iter().filter_map(|c| Some((*c, &blocks.get(c)?[..]))));
+            bases.truncate(MAX_TRIES);
+            let block = &data[i * bs..(i + 1) * bs];
+            let alone = (self.alone)(i);
+            let memo = made.get(&i).unwrap_or(&none);
+            match reduction::best_delta(block, &bases, LEVEL, alone - alone / 8, memo) {
+                Some((bases, payload)) => {
+                    self.found.insert(i, Delta { bases, payload });
+                }
+                None => self.local.extend(keys.iter().map(|&k| (k, i))),
+            }
+        }
+    }
 }
 
 #[cfg(test)]
