@@ -72,26 +72,33 @@ pub fn miss_keys(data: &[u8], bs: usize, misses: &[usize], spread: bool) -> Keys
 }
 
 /// The tries of `misses` against their index candidates alone ([`reduction::delta_tries`] of
-/// the first [`MAX_TRIES`] with a fetched block), made on rayon's threads, by miss.
+/// the first [`MAX_TRIES`] with a fetched block), made on rayon's threads, by miss. A miss
+/// that may also have bases in the write (`in_write`: how many earlier misses share a
+/// super-feature with it, at most 2) leaves them room: its first `MAX_TRIES - n` index
+/// candidates alone, and no pair, since its pair names its first base, one of the write's.
+/// A try [`Search::group`] then needs and finds missing (those bases became deltas), it
+/// makes itself.
 fn ahead(
     data: &[u8],
     bs: usize,
     misses: &[usize],
-    global: &Candidates,
+    (global, in_write): (&Candidates, &HashMap<usize, usize>),
     blocks: &Blocks,
 ) -> HashMap<usize, DeltaMemo> {
     misses
         .par_iter()
         .filter_map(|&i| {
             let ids = global.get(&i)?;
+            let local = in_write.get(&i).copied().unwrap_or(0);
             let mut bases: Vec<(u64, &[u8])> = ids
                 .iter()
                 .filter_map(|c| Some((*c, &blocks.get(c)?[..])))
                 .collect();
-            bases.truncate(MAX_TRIES);
+            bases.truncate(MAX_TRIES - local);
             let block = &data[i * bs..(i + 1) * bs];
             let memo: DeltaMemo = reduction::delta_tries(&bases)
                 .into_iter()
+                .filter(|(ids, _)| local == 0 || ids.len() == 1)
                 .filter_map(|(ids, d)| {
                     Some((ids, reduction::compress_delta(block, &d.concat(), LEVEL)?))
                 })
@@ -99,6 +106,29 @@ fn ahead(
             Some((i, memo))
         })
         .collect()
+}
+
+/// For each miss of `group`, in order, how many earlier misses of the write (`seen`:
+/// super-feature → the latest miss that had it, updated here) share a super-feature with
+/// it, at most 2: a guess of how many bases it will have in the write (such misses that
+/// were stored alone; a guess can be off either way, which costs tries, never choices).
+fn in_write_counts(
+    group: &[usize],
+    keys: &Keys,
+    seen: &mut HashMap<u64, usize>,
+) -> HashMap<usize, usize> {
+    let mut counts = HashMap::new();
+    for &i in group {
+        let Some(keys) = keys.get(&i) else {
+            continue;
+        };
+        let mut earlier: Vec<usize> = keys.iter().filter_map(|k| seen.get(k).copied()).collect();
+        earlier.sort_unstable();
+        earlier.dedup();
+        counts.insert(i, earlier.len().min(2));
+        seen.extend(keys.iter().map(|&k| (k, i)));
+    }
+    counts
 }
 
 /// A fetch group's candidate blocks, and the tries made ahead for its misses (with `spread`).
@@ -120,6 +150,7 @@ pub fn choose(
     alone: &dyn Fn(usize) -> usize,
     spread: bool,
 ) -> HashMap<usize, Delta> {
+    let mut seen = HashMap::new();
     let mut prepare = |group: &[usize]| -> Prepared {
         let ids: Vec<u64> = group
             .iter()
@@ -133,7 +164,10 @@ pub fn choose(
             fetch(&ids)
         };
         let made = match spread {
-            true => ahead(data, bs, group, global, &blocks),
+            true => {
+                let in_write = in_write_counts(group, keys, &mut seen);
+                ahead(data, bs, group, (global, &in_write), &blocks)
+            }
             false => HashMap::new(),
         };
         (blocks, made)
