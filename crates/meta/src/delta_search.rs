@@ -12,10 +12,11 @@
 //! their blocks, so this module holds no state and touches no pool.
 //!
 //! Side by side (`spread`): the choice is sequential (a miss's in-write bases depend on what
-//! the misses before it became), but its tries against the index's candidates alone do not
-//! depend on it: [`ahead`] makes them for each fetched group of misses on rayon's threads,
-//! and the sequential pass looks them up ([`reduction::DeltaMemo`]) and makes only the tries
-//! that name a block of the write. A write of more than one group runs as a pipeline: a
+//! the misses before it became), but a try's bytes depend only on the block and its bases.
+//! So [`guess_in_write`] guesses each miss's in-write bases (a miss with no base at all is
+//! stored alone), [`ahead`] makes the tries of the guessed bases and the index's candidates
+//! for each fetched group of misses on rayon's threads, and the sequential pass looks them
+//! up ([`reduction::DeltaMemo`]) and makes only the tries the guess missed. A write of more than one group runs as a pipeline: a
 //! scoped thread fetches the next group's candidate blocks and makes its tries while the
 //! calling thread chooses among the current group's (one group ahead, so at most two
 //! groups' blocks are held). The same tries give the same bytes, so what is chosen does not
@@ -71,34 +72,29 @@ pub fn miss_keys(data: &[u8], bs: usize, misses: &[usize], spread: bool) -> Keys
     }
 }
 
-/// The tries of `misses` against their index candidates alone ([`reduction::delta_tries`] of
-/// the first [`MAX_TRIES`] with a fetched block), made on rayon's threads, by miss. A miss
-/// that may also have bases in the write (`in_write`: how many earlier misses share a
-/// super-feature with it, at most 2) leaves them room: its first `MAX_TRIES - n` index
-/// candidates alone, and no pair, since its pair names its first base, one of the write's.
-/// A try [`Search::group`] then needs and finds missing (those bases became deltas), it
-/// makes itself.
+/// The tries of `misses` made on rayon's threads, by miss: [`reduction::delta_tries`] of its
+/// guessed bases in the write (`in_write`, from [`guess_in_write`]) then its index
+/// candidates with a fetched block, the first [`MAX_TRIES`]: the tries [`Search::group`]
+/// makes when the guess is right. A try it needs and does not find here, it makes itself.
 fn ahead(
     data: &[u8],
     bs: usize,
     misses: &[usize],
-    (global, in_write): (&Candidates, &HashMap<usize, usize>),
+    (global, in_write): (&Candidates, &HashMap<usize, Vec<usize>>),
     blocks: &Blocks,
 ) -> HashMap<usize, DeltaMemo> {
     misses
         .par_iter()
         .filter_map(|&i| {
-            let ids = global.get(&i)?;
-            let local = in_write.get(&i).copied().unwrap_or(0);
-            let mut bases: Vec<(u64, &[u8])> = ids
-                .iter()
-                .filter_map(|c| Some((*c, &blocks.get(c)?[..])))
-                .collect();
-            bases.truncate(MAX_TRIES - local);
+            let local = in_write.get(&i).map_or(&[][..], |l| &l[..]);
+            let ids = global.get(&i).map_or(&[][..], |g| &g[..]);
+            let bases = bases_of(data, bs, local, ids, blocks);
+            if bases.is_empty() {
+                return None;
+            }
             let block = &data[i * bs..(i + 1) * bs];
             let memo: DeltaMemo = reduction::delta_tries(&bases)
                 .into_iter()
-                .filter(|(ids, _)| local == 0 || ids.len() == 1)
                 .filter_map(|(ids, d)| {
                     Some((ids, reduction::compress_delta(block, &d.concat(), LEVEL)?))
                 })
@@ -108,27 +104,68 @@ fn ahead(
         .collect()
 }
 
-/// For each miss of `group`, in order, how many earlier misses of the write (`seen`:
-/// super-feature → the latest miss that had it, updated here) share a super-feature with
-/// it, at most 2: a guess of how many bases it will have in the write (such misses that
-/// were stored alone; a guess can be off either way, which costs tries, never choices).
-fn in_write_counts(
+/// A miss's bases, in the order they are tried: `local` (blocks of the write, by index),
+/// then the index candidates `ids` with a block in `blocks`, the first [`MAX_TRIES`].
+fn bases_of<'a>(
+    data: &'a [u8],
+    bs: usize,
+    local: &[usize],
+    ids: &[u64],
+    blocks: &'a Blocks,
+) -> Vec<(u64, &'a [u8])> {
+    let mut bases: Vec<(u64, &[u8])> = local
+        .iter()
+        .map(|&j| (IN_WRITE | j as u64, &data[j * bs..(j + 1) * bs]))
+        .collect();
+    bases.extend(ids.iter().filter_map(|c| Some((*c, &blocks.get(c)?[..]))));
+    bases.truncate(MAX_TRIES);
+    bases
+}
+
+/// The earlier misses of the write in `local` (super-feature → the latest that had it) that
+/// share the most super-features with a miss of super-features `keys`, up to 2, most first
+/// (the later miss first on a tie).
+fn ranked(keys: &[u64; FEATURES], local: &HashMap<u64, usize>) -> Vec<usize> {
+    let mut shared: Vec<(usize, usize)> = Vec::new();
+    for k in keys {
+        if let Some(&j) = local.get(k) {
+            match shared.iter_mut().find(|(x, _)| *x == j) {
+                Some((_, n)) => *n += 1,
+                None => shared.push((j, 1)),
+            }
+        }
+    }
+    shared.sort_unstable_by_key(|&(j, n)| std::cmp::Reverse((n, j)));
+    shared.iter().take(2).map(|&(j, _)| j).collect()
+}
+
+/// For each miss of `group`, in order, a guess of its bases in the write: [`ranked`] over
+/// the earlier misses guessed to be stored alone (`alone`, updated here). A miss is guessed
+/// to be stored alone if it has no base at all: neither a guessed one in the write nor an
+/// index candidate with a fetched block that may be a base (one with a base usually
+/// becomes a delta). A wrong guess costs tries, never choices.
+fn guess_in_write(
     group: &[usize],
-    keys: &Keys,
-    seen: &mut HashMap<u64, usize>,
-) -> HashMap<usize, usize> {
-    let mut counts = HashMap::new();
+    (keys, global): (&Keys, &Candidates),
+    blocks: &Blocks,
+    alone: &mut HashMap<u64, usize>,
+) -> HashMap<usize, Vec<usize>> {
+    let mut guess = HashMap::new();
     for &i in group {
-        let Some(keys) = keys.get(&i) else {
+        let Some(k) = keys.get(&i) else {
             continue;
         };
-        let mut earlier: Vec<usize> = keys.iter().filter_map(|k| seen.get(k).copied()).collect();
-        earlier.sort_unstable();
-        earlier.dedup();
-        counts.insert(i, earlier.len().min(2));
-        seen.extend(keys.iter().map(|&k| (k, i)));
+        let local = ranked(k, alone);
+        let indexed = global.get(&i).is_some_and(|ids| {
+            ids.iter()
+                .any(|c| blocks.get(c).is_some_and(|b| reduction::may_be_base(b)))
+        });
+        if local.is_empty() && !indexed {
+            alone.extend(k.iter().map(|&f| (f, i)));
+        }
+        guess.insert(i, local);
     }
-    counts
+    guess
 }
 
 /// A fetch group's candidate blocks, and the tries made ahead for its misses (with `spread`).
@@ -150,7 +187,8 @@ pub fn choose(
     alone: &dyn Fn(usize) -> usize,
     spread: bool,
 ) -> HashMap<usize, Delta> {
-    let mut seen = HashMap::new();
+    // Super-feature → the latest miss guessed to be stored alone ([`guess_in_write`]).
+    let mut guessed = HashMap::new();
     let mut prepare = |group: &[usize]| -> Prepared {
         let ids: Vec<u64> = group
             .iter()
@@ -165,7 +203,7 @@ pub fn choose(
         };
         let made = match spread {
             true => {
-                let in_write = in_write_counts(group, keys, &mut seen);
+                let in_write = guess_in_write(group, (keys, global), &blocks, &mut guessed);
                 ahead(data, bs, group, (global, &in_write), &blocks)
             }
             false => HashMap::new(),
@@ -230,24 +268,8 @@ impl Search<'_> {
             let Some(keys) = self.keys.get(&i) else {
                 continue;
             };
-            let mut shared: Vec<(usize, usize)> = Vec::new();
-            for k in keys {
-                if let Some(&j) = self.local.get(k) {
-                    match shared.iter_mut().find(|(x, _)| *x == j) {
-                        Some((_, n)) => *n += 1,
-                        None => shared.push((j, 1)),
-                    }
-                }
-            }
-            shared.sort_unstable_by_key(|&(j, n)| std::cmp::Reverse((n, j)));
             let ids = self.global.get(&i).map_or(&[][..], |g| &g[..]);
-            let mut bases: Vec<(u64, &[u8])> = shared
-                .iter()
-                .take(2)
-                .map(|&(j, _)| (IN_WRITE | j as u64, &data[j * bs..(j + 1) * bs]))
-                .collect();
-            bases.extend(ids.iter().filter_map(|c| Some((*c, &blocks.get(c)?[..]))));
-            bases.truncate(MAX_TRIES);
+            let bases = bases_of(data, bs, &ranked(keys, &self.local), ids, blocks);
             let block = &data[i * bs..(i + 1) * bs];
             let alone = (self.alone)(i);
             let memo = made.get(&i).unwrap_or(&none);
