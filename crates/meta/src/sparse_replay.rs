@@ -8,8 +8,9 @@
 //! Invariants, so that the replay stores what an import in sparse mode stores:
 //! - A write goes as the write path takes one (engine `pool/write.rs`, `write_blocks`, one
 //!   writer): a write of more than [`SMALL_WRITE_BLOCKS`] blocks looks every block up once
-//!   first; then each block is a duplicate of a chunk stored earlier in the same write, or is
-//!   looked up (again, unless it missed the first time), or is stored. The chunks it stores
+//!   first ([`SparseIndex::find_write`]); then each block is a duplicate of a chunk stored
+//!   earlier in the same write, or the chunk the first pass found, or is looked up (again,
+//!   unless it missed the first time), or is stored. The chunks it stores
 //!   join the table and the index after the write, in id order.
 //! - [`SparseReplay::reopen`] is an open of the pool by a new process (each `condense
 //!   import`): the index is built again from the table, hooks only, in id order.
@@ -95,15 +96,17 @@ impl SparseReplay {
         let first_id = self.table.len() as u64;
         // The first pass: the blocks that missed, each fingerprint once.
         let mut missed = vec![false; fps.len()];
+        let mut found = vec![None; fps.len()];
         if fps.len() > SMALL_WRITE_BLOCKS {
             let mut pages = Pages {
                 table: &self.table,
                 next_id: first_id,
             };
+            found = self.index.find_write(fps, &mut pages);
             let mut seen = HashSet::new();
             for (i, fp) in fps.iter().enumerate() {
                 let Some(fp) = fp else { continue };
-                if self.index.find(fp, &mut pages).is_none() && seen.insert(key(fp)) {
+                if found[i].is_none() && seen.insert(key(fp)) {
                     missed[i] = true;
                 }
             }
@@ -113,7 +116,7 @@ impl SparseReplay {
         let mut in_write = HashSet::new();
         for (i, fp) in fps.iter().enumerate() {
             let Some(fp) = fp else { continue };
-            if in_write.contains(&key(fp)) {
+            if in_write.contains(&key(fp)) || found[i].is_some() {
                 continue;
             }
             if !missed[i] {
