@@ -619,6 +619,7 @@ fn cache_slots(entries: usize) -> usize {
 mod tests {
     use super::*;
     use crate::dedup_index::tests::fp;
+    use condense_format::CHUNKS_PER_PAGE;
 
     /// Twice the hooks that fit: the rate halves, and every hook at the new rate, old or
     /// new, is still held (the whole pool stays in sight); RAM never grows.
@@ -675,6 +676,63 @@ mod tests {
             "the newest is held"
         );
         assert_eq!(ix.hook_page(&hook(0)), None, "the oldest went");
+    }
+
+    /// A slot is 12 bytes: at the smallest budget, 9,000 hooks at the first rate fit without
+    /// halving it (two u64s a slot held 7,168), and the largest page is kept whole.
+    #[test]
+    fn a_slot_is_twelve_bytes_and_keeps_any_page() {
+        let mut ix = SparseIndex::new(MIN_BUDGET);
+        let hooks: Vec<u64> = (0..).filter(|&i| is_hook(&fp(i))).take(9_000).collect();
+        let last_page = (1u64 << 48) / CHUNKS_PER_PAGE as u64 - 1;
+        for (n, &i) in hooks.iter().enumerate() {
+            ix.insert(&fp(i), last_page - n as u64);
+        }
+        assert_eq!(ix.hook_rate(), HOOK_RATE, "the rate did not halve");
+        assert_eq!(ix.hooks(), 9_000);
+        assert_eq!(ix.hook_page(&fp(hooks[0])), Some(last_page));
+        assert_eq!(ix.hook_page(&fp(hooks[8_999])), Some(last_page - 8_999));
+        assert!(ix.ram_bytes() <= MIN_BUDGET);
+    }
+
+    /// A write's blocks before its first hook are found once the hook loads their page (the
+    /// look-back), as far back as [`LOOK_BACK`] blocks.
+    #[test]
+    fn a_hook_finds_the_misses_of_the_write_before_it() {
+        struct Model(u64);
+        impl ChunkPages for Model {
+            fn confirm(&mut self, page: u64, fp: &Fingerprint) -> Option<u64> {
+                (page * 128..(page + 1) * 128)
+                    .find(|&i| i < self.0 && crate::dedup_index::tests::fp(i) == *fp)
+            }
+            fn page_keys(&mut self, page: u64) -> Option<Vec<u64>> {
+                Some((page * 128..(page + 1) * 128).filter(|&i| i < self.0).map(|i| key(&fp(i))).collect())
+            }
+            fn last_page(&self) -> u64 {
+                (self.0 - 1) / 128
+            }
+        }
+        let n = 128 * 64;
+        let mut ix = SparseIndex::new(MIN_BUDGET);
+        for i in 0..n {
+            ix.add_hook(&fp(i), i / 128);
+        }
+        // A stretch of a page's length with a hook at its end, written again.
+        let hook = (1_000..n).find(|&i| is_hook(&fp(i)) && !(i - 127..i).any(|j| is_hook(&fp(j))));
+        let hook = hook.expect("a hook with 127 others before it");
+        let write: Vec<Option<Fingerprint>> = (hook - 127..=hook + 10).map(|i| Some(fp(i))).collect();
+        let found = ix.find_write(&write, &mut Model(n));
+        let ids: Vec<Option<u64>> = (hook - 127..=hook + 10).map(Some).collect();
+        assert_eq!(found, ids);
+        assert_eq!(ix.counters.misses, 0, "the misses became hits");
+        // One at a time (the look-back's window is the write), the blocks before the hook miss.
+        let mut ix = SparseIndex::new(MIN_BUDGET);
+        for i in 0..n {
+            ix.add_hook(&fp(i), i / 128);
+        }
+        let mut m = Model(n);
+        let one_by_one: Vec<Option<u64>> = write.iter().map(|f| ix.find(f.as_ref().unwrap(), &mut m)).collect();
+        assert_eq!(one_by_one.iter().filter(|f| f.is_none()).count(), 127);
     }
 
     #[test]
