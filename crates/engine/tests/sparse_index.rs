@@ -277,17 +277,16 @@ fn hooks(pool: &Pool) -> Vec<bool> {
     let data: Vec<u8> = (0..BLOCKS).flat_map(block).collect();
     condense_engine::reduction::classify(&key, &data, BS)
         .iter()
-        .map(|fp| fp.as_ref().is_some_and(condense_engine::sparse_index::is_hook))
+        .map(|fp| {
+            fp.as_ref()
+                .is_some_and(condense_engine::sparse_index::is_hook)
+        })
         .collect()
 }
 
 /// One write into a new volume `name` of the tag sequence's blocks `blocks`, after the ones
 /// of `before` in another write if any; the chunks each write stored.
-fn write_runs(
-    pool: &Pool,
-    name: &str,
-    writes: &[Vec<u64>],
-) -> Result<Vec<u64>, String> {
+fn write_runs(pool: &Pool, name: &str, writes: &[Vec<u64>]) -> Result<Vec<u64>, String> {
     let blocks: usize = writes.iter().map(Vec::len).sum();
     pool.create_volume(name, (blocks * BS) as u64)
         .map_err(|e| format!("create {name}: {e}"))?;

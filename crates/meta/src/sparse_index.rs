@@ -266,7 +266,9 @@ impl Table {
                 .slots
                 .iter()
                 .filter(|s| **s != Slot::EMPTY)
-                .fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s.page()), hi.max(s.page())));
+                .fold((u64::MAX, 0), |(lo, hi), s| {
+                    (lo.min(s.page()), hi.max(s.page()))
+                });
             // Pages fill in write order, so hooks spread evenly over [lo, hi]: dropping the
             // lowest quarter of that span drops about a quarter of them (repeat if not).
             let below = lo.saturating_add(((hi - lo) / 4).max(1));
@@ -706,7 +708,12 @@ mod tests {
                     .find(|&i| i < self.0 && crate::dedup_index::tests::fp(i) == *fp)
             }
             fn page_keys(&mut self, page: u64) -> Option<Vec<u64>> {
-                Some((page * 128..(page + 1) * 128).filter(|&i| i < self.0).map(|i| key(&fp(i))).collect())
+                Some(
+                    (page * 128..(page + 1) * 128)
+                        .filter(|&i| i < self.0)
+                        .map(|i| key(&fp(i)))
+                        .collect(),
+                )
             }
             fn last_page(&self) -> u64 {
                 (self.0 - 1) / 128
@@ -720,7 +727,8 @@ mod tests {
         // A stretch of a page's length with a hook at its end, written again.
         let hook = (1_000..n).find(|&i| is_hook(&fp(i)) && !(i - 127..i).any(|j| is_hook(&fp(j))));
         let hook = hook.expect("a hook with 127 others before it");
-        let write: Vec<Option<Fingerprint>> = (hook - 127..=hook + 10).map(|i| Some(fp(i))).collect();
+        let write: Vec<Option<Fingerprint>> =
+            (hook - 127..=hook + 10).map(|i| Some(fp(i))).collect();
         let found = ix.find_write(&write, &mut Model(n));
         let ids: Vec<Option<u64>> = (hook - 127..=hook + 10).map(Some).collect();
         assert_eq!(found, ids);
@@ -731,7 +739,10 @@ mod tests {
             ix.add_hook(&fp(i), i / 128);
         }
         let mut m = Model(n);
-        let one_by_one: Vec<Option<u64>> = write.iter().map(|f| ix.find(f.as_ref().unwrap(), &mut m)).collect();
+        let one_by_one: Vec<Option<u64>> = write
+            .iter()
+            .map(|f| ix.find(f.as_ref().unwrap(), &mut m))
+            .collect();
         assert_eq!(one_by_one.iter().filter(|f| f.is_none()).count(), 127);
     }
 

@@ -221,7 +221,10 @@ mod tests {
         );
         let stored = write_all(&mut r, &stream(run.clone()), 2048);
         assert_eq!(stored, before_neighbourhood(run.start, first_hook));
-        assert!(stored < first_hook - run.start, "{stored}: not found by looking back");
+        assert!(
+            stored < first_hook - run.start,
+            "{stored}: not found by looking back"
+        );
         assert!(r.counters().hook_hits > 0);
         assert!(r.counters().cache_hits > 4_000);
     }
