@@ -739,9 +739,8 @@ mod tests {
             ix.add_hook(&fp(i), i / 128);
         }
         let mut m = Model(n);
-        let one_by_one: Vec<Option<u64>> = write
-            .iter()
-            .map(|f| ix.find(f.as_ref().unwrap(), &mut m))
+        let one_by_one: Vec<Option<u64>> = (hook - 127..=hook + 10)
+            .map(|i| ix.find(&fp(i), &mut m))
             .collect();
         assert_eq!(one_by_one.iter().filter(|f| f.is_none()).count(), 127);
     }
