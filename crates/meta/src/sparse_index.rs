@@ -618,8 +618,9 @@ impl SparseIndex {
 /// day found inline; ½: 1.06×, 97.5 %; ¼: 1.06×, 98.6 %; ⅛: 1.29×, 85.4 %. At 100M chunks and
 /// 32 MiB a second pass found 99.94 % inline with ½ (hooks 1 in 128) and 97.7 % with ¼ (1 in
 /// 256): the hook table halves its rate as it fills, so its share sets how thin the hooks of a
-/// big pool get. (Those were with 16-byte slots and before the look-back; with both, ½ at 256
-/// KiB stores 1.01× dense on the corpus and finds 99.6 % of a second day, "Look-back".)
+/// big pool get. (Those were with 16-byte slots and before the look-back; with them and the
+/// cache's second chance, ½ at 256 KiB stores 1.01× dense on the corpus and finds 99.7 % of a
+/// second day, "Look-back".)
 fn sizes(budget: u64) -> (usize, usize) {
     let hook_slots = budget / 2 / SLOT_BYTES;
     let cache_bytes = budget - hook_slots * SLOT_BYTES;
