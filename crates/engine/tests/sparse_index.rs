@@ -314,7 +314,7 @@ fn a_run_written_again_is_found_from_before_its_first_hook() -> Result<(), Strin
     Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
         .map_err(|e| format!("init: {e}"))?;
     let pool = common::open_sparse(&disk, 256 << 10)?;
-    // 128 pages: the locality cache (~46 pages) holds the last ones only.
+    // 128 pages: the locality cache (~43 pages) holds the last ones only.
     write(&pool, "a", 0)?;
     let hook = hooks(&pool);
     let start = (1000..BLOCKS as usize - 2048)
@@ -334,7 +334,7 @@ fn a_run_written_again_is_found_from_before_its_first_hook() -> Result<(), Strin
 /// What a write's first pass (before the state lock) found stays found in its second (under
 /// the lock), though the first pass's later hooks pushed its pages out of the locality cache:
 /// a run going on from the write before, with no hook in its part of this write, then hooks
-/// far apart that load more pages than the cache (~46 pages at 256 KiB) holds.
+/// far apart that load more pages than the cache (~43 pages at 256 KiB) holds.
 #[test]
 fn what_a_write_found_before_the_lock_stays_found() -> Result<(), String> {
     let disk = SimDir::new();

@@ -205,7 +205,7 @@ mod tests {
     #[test]
     fn a_long_run_written_again_is_found_from_its_start() {
         // A cache of ~300 pages: what a write's first pass loads is still there for its
-        // second (at the smallest budget, ~46 pages, it is not: the engine's test
+        // second (at the smallest budget, ~43 pages, it is not: the engine's test
         // `the_replay_stores_what_the_pool_stores` holds the replay to the pool there).
         let mut r = SparseReplay::new(4 << 20);
         let n = 20_000;
