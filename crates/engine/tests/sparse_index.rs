@@ -270,11 +270,11 @@ fn the_replay_stores_what_the_pool_stores() -> Result<(), String> {
     Ok(())
 }
 
-/// Which blocks of [`write`]'s tag sequence `0..BLOCKS` are hooks in `pool` (its fingerprints
-/// are keyed by the pool's secret, so each pool has other hooks).
-fn hooks(pool: &Pool) -> Vec<bool> {
+/// Which blocks of [`write`]'s tag sequence `0..n` are hooks in `pool` (its fingerprints are
+/// keyed by the pool's secret, so each pool has other hooks).
+fn hooks_of(pool: &Pool, n: u64) -> Vec<bool> {
     let key = pool.superblock().key;
-    let data: Vec<u8> = (0..BLOCKS).flat_map(block).collect();
+    let data: Vec<u8> = (0..n).flat_map(block).collect();
     condense_engine::reduction::classify(&key, &data, BS)
         .iter()
         .map(|fp| {
@@ -316,7 +316,7 @@ fn a_run_written_again_is_found_from_before_its_first_hook() -> Result<(), Strin
     let pool = common::open_sparse(&disk, 256 << 10)?;
     // 128 pages: the locality cache (~43 pages) holds the last ones only.
     write(&pool, "a", 0)?;
-    let hook = hooks(&pool);
+    let hook = hooks_of(&pool, BLOCKS);
     let start = (1000..BLOCKS as usize - 2048)
         .find(|&s| !hook[s] && (s + 1..s + 100).any(|b| hook[b]))
         .ok_or("no block before a hook")? as u64;
@@ -334,26 +334,30 @@ fn a_run_written_again_is_found_from_before_its_first_hook() -> Result<(), Strin
 /// What a write's first pass (before the state lock) found stays found in its second (under
 /// the lock), though the first pass's later hooks pushed its pages out of the locality cache:
 /// a run going on from the write before, with no hook in its part of this write, then hooks
-/// far apart that load more pages than the cache (~43 pages at 256 KiB) holds.
+/// far apart that load far more pages than the cache (~43 pages at 256 KiB) holds, even with
+/// the second chance of the pages that answered lookups.
 #[test]
 fn what_a_write_found_before_the_lock_stays_found() -> Result<(), String> {
     let disk = SimDir::new();
     Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
         .map_err(|e| format!("init: {e}"))?;
     let pool = common::open_sparse(&disk, 256 << 10)?;
+    // 384 pages: "a" holds the run, "a2" and "a3" the far hooks' pages.
     write(&pool, "a", 0)?;
-    let hook = hooks(&pool);
+    write(&pool, "a2", BLOCKS)?;
+    write(&pool, "a3", 2 * BLOCKS)?;
+    let hook = hooks_of(&pool, 3 * BLOCKS);
     // The run's first write ends where 40 blocks without a hook begin.
     let end = (1500..3000)
         .find(|&e| !(e..e + 40).any(|b| hook[b]))
         .ok_or("no 40 blocks without a hook")? as u64;
-    // Hooks 9 pages apart, far from the run (pages 8 to 32): 9 pages loaded each, so 6 of
-    // them load more than the cache holds (a page has no hook 1 time in 8).
-    let far: Vec<u64> = (36..BLOCKS / 128)
-        .step_by(9)
+    // Hooks 4 pages apart in a2 and the first 80 pages of a3 (a3's last ones are cached):
+    // ~180 pages loaded (a page has no hook 1 time in 8).
+    let far: Vec<u64> = (BLOCKS / 128..2 * BLOCKS / 128 + 80)
+        .step_by(4)
         .filter_map(|p| (p * 128..(p + 1) * 128).find(|&b| hook[b as usize]))
         .collect();
-    assert!(far.len() >= 6, "{} far hooks", far.len());
+    assert!(far.len() >= 30, "{} far hooks", far.len());
     let mut second: Vec<u64> = (end..end + 40).collect();
     second.extend(&far);
     let stored = write_runs(&pool, "b", &[(end - 512..end).collect(), second])?;
