@@ -69,8 +69,8 @@ fn unique(pool: &Pool) -> Result<u64, String> {
 }
 
 /// A pool with the smallest sparse index, volume "a" in order and "b" the same blocks
-/// scrambled: many of b's blocks are stored again (about half: the pages a hook loads stay
-/// while they answer lookups, the cache's second chance).
+/// scrambled: many of b's blocks are stored again (about half or more, depending on where the
+/// pool's key puts the hooks).
 fn pool_with_duplicates() -> Result<(Arc<SimDir>, Arc<Pool>), String> {
     let disk = SimDir::new();
     // Small segments: the duplicates' records fill segments GC can empty.
@@ -201,7 +201,7 @@ fn damage_to_a_merged_chunk_names_the_blocks_of_its_forwards_too() -> Result<(),
     pool.gc(0).map_err(|e| e.to_string())?;
     pool.close().map_err(|e| e.to_string())?;
     drop(pool);
-    // Eight chunks: about half of b's blocks are forwards, so some of these are.
+    // Eight chunks: half or more of b's blocks are forwards, so some of these are.
     let tags: Vec<u64> = (0..8).map(|i| 1000 + 1500 * i).collect();
     for &t in &tags {
         damage_record_of(dir, &block(t));

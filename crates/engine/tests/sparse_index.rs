@@ -334,8 +334,7 @@ fn a_run_written_again_is_found_from_before_its_first_hook() -> Result<(), Strin
 /// What a write's first pass (before the state lock) found stays found in its second (under
 /// the lock), though the first pass's later hooks pushed its pages out of the locality cache:
 /// a run going on from the write before, with no hook in its part of this write, then hooks
-/// far apart that load far more pages than the cache (~43 pages at 256 KiB) holds, even with
-/// the second chance of the pages that answered lookups.
+/// far apart that load far more pages than the cache (~43 pages at 256 KiB) holds.
 #[test]
 fn what_a_write_found_before_the_lock_stays_found() -> Result<(), String> {
     let disk = SimDir::new();

@@ -304,13 +304,10 @@ impl Table {
 }
 
 /// The locality cache: every fingerprint of a bounded number of pages, dropped whole pages at a
-/// time in the order they came in, but a page that answered a lookup since it was last at the
-/// front goes to the back once instead (a second chance: on the corpus a second day found
-/// 99.7 % inline with it, 99.6 % without, bench/README.md "Look-back").
+/// time in the order they came in.
 struct Locality {
     map: Table,
-    /// Each page's keys, and whether it answered a lookup since it was last at the front.
-    pages: BTreeMap<u64, (Vec<u64>, bool)>,
+    pages: BTreeMap<u64, Vec<u64>>,
     order: VecDeque<u64>,
     max_entries: usize,
     entries: usize,
@@ -319,9 +316,9 @@ struct Locality {
     list_bytes: u64,
 }
 
-/// What one cached page costs beside its keys: its list's header and flag, its B-tree entry
-/// and its place in the order (rounded up).
-const PAGE_OVERHEAD_BYTES: u64 = 80;
+/// What one cached page costs beside its keys: its list's header, its B-tree entry and its
+/// place in the order (rounded up).
+const PAGE_OVERHEAD_BYTES: u64 = 64;
 
 impl Locality {
     fn with_entries(max_entries: usize) -> Locality {
@@ -342,7 +339,7 @@ impl Locality {
     fn add(&mut self, page: u64, k: u64) {
         let growth = match self.pages.get(&page) {
             None => PAGE_OVERHEAD_BYTES + 32,
-            Some((l, _)) if l.len() == l.capacity() => l.capacity().max(4) as u64 * 8,
+            Some(l) if l.len() == l.capacity() => l.capacity().max(4) as u64 * 8,
             Some(_) => 0,
         };
         while self.entries >= self.max_entries || self.list_bytes + growth > self.list_budget() {
@@ -354,7 +351,7 @@ impl Locality {
             self.order.push_back(page);
             self.list_bytes += PAGE_OVERHEAD_BYTES;
         }
-        let (list, _) = self.pages.entry(page).or_default();
+        let list = self.pages.entry(page).or_default();
         let cap = list.capacity();
         list.push(k);
         self.list_bytes += (list.capacity() - cap) as u64 * 8;
@@ -362,30 +359,12 @@ impl Locality {
         self.entries += 1;
     }
 
-    /// A lookup found a chunk on `page`.
-    fn used(&mut self, page: u64) {
-        if let Some((_, used)) = self.pages.get_mut(&page) {
-            *used = true;
-        }
-    }
-
-    /// Drop the page that came in first and answered no lookup since it was last at the front
-    /// (its keys, unless a newer page took them over); those that did go to the back. Ends:
-    /// each page goes to the back at most once a call, its flag cleared.
+    /// Drop the page that came in first (its keys, unless a newer page took them over).
     fn evict_one(&mut self) -> bool {
-        let page = loop {
-            let Some(page) = self.order.pop_front() else {
-                return false;
-            };
-            match self.pages.get_mut(&page) {
-                Some((_, used)) if *used => {
-                    *used = false;
-                    self.order.push_back(page);
-                }
-                _ => break page,
-            }
+        let Some(page) = self.order.pop_front() else {
+            return false;
         };
-        if let Some((keys, _)) = self.pages.remove(&page) {
+        if let Some(keys) = self.pages.remove(&page) {
             self.entries -= keys.len();
             self.list_bytes -= PAGE_OVERHEAD_BYTES + keys.capacity() as u64 * 8;
             for k in keys {
@@ -491,7 +470,6 @@ impl SparseIndex {
         let cached = self.cache_page(fp);
         if let Some((page, id)) = cached.and_then(|page| Some((page, pages.confirm(page, fp)?))) {
             self.counters.cache_hits += 1;
-            self.cache.used(page);
             if self.is_hook(fp) {
                 self.load_neighbourhood(page, pages);
             }
@@ -618,9 +596,8 @@ impl SparseIndex {
 /// day found inline; ½: 1.06×, 97.5 %; ¼: 1.06×, 98.6 %; ⅛: 1.29×, 85.4 %. At 100M chunks and
 /// 32 MiB a second pass found 99.94 % inline with ½ (hooks 1 in 128) and 97.7 % with ¼ (1 in
 /// 256): the hook table halves its rate as it fills, so its share sets how thin the hooks of a
-/// big pool get. (Those were with 16-byte slots and before the look-back; with them and the
-/// cache's second chance, ½ at 256 KiB stores 1.01× dense on the corpus and finds 99.7 % of a
-/// second day, "Look-back".)
+/// big pool get. (Those were with 16-byte slots and before the look-back; with both, ½ at 256
+/// KiB stores 1.01× dense on the corpus and finds 99.6 % of a second day, "Look-back".)
 fn sizes(budget: u64) -> (usize, usize) {
     let hook_slots = budget / 2 / SLOT_BYTES;
     let cache_bytes = budget - hook_slots * SLOT_BYTES;
@@ -767,45 +744,6 @@ mod tests {
             .map(|i| ix.find(&fp(i), &mut m))
             .collect();
         assert_eq!(one_by_one.iter().filter(|f| f.is_none()).count(), 127);
-    }
-
-    /// A page that answered a lookup is passed over once when its turn to go comes: the
-    /// next page goes instead.
-    #[test]
-    fn a_page_that_answered_a_lookup_gets_a_second_chance() {
-        struct Model;
-        impl ChunkPages for Model {
-            fn confirm(&mut self, page: u64, f: &Fingerprint) -> Option<u64> {
-                (page * 128..(page + 1) * 128).find(|&i| fp(i) == *f)
-            }
-            fn page_keys(&mut self, _: u64) -> Option<Vec<u64>> {
-                None
-            }
-            fn last_page(&self) -> u64 {
-                u64::MAX
-            }
-        }
-        let mut ix = SparseIndex::new(MIN_BUDGET);
-        let max = ix.cache.max_entries as u64;
-        // Full pages, half of what the cache holds; page 0 came in first.
-        let full = max / 256;
-        for i in 0..full * 128 {
-            ix.insert(&fp(i), i / 128);
-        }
-        assert!((0..full).all(|p| ix.has_page(p)));
-        // (A hook's neighbourhood loads nothing here: the model has no pages to load.)
-        assert_eq!(ix.find(&fp(5), &mut Model), Some(5));
-        // New pages until the oldest two went, one at a time.
-        let mut next = full * 128;
-        while ix.has_page(1) || ix.has_page(2) {
-            ix.insert(&fp(next), next / 128);
-            next += 1;
-        }
-        assert!(
-            ix.has_page(0),
-            "page 0 answered a lookup: it stays, its neighbours went"
-        );
-        assert!(!ix.has_page(1));
     }
 
     #[test]

@@ -236,7 +236,7 @@ mod tests {
         r.reopen();
         // Old blocks far apart (steps of 7919 chunks, 62 pages), between new ones: few
         // are in a neighbourhood a hook loaded (the 400 fall on 157 pages, and a hook loads
-        // 9; with the look-back, those of the write before the hook count too: 270 of 400
+        // 9; with the look-back, those of the write before the hook count too: 265 of 400
         // missed, 322 without it).
         let old = |i: u64| i * 7919 % 20_000;
         let mixed: Vec<u64> = (0..400).flat_map(|i| [old(i), 1_000_000 + i]).collect();
