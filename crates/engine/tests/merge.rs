@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 const BS: usize = 4096;
 /// Distinct blocks: 128 chunk-table pages, far more than the smallest sparse index's locality
-/// cache holds (~24 pages), so a scrambled copy is mostly missed inline.
+/// cache holds (~43 pages), so much of a scrambled copy is missed inline.
 const BLOCKS: u64 = 16384;
 
 fn block(tag: u64) -> Vec<u8> {
@@ -69,7 +69,8 @@ fn unique(pool: &Pool) -> Result<u64, String> {
 }
 
 /// A pool with the smallest sparse index, volume "a" in order and "b" the same blocks
-/// scrambled: most of b's blocks are stored again.
+/// scrambled: many of b's blocks are stored again (about half or more, depending on where the
+/// pool's key puts the hooks).
 fn pool_with_duplicates() -> Result<(Arc<SimDir>, Arc<Pool>), String> {
     let disk = SimDir::new();
     // Small segments: the duplicates' records fill segments GC can empty.
@@ -83,8 +84,8 @@ fn pool_with_duplicates() -> Result<(Arc<SimDir>, Arc<Pool>), String> {
     write(&pool, "b")?;
     let stored = unique(&pool)?;
     assert!(
-        stored > BLOCKS + BLOCKS / 2,
-        "the sparse index should miss most of a scrambled copy: {stored} chunks"
+        stored > BLOCKS + BLOCKS / 4,
+        "the sparse index should miss much of a scrambled copy: {stored} chunks"
     );
     Ok((disk, pool))
 }
@@ -196,11 +197,11 @@ fn damage_to_a_merged_chunk_names_the_blocks_of_its_forwards_too() -> Result<(),
     let r = pool
         .merge_duplicates(1 << 20, &|_, _| {})
         .map_err(|e| e.to_string())?;
-    assert!(r.merged > BLOCKS / 2, "{r:?}");
+    assert!(r.merged > BLOCKS / 4, "{r:?}");
     pool.gc(0).map_err(|e| e.to_string())?;
     pool.close().map_err(|e| e.to_string())?;
     drop(pool);
-    // Eight chunks: most of b's blocks are forwards, so some of these are.
+    // Eight chunks: half or more of b's blocks are forwards, so some of these are.
     let tags: Vec<u64> = (0..8).map(|i| 1000 + 1500 * i).collect();
     for &t in &tags {
         damage_record_of(dir, &block(t));

@@ -268,8 +268,9 @@ fn bases_made_forwards_stay_forwards() {
     drop(pool);
     let pool = open(dir, None);
     let (x, near) = data(N);
-    // "a": the blocks in order; "b": the same scrambled, with deltas on (most are stored again:
-    // the sparse index misses them; each enters the sketch index); "near": deltas of b's.
+    // "a": the blocks in order; "b": the same scrambled, with deltas on, in writes of 8 blocks
+    // (most are stored again: the sparse index misses them, its look-back reaching only the
+    // write's own blocks; each enters the sketch index); "near": deltas of b's.
     let scrambled: Vec<u8> = (0..N)
         .flat_map(|b| x[(b * 7919 % N) * BS..][..BS].to_vec())
         .collect();
@@ -287,7 +288,10 @@ fn bases_made_forwards_stay_forwards() {
         pool.create_volume(name, bytes.len() as u64)
             .expect("create");
         let h = pool.volume(name).expect("volume");
-        h.write_at(0, bytes, false).expect("write");
+        let per = if name == "b" { 8 * BS } else { bytes.len() };
+        for (i, piece) in bytes.chunks(per).enumerate() {
+            h.write_at((i * per) as u64, piece, false).expect("write");
+        }
         pool.flush().expect("flush");
     }
     let m = pool.merge_duplicates(1 << 20, &|_, _| {}).expect("merge");

@@ -269,3 +269,98 @@ fn the_replay_stores_what_the_pool_stores() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Which blocks of [`write`]'s tag sequence `0..n` are hooks in `pool` (its fingerprints are
+/// keyed by the pool's secret, so each pool has other hooks).
+fn hooks_of(pool: &Pool, n: u64) -> Vec<bool> {
+    let key = pool.superblock().key;
+    let data: Vec<u8> = (0..n).flat_map(block).collect();
+    condense_engine::reduction::classify(&key, &data, BS)
+        .iter()
+        .map(|fp| {
+            fp.as_ref()
+                .is_some_and(condense_engine::sparse_index::is_hook)
+        })
+        .collect()
+}
+
+/// One write into a new volume `name` of the tag sequence's blocks `blocks`, after the ones
+/// of `before` in another write if any; the chunks each write stored.
+fn write_runs(pool: &Pool, name: &str, writes: &[Vec<u64>]) -> Result<Vec<u64>, String> {
+    let blocks: usize = writes.iter().map(Vec::len).sum();
+    pool.create_volume(name, (blocks * BS) as u64)
+        .map_err(|e| format!("create {name}: {e}"))?;
+    let h = pool.volume(name).map_err(|e| e.to_string())?;
+    let mut at = 0;
+    let mut stored = Vec::new();
+    for w in writes {
+        let before = unique_chunks(pool)?;
+        let buf: Vec<u8> = w.iter().flat_map(|&b| block(b)).collect();
+        h.write_at((at * BS) as u64, &buf, false)
+            .map_err(|e| format!("{name} at block {at}: {e}"))?;
+        at += w.len();
+        stored.push(unique_chunks(pool)? - before);
+    }
+    Ok(stored)
+}
+
+/// A run written again is found from its start, not from its first hook: the hook loads the
+/// page before its own too, and the write's misses before it are looked up again in the
+/// pages it loaded (the look-back). For any pool key: the run starts on a block that is not
+/// a hook, with a hook less than a page after it.
+#[test]
+fn a_run_written_again_is_found_from_before_its_first_hook() -> Result<(), String> {
+    let disk = SimDir::new();
+    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
+        .map_err(|e| format!("init: {e}"))?;
+    let pool = common::open_sparse(&disk, 256 << 10)?;
+    // 128 pages: the locality cache (~43 pages) holds the last ones only.
+    write(&pool, "a", 0)?;
+    let hook = hooks_of(&pool, BLOCKS);
+    let start = (1000..BLOCKS as usize - 2048)
+        .find(|&s| !hook[s] && (s + 1..s + 100).any(|b| hook[b]))
+        .ok_or("no block before a hook")? as u64;
+    let first_hook = (start..).find(|&b| hook[b as usize]).unwrap_or(start);
+    let stored = write_runs(&pool, "b", &[(start..start + 1024).collect()])?;
+    assert_eq!(
+        stored,
+        [0],
+        "the {} blocks before the first hook were stored again",
+        first_hook - start
+    );
+    check(&pool, "a", 0)
+}
+
+/// What a write's first pass (before the state lock) found stays found in its second (under
+/// the lock), though the first pass's later hooks pushed its pages out of the locality cache:
+/// a run going on from the write before, with no hook in its part of this write, then hooks
+/// far apart that load far more pages than the cache (~43 pages at 256 KiB) holds.
+#[test]
+fn what_a_write_found_before_the_lock_stays_found() -> Result<(), String> {
+    let disk = SimDir::new();
+    Pool::init(&SimHandle(disk.clone()), &InitOptions::default())
+        .map_err(|e| format!("init: {e}"))?;
+    let pool = common::open_sparse(&disk, 256 << 10)?;
+    // 384 pages: "a" holds the run, "a2" and "a3" the far hooks' pages.
+    write(&pool, "a", 0)?;
+    write(&pool, "a2", BLOCKS)?;
+    write(&pool, "a3", 2 * BLOCKS)?;
+    let hook = hooks_of(&pool, 3 * BLOCKS);
+    // The run's first write ends where 40 blocks without a hook begin.
+    let end = (1500..3000)
+        .find(|&e| !(e..e + 40).any(|b| hook[b]))
+        .ok_or("no 40 blocks without a hook")? as u64;
+    // Hooks 4 pages apart in a2 and the first 80 pages of a3 (a3's last ones are cached):
+    // ~180 pages loaded (a page has no hook 1 time in 8).
+    let far: Vec<u64> = (BLOCKS / 128..2 * BLOCKS / 128 + 80)
+        .step_by(4)
+        .filter_map(|p| (p * 128..(p + 1) * 128).find(|&b| hook[b as usize]))
+        .collect();
+    assert!(far.len() >= 30, "{} far hooks", far.len());
+    let mut second: Vec<u64> = (end..end + 40).collect();
+    second.extend(&far);
+    let stored = write_runs(&pool, "b", &[(end - 512..end).collect(), second])?;
+    // (The first write may miss the blocks before its first hook's neighbourhood.)
+    assert_eq!(stored[1], 0, "stored again by the second write");
+    check(&pool, "a", 0)
+}

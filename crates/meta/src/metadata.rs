@@ -291,15 +291,8 @@ impl Metadata {
     /// table's own slot on that page holds `fp` and is live (`confirm`). A wrong or missing
     /// index entry costs a page read or a lost dedup, never a block of other data.
     pub fn find_duplicate(&mut self, fp: &Fingerprint) -> Option<u64> {
-        if !self.index_ready() {
-            if self.index_build.is_some() || self.index_load.is_some() {
-                // Built in steps or loaded by a served pool: a miss meanwhile costs savings
-                // only.
-                return None;
-            }
-            if let Err(e) = self.build_index() {
-                tracing::warn!("dedup index built in part ({e}); chunks past the damage are not deduplicated against");
-            }
+        if !self.ready_to_look_up() {
+            return None;
         }
         let dense = match &self.index {
             Index::Dense(d) => d,
@@ -308,6 +301,55 @@ impl Metadata {
         let mut pages = Vec::new();
         dense.candidates(fp, &mut pages);
         pages.into_iter().find_map(|page| self.confirm(page, fp))
+    }
+
+    /// Whether lookups can be answered: the index built now if it is neither built nor
+    /// being built or loaded (then a miss costs savings only).
+    fn ready_to_look_up(&mut self) -> bool {
+        if self.index_ready() {
+            return true;
+        }
+        if self.index_build.is_some() || self.index_load.is_some() {
+            return false;
+        }
+        if let Err(e) = self.build_index() {
+            tracing::warn!("dedup index built in part ({e}); chunks past the damage are not deduplicated against");
+        }
+        true
+    }
+
+    /// [`Metadata::find_duplicate`] of each block of a write (`None`: an all-zero block),
+    /// in order, as the write path's first pass looks them up: the sparse index also finds
+    /// the write's earlier blocks of a duplicate run once a hook of it is met
+    /// ([`crate::sparse_index::SparseIndex::find_write`]). Exact as `find_duplicate` is.
+    pub fn find_duplicates(&mut self, fps: &[Option<Fingerprint>]) -> Vec<Option<u64>> {
+        if !self.ready_to_look_up() {
+            return vec![None; fps.len()];
+        }
+        if let Index::Sparse(s) = &mut self.index {
+            return s.find_write(
+                fps,
+                &mut TablePages {
+                    pages: &mut self.pages,
+                    chunks: &self.chunks,
+                },
+            );
+        }
+        (0..fps.len())
+            .map(|i| {
+                if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
+                    self.index.prefetch(ahead);
+                }
+                fps[i].as_ref().and_then(|fp| self.find_duplicate(fp))
+            })
+            .collect()
+    }
+
+    /// Chunk `id`, found by [`Metadata::find_duplicates`] before the state lock was let go,
+    /// if it still holds `fp` and may take another reference (or the chunk its slot
+    /// forwards to now, if that one does).
+    pub fn confirm_found(&mut self, id: u64, fp: &Fingerprint) -> Option<u64> {
+        self.confirm(page_of(id), fp)
     }
 
     /// [`Metadata::find_duplicate`] with the sparse index: [`crate::sparse_index::SparseIndex::find`] over this
@@ -1402,6 +1444,9 @@ impl Metadata {
         self.meta_bytes_written_before + self.pages.counters.bytes_written
     }
 }
+
+/// How many blocks ahead [`Metadata::find_duplicates`] warms the dense index.
+const PREFETCH_AHEAD: usize = 8;
 
 /// The pool's chunk table as the sparse index reads it ([`crate::sparse_index::SparseIndex::find`]).
 struct TablePages<'a> {

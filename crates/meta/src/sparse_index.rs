@@ -12,10 +12,13 @@
 //! [`HOOK_RATE`] (chosen by fingerprint bits, so the same data always picks the same
 //! hooks); a hook table that fills up halves its rate (1 in 128, 256, ...: every other hook
 //! goes, and the hooks kept still cover every page, at half the density), so the whole pool
-//! stays in the index's sight, up to [`HOOK_RATE_MAX`]. When a lookup meets a hook, the caller confirms it on its page and loads that page
-//! and the [`LOOKAHEAD`] − 1 following ones into the locality cache, which then answers for
-//! the rest of the duplicate run. New chunks go into the locality cache too (duplicates
-//! within one stream) and, if they are hooks, into the hook table.
+//! stays in the index's sight, up to [`HOOK_RATE_MAX`]. When a lookup meets a hook, the caller confirms it on its page and loads that page,
+//! the [`LOOKBEHIND`] before it and the [`LOOKAHEAD`] − 1 following ones into the locality
+//! cache, which then answers for the rest of the duplicate run; a write's lookups
+//! ([`SparseIndex::find_write`]) then look back at the write's misses since the run began,
+//! so the run is found from its start. New chunks go into the locality cache too
+//! (duplicates within one stream) and, if they are hooks, into the hook table. A hook or
+//! cache slot is 12 bytes ([`KEY_BITS`] of the fingerprint, 48 of the page).
 //!
 //! Invariants:
 //! - [`SparseIndex::ram_bytes`] never exceeds the budget given at creation (both tables are
@@ -25,16 +28,18 @@
 //!   instead: the dedup window is then the newest hooks that fit, as VDO's sparse index keeps.
 //! - The rate is a function of the hooks seen so far, never stored: the build at open reaches
 //!   the same rate from the chunk table.
-//! - Page numbers are kept whole (u64): no chunk id is too large to index.
+//! - Page numbers are kept whole (48 bits in a slot, for 41-bit pages of 48-bit chunk ids):
+//!   no chunk id is too large to index.
 //! - A fingerprint seen twice maps to its newest page (the nearest to what is being written).
 
 use condense_format::Fingerprint;
 use std::collections::{BTreeMap, VecDeque};
 
-/// One fingerprint in this many is a hook, at first (the rate halves as the table fills). Measured on the ten-image corpus (bench/README.md
-/// "Issue 43"): 1 in 64 keeps a hook in every page of 128 chunks on average (two), so a run of
-/// duplicates is found within about 64 chunks of its start, at 16 bytes a hook slot; 1 in 32
-/// doubles the hooks' RAM for a run found ~32 chunks earlier.
+/// One fingerprint in this many is a hook, at first (the rate halves as the table fills).
+/// Measured on the ten-image corpus (bench/README.md "Issue 43"): 1 in 64 keeps a hook in
+/// every page of 128 chunks on average (two), so a run of duplicates is met within about 64
+/// chunks of its start (and found from its start by the look-back). Starting at 1 in 16 or
+/// 32 (the table halving to 64 as it fills) found no more there ("Look-back").
 pub const HOOK_RATE: u64 = 64;
 
 /// The sparsest hook rate: past it, the oldest hooks are dropped instead. 1 in 16,384
@@ -42,21 +47,39 @@ pub const HOOK_RATE: u64 = 64;
 /// within ~64 MiB of data.
 pub const HOOK_RATE_MAX: u64 = HOOK_RATE << 8;
 
-/// Pages loaded into the locality cache on a hook hit: the hook's page and the ones after it.
+/// Pages loaded into the locality cache on a hook hit from the hook's page on: it and the
+/// 7 after it (16 measured worse on the corpus, 4 no better: bench/README.md "Issue 43",
+/// "Look-back").
 pub const LOOKAHEAD: u64 = 8;
+
+/// Pages loaded before the hook's page on a hook hit: a run's first hook may be past the end
+/// of the page its run starts on, and [`SparseIndex::find_write`] looks back for that start.
+pub const LOOKBEHIND: u64 = 1;
+
+/// How far back (blocks of one write) [`SparseIndex::find_write`] checks earlier misses
+/// again when a lookup loads pages: the span of a neighbourhood's pages (4096 found no more
+/// on the corpus).
+pub const LOOK_BACK: usize = 1024;
 
 /// The smallest budget accepted: room for a few hundred hooks and eight pages of cache.
 pub const MIN_BUDGET: u64 = 256 << 10;
 
-/// Bytes of a hook slot: the key (64 fingerprint bits) and the page.
-const HOOK_SLOT_BYTES: u64 = 16;
+/// Bytes of a hook slot, or of one in the locality cache's map: the key ([`KEY_BITS`]) and
+/// the page (48 bits), [`Slot`].
+const SLOT_BYTES: u64 = 12;
 
-/// The 64 fingerprint bits a hook or cache entry is known by (bytes 8..16: the dense index
-/// uses bytes 0..8, so the two spread independently). Never 0 (0 marks an empty hook slot).
+/// Bits of a fingerprint's [`key`].
+pub const KEY_BITS: u32 = 48;
+
+/// The [`KEY_BITS`] fingerprint bits a hook or cache entry is known by (of bytes 8..16: the
+/// dense index uses bytes 0..8, so the two spread independently). Never 0 (0 marks an empty
+/// slot). Two fingerprints of a pool share a key with odds of 2^-48 a pair: the later one's
+/// page then stands for both, a lost dedup at worst (a page is confirmed by the whole
+/// fingerprint).
 pub fn key(fp: &Fingerprint) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&fp[8..16]);
-    u64::from_le_bytes(b).max(1)
+    (u64::from_le_bytes(b) & ((1 << KEY_BITS) - 1)).max(1)
 }
 
 /// Whether `fp` is a hook at the first rate: its key is a multiple of [`HOOK_RATE`] (the
@@ -96,36 +119,62 @@ pub struct SparseCounters {
     pub pages_loaded: u64,
 }
 
+/// One slot of a [`Table`]: a key ([`KEY_BITS`] bits) and a page (48 bits: a chunk id has
+/// at most 48, so a page 41), packed in 12 bytes instead of two u64s' 16, for a third more
+/// hooks and cache entries in a budget. All zero: empty (a key is never 0).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Slot([u32; 3]);
+
+impl Slot {
+    const EMPTY: Slot = Slot([0; 3]);
+
+    fn new(k: u64, page: u64) -> Slot {
+        debug_assert!(k < 1 << KEY_BITS && page < 1 << 48);
+        Slot([
+            k as u32,
+            ((k >> 32) as u32 & 0xffff) | ((page as u32) << 16),
+            (page >> 16) as u32,
+        ])
+    }
+
+    fn key(self) -> u64 {
+        u64::from(self.0[0]) | (u64::from(self.0[1] & 0xffff) << 32)
+    }
+
+    fn page(self) -> u64 {
+        u64::from(self.0[1] >> 16) | (u64::from(self.0[2]) << 16)
+    }
+}
+
 /// Open-addressed key → page (the hooks, and the locality cache's map), linear probing,
 /// allocated once and never grown: the caller keeps it below 7/8 full.
 struct Table {
-    /// (key, page); key 0: empty.
-    slots: Vec<(u64, u64)>,
+    slots: Vec<Slot>,
     len: usize,
 }
 
 impl Table {
     fn with_slots(n: usize) -> Table {
         Table {
-            slots: vec![(0, 0); n.max(8)],
+            slots: vec![Slot::EMPTY; n.max(8)],
             len: 0,
         }
     }
 
     fn home(&self, k: u64) -> usize {
         // The low bits are the hook-choice bits (all zero for a hook): use the high ones.
-        ((u128::from(k >> 8) * self.slots.len() as u128) >> 56) as usize
+        ((u128::from(k >> 8) * self.slots.len() as u128) >> (KEY_BITS - 8)) as usize
     }
 
     fn get(&self, k: u64) -> Option<u64> {
         let mut i = self.home(k);
         loop {
-            let (sk, page) = self.slots[i];
-            if sk == 0 {
+            let s = self.slots[i];
+            if s == Slot::EMPTY {
                 return None;
             }
-            if sk == k {
-                return Some(page);
+            if s.key() == k {
+                return Some(s.page());
             }
             i = (i + 1) % self.slots.len();
         }
@@ -135,14 +184,14 @@ impl Table {
     fn put(&mut self, k: u64, page: u64) {
         let mut i = self.home(k);
         loop {
-            let sk = self.slots[i].0;
-            if sk == 0 {
-                self.slots[i] = (k, page);
+            let s = self.slots[i];
+            if s == Slot::EMPTY {
+                self.slots[i] = Slot::new(k, page);
                 self.len += 1;
                 return;
             }
-            if sk == k {
-                self.slots[i].1 = self.slots[i].1.max(page);
+            if s.key() == k {
+                self.slots[i] = Slot::new(k, s.page().max(page));
                 return;
             }
             i = (i + 1) % self.slots.len();
@@ -155,25 +204,26 @@ impl Table {
         let n = self.slots.len();
         let mut i = self.home(k);
         loop {
-            match self.slots[i] {
-                (0, _) => return,
-                (sk, p) if sk == k => {
-                    if p != page {
-                        return;
-                    }
-                    break;
-                }
-                _ => i = (i + 1) % n,
+            let s = self.slots[i];
+            if s == Slot::EMPTY {
+                return;
             }
+            if s.key() == k {
+                if s.page() != page {
+                    return;
+                }
+                break;
+            }
+            i = (i + 1) % n;
         }
         let mut j = i;
         loop {
             j = (j + 1) % n;
-            let sk = self.slots[j].0;
-            if sk == 0 {
+            let s = self.slots[j];
+            if s == Slot::EMPTY {
                 break;
             }
-            let h = self.home(sk);
+            let h = self.home(s.key());
             // The entry at j may stay if its home lies cyclically in (i, j].
             let stays = if i <= j {
                 i < h && h <= j
@@ -181,11 +231,11 @@ impl Table {
                 i < h || h <= j
             };
             if !stays {
-                self.slots[i] = self.slots[j];
+                self.slots[i] = s;
                 i = j;
             }
         }
-        self.slots[i] = (0, 0);
+        self.slots[i] = Slot::EMPTY;
         self.len -= 1;
     }
 
@@ -197,8 +247,8 @@ impl Table {
     fn thin(&mut self, rate: u64) -> u64 {
         let before = self.len;
         for s in &mut self.slots {
-            if s.0 != 0 && !s.0.is_multiple_of(rate) {
-                *s = (0, 0);
+            if *s != Slot::EMPTY && !s.key().is_multiple_of(rate) {
+                *s = Slot::EMPTY;
                 self.len -= 1;
             }
         }
@@ -215,14 +265,16 @@ impl Table {
             let (lo, hi) = self
                 .slots
                 .iter()
-                .filter(|s| s.0 != 0)
-                .fold((u64::MAX, 0), |(lo, hi), s| (lo.min(s.1), hi.max(s.1)));
+                .filter(|s| **s != Slot::EMPTY)
+                .fold((u64::MAX, 0), |(lo, hi), s| {
+                    (lo.min(s.page()), hi.max(s.page()))
+                });
             // Pages fill in write order, so hooks spread evenly over [lo, hi]: dropping the
             // lowest quarter of that span drops about a quarter of them (repeat if not).
             let below = lo.saturating_add(((hi - lo) / 4).max(1));
             for s in &mut self.slots {
-                if s.0 != 0 && s.1 < below {
-                    *s = (0, 0);
+                if *s != Slot::EMPTY && s.page() < below {
+                    *s = Slot::EMPTY;
                     self.len -= 1;
                 }
             }
@@ -236,16 +288,16 @@ impl Table {
     /// before it in its run has been put back already, so each is found again.
     fn reseat(&mut self) {
         let n = self.slots.len();
-        let Some(start) = self.slots.iter().position(|s| s.0 == 0) else {
+        let Some(start) = self.slots.iter().position(|s| *s == Slot::EMPTY) else {
             return;
         };
         for j in 1..=n {
             let i = (start + j) % n;
-            let (k, page) = self.slots[i];
-            if k != 0 {
-                self.slots[i] = (0, 0);
+            let s = self.slots[i];
+            if s != Slot::EMPTY {
+                self.slots[i] = Slot::EMPTY;
                 self.len -= 1;
-                self.put(k, page);
+                self.put(s.key(), s.page());
             }
         }
     }
@@ -374,7 +426,7 @@ impl SparseIndex {
 
     /// Bytes of memory the index holds (within the budget; all of it from creation on).
     pub fn ram_bytes(&self) -> u64 {
-        (self.hooks.slots.len() + self.cache.map.slots.len()) as u64 * HOOK_SLOT_BYTES
+        (self.hooks.slots.len() + self.cache.map.slots.len()) as u64 * SLOT_BYTES
             + self.cache.list_budget()
     }
 
@@ -409,9 +461,9 @@ impl SparseIndex {
     }
 
     /// A duplicate of `fp` on `pages`, as the pool looks one up: the locality cache first,
-    /// then the hooks; a hook confirmed on its page loads that page and the
-    /// [`LOOKAHEAD`] − 1 after it into the cache, and so does a hook met in the cache (the
-    /// run goes on past the pages loaded so far). Counts the lookup.
+    /// then the hooks; a hook confirmed on its page loads that page, the [`LOOKBEHIND`]
+    /// before it and the [`LOOKAHEAD`] − 1 after it into the cache, and so does a hook met
+    /// in the cache (the run goes on past the pages loaded so far). Counts the lookup.
     pub fn find(&mut self, fp: &Fingerprint, pages: &mut impl ChunkPages) -> Option<u64> {
         self.counters.lookups += 1;
         let hooked = self.hook_page(fp);
@@ -434,13 +486,58 @@ impl SparseIndex {
         None
     }
 
-    /// Load pages `page..page + LOOKAHEAD` not cached yet (none past the last page;
-    /// unreadable pages are skipped).
+    /// A write's blocks ([`None`]: all zero) looked up in order with [`SparseIndex::find`],
+    /// as the write path's first pass does: each block's duplicate, if found. Look-back: a
+    /// lookup that loads pages into the locality cache (a hook met) checks the write's
+    /// misses of the last [`LOOK_BACK`] blocks against the cache again, so a duplicate run
+    /// is found from its start, not from its first hook (~[`HOOK_RATE`] blocks in). A miss
+    /// found so counts as a cache hit, not a miss.
+    ///
+    /// The caller keeps what this found (the write path confirms the ids again under its
+    /// lock): a second lookup of a block found by looking back may miss, its page gone from
+    /// the cache or its hook not met again before it.
+    pub fn find_write(
+        &mut self,
+        fps: &[Option<Fingerprint>],
+        pages: &mut impl ChunkPages,
+    ) -> Vec<Option<u64>> {
+        let mut found = vec![None; fps.len()];
+        let mut pending: VecDeque<usize> = VecDeque::new();
+        for (i, fp) in fps.iter().enumerate() {
+            let Some(fp) = fp else { continue };
+            let loaded = self.counters.pages_loaded;
+            found[i] = self.find(fp, pages);
+            if found[i].is_none() {
+                pending.push_back(i);
+                while pending.front().is_some_and(|&j| j + LOOK_BACK < i) {
+                    pending.pop_front();
+                }
+                continue;
+            }
+            if self.counters.pages_loaded == loaded {
+                continue;
+            }
+            pending.retain(|&j| {
+                let Some(fp) = &fps[j] else { return false };
+                let Some(id) = self.cache_page(fp).and_then(|p| pages.confirm(p, fp)) else {
+                    return true;
+                };
+                found[j] = Some(id);
+                self.counters.misses -= 1;
+                self.counters.cache_hits += 1;
+                false
+            });
+        }
+        found
+    }
+
+    /// Load pages `page - LOOKBEHIND..page + LOOKAHEAD` not cached yet (none past the last
+    /// page; unreadable pages are skipped).
     fn load_neighbourhood(&mut self, page: u64, pages: &mut impl ChunkPages) {
         let end = page
             .saturating_add(LOOKAHEAD)
             .min(pages.last_page().saturating_add(1));
-        for p in page..end {
+        for p in page.saturating_sub(LOOKBEHIND)..end {
             if self.has_page(p) {
                 continue;
             }
@@ -499,20 +596,21 @@ impl SparseIndex {
 /// day found inline; ½: 1.06×, 97.5 %; ¼: 1.06×, 98.6 %; ⅛: 1.29×, 85.4 %. At 100M chunks and
 /// 32 MiB a second pass found 99.94 % inline with ½ (hooks 1 in 128) and 97.7 % with ¼ (1 in
 /// 256): the hook table halves its rate as it fills, so its share sets how thin the hooks of a
-/// big pool get.
+/// big pool get. (Those were with 16-byte slots and before the look-back; with both, ½ at 256
+/// KiB stores 1.01× dense on the corpus and finds 99.6 % of a second day, "Look-back".)
 fn sizes(budget: u64) -> (usize, usize) {
-    let hook_slots = budget / 2 / HOOK_SLOT_BYTES;
-    let cache_bytes = budget - hook_slots * HOOK_SLOT_BYTES;
-    // An entry: 8/7 of a 16-byte slot (the map stays below 7/8 full) and its key in its
-    // page's list (8 bytes): 184/7 bytes; 16 spare slots of rounding.
-    let entries = cache_bytes.saturating_sub(256) * 7 / 184;
+    let hook_slots = budget / 2 / SLOT_BYTES;
+    let cache_bytes = budget - hook_slots * SLOT_BYTES;
+    // An entry: 8/7 of a slot (the map stays below 7/8 full) and its key in its page's list
+    // (8 bytes): 152/7 bytes; 16 spare slots of rounding.
+    let entries = cache_bytes.saturating_sub(16 * SLOT_BYTES) * 7 / (8 * SLOT_BYTES + 56);
     (hook_slots as usize, entries as usize)
 }
 
 /// What [`SparseIndex::ram_bytes`] is for an index of `budget` bytes (without making one).
 pub fn projected_ram_bytes(budget: u64) -> u64 {
     let (hook_slots, entries) = sizes(budget.max(MIN_BUDGET));
-    (hook_slots.max(8) + cache_slots(entries)) as u64 * HOOK_SLOT_BYTES + entries as u64 * 8
+    (hook_slots.max(8) + cache_slots(entries)) as u64 * SLOT_BYTES + entries as u64 * 8
 }
 
 /// Slots of the locality cache's map for `entries` entries (below 7/8 full).
@@ -524,6 +622,7 @@ fn cache_slots(entries: usize) -> usize {
 mod tests {
     use super::*;
     use crate::dedup_index::tests::fp;
+    use condense_format::CHUNKS_PER_PAGE;
 
     /// Twice the hooks that fit: the rate halves, and every hook at the new rate, old or
     /// new, is still held (the whole pool stays in sight); RAM never grows.
@@ -580,6 +679,71 @@ mod tests {
             "the newest is held"
         );
         assert_eq!(ix.hook_page(&hook(0)), None, "the oldest went");
+    }
+
+    /// A slot is 12 bytes: at the smallest budget, 9,000 hooks at the first rate fit without
+    /// halving it (two u64s a slot held 7,168), and the largest page is kept whole.
+    #[test]
+    fn a_slot_is_twelve_bytes_and_keeps_any_page() {
+        let mut ix = SparseIndex::new(MIN_BUDGET);
+        let hooks: Vec<u64> = (0..).filter(|&i| is_hook(&fp(i))).take(9_000).collect();
+        let last_page = (1u64 << 48) / CHUNKS_PER_PAGE as u64 - 1;
+        for (n, &i) in hooks.iter().enumerate() {
+            ix.insert(&fp(i), last_page - n as u64);
+        }
+        assert_eq!(ix.hook_rate(), HOOK_RATE, "the rate did not halve");
+        assert_eq!(ix.hooks(), 9_000);
+        assert_eq!(ix.hook_page(&fp(hooks[0])), Some(last_page));
+        assert_eq!(ix.hook_page(&fp(hooks[8_999])), Some(last_page - 8_999));
+        assert!(ix.ram_bytes() <= MIN_BUDGET);
+    }
+
+    /// A write's blocks before its first hook are found once the hook loads their page (the
+    /// look-back), as far back as [`LOOK_BACK`] blocks.
+    #[test]
+    fn a_hook_finds_the_misses_of_the_write_before_it() {
+        struct Model(u64);
+        impl ChunkPages for Model {
+            fn confirm(&mut self, page: u64, fp: &Fingerprint) -> Option<u64> {
+                (page * 128..(page + 1) * 128)
+                    .find(|&i| i < self.0 && crate::dedup_index::tests::fp(i) == *fp)
+            }
+            fn page_keys(&mut self, page: u64) -> Option<Vec<u64>> {
+                Some(
+                    (page * 128..(page + 1) * 128)
+                        .filter(|&i| i < self.0)
+                        .map(|i| key(&fp(i)))
+                        .collect(),
+                )
+            }
+            fn last_page(&self) -> u64 {
+                (self.0 - 1) / 128
+            }
+        }
+        let n = 128 * 64;
+        let mut ix = SparseIndex::new(MIN_BUDGET);
+        for i in 0..n {
+            ix.add_hook(&fp(i), i / 128);
+        }
+        // A stretch of a page's length with a hook at its end, written again.
+        let hook = (1_000..n).find(|&i| is_hook(&fp(i)) && !(i - 127..i).any(|j| is_hook(&fp(j))));
+        let hook = hook.expect("a hook with 127 others before it");
+        let write: Vec<Option<Fingerprint>> =
+            (hook - 127..=hook + 10).map(|i| Some(fp(i))).collect();
+        let found = ix.find_write(&write, &mut Model(n));
+        let ids: Vec<Option<u64>> = (hook - 127..=hook + 10).map(Some).collect();
+        assert_eq!(found, ids);
+        assert_eq!(ix.counters.misses, 0, "the misses became hits");
+        // One at a time (the look-back's window is the write), the blocks before the hook miss.
+        let mut ix = SparseIndex::new(MIN_BUDGET);
+        for i in 0..n {
+            ix.add_hook(&fp(i), i / 128);
+        }
+        let mut m = Model(n);
+        let one_by_one: Vec<Option<u64>> = (hook - 127..=hook + 10)
+            .map(|i| ix.find(&fp(i), &mut m))
+            .collect();
+        assert_eq!(one_by_one.iter().filter(|f| f.is_none()).count(), 127);
     }
 
     #[test]

@@ -37,7 +37,11 @@ impl Pool {
         let in_flight = super::InFlight::enter(&self.writes_in_flight);
         let spread = in_flight.alone() && self.spread_writes.load(Ordering::Relaxed);
         let fps = self.fingerprints(data, spread);
-        let (misses, ids_at_lookup) = self.find_misses(&fps)?;
+        let Lookup {
+            misses,
+            found,
+            ids_at_lookup,
+        } = self.find_misses(&fps)?;
         let storer = Storer {
             data,
             bs,
@@ -62,7 +66,7 @@ impl Pool {
         let (mut records, entries, reduced) = match self.stage_new_chunks(
             &mut st,
             &storer,
-            &fps,
+            (&fps, &found),
             &compressed,
             &deltas,
             misses_hold,
@@ -112,30 +116,35 @@ impl Pool {
     }
 
     /// Write step 2: the blocks whose chunk the pool lacks (the first of each fingerprint),
-    /// and the next chunk id when they were looked up. A small write skips this and
+    /// the chunks the others were found as, and the next chunk id when they were looked up. A small write skips this and
     /// compresses its new chunks under the lock in step 4: one lock round trip instead of two
     /// (not in a delta pool: the delta search needs the misses before the lock).
-    fn find_misses(&self, fps: &[Option<Fingerprint>]) -> Result<(Vec<usize>, Option<u64>)> {
+    fn find_misses(&self, fps: &[Option<Fingerprint>]) -> Result<Lookup> {
         if fps.len() <= SMALL_WRITE_BLOCKS && !self.deltas_on.load(Ordering::Relaxed) {
-            return Ok((Vec::new(), None));
+            return Ok(Lookup {
+                misses: Vec::new(),
+                found: vec![None; fps.len()],
+                ids_at_lookup: None,
+            });
         }
         let mut st = self.lock_state();
         let ids_at_lookup = Some(st.md.chunks.next_id);
         self.writable(&st)?;
         let mut seen: HashMap<Fingerprint, (), FpHash> =
             HashMap::with_capacity_and_hasher(fps.len(), FpHash);
+        let found = st.md.find_duplicates(fps);
         let mut misses = Vec::new();
         for (i, fp) in fps.iter().enumerate() {
-            if let Some(Some(ahead)) = fps.get(i + PREFETCH_AHEAD) {
-                st.md.prefetch_duplicate(ahead);
-            }
             let Some(fp) = fp.as_ref() else { continue };
-            let hit = st.md.find_duplicate(fp).is_some();
-            if !hit && seen.insert(*fp, ()).is_none() {
+            if found[i].is_none() && seen.insert(*fp, ()).is_none() {
                 misses.push(i);
             }
         }
-        Ok((misses, ids_at_lookup))
+        Ok(Lookup {
+            misses,
+            found,
+            ids_at_lookup,
+        })
     }
 
     /// Write step 4, under the state lock: each block's map entry; a duplicate names the
@@ -146,7 +155,7 @@ impl Pool {
         &self,
         st: &mut State,
         storer: &Storer<'d>,
-        fps: &[Option<Fingerprint>],
+        (fps, found): (&[Option<Fingerprint>], &[Option<u64>]),
         compressed: &[Option<Stored<'d>>],
         deltas: &super::delta::Deltas,
         misses_hold: bool,
@@ -170,6 +179,13 @@ impl Pool {
                 continue;
             };
             if let Some(&id) = batch_new.get(fp) {
+                entries.push(id);
+                reduced.dedup += 1;
+                continue;
+            }
+            // Found in step 2 (by a look-back too, which a lookup now may not repeat):
+            // still that chunk, unless it went or is full since.
+            if let Some(id) = found[i].and_then(|id| st.md.confirm_found(id, fp)) {
                 entries.push(id);
                 reduced.dedup += 1;
                 continue;
@@ -301,6 +317,14 @@ impl std::hash::Hasher for FpHasher {
             self.0 = self.0.rotate_left(5) ^ u64::from_le_bytes(b);
         }
     }
+}
+
+/// Write step 2's answer: the blocks whose chunk the pool lacks (the first of each
+/// fingerprint), the chunk each other block was found as, and the next chunk id then.
+struct Lookup {
+    misses: Vec<usize>,
+    found: Vec<Option<u64>>,
+    ids_at_lookup: Option<u64>,
 }
 
 /// A new chunk as stored: its codec and payload (the block itself when stored raw).
