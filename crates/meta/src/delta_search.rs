@@ -16,11 +16,12 @@
 //! So [`guess_in_write`] guesses each miss's in-write bases (a miss with no base at all is
 //! stored alone), [`ahead`] makes the tries of the guessed bases and the index's candidates
 //! for each fetched group of misses on rayon's threads, and the sequential pass looks them
-//! up ([`reduction::DeltaMemo`]) and makes only the tries the guess missed. A write of more than one group runs as a pipeline: a
-//! scoped thread fetches the next group's candidate blocks and makes its tries while the
-//! calling thread chooses among the current group's (one group ahead, so at most two
-//! groups' blocks are held). The same tries give the same bytes, so what is chosen does not
-//! depend on `spread` (test `choices_do_not_depend_on_spread`).
+//! up ([`reduction::DeltaMemo`]) and makes only the tries the guess missed. A write of
+//! more than one group runs as a pipeline: a scoped thread fetches the next group's
+//! candidate blocks and makes its tries while the calling thread chooses among the current
+//! group's (one group ahead, so at most two groups' blocks are held). The same tries give
+//! the same bytes, so what is chosen does not depend on `spread` (test
+//! `choices_do_not_depend_on_spread`).
 
 use condense_format::reduction::{self, DeltaMemo};
 use condense_format::sketch::{self, FEATURES};

@@ -116,9 +116,10 @@ impl Pool {
     }
 
     /// Write step 2: the blocks whose chunk the pool lacks (the first of each fingerprint),
-    /// the chunks the others were found as, and the next chunk id when they were looked up. A small write skips this and
-    /// compresses its new chunks under the lock in step 4: one lock round trip instead of two
-    /// (not in a delta pool: the delta search needs the misses before the lock).
+    /// the chunks the others were found as, and the next chunk id when they were looked up.
+    /// A small write skips this and compresses its new chunks under the lock in step 4: one
+    /// lock round trip instead of two (not in a delta pool: the delta search needs the
+    /// misses before the lock).
     fn find_misses(&self, fps: &[Option<Fingerprint>]) -> Result<Lookup> {
         if fps.len() <= SMALL_WRITE_BLOCKS && !self.deltas_on.load(Ordering::Relaxed) {
             return Ok(Lookup {
