@@ -12,13 +12,14 @@
 //! [`HOOK_RATE`] (chosen by fingerprint bits, so the same data always picks the same
 //! hooks); a hook table that fills up halves its rate (1 in 128, 256, ...: every other hook
 //! goes, and the hooks kept still cover every page, at half the density), so the whole pool
-//! stays in the index's sight, up to [`HOOK_RATE_MAX`]. When a lookup meets a hook, the caller confirms it on its page and loads that page,
-//! the [`LOOKBEHIND`] before it and the [`LOOKAHEAD`] − 1 following ones into the locality
-//! cache, which then answers for the rest of the duplicate run; a write's lookups
-//! ([`SparseIndex::find_write`]) then look back at the write's misses since the run began,
-//! so the run is found from its start. New chunks go into the locality cache too
-//! (duplicates within one stream) and, if they are hooks, into the hook table. A hook or
-//! cache slot is 12 bytes ([`KEY_BITS`] of the fingerprint, 48 of the page).
+//! stays in the index's sight, up to [`HOOK_RATE_MAX`]. When a lookup meets a hook, the
+//! caller confirms it on its page and loads that page, the [`LOOKBEHIND`] before it and the
+//! [`LOOKAHEAD`] − 1 following ones into the locality cache, which then answers for the rest
+//! of the duplicate run; a write's lookups ([`SparseIndex::find_write`]) then look back at
+//! the write's misses since the run began, so the run is found from its start. New chunks
+//! go into the locality cache too (duplicates within one stream) and, if they are hooks,
+//! into the hook table. A hook or cache slot is 12 bytes ([`KEY_BITS`] of the fingerprint,
+//! 48 of the page).
 //!
 //! Invariants:
 //! - [`SparseIndex::ram_bytes`] never exceeds the budget given at creation (both tables are
