@@ -13,8 +13,8 @@
 //!
 //! Side by side (`spread`): the choice is sequential (a miss's in-write bases depend on what
 //! the misses before it became), but a try's bytes depend only on the block and its bases.
-//! So [`guess_in_write`] guesses each miss's in-write bases (a miss with no base at all is
-//! stored alone), [`ahead`] makes the tries of the guessed bases and the index's candidates
+//! So `guess_in_write` guesses each miss's in-write bases (a miss with no base at all is
+//! stored alone), `ahead` makes the tries of the guessed bases and the index's candidates
 //! for each fetched group of misses on rayon's threads, and the sequential pass looks them
 //! up ([`reduction::DeltaMemo`]) and makes only the tries the guess missed. A write of
 //! more than one group runs as a pipeline: a scoped thread fetches the next group's
