@@ -14,11 +14,12 @@
 #
 # Environment: WORK=DIR (default /work/cluster-bench; emptied first), CONDENSE=PATH (default
 # target/release/condense, built if missing), COMPRESSION=lz4|zstd:N (default lz4),
-# CACHE_SIZE (default 4G per host).
+# CACHE_SIZE (default 4G per host), INIT_ARGS (more `init` options for both pools, e.g.
+# "--index sparse --index-memory 32M": joining hosts take the first host's index setting).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-case "${1:-}" in -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-}" in -h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 work=${WORK:-/work/cluster-bench}
 comp=${COMPRESSION:-lz4}
 cache_size=${CACHE_SIZE:-4G}
@@ -88,7 +89,7 @@ bytes_of() { # the bucket bytes of the parts whose local directories are given
 
 say "one host: the ten images into s3://$bucket/one"
 r0=$(requests)
-c init "s3://$bucket/one" --cache "$work/one" --cache-size "$cache_size" --compression "$comp" >/dev/null
+c init "s3://$bucket/one" --cache "$work/one" --cache-size "$cache_size" --compression "$comp" ${INIT_ARGS:-} >/dev/null
 t=$(now)
 import_on "$work/one" "${images[@]}"
 one_s=$(since "$t")
@@ -99,7 +100,7 @@ printf '   %.1f s, %d bytes in the bucket, %d requests (%.0f per GB), peak RSS %
 
 say "three hosts sharing s3://$bucket/three: images split 4/3/3, imported at the same time"
 r0=$(requests)
-c init "s3://$bucket/three" --cache "$work/A" --cache-size "$cache_size" --compression "$comp" >/dev/null
+c init "s3://$bucket/three" --cache "$work/A" --cache-size "$cache_size" --compression "$comp" ${INIT_ARGS:-} >/dev/null
 c connect "s3://$bucket/three" --join --host B --cache "$work/B" --cache-size "$cache_size" >/dev/null
 c connect "s3://$bucket/three" --join --host C --cache "$work/C" --cache-size "$cache_size" >/dev/null
 n=${#images[@]}
@@ -116,7 +117,10 @@ three_req=$(($(requests) - r0))
 raw_bytes=$(bytes_of "$work/A" "$work/B" "$work/C")
 printf '   %.1f s, %d bytes in the bucket before any fold (%.3fx one host), %d requests (%.0f per GB)\n' \
   "$three_s" "$raw_bytes" "$(echo "$raw_bytes / $one_bytes" | bc -l)" "$three_req" "$(echo "$three_req / $gb_in" | bc -l)"
-for h in A B C; do printf '   host %s import peak RSS %d MiB\n' "$h" $(($(cat "$work/$h.peak") / 1024)); done
+for h in A B C; do
+  printf '   host %s import peak RSS %d MiB; index: %s\n' "$h" $(($(cat "$work/$h.peak") / 1024)) \
+    "$(c --pool "$work/$h" index show --json | jq -c '{mode, memory_bytes}')"
+done
 
 say "fold, merge, GC, fold again (each host in turn) until no condemned segment waits"
 r0=$(requests)
@@ -124,14 +128,21 @@ for round in 1 2 3 4; do
   waiting=0
   for h in A B C; do
     t=$(now)
-    out=$(c --pool "$work/$h" hosts sync --json 2>/dev/null)
-    printf '   round %d host %s: hosts sync %.2f s: %s\n' "$round" "$h" "$(since "$t")" \
+    out=$(/usr/bin/time -f "%M" -o "$work/$h.sync.rss" env -u CONDENSE_POOL "$condense" --pool "$work/$h" hosts sync --json 2>/dev/null)
+    rss=$(cat "$work/$h.sync.rss"); [ "$rss" -gt "$(cat "$work/$h.peak")" ] && echo "$rss" >"$work/$h.peak"
+    printf '   round %d host %s: hosts sync %.2f s, peak RSS %d MiB: %s\n' "$round" "$h" "$(since "$t")" $((rss / 1024)) \
       "$(jq -c '{folded: [.other_hosts[].chunks_folded] | add, merged: [.other_hosts[].chunks_merged] | add, let_go: [.other_hosts[].chunks_let_go] | add, deleted: .segments_deleted, waiting: .segments_condemned}' <<<"$out")"
     waiting=$((waiting + $(jq '.segments_condemned' <<<"$out")))
   done
   if [ "$round" = 1 ]; then
     for h in A B C; do
       t=$(now)
+      if [ "$(c --pool "$work/$h" index show --json | jq -r .mode)" = sparse ]; then
+        # What the sparse index let through, across hosts too, merged; then the same GC.
+        c --pool "$work/$h" index merge --no-gc >"$work/merge$h.out" 2>/dev/null
+        printf '   host %s index merge %.1f s: %s\n' "$h" "$(since "$t")" "$(tr '\n' ' ' <"$work/merge$h.out")"
+        t=$(now)
+      fi
       c --pool "$work/$h" gc >"$work/gc$h.out" 2>/dev/null
       printf '   host %s gc %.1f s: %s\n' "$h" "$(since "$t")" "$(tail -1 "$work/gc$h.out")"
     done
@@ -164,6 +175,8 @@ printf '| figure | one host | three hosts |\n|---|---|---|\n'
 printf '| bucket bytes | %d | %d (%.4fx; %.3fx before the fold) |\n' "$one_bytes" "$three_bytes" \
   "$(echo "$three_bytes / $one_bytes" | bc -l)" "$(echo "$raw_bytes / $one_bytes" | bc -l)"
 printf '| import wall time | %.1f s | %.1f s (three at once) |\n' "$one_s" "$three_s"
+printf '| peak RSS (imports; three hosts: syncs too) | %d MiB | %d / %d / %d MiB |\n' $(($(cat "$work/one.peak") / 1024)) \
+  $(($(cat "$work/A.peak") / 1024)) $(($(cat "$work/B.peak") / 1024)) $(($(cat "$work/C.peak") / 1024))
 printf '| requests per GB imported | %.0f | %.0f (+ %d for folds, merges, GC) |\n' \
   "$(echo "$one_req / $gb_in" | bc -l)" "$(echo "$three_req / $gb_in" | bc -l)" "$fold_req"
 printf '| volume move (hand-over + adopt) | - | %.2f s |\n' "$(echo "$move_s + $adopt_s" | bc -l)"

@@ -15,7 +15,8 @@
 #   imported twice is deduplicated, stats --json says the mode and budget, index show|set;
 #   the same on a pool in a file:// bucket, kept across a connect from a fresh directory ->
 #   the merge pass: an image imported in order and shuffled into a pool with the smallest
-#   sparse index, `index merge` through the control socket merges every duplicate and its GC
+#   sparse index, `index merge` killed -9 at ever later points (verify clean after each, the
+#   next run resumes), then `index merge` through the control socket merges the rest and its GC
 #   frees their space; the shuffled volume still reads as written over NBD, verify clean.
 #
 #   bash tests/snapshots/run.sh              # builds target/release/condense first
@@ -258,6 +259,35 @@ check "import the image" c import "$W/seq.raw" --name vm
 check "import it shuffled" c import "$W/shuffled.raw" --name shuffled
 before=$(c stats --json | jq .unique_chunks)
 expect_ge "a good part of the shuffled copy was stored again (unique chunks)" "$before" 20480
+# kill -9 of the pass, on a copy of this pool, at ever later points (5 ms apart) until one run
+# finishes: after each, verify is clean and what was merged and made durable stays merged (the
+# pass's forwards are journaled in batches: a kill before one is written leaves none of them);
+# each run resumes from there, and the one that finishes leaves one chunk per block. (Not
+# `timeout -s KILL`: it kills its own process group, itself included, without waiting.)
+cp -a "$POOL" "$W/merge-kill"
+k() { "$CONDENSE" --pool "$W/merge-kill" "$@"; }
+left=$before killed=0 landed=0 resumed_ok=1
+for ms in $(seq 5 5 5000); do
+    "$CONDENSE" --pool "$W/merge-kill" index merge --no-gc >/dev/null 2>&1 & # not k: a subshell
+    pid=$!
+    sleep "$(awk "BEGIN { printf \"%.3f\", $ms / 1000 }")"
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null && break
+    killed=$((killed + 1))
+    k verify >"$W/kv.out" 2>&1 || { resumed_ok=0; cat "$W/kv.out"; break; }
+    now=$(k stats --json | jq .unique_chunks)
+    [ "$now" -le "$left" ] || { resumed_ok=0; echo "unique chunks grew after a kill: $left -> $now"; break; }
+    [ "$now" -lt "$left" ] && landed=$((landed + 1))
+    left=$now
+done
+if [ "$resumed_ok" = 1 ] && [ "$killed" -gt 0 ]; then
+    ok "index merge killed -9 $killed times ($landed after some of its forwards were durable): verify clean after each, nothing merged was lost"
+else
+    fail "index merge killed -9 $killed times: verify or the chunk count failed after a kill"
+fi
+check "the run after the kills merged the rest: 16,384 unique chunks" jq -e '.unique_chunks == 16384' <(k stats --json)
+check "verify clean after it" k verify
+rm -rf "$W/merge-kill"
 serve_vm
 check "index merge --json through the control socket" c index merge --json
 cp "$W/out" "$W/merge.json"
