@@ -593,6 +593,78 @@ fn a_sparse_host_folds_a_peers_chunks_within_its_budget_and_finds_them() {
     assert!(b.stats().expect("stats").dedup_index_bytes <= SPARSE_BUDGET);
 }
 
+/// What a sparse host's fold misses (its own copy of a peer's data, written in another
+/// order) becomes a pair the merge pass finds; as at the fold, the lower slot's copy stays:
+/// this host's own copy is made the forward, so its records are dead and GC takes them back,
+/// where forwarding the peer's newer chunk to it would keep both hosts' copies.
+#[test]
+fn the_merge_pass_keeps_the_lower_slots_copy_of_what_the_fold_missed() {
+    const N: u64 = 40_000;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("store dir");
+    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
+    let opts = InitOptions {
+        segment_bytes_target: 4 << 20,
+        ..Default::default()
+    };
+    Pool::init_remote(&pa, &conf(&store), Durability::Local, CACHE, &opts).expect("init");
+    Pool::join_remote(&pb, &conf(&store), CACHE, "host-b", None).expect("join");
+    let a = open(&pa);
+    write_in_pieces(&a, "golden", 0, N);
+    a.close().expect("close a");
+    drop(a);
+
+    let b = open(&pb);
+    let sparse = IndexSetting::Sparse {
+        budget: condense_engine::sparse_index::MIN_BUDGET,
+    };
+    b.meta_put(SETTING_KEY, Some(&sparse.encode()))
+        .expect("setting");
+    b.close().expect("close b");
+    drop(b);
+    let b = open(&pb);
+    // The same blocks in another order (7919 is prime, so i -> 7919 i mod N is a permutation):
+    // no run of the peer's write order is a run here.
+    let tag = |i: u64| i * 7919 % N;
+    b.create_volume("mine", N * BS as u64).expect("create");
+    let h = b.volume("mine").expect("volume");
+    for start in (0..N).step_by(2048) {
+        let data: Vec<u8> = (start..(start + 2048).min(N))
+            .flat_map(|i| block(tag(i)))
+            .collect();
+        h.write_at(start * BS as u64, &data, false).expect("write");
+    }
+    b.flush().expect("flush");
+    let r = b.sync_hosts().expect("sync");
+    let merged_at_fold = r.peers[0].chunks_merged;
+    assert!(
+        merged_at_fold < N / 2,
+        "the fold found {merged_at_fold} of {N}: the test needs the sparse index to miss most"
+    );
+    let m = b.merge_duplicates(1 << 20, &|_, _| {}).expect("merge");
+    assert_eq!(m.merged, N - merged_at_fold, "{m:?}");
+    // Every record of this host's own segments is dead now: its GC may condemn them all.
+    let s = b.stats().expect("stats");
+    assert!(
+        s.dead_bytes * 100 >= s.data_bytes * 95,
+        "{} of this host's {} segment bytes are dead: the merge kept its copy, not the lower slot's",
+        s.dead_bytes,
+        s.data_bytes
+    );
+    let mut buf = vec![0u8; N as usize * BS];
+    h.read_at(0, &mut buf).expect("read");
+    for i in 0..N as usize {
+        assert!(
+            buf[i * BS..(i + 1) * BS] == block(tag(i as u64))[..],
+            "block {i} of mine differs after the merge"
+        );
+    }
+    b.gc(0).expect("gc");
+    let v = b.verify(&|_, _| {}).expect("verify");
+    assert!(v.is_clean(), "{v:?}");
+}
+
 #[test]
 fn a_joining_host_takes_the_first_hosts_index_setting() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -16,6 +16,12 @@
 //! - Crash safety: each batch is one commit. A pass killed midway keeps the forwards it
 //!   made; the next pass finds the rest (a forward is no longer a chunk, so it is not sorted
 //!   again). Blocks never change: a forward reads the same bytes its own record held.
+//! - In a pool several hosts share (docs/S3.md "Many hosts"), the peers' chunks the fold
+//!   added are sorted too, though nothing here names them (what the fold's lookup missed
+//!   pairs with this host's own copy), and of two chunks of one data the older becomes the
+//!   forward when the newer's record is in a lower host slot's segment: the lowest slot's
+//!   copy stays, as the fold's merges keep it. A chunk without references is never made a
+//!   forward.
 //! - Deltas (docs/FORMAT.md "Delta records") are neither sorted nor forwarded to: a delta's
 //!   record holds references on its bases that only GC's `DropDelta` gives back, and a base,
 //!   resolved through a forward, must never land on a delta. A base may become a forward to
@@ -25,7 +31,7 @@ use super::{Pacer, Pool};
 use crate::chunk_table::{ChunkTable, Slot};
 use crate::error::{Error, Result};
 use crate::fingerprint_sort::FingerprintSort;
-use crate::format::{JournalRecord, CHUNKS_PER_PAGE};
+use crate::format::{segment_slot, JournalRecord, CHUNKS_PER_PAGE};
 use crate::locks::lock;
 use crate::metadata::{Metadata, REFS_MAX};
 
@@ -54,7 +60,8 @@ pub struct MergeBacklog {
 /// What a merge pass did.
 #[derive(Clone, Debug, Default)]
 pub struct MergeReport {
-    /// Live chunks whose fingerprints were sorted.
+    /// Chunks whose fingerprints were sorted: the live ones, and the peers' chunks the fold
+    /// added (docs/S3.md "Many hosts").
     pub chunks_sorted: u64,
     /// Sorted runs (more than one: the sort went past its RAM budget, to a scratch file).
     pub runs: usize,
@@ -109,11 +116,14 @@ impl Pool {
             let mut st = self.lock_state();
             let md = &mut st.md;
             let end = (page + SCAN_PAGES).min(pages);
+            let slot = self.slot;
             md.chunks
                 .for_each_in(&mut md.pages, page, end, &mut |id, e| {
                     // Deltas are left alone (docs/FORMAT.md "Delta records"): never made a
-                    // forward, never forwarded to.
-                    if e.refs > 0 && !e.loc.codec.is_delta() {
+                    // forward, never forwarded to. A peer's chunk the fold added has no
+                    // reference here until one is forwarded to it.
+                    let live = e.refs > 0 || segment_slot(e.loc.segment) != slot;
+                    if live && !e.loc.codec.is_delta() {
                         sort.push(&e.fp, id);
                     }
                     Ok(())
@@ -182,11 +192,19 @@ impl Pool {
         let mut records = Vec::new();
         for &(id, to) in batch {
             report.duplicates += 1;
-            let (Some(Slot::Chunk(d)), Some(Slot::Chunk(k))) = (
+            let (Some(Slot::Chunk(mut d)), Some(Slot::Chunk(mut k))) = (
                 md.chunks.slot(&mut md.pages, id)?,
                 md.chunks.slot(&mut md.pages, to)?,
             ) else {
                 continue;
+            };
+            // In a pool several hosts share, the copy in the lower host slot's segment stays,
+            // as at the fold (docs/S3.md "Many hosts"): the older chunk is then the forward.
+            let (id, to) = if segment_slot(d.loc.segment) < segment_slot(k.loc.segment) {
+                std::mem::swap(&mut d, &mut k);
+                (to, id)
+            } else {
+                (id, to)
             };
             if d.fp == k.fp
                 && d.refs > 0
