@@ -20,6 +20,10 @@
 #      a third host reads B's volume through B's part byte-identical (its base blocks are
 #      A's records) and `verify` is clean on every host.
 #
+#   c2. three hosts sharing a pool with a sparse dedup index of 32 MiB (`init --index sparse`):
+#      the joining hosts take the setting; after their imports at the same time, syncs,
+#      `index merge` and gc, the bucket holds at most 1.02x what one host stores; verify clean.
+#
 #   d. host A's golden snapshot cloned on host C (`volume clone --from-host`, no data copied)
 #      and read over NBD byte-identical; a volume moved from A to B (`volume move`, `volume
 #      adopt`) while fio writes through A's NBD server: A refuses the writes after the
@@ -63,7 +67,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 S3_TEST="many hosts on one pool, 3-node Garage cluster"
 # shellcheck source=tests/s3/with-garage.sh
 . "$ROOT/tests/s3/with-garage.sh"
-need_tools curl python3 jq timeout cmp nbdinfo nbdcopy qemu-io fio
+need_tools curl python3 jq timeout cmp nbdinfo nbdcopy qemu-io fio /usr/bin/time
 
 W=$(mktemp -d /tmp/condense-s3-cluster.XXXXXX)
 G=$W/garage
@@ -491,6 +495,61 @@ check "hosts shows B's lease released (B closed cleanly) and what B published" \
     jq -e '.hosts[] | select(.host == "cluster-B") | .lease.state == "released" and .chunks_published > 0' "$W/hosts.json"
 check "hosts sync on host C folds A and B in" sh -c "'$CONDENSE' --pool '$W/MC' hosts sync --json | jq -e '[.other_hosts[].chunks_folded] | add > 10000' >/dev/null"
 check "a reader of B's part exports vm9 byte-identical" sh -c "'$CONDENSE' connect '$MULTI_URL/hosts/01' --read-only --cache '$W/RB' --cache-size 1G >/dev/null && '$CONDENSE' --pool '$W/RB' export vm9 '$W/out9' && cmp '$W/img9.raw' '$W/out9'"
+
+step "c2. three hosts with a sparse dedup index of 32 MiB each (issue 43)"
+SPARSE_URL=$(s3url sparse)
+check "init a shared pool with a 32 MiB sparse index on host A" timeout "$CMD_TIMEOUT" "$CONDENSE" init "$SPARSE_URL" --cache "$W/SA" --cache-size "$CACHE_SIZE" --index sparse --index-memory 32M
+check "host B joins it" as_host B timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$SPARSE_URL" --join --host cluster-B --cache "$W/SB" --cache-size "$CACHE_SIZE"
+check "host C joins it" as_host C timeout "$CMD_TIMEOUT" "$CONDENSE" connect "$SPARSE_URL" --join --host cluster-C --cache "$W/SC" --cache-size "$CACHE_SIZE"
+for x in SB SC; do
+    check "host ${x#S} took the first host's index setting (sparse, 32 MiB)" \
+        sh -c "'$CONDENSE' --pool '$W/$x' index show --json | jq -e '.mode == \"sparse\" and .memory_bytes == 33554432' >/dev/null"
+done
+# sparse_imports HOST FIRST LAST: images FIRST..LAST; each import's peak RSS (KiB) in $W/HOST.rss.
+sparse_imports() {
+    local host=$1 i
+    for i in $(seq "$2" "$3"); do
+        as_host "$host" /usr/bin/time -a -o "$W/$host.rss" -f %M timeout "$CMD_TIMEOUT" "$CONDENSE" --pool "$W/$host" import "$W/img$i.raw" --name "vm$i" || return 1
+    done
+}
+sparse_imports SA 1 4 >"$W/impSA.log" 2>&1 &
+pa=$!
+sparse_imports SB 5 7 >"$W/impSB.log" 2>&1 &
+pb=$!
+sparse_imports SC 8 10 >"$W/impSC.log" 2>&1 &
+pc=$!
+check "host A imports four images" wait "$pa"
+check "host B imports three at the same time" wait "$pb"
+check "host C imports three at the same time" wait "$pc"
+note "peak RSS of the imports (KiB): A $(sort -n "$W/SA.rss" | tail -1), B $(sort -n "$W/SB.rss" | tail -1), C $(sort -n "$W/SC.rss" | tail -1)"
+for x in SA SB SC; do h "$x" hosts sync >/dev/null || fail "hosts sync on $x"; done
+merge_and_gc() {
+    local x
+    for x in SA SB SC; do
+        h "$x" index merge --no-gc --json >"$W/merge$x.json" && h "$x" gc >/dev/null || return 1
+    done
+}
+check "index merge and gc on every host" merge_and_gc
+note "merged: A $(jq -c '{duplicates, merged}' "$W/mergeSA.json"), B $(jq -c '{duplicates, merged}' "$W/mergeSB.json"), C $(jq -c '{duplicates, merged}' "$W/mergeSC.json")"
+settle() {
+    local round x waiting
+    for round in 1 2 3 4; do
+        waiting=0
+        for x in SA SB SC; do
+            waiting=$((waiting + $(h "$x" hosts sync --json | jq '.segments_condemned'))) || return 1
+        done
+        [ "$waiting" = 0 ] && return 0
+    done
+    return 1
+}
+check "hosts sync rounds until no condemned segment waits" settle
+sparse_bytes=$(bytes_under sparse/)
+note "bucket bytes: one host (dense) $one, three sparse hosts $sparse_bytes ($(python3 -c "print(round($sparse_bytes / $one, 4))")x)"
+check "three sparse hosts hold at most 1.02x what one host stores" python3 -c "import sys; sys.exit(0 if $sparse_bytes <= 1.02 * $one else 1)"
+for x in SA:2 SB:6 SC:9; do
+    check "host ${x:1:1} reads vm${x#*:} back byte-identical" sh -c "'$CONDENSE' --pool '$W/${x%:*}' export vm${x#*:} '$W/outs' && cmp '$W/img${x#*:}.raw' '$W/outs' && rm -f '$W/outs'"
+    check "verify clean on host ${x:1:1}" h "${x%:*}" verify
+done
 
 step "d. a golden snapshot of host A cloned on host C, read over NBD; a volume moved from A to B"
 check "host A snapshots vm1 (the golden image)" h MA snapshot create vm1 golden
