@@ -16,12 +16,9 @@
 //! - Crash safety: each batch is one commit. A pass killed midway keeps the forwards it
 //!   made; the next pass finds the rest (a forward is no longer a chunk, so it is not sorted
 //!   again). Blocks never change: a forward reads the same bytes its own record held.
-//! - In a pool several hosts share (docs/S3.md "Many hosts"), the peers' chunks the fold
-//!   added are sorted too, though nothing here names them (what the fold's lookup missed
-//!   pairs with this host's own copy), and of two chunks of one data the older becomes the
-//!   forward when the newer's record is in a lower host slot's segment: the lowest slot's
-//!   copy stays, as the fold's merges keep it. A chunk without references is never made a
-//!   forward.
+//! - Shared pools (docs/S3.md "Many hosts"): the peers' chunks the fold added are sorted
+//!   too, and the copy in the lowest host slot's segment stays, as at the fold. A chunk
+//!   without references is never made a forward.
 //! - Deltas (docs/FORMAT.md "Delta records") are neither sorted nor forwarded to: a delta's
 //!   record holds references on its bases that only GC's `DropDelta` gives back, and a base,
 //!   resolved through a forward, must never land on a delta. A base may become a forward to
@@ -60,8 +57,7 @@ pub struct MergeBacklog {
 /// What a merge pass did.
 #[derive(Clone, Debug, Default)]
 pub struct MergeReport {
-    /// Chunks whose fingerprints were sorted: the live ones, and the peers' chunks the fold
-    /// added (docs/S3.md "Many hosts").
+    /// Chunks whose fingerprints were sorted: the live ones and the peers' the fold added.
     pub chunks_sorted: u64,
     /// Sorted runs (more than one: the sort went past its RAM budget, to a scratch file).
     pub runs: usize,
@@ -120,8 +116,7 @@ impl Pool {
             md.chunks
                 .for_each_in(&mut md.pages, page, end, &mut |id, e| {
                     // Deltas are left alone (docs/FORMAT.md "Delta records"): never made a
-                    // forward, never forwarded to. A peer's chunk the fold added has no
-                    // reference here until one is forwarded to it.
+                    // forward, never forwarded to. A peer's chunk has no reference here.
                     let live = e.refs > 0 || segment_slot(e.loc.segment) != slot;
                     if live && !e.loc.codec.is_delta() {
                         sort.push(&e.fp, id);
@@ -198,14 +193,12 @@ impl Pool {
             ) else {
                 continue;
             };
-            // In a pool several hosts share, the copy in the lower host slot's segment stays,
-            // as at the fold (docs/S3.md "Many hosts"): the older chunk is then the forward.
-            let (id, to) = if segment_slot(d.loc.segment) < segment_slot(k.loc.segment) {
+            // The lower host slot's copy stays (module docs): the older is then the forward.
+            let swap = segment_slot(d.loc.segment) < segment_slot(k.loc.segment);
+            let (id, to) = if swap { (to, id) } else { (id, to) };
+            if swap {
                 std::mem::swap(&mut d, &mut k);
-                (to, id)
-            } else {
-                (id, to)
-            };
+            }
             if d.fp == k.fp
                 && d.refs > 0
                 && k.refs.saturating_add(d.refs) < REFS_MAX
