@@ -1,7 +1,8 @@
 //! The merge pass (crates/engine/src/pool/merge.rs, issue 43) through a pool: duplicates the
 //! sparse index let through become forwards, every block reads what was written, verify is
 //! clean, GC gets their space back and the per-volume figures see the sharing; a crash in the
-//! middle of the pass loses nothing and the next pass finishes the work.
+//! middle of the pass loses nothing, a long pass makes its forwards durable as it goes, and
+//! the next pass finishes the work.
 
 mod common;
 use common::damage_record_of;
@@ -170,6 +171,46 @@ fn a_crash_in_the_middle_of_the_pass_loses_nothing() -> Result<(), String> {
     pool.gc(0).map_err(|e| e.to_string())?;
     check(&pool, "b")?;
     verify_clean(&pool, "after the second pass")
+}
+
+/// A long pass flushes as it goes (merge.rs `DURABLE_EVERY`, 1 s): a crash after it paused
+/// for longer than that keeps the forwards made before the pause, with no flush of its own.
+#[test]
+fn a_long_pass_makes_its_forwards_durable_as_it_goes() -> Result<(), String> {
+    let (disk, pool) = pool_with_duplicates()?;
+    pool.flush().map_err(|e| e.to_string())?;
+    let before = unique(&pool)?;
+    let crashed: Mutex<Option<Arc<SimDir>>> = Mutex::new(None);
+    let batches = std::sync::atomic::AtomicU64::new(0);
+    // (done, total): past total / 2, one call per batch of 64 forwards.
+    pool.merge_duplicates(1 << 20, &|done, total| {
+        if done <= total / 2 || done == total {
+            return;
+        }
+        match batches.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+            20 => std::thread::sleep(std::time::Duration::from_millis(1100)),
+            40 => {
+                let mut c = crashed.lock().unwrap_or_else(|e| e.into_inner());
+                *c = Some(disk.crash(&mut SimRng::new(5)));
+            }
+            _ => {}
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    drop(pool);
+    let disk = crashed
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .ok_or("the pass never reached the crash point")?;
+    let pool = open(&disk)?;
+    let left = unique(&pool)?;
+    assert!(
+        left <= before - 20 * 64,
+        "the forwards made before the pause were not durable: {left} chunks of {before} left"
+    );
+    check(&pool, "a")?;
+    check(&pool, "b")?;
+    verify_clean(&pool, "after the crash")
 }
 
 /// A chunk merged into and then damaged: the scrub names the blocks of every volume reading

@@ -1,8 +1,7 @@
-//! The merge pass: chunks holding the same data that the inline dedup index let through (the
-//! sparse index finds a duplicate only through its neighbours, so it misses some) are found
-//! by sorting every live chunk's fingerprint, and each is made a forward to the oldest chunk
-//! of its data (`JournalRecord::Forward`, docs/FORMAT.md "Forwards"); GC then reclaims their
-//! records. docs/ARCHITECTURE.md "Merge pass".
+//! The merge pass: chunks holding the same data that the inline (sparse) dedup index let
+//! through are found by sorting every live chunk's fingerprint, and each is made a forward to
+//! the oldest chunk of its data (`JournalRecord::Forward`, docs/FORMAT.md "Forwards"); GC then
+//! reclaims their records. docs/ARCHITECTURE.md "Merge pass".
 //!
 //! Owns: the pass's steps. Every hold of the state lock is bounded ([`SCAN_PAGES`] chunk-table
 //! pages read, or [`MERGE_BATCH`] forwards checked and journaled) and followed by a pause at
@@ -13,12 +12,12 @@
 //! - A forward is journaled only after a checkpoint whose root allows forwards (version 4:
 //!   builds that do not know them refuse the pool), and only after checking, under the hold
 //!   that journals it, that both chunks still have records with the same fingerprint.
-//! - Crash safety: each batch is one commit. A pass killed midway keeps the forwards it
-//!   made; the next pass finds the rest (a forward is no longer a chunk, so it is not sorted
-//!   again). Blocks never change: a forward reads the same bytes its own record held.
-//! - Shared pools (docs/S3.md "Many hosts"): the peers' chunks the fold added are sorted
-//!   too, and the copy in the lowest host slot's segment stays, as at the fold. A chunk
-//!   without references is never made a forward.
+//! - Crash safety: each batch is one commit, flushed at least every [`DURABLE_EVERY`]. A
+//!   pass killed midway keeps the forwards made durable; the next pass finds the rest (a
+//!   forward is no longer a chunk, so it is not sorted again). Blocks never change: a
+//!   forward reads the same bytes its own record held.
+//! - Shared pools (docs/S3.md "Many hosts"): peers' chunks the fold added are sorted too; the
+//!   lowest host slot's copy stays, as at the fold; an unreferenced chunk never becomes a forward.
 //! - Deltas (docs/FORMAT.md "Delta records") are neither sorted nor forwarded to: a delta's
 //!   record holds references on its bases that only GC's `DropDelta` gives back, and a base,
 //!   resolved through a forward, must never land on a delta. A base may become a forward to
@@ -36,17 +35,17 @@ use crate::metadata::{Metadata, REFS_MAX};
 const SCAN_PAGES: u64 = 16;
 /// Forwards checked and journaled per hold of the state lock.
 const MERGE_BATCH: usize = 64;
+/// How often (monotonic clock) the pass flushes: a kill loses at most this much of it.
+const DURABLE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The pool's metadata record naming the chunk id the last whole merge pass sorted up to (8
-/// bytes, little-endian): chunks from it on were written since, and may hold data the inline
-/// index missed ([`Pool::merge_backlog`]).
+/// The metadata record of the chunk id the last whole pass sorted up to (8 bytes, LE): the
+/// chunks from it on may hold data the inline index missed ([`Pool::merge_backlog`]).
 pub const MERGED_THROUGH_KEY: &str = "index/merged-through";
 
 /// [`Pool::merge_backlog`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MergeBacklog {
-    /// Chunk ids handed out since the last whole pass began (all of them if there was none;
-    /// a record of [`MERGED_THROUGH_KEY`] that does not decode counts as none).
+    /// Chunk ids handed out since the last whole pass began (all, if none or undecodable).
     pub new_chunks: u64,
     /// Live chunks now.
     pub live_chunks: u64,
@@ -57,14 +56,13 @@ pub struct MergeBacklog {
 /// What a merge pass did.
 #[derive(Clone, Debug, Default)]
 pub struct MergeReport {
-    /// Chunks whose fingerprints were sorted: the live ones and the peers' the fold added.
+    /// Chunks sorted: the live ones and the peers' the fold added.
     pub chunks_sorted: u64,
     /// Sorted runs (more than one: the sort went past its RAM budget, to a scratch file).
     pub runs: usize,
     /// Chunks found to hold the data of an older chunk.
     pub duplicates: u64,
-    /// Of those, made forwards (the rest changed meanwhile, or the older chunk is shared too
-    /// often to take more).
+    /// Of those, made forwards (not: changed meanwhile, no references, or shared too often).
     pub merged: u64,
     /// Bytes of the merged chunks' records: what GC can reclaim now.
     pub record_bytes_merged: u64,
@@ -112,12 +110,11 @@ impl Pool {
             let mut st = self.lock_state();
             let md = &mut st.md;
             let end = (page + SCAN_PAGES).min(pages);
-            let slot = self.slot;
             md.chunks
                 .for_each_in(&mut md.pages, page, end, &mut |id, e| {
                     // Deltas are left alone (docs/FORMAT.md "Delta records"): never made a
                     // forward, never forwarded to. A peer's chunk has no reference here.
-                    let live = e.refs > 0 || segment_slot(e.loc.segment) != slot;
+                    let live = e.refs > 0 || segment_slot(e.loc.segment) != self.slot;
                     if live && !e.loc.codec.is_delta() {
                         sort.push(&e.fp, id);
                     }
@@ -139,6 +136,7 @@ impl Pool {
             ..Default::default()
         };
         let mut pairs = sort.finish()?;
+        let mut flushed = std::time::Instant::now();
         loop {
             let batch: Vec<(u64, u64)> = pairs.by_ref().take(MERGE_BATCH).collect();
             if batch.is_empty() {
@@ -147,6 +145,10 @@ impl Pool {
             pairs.check()?;
             pacer.step();
             self.forward_batch(&batch, &mut report)?;
+            if flushed.elapsed() >= DURABLE_EVERY {
+                self.flush()?;
+                flushed = std::time::Instant::now();
+            }
             let done = pages + pages * report.duplicates / report.chunks_sorted.max(1);
             if stop(done, 2 * pages) {
                 report.stopped = true;
@@ -185,7 +187,7 @@ impl Pool {
         self.writable(&st)?;
         let md = &mut st.md;
         let mut records = Vec::new();
-        for &(id, to) in batch {
+        for &(mut id, mut to) in batch {
             report.duplicates += 1;
             let (Some(Slot::Chunk(mut d)), Some(Slot::Chunk(mut k))) = (
                 md.chunks.slot(&mut md.pages, id)?,
@@ -194,10 +196,8 @@ impl Pool {
                 continue;
             };
             // The lower host slot's copy stays (module docs): the older is then the forward.
-            let swap = segment_slot(d.loc.segment) < segment_slot(k.loc.segment);
-            let (id, to) = if swap { (to, id) } else { (id, to) };
-            if swap {
-                std::mem::swap(&mut d, &mut k);
+            if segment_slot(d.loc.segment) < segment_slot(k.loc.segment) {
+                (id, to, d, k) = (to, id, k, d);
             }
             if d.fp == k.fp
                 && d.refs > 0
