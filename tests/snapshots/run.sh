@@ -261,7 +261,7 @@ before=$(c stats --json | jq .unique_chunks)
 expect_ge "a good part of the shuffled copy was stored again (unique chunks)" "$before" 20480
 # kill -9 of the pass, on a copy of this pool, at ever later points (5 ms apart) until one run
 # finishes: after each, verify is clean and what was merged and made durable stays merged (the
-# pass's forwards are journaled in batches: a kill before one is written leaves none of them);
+# pass flushes every second: a kill of a pass shorter than that may leave none of its forwards);
 # each run resumes from there, and the one that finishes leaves one chunk per block. (Not
 # `timeout -s KILL`: it kills its own process group, itself included, without waiting.)
 cp -a "$POOL" "$W/merge-kill"
