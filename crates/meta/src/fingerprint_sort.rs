@@ -106,6 +106,7 @@ impl FingerprintSort {
             cursors: self.runs,
             heap: BinaryHeap::new(),
             keeper: None,
+            met: 0,
         };
         for run in 0..d.cursors.len() {
             d.advance(run);
@@ -123,6 +124,8 @@ pub struct Duplicates {
     heap: BinaryHeap<Reverse<(Key, usize)>>,
     /// The fingerprint being met and its lowest id.
     keeper: Option<(u64, u64, u64)>,
+    /// Entries taken from the runs so far (of [`FingerprintSort::len`]): the pass's progress.
+    met: u64,
 }
 
 impl Duplicates {
@@ -144,6 +147,11 @@ impl Duplicates {
         self.heap.push(Reverse((k, run)));
     }
 
+    /// Entries met so far, pairs or not: of [`FingerprintSort::len`] in all.
+    pub fn met(&self) -> u64 {
+        self.met
+    }
+
     /// The scratch file's first failure, if any: the pairs since may be wrong.
     pub fn check(&self) -> Result<()> {
         match self.store.error() {
@@ -161,6 +169,7 @@ impl Iterator for Duplicates {
     fn next(&mut self) -> Option<(u64, u64)> {
         while let Some(Reverse(((a, b, id), run))) = self.heap.pop() {
             self.advance(run);
+            self.met += 1;
             match self.keeper {
                 Some((ka, kb, to)) if (ka, kb) == (a, b) => return Some((id, to)),
                 _ => self.keeper = Some((a, b, id)),
@@ -193,7 +202,9 @@ mod tests {
                 s.push(&fp(id % distinct), id);
             }
             let runs = s.runs() + 1;
-            let mut pairs: Vec<(u64, u64)> = s.finish()?.collect();
+            let mut d = s.finish()?;
+            let mut pairs: Vec<(u64, u64)> = d.by_ref().collect();
+            assert_eq!(d.met(), n, "every entry met once");
             pairs.sort_unstable();
             let want: Vec<(u64, u64)> = (distinct..n).map(|id| (id, id % distinct)).collect();
             assert_eq!(pairs, want, "budget {budget} ({runs} runs)");

@@ -149,7 +149,7 @@ impl Pool {
                 self.flush()?;
                 flushed = std::time::Instant::now();
             }
-            let done = pages + pages * report.duplicates / report.chunks_sorted.max(1);
+            let done = pages + pages * pairs.met() / report.chunks_sorted.max(1);
             if stop(done, 2 * pages) {
                 report.stopped = true;
                 return Ok(report);
