@@ -113,7 +113,7 @@ impl Pool {
             md.chunks
                 .for_each_in(&mut md.pages, page, end, &mut |id, e| {
                     // Deltas are left alone (docs/FORMAT.md "Delta records"): never made a
-                    // forward, never forwarded to. A peer's chunk has no reference here.
+                    // forward, never forwarded to. A peer's chunk the fold added may have none.
                     let live = e.refs > 0 || segment_slot(e.loc.segment) != self.slot;
                     if live && !e.loc.codec.is_delta() {
                         sort.push(&e.fp, id);
