@@ -16,7 +16,7 @@
 //!   ([`VolumeHandle`], the Volume API), snapshots, GC, verify and scrub passes, the merge
 //!   pass of duplicates the sparse index let through, destage
 //! - [`hosts`]: a pool several hosts share: the fold, moves and adoption, forget, the overview
-//! - [`volume_claims`]: one host per volume name (the claim protocol)
+//! - [`volume_claims`] (from condense-store): one host per volume name (the claim protocol)
 //! - [`gc`], [`verify`], [`stats`], [`scrub`] (the background thread; [`scrub_status`] what a
 //!   pass records), [`repair`]: maintenance and reporting
 //! - [`counters`]: activity counters for monitoring (journal, flushes, checkpoints, GC)
@@ -41,6 +41,7 @@ pub use condense_meta::{
 pub use condense_store::sim;
 pub use condense_store::{
     cache_tier, claim_window, copies, io, priority, remote, secret_file, segment, staging,
+    volume_claims,
 };
 
 pub mod gc;
@@ -48,11 +49,8 @@ pub mod hosts;
 pub mod pool;
 pub mod repair;
 pub mod scrub;
-pub use condense_meta::stats;
-#[cfg(test)]
-mod volume_claim_races;
-pub mod volume_claims;
 pub use condense_format::{counters, scrub_status, volume_counters};
+pub use condense_meta::stats;
 
 pub use cache_tier::{CacheConf, CacheMode, CacheStats};
 pub use counters::CounterValues;

@@ -177,7 +177,7 @@ pub trait Dir: Send + Sync {
 
 /// The volume claims of a shared pool ([`Dir::volume_claims`]): small objects at the pool's
 /// prefix, each put once and never replaced. The claim protocol on top of them is
-/// `condense_engine::volume_claims`.
+/// [`crate::volume_claims`].
 pub trait VolumeClaims: Send + Sync {
     /// The claims of volume `name` (`None`: of every volume), as listed now.
     fn list(&self, name: Option<&str>) -> io::Result<Vec<condense_format::hosts::VolumeClaim>>;

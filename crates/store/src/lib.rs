@@ -9,6 +9,7 @@
 //! - [`remote`]: a pool on S3-compatible object storage, the bucket as the pool directory
 //!   (over crates/object-store), with its lease and claims
 //! - [`claim_window`]: the clock a claim's window is timed on (`CLOCK_BOOTTIME`)
+//! - [`volume_claims`]: one host per volume name in a shared pool (the claim protocol)
 //! - [`copies`]: the superblock and the checkpoint root kept twice, and which copy open uses
 //! - [`segment`]: append-only chunk containers
 //! - [`cache_tier`]: copies of chunk records and metadata pages on a fast directory (S3-FIFO,
@@ -31,5 +32,8 @@ pub mod segment;
 #[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod staging;
+#[cfg(test)]
+mod volume_claim_races;
+pub mod volume_claims;
 
 pub use condense_format::{Error, Result};

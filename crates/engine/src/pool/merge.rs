@@ -12,7 +12,7 @@
 //! - A forward is journaled only after a checkpoint whose root allows forwards (version 4:
 //!   builds that do not know them refuse the pool), and only after checking, under the hold
 //!   that journals it, that both chunks still have records with the same fingerprint.
-//! - Crash safety: each batch is one commit, flushed at least every [`DURABLE_EVERY`]. A
+//! - Crash safety: each batch is one commit, flushed at least every `DURABLE_EVERY`. A
 //!   pass killed midway keeps the forwards made durable; the next pass finds the rest (a
 //!   forward is no longer a chunk, so it is not sorted again). Blocks never change: a
 //!   forward reads the same bytes its own record held.

@@ -37,9 +37,9 @@
 //! - in a pool of one host (nobody joined) nothing here runs: the pool lease is enough.
 
 use crate::claim_window::{Window, SETTLE, WINDOW_BOUND};
-use crate::error::{Error, Result};
-use crate::format::hosts::VolumeClaim;
 use crate::io::VolumeClaims;
+use crate::{Error, Result};
+use condense_format::hosts::VolumeClaim;
 /// Claims put before a race is given up as too slow a store.
 const TRIES: usize = 3;
 
@@ -54,7 +54,7 @@ pub struct TidyReport {
 
 /// What [`claim_name`] decided.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Claimed {
+pub enum Claimed {
     /// This host's claim of the name (new, or one of its slot already there).
     Won(VolumeClaim),
     /// Another host's claim wins (a claim of its, or the turn object it created), and why.
@@ -68,12 +68,7 @@ const RACED_CONDITIONAL: &str = " (both hosts claimed the name at once; the stor
 /// store with conditional PUT by creating the turn object, elsewhere by the timed protocol
 /// whose window (first LIST to the end of the PUT, [`Window`]) must stay within
 /// [`WINDOW_BOUND`] or the claim is withdrawn and made again.
-pub(crate) fn claim_name(
-    reg: &dyn VolumeClaims,
-    slot: u8,
-    name: &str,
-    turn: u32,
-) -> Result<Claimed> {
+pub fn claim_name(reg: &dyn VolumeClaims, slot: u8, name: &str, turn: u32) -> Result<Claimed> {
     let io = |e| Error::io(format!("claiming volume {name} in the pool's bucket"), e);
     let mine = VolumeClaim {
         name: name.to_string(),

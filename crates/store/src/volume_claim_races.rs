@@ -1,11 +1,11 @@
 //! The volume-claim protocol raced by two hosts, one of them paused between its LIST and its
-//! PUT (condense_store::remote::claim_race, docs/S3.md "Lease: claims"), on a store with
+//! PUT (crate::remote::claim_race, docs/S3.md "Lease: claims"), on a store with
 //! conditional PUT and on one without: exactly one host owns a name.
 
-use crate::error::{Error, Result};
+use crate::remote::claim_race::{claim_registry, conf, race, two_handles};
 use crate::volume_claims::{claim_name, Claimed};
+use crate::{Error, Result};
 use condense_object_store::conformance::Faulty;
-use condense_store::remote::claim_race::{claim_registry, conf, race, two_handles};
 use std::sync::Arc;
 
 /// Slot 1 paused after its LIST, slot 2 claiming meanwhile: slot 2 owns "vm1" and slot 1 sees
