@@ -690,3 +690,60 @@ fn a_joining_host_takes_the_first_hosts_index_setting() {
     let a = open(&pa);
     assert_eq!(a.stats().expect("stats").dedup_index_mode, "sparse");
 }
+
+/// A record another host only moved (its GC copied it to a new segment and condemned the
+/// old one) is pointed at where it went when this host lets go of the old segment, not copied
+/// into this host's segments: the block stays stored once (bench/README.md, cluster.sh,
+/// "letting go").
+#[test]
+fn letting_go_of_a_moved_record_points_at_its_new_place() {
+    let c = cluster();
+    let a = open(&c.a);
+    let b = open(&c.b);
+    write(&a, "vx", 5000, 768);
+    write(&a, "va", 1000, 768);
+    write(&b, "vb", 1000, 768);
+    a.sync_hosts().expect("sync a");
+    let r = b.sync_hosts().expect("sync b");
+    assert_eq!(r.peers[0].chunks_merged, 768, "{r:?}");
+    b.gc(0).expect("gc b"); // b's own copies, merged into a's, go
+    a.sync_hosts().expect("sync a");
+    b.sync_hosts().expect("sync b");
+    assert_eq!(
+        b.stats().expect("stats").data_bytes,
+        0,
+        "b stores nothing of its own"
+    );
+    // a's GC moves va's live records out of the segments vx shared with them.
+    a.delete_volume("vx").expect("delete");
+    let g = a.gc(0).expect("gc a");
+    assert!(g.chunks_moved > 0 && g.segments_condemned > 0, "{g:?}");
+    let r = b.sync_hosts().expect("sync b");
+    assert!(r.peers[0].chunks_let_go > 0, "{r:?}");
+    assert_eq!(
+        b.stats().expect("stats").data_bytes,
+        0,
+        "b copied records a only moved: {r:?}"
+    );
+    check(&b, "vb", 1000, 768);
+    // a deletes the condemned segments once b let go; vb still reads, through a's new ones.
+    let r = a.sync_hosts().expect("sync a");
+    assert!(r.segments_deleted > 0, "{r:?}");
+    check(&b, "vb", 1000, 768);
+    // a deletes va too: its records are dead for a, so b copies them when a's GC condemns.
+    a.delete_volume("va").expect("delete va");
+    a.gc(0).expect("gc a");
+    b.sync_hosts().expect("sync b");
+    a.sync_hosts().expect("sync a");
+    check(&b, "vb", 1000, 768);
+    assert!(
+        b.stats().expect("stats").data_bytes > 0,
+        "b holds vb's records now"
+    );
+    b.close().expect("close b");
+    drop(b);
+    let b = open(&c.b);
+    check(&b, "vb", 1000, 768);
+    let v = b.verify(&|_, _| {}).expect("verify");
+    assert!(v.bad_chunks.is_empty(), "{:?}", v.bad_chunks);
+}

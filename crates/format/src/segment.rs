@@ -90,6 +90,17 @@ pub fn encode_record(
     encode_record_into(&mut out[start..], id, fp, codec, payload);
 }
 
+/// The chunk id a record's header names (its first [`RECORD_HEADER_BYTES`]), unchecked: the
+/// caller confirms it some other way (0 for a shorter buffer).
+pub fn record_chunk_id(head: &[u8]) -> u64 {
+    let word = |at: usize| {
+        head.get(at..at + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map_or(0, u32::from_le_bytes)
+    };
+    u64::from(word(4)) | u64::from(word(28)) << 32
+}
+
 /// Make `record` (a whole record, as a segment holds it) carry chunk id `id`: a record copied
 /// from another host's segment into one of this host's, whose chunk table names it by its own
 /// id. The CRC is computed again; an encrypted payload is bound to its fingerprint and codec,

@@ -39,12 +39,13 @@
 use crate::error::{Error, Result};
 use crate::format::hosts::{Condemned, Forgotten, Progress};
 use crate::format::{segment_slot, CHUNKS_PER_PAGE};
+use crate::io::File;
 use crate::locks::lock;
 use crate::pool::foreign::Folded;
 use crate::pool::gc::GcReport;
 use crate::pool::peers::OpenedPeer;
 use crate::pool::Pool;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, MutexGuard};
 
 use super::{forget, moves};
@@ -223,7 +224,7 @@ fn fold_peer(
         )
     });
     pr.its_progress = its_progress;
-    pr.chunks_let_go = let_go(pool, &condemned, progress.acked, &pr.host)?;
+    pr.chunks_let_go = let_go(pool, peer, &condemned, progress.acked, &pr.host)?;
     progress.acked = progress.acked.max(condemned.next);
     // Its chunks added since the last fold (none of a forgotten host: this host adds no
     // chunk that names its part).
@@ -242,7 +243,7 @@ fn fold_peer(
 /// Step 1 of a peer's fold: move this host's chunks out of the segments the peer condemned
 /// that this host has not acknowledged yet (`acked` and up); the chunks moved or dropped.
 /// Fails, acknowledging nothing, if a segment cannot be read or a record moved out.
-fn let_go(pool: &Pool, condemned: &Condemned, acked: u64, host: &str) -> Result<u64> {
+fn let_go(pool: &Pool, peer: &Pool, condemned: &Condemned, acked: u64, host: &str) -> Result<u64> {
     let pending: Vec<u32> = condemned
         .segs
         .iter()
@@ -261,6 +262,7 @@ fn let_go(pool: &Pool, condemned: &Condemned, acked: u64, host: &str) -> Result<
              condemnation is not acknowledged until it is"
         )));
     }
+    let repointed = repoint_moved(pool, peer, &victims, condemned, next_id)?;
     let mut gr = GcReport::default();
     let spared = pool.move_out(&victims, next_id, &mut gr)?;
     if let Some(seg) = spared.iter().next() {
@@ -270,7 +272,51 @@ fn let_go(pool: &Pool, condemned: &Condemned, acked: u64, host: &str) -> Result<
              `condense verify` names the blocks",
         ));
     }
-    Ok(gr.chunks_moved + gr.chunks_dropped)
+    Ok(repointed + gr.chunks_moved + gr.chunks_dropped)
+}
+
+/// Step 1a: this host's referenced chunks in `victims` whose record the peer only moved (the
+/// peer's chunk the old record names is now in another segment of the peer, not condemned,
+/// with the same fingerprint) are pointed at that record rather than copied, so the block
+/// stays stored once; the chunks pointed. A header that cannot be read is left to the copy.
+fn repoint_moved(
+    pool: &Pool,
+    peer: &Pool,
+    victims: &HashMap<u32, Arc<dyn File>>,
+    condemned: &Condemned,
+    next_id: u64,
+) -> Result<u64> {
+    let per = CHUNKS_PER_PAGE as u64;
+    let (mut done, mut page) = (0, 0);
+    while page * per < next_id {
+        let mut moves = Vec::new();
+        for (id, e) in pool.chunks_in_pages(page, FOLD_PAGES)? {
+            let Some(file) = victims.get(&e.loc.segment) else {
+                continue;
+            };
+            let mut head = [0u8; 32];
+            if e.refs == 0 || file.read_at(&mut head, u64::from(e.loc.offset)).is_err() {
+                continue;
+            }
+            let theirs = crate::format::record_chunk_id(&head);
+            let found = peer.chunks_in_pages(theirs / per, 1)?;
+            let Some((_, t)) = found.into_iter().find(|(i, _)| *i == theirs) else {
+                continue;
+            };
+            if t.fp == e.fp
+                && t.refs > 0
+                && !t.loc.codec.is_delta()
+                && !e.loc.codec.is_delta()
+                && segment_slot(t.loc.segment) == peer.slot
+                && !condemned.segs.contains_key(&t.loc.segment)
+            {
+                moves.push((id, e.loc, t.loc));
+            }
+        }
+        done += pool.repoint_chunks(&moves)?;
+        page += FOLD_PAGES;
+    }
+    Ok(done)
 }
 
 /// Step 2 of a peer's fold: its chunks with ids in `[progress.through, peer_next)` that are

@@ -8,7 +8,7 @@
 //! this host's own; every change is journaled like any other (`NewChunk`, `Relocate`,
 //! `DropChunk`, `MapRun`).
 
-use crate::chunk_table::ChunkEntry;
+use crate::chunk_table::{ChunkEntry, Slot};
 use crate::error::{Error, Result};
 use crate::format::hosts::Condemned;
 use crate::format::{segment_slot, JournalRecord, Location, CHUNKS_PER_PAGE};
@@ -102,6 +102,28 @@ impl Pool {
             self.commit(&mut st, records)?;
         }
         Ok(done)
+    }
+
+    /// Point chunks of this pool at another host's records (`moves`: id, the record it names
+    /// now, the new one), each only if it is still a referenced chunk naming that record and
+    /// the new record's segment is readable here; the chunks pointed.
+    pub(crate) fn repoint_chunks(&self, moves: &[(u64, Location, Location)]) -> Result<u64> {
+        let mut st = self.lock_state();
+        let mut records = Vec::new();
+        for &(id, old, new) in moves {
+            let md = &mut st.md;
+            let now = md.chunks.slot(&mut md.pages, id)?;
+            if matches!(now, Some(Slot::Chunk(e)) if e.refs > 0 && e.loc == old)
+                && st.segments.file(new.segment).is_some()
+            {
+                records.push(JournalRecord::Relocate { id, loc: new });
+            }
+        }
+        let n = records.len() as u64;
+        if n > 0 {
+            self.commit(&mut st, records)?;
+        }
+        Ok(n)
     }
 
     /// GC emptied `segs`: in a pool other hosts share, record them condemned (durable in a
