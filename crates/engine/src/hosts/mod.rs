@@ -33,9 +33,10 @@
 //!   B's GC). So of two hosts that stored one block at once, the lower slot's copy stays.
 //! - **Condemn.** A's GC moves A's live chunks out of S as in a pool of one host, then, instead
 //!   of deleting S, records it condemned with a sequence number `n` (in A's root).
-//! - **Let go.** B, folding, finds S condemned: it moves its own chunks out of S (referenced
-//!   ones copied into B's segments, unreferenced ones dropped) and records `acked` past `n`
-//!   in its next root. From then on no chunk of B names S, and B never adds one that does
+//! - **Let go.** B, folding, finds S condemned: it moves its own chunks out of S (a referenced
+//!   one whose record A only moved is pointed at A's new record, the other referenced ones
+//!   copied into B's segments, unreferenced ones dropped) and records `acked` past `n` in its
+//!   next root. From then on no chunk of B names S, and B never adds one that does
 //!   (A's root no longer names S, and B skips condemned segments).
 //! - **Delete.** A deletes S once every other host's newest root acknowledges `n` and none of
 //!   its referenced chunks is in S. A host that never folds again keeps S forever: safe,
