@@ -287,6 +287,7 @@ fn repoint_moved(
     next_id: u64,
 ) -> Result<u64> {
     let per = CHUNKS_PER_PAGE as u64;
+    let peer_next = peer.next_chunk_id();
     let (mut done, mut page) = (0, 0);
     while page * per < next_id {
         let mut moves = Vec::new();
@@ -299,6 +300,9 @@ fn repoint_moved(
                 continue;
             }
             let theirs = crate::format::record_chunk_id(&head);
+            if theirs >= peer_next {
+                continue; // not a chunk of the peer's: left to the copy
+            }
             let found = peer.chunks_in_pages(theirs / per, 1)?;
             let Some((_, t)) = found.into_iter().find(|(i, _)| *i == theirs) else {
                 continue;
