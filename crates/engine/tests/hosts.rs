@@ -523,8 +523,10 @@ fn write_in_pieces(pool: &Pool, vol: &str, first: u64, blocks: u64) {
     pool.flush().expect("flush");
 }
 
-#[test]
-fn a_sparse_host_folds_a_peers_chunks_within_its_budget_and_finds_them() {
+/// Two hosts: the first writes volume "golden" of `blocks` blocks (tags from 0) and closes;
+/// the second, opened and returned, has a sparse index of `budget` bytes (built at its first
+/// write). The temporary directory holds both.
+fn sparse_host_beside(blocks: u64, budget: u64) -> (tempfile::TempDir, std::sync::Arc<Pool>) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let store = tmp.path().join("store");
     std::fs::create_dir_all(&store).expect("store dir");
@@ -535,21 +537,22 @@ fn a_sparse_host_folds_a_peers_chunks_within_its_budget_and_finds_them() {
     };
     Pool::init_remote(&pa, &conf(&store), Durability::Local, CACHE, &opts).expect("init");
     Pool::join_remote(&pb, &conf(&store), CACHE, "host-b", None).expect("join");
-
     let a = open(&pa);
-    write_in_pieces(&a, "golden", 0, SPARSE_PEER_BLOCKS);
+    write_in_pieces(&a, "golden", 0, blocks);
     a.close().expect("close a");
     drop(a);
-
     let b = open(&pb);
-    let sparse = IndexSetting::Sparse {
-        budget: SPARSE_BUDGET,
-    };
+    let sparse = IndexSetting::Sparse { budget };
     b.meta_put(SETTING_KEY, Some(&sparse.encode()))
         .expect("setting");
     b.close().expect("close b");
     drop(b);
-    let b = open(&pb);
+    (tmp, open(&pb))
+}
+
+#[test]
+fn a_sparse_host_folds_a_peers_chunks_within_its_budget_and_finds_them() {
+    let (_tmp, b) = sparse_host_beside(SPARSE_PEER_BLOCKS, SPARSE_BUDGET);
     let data = || b.stats().expect("stats").data_bytes;
     let empty = data();
     write_in_pieces(&b, "own", 1_000_000, 1_000); // builds the sparse index at the first write
@@ -600,30 +603,7 @@ fn a_sparse_host_folds_a_peers_chunks_within_its_budget_and_finds_them() {
 #[test]
 fn the_merge_pass_keeps_the_lower_slots_copy_of_what_the_fold_missed() {
     const N: u64 = 40_000;
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let store = tmp.path().join("store");
-    std::fs::create_dir_all(&store).expect("store dir");
-    let (pa, pb) = (tmp.path().join("a"), tmp.path().join("b"));
-    let opts = InitOptions {
-        segment_bytes_target: 4 << 20,
-        ..Default::default()
-    };
-    Pool::init_remote(&pa, &conf(&store), Durability::Local, CACHE, &opts).expect("init");
-    Pool::join_remote(&pb, &conf(&store), CACHE, "host-b", None).expect("join");
-    let a = open(&pa);
-    write_in_pieces(&a, "golden", 0, N);
-    a.close().expect("close a");
-    drop(a);
-
-    let b = open(&pb);
-    let sparse = IndexSetting::Sparse {
-        budget: condense_engine::sparse_index::MIN_BUDGET,
-    };
-    b.meta_put(SETTING_KEY, Some(&sparse.encode()))
-        .expect("setting");
-    b.close().expect("close b");
-    drop(b);
-    let b = open(&pb);
+    let (_tmp, b) = sparse_host_beside(N, condense_engine::sparse_index::MIN_BUDGET);
     // The same blocks in another order (7919 is prime, so i -> 7919 i mod N is a permutation):
     // no run of the peer's write order is a run here.
     let tag = |i: u64| i * 7919 % N;

@@ -135,6 +135,14 @@ fn duplicates_become_forwards_and_their_space_comes_back() -> Result<(), String>
     Ok(())
 }
 
+/// The crash image a pass's progress callback took.
+fn crash_image(crashed: Mutex<Option<Arc<SimDir>>>) -> Result<Arc<SimDir>, String> {
+    crashed
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .ok_or_else(|| "the pass never reached the crash point".to_string())
+}
+
 #[test]
 fn a_crash_in_the_middle_of_the_pass_loses_nothing() -> Result<(), String> {
     let (disk, pool) = pool_with_duplicates()?;
@@ -151,10 +159,7 @@ fn a_crash_in_the_middle_of_the_pass_loses_nothing() -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     drop(pool);
-    let disk = crashed
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-        .ok_or("the pass never reached the crash point")?;
+    let disk = crash_image(crashed)?;
     let pool = open(&disk)?;
     let left = unique(&pool)?;
     assert!(
@@ -198,10 +203,7 @@ fn a_long_pass_makes_its_forwards_durable_as_it_goes() -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     drop(pool);
-    let disk = crashed
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-        .ok_or("the pass never reached the crash point")?;
+    let disk = crash_image(crashed)?;
     let pool = open(&disk)?;
     let left = unique(&pool)?;
     assert!(

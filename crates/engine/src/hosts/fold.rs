@@ -36,15 +36,16 @@
 //!   a chunk already added is found by the dedup index and not added twice, and a chunk
 //!   already merged names the peer's segment, which a merge skips.
 
+use crate::chunk_table::ChunkEntry;
 use crate::error::{Error, Result};
 use crate::format::hosts::{Condemned, Forgotten, Progress};
-use crate::format::{segment_slot, CHUNKS_PER_PAGE};
-use crate::io::File;
+use crate::format::{segment_slot, CHUNKS_PER_PAGE, RECORD_HEADER_BYTES};
 use crate::locks::lock;
 use crate::pool::foreign::Folded;
-use crate::pool::gc::GcReport;
+use crate::pool::gc::{GcReport, VictimFiles};
 use crate::pool::peers::OpenedPeer;
 use crate::pool::Pool;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, MutexGuard};
 
@@ -282,7 +283,7 @@ fn let_go(pool: &Pool, peer: &Pool, condemned: &Condemned, acked: u64, host: &st
 fn repoint_moved(
     pool: &Pool,
     peer: &Pool,
-    victims: &HashMap<u32, Arc<dyn File>>,
+    victims: &VictimFiles,
     condemned: &Condemned,
     next_id: u64,
 ) -> Result<u64> {
@@ -291,11 +292,13 @@ fn repoint_moved(
     let (mut done, mut page) = (0, 0);
     while page * per < next_id {
         let mut moves = Vec::new();
+        // The peer's chunk-table pages this window looked at, each read once.
+        let mut theirs_pages: HashMap<u64, HashMap<u64, ChunkEntry>> = HashMap::new();
         for (id, e) in pool.chunks_in_pages(page, FOLD_PAGES)? {
             let Some(file) = victims.get(&e.loc.segment) else {
                 continue;
             };
-            let mut head = [0u8; 32];
+            let mut head = [0u8; RECORD_HEADER_BYTES];
             if e.refs == 0 || file.read_at(&mut head, u64::from(e.loc.offset)).is_err() {
                 continue;
             }
@@ -303,8 +306,13 @@ fn repoint_moved(
             if theirs >= peer_next {
                 continue; // not a chunk of the peer's: left to the copy
             }
-            let found = peer.chunks_in_pages(theirs / per, 1)?;
-            let Some((_, t)) = found.into_iter().find(|(i, _)| *i == theirs) else {
+            let entries = match theirs_pages.entry(theirs / per) {
+                Entry::Occupied(o) => o.into_mut(),
+                Entry::Vacant(v) => {
+                    v.insert(peer.chunks_in_pages(theirs / per, 1)?.into_iter().collect())
+                }
+            };
+            let Some(t) = entries.get(&theirs) else {
                 continue;
             };
             if t.fp == e.fp

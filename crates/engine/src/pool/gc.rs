@@ -57,7 +57,7 @@ pub struct GcReport {
 }
 
 /// The victim segments' files, by segment id.
-type VictimFiles = HashMap<u32, Arc<dyn File>>;
+pub(crate) type VictimFiles = HashMap<u32, Arc<dyn File>>;
 
 impl Pool {
     /// Dead bytes as a share of all segment bytes (0..1), and the dead bytes.
