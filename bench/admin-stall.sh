@@ -14,7 +14,8 @@
 #
 # Operations (default order; each needs what the earlier ones made): [hosts-sync on S3,]
 # stats, snap-create, diff, clone (of the snapshot), grow, verify, rollback, snap-delete,
-# shrink (to half, --force), delete-clone, delete (big), gc. The window of a deletion or
+# shrink (to half, --force), delete-clone, delete (big), gc, then idle-after (the baseline again:
+# vm's own drift over the run). The window of a deletion or
 # rollback lasts until its map's background release is over (its note: the command's time).
 # hosts-sync: a second host joined to the pool (S3 only) imports PEER_N unique blocks
 # (default N / 2; not timed), then this host's `hosts sync` folds them in; the note column
@@ -128,6 +129,10 @@ for op in "${ops[@]}"; do
     done
 done
 sleep "$gap"
+# The baseline again, as a row of the table: vm's own drift over the run.
+a=$(now_ms)
+sleep "$idle"
+stall_window idle-after "$a" "$(now_ms)" ok "nothing running: the baseline again"
 stall_stop_fio
 [ -n "${CACHE:-}" ] && { echo "   cache tier:"; c cache stats 2>&1 | sed 's/^/     /' | head -12; }
 stall_table "big: $n blocks; pool: $kind; vm: 4 KiB random read/write qd1 (fio, nbd); $(date -u +%F) $(git -C "$here" rev-parse --short HEAD 2>/dev/null)"

@@ -15,7 +15,9 @@
 # Environment: WORK=DIR (default /work/cluster-bench; emptied first), CONDENSE=PATH (default
 # target/release/condense, built if missing), COMPRESSION=lz4|zstd:N (default lz4),
 # CACHE_SIZE (default 4G per host), INIT_ARGS (more `init` options for both pools, e.g.
-# "--index sparse --index-memory 32M": joining hosts take the first host's index setting).
+# "--index sparse --index-memory 32M": joining hosts take the first host's index setting),
+# GC_ARGS (the dead-share threshold of each host's `gc` after the first fold, e.g. 0: every
+# segment with a dead byte, so records other hosts reference move and are let go of).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -143,7 +145,8 @@ for round in 1 2 3 4; do
         printf '   host %s index merge %.1f s: %s\n' "$h" "$(since "$t")" "$(tr '\n' ' ' <"$work/merge$h.out")"
         t=$(now)
       fi
-      c --pool "$work/$h" gc >"$work/gc$h.out" 2>/dev/null
+      # shellcheck disable=SC2086
+      c --pool "$work/$h" gc ${GC_ARGS:-} >"$work/gc$h.out" 2>/dev/null
       printf '   host %s gc %.1f s: %s\n' "$h" "$(since "$t")" "$(tail -1 "$work/gc$h.out")"
     done
   elif [ "$waiting" = 0 ]; then

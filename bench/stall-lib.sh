@@ -110,13 +110,19 @@ stall_serve() {
 
 # Write vm once and read it once (on S3, what is uploaded is read from the bucket until a
 # read promotes it into the local cache tier: fio must measure the pool, not the first
-# misses), then wait for the per-volume figures' first count (it runs after the open).
+# misses), then wait for the per-volume figures' first count (it runs after the open) and,
+# on a local pool, for the serve's first background scrub pass to end (a new pool is scrubbed
+# at once, then every 7 days: a busy core beside fio made vm's requests ~3x faster, so an
+# idle window that straddled the pass's end was no baseline; 2026-11-29, sixth pass).
 stall_fill_vm() {
     fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=4 --size=1G \
         --refill_buffers=1 --output=/dev/null
     fio --name=warm --ioengine=nbd --uri="$uri" --rw=read --bs=1M --iodepth=4 --size=1G \
         --output=/dev/null
     for _ in $(seq 1 600); do grep -q "attribution counted" "$work/serve.log" && break; sleep 0.1; done
+    [ "${S3:-}" = 1 ] && return 0
+    for _ in $(seq 1 6000); do grep -q "scrub: .* checked" "$work/serve.log" && return 0; sleep 0.1; done
+    echo "   (the first scrub pass had not ended after 600 s: it runs beside the idle window)"
 }
 
 # stall_fio PREFIX: fio on vm in the background, latency log WORK/PREFIX_clat.*.log.
@@ -175,6 +181,8 @@ def figures(a, b):
     return (pct(r, 0.99), max(r, default=float("nan")), pct(w, 0.99),
             max(w, default=float("nan")), len(r) + len(w))
 idle = [r for r in rows if r[0] == "idle"]
+# idle-after: the same baseline again after the last operation, as a row: how far vm's own
+# latency drifted over the run, whatever the operations did
 if not idle:
     sys.exit("no idle window")
 ir99, irw, iw99, iww, n = figures(idle[0][1], idle[0][2])

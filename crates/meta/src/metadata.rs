@@ -1026,13 +1026,14 @@ impl Metadata {
     }
 
     /// One bounded step of counting the attribution from scratch (the chunk table's lengths
-    /// 16 pages at a time, then the maps 4 leaves at a time: under a millisecond each), for a
+    /// 32 pages at a time, then the maps 8 leaves at a time: ~1 ms each; 128 and 32 held the
+    /// lock 5-9 ms, bench/README.md "admin-stall.sh", sixth pass), for a
     /// caller that lets go of the state lock between steps so I/O goes on
     /// ([`crate::attribution::Counting`] keeps what changes meanwhile). True once the
     /// attribution is there; a count that fails is dropped.
     pub fn count_attribution_step(&mut self) -> Result<bool> {
-        const CHUNK_PAGES_PER_STEP: u64 = 16;
-        const LEAVES_PER_STEP: u64 = 4;
+        const CHUNK_PAGES_PER_STEP: u64 = 32;
+        const LEAVES_PER_STEP: u64 = 8;
         if let Some(a) = &self.attribution {
             if a.broken().is_none() {
                 return Ok(true);

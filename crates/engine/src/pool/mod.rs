@@ -246,7 +246,7 @@ pub(crate) struct StateGuard<'a> {
 }
 
 // Passes in steps share the state lock with the VMs' I/O as condense-format's pacing.rs says.
-pub(crate) use condense_format::pacing::{pause_after_step, step_pause, Pacer};
+pub(crate) use condense_format::pacing::{note_request, pause_after_step, pause_with, Pacer, Step};
 
 /// Holds of the pool's `state` at least this long are logged (at `warn`, with the caller
 /// that took the lock): every VM's I/O on the pool waited that long. Set in milliseconds by
@@ -375,7 +375,8 @@ pub struct Pool {
 }
 
 /// One read or write counted in [`Pool::reads_in_flight`] or [`Pool::writes_in_flight`]
-/// while it lives.
+/// while it lives, and among the VMs' requests that pace the passes in steps
+/// ([`note_request`]).
 struct InFlight<'a> {
     count: &'a AtomicUsize,
     before: usize,
@@ -384,6 +385,7 @@ struct InFlight<'a> {
 impl<'a> InFlight<'a> {
     fn enter(count: &'a AtomicUsize) -> InFlight<'a> {
         let before = count.fetch_add(1, Ordering::Relaxed);
+        note_request();
         InFlight { count, before }
     }
 

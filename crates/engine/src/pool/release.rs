@@ -20,8 +20,9 @@
 //! - Before a step is committed its leaves are read once: a page that cannot be read stops
 //!   the release (logged, tried again later) instead of failing the commit, which would
 //!   poison the pool.
-//! - The thread leaves each step's time again free before the next (at most half of the
-//!   lock's time goes to releasing), and stops with the pool.
+//! - The thread leaves each step's time again free before the next, longer while the VMs
+//!   are busy (at most half of the lock's time goes to releasing; `pool::pause_with`), and
+//!   stops with the pool.
 
 use super::Pool;
 use crate::error::Result;
@@ -32,12 +33,14 @@ use crate::page_cache::TreeId;
 pub use crate::stats::PendingRelease;
 use crate::worker::Worker;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// Leaves (of 512 block-map entries each) one step releases: about 0.2 ms of the state lock
-/// on this project's 2-core test machine (16 leaves held it 0.7 ms, and a VM's request that
-/// meets a step waits for the rest of it: bench/README.md "admin-stall.sh").
-pub const STEP_LEAVES: usize = 4;
+/// Leaves (of 512 block-map entries each) one step releases: about 1.5 ms of the state lock
+/// on this project's 2-core test machine (4 leaves 0.2 ms). A VM's request that meets a step
+/// waits for the rest of it, and the pause after a step lets the busy VMs make
+/// `REQUESTS_BETWEEN_STEPS` requests (condense-format's pacing.rs), so fewer, longer steps
+/// keep the VMs' p99 (bench/README.md "admin-stall.sh", sixth pass).
+pub const STEP_LEAVES: usize = 32;
 
 /// The next step of the oldest pending release: (tree, from, to), `to` = `u64::MAX` for the
 /// last one. Reads the step's leaves, so a page that cannot be read fails here, before any
@@ -137,11 +140,11 @@ impl Pool {
         let started = Worker::spawn("condense-release", move |flag| {
             while !flag.load(Ordering::Relaxed) {
                 let Some(pool) = weak.upgrade() else { return };
-                let started = Instant::now();
+                let started = super::Step::begin();
                 let pause = match pool.release_step() {
-                    // As long again as the step took: the VMs get the lock at least half
-                    // the time, whatever the disk's speed.
-                    Ok(true) => super::step_pause(started),
+                    // As long again as the step took, stretched while the VMs are busy
+                    // (pool::pause_with, below).
+                    Ok(true) => None,
                     Ok(false) => {
                         // Ended, unless a map was detached since the step looked (then the
                         // waker saw this thread running and only woke it).
@@ -150,19 +153,25 @@ impl Pool {
                             return;
                         }
                         ended_here.store(false, Ordering::SeqCst);
-                        Duration::ZERO
+                        Some(Duration::ZERO)
                     }
                     Err(e) => {
                         tracing::warn!(
                             "releasing the map of a deleted volume: {e}; trying again in 30 s \
                              (`condense verify` checks the pool's metadata)"
                         );
-                        Duration::from_secs(30)
+                        Some(Duration::from_secs(30))
                     }
                 };
                 drop(pool);
-                if !flag.load(Ordering::Relaxed) {
-                    std::thread::park_timeout(pause);
+                let mut park = |d: Duration| {
+                    if !flag.load(Ordering::Relaxed) {
+                        std::thread::park_timeout(d);
+                    }
+                };
+                match pause {
+                    None => super::pause_with(&started, &mut park),
+                    Some(d) => park(d),
                 }
             }
         });

@@ -176,10 +176,10 @@ impl Pool {
             }
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let Some(pool) = weak.upgrade() else { return };
-                let started = std::time::Instant::now();
+                let started = super::Step::begin();
                 let step = pool.lock_state().md.index_build_step(BUILD_STEP_PAGES);
                 match step {
-                    Ok(false) => super::pause_after_step(started),
+                    Ok(false) => super::pause_after_step(&started),
                     Ok(true) => {
                         crate::dedup_index::return_free_memory();
                         return;

@@ -23,9 +23,9 @@ const WALK_ATTEMPTS: u32 = 3;
 /// The pause before a walk is repeated (a burst of writes may be over by then).
 const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
 /// Stored reference counts read again per step of the comparison.
-const COUNTS_PER_STEP: usize = 256;
+const COUNTS_PER_STEP: usize = 2048;
 /// Chunk-table pages read per hold of the state lock in the chunk pass.
-const CHUNK_PAGES_PER_HOLD: u64 = 16;
+const CHUNK_PAGES_PER_HOLD: u64 = 64;
 
 impl Pool {
     /// Check everything. `progress(done, total)` is called as chunks are checked.
