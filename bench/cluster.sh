@@ -16,8 +16,8 @@
 # target/release/condense, built if missing), COMPRESSION=lz4|zstd:N (default lz4),
 # CACHE_SIZE (default 4G per host), INIT_ARGS (more `init` options for both pools, e.g.
 # "--index sparse --index-memory 32M": joining hosts take the first host's index setting),
-# GC_ARGS (the dead-share threshold of each host's `gc` after the first fold, e.g. 0: every
-# segment with a dead byte, so records other hosts reference move and are let go of).
+# GC_ARGS (more options of each host's `gc` after the first fold, e.g. "--min-dead-percent 1":
+# segments 1 % dead move their live records, which the other hosts then let go of).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -9,9 +9,12 @@
 //! the checkpoint leaves the old locations valid; after it, the new ones.
 //!
 //! I/O goes on during a GC: every hold of the state lock is bounded, whatever the size of the
-//! pool. The chunk table is scanned [`SCAN_PAGES`] pages per hold, victim records are read
-//! and checked without the state lock (sealed segments never change), and the state lock is
-//! taken only to append a batch of at most [`COPY_BATCH`] copies and journal it, re-checking
+//! pool, and followed by a pause while the VMs are busy (`pool::Pacer`), except while writes
+//! keep finding the disk low on space: then reclaiming comes first. The chunk table is
+//! scanned [`SCAN_PAGES`] pages per hold, victim records are read and checked without the
+//! state lock (sealed segments never change), and the state lock is taken only to append a
+//! batch of at most [`COPY_BATCH`] copies (and [`DROP_BATCH`] chunks in all) and journal it,
+//! re-checking
 //! that each chunk is still where it was read (and, for a drop, still unreferenced: a write
 //! may have deduplicated against it meanwhile; a chunk referenced again is copied instead).
 //! Every [`CHECKPOINT_PAGES`] chunk-table pages dirtied, the GC checkpoints (a checkpoint
@@ -30,8 +33,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-/// Chunk-table pages scanned per hold of the state lock.
-const SCAN_PAGES: u64 = 16;
+/// Chunk-table pages scanned per hold of the state lock (each hold followed by a pause while
+/// the VMs are busy).
+const SCAN_PAGES: u64 = 64;
 /// A chunk to move: id, its entry when scanned, its segment file, its record if it was live.
 type Copy = (u64, ChunkEntry, Arc<dyn File>, Option<Vec<u8>>);
 
@@ -39,6 +43,12 @@ type Copy = (u64, ChunkEntry, Arc<dyn File>, Option<Vec<u8>>);
 /// segment batch written under it: 64 held it 1-3 ms on the 2-core test machine, a VM's
 /// request meeting it waiting that long; bench/README.md "admin-stall.sh").
 const COPY_BATCH: usize = 16;
+
+/// Chunks per hold of the state lock at most, dead ones included: a drop reads and appends
+/// nothing (a journal record and its chunk-table entry), so drops are batched by the
+/// thousand (8192 held the lock up to 61 ms, and GC took no less time: bench/README.md
+/// "admin-stall.sh", sixth pass).
+const DROP_BATCH: usize = 1024;
 
 /// Chunk-table pages a GC dirties (moving or dropping their chunks) before it checkpoints:
 /// a checkpoint writes the dirty pages under the state lock, so this bounds that hold
@@ -134,16 +144,19 @@ impl Pool {
         let mut page = 0u64;
         // Chunk-table pages dirtied since the last checkpoint.
         let mut dirtied: HashSet<u64> = HashSet::new();
+        let mut pacer = super::Pacer::default();
         while page * per < next_id {
             // 1. Chunks of victim segments in a window of the chunk table.
+            self.pace_gc(&mut pacer);
             let found = self.victim_chunks(victims, page)?;
             page += SCAN_PAGES;
             self.counters
                 .gc_scanned_chunk_ids
                 .store((page * per).min(next_id), Relaxed);
             // 2. Read and check the live ones without the state lock; 3. commit in batches.
-            for batch in found.chunks(COPY_BATCH) {
+            for batch in hold_batches(&found) {
                 let copies = self.read_batch(batch, victims, &mut spared)?;
+                self.pace_gc(&mut pacer);
                 self.commit_copies(copies, report)?;
                 dirtied.extend(batch.iter().map(|(id, _)| id / per));
                 if dirtied.len() >= CHECKPOINT_PAGES {
@@ -154,6 +167,17 @@ impl Pool {
             }
         }
         Ok(spared)
+    }
+
+    /// The pause before GC's next hold of the state lock (`pool::Pacer`: none on an idle pool,
+    /// longer while the VMs are busy), skipped while writes keep finding the disk low on space
+    /// (they mark it again every 16 MiB written; [`Pool::take_space_low`]).
+    fn pace_gc(&self, pacer: &mut super::Pacer) {
+        if self.space_low.load(Relaxed) {
+            *pacer = super::Pacer::default();
+        } else {
+            pacer.step();
+        }
     }
 
     /// The sealed segments with at least `min_dead_percent` dead bytes, with their files, and
@@ -379,4 +403,55 @@ fn read_record(
         )
     })?;
     Ok(buf)
+}
+
+/// `found` cut into the batches of one hold each: at most [`COPY_BATCH`] chunks whose record
+/// is read and copied (live ones, and dead deltas, whose record names their bases), at most
+/// [`DROP_BATCH`] chunks in all.
+fn hold_batches(found: &[(u64, ChunkEntry)]) -> Vec<&[(u64, ChunkEntry)]> {
+    let (mut batches, mut start, mut copies) = (Vec::new(), 0, 0);
+    for (i, (_, e)) in found.iter().enumerate() {
+        let copy = e.refs > 0 || e.loc.codec.is_delta();
+        if i - start == DROP_BATCH || (copy && copies == COPY_BATCH) {
+            batches.push(&found[start..i]);
+            (start, copies) = (i, 0);
+        }
+        copies += usize::from(copy);
+    }
+    if start < found.len() {
+        batches.push(&found[start..]);
+    }
+    batches
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::ChunkCodec;
+
+    #[test]
+    fn a_hold_takes_at_most_copy_batch_copies_and_drop_batch_chunks() {
+        let entry = |refs| ChunkEntry {
+            fp: [0; 16],
+            loc: Location {
+                segment: 1,
+                offset: 0,
+                stored_len: 1,
+                codec: ChunkCodec::Lz4,
+            },
+            refs,
+        };
+        // 2.5 DROP_BATCH dead chunks, then 40 live ones, then 10 dead ones.
+        let dead = (DROP_BATCH * 5 / 2) as u64;
+        let found: Vec<(u64, ChunkEntry)> = (0..dead + 50)
+            .map(|id| (id, entry(u32::from((dead..dead + 40).contains(&id)))))
+            .collect();
+        let batches = hold_batches(&found);
+        let lens: Vec<usize> = batches.iter().map(|b| b.len()).collect();
+        // Whole batches of drops until a 17th copy would join: the half batch of drops and 16
+        // copies, 16 copies, then the last 8 copies with the 10 drops after them.
+        let half = DROP_BATCH / 2;
+        assert_eq!(lens, [DROP_BATCH, DROP_BATCH, half + 16, 16, 18]);
+        assert_eq!(batches.concat(), found);
+    }
 }
