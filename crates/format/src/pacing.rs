@@ -54,8 +54,8 @@ static REQUESTS: AtomicU64 = AtomicU64::new(0);
 /// [`REQUESTS`] when the last step of any pass ended, or the next one was claimed.
 static LAST_STEP: AtomicU64 = AtomicU64::new(0);
 
-/// While the VMs are busy, the requests they make between two steps of a pass: fewer than
-/// 1 in this many of their requests meet a step (see the module docs).
+/// While the VMs are busy, the requests they make between two steps of any passes: about 1
+/// in this many of their requests meets a step (see the module docs).
 pub const REQUESTS_BETWEEN_STEPS: u64 = 400;
 
 /// The longest pause after a step, in plain pauses ([`step_pause`]): a pass keeps at least
