@@ -14,9 +14,9 @@
 //! scanned [`SCAN_PAGES`] pages per hold, victim records are read and checked without the
 //! state lock (sealed segments never change), and the state lock is taken only to append a
 //! batch of at most [`COPY_BATCH`] copies (and [`DROP_BATCH`] chunks in all) and journal it,
-//! re-checking
-//! that each chunk is still where it was read (and, for a drop, still unreferenced: a write
-//! may have deduplicated against it meanwhile; a chunk referenced again is copied instead).
+//! re-checking that each chunk is still where it was read (and, for a drop, still
+//! unreferenced: a write may have deduplicated against it meanwhile; a chunk referenced again
+//! is copied instead).
 //! Every [`CHECKPOINT_PAGES`] chunk-table pages dirtied, the GC checkpoints (a checkpoint
 //! writes the dirty pages under the state lock: so it stays a bounded hold, and the last one,
 //! before the victims go, too); the victims are then deleted one per hold, the directory
