@@ -22,7 +22,8 @@
 # says how many chunks it folded. The serve's background sync (every 30 s) may fold them
 # first: then the second host imports another volume and the command runs again (3 tries).
 # Environment: CONDENSE (binary), GEN_UNIQUE (bench's gen-unique), IDLE (s of idle baseline,
-# default 10), GAP (s between operations, default 3), CACHE=DIR (a writeback cache tier on DIR,
+# default 60: long enough to hold vm's own background GC, which its random overwrites set off
+# every 30-50 s; a shorter window is vm's best case, bench/README.md sixth pass), GAP (s between operations, default 3), CACHE=DIR (a writeback cache tier on DIR,
 # CACHE_SIZE of it, default 4G; the pool stays on WORK_DIR as its slow tier; DIR must be
 # another, empty directory, removed at the end), S3=1 (bench/stall-lib.sh: Garage started in
 # WORK_DIR/garage, S3_CACHE_SIZE). Needs fio (nbd engine), nbdinfo, python3. Disk: ~150 bytes
@@ -31,7 +32,7 @@ set -euo pipefail
 
 n=${1:-10000000}
 work=${2:-/work/admin-stall}
-idle=${IDLE:-10}
+idle=${IDLE:-60}
 gap=${GAP:-3}
 [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1000 ] || { echo "admin-stall.sh: N must be a whole number of blocks, at least 1000" >&2; exit 1; }
 default_ops="stats snap-create diff clone grow verify rollback snap-delete shrink delete-clone delete gc"
