@@ -161,17 +161,22 @@ fn a_fold_in_steps_beside_writes_adds_or_merges_each_chunk_once() {
     assert!(v.bad_chunks.is_empty(), "{:?}", v.bad_chunks);
 }
 
+/// Both hosts store the same 768 blocks (a's `va`, b's `vb`) before either folded the other
+/// in; then a publishes its chunks and b's fold merges all of them into a's copies.
+fn stored_twice_then_merged(a: &Pool, b: &Pool) {
+    write(a, "va", 1000, 768);
+    write(b, "vb", 1000, 768);
+    a.sync_hosts().expect("sync a"); // publishes a's chunks in its root
+    let r = b.sync_hosts().expect("sync b");
+    assert_eq!(r.peers[0].chunks_merged, 768, "{r:?}");
+}
+
 #[test]
 fn blocks_stored_twice_merge_and_a_condemned_segment_waits_for_every_host() {
     let c = cluster();
     let a = open(&c.a);
     let b = open(&c.b);
-    // Both hosts store the same blocks before either folded the other in.
-    write(&a, "va", 1000, 768);
-    write(&b, "vb", 1000, 768);
-    a.sync_hosts().expect("sync a"); // publishes a's chunks in its root
-    let r = b.sync_hosts().expect("sync b");
-    assert_eq!(r.peers[0].chunks_merged, 768, "{r:?}");
+    stored_twice_then_merged(&a, &b);
     // b's own copies are dead space now: its GC empties them (condemned: a may name them).
     let g = b.gc(50).expect("gc b");
     assert!(g.segments_condemned > 0, "{g:?}");
@@ -681,11 +686,7 @@ fn letting_go_of_a_moved_record_points_at_its_new_place() {
     let a = open(&c.a);
     let b = open(&c.b);
     write(&a, "vx", 5000, 768);
-    write(&a, "va", 1000, 768);
-    write(&b, "vb", 1000, 768);
-    a.sync_hosts().expect("sync a");
-    let r = b.sync_hosts().expect("sync b");
-    assert_eq!(r.peers[0].chunks_merged, 768, "{r:?}");
+    stored_twice_then_merged(&a, &b);
     b.gc(0).expect("gc b"); // b's own copies, merged into a's, go
     a.sync_hosts().expect("sync a");
     b.sync_hosts().expect("sync b");
