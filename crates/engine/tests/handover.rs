@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 #[path = "shared_pool/mod.rs"]
 mod shared_pool;
-use shared_pool::{block, check, claims_of, conf, open, segment_bytes, write, CACHE};
+use shared_pool::{block, check, claims_of, conf, open, overwrite, segment_bytes, write, CACHE};
 
 struct Cluster {
     _tmp: tempfile::TempDir,
@@ -333,4 +333,52 @@ fn a_moved_volume_deleted_by_its_new_host_is_not_left_on_the_old_one() {
     assert_eq!(r.volumes_moved_out, 1, "{r:?}");
     assert!(a.volume("vm").is_err(), "the released copy is deleted");
     assert_eq!(a.hand_over_counts(), (0, 0));
+}
+
+/// A volume moved a → b → a → b ends on b, whole, whatever syncs ran between the moves: a
+/// host that adopts a volume it once handed away forgets that old hand-over. nemesis.sh
+/// (seed 388214) found b's sync deleting the volume it had just adopted back, since its
+/// record of handing it to a was still there and a's root recorded that adoption.
+#[test]
+fn a_volume_moved_back_and_forth_stays_on_its_last_host() {
+    for sync_between in [false, true] {
+        let c = cluster();
+        let a = open(&c.a);
+        let b = open(&c.b);
+        write(&a, "vm", 0, 16);
+        a.move_out_volume("vm", "host-b").expect("move to b");
+        b.adopt_volume("vm", "first-host").expect("adopt on b");
+        b.sync_hosts().expect("sync b");
+        a.sync_hosts().expect("sync a: deletes its copy");
+        overwrite(&b, "vm", 100, 16);
+        b.move_out_volume("vm", "first-host")
+            .expect("move back to a");
+        a.adopt_volume("vm", "host-b").expect("adopt on a");
+        if sync_between {
+            a.sync_hosts().expect("sync a");
+            b.sync_hosts().expect("sync b: deletes its copy");
+        }
+        overwrite(&a, "vm", 200, 16);
+        a.move_out_volume("vm", "host-b").expect("move to b again");
+        b.adopt_volume("vm", "first-host")
+            .unwrap_or_else(|e| panic!("adopt on b again (sync between: {sync_between}): {e}"));
+        for _ in 0..2 {
+            b.sync_hosts().expect("sync b");
+            a.sync_hosts().expect("sync a");
+        }
+        assert!(
+            b.volume("vm").is_ok(),
+            "b keeps the volume it adopted last (sync between: {sync_between})"
+        );
+        check(&b, "vm", 200, 16);
+        assert!(a.volume("vm").is_err(), "a deleted its copy");
+        assert_eq!(b.hand_over_counts(), (0, 0), "{:?}", b.hand_over_notes());
+        assert_eq!(a.hand_over_counts(), (0, 0), "{:?}", a.hand_over_notes());
+        assert_eq!(
+            claims_of(&c.store, "vm").len(),
+            1,
+            "{:?}",
+            claims_of(&c.store, "vm")
+        );
+    }
 }

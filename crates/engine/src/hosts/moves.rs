@@ -132,10 +132,26 @@ fn adopt_locked(pool: &Pool, peers: &[OpenedPeer], name: &str, from: &str) -> Re
         slot: p.slot,
         clone,
     };
+    // The volume comes back to a host that handed it away before: that hand-over is
+    // finished first (its copy here deleted), or a sync would later take the old one's
+    // completion for this one's and delete the volume adopted now.
+    if finish_move(pool, &pool.peers(), name)? == Some(false) {
+        return Err(Error::Invalid(format!(
+            "volume {name:?} was handed from this host to another ({}), which has not adopted it yet: that hand-over finishes first (`condense hosts` shows it)",
+            pool.read_records(|r| released_to(r.meta(), name)).unwrap_or_default()
+        )));
+    }
+    let handed_turn = peer.read_records(|r| {
+        (released_slot(r.meta(), name) == Some(pool.slot))
+            .then(|| released_turn(r.meta(), name))
+            .flatten()
+    });
     let adopted = pool.read_records(|r| {
+        let mine = crate::format::hosts::adopted_turn(r.meta(), p.slot, name);
         r.meta().contains_key(&adopted_key)
             && r.has_volume(name)
             && !r.meta().contains_key(&Pending::key(name))
+            && (handed_turn.is_none() || mine.is_none() || mine == handed_turn)
     });
     if adopted {
         // Adopted already: only its root may be missing (the caller makes it).
@@ -267,45 +283,55 @@ pub(crate) fn take_over_volumes(
 /// The volumes this host released that their new host's root now holds: deleted here
 /// (the second half of a move, at a sync). The number deleted.
 pub(crate) fn finish_moves(pool: &Pool, peers: &BTreeMap<u8, Arc<Pool>>) -> Result<u64> {
-    let released: Vec<(String, Option<u8>, Option<u32>)> = pool.read_records(|r| {
-        let meta = r.meta();
-        meta.range(RELEASED_PREFIX.to_string()..)
+    let released: Vec<String> = pool.read_records(|r| {
+        r.meta()
+            .range(RELEASED_PREFIX.to_string()..)
             .take_while(|(k, _)| k.starts_with(RELEASED_PREFIX))
-            .map(|(k, _)| {
-                let name = k[RELEASED_PREFIX.len()..].to_string();
-                let slot = released_slot(meta, &name);
-                let turn = released_turn(meta, &name);
-                (name, slot, turn)
-            })
+            .map(|(k, _)| k[RELEASED_PREFIX.len()..].to_string())
             .collect()
     });
     let mut done = 0;
-    for (name, slot, turn) in released {
-        // Adopted: the new host's root records the adoption of this hand-over (its turn),
-        // whether or not it still holds the volume (it may have deleted or moved it on
-        // since); a record without a turn (an older binary's) counts only while the
-        // volume is there, as an adoption of an earlier hand-over of the name may have
-        // left it.
-        let adopted = slot.and_then(|s| peers.get(&s)).is_some_and(|p| {
-            p.read_records(|r| {
-                let key = format!("{ADOPTED_PREFIX}{:02x}/{name}", pool.slot);
-                match crate::format::hosts::adopted_turn(r.meta(), pool.slot, &name) {
-                    Some(t) => turn == Some(t),
-                    None => r.meta().contains_key(&key) && r.has_volume(&name),
-                }
-            })
-        });
-        if !adopted {
-            continue;
+    for name in released {
+        if finish_move(pool, peers, &name)? == Some(true) {
+            done += 1;
         }
-        match pool.delete_volume(&name) {
-            Ok(()) | Err(Error::NotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
-        pool.meta_put(&format!("{RELEASED_PREFIX}{name}"), None)?;
-        done += 1;
     }
     Ok(done)
+}
+
+/// This host's hand-over of `name`, if it has one (`hosts/released/NAME`), finished if its
+/// new host adopted it: the copy here deleted, then the record. `None`: no hand-over;
+/// `Some(false)`: not adopted yet. Idempotent: a kill between the two steps is finished by
+/// the next call.
+fn finish_move(pool: &Pool, peers: &BTreeMap<u8, Arc<Pool>>, name: &str) -> Result<Option<bool>> {
+    let Some((slot, turn)) = pool.read_records(|r| {
+        let turn = released_turn(r.meta(), name)?;
+        Some((released_slot(r.meta(), name), turn))
+    }) else {
+        return Ok(None);
+    };
+    // Adopted: the new host's root records the adoption of this hand-over (its turn),
+    // whether or not it still holds the volume (it may have deleted or moved it on since);
+    // a record without a turn (an older binary's) counts only while the volume is there,
+    // as an adoption of an earlier hand-over of the name may have left it.
+    let adopted = slot.and_then(|s| peers.get(&s)).is_some_and(|p| {
+        p.read_records(|r| {
+            let key = format!("{ADOPTED_PREFIX}{:02x}/{name}", pool.slot);
+            match crate::format::hosts::adopted_turn(r.meta(), pool.slot, name) {
+                Some(t) => turn == t,
+                None => r.meta().contains_key(&key) && r.has_volume(name),
+            }
+        })
+    });
+    if !adopted {
+        return Ok(Some(false));
+    }
+    match pool.delete_volume(name) {
+        Ok(()) | Err(Error::NotFound(_)) => {}
+        Err(e) => return Err(e),
+    }
+    pool.meta_put(&format!("{RELEASED_PREFIX}{name}"), None)?;
+    Ok(Some(true))
 }
 
 /// Make volume `new` in this host's part with the content of `source` of host `host`'s

@@ -94,7 +94,8 @@ impl Pool {
 
     /// At a sync: claim the volumes this host holds without a claim (made before the pool
     /// was shared), and delete the claims of this host's slot whose volume is not here, left
-    /// by an earlier writer (a crash between the two steps of a create, delete or move).
+    /// by an earlier writer (a crash between the two steps of a create, delete or move), and
+    /// those below a higher claim of this slot of the same name (a volume adopted back).
     pub(crate) fn tidy_volume_claims(&self) -> Result<TidyReport> {
         let mut report = TidyReport::default();
         let Some(reg) = self.claims_if_shared()? else {
@@ -173,7 +174,13 @@ impl Pool {
         }
         for c in all.iter().filter(mine) {
             let gone = !held.contains(&c.name) && !released.contains(&c.name);
-            if gone && c.writer != reg.writer() {
+            // A volume that came back here (moved away, then adopted again) is claimed at
+            // its new turn: the claims of its earlier stay are obsolete.
+            let superseded = all
+                .iter()
+                .filter(mine)
+                .any(|d| d.name == c.name && d.turn > c.turn);
+            if superseded || (gone && c.writer != reg.writer()) {
                 reg.delete(c).map_err(io)?;
                 report.deleted += 1;
             }

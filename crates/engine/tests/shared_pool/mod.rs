@@ -44,6 +44,11 @@ pub fn open(path: &Path) -> Arc<Pool> {
 
 pub fn write(pool: &Pool, vol: &str, first_tag: u64, blocks: u64) {
     pool.create_volume(vol, blocks * BS as u64).expect("create");
+    overwrite(pool, vol, first_tag, blocks);
+}
+
+/// Blocks 0..`blocks` of the existing volume `vol` written again, with tags from `first_tag`.
+pub fn overwrite(pool: &Pool, vol: &str, first_tag: u64, blocks: u64) {
     let h = pool.volume(vol).expect("volume");
     let data: Vec<u8> = (0..blocks).flat_map(|b| block(first_tag + b)).collect();
     h.write_at(0, &data, false).expect("write");
