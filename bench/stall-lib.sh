@@ -153,7 +153,10 @@ stall_idle() {
 }
 
 # stall_table TITLE: per window, vm's read and write p99 and worst latency against the idle
-# window's p99, and issue 42's goal (worst <= 50 ms, p99 <= 2x idle in each direction).
+# window's p99, and issue 42's goal (worst <= 50 ms, p99 <= 2x idle in each direction). The
+# "idle spread" column: the highest p99 of vm alone over slices of the idle window as long as
+# the operation's (its own background GC lands in some); a FAIL whose p99 is no higher says
+# "within vm's idle spread": the window cannot tell the operation from vm's own drift.
 stall_table() {
     python3 - "$work" "$1" <<'EOF'
 import glob, sys
@@ -190,14 +193,25 @@ print()
 print(title)
 print(f"idle: {n} requests; read p99 {ir99:.2f} ms (worst {irw:.2f}), write p99 {iw99:.2f} ms (worst {iww:.2f})")
 print()
-print("| operation | wall (s) | read p99 (ms) | read worst (ms) | write p99 (ms) | write worst (ms) | idle p99 r/w (ms) | goal: worst <= 50 ms, p99 <= 2x idle | note |")
-print("|---|---:|---:|---:|---:|---:|---:|---|---|")
+def spread(length):
+    # vm's own spread: its p99 over every slice of the idle window as long as an operation's
+    # window (vm's background GC, set off by its own overwrites, lands in some slices and not
+    # others); the highest of them, read and write
+    ia, ib = idle[0][1], idle[0][2]
+    r, w = [], []
+    for s in range(ia, ib - length + 1, length):
+        f = figures(s, s + length - 1)
+        r.append(f[0]); w.append(f[2])
+    return max(r, default=float("nan")), max(w, default=float("nan"))
+print("| operation | wall (s) | read p99 (ms) | read worst (ms) | write p99 (ms) | write worst (ms) | idle p99 r/w (ms) | idle spread r/w (ms) | goal: worst <= 50 ms, p99 <= 2x idle | note |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
 for name, a, b, status, note in rows:
     if name == "idle":
         continue
     # at least one second from the start: a short command's cost (the CLI starting, its
     # request, the daemon's work) shows in the requests around it, not only inside it
     r99, rw, w99, ww, n = figures(a, max(b, a + 1000))
+    sr, sw = spread(max(b - a, 1000)) if name != "idle-after" else (float("nan"),) * 2
     why = []
     if not rw <= 50 or not ww <= 50:
         why.append(f"worst {max(rw, ww):.0f} ms")
@@ -208,7 +222,9 @@ for name, a, b, status, note in rows:
     goal = "pass" if not why else "FAIL (" + ", ".join(why) + ")"
     if status != "ok":
         note = (note + " " if note else "") + f"(the command: {status})"
-    print(f"| {name} | {(b - a) / 1000:.2f} | {r99:.2f} | {rw:.2f} | {w99:.2f} | {ww:.2f} | {ir99:.2f}/{iw99:.2f} | {goal} | {note} |")
+    if why and r99 <= max(sr, 2 * ir99) and w99 <= max(sw, 2 * iw99) and rw <= 50 and ww <= 50:
+        goal += "; within vm's idle spread"
+    print(f"| {name} | {(b - a) / 1000:.2f} | {r99:.2f} | {rw:.2f} | {w99:.2f} | {ww:.2f} | {ir99:.2f}/{iw99:.2f} | {sr:.2f}/{sw:.2f} | {goal} | {note} |")
 EOF
     stall_holds
 }

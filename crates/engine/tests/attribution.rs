@@ -69,6 +69,7 @@ fn open(disk: &Arc<SimDir>) -> Result<Arc<Pool>, Box<dyn std::error::Error>> {
         Arc::new(SimHandle(disk.clone())),
         OpenOptions {
             attribution_pages: Some((16, 2)),
+            count_step_time: std::time::Duration::ZERO,
             ..Default::default()
         },
     )?)

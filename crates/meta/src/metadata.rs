@@ -32,6 +32,13 @@ use std::collections::{BTreeMap, HashMap};
 /// Writes at or above this many references to one chunk store a new copy instead.
 pub const REFS_MAX: u32 = u32::MAX / 2;
 
+/// How long a step of the figures' count holds the state lock (at least; one unit more):
+/// long enough that the pause after it, at most `MAX_STRETCH` times the step
+/// (condense-format's pacing.rs), lets busy VMs make their `REQUESTS_BETWEEN_STEPS` requests.
+/// With steps of one 0.1-0.3 ms unit the cap bound: a step every ~20 of the VMs' requests,
+/// and 1 % of them slowed (bench/README.md "admin-stall.sh", seventh pass).
+pub const COUNT_STEP_TIME: std::time::Duration = std::time::Duration::from_micros(2000);
+
 /// How [`Metadata::apply_in`] applies a record.
 pub enum Mode<'a> {
     /// Live changes and replay: reference counts are kept; a change to a volume that does not
@@ -1018,20 +1025,40 @@ impl Metadata {
             self.drop_attribution();
         }
         if self.attribution.is_none() {
-            while !self.count_attribution_step()? {}
+            while !self.count_attribution_step(COUNT_STEP_TIME)? {}
         }
         self.attribution
             .as_ref()
             .ok_or_else(|| Error::corrupt("metadata", "the space attribution vanished"))
     }
 
-    /// One bounded step of counting the attribution from scratch (the chunk table's lengths
-    /// 32 pages at a time, then the maps 8 leaves at a time: ~1 ms each; 128 and 32 held the
-    /// lock 5-9 ms, bench/README.md "admin-stall.sh", sixth pass), for a
-    /// caller that lets go of the state lock between steps so I/O goes on
-    /// ([`crate::attribution::Counting`] keeps what changes meanwhile). True once the
-    /// attribution is there; a count that fails is dropped.
-    pub fn count_attribution_step(&mut self) -> Result<bool> {
+    /// One bounded step of counting the attribution from scratch, for a caller that lets go
+    /// of the state lock between steps so I/O goes on ([`crate::attribution::Counting`] keeps
+    /// what changes meanwhile): units of work (the chunk table's lengths 32 pages at a time,
+    /// then the maps 8 leaves at a time, 0.1-4 ms each) until `at_least` has passed
+    /// ([`COUNT_STEP_TIME`] in a served pool; zero: one unit). True once the attribution is
+    /// there; a count that fails is dropped.
+    pub fn count_attribution_step(&mut self, at_least: std::time::Duration) -> Result<bool> {
+        let began = std::time::Instant::now();
+        let mut first = true;
+        loop {
+            if self.count_attribution_unit(began, first)? {
+                return Ok(true);
+            }
+            if began.elapsed() >= at_least {
+                return Ok(false);
+            }
+            first = false;
+        }
+    }
+
+    /// One unit of [`Metadata::count_attribution_step`] (`first`: the step's first, counted
+    /// as a step), true once the attribution is there.
+    fn count_attribution_unit(
+        &mut self,
+        step_began: std::time::Instant,
+        first: bool,
+    ) -> Result<bool> {
         const CHUNK_PAGES_PER_STEP: u64 = 32;
         const LEAVES_PER_STEP: u64 = 8;
         if let Some(a) = &self.attribution {
@@ -1044,9 +1071,10 @@ impl Metadata {
             Some(c) => c,
             None => Counting::new(self.volumes.keys().copied(), &self.spill),
         };
-        let step_began = std::time::Instant::now();
         c.started.get_or_insert(step_began);
-        c.steps += 1;
+        if first {
+            c.steps += 1;
+        }
         if let Some(page) = c.chunk_page {
             let end = page + CHUNK_PAGES_PER_STEP;
             let stored = &mut c.stored;

@@ -167,6 +167,10 @@ pub struct OpenOptions {
     /// RAM before the rest go to a scratch file in the pool directory). `None`: 4 KiB pages,
     /// 32 MiB per array ([`crate::attribution::SpillTo`]). Small values are for tests.
     pub attribution_pages: Option<(usize, usize)>,
+    /// How long a step of the figures' count holds the state lock, at least
+    /// ([`crate::metadata::COUNT_STEP_TIME`] by default; tests use zero, one unit a step, to
+    /// interleave changes with many steps of a small pool).
+    pub count_step_time: std::time::Duration,
 }
 
 /// The directory of a cache tier (a newtype so that [`OpenOptions`] stays `Debug`).
@@ -196,6 +200,7 @@ impl Default for OpenOptions {
             release_in_background: true,
             release_step_leaves: release::STEP_LEAVES,
             attribution_pages: None,
+            count_step_time: crate::metadata::COUNT_STEP_TIME,
         }
     }
 }

@@ -77,7 +77,9 @@ impl Pool {
 
     /// One step of [`Pool::count_figures`]: true once the figures are there.
     pub fn count_figures_step(&self) -> Result<bool> {
-        self.lock_state().md.count_attribution_step()
+        self.lock_state()
+            .md
+            .count_attribution_step(self.opts.count_step_time)
     }
 
     /// The space attribution kept as the pool changed, compared with one counted from
