@@ -23,8 +23,9 @@
 # first: then the second host imports another volume and the command runs again (3 tries).
 # Environment: CONDENSE (binary), GEN_UNIQUE (bench's gen-unique), IDLE (s of idle baseline,
 # default 60: long enough to hold vm's own background GC, which its random overwrites set off
-# every 30-50 s; a shorter window is vm's best case, bench/README.md sixth pass), GAP (s between operations, default 3), CACHE=DIR (a writeback cache tier on DIR,
-# CACHE_SIZE of it, default 4G; the pool stays on WORK_DIR as its slow tier; DIR must be
+# every 30-50 s; a shorter window is vm's best case, bench/README.md sixth pass), GAP (s
+# between operations, default 3), CACHE=DIR (a writeback cache tier on DIR, CACHE_SIZE of it,
+# default 4G; the pool stays on WORK_DIR as its slow tier; DIR must be
 # another, empty directory, removed at the end), S3=1 (bench/stall-lib.sh: Garage started in
 # WORK_DIR/garage, S3_CACHE_SIZE). Needs fio (nbd engine), nbdinfo, python3. Disk: ~150 bytes
 # per block of N (and as much again in Garage's data with S3=1). Prints figures; asserts nothing.

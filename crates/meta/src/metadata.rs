@@ -1059,8 +1059,8 @@ impl Metadata {
         step_began: std::time::Instant,
         first: bool,
     ) -> Result<bool> {
-        const CHUNK_PAGES_PER_STEP: u64 = 32;
-        const LEAVES_PER_STEP: u64 = 8;
+        const CHUNK_PAGES_PER_UNIT: u64 = 32;
+        const LEAVES_PER_UNIT: u64 = 8;
         if let Some(a) = &self.attribution {
             if a.broken().is_none() {
                 return Ok(true);
@@ -1076,7 +1076,7 @@ impl Metadata {
             c.steps += 1;
         }
         if let Some(page) = c.chunk_page {
-            let end = page + CHUNK_PAGES_PER_STEP;
+            let end = page + CHUNK_PAGES_PER_UNIT;
             let stored = &mut c.stored;
             self.chunks
                 .for_each_in(&mut self.pages, page, end, &mut |id, e| {
@@ -1088,7 +1088,7 @@ impl Metadata {
             let pages = self.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
             c.chunk_page = (end < pages).then_some(end);
         } else if let Some(&vol) = c.trees.front() {
-            // The next LEAVES_PER_STEP leaves that exist (a sparse map's empty ranges cost
+            // The next LEAVES_PER_UNIT leaves that exist (a sparse map's empty ranges cost
             // nothing: an exabyte volume has as few leaves as it has data).
             let mut later = Vec::new();
             let (mut visited, mut last) = (0, None);
@@ -1101,7 +1101,7 @@ impl Metadata {
                     });
                     visited += 1;
                     last = Some(i);
-                    Ok(visited < LEAVES_PER_STEP)
+                    Ok(visited < LEAVES_PER_UNIT)
                 })?;
             // Chunks made after their chunk-table page was scanned.
             for id in later {
@@ -1119,7 +1119,7 @@ impl Metadata {
                 }
             }
             match last {
-                Some(i) if visited == LEAVES_PER_STEP => c.next_leaf = i + 1,
+                Some(i) if visited == LEAVES_PER_UNIT => c.next_leaf = i + 1,
                 _ => {
                     c.trees.pop_front();
                     c.next_leaf = 0;
