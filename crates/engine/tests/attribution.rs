@@ -336,3 +336,108 @@ fn counting_a_huge_sparse_volume_takes_steps_per_leaf_written() -> R {
     pool.check_attribution()?;
     Ok(())
 }
+
+/// A delete or rollback of a big map detaches it and releases it in steps: the figures are
+/// kept through the release (never dropped and counted again), each step taking off the
+/// entries it releases, and after every step they match a count from scratch. A map being
+/// released when the pool opens is counted too, and its steps interleave with the count's.
+#[test]
+fn a_big_delete_or_rollback_keeps_the_figures_through_its_release() -> R {
+    const LEAF_BLOCKS: u64 = 512;
+    const LEAVES: u64 = 48;
+    let disk = new_disk(&InitOptions::default())?;
+    let open_stepped = || {
+        Pool::open(
+            Arc::new(SimHandle(disk.clone())),
+            OpenOptions {
+                attribution_pages: Some((16, 2)),
+                count_step_time: std::time::Duration::ZERO,
+                release_in_background: false,
+                release_step_leaves: 1,
+                ..Default::default()
+            },
+        )
+    };
+    let pool = open_stepped()?;
+    let mut rng = SimRng::new(44);
+    let shared = random_blocks(&mut rng, 8);
+    let block_of = |rng: &mut SimRng| {
+        if rng.chance(40) {
+            let i = rng.below(8) as usize;
+            shared[i * BS..(i + 1) * BS].to_vec()
+        } else {
+            random_blocks(rng, 1)
+        }
+    };
+    let scribble = |pool: &Pool, rng: &mut SimRng, v: &str| -> R {
+        let block = rng.below(LEAVES) * LEAF_BLOCKS + rng.below(2);
+        let data = block_of(rng);
+        pool.volume(v)?.write_at(block * BS as u64, &data, false)?;
+        Ok(())
+    };
+    for v in ["p", "q", "r"] {
+        pool.create_volume(v, LEAVES * LEAF_BLOCKS * BS as u64)?;
+        for leaf in 0..LEAVES {
+            let data = block_of(&mut rng);
+            pool.volume(v)?
+                .write_at(leaf * LEAF_BLOCKS * BS as u64, &data, false)?;
+        }
+    }
+    pool.create_snapshot("p", "s")?;
+    for _ in 0..LEAVES {
+        scribble(&pool, &mut rng, "p")?;
+    }
+    pool.count_figures()?;
+
+    // A delete: q's map goes leaf by leaf while p and r are written.
+    pool.delete_volume("q")?;
+    let before = pool.stats()?;
+    assert!(!before.releasing.is_empty(), "q's map is released in steps");
+    assert!(before.releasing_bytes > 0, "q alone names some chunks");
+    sum_rule_holds(&before);
+    let mut steps = 0;
+    while pool.release_step()? {
+        steps += 1;
+        assert!(
+            pool.count_figures_step()?,
+            "the figures were dropped at release step {steps}"
+        );
+        pool.check_attribution()?;
+        sum_rule_holds(&pool.stats()?);
+        scribble(&pool, &mut rng, "p")?;
+        scribble(&pool, &mut rng, "r")?;
+    }
+    assert!(steps >= 16, "{steps} steps: too few to interleave");
+    let after = pool.stats()?;
+    assert!(after.releasing.is_empty() && after.releasing_bytes == 0);
+    sum_rule_holds(&after);
+
+    // A rollback: p's old map is released while its new one (the snapshot's) is counted.
+    pool.rollback_volume("p", "s", true)?;
+    let (mut released, mut counted) = (true, false);
+    while released || !counted {
+        released = pool.release_step()?;
+        counted = pool.count_figures_step()?;
+        scribble(&pool, &mut rng, "p")?;
+    }
+    pool.check_attribution()?;
+    sum_rule_holds(&pool.stats()?);
+
+    // A map still being released at the close is counted at the next open, its steps
+    // interleaved with the count's.
+    pool.delete_volume("r")?;
+    pool.release_step()?;
+    pool.close()?;
+    drop(pool);
+    let pool = open_stepped()?;
+    assert!(!pool.pending_releases().is_empty(), "r's release resumes");
+    let (mut released, mut counted) = (true, false);
+    while released || !counted {
+        counted = pool.count_figures_step()?;
+        released = pool.release_step()?;
+        scribble(&pool, &mut rng, "p")?;
+    }
+    pool.check_attribution()?;
+    sum_rule_holds(&pool.stats()?);
+    Ok(())
+}

@@ -1,9 +1,12 @@
 //! Space attribution: for every volume and snapshot, the stored chunks only it references
 //! (what deleting it would free) and those it shares with other volumes or snapshots.
 //!
-//! Owns: per chunk, which tree (a volume's or snapshot's block map) names it and how many of
-//! that tree's entries do, or, for a chunk several trees name, each of them with its count;
-//! and per tree the totals: exclusive chunks and their stored bytes, shared chunks and theirs.
+//! Owns: per chunk, which tree (a volume's or snapshot's block map, or a deleted one's map
+//! being released, each by its [`TreeId`]) names it and how many of that tree's entries do,
+//! or, for a chunk several trees name, each of them with its count; and per tree the totals:
+//! exclusive chunks and their stored bytes, shared chunks and theirs. A tree is held under a
+//! slot of its own, so a map detached for release keeps its entries under its new id at
+//! once ([`Attribution::rename_tree`]) and gives them up step by step as it is released.
 //! Not stored with the pool: built from the block maps and the chunk table the first time a
 //! figure is asked for after an open (see [`crate::metadata::Metadata::attribution`]), then
 //! changed by every map change [`crate::metadata::Metadata`] applies, so `stats` never walks a
@@ -24,7 +27,10 @@
 //!   scratch file failing, marks the attribution broken; broken figures are never shown, they
 //!   are rebuilt.
 //! - Every node of a holder chain is in one chain or on the free list.
+//! - A tree id has at most one slot, and a slot at most one tree id; a slot is never handed
+//!   out twice, so a tree made under a renamed tree's old id starts empty.
 
+use crate::page_cache::TreeId;
 use crate::spill::{Spill, PAGE_WORDS};
 use condense_format::{MAP_PAGE_ENTRIES, RECORD_HEADER_BYTES};
 use condense_store::io::Dir;
@@ -39,9 +45,10 @@ const SEVERAL: u32 = u32::MAX;
 const NODE_WORDS: u64 = 4;
 const NODE_HOLDERS: u64 = NODE_WORDS - 1;
 
-/// An owner or holder word: `tree` names the chunk with `n` (at least 1) entries.
-fn holder(tree: u32, n: u32) -> u64 {
-    (u64::from(tree) << 32) | u64::from(n)
+/// An owner or holder word: the tree of slot `slot` names the chunk with `n` (at least 1)
+/// entries.
+fn holder(slot: u32, n: u32) -> u64 {
+    (u64::from(slot) << 32) | u64::from(n)
 }
 
 fn unpack(w: u64) -> (u32, u32) {
@@ -156,6 +163,13 @@ pub struct Attribution {
     next_node: u64,
     /// The first free node plus one (0: none).
     free: u64,
+    /// Each tree's slot, the tree field of its words.
+    slots: HashMap<TreeId, u32>,
+    /// Slots ever handed out.
+    next_slot: u32,
+    /// The last tree looked up and its slot (runs of changes name one tree).
+    last: Option<(TreeId, u32)>,
+    /// Each slot's figures.
     trees: HashMap<u32, TreeSpace>,
     /// Chunks two or more trees name (each counted once).
     shared: Space,
@@ -173,13 +187,39 @@ impl Attribution {
         }
     }
 
+    /// Tree `tree`'s slot, handed out now if it has none.
+    fn slot(&mut self, tree: TreeId) -> Option<u32> {
+        if let Some((t, s)) = self.last {
+            if t == tree {
+                return Some(s);
+            }
+        }
+        let slot = match self.slots.get(&tree) {
+            Some(&s) => s,
+            None if self.next_slot == SEVERAL => {
+                self.broke("more than 4G trees".into());
+                return None;
+            }
+            None => {
+                self.next_slot += 1;
+                self.slots.insert(tree, self.next_slot - 1);
+                self.next_slot - 1
+            }
+        };
+        self.last = Some((tree, slot));
+        Some(slot)
+    }
+
     /// `n` more entries of `tree` name chunk `id` (of `stored` payload bytes).
-    pub fn add(&mut self, tree: u32, id: u64, n: u32, stored: u32) {
+    pub fn add(&mut self, tree: TreeId, id: u64, n: u32, stored: u32) {
+        if let Some(slot) = self.slot(tree) {
+            self.add_slot(slot, id, n, stored);
+        }
+    }
+
+    fn add_slot(&mut self, tree: u32, id: u64, n: u32, stored: u32) {
         if n == 0 {
             return;
-        }
-        if tree == SEVERAL {
-            return self.broke(format!("volume id {tree} is out of range"));
         }
         match unpack(self.owner.get(id)) {
             (_, 0) => {
@@ -188,7 +228,7 @@ impl Attribution {
             }
             (t, k) if t == tree => match k.checked_add(n) {
                 Some(k) => self.owner.set(id, holder(t, k)),
-                None => self.broke(format!("volume id {tree} names chunk {id} 4G times")),
+                None => self.broke(format!("tree slot {tree} names chunk {id} 4G times")),
             },
             (SEVERAL, head) => self.add_shared(tree, id, head, n, stored),
             (other, k) => {
@@ -211,7 +251,7 @@ impl Attribution {
         if let Some((at, k)) = found {
             match k.checked_add(n) {
                 Some(k) => self.nodes.set(at, holder(tree, k)),
-                None => self.broke(format!("volume id {tree} names chunk {id} 4G times")),
+                None => self.broke(format!("tree slot {tree} names chunk {id} 4G times")),
             }
             return;
         }
@@ -228,7 +268,14 @@ impl Attribution {
     }
 
     /// `n` entries of `tree` naming chunk `id` are gone.
-    pub fn remove(&mut self, tree: u32, id: u64, n: u32, stored: u32) {
+    pub fn remove(&mut self, tree: TreeId, id: u64, n: u32, stored: u32) {
+        match self.slot(tree) {
+            Some(slot) if n > 0 => self.remove_slot(slot, id, n, stored),
+            _ => {}
+        }
+    }
+
+    fn remove_slot(&mut self, tree: u32, id: u64, n: u32, stored: u32) {
         if n == 0 {
             return;
         }
@@ -242,7 +289,7 @@ impl Attribution {
             }
             (SEVERAL, head) if head > 0 => self.remove_shared(tree, id, head, n, stored),
             _ => self.broke(format!(
-                "volume id {tree} dropped {n} entries naming chunk {id}, which it did not hold"
+                "tree slot {tree} dropped {n} entries naming chunk {id}, which it did not hold"
             )),
         }
     }
@@ -250,7 +297,7 @@ impl Attribution {
     fn remove_shared(&mut self, tree: u32, id: u64, head: u32, n: u32, stored: u32) {
         let Some((at, k)) = self.find(head, tree).0.filter(|&(_, k)| k >= n) else {
             return self.broke(format!(
-                "volume id {tree} dropped {n} entries naming chunk {id}, which it did not hold"
+                "tree slot {tree} dropped {n} entries naming chunk {id}, which it did not hold"
             ));
         };
         if k > n {
@@ -383,24 +430,40 @@ impl Attribution {
             (SEVERAL, head) => self.chain(head).0,
             (t, k) => vec![(t, k)],
         };
-        for (tree, n) in held {
-            self.remove(tree, from, n, stored_from);
-            self.add(tree, to, n, stored_to);
+        for (slot, n) in held {
+            self.remove_slot(slot, from, n, stored_from);
+            self.add_slot(slot, to, n, stored_to);
+        }
+    }
+
+    /// Tree `from`'s entries are tree `to`'s from now on (a map detached for release takes
+    /// a new tree id), without a walk: `to` takes `from`'s slot, and a tree made later under
+    /// `from` starts empty. `to` must name nothing yet.
+    pub fn rename_tree(&mut self, from: TreeId, to: TreeId) {
+        self.last = None;
+        if self.slots.contains_key(&to) {
+            return self.broke(format!(
+                "tree {to} already names chunks; tree {from} cannot become it"
+            ));
+        }
+        if let Some(slot) = self.slots.remove(&from) {
+            self.slots.insert(to, slot);
         }
     }
 
     /// A tree that names no chunk any more is forgotten.
-    pub fn forget_tree(&mut self, tree: u32) {
+    pub fn forget_tree(&mut self, tree: TreeId) {
+        self.last = None;
+        let Some(slot) = self.slots.remove(&tree) else {
+            return;
+        };
         if self
             .trees
-            .get(&tree)
-            .is_some_and(|t| *t != TreeSpace::default())
+            .remove(&slot)
+            .is_some_and(|t| t != TreeSpace::default())
         {
-            self.broke(format!(
-                "volume id {tree} deleted while it still names chunks"
-            ));
+            self.broke(format!("tree {tree} forgotten while it still names chunks"));
         }
-        self.trees.remove(&tree);
     }
 
     fn broke(&mut self, what: String) {
@@ -420,8 +483,12 @@ impl Attribution {
     }
 
     /// Tree `tree`'s figures (zero for a tree that names no chunk).
-    pub fn tree(&self, tree: u32) -> TreeSpace {
-        self.trees.get(&tree).copied().unwrap_or_default()
+    pub fn tree(&self, tree: TreeId) -> TreeSpace {
+        self.slots
+            .get(&tree)
+            .and_then(|s| self.trees.get(s))
+            .copied()
+            .unwrap_or_default()
     }
 
     /// The pool's shared chunks: named by two or more trees, each counted once.
@@ -442,6 +509,7 @@ impl Attribution {
         self.owner.ram_bytes()
             + self.nodes.ram_bytes()
             + self.trees.capacity() as u64 * std::mem::size_of::<(u32, TreeSpace)>() as u64
+            + self.slots.capacity() as u64 * std::mem::size_of::<(TreeId, u32)>() as u64
     }
 
     /// Bytes of pages spilled to scratch files past the RAM budget.
@@ -456,8 +524,10 @@ impl Attribution {
 ///
 /// Invariant: `a` holds exactly the entries of the map parts already walked. A change to an
 /// entry the walk has passed ([`Counting::passed`]) is applied to `a` as it happens; a change
-/// ahead of the walk is left for the walk to see. A tree added or released while counting
-/// (snapshot, clone, rollback, delete) ends the count, which then starts again.
+/// ahead of the walk is left for the walk to see. A tree added while counting (snapshot,
+/// clone, rollback) is walked after the others; one released at once (a small delete) ends
+/// the count if the walk has reached it; one detached for release is renamed, in the walk
+/// too.
 #[derive(Debug, Default)]
 pub struct Counting {
     pub a: Attribution,
@@ -468,7 +538,7 @@ pub struct Counting {
     /// The next chunk-table page to scan; `None` once the scan is done.
     pub chunk_page: Option<u64>,
     /// Trees not walked yet, in the order they will be; the first is being walked.
-    pub trees: VecDeque<u32>,
+    pub trees: VecDeque<TreeId>,
     /// The next leaf of the tree being walked.
     pub next_leaf: u64,
     /// Steps made, the longest one, and when the first began (for the log).
@@ -480,7 +550,7 @@ pub struct Counting {
 impl Counting {
     /// A count of `trees`, the trees there are when it starts (a tree made later has an
     /// empty map at first: its changes all go to `a`), its pages going where `to` says.
-    pub fn new(trees: impl IntoIterator<Item = u32>, to: &SpillTo) -> Counting {
+    pub fn new(trees: impl IntoIterator<Item = TreeId>, to: &SpillTo) -> Counting {
         Counting {
             a: Attribution::new(to),
             stored: to.array(),
@@ -497,7 +567,7 @@ impl Counting {
 
     /// The walk of one tree added to the kept attribution `a` (a snapshot, clone or
     /// rollback): `a` holds every other tree whole, so their changes all go to it.
-    pub fn resume(a: Attribution, tree: u32) -> Counting {
+    pub fn resume(a: Attribution, tree: TreeId) -> Counting {
         Counting {
             a,
             chunk_page: None,
@@ -507,7 +577,7 @@ impl Counting {
     }
 
     /// Whether entry `block` of tree `tree` is behind the walk (a change to it goes to `a`).
-    pub fn passed(&self, tree: u32, block: u64) -> bool {
+    pub fn passed(&self, tree: TreeId, block: u64) -> bool {
         match self.trees.iter().position(|&t| t == tree) {
             None => true,
             Some(0) if self.chunk_page.is_none() => {
@@ -515,6 +585,25 @@ impl Counting {
             }
             Some(_) => false,
         }
+    }
+
+    /// Tree `from` is tree `to` from now on ([`Attribution::rename_tree`]): in what is
+    /// counted and in what is still to walk.
+    pub fn rename_tree(&mut self, from: TreeId, to: TreeId) {
+        self.a.rename_tree(from, to);
+        for t in self.trees.iter_mut().filter(|t| **t == from) {
+            *t = to;
+        }
+    }
+
+    /// Tree `tree` is gone whole (a release's last step, which took off what the walk had
+    /// counted of it): nothing of it is left to walk.
+    pub fn forget_tree(&mut self, tree: TreeId) {
+        if self.chunk_page.is_none() && self.trees.front() == Some(&tree) {
+            self.next_leaf = 0;
+        }
+        self.trees.retain(|&t| t != tree);
+        self.a.forget_tree(tree);
     }
 
     /// Every tree walked.
@@ -567,7 +656,7 @@ mod tests {
     }
 
     /// Figures counted from scratch from every (tree, chunk) entry count.
-    fn from_scratch(held: &HashMap<(u32, u64), u32>, len: impl Fn(u64) -> u32) -> Attribution {
+    fn from_scratch(held: &HashMap<(u64, u64), u32>, len: impl Fn(u64) -> u32) -> Attribution {
         let mut a = Attribution::default();
         let mut keys: Vec<_> = held.iter().filter(|(_, &n)| n > 0).collect();
         keys.sort();
@@ -590,10 +679,10 @@ mod tests {
         };
         let mut a = Attribution::new(&to);
         let len = |id: u64| (id * 37 % 4000) as u32 + 1;
-        let mut held: HashMap<(u32, u64), u32> = HashMap::new();
+        let mut held: HashMap<(u64, u64), u32> = HashMap::new();
         let mut rng = rand::rngs::StdRng::seed_from_u64(11);
         for step in 0..30_000 {
-            let (tree, id) = (rng.random_range(1..8u32), rng.random_range(0..300u64));
+            let (tree, id) = (rng.random_range(1..8u64), rng.random_range(0..300u64));
             let n = rng.random_range(1..3u32);
             let k = held.entry((tree, id)).or_default();
             if rng.random_bool(0.55) || *k < n {
@@ -628,6 +717,34 @@ mod tests {
             node = a.nodes.get((node - 1) * NODE_WORDS + NODE_HOLDERS);
         }
         assert_eq!(free, a.next_node, "every node is free again");
+    }
+
+    #[test]
+    fn a_renamed_tree_keeps_its_entries_and_its_old_id_starts_empty() {
+        let released = 1u64 << 32;
+        let mut a = Attribution::default();
+        a.add(1, 7, 1, 10);
+        a.add(1, 8, 2, 20);
+        a.add(2, 8, 1, 20);
+        let before = a.tree(1);
+        a.rename_tree(1, released);
+        assert_eq!(a.tree(released), before);
+        assert_eq!(a.tree(1), TreeSpace::default());
+        // A new map under the old id (a rollback's) is a tree of its own.
+        a.add(1, 7, 1, 10);
+        assert_eq!(a.tree(1).shared.chunks, 1);
+        assert_eq!(a.tree(released).shared.chunks, 2);
+        sums_hold(&a, 2, 30);
+        // The detached map's entries go as its release reaches them.
+        a.remove(released, 7, 1, 10);
+        a.remove(released, 8, 2, 20);
+        assert_eq!(a.tree(1).exclusive.chunks, 1);
+        assert_eq!(a.tree(2).exclusive.stored_bytes, 20);
+        a.forget_tree(released);
+        sums_hold(&a, 2, 30);
+        // Renaming onto a tree that names chunks is a contradiction.
+        a.rename_tree(2, 1);
+        assert!(a.broken().is_some());
     }
 
     #[test]

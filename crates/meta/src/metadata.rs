@@ -192,8 +192,8 @@ impl IndexLoad {
 }
 
 /// A deleted volume's map being released in steps ([`JournalRecord::ReleaseStep`]). Its
-/// remaining leaves still hold their chunks' references; the attribution forgot it at the
-/// deletion.
+/// remaining leaves still hold their chunks' references, and the attribution counts their
+/// entries under the map's tree id until a step releases them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Releasing {
     /// The volume's name (a rollback's: `NAME (before rollback)`).
@@ -764,7 +764,8 @@ impl Metadata {
 
     /// Volume `vol`'s map becomes tree `tree`, to be released in steps under `name`; the
     /// volume itself stays (a deletion removes it, a rollback gives it a new map). The
-    /// attribution forgets the map now ([`Metadata::tree_released`]).
+    /// attribution keeps the map's entries under `tree` (no walk), and each step takes off
+    /// those it releases.
     pub fn detach_tree(&mut self, vol: u32, tree: TreeId, name: String) -> Result<()> {
         if !(RELEASE_TREE_FIRST..CHUNK_TREE).contains(&tree) || self.pages.tree(tree).is_some() {
             return Err(Error::corrupt(
@@ -775,8 +776,13 @@ impl Metadata {
         let v = self.vol(vol)?;
         let end = block_map::leaves_for(v.size / u64::from(self.block_size));
         let data_blocks = v.counts.data_blocks;
-        self.tree_released(vol)?;
         self.pages.rename_tree(u64::from(vol), tree)?;
+        if let Some(a) = self.attribution.as_mut() {
+            a.rename_tree(u64::from(vol), tree);
+        }
+        if let Some(c) = self.counting.as_mut() {
+            c.rename_tree(u64::from(vol), tree);
+        }
         self.releasing.insert(
             tree,
             Releasing {
@@ -812,6 +818,7 @@ impl Metadata {
             ));
         }
         let last = to == u64::MAX;
+        self.release_attribution(tree, from, to)?;
         let mut ids = Vec::new();
         let mut collect = |leaf: &[u8]| {
             block_map::leaf_chunks(leaf, |id| ids.push(id));
@@ -820,6 +827,12 @@ impl Metadata {
         if last {
             self.pages.release_tree(tree, &mut collect)?;
             self.releasing.remove(&tree);
+            if let Some(a) = self.attribution.as_mut() {
+                a.forget_tree(tree);
+            }
+            if let Some(c) = self.counting.as_mut() {
+                c.forget_tree(tree);
+            }
         } else {
             self.pages.release_span(tree, from, to, &mut collect)?;
             if let Some(r) = self.releasing.get_mut(&tree) {
@@ -828,6 +841,36 @@ impl Metadata {
         }
         for id in ids {
             self.chunks.decref(&mut self.pages, id)?;
+        }
+        Ok(())
+    }
+
+    /// The entries of leaves `[from, to)` of tree `tree` (a map being released) leave the
+    /// attribution, those the count has passed if one is under way. Every leaf is read,
+    /// shared or not: the attribution counts entries per tree, and a leaf shared with a
+    /// snapshot names its chunks for both.
+    fn release_attribution(&mut self, tree: TreeId, from: u64, to: u64) -> Result<()> {
+        if self.attribution.is_none() && self.counting.is_none() {
+            return Ok(());
+        }
+        let mut leaves: Vec<(u64, Vec<u64>)> = Vec::new();
+        self.pages.for_each_leaf(tree, from, to, &mut |i, leaf| {
+            let mut ids = Vec::new();
+            block_map::leaf_chunks(leaf, |id| ids.push(id));
+            leaves.push((i, ids));
+            Ok(true)
+        })?;
+        for (leaf, ids) in leaves {
+            let block = leaf * MAP_PAGE_ENTRIES as u64;
+            for id in ids {
+                let (id, len) = match self.chunks.resolve(&mut self.pages, id)? {
+                    Some((rid, c)) => (rid, c.loc.stored_len),
+                    None => (id, 0),
+                };
+                if let Some(a) = self.attribution_for(tree, block) {
+                    a.remove(tree, id, 1, len);
+                }
+            }
         }
         Ok(())
     }
@@ -878,8 +921,8 @@ impl Metadata {
     fn set_entry(&mut self, vol: u32, block: u64, e: u64) -> Result<()> {
         if e < CHUNK_ID_LIMIT {
             let (id, stored) = self.chunks.incref(&mut self.pages, e)?;
-            if let Some(a) = self.attribution_for(vol, block) {
-                a.add(vol, id, 1, stored);
+            if let Some(a) = self.attribution_for(u64::from(vol), block) {
+                a.add(u64::from(vol), id, 1, stored);
             }
         }
         let v = self
@@ -898,8 +941,8 @@ impl Metadata {
         }
         if old < CHUNK_ID_LIMIT {
             let (id, stored) = self.chunks.decref(&mut self.pages, old)?;
-            if let Some(a) = self.attribution_for(vol, block) {
-                a.remove(vol, id, 1, stored);
+            if let Some(a) = self.attribution_for(u64::from(vol), block) {
+                a.remove(u64::from(vol), id, 1, stored);
             }
         }
         Ok(())
@@ -939,19 +982,20 @@ impl Metadata {
     pub fn tree_added(&mut self, vol: u32) {
         if let Some(c) = &mut self.counting {
             // Walked after the trees already queued; until then its changes are the walk's.
-            c.trees.push_back(vol);
+            c.trees.push_back(u64::from(vol));
         } else if let Some(a) = self.attribution.take() {
-            self.counting = Some(Counting::resume(a, vol));
+            self.counting = Some(Counting::resume(a, u64::from(vol)));
         }
     }
 
-    /// Tell the attribution that volume `vol`'s whole map is about to be released (a delete
-    /// or rollback). A tree of at most [`RELEASE_WALK_BLOCKS_MAX`] written blocks is taken
+    /// Tell the attribution that volume `vol`'s whole map is about to be released at once (a
+    /// small map's delete; a bigger one is detached instead, [`Metadata::detach_tree`]). A
+    /// tree of at most [`RELEASE_WALK_BLOCKS_MAX`] written blocks is taken
     /// off at once, by a walk of a few milliseconds; a larger one drops the figures, which are
     /// counted again in steps, so no delete holds the state lock for a walk of a big map.
     pub fn tree_released(&mut self, vol: u32) -> Result<()> {
         if let Some(c) = &mut self.counting {
-            match c.trees.iter().position(|&t| t == vol) {
+            match c.trees.iter().position(|&t| t == u64::from(vol)) {
                 // Not walked yet: the count never saw it.
                 Some(at) if at > 0 || c.chunk_page.is_some() => {
                     c.trees.remove(at);
@@ -981,19 +1025,19 @@ impl Metadata {
         }
         if let Some(a) = self.attribution.as_mut() {
             for (id, n, len) in stored {
-                a.remove(vol, id, n, len);
+                a.remove(u64::from(vol), id, n, len);
             }
-            a.forget_tree(vol);
+            a.forget_tree(u64::from(vol));
         }
         Ok(())
     }
 
-    /// The attribution that entry `block` of tree `vol` changes in: the kept one, or the
+    /// The attribution that entry `block` of tree `tree` changes in: the kept one, or the
     /// count under way if its walk has passed that entry (else the walk will see the change).
-    fn attribution_for(&mut self, vol: u32, block: u64) -> Option<&mut Attribution> {
+    fn attribution_for(&mut self, tree: TreeId, block: u64) -> Option<&mut Attribution> {
         match (&mut self.attribution, &mut self.counting) {
             (Some(a), _) => Some(a),
-            (None, Some(c)) if c.passed(vol, block) => Some(&mut c.a),
+            (None, Some(c)) if c.passed(tree, block) => Some(&mut c.a),
             _ => None,
         }
     }
@@ -1069,7 +1113,7 @@ impl Metadata {
         }
         let mut c = match self.counting.take() {
             Some(c) => c,
-            None => Counting::new(self.volumes.keys().copied(), &self.spill),
+            None => Counting::new(self.counted_trees(), &self.spill),
         };
         c.started.get_or_insert(step_began);
         if first {
@@ -1087,17 +1131,17 @@ impl Metadata {
                 })?;
             let pages = self.chunks.next_id.div_ceil(CHUNKS_PER_PAGE as u64);
             c.chunk_page = (end < pages).then_some(end);
-        } else if let Some(&vol) = c.trees.front() {
+        } else if let Some(&tree) = c.trees.front() {
             // The next LEAVES_PER_UNIT leaves that exist (a sparse map's empty ranges cost
             // nothing: an exabyte volume has as few leaves as it has data).
             let mut later = Vec::new();
             let (mut visited, mut last) = (0, None);
             let (a, stored) = (&mut c.a, &mut c.stored);
             self.pages
-                .for_each_leaf(u64::from(vol), c.next_leaf, u64::MAX, &mut |i, leaf| {
+                .for_each_leaf(tree, c.next_leaf, u64::MAX, &mut |i, leaf| {
                     block_map::leaf_chunks(leaf, |id| match stored.get(id) {
                         0 => later.push(id),
-                        w => a.add(vol, id, 1, (w - 1) as u32),
+                        w => a.add(tree, id, 1, (w - 1) as u32),
                     });
                     visited += 1;
                     last = Some(i);
@@ -1106,13 +1150,13 @@ impl Metadata {
             // Chunks made after their chunk-table page was scanned.
             for id in later {
                 match self.chunks.resolve(&mut self.pages, id)? {
-                    Some((id, e)) if e.refs > 0 => c.a.add(vol, id, 1, e.loc.stored_len),
+                    Some((id, e)) if e.refs > 0 => c.a.add(tree, id, 1, e.loc.stored_len),
                     _ => {
                         return Err(Error::corrupt(
                             "block map",
                             format!(
-                                "volume id {vol} names chunk {id}, which is not live; run \
-                                 condense verify"
+                                "{} names chunk {id}, which is not live; run condense verify",
+                                self.tree_name(tree)
                             ),
                         ))
                     }
@@ -1153,8 +1197,28 @@ impl Metadata {
         Ok(true)
     }
 
-    /// An attribution counted from scratch in one go: every volume's and snapshot's map
-    /// walked, each chunk's length from the chunk table. Refuses a map naming a chunk that is
+    /// The trees the attribution counts: every volume's and snapshot's map, then the maps
+    /// being released (their leaves not released yet).
+    pub fn counted_trees(&self) -> Vec<TreeId> {
+        let vols = self.volumes.keys().map(|&v| u64::from(v));
+        vols.chain(self.releasing.keys().copied()).collect()
+    }
+
+    /// Tree `tree` for a message: the volume or the released map it is.
+    fn tree_name(&self, tree: TreeId) -> String {
+        let name = u32::try_from(tree)
+            .ok()
+            .and_then(|v| self.volumes.get(&v))
+            .map(|v| &v.name)
+            .or_else(|| self.releasing.get(&tree).map(|r| &r.name));
+        match name {
+            Some(n) => format!("the map of {n:?} (tree {tree})"),
+            None => format!("tree {tree}"),
+        }
+    }
+
+    /// An attribution counted from scratch in one go: every tree of
+    /// [`Metadata::counted_trees`] walked, each chunk's length from the chunk table. Refuses a map naming a chunk that is
     /// not live. The oracle of `condense_engine::Pool::check_attribution`, written apart from the
     /// stepwise count on purpose, so the check also catches a fault in the steps.
     pub fn build_attribution(&mut self) -> Result<Attribution> {
@@ -1175,15 +1239,14 @@ impl Metadata {
                 Ok(())
             })?;
         let mut a = Attribution::default();
-        let vols: Vec<u32> = self.volumes.keys().copied().collect();
-        for vol in vols {
+        for tree in self.counted_trees() {
             let mut missing = None;
             self.pages
-                .for_each_leaf(u64::from(vol), 0, u64::MAX, &mut |_, leaf| {
+                .for_each_leaf(tree, 0, u64::MAX, &mut |_, leaf| {
                     block_map::leaf_chunks(leaf, |id| {
                         let id = forwards.get(&id).copied().unwrap_or(id);
                         match stored.get(&id) {
-                            Some(&len) => a.add(vol, id, 1, len),
+                            Some(&len) => a.add(tree, id, 1, len),
                             None => missing = Some(id),
                         }
                     });
@@ -1193,7 +1256,8 @@ impl Metadata {
                 return Err(Error::corrupt(
                     "block map",
                     format!(
-                        "volume id {vol} names chunk {id}, which is not live; run condense verify"
+                        "{} names chunk {id}, which is not live; run condense verify",
+                        self.tree_name(tree)
                     ),
                 ));
             }

@@ -200,7 +200,7 @@ impl PoolStats {
                 physical_bytes: share,
                 saving_percent: percent_saved(share, written),
                 snapshot_of,
-                space: md.attribution.as_ref().map(|a| a.tree(*id)),
+                space: md.attribution.as_ref().map(|a| a.tree(u64::from(*id))),
                 ..Default::default()
             };
             vs.set_ratios(bs);

@@ -91,17 +91,15 @@ impl Pool {
         if let Some(why) = md.attribution.as_ref().and_then(|a| a.broken()) {
             return Err(Error::corrupt("space attribution", why.to_string()));
         }
-        let vols: Vec<u32> = md.volumes.keys().copied().collect();
+        let trees = md.counted_trees();
         let a = md.attribution()?;
         let (kept_totals, kept_shared) = (a.totals(), a.shared());
-        let kept: Vec<(u32, TreeSpace)> = vols.into_iter().map(|v| (v, a.tree(v))).collect();
+        let kept: Vec<(u64, TreeSpace)> = trees.into_iter().map(|t| (t, a.tree(t))).collect();
         let fresh = md.build_attribution()?;
         let live = md.chunks.live();
-        // Chunks only maps being released name are live, and no volume's; so are bases only
-        // deltas name (docs/STATS.md "Delta compression").
-        let releasing = !md.releasing.is_empty() || md.chunks.deltas.is_some();
+        // Bases only deltas name are live and no map's (docs/STATS.md "Delta compression").
         if kept_totals != live
-            && !(releasing
+            && !(md.chunks.deltas.is_some()
                 && kept_totals.chunks <= live.chunks
                 && kept_totals.stored_bytes <= live.stored_bytes)
         {
@@ -113,7 +111,7 @@ impl Pool {
         if let Some((v, t)) = kept.iter().find(|&&(v, t)| t != fresh.tree(v)) {
             return Err(Error::corrupt(
                 "space attribution",
-                format!("volume id {v}: kept {t:?}, counted {:?}", fresh.tree(*v)),
+                format!("tree {v}: kept {t:?}, counted {:?}", fresh.tree(*v)),
             ));
         }
         if kept_shared != fresh.shared() {
@@ -219,16 +217,13 @@ impl Pool {
         Self::add_delta_figures(&st, &mut s);
         let md = &st.md;
         s.releasing = super::release::pending(md);
-        if !s.releasing.is_empty() {
-            // Live chunks no volume or snapshot names: only maps being released hold them.
-            let named = md
-                .attribution
-                .as_ref()
-                .map_or(0, |a| a.totals().record_bytes());
+        if let Some(a) = &md.attribution {
+            // Chunks a map being released alone still names (its steps take off the rest).
             s.releasing_bytes = md
-                .attribution
-                .as_ref()
-                .map_or(0, |_| md.chunks.live().record_bytes().saturating_sub(named));
+                .releasing
+                .keys()
+                .map(|&t| a.tree(t).exclusive.record_bytes())
+                .sum();
         }
         s.checkpoints = md.checkpoints;
         s.read_errors = self.read_errors.load(std::sync::atomic::Ordering::Relaxed);
