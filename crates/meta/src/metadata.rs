@@ -744,7 +744,9 @@ impl Metadata {
                 if !self.volumes.contains_key(&vol) {
                     return Ok(());
                 }
-                let _ = self.pages.release_tree(u64::from(vol), &mut |_| Ok(()));
+                let _ = self
+                    .pages
+                    .release_tree(u64::from(vol), false, &mut |_, _| Ok(()));
             }
         }
         if let Some(v) = self.volumes.remove(&vol) {
@@ -818,61 +820,69 @@ impl Metadata {
             ));
         }
         let last = to == u64::MAX;
-        self.release_attribution(tree, from, to)?;
-        let mut ids = Vec::new();
-        let mut collect = |leaf: &[u8]| {
+        // The attribution counts entries per tree: it sees every leaf the tree lets go of,
+        // shared or not (a shared subtree reaching past `to` goes whole).
+        let see = self.released_attribution(tree).is_some();
+        let (mut freed, mut kept) = (Vec::new(), Vec::new());
+        let mut collect = |leaf: &[u8], only_here: bool| {
+            let ids = if only_here { &mut freed } else { &mut kept };
             block_map::leaf_chunks(leaf, |id| ids.push(id));
             Ok(())
         };
         if last {
-            self.pages.release_tree(tree, &mut collect)?;
+            self.pages.release_tree(tree, see, &mut collect)?;
             self.releasing.remove(&tree);
-            if let Some(a) = self.attribution.as_mut() {
-                a.forget_tree(tree);
-            }
-            if let Some(c) = self.counting.as_mut() {
-                c.forget_tree(tree);
-            }
         } else {
-            self.pages.release_span(tree, from, to, &mut collect)?;
+            self.pages
+                .release_span(tree, (from, to), see, &mut collect)?;
             if let Some(r) = self.releasing.get_mut(&tree) {
                 r.next = to;
             }
         }
-        for id in ids {
-            self.chunks.decref(&mut self.pages, id)?;
+        let mut gone = Vec::with_capacity(if see { freed.len() + kept.len() } else { 0 });
+        for id in freed {
+            let (id, stored) = self.chunks.decref(&mut self.pages, id)?;
+            if see {
+                gone.push((id, stored));
+            }
+        }
+        for id in kept {
+            gone.push(match self.chunks.resolve(&mut self.pages, id)? {
+                Some((rid, c)) => (rid, c.loc.stored_len),
+                None => (id, 0),
+            });
+        }
+        if let Some(a) = self.released_attribution(tree) {
+            for (id, stored) in gone {
+                a.remove(tree, id, 1, stored);
+            }
+            if last {
+                a.forget_tree(tree);
+            }
+        }
+        if let (true, Some(c)) = (last, self.counting.as_mut()) {
+            c.forget_tree(tree);
         }
         Ok(())
     }
 
-    /// The entries of leaves `[from, to)` of tree `tree` (a map being released) leave the
-    /// attribution, those the count has passed if one is under way. Every leaf is read,
-    /// shared or not: the attribution counts entries per tree, and a leaf shared with a
-    /// snapshot names its chunks for both.
-    fn release_attribution(&mut self, tree: TreeId, from: u64, to: u64) -> Result<()> {
-        if self.attribution.is_none() && self.counting.is_none() {
-            return Ok(());
+    /// The attribution a release step of tree `tree` takes its entries off: the kept one,
+    /// or the count under way if it walked the tree whole; none if the count has not
+    /// reached it (its walk sees only what is left). A count that walked part of it cannot
+    /// tell which of the step's entries it holds: it is dropped (counted again).
+    fn released_attribution(&mut self, tree: TreeId) -> Option<&mut Attribution> {
+        if self.attribution.is_some() {
+            return self.attribution.as_mut();
         }
-        let mut leaves: Vec<(u64, Vec<u64>)> = Vec::new();
-        self.pages.for_each_leaf(tree, from, to, &mut |i, leaf| {
-            let mut ids = Vec::new();
-            block_map::leaf_chunks(leaf, |id| ids.push(id));
-            leaves.push((i, ids));
-            Ok(true)
-        })?;
-        for (leaf, ids) in leaves {
-            let block = leaf * MAP_PAGE_ENTRIES as u64;
-            for id in ids {
-                let (id, len) = match self.chunks.resolve(&mut self.pages, id)? {
-                    Some((rid, c)) => (rid, c.loc.stored_len),
-                    None => (id, 0),
-                };
-                if let Some(a) = self.attribution_for(tree, block) {
-                    a.remove(tree, id, 1, len);
-                }
+        let c = self.counting.as_ref()?;
+        match c.trees.iter().position(|&t| t == tree) {
+            None => self.counting.as_mut().map(|c| &mut c.a),
+            Some(at) if at > 0 || c.chunk_page.is_some() || c.next_leaf == 0 => None,
+            Some(_) => {
+                self.drop_attribution();
+                None
             }
         }
-        Ok(())
     }
 
     /// Salvage: whether volume `vol` exists and holds blocks `[start, end)`; if not, the
@@ -953,10 +963,11 @@ impl Metadata {
     pub fn release_volume_tree(&mut self, vol: u32) -> Result<()> {
         self.tree_released(vol)?;
         let mut ids = Vec::new();
-        self.pages.release_tree(u64::from(vol), &mut |leaf| {
-            block_map::leaf_chunks(leaf, |id| ids.push(id));
-            Ok(())
-        })?;
+        self.pages
+            .release_tree(u64::from(vol), false, &mut |leaf, _| {
+                block_map::leaf_chunks(leaf, |id| ids.push(id));
+                Ok(())
+            })?;
         for id in ids {
             self.chunks.decref(&mut self.pages, id)?;
         }
