@@ -457,6 +457,7 @@ fn fresh_metadata(
         checkpoints: old.checkpoints,
         attribution: None,
         counting: None,
+        released_figures: Default::default(),
         spill: old.spill.clone(),
         // A map being released holds nothing the rebuild keeps: its chunks' references are
         // counted again from the volumes, so what only it held goes to GC.

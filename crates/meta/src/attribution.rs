@@ -525,9 +525,9 @@ impl Attribution {
 /// Invariant: `a` holds exactly the entries of the map parts already walked. A change to an
 /// entry the walk has passed ([`Counting::passed`]) is applied to `a` as it happens; a change
 /// ahead of the walk is left for the walk to see. A tree added while counting (snapshot,
-/// clone, rollback) is walked after the others; one released at once (a small delete) ends
-/// the count if the walk has reached it; one detached for release is renamed, in the walk
-/// too.
+/// clone, rollback) is walked after the others; one released or detached for release ends
+/// the count if the walk has reached it and not passed it (a detached tree the walk passed
+/// is renamed, [`Counting::rename_tree`]).
 #[derive(Debug, Default)]
 pub struct Counting {
     pub a: Attribution,
@@ -587,23 +587,9 @@ impl Counting {
         }
     }
 
-    /// Tree `from` is tree `to` from now on ([`Attribution::rename_tree`]): in what is
-    /// counted and in what is still to walk.
+    /// Tree `from`, walked whole, is tree `to` from now on ([`Attribution::rename_tree`]).
     pub fn rename_tree(&mut self, from: TreeId, to: TreeId) {
         self.a.rename_tree(from, to);
-        for t in self.trees.iter_mut().filter(|t| **t == from) {
-            *t = to;
-        }
-    }
-
-    /// Tree `tree` is gone whole (a release's last step, which took off what the walk had
-    /// counted of it): nothing of it is left to walk.
-    pub fn forget_tree(&mut self, tree: TreeId) {
-        if self.chunk_page.is_none() && self.trees.front() == Some(&tree) {
-            self.next_leaf = 0;
-        }
-        self.trees.retain(|&t| t != tree);
-        self.a.forget_tree(tree);
     }
 
     /// Every tree walked.

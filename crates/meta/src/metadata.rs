@@ -134,6 +134,11 @@ pub struct Metadata {
     /// release"): each tree in [`PageCache::trees`] at or above [`RELEASE_TREE_FIRST`] has
     /// one, and no volume names it.
     pub releasing: BTreeMap<TreeId, Releasing>,
+    /// Maps being released whose entries the figures still count (detached while the
+    /// attribution was kept, under their release tree id), each with the next leaf whose
+    /// entries go ([`Metadata::release_figures_step`]); a map's pages are released only once
+    /// its entries are off. In memory only: an open counts volumes' maps alone.
+    pub released_figures: BTreeMap<TreeId, u64>,
     /// Big structures let go while the state lock is held (a dropped attribution of a 10M-
     /// chunk pool), for the lock's holder to free after it lets go of the lock
     /// ([`Metadata::take_to_free`]): freeing them is the holder's time, not every VM's.
@@ -192,8 +197,8 @@ impl IndexLoad {
 }
 
 /// A deleted volume's map being released in steps ([`JournalRecord::ReleaseStep`]). Its
-/// remaining leaves still hold their chunks' references, and the attribution counts their
-/// entries under the map's tree id until a step releases them.
+/// remaining leaves still hold their chunks' references; the attribution counts none of its
+/// entries once [`Metadata::release_figures_step`] took them off.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Releasing {
     /// The volume's name (a rollback's: `NAME (before rollback)`).
@@ -744,9 +749,7 @@ impl Metadata {
                 if !self.volumes.contains_key(&vol) {
                     return Ok(());
                 }
-                let _ = self
-                    .pages
-                    .release_tree(u64::from(vol), false, &mut |_, _| Ok(()));
+                let _ = self.pages.release_tree(u64::from(vol), &mut |_| Ok(()));
             }
         }
         if let Some(v) = self.volumes.remove(&vol) {
@@ -766,8 +769,8 @@ impl Metadata {
 
     /// Volume `vol`'s map becomes tree `tree`, to be released in steps under `name`; the
     /// volume itself stays (a deletion removes it, a rollback gives it a new map). The
-    /// attribution keeps the map's entries under `tree` (no walk), and each step takes off
-    /// those it releases.
+    /// attribution keeps the map's entries under `tree` (no walk), and takes them off in
+    /// steps before its pages go ([`Metadata::release_figures_step`]).
     pub fn detach_tree(&mut self, vol: u32, tree: TreeId, name: String) -> Result<()> {
         if !(RELEASE_TREE_FIRST..CHUNK_TREE).contains(&tree) || self.pages.tree(tree).is_some() {
             return Err(Error::corrupt(
@@ -779,12 +782,7 @@ impl Metadata {
         let end = block_map::leaves_for(v.size / u64::from(self.block_size));
         let data_blocks = v.counts.data_blocks;
         self.pages.rename_tree(u64::from(vol), tree)?;
-        if let Some(a) = self.attribution.as_mut() {
-            a.rename_tree(u64::from(vol), tree);
-        }
-        if let Some(c) = self.counting.as_mut() {
-            c.rename_tree(u64::from(vol), tree);
-        }
+        self.figures_detached(u64::from(vol), tree);
         self.releasing.insert(
             tree,
             Releasing {
@@ -820,69 +818,100 @@ impl Metadata {
             ));
         }
         let last = to == u64::MAX;
-        // The attribution counts entries per tree: it sees every leaf the tree lets go of,
-        // shared or not (a shared subtree reaching past `to` goes whole).
-        let see = self.released_attribution(tree).is_some();
-        let (mut freed, mut kept) = (Vec::new(), Vec::new());
-        let mut collect = |leaf: &[u8], only_here: bool| {
-            let ids = if only_here { &mut freed } else { &mut kept };
+        if self.released_figures.contains_key(&tree) {
+            // Its entries are not all off the figures yet (a step the pool's release never
+            // takes): they cannot follow, so they are counted again.
+            self.drop_attribution();
+        }
+        let mut ids = Vec::new();
+        let mut collect = |leaf: &[u8]| {
             block_map::leaf_chunks(leaf, |id| ids.push(id));
             Ok(())
         };
         if last {
-            self.pages.release_tree(tree, see, &mut collect)?;
+            self.pages.release_tree(tree, &mut collect)?;
             self.releasing.remove(&tree);
         } else {
-            self.pages
-                .release_span(tree, (from, to), see, &mut collect)?;
+            self.pages.release_span(tree, from, to, &mut collect)?;
             if let Some(r) = self.releasing.get_mut(&tree) {
                 r.next = to;
             }
         }
-        let mut gone = Vec::with_capacity(if see { freed.len() + kept.len() } else { 0 });
-        for id in freed {
-            let (id, stored) = self.chunks.decref(&mut self.pages, id)?;
-            if see {
-                gone.push((id, stored));
-            }
+        for id in ids {
+            self.chunks.decref(&mut self.pages, id)?;
         }
-        for id in kept {
+        Ok(())
+    }
+
+    /// Volume tree `vol`, the attribution holding its entries, becomes tree `tree` (a map
+    /// detached for release): renamed in the figures (no walk), its entries to be taken off
+    /// in steps. A count under way that has not reached it forgets it; one that walked part
+    /// of it cannot tell what of it it holds and is dropped.
+    fn figures_detached(&mut self, vol: TreeId, tree: TreeId) {
+        if let Some(a) = self.attribution.as_mut() {
+            a.rename_tree(vol, tree);
+            self.released_figures.insert(tree, 0);
+            return;
+        }
+        let Some(c) = self.counting.as_mut() else {
+            return;
+        };
+        match c.trees.iter().position(|&t| t == vol) {
+            // Walked whole, or made after the count began: its entries are all in it.
+            None => {
+                c.rename_tree(vol, tree);
+                self.released_figures.insert(tree, 0);
+            }
+            Some(at) if at > 0 || c.chunk_page.is_some() || c.next_leaf == 0 => {
+                c.trees.remove(at);
+            }
+            Some(_) => self.drop_attribution(),
+        }
+    }
+
+    /// One step of taking the entries of a map being released off the figures: the next
+    /// `leaves` leaves that exist of the oldest such map ([`Metadata::released_figures`]),
+    /// read and never changed (a map shared with a snapshot is walked here even where its
+    /// release drops a whole shared subtree at once). False when none is left.
+    pub fn release_figures_step(&mut self, leaves: usize) -> Result<bool> {
+        let Some((&tree, &from)) = self.released_figures.iter().next() else {
+            return Ok(false);
+        };
+        let leaves = leaves.max(1);
+        let (mut ids, mut visited, mut last) = (Vec::new(), 0, None);
+        self.pages
+            .for_each_leaf(tree, from, u64::MAX, &mut |i, leaf| {
+                block_map::leaf_chunks(leaf, |id| ids.push(id));
+                visited += 1;
+                last = Some(i);
+                Ok(visited < leaves)
+            })?;
+        let mut gone = Vec::with_capacity(ids.len());
+        for id in ids {
             gone.push(match self.chunks.resolve(&mut self.pages, id)? {
                 Some((rid, c)) => (rid, c.loc.stored_len),
                 None => (id, 0),
             });
         }
-        if let Some(a) = self.released_attribution(tree) {
+        let done = visited < leaves;
+        let held = match (&mut self.attribution, &mut self.counting) {
+            (Some(a), _) => Some(a),
+            (None, Some(c)) => Some(&mut c.a),
+            (None, None) => None,
+        };
+        if let Some(a) = held {
             for (id, stored) in gone {
                 a.remove(tree, id, 1, stored);
             }
-            if last {
+            if done {
                 a.forget_tree(tree);
             }
         }
-        if let (true, Some(c)) = (last, self.counting.as_mut()) {
-            c.forget_tree(tree);
-        }
-        Ok(())
-    }
-
-    /// The attribution a release step of tree `tree` takes its entries off: the kept one,
-    /// or the count under way if it walked the tree whole; none if the count has not
-    /// reached it (its walk sees only what is left). A count that walked part of it cannot
-    /// tell which of the step's entries it holds: it is dropped (counted again).
-    fn released_attribution(&mut self, tree: TreeId) -> Option<&mut Attribution> {
-        if self.attribution.is_some() {
-            return self.attribution.as_mut();
-        }
-        let c = self.counting.as_ref()?;
-        match c.trees.iter().position(|&t| t == tree) {
-            None => self.counting.as_mut().map(|c| &mut c.a),
-            Some(at) if at > 0 || c.chunk_page.is_some() || c.next_leaf == 0 => None,
-            Some(_) => {
-                self.drop_attribution();
-                None
-            }
-        }
+        match last {
+            Some(l) if !done => self.released_figures.insert(tree, l + 1),
+            _ => self.released_figures.remove(&tree),
+        };
+        Ok(true)
     }
 
     /// Salvage: whether volume `vol` exists and holds blocks `[start, end)`; if not, the
@@ -963,11 +992,10 @@ impl Metadata {
     pub fn release_volume_tree(&mut self, vol: u32) -> Result<()> {
         self.tree_released(vol)?;
         let mut ids = Vec::new();
-        self.pages
-            .release_tree(u64::from(vol), false, &mut |leaf, _| {
-                block_map::leaf_chunks(leaf, |id| ids.push(id));
-                Ok(())
-            })?;
+        self.pages.release_tree(u64::from(vol), &mut |leaf| {
+            block_map::leaf_chunks(leaf, |id| ids.push(id));
+            Ok(())
+        })?;
         for id in ids {
             self.chunks.decref(&mut self.pages, id)?;
         }
@@ -1055,6 +1083,8 @@ impl Metadata {
 
     /// Forget the attribution and any count of it under way (counted again when next asked).
     fn drop_attribution(&mut self) {
+        // A count from scratch walks the volumes' maps only.
+        self.released_figures.clear();
         if let Some(a) = self.attribution.take() {
             self.to_free.push(Box::new(a));
         }
@@ -1120,7 +1150,7 @@ impl Metadata {
             if a.broken().is_none() {
                 return Ok(true);
             }
-            self.attribution = None;
+            self.drop_attribution();
         }
         let mut c = match self.counting.take() {
             Some(c) => c,
@@ -1208,11 +1238,9 @@ impl Metadata {
         Ok(true)
     }
 
-    /// The trees the attribution counts: every volume's and snapshot's map, then the maps
-    /// being released (their leaves not released yet).
+    /// The trees a count from scratch walks: every volume's and snapshot's map.
     pub fn counted_trees(&self) -> Vec<TreeId> {
-        let vols = self.volumes.keys().map(|&v| u64::from(v));
-        vols.chain(self.releasing.keys().copied()).collect()
+        self.volumes.keys().map(|&v| u64::from(v)).collect()
     }
 
     /// Tree `tree` for a message: the volume or the released map it is.
@@ -1229,7 +1257,8 @@ impl Metadata {
     }
 
     /// An attribution counted from scratch in one go: every tree of
-    /// [`Metadata::counted_trees`] walked, each chunk's length from the chunk table. Refuses a map naming a chunk that is
+    /// [`Metadata::counted_trees`] walked, and the entries of maps being released that the
+    /// kept figures still count ([`Metadata::released_figures`]), each chunk's length from the chunk table. Refuses a map naming a chunk that is
     /// not live. The oracle of `condense_engine::Pool::check_attribution`, written apart from the
     /// stepwise count on purpose, so the check also catches a fault in the steps.
     pub fn build_attribution(&mut self) -> Result<Attribution> {
@@ -1250,10 +1279,12 @@ impl Metadata {
                 Ok(())
             })?;
         let mut a = Attribution::default();
-        for tree in self.counted_trees() {
+        let vols = self.counted_trees().into_iter().map(|t| (t, 0));
+        let trees: Vec<(TreeId, u64)> = vols.chain(self.released_figures.clone()).collect();
+        for (tree, from) in trees {
             let mut missing = None;
             self.pages
-                .for_each_leaf(tree, 0, u64::MAX, &mut |_, leaf| {
+                .for_each_leaf(tree, from, u64::MAX, &mut |_, leaf| {
                     block_map::leaf_chunks(leaf, |id| {
                         let id = forwards.get(&id).copied().unwrap_or(id);
                         match stored.get(&id) {

@@ -742,19 +742,16 @@ impl PageCache {
 
     /// Remove `tree`: its root loses a reference, and every page whose last reference goes
     /// is freed, children after parents. `leaf` sees each freed leaf (to drop the
-    /// references its entries hold); leaves still shared stay with their other holders, and
-    /// `leaf` sees them too with `see_shared` ([`ReleasedLeaf`]).
+    /// references its entries hold); leaves still shared stay with their other holders.
     pub fn release_tree(
         &mut self,
         tree: TreeId,
-        see_shared: bool,
-        leaf: &mut ReleasedLeaf<'_>,
+        leaf: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         let Some(info) = self.tree(tree) else {
             return Ok(());
         };
-        let walk = Walk::release(see_shared);
-        self.walk_exclusive(tree, info.height - 1, 0, info.root, walk, leaf)?;
+        self.walk_exclusive(tree, info.height - 1, 0, info.root, true, leaf)?;
         self.drop_cached(tree);
         self.trees.remove(&tree);
         Ok(())
@@ -797,15 +794,14 @@ impl PageCache {
     /// and seen by `leaf` (to drop the references its entries hold); a shared subtree loses
     /// this tree's reference. The pointers to what went are cleared, so the tree keeps only
     /// what is left to release, and the nodes that changed are written at the next
-    /// checkpoint. A shared subtree reaching past `to` goes whole (one reference: no walk,
-    /// unless `see_shared` asks `leaf` to see its leaves too, [`ReleasedLeaf`]).
+    /// checkpoint. A shared subtree reaching past `to` goes whole (one reference: no walk).
     /// The tree stays (empty once every leaf went); [`PageCache::release_tree`] removes it.
     pub fn release_span(
         &mut self,
         tree: TreeId,
-        (from, to): (u64, u64),
-        see_shared: bool,
-        leaf: &mut ReleasedLeaf<'_>,
+        from: u64,
+        to: u64,
+        leaf: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         let Some(info) = self.tree(tree) else {
             return Ok(());
@@ -824,9 +820,8 @@ impl PageCache {
             Some(&s) => self.node(s).page,
             None => info.root.page,
         };
-        let walk = Walk::release(see_shared);
         if top == 0 || (from == 0 && to == capacity(info.height)) || self.is_shared(root_page) {
-            self.walk_exclusive(tree, top, 0, info.root, walk, leaf)?;
+            self.walk_exclusive(tree, top, 0, info.root, true, leaf)?;
             self.drop_cached(tree);
             self.trees.insert(
                 tree,
@@ -840,7 +835,7 @@ impl PageCache {
         if self.find(tree, top, 0, false)?.is_none() {
             return Ok(());
         }
-        self.release_below(tree, (top, 0), (from, to), walk, leaf)
+        self.release_below(tree, top, 0, from, to, leaf)
     }
 
     /// [`PageCache::release_span`] below interior node (`level`, `index`), which is cached
@@ -848,10 +843,11 @@ impl PageCache {
     fn release_below(
         &mut self,
         tree: TreeId,
-        (level, index): (u8, u64),
-        (from, to): (u64, u64),
-        walk: Walk,
-        leaf: &mut ReleasedLeaf<'_>,
+        level: u8,
+        index: u64,
+        from: u64,
+        to: u64,
+        leaf: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
         let key = Key { tree, level, index };
         let slot = *self.map.get(&key).ok_or_else(|| {
@@ -877,7 +873,7 @@ impl PageCache {
             let lo = base + c * span;
             let whole = from <= lo && lo + span <= to;
             if whole || self.is_shared(page) {
-                self.walk_exclusive(tree, level - 1, child, p, walk, leaf)?;
+                self.walk_exclusive(tree, level - 1, child, p, true, leaf)?;
                 if cached.is_some() {
                     self.uncache_subtree(child_key);
                     let n = self.node_mut(slot);
@@ -888,7 +884,7 @@ impl PageCache {
                 n.dirty = true;
             } else {
                 self.find(tree, level - 1, child, false)?;
-                self.release_below(tree, (level - 1, child), (from, to), walk, leaf)?;
+                self.release_below(tree, level - 1, child, from, to, leaf)?;
             }
         }
         Ok(())
@@ -924,30 +920,20 @@ impl PageCache {
         let Some(info) = self.tree(tree) else {
             return Ok(0);
         };
-        let mut freed = |d: &[u8], _| leaf(d);
-        self.walk_exclusive(
-            tree,
-            info.height - 1,
-            0,
-            info.root,
-            Walk::Measure,
-            &mut freed,
-        )
+        self.walk_exclusive(tree, info.height - 1, 0, info.root, false, leaf)
     }
 
     /// The pages below node (`level`, `index`) of `tree` (reached through `ptr`) that only
-    /// this tree holds, as `walk` says: measured, or released (the references dropped and
-    /// the pages freed), the leaves of shared subtrees seen too or not. Returns units.
+    /// this tree holds; with `release`, drop the references and free them. Returns units.
     fn walk_exclusive(
         &mut self,
         tree: TreeId,
         level: u8,
         index: u64,
         ptr: Ptr,
-        walk: Walk,
-        leaf: &mut ReleasedLeaf<'_>,
+        release: bool,
+        leaf: &mut dyn FnMut(&[u8]) -> Result<()>,
     ) -> Result<u64> {
-        let release = walk != Walk::Measure;
         let cached = self.map.get(&Key { tree, level, index }).copied();
         let (page, units) = match cached {
             Some(s) => (self.node(s).page, self.node(s).units),
@@ -957,9 +943,6 @@ impl PageCache {
             return Ok(0);
         }
         if self.is_shared(page) {
-            if walk == Walk::ReleaseSeeingShared {
-                self.shared_leaves(tree, (level, index), ptr, leaf)?;
-            }
             if release {
                 self.drop_ref(page);
             }
@@ -971,42 +954,16 @@ impl PageCache {
         };
         let mut freed = u64::from(units);
         if level == 0 {
-            leaf(&data, true)?;
+            leaf(&data)?;
         } else {
             for (child, p) in self.children(tree, level, index, &data) {
-                freed += self.walk_exclusive(tree, level - 1, child, p, walk, leaf)?;
+                freed += self.walk_exclusive(tree, level - 1, child, p, release, leaf)?;
             }
         }
         if release && page != 0 {
             self.alloc.free(page, units);
         }
         Ok(freed)
-    }
-
-    /// Every leaf below node (`level`, `index`) of `tree` (reached through `ptr`), a subtree
-    /// another tree holds too, seen by `leaf` as kept (`false`); nothing changes.
-    fn shared_leaves(
-        &mut self,
-        tree: TreeId,
-        (level, index): (u8, u64),
-        ptr: Ptr,
-        leaf: &mut ReleasedLeaf<'_>,
-    ) -> Result<()> {
-        let cached = self.map.get(&Key { tree, level, index }).copied();
-        if cached.is_none() && ptr.page == 0 {
-            return Ok(());
-        }
-        let data = match cached {
-            Some(s) => self.node(s).data.clone(),
-            None => read_checked(&*self.file, self.crypto.as_deref(), ptr, tree, level, index)?,
-        };
-        if level == 0 {
-            return leaf(&data, false);
-        }
-        for (child, p) in self.children(tree, level, index, &data) {
-            self.shared_leaves(tree, (level - 1, child), p, leaf)?;
-        }
-        Ok(())
     }
 
     /// The leaves of `tree` in `[from, to)` that exist, with where they are stored: the page
@@ -1485,31 +1442,6 @@ enum LeafSrc<'a> {
 /// Sees (leaf index, stored page or 0, bytes); returns false to stop.
 pub type LeafPageVisitor<'a> = dyn FnMut(u64, u64, &[u8]) -> Result<bool> + 'a;
 
-/// Sees each leaf a release takes from its tree: `true` when its page is freed (only that
-/// tree held it, so the references its entries hold drop), `false` for a leaf of a subtree
-/// another tree holds too, which stays with it (seen only when the release is asked to see
-/// shared leaves: for the space attribution, which counts entries per tree).
-pub type ReleasedLeaf<'a> = dyn FnMut(&[u8], bool) -> Result<()> + 'a;
-
-/// How [`PageCache::walk_exclusive`] goes: what a release would free, measured; a release;
-/// or a release whose callback also sees the leaves of the shared subtrees it lets go of.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Walk {
-    Measure,
-    Release,
-    ReleaseSeeingShared,
-}
-
-impl Walk {
-    fn release(see_shared: bool) -> Walk {
-        if see_shared {
-            Walk::ReleaseSeeingShared
-        } else {
-            Walk::Release
-        }
-    }
-}
-
 /// Where one leaf of a tree is: see [`PageCache::leaf_pages`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeafPage {
@@ -1766,7 +1698,7 @@ mod tests {
         assert_eq!(batch.len(), 21);
         // Meanwhile: a leaf changes again, another tree goes.
         fill(&mut cache, 1, 3 * 7, 200)?;
-        cache.release_tree(2, false, &mut |_, _| Ok(()))?;
+        cache.release_tree(2, &mut |_| Ok(()))?;
         batch.encode();
         cache.allocate_batch(&mut batch);
         batch.write()?;

@@ -602,6 +602,7 @@ fn load_metadata(
         checkpoints: root.checkpoints,
         attribution: None,
         counting: None,
+        released_figures: Default::default(),
         spill: Default::default(),
         to_free: Vec::new(),
         index_build: None,

@@ -83,6 +83,11 @@ impl Pool {
         let _one = lock(&self.release_lock);
         let mut st = self.lock_state();
         self.writable(&st)?;
+        // A map's entries leave the kept figures first, in steps of their own (no change
+        // to the pool: nothing is journaled), then its pages go.
+        if st.md.release_figures_step(self.opts.release_step_leaves)? {
+            return Ok(true);
+        }
         let Some((tree, from, to)) = next_step(&mut st.md, self.opts.release_step_leaves)? else {
             return Ok(false);
         };

@@ -91,15 +91,20 @@ impl Pool {
         if let Some(why) = md.attribution.as_ref().and_then(|a| a.broken()) {
             return Err(Error::corrupt("space attribution", why.to_string()));
         }
-        let trees = md.counted_trees();
+        md.attribution()?;
+        let trees = md.counted_trees().into_iter();
+        let trees: Vec<u64> = trees.chain(md.released_figures.keys().copied()).collect();
         let a = md.attribution()?;
         let (kept_totals, kept_shared) = (a.totals(), a.shared());
         let kept: Vec<(u64, TreeSpace)> = trees.into_iter().map(|t| (t, a.tree(t))).collect();
         let fresh = md.build_attribution()?;
         let live = md.chunks.live();
-        // Bases only deltas name are live and no map's (docs/STATS.md "Delta compression").
+        // Chunks only maps being released name, once their entries are off the figures, are
+        // live and no tree's; so are bases only deltas name (docs/STATS.md "Delta
+        // compression").
+        let releasing = !md.releasing.is_empty() || md.chunks.deltas.is_some();
         if kept_totals != live
-            && !(md.chunks.deltas.is_some()
+            && !(releasing
                 && kept_totals.chunks <= live.chunks
                 && kept_totals.stored_bytes <= live.stored_bytes)
         {
@@ -218,12 +223,17 @@ impl Pool {
         let md = &st.md;
         s.releasing = super::release::pending(md);
         if let Some(a) = &md.attribution {
-            // Chunks a map being released alone still names (its steps take off the rest).
-            s.releasing_bytes = md
-                .releasing
+            // Live chunks no tree of the figures names (only maps being released whose
+            // entries are off the figures), and those a map whose entries are not off yet
+            // names alone.
+            let live = md.chunks.live().record_bytes();
+            let unnamed = live.saturating_sub(a.totals().record_bytes());
+            let alone: u64 = md
+                .released_figures
                 .keys()
                 .map(|&t| a.tree(t).exclusive.record_bytes())
                 .sum();
+            s.releasing_bytes = unnamed + alone;
         }
         s.checkpoints = md.checkpoints;
         s.read_errors = self.read_errors.load(std::sync::atomic::Ordering::Relaxed);

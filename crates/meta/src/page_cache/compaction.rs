@@ -232,7 +232,7 @@ mod tests {
         cache.clone_tree(2, 4)?;
         checkpoint(&mut cache)?;
         // Tree 5, first in the file, goes: its 2.4 MB are free, under the shared 1.6 MB.
-        cache.release_tree(5, false, &mut |_, _| Ok(()))?;
+        cache.release_tree(5, &mut |_| Ok(()))?;
         checkpoint(&mut cache)?;
         let end = cache.alloc.end();
         assert!(

@@ -476,7 +476,7 @@ fn volume_tables(o: &mut String, s: &PoolStats, verbose: bool) {
                     String::new()
                 } else {
                     format!(
-                        " plus {} that maps being released alone still name",
+                        " plus {} only maps being released still hold",
                         human(s.releasing_bytes)
                     )
                 },
