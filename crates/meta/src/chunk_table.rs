@@ -98,6 +98,45 @@ impl ChunkTable {
         }
     }
 
+    /// [`ChunkTable::resolve`] of many ids at once, each answered as (the id of the chunk
+    /// found, its stored length), or (`id`, 0) for a free slot; in the order of `ids`. Ids
+    /// are looked up in order of their chunk-table page, each page found once (a map's
+    /// entries name runs of ids written together), then forwards one by one.
+    pub fn resolve_lens(&self, cache: &mut PageCache, ids: &[u64]) -> Result<Vec<(u64, u32)>> {
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_unstable_by_key(|&i| ids[i]);
+        let mut out = vec![(0, 0); ids.len()];
+        let mut forwards = Vec::new();
+        let mut at = 0;
+        while at < order.len() {
+            let page_no = page_of(ids[order[at]]);
+            let end = at + order[at..].partition_point(|&i| page_of(ids[i]) == page_no);
+            let page = match ids[order[at]] < self.next_id {
+                true => cache.leaf(CHUNK_TREE, page_no)?,
+                false => None,
+            };
+            for &i in &order[at..end] {
+                let id = ids[i];
+                let slot = page.filter(|_| id < self.next_id);
+                out[i] = match slot.and_then(|p| decode_any(p, (id % PER) as usize)) {
+                    Some(Slot::Chunk(e)) => (id, e.loc.stored_len),
+                    Some(Slot::Forward { .. }) => {
+                        forwards.push(i);
+                        (id, 0)
+                    }
+                    None => (id, 0),
+                };
+            }
+            at = end;
+        }
+        for i in forwards {
+            if let Some((rid, e)) = self.resolve(cache, ids[i])? {
+                out[i] = (rid, e.loc.stored_len);
+            }
+        }
+        Ok(out)
+    }
+
     /// Slot `id` as stored: a chunk, a forward, or `None` (free).
     pub fn slot(&self, cache: &mut PageCache, id: u64) -> Result<Option<Slot>> {
         if id >= self.next_id {
@@ -423,6 +462,43 @@ mod tests {
 
     /// A forward takes over its chunk's references; references through it count for both;
     /// it goes when its last one does, and its target lives while it does.
+    #[test]
+    fn many_ids_resolve_as_one_by_one() -> Result<()> {
+        let (mut c, mut t) = (cache()?, ChunkTable::default());
+        let per = CHUNKS_PER_PAGE as u64;
+        for id in [0, 1, 5, per, per + 7, 3 * per + 2] {
+            let mut l = loc(1);
+            l.stored_len = 100 + id as u32;
+            t.insert(&mut c, id, [id as u8; 16], &l)?;
+            t.incref(&mut c, id)?;
+        }
+        t.insert(&mut c, 3 * per + 3, [0; 16], &loc(2))?;
+        t.incref(&mut c, 3 * per + 3)?;
+        t.forward(&mut c, 3 * per + 3, 0)?;
+        // Out of order, repeated, a free slot, a forward, past the last id.
+        let ids = [
+            per + 7,
+            0,
+            2,
+            3 * per + 3,
+            5,
+            per,
+            0,
+            3 * per + 2,
+            9 * per,
+            1,
+        ];
+        let many = t.resolve_lens(&mut c, &ids)?;
+        for (&id, &got) in ids.iter().zip(&many) {
+            let one = t
+                .resolve(&mut c, id)?
+                .map_or((id, 0), |(rid, e)| (rid, e.loc.stored_len));
+            assert_eq!(got, one, "chunk {id}");
+        }
+        assert_eq!(many[3], (0, 100), "the forward resolves to its target");
+        Ok(())
+    }
+
     #[test]
     fn a_forward_counts_for_its_target_and_goes_with_its_last_reference() -> Result<()> {
         let (mut c, mut t) = (cache()?, ChunkTable::default());

@@ -886,13 +886,7 @@ impl Metadata {
                 last = Some(i);
                 Ok(visited < leaves)
             })?;
-        let mut gone = Vec::with_capacity(ids.len());
-        for id in ids {
-            gone.push(match self.chunks.resolve(&mut self.pages, id)? {
-                Some((rid, c)) => (rid, c.loc.stored_len),
-                None => (id, 0),
-            });
-        }
+        let gone = self.chunks.resolve_lens(&mut self.pages, &ids)?;
         let done = visited < leaves;
         let held = match (&mut self.attribution, &mut self.counting) {
             (Some(a), _) => Some(a),
