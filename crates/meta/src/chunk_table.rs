@@ -372,6 +372,59 @@ impl ChunkTable {
         Ok((id, new.map_or(0, |n| n.loc.stored_len)))
     }
 
+    /// [`ChunkTable::decref`] of many ids (the entries of released leaves): each chunk-table
+    /// page found and changed once for all its ids, forwards then one by one. The same
+    /// result as one decref per id in any order; an id that is no chunk, or a count that
+    /// would go below zero, fails as there.
+    pub fn decref_many(&mut self, cache: &mut PageCache, ids: &[u64]) -> Result<()> {
+        let mut sorted = ids.to_vec();
+        sorted.sort_unstable();
+        let (mut forwards, mut freed) = (Vec::new(), Vec::new());
+        let mut at = 0;
+        while at < sorted.len() {
+            let page_no = page_of(sorted[at]);
+            let end = at + sorted[at..].partition_point(|&id| page_of(id) == page_no);
+            cache.grow_tree(CHUNK_TREE, page_no + 1)?;
+            let page = cache.leaf_mut(CHUNK_TREE, page_no)?;
+            for &id in &sorted[at..end] {
+                let i = (id % PER) as usize;
+                match decode_any(page, i) {
+                    Some(Slot::Forward { .. }) => forwards.push(id),
+                    Some(Slot::Chunk(e)) if e.refs > 0 => {
+                        let n = ChunkEntry {
+                            refs: e.refs - 1,
+                            ..e
+                        };
+                        encode_slot(page, i, Some(&n));
+                        if n.refs == 0 {
+                            freed.push(n);
+                        }
+                    }
+                    Some(Slot::Chunk(_)) => {
+                        return Err(Error::corrupt(
+                            "chunk table",
+                            format!("chunk {id} dereferenced below zero"),
+                        ))
+                    }
+                    None => {
+                        return Err(Error::corrupt(
+                            "block map",
+                            format!("a block referred to chunk {id}, which does not exist"),
+                        ))
+                    }
+                }
+            }
+            at = end;
+        }
+        for n in freed {
+            self.account(&n, false);
+        }
+        for id in forwards {
+            self.decref(cache, id)?;
+        }
+        Ok(())
+    }
+
     /// The live chunks and their stored payload bytes (`record_bytes()`: what the segments
     /// hold live).
     pub fn live(&self) -> crate::attribution::Space {
@@ -462,6 +515,45 @@ mod tests {
 
     /// A forward takes over its chunk's references; references through it count for both;
     /// it goes when its last one does, and its target lives while it does.
+    #[test]
+    fn many_decrefs_at_once_are_one_by_one() -> Result<()> {
+        let per = CHUNKS_PER_PAGE as u64;
+        let ids = [0, 1, 5, per, per + 7, 3 * per + 2, 3 * per + 3];
+        let tables = || -> Result<(PageCache, ChunkTable)> {
+            let (mut c, mut t) = (cache()?, ChunkTable::default());
+            for (k, &id) in ids.iter().enumerate() {
+                t.insert(&mut c, id, [id as u8; 16], &loc(1 + k as u32 % 2))?;
+                for _ in 0..=k % 3 {
+                    t.incref(&mut c, id)?;
+                }
+            }
+            t.insert(&mut c, 9, [0; 16], &loc(2))?;
+            t.incref(&mut c, 9)?;
+            t.incref(&mut c, 9)?;
+            t.forward(&mut c, 9, 0)?;
+            Ok((c, t))
+        };
+        // Out of order, a forward named twice (to zero; its target loses both), some chunks
+        // to zero.
+        let drops = [per + 7, 0, 9, 5, 3 * per + 3, 1, 9, per, 3 * per + 2];
+        let (mut c1, mut one) = tables()?;
+        for &id in &drops {
+            one.decref(&mut c1, id)?;
+        }
+        let (mut c2, mut many) = tables()?;
+        many.decref_many(&mut c2, &drops)?;
+        assert_eq!(many.live(), one.live());
+        assert_eq!(many.live_bytes, one.live_bytes);
+        for id in ids.iter().copied().chain([9]) {
+            let a = one.slot(&mut c1, id)?;
+            assert_eq!(many.slot(&mut c2, id)?, a, "chunk {id}");
+        }
+        // Below zero, or no chunk at all: refused.
+        assert!(many.decref_many(&mut c2, &[0]).is_err());
+        assert!(many.decref_many(&mut c2, &[2]).is_err());
+        Ok(())
+    }
+
     #[test]
     fn many_ids_resolve_as_one_by_one() -> Result<()> {
         let (mut c, mut t) = (cache()?, ChunkTable::default());

@@ -837,10 +837,7 @@ impl Metadata {
                 r.next = to;
             }
         }
-        for id in ids {
-            self.chunks.decref(&mut self.pages, id)?;
-        }
-        Ok(())
+        self.chunks.decref_many(&mut self.pages, &ids)
     }
 
     /// Volume tree `vol`, the attribution holding its entries, becomes tree `tree` (a map
@@ -1252,9 +1249,10 @@ impl Metadata {
 
     /// An attribution counted from scratch in one go: every tree of
     /// [`Metadata::counted_trees`] walked, and the entries of maps being released that the
-    /// kept figures still count ([`Metadata::released_figures`]), each chunk's length from the chunk table. Refuses a map naming a chunk that is
-    /// not live. The oracle of `condense_engine::Pool::check_attribution`, written apart from the
-    /// stepwise count on purpose, so the check also catches a fault in the steps.
+    /// kept figures still count ([`Metadata::released_figures`]), each chunk's length from
+    /// the chunk table. Refuses a map naming a chunk that is not live. The oracle of
+    /// `condense_engine::Pool::check_attribution`, written apart from the stepwise count on
+    /// purpose, so the check also catches a fault in the steps.
     pub fn build_attribution(&mut self) -> Result<Attribution> {
         let started = std::time::Instant::now();
         let mut stored: HashMap<u64, u32> =
