@@ -32,6 +32,11 @@ use std::collections::HashMap;
 
 const PER: u64 = CHUNKS_PER_PAGE as u64;
 
+/// `ids` cut into runs of consecutive ids on one chunk-table page, in order.
+fn same_page_runs(ids: &[u64]) -> impl Iterator<Item = &[u64]> {
+    ids.chunk_by(|&a, &b| page_of(a) == page_of(b))
+}
+
 /// The page of chunk `id`.
 pub fn page_of(id: u64) -> u64 {
     id / PER
@@ -99,35 +104,30 @@ impl ChunkTable {
     }
 
     /// [`ChunkTable::resolve`] of many ids at once, each answered as (the id of the chunk
-    /// found, its stored length), or (`id`, 0) for a free slot; in the order of `ids`. Ids
-    /// are looked up in order of their chunk-table page, each page found once (a map's
-    /// entries name runs of ids written together), then forwards one by one.
+    /// found, its stored length), or (`id`, 0) for a free slot; in the order of `ids`. A run
+    /// of ids on one chunk-table page (a map's entries name runs of ids written together)
+    /// finds the page once; forwards are then resolved one by one.
     pub fn resolve_lens(&self, cache: &mut PageCache, ids: &[u64]) -> Result<Vec<(u64, u32)>> {
-        let mut order: Vec<usize> = (0..ids.len()).collect();
-        order.sort_unstable_by_key(|&i| ids[i]);
-        let mut out = vec![(0, 0); ids.len()];
+        let mut out = Vec::with_capacity(ids.len());
         let mut forwards = Vec::new();
-        let mut at = 0;
-        while at < order.len() {
-            let page_no = page_of(ids[order[at]]);
-            let end = at + order[at..].partition_point(|&i| page_of(ids[i]) == page_no);
-            let page = match ids[order[at]] < self.next_id {
-                true => cache.leaf(CHUNK_TREE, page_no)?,
+        for run in same_page_runs(ids) {
+            let page = match run.iter().any(|&id| id < self.next_id) {
+                true => cache.leaf(CHUNK_TREE, page_of(run[0]))?,
                 false => None,
             };
-            for &i in &order[at..end] {
-                let id = ids[i];
+            for &id in run {
                 let slot = page.filter(|_| id < self.next_id);
-                out[i] = match slot.and_then(|p| decode_any(p, (id % PER) as usize)) {
-                    Some(Slot::Chunk(e)) => (id, e.loc.stored_len),
-                    Some(Slot::Forward { .. }) => {
-                        forwards.push(i);
-                        (id, 0)
-                    }
-                    None => (id, 0),
-                };
+                out.push(
+                    match slot.and_then(|p| decode_any(p, (id % PER) as usize)) {
+                        Some(Slot::Chunk(e)) => (id, e.loc.stored_len),
+                        Some(Slot::Forward { .. }) => {
+                            forwards.push(out.len());
+                            (id, 0)
+                        }
+                        None => (id, 0),
+                    },
+                );
             }
-            at = end;
         }
         for i in forwards {
             if let Some((rid, e)) = self.resolve(cache, ids[i])? {
@@ -372,21 +372,17 @@ impl ChunkTable {
         Ok((id, new.map_or(0, |n| n.loc.stored_len)))
     }
 
-    /// [`ChunkTable::decref`] of many ids (the entries of released leaves): each chunk-table
-    /// page found and changed once for all its ids, forwards then one by one. The same
-    /// result as one decref per id in any order; an id that is no chunk, or a count that
-    /// would go below zero, fails as there.
+    /// [`ChunkTable::decref`] of many ids (the entries of released leaves): a run of ids on
+    /// one chunk-table page finds and changes the page once; forwards go then one by one.
+    /// The same result as one decref per id in any order; an id that is no chunk, or a
+    /// count that would go below zero, fails as there.
     pub fn decref_many(&mut self, cache: &mut PageCache, ids: &[u64]) -> Result<()> {
-        let mut sorted = ids.to_vec();
-        sorted.sort_unstable();
         let (mut forwards, mut freed) = (Vec::new(), Vec::new());
-        let mut at = 0;
-        while at < sorted.len() {
-            let page_no = page_of(sorted[at]);
-            let end = at + sorted[at..].partition_point(|&id| page_of(id) == page_no);
+        for run in same_page_runs(ids) {
+            let page_no = page_of(run[0]);
             cache.grow_tree(CHUNK_TREE, page_no + 1)?;
             let page = cache.leaf_mut(CHUNK_TREE, page_no)?;
-            for &id in &sorted[at..end] {
+            for &id in run {
                 let i = (id % PER) as usize;
                 match decode_any(page, i) {
                     Some(Slot::Forward { .. }) => forwards.push(id),
@@ -414,7 +410,6 @@ impl ChunkTable {
                     }
                 }
             }
-            at = end;
         }
         for n in freed {
             self.account(&n, false);

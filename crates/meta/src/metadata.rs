@@ -866,11 +866,27 @@ impl Metadata {
         }
     }
 
-    /// One step of taking the entries of a map being released off the figures: the next
-    /// `leaves` leaves that exist of the oldest such map ([`Metadata::released_figures`]),
+    /// One step of taking the entries of maps being released off the figures: units of
+    /// [`Metadata::release_figures_unit`] until `at_least` has passed (zero: one unit), as
+    /// the count's steps go ([`COUNT_STEP_TIME`] in a served pool). False when none is left.
+    pub fn release_figures_step(
+        &mut self,
+        leaves: usize,
+        at_least: std::time::Duration,
+    ) -> Result<bool> {
+        let began = std::time::Instant::now();
+        if !self.release_figures_unit(leaves)? {
+            return Ok(false);
+        }
+        while began.elapsed() < at_least && self.release_figures_unit(leaves)? {}
+        Ok(true)
+    }
+
+    /// One unit of [`Metadata::release_figures_step`]: the next `leaves` leaves that exist of
+    /// the oldest map whose entries are still in the figures ([`Metadata::released_figures`]),
     /// read and never changed (a map shared with a snapshot is walked here even where its
     /// release drops a whole shared subtree at once). False when none is left.
-    pub fn release_figures_step(&mut self, leaves: usize) -> Result<bool> {
+    fn release_figures_unit(&mut self, leaves: usize) -> Result<bool> {
         let Some((&tree, &from)) = self.released_figures.iter().next() else {
             return Ok(false);
         };

@@ -85,7 +85,8 @@ impl Pool {
         self.writable(&st)?;
         // A map's entries leave the kept figures first, in steps of their own (no change
         // to the pool: nothing is journaled), then its pages go.
-        if st.md.release_figures_step(self.opts.release_step_leaves)? {
+        let (leaves, time) = (self.opts.release_step_leaves, self.opts.count_step_time);
+        if st.md.release_figures_step(leaves, time)? {
             return Ok(true);
         }
         let Some((tree, from, to)) = next_step(&mut st.md, self.opts.release_step_leaves)? else {
