@@ -17,6 +17,10 @@
 //! - Only leaves the detached tree holds alone drop references; a subtree shared with a
 //!   snapshot or clone loses one page reference, never its chunks' (the page cache's sharing
 //!   rules), so no block of another volume is ever released.
+//! - A map detached while the per-volume figures are kept first has its entries taken off
+//!   them, in steps of their own that change nothing on disk
+//!   ([`Metadata::release_figures_step`]); only then do its page steps begin, so a shared
+//!   subtree a page step drops whole is never still counted in the figures.
 //! - Before a step is committed its leaves are read once: a page that cannot be read stops
 //!   the release (logged, tried again later) instead of failing the commit, which would
 //!   poison the pool.
