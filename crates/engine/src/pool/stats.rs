@@ -222,7 +222,7 @@ impl Pool {
         Self::add_delta_figures(&st, &mut s);
         let md = &st.md;
         s.releasing = super::release::pending(md);
-        if let Some(a) = &md.attribution {
+        if let (Some(a), false) = (&md.attribution, s.releasing.is_empty()) {
             // Live chunks no tree of the figures names (only maps being released whose
             // entries are off the figures), and those a map whose entries are not off yet
             // names alone.
