@@ -508,8 +508,7 @@ mod tests {
         }
     }
 
-    /// A forward takes over its chunk's references; references through it count for both;
-    /// it goes when its last one does, and its target lives while it does.
+    /// Many references dropped at once leave the table as one drop each would.
     #[test]
     fn many_decrefs_at_once_are_one_by_one() -> Result<()> {
         let per = CHUNKS_PER_PAGE as u64;
@@ -549,6 +548,7 @@ mod tests {
         Ok(())
     }
 
+    /// Many ids looked up at once answer as one lookup each would.
     #[test]
     fn many_ids_resolve_as_one_by_one() -> Result<()> {
         let (mut c, mut t) = (cache()?, ChunkTable::default());
@@ -586,6 +586,8 @@ mod tests {
         Ok(())
     }
 
+    /// A forward takes over its chunk's references; references through it count for both;
+    /// it goes when its last one does, and its target lives while it does.
     #[test]
     fn a_forward_counts_for_its_target_and_goes_with_its_last_reference() -> Result<()> {
         let (mut c, mut t) = (cache()?, ChunkTable::default());
