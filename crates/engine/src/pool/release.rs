@@ -46,6 +46,11 @@ use std::time::Duration;
 /// keep the VMs' p99 (bench/README.md "admin-stall.sh", sixth pass).
 pub const STEP_LEAVES: usize = 32;
 
+/// Leaves a unit of a figures step reads ([`Metadata::release_figures_step`], units until
+/// 2 ms): with units of 32 a step's hold reached 8-18 ms where the chunk table's pages had to
+/// be read (bench/README.md "admin-stall.sh", eighth pass); 8 as the count's units.
+const FIGURES_UNIT_LEAVES: usize = 8;
+
 /// The next step of the oldest pending release: (tree, from, to), `to` = `u64::MAX` for the
 /// last one. Reads the step's leaves, so a page that cannot be read fails here, before any
 /// change.
@@ -89,8 +94,11 @@ impl Pool {
         self.writable(&st)?;
         // A map's entries leave the kept figures first, in steps of their own (no change
         // to the pool: nothing is journaled), then its pages go.
-        let (leaves, time) = (self.opts.release_step_leaves, self.opts.count_step_time);
-        if st.md.release_figures_step(leaves, time)? {
+        let leaves = self.opts.release_step_leaves.min(FIGURES_UNIT_LEAVES);
+        if st
+            .md
+            .release_figures_step(leaves, self.opts.count_step_time)?
+        {
             return Ok(true);
         }
         let Some((tree, from, to)) = next_step(&mut st.md, self.opts.release_step_leaves)? else {
