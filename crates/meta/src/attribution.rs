@@ -527,7 +527,7 @@ impl Attribution {
 /// ahead of the walk is left for the walk to see. A tree added while counting (snapshot,
 /// clone, rollback) is walked after the others; one released or detached for release ends
 /// the count if the walk has reached it and not passed it (a detached tree the walk passed
-/// is renamed, [`Counting::rename_tree`]).
+/// is renamed in `a`, [`Attribution::rename_tree`]).
 #[derive(Debug, Default)]
 pub struct Counting {
     pub a: Attribution,
@@ -585,11 +585,6 @@ impl Counting {
             }
             Some(_) => false,
         }
-    }
-
-    /// Tree `from`, walked whole, is tree `to` from now on ([`Attribution::rename_tree`]).
-    pub fn rename_tree(&mut self, from: TreeId, to: TreeId) {
-        self.a.rename_tree(from, to);
     }
 
     /// Every tree walked.

@@ -856,7 +856,7 @@ impl Metadata {
         match c.trees.iter().position(|&t| t == vol) {
             // Walked whole, or made after the count began: its entries are all in it.
             None => {
-                c.rename_tree(vol, tree);
+                c.a.rename_tree(vol, tree);
                 self.released_figures.insert(tree, 0);
             }
             Some(at) if at > 0 || c.chunk_page.is_some() || c.next_leaf == 0 => {

@@ -91,7 +91,7 @@ impl Pool {
         if let Some(why) = md.attribution.as_ref().and_then(|a| a.broken()) {
             return Err(Error::corrupt("space attribution", why.to_string()));
         }
-        md.attribution()?;
+        // Not broken (above), so finishing a count below leaves `released_figures` as it is.
         let trees = md.counted_trees().into_iter();
         let trees: Vec<u64> = trees.chain(md.released_figures.keys().copied()).collect();
         let a = md.attribution()?;
